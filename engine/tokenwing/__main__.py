@@ -1,0 +1,3 @@
+from tokenwing.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,154 @@
+"""The `tokenwing` command line. Every failure is one line on stderr and a non-zero exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+from collections.abc import Callable, Sequence
+
+from tokenwing.errors import BadInputError, TokenWingError
+from tokenwing.fsutil import human_bytes
+from tokenwing.version import __version__
+
+
+def _cmd_testmodel(args: argparse.Namespace) -> int:
+    from tokenwing.testmodel import preset_shape, write_test_model
+
+    try:
+        shape = preset_shape(args.preset).with_(arch=args.arch)
+        overrides = {k: v for k, v in vars(args).items() if k.startswith("n_") or k in ("vocab_size",)}
+        shape = shape.with_(**{k: v for k, v in overrides.items() if v is not None})
+        if args.embd_std is not None:
+            shape = shape.with_(embd_std=args.embd_std)
+        paths = write_test_model(args.output, shape, args.type, args.seed, args.shards, _progress(args))
+    except ValueError as e:
+        raise BadInputError(str(e)) from None
+    for p in paths:
+        print(p)
+    return 0
+
+
+def _cmd_repack(args: argparse.Namespace) -> int:
+    from tokenwing.format.repack import repack
+
+    out = args.output or _default_output(args.sources[0])
+    report = repack(args.sources, out, show_progress=_progress(args), verify=not args.no_verify)
+    mb = report.source_bytes / 1e6
+    print(
+        f"wrote {out}: {human_bytes(report.output_bytes)} from {human_bytes(report.source_bytes)}, "
+        f"{mb / max(report.write_seconds, 1e-9):.0f} MB/s write, verified in {report.verify_seconds:.1f} s, "
+        f"peak memory {human_bytes(_peak_rss())}"
+    )
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from tokenwing.format.inspect import format_report, inspect_model
+
+    report = inspect_model(args.files)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from tokenwing.format.reader import ModelFile
+
+    with ModelFile.open(args.file) as mf:
+        r = mf.verify(full=args.full, show_progress=_progress(args), seed=args.seed)
+    what = "all experts and tensors" if args.full else "header, index and a sample of experts"
+    print(
+        f"ok: {what} ({r.experts_checked} experts, {r.tensors_checked} tensors, "
+        f"{human_bytes(r.bytes_checked)}) in {r.seconds:.2f} s"
+    )
+    return 0
+
+
+def _default_output(src: str) -> str:
+    stem = src[:-5] if src.endswith(".gguf") else src
+    for suffix in ("-00001-of-",):
+        if suffix in stem:
+            stem = stem[: stem.index(suffix)]
+    return stem + ".tw.gguf"
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    return not getattr(args, "quiet", False)
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tokenwing", description="TokenWing: MoE inference that streams experts.")
+    p.add_argument("--version", action="version", version=f"tokenwing {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("testmodel", help="write a random-weight GGUF of a real MoE architecture")
+    t.add_argument("output", help="GGUF path to write")
+    t.add_argument("--arch", default="qwen3moe", help="qwen3moe, qwen2moe or ernie4_5-moe")
+    t.add_argument("--preset", default="tiny", help="tiny, kquant, small or bench")
+    t.add_argument("--type", default="F32", help="F32 F16 BF16 Q8_0 Q4_0, or a K-quant such as Q4_K_M")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--shards", type=int, default=1, help="write a llama.cpp split model of N files")
+    for name in (
+        "n_layer",
+        "n_embd",
+        "n_head",
+        "n_head_kv",
+        "head_dim",
+        "n_expert",
+        "n_expert_used",
+        "n_ff_exp",
+        "n_dense_lead",
+        "n_ff_dense",
+        "n_shared_exp",
+        "n_ff_shexp",
+        "vocab_size",
+    ):
+        t.add_argument("--" + name.replace("_", "-"), dest=name, type=int)
+    t.add_argument("--embd-std", type=float, help="token embedding standard deviation")
+    t.add_argument("-q", "--quiet", action="store_true")
+    t.set_defaults(func=_cmd_testmodel)
+
+    r = sub.add_parser("repack", help="convert a GGUF (or all shards of a split GGUF) to a TokenWing model file")
+    r.add_argument("sources", nargs="+", help="source GGUF, or its shards")
+    r.add_argument("-o", "--output", help="output path (default: SOURCE.tw.gguf)")
+    r.add_argument("--no-verify", action="store_true", help="skip reading the output back")
+    r.add_argument("-q", "--quiet", action="store_true")
+    r.set_defaults(func=_cmd_repack)
+
+    i = sub.add_parser("inspect", help="architecture, sizes and expert geometry of a model file or GGUF")
+    i.add_argument("files", nargs="+")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=_cmd_inspect)
+
+    v = sub.add_parser("verify", help="check a TokenWing model file against its checksums")
+    v.add_argument("file")
+    v.add_argument("--full", action="store_true", help="check every expert and tensor (default: a sample)")
+    v.add_argument("--seed", type=int, help="seed of the expert sample")
+    v.add_argument("-q", "--quiet", action="store_true")
+    v.set_defaults(func=_cmd_verify)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except TokenWingError as e:
+        print(f"tokenwing: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("tokenwing: interrupted; nothing partial was kept", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print("tokenwing: error: out of memory", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,106 @@
+"""`tokenwing inspect`: what a model file holds and what a token must read when every expert misses.
+
+Works on TokenWing model files and on plain GGUFs (showing what a repack would produce).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from tokenwing.format import layout as L
+from tokenwing.format.gguf_io import ggml_type_name
+from tokenwing.format.source import open_source
+from tokenwing.fsutil import human_bytes
+
+
+def inspect_model(paths: list[str]) -> dict[str, Any]:
+    source = open_source(paths)
+    header = source.header
+    if header.get(L.K_MAJOR) is not None:
+        from tokenwing.format.reader import ModelFile
+
+        with ModelFile.open(paths[0], announce_fallback=False) as mf:
+            index, resident = mf.index, mf.resident
+        kind = "tokenwing"
+    else:
+        from tokenwing.format.repack import plan_repack
+
+        plan = plan_repack(source)
+        index, resident = plan.experts, [info for info, _ in plan.resident]
+        kind = "gguf"
+    arch = L.arch_of(header)
+
+    def meta(key: str) -> Any:
+        value = header.get(f"{arch}.{key}")
+        return value if isinstance(value, int | float | str) else None
+
+    types = Counter(ggml_type_name(t) for el in index.layers for t in el.types)
+    resident_bytes = sum(t.nbytes for t in resident)
+    return {
+        "file": paths[0] if len(paths) == 1 else paths,
+        "kind": kind,
+        "format_version": f"{header.get(L.K_MAJOR)}.{header.get(L.K_MINOR)}" if kind == "tokenwing" else None,
+        "file_bytes": source.size,
+        "architecture": arch,
+        "name": header.get("general.name"),
+        "block_count": meta("block_count"),
+        "embedding_length": meta("embedding_length"),
+        "context_length": meta("context_length"),
+        "head_count": meta("attention.head_count"),
+        "head_count_kv": meta("attention.head_count_kv"),
+        "vocab_size": len(header.get("tokenizer.ggml.tokens") or []),
+        "has_chat_template": header.get("tokenizer.chat_template") is not None,
+        "experts": {
+            "count": index.n_expert,
+            "used_per_token": index.n_used,
+            "streamed_layers": [el.layer for el in index.layers],
+            "expert_quant_types": dict(types),
+            "total_bytes": index.total_bytes,
+            "miss_bytes_per_token": index.miss_bytes_per_token,
+            "layers": [
+                {
+                    "layer": el.layer,
+                    "types": [ggml_type_name(t) for t in el.types],
+                    "gate_shape": list(el.shapes[0]),
+                    "record_bytes": el.record_size,
+                    "layer_bytes": el.record_size * index.n_expert,
+                    "projection_offsets": list(el.proj_offset),
+                    "projection_bytes": list(el.proj_size),
+                }
+                for el in index.layers
+            ],
+        },
+        "resident": {
+            "tensors": len(resident),
+            "bytes": resident_bytes,
+            "quant_types": dict(Counter(t.type_name for t in resident)),
+        },
+    }
+
+
+def format_report(r: dict[str, Any]) -> str:
+    ex = r["experts"]
+    kind = f"TokenWing model file v{r['format_version']}" if r["kind"] == "tokenwing" else "GGUF (not repacked)"
+    lines = [
+        f"{r['file']}",
+        f"  kind           {kind}",
+        f"  size           {human_bytes(r['file_bytes'])}",
+        f"  architecture   {r['architecture']} ({r['name']})",
+        f"  layers         {r['block_count']}, width {r['embedding_length']}, heads {r['head_count']}/"
+        f"{r['head_count_kv']}, context {r['context_length']}, vocabulary {r['vocab_size']}",
+        f"  experts        {ex['count']} per layer, {ex['used_per_token']} used per token, "
+        f"{len(ex['streamed_layers'])} streamed layers",
+        f"  expert types   {', '.join(f'{k} x{v}' for k, v in ex['expert_quant_types'].items())}",
+        f"  expert bytes   {human_bytes(ex['total_bytes'])} streamed, "
+        f"{human_bytes(r['resident']['bytes'])} always resident ({r['resident']['tensors']} tensors)",
+        f"  all-miss token reads {human_bytes(ex['miss_bytes_per_token'])} "
+        f"({ex['used_per_token']} experts x {len(ex['streamed_layers'])} layers)",
+        "  per layer:",
+    ]
+    for el in ex["layers"]:
+        lines.append(
+            f"    {el['layer']:>4}  {'/'.join(el['types']):<16} {el['gate_shape'][0]}x{el['gate_shape'][1]:<6}"
+            f" expert {human_bytes(el['record_bytes']):>11}  layer {human_bytes(el['layer_bytes']):>11}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,206 @@
+"""GGUF → TokenWing model file, streaming with bounded memory, written aside and renamed only once verified."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from tokenwing.errors import BadInputError
+from tokenwing.format import layout as L
+from tokenwing.format.gguf_io import KV, TensorInfo, ValueType, encode_header
+from tokenwing.format.source import SourceModel, SourceTensor, open_source
+from tokenwing.fsutil import atomic_output
+from tokenwing.progress import Progress
+
+COPY_CHUNK = 8 << 20
+_DROPPED_KEYS = ("split.no", "split.count", "split.tensors.count", "general.alignment")
+
+
+@dataclass
+class Plan:
+    source: SourceModel
+    kv: dict[str, KV]
+    resident: list[tuple[TensorInfo, SourceTensor]]  # output info (with offset), where it comes from
+    experts: L.ExpertIndex
+    expert_sources: dict[tuple[int, str], SourceTensor]
+    tensors: list[TensorInfo]  # every output tensor info, resident first
+    data_start: int
+    file_size: int
+
+
+@dataclass
+class RepackReport:
+    source_bytes: int
+    output_bytes: int
+    write_seconds: float
+    verify_seconds: float
+
+
+def plan_repack(source: SourceModel) -> Plan:
+    by_name = source.by_name()
+    resident_src, layers, found, n_expert, n_used = L.plan_experts(source.infos(), source.header)
+    resident = [(TensorInfo(t.name, t.shape, t.type, 0, t.nbytes), by_name[t.name]) for t in resident_src]
+    experts = L.ExpertIndex(n_expert, n_used, layers)
+    expert_infos = [
+        TensorInfo(L.expert_tensor_name(el.layer, p, e), el.shapes[i], el.types[i], 0, el.proj_size[i])
+        for el in layers
+        for e in range(n_expert)
+        for i, p in enumerate(L.PROJECTIONS)
+    ]
+    tensors = [info for info, _ in resident] + expert_infos
+    kv = {k: v for k, v in source.header.kv.items() if k not in _DROPPED_KEYS and not k.startswith("tokenwing.")}
+    kv["general.alignment"] = KV.u32(L.ALIGNMENT)
+    _index_kv(kv, source, experts, len(resident))
+    header, _ = encode_header(kv, tensors, L.ALIGNMENT)  # placeholder values have the final sizes
+    data_start = len(header)
+    pos = 0
+    for info, _ in resident:
+        info.offset = pos
+        pos = L.align(pos + info.nbytes)
+    it = iter(expert_infos)
+    for el in layers:
+        el.offset = data_start + pos
+        for e in range(n_expert):
+            for i in range(3):
+                next(it).offset = pos + e * el.record_size + el.proj_offset[i]
+        pos += el.record_size * n_expert
+    expert_sources = {key: by_name[t.name] for key, t in found.items()}
+    return Plan(source, kv, resident, experts, expert_sources, tensors, data_start, data_start + pos)
+
+
+def _index_kv(
+    kv: dict[str, KV],
+    source: SourceModel,
+    ex: L.ExpertIndex,
+    n_resident: int,
+    resident_sums: np.ndarray | None = None,
+) -> None:
+    n_layers = len(ex.layers)
+    u64 = ValueType.UINT64
+    kv[L.K_MAJOR] = KV.u32(L.FORMAT_MAJOR)
+    kv[L.K_MINOR] = KV.u32(L.FORMAT_MINOR)
+    kv[L.K_SOURCE_FILES] = KV.strings([os.path.basename(p) for p in source.paths])
+    kv[L.K_SOURCE_SIZE] = KV.u64(source.size)
+    kv[L.K_RESIDENT_COUNT] = KV.u32(n_resident)
+    sums = resident_sums if resident_sums is not None else np.zeros(n_resident, np.uint64)
+    kv[L.K_TENSOR_CHECKSUMS] = KV.ndarray(u64, sums)
+    kv[L.K_EXPERT_COUNT] = KV.u32(ex.n_expert)
+    kv[L.K_EXPERT_LAYERS] = KV.array(ValueType.INT32, [el.layer for el in ex.layers])
+    kv[L.K_LAYER_OFFSET] = KV.array(u64, [el.offset for el in ex.layers])
+    kv[L.K_RECORD_SIZE] = KV.array(u64, [el.record_size for el in ex.layers])
+    kv[L.K_PROJ_OFFSET] = KV.array(u64, [o for el in ex.layers for o in el.proj_offset])
+    kv[L.K_PROJ_SIZE] = KV.array(u64, [s for el in ex.layers for s in el.proj_size])
+    checks = ex.checksums if ex.checksums.size else np.zeros((n_layers, ex.n_expert), np.uint64)
+    kv[L.K_EXPERT_CHECKSUMS] = KV.ndarray(u64, checks.reshape(-1))
+    kv[L.K_HEADER_CHECKSUM] = KV.u64(0)
+
+
+def final_header(plan: Plan, resident_sums: np.ndarray) -> bytes:
+    _index_kv(plan.kv, plan.source, plan.experts, len(plan.resident), resident_sums)
+    header, offsets = encode_header(plan.kv, plan.tensors, L.ALIGNMENT)
+    if len(header) != plan.data_start:
+        raise AssertionError("header size changed between planning and writing")
+    checksum = xxhash.xxh3_64_intdigest(header)  # taken with its own value still zero
+    buf = bytearray(header)
+    pos = offsets[L.K_HEADER_CHECKSUM]
+    buf[pos : pos + 8] = int(checksum).to_bytes(8, "little")
+    return bytes(buf)
+
+
+class _Sources:
+    """Open source shards; reads by absolute offset and drops what it read from the page cache."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.fds: dict[str, int] = {}
+        for p in paths:
+            try:
+                self.fds[p] = os.open(p, os.O_RDONLY)
+            except OSError as e:
+                self.close()
+                raise BadInputError(f"cannot open {p}: {e.strerror or e}") from None
+
+    def read(self, path: str, offset: int, n: int) -> bytes:
+        fd = self.fds[path]
+        data = os.pread(fd, n, offset)
+        if len(data) != n:
+            raise BadInputError(f"{path}: unexpected end of file at offset {offset + len(data)}")
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, offset, n, os.POSIX_FADV_DONTNEED)
+        return data
+
+    def chunks(self, st: SourceTensor) -> Iterator[bytes]:
+        for start in range(0, st.info.nbytes, COPY_CHUNK):
+            yield self.read(st.path, st.file_offset + start, min(COPY_CHUNK, st.info.nbytes - start))
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+def _write_data(plan: Plan, out: int, src: _Sources, progress: Progress) -> np.ndarray:
+    resident_sums = np.zeros(len(plan.resident), np.uint64)
+    for i, (info, st) in enumerate(plan.resident):
+        h = xxhash.xxh3_64()
+        pos = plan.data_start + info.offset
+        for chunk in src.chunks(st):
+            h.update(chunk)
+            os.pwrite(out, chunk, pos)
+            pos += len(chunk)
+            progress.advance(len(chunk))
+        resident_sums[i] = h.intdigest()
+    ex = plan.experts
+    ex.checksums = np.zeros((len(ex.layers), ex.n_expert), np.uint64)
+    for li, el in enumerate(ex.layers):
+        record = bytearray(el.record_size)
+        for e in range(ex.n_expert):
+            for p, proj in enumerate(L.PROJECTIONS):
+                st = plan.expert_sources[(el.layer, proj)]
+                size = el.proj_size[p]
+                start = el.proj_offset[p]
+                record[start : start + size] = src.read(st.path, st.file_offset + e * size, size)
+            ex.checksums[li, e] = xxhash.xxh3_64_intdigest(record)
+            os.pwrite(out, record, el.expert_offset(e))
+            progress.advance(el.payload)
+    return resident_sums
+
+
+def repack(sources: list[str], out_path: str, show_progress: bool = True, verify: bool = True) -> RepackReport:
+    """Repacks `sources` (one GGUF or all shards of one) into `out_path`."""
+    from tokenwing.format.reader import ModelFile
+
+    source = open_source(sources)
+    plan = plan_repack(source)
+    if any(os.path.abspath(p) == os.path.abspath(out_path) for p in source.paths):
+        raise BadInputError("the output would overwrite the source")
+    t0 = time.monotonic()
+    total = sum(info.nbytes for info, _ in plan.resident) + plan.experts.total_payload()
+    with atomic_output(out_path, plan.file_size) as tmp:
+        src = _Sources(source.paths)
+        try:
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.ftruncate(out, plan.file_size)
+                progress = Progress("repacking", total, enabled=show_progress)
+                resident_sums = _write_data(plan, out, src, progress)
+                os.pwrite(out, final_header(plan, resident_sums), 0)
+                os.fsync(out)
+                progress.finish()
+                with contextlib.suppress(OSError):
+                    os.posix_fadvise(out, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(out)
+        finally:
+            src.close()
+        t1 = time.monotonic()
+        if verify:
+            with ModelFile.open(tmp, announce_fallback=False) as mf:
+                mf.verify(full=True, show_progress=show_progress, label="verifying")
+    t2 = time.monotonic()
+    return RepackReport(source.size, plan.file_size, t1 - t0, t2 - t1)

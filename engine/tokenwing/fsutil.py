@@ -1,0 +1,73 @@
+"""Output files that never look complete unless they are: temporary names, free-space checks, atomic renames."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator
+
+from tokenwing.errors import BadInputError, DiskSpaceError
+
+SPACE_MARGIN = 16 << 20
+
+
+def check_free_space(directory: str, needed: int) -> None:
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError as e:
+        raise BadInputError(f"cannot use output folder {directory}: {e.strerror or e}") from None
+    if free < needed + SPACE_MARGIN:
+        raise DiskSpaceError(
+            f"not enough free space in {directory}: need {human_bytes(needed)}, {human_bytes(free)} free"
+        )
+
+
+def partial_name(path: str) -> str:
+    head, tail = os.path.split(os.path.abspath(path))
+    return os.path.join(head, f".{tail}.partial-{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic_output(path: str, needed: int) -> Iterator[str]:
+    """Yields a temporary path beside `path`; renames it into place only if the block completes.
+
+    Ctrl-C, an error or a crash leaves no file under the final name (a crash may leave a `.partial-PID`).
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise BadInputError(f"output folder {directory} does not exist")
+    if os.path.isdir(path):
+        raise BadInputError(f"output {path} is a folder")
+    check_free_space(directory, needed)
+    tmp = partial_name(path)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(directory)
+    except OSError as e:
+        if e.errno == 28:  # ENOSPC: the space went while we wrote
+            raise DiskSpaceError(f"the disk filled up while writing {path}; nothing was kept") from None
+        raise BadInputError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _fsync_dir(directory: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"

@@ -1,0 +1,98 @@
+"""Random tensor data in each directly generated type, produced in bounded chunks.
+
+Quantised types are generated in the quantised domain (random block scales and quants), which is fast enough
+for tens of GB and gives weights of the intended standard deviation once dequantised.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from tokenwing.testmodel.architectures import TensorSpec
+
+DIRECT_TYPES = {
+    "F32": GGMLQuantizationType.F32,
+    "F16": GGMLQuantizationType.F16,
+    "BF16": GGMLQuantizationType.BF16,
+    "Q8_0": GGMLQuantizationType.Q8_0,
+    "Q4_0": GGMLQuantizationType.Q4_0,
+}
+
+CHUNK_ELEMENTS = 1 << 22  # ~16 MB of f32 at most in flight per chunk
+
+# Standard deviation of the uniform integer quants: Q8_0 draws -127..127, Q4_0 draws 0..15 around 8.
+_Q8_STD = math.sqrt((255**2 - 1) / 12)
+_Q4_STD = math.sqrt((16**2 - 1) / 12)
+
+
+def tensor_type(spec: TensorSpec, wanted: GGMLQuantizationType) -> GGMLQuantizationType:
+    """Norms, biases and routers stay F32 (as llama.cpp keeps them); matrices take the wanted type."""
+    if spec.role in ("norm", "vector", "router") or len(spec.shape) == 1:
+        return GGMLQuantizationType.F32
+    block = GGML_QUANT_SIZES[wanted][0]
+    if spec.shape[0] % block:
+        return GGMLQuantizationType.F32  # the factory's shapes avoid this; keep the file valid anyway
+    return wanted
+
+
+def tensor_std(spec: TensorSpec, embd_std: float, weight_std: float) -> float:
+    if spec.role == "embd":
+        return embd_std
+    if weight_std > 0:
+        return weight_std
+    return 1.0 / math.sqrt(spec.fan_in)
+
+
+def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    bits = x.astype(np.float32).view(np.uint32)
+    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    return (rounded >> np.uint32(16)).astype(np.uint16)
+
+
+def _floats(rng: np.random.Generator, n: int, spec: TensorSpec, std: float) -> np.ndarray:
+    if spec.role == "norm":
+        return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+    return rng.standard_normal(n, dtype=np.float32) * np.float32(std)
+
+
+def _q8_0(rng: np.random.Generator, n_blocks: int, std: float) -> bytes:
+    out = np.empty((n_blocks, 34), dtype=np.uint8)
+    d = (std / _Q8_STD) * rng.uniform(0.75, 1.25, n_blocks)
+    out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
+    out[:, 2:] = rng.integers(-127, 128, (n_blocks, 32), dtype=np.int8).view(np.uint8)
+    return out.tobytes()
+
+
+def _q4_0(rng: np.random.Generator, n_blocks: int, std: float) -> bytes:
+    out = np.empty((n_blocks, 18), dtype=np.uint8)
+    d = (std / _Q4_STD) * rng.uniform(0.75, 1.25, n_blocks)
+    out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
+    out[:, 2:] = rng.integers(0, 256, (n_blocks, 16), dtype=np.uint8)
+    return out.tobytes()
+
+
+def generate(spec: TensorSpec, qtype: GGMLQuantizationType, rng: np.random.Generator, std: float) -> Iterator[bytes]:
+    """Yields the tensor's bytes in chunks of whole rows."""
+    row = spec.shape[0]
+    rows = math.prod(spec.shape[1:])
+    rows_per_chunk = max(1, CHUNK_ELEMENTS // row)
+    for start in range(0, rows, rows_per_chunk):
+        n = min(rows_per_chunk, rows - start) * row
+        if qtype == GGMLQuantizationType.Q8_0:
+            yield _q8_0(rng, n // 32, std)
+        elif qtype == GGMLQuantizationType.Q4_0:
+            yield _q4_0(rng, n // 32, std)
+        else:
+            x = _floats(rng, n, spec, std)
+            if qtype == GGMLQuantizationType.F32:
+                yield x.tobytes()
+            elif qtype == GGMLQuantizationType.F16:
+                yield x.astype(np.float16).tobytes()
+            elif qtype == GGMLQuantizationType.BF16:
+                yield _f32_to_bf16(x).tobytes()
+            else:
+                raise ValueError(f"cannot generate {qtype.name} directly")
