@@ -39,8 +39,9 @@ class AlignedBuffer:
         return self.array[:n]
 
     def close(self) -> None:
-        del self.array
-        self._map.close()
+        # Views handed out may still be alive (e.g. in a traceback): let them keep the memory until freed.
+        self.array = np.empty(0, dtype=np.uint8)
+        self.size = 0
 
 
 @dataclass

@@ -19,6 +19,7 @@ from tokenwing.fsutil import atomic_output
 from tokenwing.progress import Progress
 
 COPY_CHUNK = 8 << 20
+FLUSH_EVERY = 256 << 20  # write back and drop from the page cache this often, so dirty pages stay bounded
 _DROPPED_KEYS = ("split.no", "split.count", "split.tensors.count", "general.alignment")
 
 
@@ -43,6 +44,8 @@ class RepackReport:
 
 
 def plan_repack(source: SourceModel) -> Plan:
+    if source.header.get(L.K_MAJOR) is not None:
+        raise BadInputError(f"{source.paths[0]} is already a TokenWing model file")
     by_name = source.by_name()
     resident_src, layers, found, n_expert, n_used = L.plan_experts(source.infos(), source.header)
     resident = [(TensorInfo(t.name, t.shape, t.type, 0, t.nbytes), by_name[t.name]) for t in resident_src]
@@ -144,14 +147,38 @@ class _Sources:
         self.fds.clear()
 
 
-def _write_data(plan: Plan, out: int, src: _Sources, progress: Progress) -> np.ndarray:
+class _Output:
+    """Positional writes that are flushed to the drive and dropped from the page cache as they go.
+
+    Without this, a repack of a large model fills the page cache with dirty pages and then stalls on them
+    at the end (measured: 273 MB/s uncapped against 521 MB/s when a memory cap forced early write-back).
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pending = 0
+
+    def write(self, data: bytes | bytearray, offset: int) -> None:
+        os.pwrite(self.fd, data, offset)
+        self.pending += len(data)
+        if self.pending >= FLUSH_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        os.fdatasync(self.fd)
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        self.pending = 0
+
+
+def _write_data(plan: Plan, out: _Output, src: _Sources, progress: Progress) -> np.ndarray:
     resident_sums = np.zeros(len(plan.resident), np.uint64)
     for i, (info, st) in enumerate(plan.resident):
         h = xxhash.xxh3_64()
         pos = plan.data_start + info.offset
         for chunk in src.chunks(st):
             h.update(chunk)
-            os.pwrite(out, chunk, pos)
+            out.write(chunk, pos)
             pos += len(chunk)
             progress.advance(len(chunk))
         resident_sums[i] = h.intdigest()
@@ -166,7 +193,7 @@ def _write_data(plan: Plan, out: int, src: _Sources, progress: Progress) -> np.n
                 start = el.proj_offset[p]
                 record[start : start + size] = src.read(st.path, st.file_offset + e * size, size)
             ex.checksums[li, e] = xxhash.xxh3_64_intdigest(record)
-            os.pwrite(out, record, el.expert_offset(e))
+            out.write(record, el.expert_offset(e))
             progress.advance(el.payload)
     return resident_sums
 
@@ -188,12 +215,11 @@ def repack(sources: list[str], out_path: str, show_progress: bool = True, verify
             try:
                 os.ftruncate(out, plan.file_size)
                 progress = Progress("repacking", total, enabled=show_progress)
-                resident_sums = _write_data(plan, out, src, progress)
-                os.pwrite(out, final_header(plan, resident_sums), 0)
-                os.fsync(out)
+                writer = _Output(out)
+                resident_sums = _write_data(plan, writer, src, progress)
+                writer.write(final_header(plan, resident_sums), 0)
+                writer.flush()
                 progress.finish()
-                with contextlib.suppress(OSError):
-                    os.posix_fadvise(out, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(out)
         finally:

@@ -41,6 +41,7 @@ class Vocabulary:
     merges: list[str]
     eos_id: int
     pad_id: int
+    trained: Tokenizer  # the `tokenizers` model the vocabulary came from (tests compare llama.cpp with it)
     chat_template: str = CHATML_TEMPLATE
 
 
@@ -78,4 +79,4 @@ def build_vocabulary(vocab_size: int) -> Vocabulary:
     tokens += [f"<|reserved_{i}|>" for i in range(pad)]
     types += [TOKEN_CONTROL] * pad
     base = vocab_size - pad - len(SPECIAL_TOKENS)
-    return Vocabulary(tokens, types, merges, eos_id=base + 2, pad_id=base)
+    return Vocabulary(tokens, types, merges, eos_id=base + 2, pad_id=base, trained=tok)

@@ -24,9 +24,10 @@ DIRECT_TYPES = {
 
 CHUNK_ELEMENTS = 1 << 22  # ~16 MB of f32 at most in flight per chunk
 
-# Standard deviation of the uniform integer quants: Q8_0 draws -127..127, Q4_0 draws 0..15 around 8.
+# Standard deviation of the uniform integer quants: Q8_0 draws -127..127, Q4_0 draws 1..15 around 8
+# (both symmetric, so the weights have mean zero).
 _Q8_STD = math.sqrt((255**2 - 1) / 12)
-_Q4_STD = math.sqrt((16**2 - 1) / 12)
+_Q4_STD = math.sqrt((15**2 - 1) / 12)
 
 
 def tensor_type(spec: TensorSpec, wanted: GGMLQuantizationType) -> GGMLQuantizationType:
@@ -71,7 +72,8 @@ def _q4_0(rng: np.random.Generator, n_blocks: int, std: float) -> bytes:
     out = np.empty((n_blocks, 18), dtype=np.uint8)
     d = (std / _Q4_STD) * rng.uniform(0.75, 1.25, n_blocks)
     out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
-    out[:, 2:] = rng.integers(0, 256, (n_blocks, 16), dtype=np.uint8)
+    nibbles = rng.integers(1, 16, (n_blocks, 2, 16), dtype=np.uint8)
+    out[:, 2:] = nibbles[:, 0] | (nibbles[:, 1] << np.uint8(4))
     return out.tobytes()
 
 

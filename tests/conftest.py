@@ -1,0 +1,105 @@
+"""Shared fixtures: generated models (cached per session) and a runner for the real CLI."""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+def _use_core_from(path: str) -> None:
+    """`./dev sanitize` points TW_CORE_PATH at a sanitizer build of the native core: test that one."""
+    found = glob.glob(os.path.join(path, "_core*.so"))
+    if not found:
+        raise RuntimeError(f"no _core module in {path}")
+    spec = importlib.util.spec_from_file_location("tokenwing._core", found[0])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tokenwing._core"] = module
+    spec.loader.exec_module(module)
+
+
+if os.environ.get("TW_CORE_PATH"):
+    _use_core_from(os.environ["TW_CORE_PATH"])
+
+from tokenwing.format.repack import repack  # noqa: E402
+from tokenwing.testmodel import ModelShape, preset_shape, write_test_model  # noqa: E402
+
+os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str, timeout: float = 300, cwd: str | None = None) -> CliResult:
+    """Runs `python -m tokenwing ARGS` as a real subprocess."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tokenwing", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        check=False,
+    )
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def assert_clean_error(r: CliResult, code: int | None = None) -> None:
+    """A failure is one line on stderr, a non-zero exit and no traceback."""
+    assert r.returncode != 0, r.stdout
+    if code is not None:
+        assert r.returncode == code, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("tokenwing: error: "), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+ModelFactory = Callable[..., Path]
+
+
+@pytest.fixture(scope="session")
+def model_factory(tmp_path_factory: pytest.TempPathFactory) -> ModelFactory:
+    """make(arch=..., type=..., preset=..., shards=..., **shape) -> path of a generated GGUF (cached)."""
+    root = tmp_path_factory.mktemp("models")
+    cache: dict[tuple[object, ...], Path] = {}
+
+    def make(
+        arch: str = "qwen3moe", type: str = "F32", preset: str = "tiny", shards: int = 1, seed: int = 0, **shape: int
+    ) -> Path:
+        key = (arch, type, preset, shards, seed, tuple(sorted(shape.items())))
+        if key not in cache:
+            s: ModelShape = preset_shape(preset).with_(arch=arch, **shape)
+            name = f"m{len(cache)}-{arch}-{type}.gguf"
+            paths = write_test_model(str(root / name), s, type, seed, shards)
+            cache[key] = Path(paths[0])
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def repacked_factory(model_factory: ModelFactory, tmp_path_factory: pytest.TempPathFactory) -> ModelFactory:
+    root = tmp_path_factory.mktemp("repacked")
+    cache: dict[Path, Path] = {}
+
+    def make(**kw: object) -> Path:
+        src = model_factory(**kw)
+        if src not in cache:
+            out = root / (src.name.removesuffix(".gguf") + ".tw.gguf")
+            repack([str(src)], str(out), show_progress=False)
+            cache[src] = out
+        return cache[src]
+
+    return make

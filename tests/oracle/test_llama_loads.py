@@ -1,0 +1,82 @@
+"""llama.cpp (llama-cpp-python) loads every generated model: each architecture, each quant type, split too."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ModelFactory
+from tokenwing.testmodel.tokenizer import build_vocabulary
+
+pytestmark = pytest.mark.oracle
+
+ARCHS = {
+    "qwen3moe": {},
+    "qwen2moe": {"n_shared_exp": 1},
+    "ernie4_5-moe": {"n_layer": 3, "n_dense_lead": 1, "n_shared_exp": 1},
+}
+DIRECT = ["F32", "F16", "BF16", "Q8_0", "Q4_0"]
+KQUANTS = ["Q4_K_M", "Q6_K"]
+TEXTS = [
+    "Hello world, the quick brown fox jumps over the lazy dog.",
+    "def f(x):\n    return x ** 2  # 1024 tokens\n\n\n",
+    "  leading spaces,\ttabs and   runs; it's don't WE'RE 3.14159 $19.99",
+    "café naïve Straße 日本語 🙂 ünïcödé",
+    "",
+]
+
+
+def _probe(paths: list[Path]) -> list[dict[str, object]]:
+    req = Path(paths[0]).with_suffix(".probe.json")
+    req.write_text(json.dumps({"paths": [str(p) for p in paths], "texts": TEXTS}))
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("llama_probe.py")), str(req)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_llama_cpp_loads_every_type(model_factory: ModelFactory, arch: str) -> None:
+    shape = ARCHS[arch]
+    paths = [model_factory(arch=arch, type=t, **shape) for t in DIRECT]
+    paths += [model_factory(arch=arch, type=t, preset="kquant", **shape) for t in KQUANTS]
+    results = _probe(paths)
+    assert len(results) == len(paths)
+    for r in results:
+        assert r["n_vocab"] == 512
+        assert r["logits_finite"], r["path"]
+        assert float(r["logits_std"]) > 0.0  # random weights give spread logits, not a constant
+    # the tokenizer works in llama.cpp and tokenizes exactly as the `tokenizers` model it was built from
+    trained = build_vocabulary(512).trained
+    for r in results:
+        assert r["detokenized"] == TEXTS
+        assert r["tokens"] == [trained.encode(t).ids for t in TEXTS]
+
+
+def test_llama_cpp_loads_split_model(model_factory: ModelFactory) -> None:
+    first = model_factory(type="Q8_0", shards=3, n_layer=3)
+    assert "-00001-of-00003" in first.name
+    (r,) = _probe([first])
+    assert r["logits_finite"]
+
+
+def test_same_seed_same_model_across_shards(model_factory: ModelFactory) -> None:
+    """Each tensor has its own random stream: splitting a model does not change its weights."""
+    import gguf
+
+    whole = model_factory(type="Q8_0", n_layer=3)
+    first = model_factory(type="Q8_0", shards=3, n_layer=3)
+    a = {t.name: bytes(t.data) for t in gguf.GGUFReader(str(whole)).tensors}
+    b: dict[str, bytes] = {}
+    for p in sorted(first.parent.glob(first.name.replace("-00001-", "-*-"))):
+        b.update({t.name: bytes(t.data) for t in gguf.GGUFReader(str(p)).tensors})
+    assert a == b
