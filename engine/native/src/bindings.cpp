@@ -1,15 +1,69 @@
-// Python bindings of the native core. The GIL is released around every read.
+// Python bindings of the native core. The GIL is released around every read and every call that takes the
+// core's lock, so Python threads and the I/O threads never wait on each other through it.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
 
 #include "direct_file.hpp"
+#include "read_bench.hpp"
+#include "simulate.hpp"
+#include "stream_core.hpp"
 
 namespace nb = nanobind;
 using ByteArray = nb::ndarray<std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Release = nb::call_guard<nb::gil_scoped_release>;
+
+namespace {
+
+// A fresh numpy array that owns a copy of `values`.
+template <typename T>
+nb::ndarray<nb::numpy, T> to_numpy(const std::vector<T>& values, std::vector<std::size_t> shape) {
+  auto* data = new T[values.empty() ? 1 : values.size()];
+  if (!values.empty()) std::memcpy(data, values.data(), values.size() * sizeof(T));
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
+  return nb::ndarray<nb::numpy, T>(data, shape.size(), shape.data(), owner);
+}
+
+template <typename T>
+std::vector<T> from_array(nb::ndarray<const T, nb::c_contig, nb::device::cpu> a) {
+  return std::vector<T>(a.data(), a.data() + a.size());
+}
+
+nb::ndarray<nb::numpy, std::uint64_t> stats_array(const std::vector<tw::LayerSimStats>& st) {
+  std::vector<std::uint64_t> flat;
+  for (const auto& s : st)
+    flat.insert(flat.end(), {s.hits, s.misses, s.demand_reads, s.prefetch_reads, s.prefetch_used,
+                             s.prefetch_wasted, s.prefetch_dropped});
+  return to_numpy(flat, {st.size(), 7});
+}
+
+tw::Trace make_trace(nb::ndarray<const std::int32_t, nb::ndim<3>, nb::c_contig, nb::device::cpu> selected,
+                     nb::ndarray<const std::int32_t, nb::ndim<4>, nb::c_contig, nb::device::cpu> predicted,
+                     nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> prompt_tokens,
+                     int n_expert) {
+  tw::Trace t;
+  t.n_tokens = static_cast<int>(selected.shape(0));
+  t.n_layers = static_cast<int>(selected.shape(1));
+  t.k = static_cast<int>(selected.shape(2));
+  t.n_dist = static_cast<int>(predicted.shape(2));
+  t.n_expert = n_expert;
+  if (predicted.shape(0) != selected.shape(0) || predicted.shape(1) != selected.shape(1) ||
+      (predicted.size() > 0 && predicted.shape(3) != selected.shape(2)))
+    throw std::invalid_argument("predicted must be shaped (tokens, layers, distances, k)");
+  t.selected.assign(selected.data(), selected.data() + selected.size());
+  t.predicted.assign(predicted.data(), predicted.data() + predicted.size());
+  t.prompt_tokens.assign(prompt_tokens.data(), prompt_tokens.data() + prompt_tokens.size());
+  return t;
+}
+
+}  // namespace
 
 NB_MODULE(_core, m) {
-  m.doc() = "TokenWing native core: direct-I/O reads (the streaming core grows here)";
+  m.doc() = "TokenWing native core: direct-I/O expert streaming, RAM expert cache, trace replay";
   m.attr("DIRECT_ALIGNMENT") = tw::kDirectAlignment;
   nb::exception<tw::IoError>(m, "IoError", PyExc_OSError);
 
@@ -32,4 +86,119 @@ NB_MODULE(_core, m) {
       .def("close", &tw::DirectFile::close)
       .def("__enter__", [](tw::DirectFile& f) -> tw::DirectFile& { return f; }, nb::rv_policy::reference)
       .def("__exit__", [](tw::DirectFile& f, nb::args) { f.close(); });
+
+  nb::class_<tw::LayerGeometry>(m, "LayerGeometry")
+      .def(nb::init<>())
+      .def_rw("offset", &tw::LayerGeometry::offset)
+      .def_rw("record_size", &tw::LayerGeometry::record_size)
+      .def_rw("proj_offset", &tw::LayerGeometry::proj_offset)
+      .def_rw("proj_size", &tw::LayerGeometry::proj_size)
+      .def_rw("n_slots", &tw::LayerGeometry::n_slots);
+
+  nb::class_<tw::StreamConfig>(m, "StreamConfig")
+      .def(nb::init<>())
+      .def_rw("io_threads", &tw::StreamConfig::io_threads)
+      .def_rw("chunk_bytes", &tw::StreamConfig::chunk_bytes)
+      .def_rw("prefetch_cap_busy", &tw::StreamConfig::prefetch_cap_busy)
+      .def_rw("prefetch_cap_idle", &tw::StreamConfig::prefetch_cap_idle)
+      .def_rw("decay_tokens", &tw::StreamConfig::decay_tokens)
+      .def_rw("idle_fill_ms", &tw::StreamConfig::idle_fill_ms)
+      .def_rw("direct", &tw::StreamConfig::direct)
+      .def_prop_rw(
+          "policy", [](const tw::StreamConfig& c) { return c.policy == tw::Policy::Lru ? "lru" : "decay"; },
+          [](tw::StreamConfig& c, const std::string& p) {
+            if (p != "lru" && p != "decay") throw std::invalid_argument("policy must be decay or lru");
+            c.policy = p == "lru" ? tw::Policy::Lru : tw::Policy::Decay;
+          });
+
+  std::vector<std::string> names;
+  for (int c = 0; c < tw::kNumCounters; ++c) names.emplace_back(tw::counter_name(c));
+  m.attr("COUNTERS") = names;
+  m.attr("SIM_COLUMNS") = std::vector<std::string>{"hits", "misses", "demand_reads", "prefetch_reads",
+                                                   "prefetch_used", "prefetch_wasted", "prefetch_dropped"};
+
+  nb::class_<tw::StreamCore>(m, "StreamCore")
+      .def(nb::init<const std::string&, int, std::vector<tw::LayerGeometry>, tw::StreamConfig>(), nb::arg("path"),
+           nb::arg("n_expert"), nb::arg("layers"), nb::arg("config"), Release())
+      .def_prop_ro("direct", &tw::StreamCore::direct)
+      .def_prop_ro("fallback_reason", &tw::StreamCore::fallback_reason)
+      .def_prop_ro("n_layers", &tw::StreamCore::n_layers)
+      .def_prop_ro("n_expert", &tw::StreamCore::n_expert)
+      .def("n_slots", &tw::StreamCore::n_slots)
+      .def(
+          "slot_array",
+          [](nb::handle self, int li) {
+            auto& core = nb::cast<tw::StreamCore&>(self);
+            std::size_t shape[2] = {static_cast<std::size_t>(core.n_slots(li)),
+                                    static_cast<std::size_t>(core.record_size(li))};
+            return nb::ndarray<nb::numpy, std::uint8_t, nb::ndim<2>>(core.slot_memory(li), 2, shape, self);
+          },
+          nb::arg("layer"), "The layer's slot pool as a (slots, record_size) uint8 view (no copy).")
+      .def("begin_token", &tw::StreamCore::begin_token, nb::arg("prompt_tokens") = 0, Release())
+      .def("begin_layer", &tw::StreamCore::begin_layer, nb::arg("layer"), nb::arg("experts"), Release())
+      .def("end_layer", &tw::StreamCore::end_layer, nb::arg("layer"), Release())
+      .def("predict", &tw::StreamCore::predict, nb::arg("layer"), nb::arg("experts"), nb::arg("distance"), Release())
+      .def("ready", &tw::StreamCore::ready, nb::arg("layer"), nb::arg("experts"), Release())
+      .def("wait", &tw::StreamCore::wait, nb::arg("layer"), nb::arg("expert"), nb::arg("proj") = -1, Release())
+      .def("loan", &tw::StreamCore::loan, nb::arg("bytes"), nb::arg("keep_per_layer"), Release())
+      .def("unloan", &tw::StreamCore::unloan, Release())
+      .def_prop_ro("loaned_bytes", &tw::StreamCore::loaned_bytes)
+      .def("set_usage", &tw::StreamCore::set_usage, nb::arg("layer"), nb::arg("ranked_experts"), Release())
+      .def("counters",
+           [](const tw::StreamCore& c) {
+             return to_numpy(c.counters(), {static_cast<std::size_t>(c.n_layers()),
+                                            static_cast<std::size_t>(tw::kNumCounters)});
+           })
+      .def("queue_depths", &tw::StreamCore::queue_depths, Release())
+      .def("take_demand_latencies",
+           [](tw::StreamCore& c) {
+             auto v = c.take_demand_latencies();
+             return to_numpy(v, {v.size()});
+           })
+      .def("resident_experts", &tw::StreamCore::resident_experts, nb::arg("layer"))
+      .def("close", &tw::StreamCore::close, Release());
+
+  m.def(
+      "simulate",
+      [](nb::ndarray<const std::int32_t, nb::ndim<3>, nb::c_contig, nb::device::cpu> selected,
+         nb::ndarray<const std::int32_t, nb::ndim<4>, nb::c_contig, nb::device::cpu> predicted,
+         nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> prompt_tokens, int n_expert,
+         int n_slots, const std::string& policy, bool prefetch, std::uint64_t decay_tokens) {
+        tw::Trace t = make_trace(selected, predicted, prompt_tokens, n_expert);
+        std::vector<tw::LayerSimStats> st;
+        {
+          nb::gil_scoped_release release;
+          if (policy == "belady") {
+            st = tw::simulate_belady(t, n_slots);
+          } else if (policy == "decay" || policy == "lru") {
+            tw::SimConfig c;
+            c.n_slots = n_slots;
+            c.policy = policy == "lru" ? tw::Policy::Lru : tw::Policy::Decay;
+            c.prefetch = prefetch;
+            c.decay_tokens = decay_tokens;
+            st = tw::simulate_policy(t, c);
+          } else {
+            throw std::invalid_argument("policy must be decay, lru or belady");
+          }
+        }
+        return stats_array(st);
+      },
+      nb::arg("selected"), nb::arg("predicted"), nb::arg("prompt_tokens"), nb::arg("n_expert"), nb::arg("n_slots"),
+      nb::arg("policy"), nb::arg("prefetch") = false, nb::arg("decay_tokens") = 64,
+      "Replays a routing trace; returns per-layer (hits, misses, demand_reads, prefetch_reads, prefetch_used, "
+      "prefetch_wasted, prefetch_dropped).");
+
+  m.def(
+      "read_benchmark",
+      [](const std::string& path, std::uint64_t block, int threads, std::uint64_t total, std::uint64_t seed,
+         bool direct) {
+        tw::ReadBenchResult r;
+        {
+          nb::gil_scoped_release release;
+          r = tw::read_benchmark(path, block, threads, total, seed, direct);
+        }
+        return nb::make_tuple(r.seconds, r.bytes, to_numpy(r.latencies_ns, {r.latencies_ns.size()}));
+      },
+      nb::arg("path"), nb::arg("block"), nb::arg("threads"), nb::arg("total"), nb::arg("seed") = 0,
+      nb::arg("direct") = true, "Random direct reads: returns (seconds, bytes, per-read latencies in ns).");
 }

@@ -1,0 +1,648 @@
+#include "stream_core.hpp"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace tw {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::uint64_t overlap(std::uint64_t a0, std::uint64_t a1, std::uint64_t b0, std::uint64_t b1) {
+  std::uint64_t lo = std::max(a0, b0), hi = std::min(a1, b1);
+  return hi > lo ? hi - lo : 0;
+}
+
+}  // namespace
+
+const char* counter_name(int c) {
+  static const char* names[kNumCounters] = {
+      "hits",           "misses",           "demand_reads",      "prefetch_issued", "prefetch_used",
+      "prefetch_wasted", "prefetch_cancelled", "prefetch_promoted", "prefetch_dropped", "idle_fills",
+      "bytes_read",     "wait_ns",          "read_errors"};
+  return (c >= 0 && c < kNumCounters) ? names[c] : "?";
+}
+
+StreamCore::StreamCore(const std::string& path, int n_expert, std::vector<LayerGeometry> layers,
+                       StreamConfig config)
+    : file_(path, config.direct), n_expert_(n_expert), cfg_(config) {
+  if (n_expert <= 0) throw std::invalid_argument("n_expert must be positive");
+  if (layers.empty()) throw std::invalid_argument("no streamed layers");
+  if (cfg_.io_threads < 1 || cfg_.io_threads > 256) throw std::invalid_argument("io_threads must be 1..256");
+  if (cfg_.chunk_bytes == 0 || cfg_.chunk_bytes % kDirectAlignment)
+    throw std::invalid_argument("chunk size must be a positive multiple of 4096");
+  if (cfg_.decay_tokens == 0) throw std::invalid_argument("decay_tokens must be positive");
+  clock_.policy = cfg_.policy;
+  clock_.decay_tokens = cfg_.decay_tokens;
+  layers_ = std::vector<Layer>(layers.size());  // in place: Layer is not cheaply movable
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const LayerGeometry& g = layers[i];
+    if (g.n_slots <= 0)
+      throw std::invalid_argument("layer " + std::to_string(i) + " has a budget of zero slots");
+    if (g.record_size == 0 || g.record_size % kDirectAlignment || g.offset % kDirectAlignment)
+      throw std::invalid_argument("expert records must be 4096-aligned");
+    for (int p = 0; p < 3; ++p)
+      if (g.proj_offset[p] + g.proj_size[p] > g.record_size)
+        throw std::invalid_argument("projection outside its record");
+    if (g.offset + g.record_size * static_cast<std::uint64_t>(n_expert) > file_.size())
+      throw IoError(path + ": the expert records run past the end of the file");
+    Layer& L = layers_[i];
+    L.geo = g;
+    std::size_t bytes = static_cast<std::size_t>(g.record_size) * static_cast<std::size_t>(g.n_slots);
+    void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+      for (std::size_t j = 0; j < i; ++j)
+        munmap(layers_[j].memory, layers_[j].geo.record_size * static_cast<std::size_t>(layers_[j].geo.n_slots));
+      throw std::bad_alloc();
+    }
+    L.memory = static_cast<std::uint8_t*>(mem);
+    for (int s = 0; s < g.n_slots; ++s) L.slots.push_back(std::make_unique<Slot>());
+    L.metas.resize(static_cast<std::size_t>(g.n_slots));
+    L.expert_slot.assign(static_cast<std::size_t>(n_expert), -1);
+  }
+  last_activity_ = Clock::now();
+  for (int t = 0; t < cfg_.io_threads; ++t) threads_.emplace_back([this] { io_loop(); });
+  if (cfg_.idle_fill_ms >= 0) idle_thread_ = std::thread([this] { idle_loop(); });
+}
+
+StreamCore::~StreamCore() { close(); }
+
+void StreamCore::close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ && threads_.empty()) return;
+    stop_ = true;
+  }
+  io_cv_.notify_all();
+  ready_cv_.notify_all();
+  idle_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+  if (idle_thread_.joinable()) idle_thread_.join();
+  for (Layer& L : layers_) {
+    if (L.memory) munmap(L.memory, L.geo.record_size * static_cast<std::size_t>(L.geo.n_slots));
+    L.memory = nullptr;
+  }
+  file_.close();
+}
+
+StreamCore::Layer& StreamCore::layer(int li) {
+  if (li < 0 || li >= n_layers()) throw std::out_of_range("no streamed layer " + std::to_string(li));
+  return layers_[static_cast<std::size_t>(li)];
+}
+const StreamCore::Layer& StreamCore::layer(int li) const {
+  if (li < 0 || li >= n_layers()) throw std::out_of_range("no streamed layer " + std::to_string(li));
+  return layers_[static_cast<std::size_t>(li)];
+}
+void StreamCore::check_expert(int expert) const {
+  if (expert < 0 || expert >= n_expert_)
+    throw std::out_of_range("no expert " + std::to_string(expert) + " (the model has " +
+                            std::to_string(n_expert_) + ")");
+}
+
+int StreamCore::n_slots(int li) const { return layer(li).geo.n_slots; }
+std::uint64_t StreamCore::record_size(int li) const { return layer(li).geo.record_size; }
+std::uint8_t* StreamCore::slot_memory(int li) const { return layer(li).memory; }
+
+// ------------------------------------------------------------------------------------------- the API
+
+void StreamCore::begin_token(std::uint64_t prompt_tokens) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) throw IoError("the streaming core is closed");
+  touch();
+  clock_.token_id++;
+  clock_.prompt = prompt_tokens > 0;
+  clock_.tokens += prompt_tokens > 0 ? prompt_tokens : 1;
+  // Predictions of the previous token that never started are stale.
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), [](const Prediction& p) { return !p.fill; }),
+                 waiting_.end());
+}
+
+std::vector<int> StreamCore::begin_layer(int li, const std::vector<int>& experts) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stop_) throw IoError("the streaming core is closed");
+  Layer& L = layer(li);
+  for (int e : experts) check_expert(e);
+  std::vector<int> selected = experts;
+  std::sort(selected.begin(), selected.end());
+  selected.erase(std::unique(selected.begin(), selected.end()), selected.end());
+  int usable = 0;
+  for (auto& s : L.slots) usable += s->meta.state != SlotState::Loaned;
+  if (static_cast<int>(selected.size()) > usable)
+    throw std::invalid_argument("layer " + std::to_string(li) + " needs " + std::to_string(selected.size()) +
+                                " slots but has " + std::to_string(usable));
+  touch();
+  L.started_token = clock_.token_id;
+  for (auto& s : L.slots) s->meta.pins = 0;  // the previous step of this layer is done
+  L.pending_demand.clear();
+  auto is_selected = [&](int e) { return std::binary_search(selected.begin(), selected.end(), e); };
+
+  // Cancel: this layer's predictions the router did not select.
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (it->li == li && !it->fill && !is_selected(it->expert)) {
+      L.count[kPrefetchCancelled]++;
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (int s = 0; s < L.geo.n_slots; ++s) {
+    Slot& sl = *L.slots[static_cast<std::size_t>(s)];
+    if (sl.meta.state != SlotState::Loading || !sl.is_prefetch || is_selected(sl.meta.expert)) continue;
+    auto drop = [&](std::deque<Chunk>& q) {
+      q.erase(std::remove_if(q.begin(), q.end(), [&](const Chunk& c) { return c.li == li && c.slot == s; }),
+              q.end());
+    };
+    drop(prefetch_q_);
+    sl.queued = 0;
+    L.expert_slot[static_cast<std::size_t>(sl.meta.expert)] = -1;
+    sl.meta.expert = -1;
+    sl.meta.state = sl.inflight > 0 ? SlotState::Cancelling : SlotState::Empty;
+    L.count[kPrefetchCancelled]++;
+  }
+
+  std::vector<int> result;
+  result.reserve(experts.size());
+  for (int e : selected) {
+    int s = L.expert_slot[static_cast<std::size_t>(e)];
+    if (s >= 0) {
+      Slot& sl = *L.slots[static_cast<std::size_t>(s)];
+      if (sl.meta.state == SlotState::Ready) {
+        L.count[kHits]++;
+        if (sl.meta.prefetched_unused) L.count[kPrefetchUsed]++;
+      } else {  // still loading
+        L.count[kMisses]++;
+        if (sl.is_prefetch) {
+          L.count[kPrefetchUsed]++;
+          L.count[kPrefetchPromoted]++;
+          sl.is_prefetch = false;
+          // Promote: its queued chunks move to the demand queue, in order.
+          std::deque<Chunk> moved;
+          for (auto it = prefetch_q_.begin(); it != prefetch_q_.end();) {
+            if (it->li == li && it->slot == s) {
+              Chunk c = *it;
+              c.demand = true;
+              moved.push_back(c);
+              it = prefetch_q_.erase(it);
+            } else {
+              ++it;
+            }
+          }
+          for (const Chunk& c : moved) demand_q_.push_back(c);
+          sl.issued = Clock::now();
+          sl.timing = true;
+        }
+      }
+      record_use(sl.meta, clock_);
+      sl.meta.pins++;
+      continue;
+    }
+    L.count[kMisses]++;
+    remove_prediction(li, e);
+    int free_slot = find_slot(L, li, Requester::Demand);
+    if (free_slot < 0) {
+      L.pending_demand.push_back(e);
+      continue;
+    }
+    start_demand(li, e, free_slot);
+  }
+  for (int e : experts) result.push_back(L.expert_slot[static_cast<std::size_t>(e)]);
+  lock.unlock();
+  io_cv_.notify_all();
+  return result;
+}
+
+void StreamCore::end_layer(int li) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& s : layer(li).slots) s->meta.pins = 0;
+}
+
+void StreamCore::predict(int li, const std::vector<int>& experts, int distance) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stop_) throw IoError("the streaming core is closed");
+  Layer& L = layer(li);
+  for (int e : experts) check_expert(e);
+  touch();
+  if (layer_started(L)) return;  // too late for this token
+  bool added = false;
+  int rank = 0;
+  for (int e : experts) {
+    int s = L.expert_slot[static_cast<std::size_t>(e)];
+    if (s >= 0) {  // resident or on its way: protect it for this token
+      L.slots[static_cast<std::size_t>(s)]->meta.protect_token = clock_.token_id;
+      ++rank;
+      continue;
+    }
+    auto it = std::find_if(waiting_.begin(), waiting_.end(),
+                           [&](const Prediction& p) { return p.li == li && p.expert == e; });
+    Prediction p{li, e, distance, rank++, pred_seq_++, false};
+    if (it != waiting_.end()) {
+      if (it->fill || std::tie(distance, p.rank) < std::tie(it->distance, it->rank)) {
+        waiting_.erase(it);
+      } else {
+        continue;
+      }
+    }
+    auto pos = std::upper_bound(waiting_.begin(), waiting_.end(), p, [](const Prediction& a, const Prediction& b) {
+      return std::tie(a.distance, a.rank, a.seq) < std::tie(b.distance, b.rank, b.seq);
+    });
+    waiting_.insert(pos, p);
+    added = true;
+  }
+  lock.unlock();
+  if (added) io_cv_.notify_all();
+}
+
+std::vector<bool> StreamCore::ready(int li, const std::vector<int>& experts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Layer& L = layer(li);
+  std::vector<bool> out;
+  for (int e : experts) {
+    check_expert(e);
+    int s = L.expert_slot[static_cast<std::size_t>(e)];
+    out.push_back(s >= 0 && L.slots[static_cast<std::size_t>(s)]->meta.state == SlotState::Ready);
+  }
+  return out;
+}
+
+int StreamCore::wait(int li, int expert, int proj) {
+  if (proj < -1 || proj > 2) throw std::out_of_range("projection must be -1, 0, 1 or 2");
+  std::unique_lock<std::mutex> lock(mu_);
+  Layer& L = layer(li);
+  check_expert(expert);
+  auto t0 = Clock::now();
+  bool waited = false;
+  for (;;) {
+    if (stop_) throw IoError("the streaming core is closed");
+    auto err = L.errors.find(expert);
+    if (err != L.errors.end()) {
+      std::string msg = err->second;
+      L.errors.erase(err);
+      throw IoError(msg);
+    }
+    int s = L.expert_slot[static_cast<std::size_t>(expert)];
+    if (s >= 0) {
+      Slot& sl = *L.slots[static_cast<std::size_t>(s)];
+      std::uint32_t want = proj < 0 ? 7u : (1u << proj);
+      if ((sl.ready_mask.load(std::memory_order_acquire) & want) == want) {
+        if (waited) L.count[kWaitNs] += static_cast<std::uint64_t>((Clock::now() - t0).count());
+        return s;
+      }
+    } else if (std::find(L.pending_demand.begin(), L.pending_demand.end(), expert) == L.pending_demand.end()) {
+      throw std::logic_error("expert " + std::to_string(expert) + " of layer " + std::to_string(li) +
+                             " was not selected (call begin_layer first)");
+    }
+    waited = true;
+    ready_cv_.wait(lock);
+  }
+}
+
+// --------------------------------------------------------------------------------- slots and queues
+
+int StreamCore::find_slot(Layer& L, int li, Requester who) {
+  for (std::size_t i = 0; i < L.slots.size(); ++i) L.metas[i] = L.slots[i]->meta;
+  int s = choose_victim(L.metas, clock_, who, layer_started(L));
+  if (s >= 0) evict(L, s);
+  (void)li;
+  return s;
+}
+
+void StreamCore::evict(Layer& L, int s) {
+  Slot& sl = *L.slots[static_cast<std::size_t>(s)];
+  if (sl.meta.state == SlotState::Ready && sl.meta.expert >= 0) {
+    if (sl.meta.prefetched_unused) L.count[kPrefetchWasted]++;
+    L.expert_slot[static_cast<std::size_t>(sl.meta.expert)] = -1;
+  }
+  sl.meta = SlotMeta{};
+  sl.ready_mask.store(0, std::memory_order_release);
+}
+
+void StreamCore::start_demand(int li, int expert, int s) {
+  Layer& L = layers_[static_cast<std::size_t>(li)];
+  Slot& sl = *L.slots[static_cast<std::size_t>(s)];
+  record_load(sl.meta, clock_, expert, false);
+  sl.meta.state = SlotState::Loading;
+  sl.meta.pins = 1;
+  sl.is_prefetch = false;
+  sl.issued = Clock::now();
+  sl.timing = true;
+  L.expert_slot[static_cast<std::size_t>(expert)] = s;
+  L.count[kDemandReads]++;
+  queue_chunks(li, s, true, nullptr);
+}
+
+// A demand read is one whole request; a prefetch is split into chunks. With `first`, the first chunk is
+// handed to the calling I/O thread instead of queued, and each other chunk wakes a thread of its own.
+void StreamCore::queue_chunks(int li, int s, bool demand, Chunk* first) {
+  Layer& L = layers_[static_cast<std::size_t>(li)];
+  Slot& sl = *L.slots[static_cast<std::size_t>(s)];
+  sl.gen++;
+  sl.remaining = L.geo.proj_size;
+  sl.ready_mask.store(0, std::memory_order_release);
+  std::uint64_t step = demand ? L.geo.record_size : cfg_.chunk_bytes;
+  bool handed = false;
+  for (std::uint64_t off = 0; off < L.geo.record_size; off += step) {
+    Chunk c{li, s, sl.gen, off, std::min(step, L.geo.record_size - off), demand};
+    if (first && !handed) {
+      *first = c;
+      handed = true;
+      sl.inflight++;
+      continue;
+    }
+    (demand ? demand_q_ : prefetch_q_).push_back(c);
+    sl.queued++;
+    io_cv_.notify_one();
+  }
+}
+
+void StreamCore::remove_prediction(int li, int expert) {
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
+                                [&](const Prediction& p) { return p.li == li && p.expert == expert; }),
+                 waiting_.end());
+}
+
+void StreamCore::assign_pending(int li) {
+  Layer& L = layers_[static_cast<std::size_t>(li)];
+  while (!L.pending_demand.empty()) {
+    int s = find_slot(L, li, Requester::Demand);
+    if (s < 0) return;
+    int e = L.pending_demand.front();
+    L.pending_demand.pop_front();
+    start_demand(li, e, s);
+  }
+}
+
+bool StreamCore::take_work(Chunk& out) {
+  if (!demand_q_.empty()) {
+    out = demand_q_.front();
+    demand_q_.pop_front();
+    demand_busy_++;
+    Slot& sl = *layers_[static_cast<std::size_t>(out.li)].slots[static_cast<std::size_t>(out.slot)];
+    sl.queued--;
+    sl.inflight++;
+    return true;
+  }
+  int cap = demand_busy_ > 0 ? cfg_.prefetch_cap_busy : cfg_.prefetch_cap_idle;
+  if (prefetch_busy_ >= cap) return false;
+  if (!prefetch_q_.empty()) {
+    out = prefetch_q_.front();
+    prefetch_q_.pop_front();
+    prefetch_busy_++;
+    Slot& sl = *layers_[static_cast<std::size_t>(out.li)].slots[static_cast<std::size_t>(out.slot)];
+    sl.queued--;
+    sl.inflight++;
+    return true;
+  }
+  if (bind_prediction(out)) {
+    prefetch_busy_++;
+    return true;
+  }
+  return false;
+}
+
+// Late binding: a prediction gets a slot only now, when this thread has nothing more urgent to do.
+bool StreamCore::bind_prediction(Chunk& out) {
+  while (!waiting_.empty()) {
+    Prediction p = waiting_.front();
+    waiting_.erase(waiting_.begin());
+    Layer& L = layers_[static_cast<std::size_t>(p.li)];
+    if (L.expert_slot[static_cast<std::size_t>(p.expert)] >= 0) continue;
+    if (!p.fill && layer_started(L)) continue;
+    int s = find_slot(L, p.li, p.fill ? Requester::FillEmptyOnly : Requester::Prefetch);
+    if (s < 0) {
+      if (!p.fill) L.count[kPrefetchDropped]++;
+      continue;
+    }
+    Slot& sl = *L.slots[static_cast<std::size_t>(s)];
+    record_load(sl.meta, clock_, p.expert, true);
+    sl.meta.state = SlotState::Loading;
+    if (!p.fill) sl.meta.protect_token = clock_.token_id;
+    sl.is_prefetch = true;
+    sl.timing = false;
+    L.expert_slot[static_cast<std::size_t>(p.expert)] = s;
+    L.count[p.fill ? kIdleFills : kPrefetchIssued]++;
+    queue_chunks(p.li, s, false, &out);
+    return true;
+  }
+  return false;
+}
+
+void StreamCore::complete(const Chunk& c, const std::string* error) {
+  Layer& L = layers_[static_cast<std::size_t>(c.li)];
+  Slot& sl = *L.slots[static_cast<std::size_t>(c.slot)];
+  (c.demand ? demand_busy_ : prefetch_busy_)--;
+  sl.inflight--;
+  if (sl.meta.state == SlotState::Cancelling) {
+    if (sl.inflight == 0 && sl.queued == 0) {
+      sl.meta = SlotMeta{};
+      sl.ready_mask.store(0, std::memory_order_release);
+      assign_pending(c.li);
+    }
+    return;
+  }
+  if (sl.meta.state != SlotState::Loading || sl.gen != c.gen) return;
+  if (error) {
+    L.count[kReadErrors]++;
+    int expert = sl.meta.expert;
+    // Drop the rest of this expert's reads; the slot is free once nothing is in flight.
+    auto drop = [&](std::deque<Chunk>& q) {
+      q.erase(std::remove_if(q.begin(), q.end(), [&](const Chunk& x) { return x.li == c.li && x.slot == c.slot; }),
+              q.end());
+    };
+    drop(demand_q_);
+    drop(prefetch_q_);
+    sl.queued = 0;
+    L.expert_slot[static_cast<std::size_t>(expert)] = -1;
+    if (!sl.is_prefetch || sl.meta.pins > 0) L.errors[expert] = *error;
+    sl.meta.expert = -1;
+    sl.meta.state = sl.inflight > 0 ? SlotState::Cancelling : SlotState::Empty;
+    if (sl.meta.state == SlotState::Empty) {
+      sl.meta = SlotMeta{};
+      assign_pending(c.li);
+    }
+    return;
+  }
+  L.count[kBytesRead] += c.len;
+  std::uint32_t mask = sl.ready_mask.load(std::memory_order_relaxed);
+  for (int p = 0; p < 3; ++p) {
+    std::uint64_t o = L.geo.proj_offset[static_cast<std::size_t>(p)];
+    std::uint64_t got = overlap(c.off, c.off + c.len, o, o + L.geo.proj_size[static_cast<std::size_t>(p)]);
+    std::uint64_t& rem = sl.remaining[static_cast<std::size_t>(p)];
+    rem -= std::min(rem, got);
+    if (rem == 0) mask |= 1u << p;
+  }
+  sl.ready_mask.store(mask, std::memory_order_release);
+  if (sl.inflight == 0 && sl.queued == 0) {
+    sl.meta.state = SlotState::Ready;
+    sl.ready_mask.store(7u, std::memory_order_release);
+    if (sl.timing) {
+      latencies_.push_back(static_cast<std::int64_t>((Clock::now() - sl.issued).count()));
+      sl.timing = false;
+    }
+  }
+}
+
+void StreamCore::io_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    Chunk c;
+    if (!take_work(c)) {
+      io_cv_.wait(lock);
+      continue;
+    }
+    Layer& L = layers_[static_cast<std::size_t>(c.li)];
+    std::uint8_t* dst = L.memory + static_cast<std::size_t>(c.slot) * L.geo.record_size + c.off;
+    std::uint64_t at = L.geo.offset + static_cast<std::uint64_t>(L.slots[static_cast<std::size_t>(c.slot)]->meta.expert) *
+                                          L.geo.record_size + c.off;
+    lock.unlock();
+    std::string error;
+    bool failed = false;
+    try {
+      file_.read_exact(at, dst, static_cast<std::size_t>(c.len));
+    } catch (const std::exception& e) {
+      error = e.what();
+      failed = true;
+    }
+    lock.lock();
+    complete(c, failed ? &error : nullptr);
+    ready_cv_.notify_all();
+    io_cv_.notify_one();  // a cap may have opened
+  }
+}
+
+// After a quiet spell, fill empty slots with the most-used experts (usage table), evicting nothing.
+void StreamCore::idle_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto idle = std::chrono::milliseconds(cfg_.idle_fill_ms);
+  while (!stop_) {
+    if (filled_) {
+      idle_cv_.wait_for(lock, idle);
+      continue;
+    }
+    auto due = last_activity_ + idle;
+    if (Clock::now() < due) {
+      idle_cv_.wait_until(lock, due);
+      continue;
+    }
+    filled_ = true;
+    bool added = false;
+    for (int li = 0; li < n_layers(); ++li) {
+      Layer& L = layers_[static_cast<std::size_t>(li)];
+      int empty = 0;
+      for (auto& s : L.slots) empty += s->meta.state == SlotState::Empty;
+      int rank = 0;
+      for (int e : L.usage) {
+        if (empty == 0) break;
+        if (L.expert_slot[static_cast<std::size_t>(e)] >= 0) continue;
+        if (std::any_of(waiting_.begin(), waiting_.end(),
+                        [&](const Prediction& p) { return p.li == li && p.expert == e; }))
+          continue;
+        waiting_.push_back(Prediction{li, e, 1 << 20, rank++, pred_seq_++, true});
+        --empty;
+        added = true;
+      }
+    }
+    if (added) io_cv_.notify_all();
+  }
+}
+
+// --------------------------------------------------------------------------------------- loans, stats
+
+std::uint64_t StreamCore::loan(std::uint64_t bytes, int keep_per_layer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::uint64_t freed = 0;
+  auto give = [&](Layer& L, int s) {
+    Slot& sl = *L.slots[static_cast<std::size_t>(s)];
+    evict(L, s);
+    sl.meta.state = SlotState::Loaned;
+    madvise(L.memory + static_cast<std::size_t>(s) * L.geo.record_size, L.geo.record_size, MADV_DONTNEED);
+    freed += L.geo.record_size;
+  };
+  auto kept = [&](const Layer& L) {
+    int n = 0;
+    for (auto& s : L.slots) n += s->meta.state != SlotState::Loaned;
+    return n;
+  };
+  // Empty slots first, then the coldest ready ones across all layers.
+  for (Layer& L : layers_)
+    for (int s = 0; s < L.geo.n_slots && freed < bytes; ++s)
+      if (L.slots[static_cast<std::size_t>(s)]->meta.state == SlotState::Empty && kept(L) > keep_per_layer)
+        give(L, s);
+  while (freed < bytes) {
+    int best_l = -1, best_s = -1;
+    double best_v = 0;
+    std::uint64_t best_use = 0;
+    for (int li = 0; li < n_layers(); ++li) {
+      Layer& L = layers_[static_cast<std::size_t>(li)];
+      if (kept(L) <= keep_per_layer) continue;
+      for (int s = 0; s < L.geo.n_slots; ++s) {
+        const SlotMeta& m = L.slots[static_cast<std::size_t>(s)]->meta;
+        if (m.state != SlotState::Ready || m.pins > 0) continue;
+        double v = (clock_.prompt || clock_.policy == Policy::Lru) ? 0.0 : effective_value(m, clock_);
+        if (best_l < 0 || v < best_v || (v == best_v && m.last_use < best_use)) {
+          best_l = li, best_s = s, best_v = v, best_use = m.last_use;
+        }
+      }
+    }
+    if (best_l < 0) break;
+    give(layers_[static_cast<std::size_t>(best_l)], best_s);
+  }
+  return freed;
+}
+
+void StreamCore::unloan() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int li = 0; li < n_layers(); ++li) {
+    for (auto& s : layers_[static_cast<std::size_t>(li)].slots)
+      if (s->meta.state == SlotState::Loaned) s->meta = SlotMeta{};
+    assign_pending(li);
+  }
+  touch();
+}
+
+std::uint64_t StreamCore::loaned_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::uint64_t n = 0;
+  for (const Layer& L : layers_)
+    for (auto& s : L.slots) n += s->meta.state == SlotState::Loaned ? L.geo.record_size : 0;
+  return n;
+}
+
+void StreamCore::set_usage(int li, const std::vector<int>& ranked_experts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int e : ranked_experts) check_expert(e);
+  layer(li).usage = ranked_experts;
+}
+
+std::vector<std::uint64_t> StreamCore::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::uint64_t> out;
+  out.reserve(layers_.size() * kNumCounters);
+  for (const Layer& L : layers_) out.insert(out.end(), L.count.begin(), L.count.end());
+  return out;
+}
+
+std::array<std::uint64_t, 5> StreamCore::queue_depths() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {demand_q_.size(), prefetch_q_.size(), waiting_.size(), static_cast<std::uint64_t>(demand_busy_),
+          static_cast<std::uint64_t>(prefetch_busy_)};
+}
+
+std::vector<std::int64_t> StreamCore::take_demand_latencies() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::int64_t> out;
+  out.swap(latencies_);
+  return out;
+}
+
+std::vector<int> StreamCore::resident_experts(int li) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int> out;
+  for (auto& s : layer(li).slots) out.push_back(s->meta.state == SlotState::Ready ? s->meta.expert : -1);
+  return out;
+}
+
+}  // namespace tw

@@ -1,0 +1,182 @@
+// The streaming core: direct reads of routed experts into per-layer RAM slot pools, with a demand queue
+// that always goes first, chunked prefetches bound to slots late, cancel and promote at layer start,
+// per-projection ready flags, decay eviction, slots on loan, idle fill and counters.
+//
+// Threading: one mutex guards all scheduling state; I/O threads take work under it and read without it.
+// A slot's memory is only written by reads of its current assignment, and a slot is never reassigned while
+// a read into it is in flight.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "cache_policy.hpp"
+#include "direct_file.hpp"
+
+namespace tw {
+
+struct LayerGeometry {
+  std::uint64_t offset = 0;       // absolute file offset of expert 0's record
+  std::uint64_t record_size = 0;  // bytes per expert record (multiple of 4096)
+  std::array<std::uint64_t, 3> proj_offset{};  // gate, up, down inside the record
+  std::array<std::uint64_t, 3> proj_size{};
+  int n_slots = 0;
+};
+
+struct StreamConfig {
+  int io_threads = 8;
+  std::uint64_t chunk_bytes = 512 * 1024;
+  int prefetch_cap_busy = 2;  // prefetch chunks in service while a demand read is
+  int prefetch_cap_idle = 4;  // ... and while none is
+  std::uint64_t decay_tokens = 64;
+  int idle_fill_ms = 500;     // < 0: off
+  bool direct = true;
+  Policy policy = Policy::Decay;
+};
+
+enum Counter : int {
+  kHits,
+  kMisses,
+  kDemandReads,
+  kPrefetchIssued,
+  kPrefetchUsed,
+  kPrefetchWasted,
+  kPrefetchCancelled,
+  kPrefetchPromoted,
+  kPrefetchDropped,
+  kIdleFills,
+  kBytesRead,
+  kWaitNs,
+  kReadErrors,
+  kNumCounters
+};
+const char* counter_name(int c);
+
+class StreamCore {
+ public:
+  StreamCore(const std::string& path, int n_expert, std::vector<LayerGeometry> layers, StreamConfig config);
+  ~StreamCore();
+  StreamCore(const StreamCore&) = delete;
+  StreamCore& operator=(const StreamCore&) = delete;
+
+  bool direct() const { return file_.direct(); }
+  const std::string& fallback_reason() const { return file_.fallback_reason(); }
+  int n_layers() const { return static_cast<int>(layers_.size()); }
+  int n_expert() const { return n_expert_; }
+  int n_slots(int li) const;
+  std::uint64_t record_size(int li) const;
+  std::uint8_t* slot_memory(int li) const;
+
+  // A decode token (prompt_tokens == 0) or a prompt batch of prompt_tokens tokens (LRU, ages the values).
+  void begin_token(std::uint64_t prompt_tokens);
+  // Layer li starts with these selected experts: drops its unselected predictions, promotes selected
+  // prefetches, issues demand reads. Returns each expert's slot (-1 while it waits for a free slot).
+  std::vector<int> begin_layer(int li, const std::vector<int>& experts);
+  void end_layer(int li);
+  // Predictions for a later layer (distance 1, 2, ...), in rank order.
+  void predict(int li, const std::vector<int>& experts, int distance);
+  // Which of these experts are ready now (compute those first).
+  std::vector<bool> ready(int li, const std::vector<int>& experts);
+  // Blocks until the expert's projection (0 gate, 1 up, 2 down; -1 all) is ready; returns its slot.
+  int wait(int li, int expert, int proj);
+
+  // Slots on loan: give back up to `bytes` of slot memory (empty slots first, then the coldest), keeping at
+  // least `keep_per_layer` slots in every layer. Returns the bytes given back.
+  std::uint64_t loan(std::uint64_t bytes, int keep_per_layer);
+  void unloan();
+  std::uint64_t loaned_bytes() const;
+
+  void set_usage(int li, const std::vector<int>& ranked_experts);
+
+  std::vector<std::uint64_t> counters() const;  // n_layers * kNumCounters, layer-major
+  std::array<std::uint64_t, 5> queue_depths() const;  // demand queued, prefetch chunks queued, waiting
+                                                      // predictions, demand in service, prefetch in service
+  std::vector<std::int64_t> take_demand_latencies();  // ns from issue to ready, since the last call
+  std::vector<int> resident_experts(int li) const;    // expert in each slot (-1 empty/loading)
+
+  void close();
+
+ private:
+  struct Slot {
+    SlotMeta meta;
+    std::uint32_t gen = 0;
+    int inflight = 0;  // chunks being read
+    int queued = 0;    // chunks waiting in a queue
+    bool is_prefetch = false;
+    std::array<std::uint64_t, 3> remaining{};
+    std::atomic<std::uint32_t> ready_mask{0};
+    std::chrono::steady_clock::time_point issued{};
+    bool timing = false;
+  };
+  struct Layer {
+    LayerGeometry geo;
+    std::uint8_t* memory = nullptr;
+    std::vector<std::unique_ptr<Slot>> slots;
+    std::vector<SlotMeta> metas;  // scratch for the policy (refreshed before each choice)
+    std::vector<int> expert_slot;  // expert → slot, -1 if none
+    std::deque<int> pending_demand;  // selected experts still waiting for a free slot
+    std::unordered_map<int, std::string> errors;  // failed reads not yet reported to a waiter
+    std::uint64_t started_token = kNoToken;
+    std::vector<int> usage;
+    std::array<std::uint64_t, kNumCounters> count{};
+  };
+  struct Chunk {
+    int li = 0, slot = 0;
+    std::uint32_t gen = 0;
+    std::uint64_t off = 0, len = 0;
+    bool demand = false;
+  };
+  struct Prediction {
+    int li = 0, expert = 0, distance = 0, rank = 0;
+    std::uint64_t seq = 0;
+    bool fill = false;  // idle fill: only into empty slots
+  };
+
+  void io_loop();
+  void idle_loop();
+  bool take_work(Chunk& out);
+  bool bind_prediction(Chunk& out);
+  void complete(const Chunk& c, const std::string* error);
+  int find_slot(Layer& L, int li, Requester who);
+  void evict(Layer& L, int s);
+  void start_demand(int li, int expert, int s);
+  void queue_chunks(int li, int s, bool demand, Chunk* first);
+  void assign_pending(int li);
+  void remove_prediction(int li, int expert);
+  bool layer_started(const Layer& L) const { return L.started_token == clock_.token_id; }
+  void touch() { last_activity_ = std::chrono::steady_clock::now(); filled_ = false; }
+  Layer& layer(int li);
+  const Layer& layer(int li) const;
+  void check_expert(int expert) const;
+
+  DirectFile file_;
+  int n_expert_;
+  StreamConfig cfg_;
+  std::vector<Layer> layers_;
+  PolicyClock clock_;
+
+  mutable std::mutex mu_;
+  std::condition_variable io_cv_, ready_cv_, idle_cv_;
+  std::deque<Chunk> demand_q_, prefetch_q_;
+  std::vector<Prediction> waiting_;  // kept sorted: distance, rank, seq
+  std::uint64_t pred_seq_ = 0;
+  int demand_busy_ = 0, prefetch_busy_ = 0;
+  bool stop_ = false;
+  std::chrono::steady_clock::time_point last_activity_;
+  bool filled_ = true;
+  std::vector<std::int64_t> latencies_;
+  std::vector<std::thread> threads_;
+  std::thread idle_thread_;
+};
+
+}  // namespace tw

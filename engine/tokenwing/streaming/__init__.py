@@ -1,0 +1,1 @@
+"""Expert streaming: the native core (direct reads, scheduler, RAM expert cache) and its Python face."""
