@@ -155,6 +155,7 @@ NB_MODULE(_core, m) {
              auto v = c.take_demand_latencies();
              return to_numpy(v, {v.size()});
            })
+      .def("scheduler_marks", &tw::StreamCore::scheduler_marks, Release())
       .def("resident_experts", &tw::StreamCore::resident_experts, nb::arg("layer"))
       .def("close", &tw::StreamCore::close, Release());
 

@@ -166,7 +166,10 @@ std::vector<int> StreamCore::begin_layer(int li, const std::vector<int>& experts
 
   std::vector<int> result;
   result.reserve(experts.size());
-  for (int e : selected) {
+  std::vector<int> order;  // the router's order, each expert once
+  for (int e : experts)
+    if (std::find(order.begin(), order.end(), e) == order.end()) order.push_back(e);
+  for (int e : order) {
     int s = L.expert_slot[static_cast<std::size_t>(e)];
     if (s >= 0) {
       Slot& sl = *L.slots[static_cast<std::size_t>(s)];
@@ -380,6 +383,7 @@ bool StreamCore::take_work(Chunk& out) {
     out = demand_q_.front();
     demand_q_.pop_front();
     demand_busy_++;
+    marks_[2] = std::max(marks_[2], static_cast<std::uint64_t>(demand_busy_));
     Slot& sl = *layers_[static_cast<std::size_t>(out.li)].slots[static_cast<std::size_t>(out.slot)];
     sl.queued--;
     sl.inflight++;
@@ -391,6 +395,7 @@ bool StreamCore::take_work(Chunk& out) {
     out = prefetch_q_.front();
     prefetch_q_.pop_front();
     prefetch_busy_++;
+    note_prefetch_start();
     Slot& sl = *layers_[static_cast<std::size_t>(out.li)].slots[static_cast<std::size_t>(out.slot)];
     sl.queued--;
     sl.inflight++;
@@ -398,9 +403,15 @@ bool StreamCore::take_work(Chunk& out) {
   }
   if (bind_prediction(out)) {
     prefetch_busy_++;
+    note_prefetch_start();
     return true;
   }
   return false;
+}
+
+void StreamCore::note_prefetch_start() {
+  auto& mark = demand_busy_ > 0 ? marks_[0] : marks_[1];
+  mark = std::max(mark, static_cast<std::uint64_t>(prefetch_busy_));
 }
 
 // Late binding: a prediction gets a slot only now, when this thread has nothing more urgent to do.
@@ -629,6 +640,11 @@ std::array<std::uint64_t, 5> StreamCore::queue_depths() const {
   std::lock_guard<std::mutex> lock(mu_);
   return {demand_q_.size(), prefetch_q_.size(), waiting_.size(), static_cast<std::uint64_t>(demand_busy_),
           static_cast<std::uint64_t>(prefetch_busy_)};
+}
+
+std::array<std::uint64_t, 3> StreamCore::scheduler_marks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return marks_;
 }
 
 std::vector<std::int64_t> StreamCore::take_demand_latencies() {

@@ -102,6 +102,9 @@ class StreamCore {
   std::array<std::uint64_t, 5> queue_depths() const;  // demand queued, prefetch chunks queued, waiting
                                                       // predictions, demand in service, prefetch in service
   std::vector<std::int64_t> take_demand_latencies();  // ns from issue to ready, since the last call
+  // High-water marks: prefetch chunks in service when one was started while a demand read was in service,
+  // and while none was; demand reads in service. The first two never exceed the caps.
+  std::array<std::uint64_t, 3> scheduler_marks() const;
   std::vector<int> resident_experts(int li) const;    // expert in each slot (-1 empty/loading)
 
   void close();
@@ -145,6 +148,7 @@ class StreamCore {
   void io_loop();
   void idle_loop();
   bool take_work(Chunk& out);
+  void note_prefetch_start();
   bool bind_prediction(Chunk& out);
   void complete(const Chunk& c, const std::string* error);
   int find_slot(Layer& L, int li, Requester who);
@@ -175,6 +179,7 @@ class StreamCore {
   std::chrono::steady_clock::time_point last_activity_;
   bool filled_ = true;
   std::vector<std::int64_t> latencies_;
+  std::array<std::uint64_t, 3> marks_{};
   std::vector<std::thread> threads_;
   std::thread idle_thread_;
 };

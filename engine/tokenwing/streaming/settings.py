@@ -52,11 +52,17 @@ def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
         flag = "--moe-stream-" + f.name.replace("_", "-")
         default = f.default
         if isinstance(default, bool):
-            group.add_argument(flag, dest=f"stream_{f.name}", action=argparse.BooleanOptionalAction,
-                               default=default, help=_HELP[f.name])
+            group.add_argument(
+                flag,
+                dest=f"stream_{f.name}",
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=_HELP[f.name],
+            )
         elif f.name == "policy":
-            group.add_argument(flag, dest=f"stream_{f.name}", choices=["decay", "lru"], default=default,
-                               help=_HELP[f.name])
+            group.add_argument(
+                flag, dest=f"stream_{f.name}", choices=["decay", "lru"], default=default, help=_HELP[f.name]
+            )
         else:
             group.add_argument(flag, dest=f"stream_{f.name}", type=int, default=default, help=_HELP[f.name])
 
