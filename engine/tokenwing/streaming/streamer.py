@@ -111,7 +111,8 @@ class ExpertStreamer:
         return slot
 
     def expert_bytes(self, block: int, slot: int) -> np.ndarray:
-        return self.pools[self.li(block)][slot]
+        pool: np.ndarray = self.pools[self.li(block)]
+        return pool[slot]
 
     def _verify(self, li: int, expert: int, slot: int) -> None:
         if xxhash.xxh3_64_intdigest(self.pools[li][slot].data) != int(self.checksums[li, expert]):
