@@ -111,8 +111,8 @@ class ExpertStreamer:
         return slot
 
     def expert_bytes(self, block: int, slot: int) -> np.ndarray:
-        pool: np.ndarray = self.pools[self.li(block)]
-        return pool[slot]
+        row: np.ndarray = self.pools[self.li(block)][slot]
+        return row
 
     def _verify(self, li: int, expert: int, slot: int) -> None:
         if xxhash.xxh3_64_intdigest(self.pools[li][slot].data) != int(self.checksums[li, expert]):
