@@ -90,3 +90,10 @@ def memory_info(root: str = "/") -> MemoryInfo:
             d = parent
     limit = min(limit, total) if total else limit
     return MemoryInfo(total, available, limit, used if limit < total else 0)
+
+
+def expert_budget(info: MemoryInfo, headroom: int, reserved: int) -> int:
+    """RAM for the expert cache: what the process can still take (free RAM, under its memory limit), minus a
+    headroom for other programs and the engine's own non-expert memory (KV cache, compute buffers, weights
+    still to load). Never negative; the slot planner raises a too-small budget to its minimum itself."""
+    return max(0, info.usable - headroom - reserved)

@@ -1,0 +1,112 @@
+"""Sizing inputs: free RAM and memory limits (cgroup v1 and v2), and the slot plan from a budget."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ModelFactory
+from tokenwing.format.reader import ModelFile
+from tokenwing.streaming.memory import memory_info
+from tokenwing.streaming.streamer import plan_slots
+
+GIB = 1 << 30
+
+
+def fake_root(tmp_path: Path, cgroup: str, files: dict[str, str]) -> Path:
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/meminfo").write_text(
+        "MemTotal:       25165824 kB\nMemFree:  1000 kB\nMemAvailable:   20971520 kB\n"
+    )
+    (tmp_path / "proc/self/cgroup").write_text(cgroup)
+    for rel, text in files.items():
+        p = tmp_path / "sys/fs/cgroup" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return tmp_path
+
+
+def test_no_limit(tmp_path: Path) -> None:
+    root = fake_root(tmp_path, "0::/\n", {"memory.max": "max"})
+    m = memory_info(str(root))
+    assert (m.total, m.available, m.limit) == (24 * GIB, 20 * GIB, 24 * GIB)
+    assert m.usable == 20 * GIB
+
+
+def test_cgroup_v2_limit_on_an_ancestor(tmp_path: Path) -> None:
+    root = fake_root(
+        tmp_path,
+        "0::/app/engine\n",
+        {
+            "app/memory.max": str(4 * GIB),
+            "app/memory.current": str(1 * GIB),
+            "app/engine/memory.max": "max",
+            "app/engine/memory.current": str(GIB // 2),
+        },
+    )
+    m = memory_info(str(root))
+    assert m.limit == 4 * GIB and m.usable == 3 * GIB
+
+
+def test_cgroup_v1_limit(tmp_path: Path) -> None:
+    root = fake_root(
+        tmp_path,
+        "5:memory:/bench\n4:cpu:/\n",
+        {
+            "memory/bench/memory.limit_in_bytes": str(2 * GIB),
+            "memory/bench/memory.usage_in_bytes": str(GIB // 4),
+            "memory/memory.limit_in_bytes": str(9223372036854771712),
+        },
+    )
+    m = memory_info(str(root))
+    assert m.limit == 2 * GIB and m.usable == 2 * GIB - GIB // 4
+
+
+def test_real_cgroup_v1_limit(tmp_path: Path) -> None:
+    """A real cap, as the benchmarks set it: the process sees it."""
+    base = "/sys/fs/cgroup/memory"
+    if os.geteuid() != 0 or not os.access(base, os.W_OK):
+        pytest.skip("needs root and the cgroup v1 memory controller")
+    group = f"{base}/tw-test-{os.getpid()}"
+    os.mkdir(group)
+    try:
+        Path(group, "memory.limit_in_bytes").write_text(str(768 << 20))
+        code = "from tokenwing.streaming.memory import memory_info; print(memory_info().limit)"
+        out = subprocess.run(
+            ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert int(out.stdout) == 768 << 20
+    finally:
+        os.rmdir(group)
+
+
+def test_live_machine_is_sane() -> None:
+    m = memory_info()
+    assert 0 < m.available <= m.total and 0 < m.usable <= m.limit
+
+
+def test_slot_plan(repacked_factory: ModelFactory) -> None:
+    with ModelFile.open(str(repacked_factory(type="Q8_0", n_layer=3))) as mf:
+        idx = mf.index
+    row = sum(el.record_size for el in idx.layers)
+    p = plan_slots(idx, 5 * row + row // 2, 2)
+    assert (p.slots_per_layer, p.bytes, p.note) == (5, 5 * row, None)
+    assert plan_slots(idx, 100 * row, 2).slots_per_layer == idx.n_expert  # never more than every expert
+    low = plan_slots(idx, 0, 2)  # never refuse: the minimum, and one line saying so
+    assert low.slots_per_layer == 2 and low.note is not None and "using the minimum of 2" in low.note
+
+
+def test_expert_budget(tmp_path: Path) -> None:
+    from tokenwing.streaming.memory import expert_budget
+
+    root = fake_root(tmp_path, "0::/app\n", {"app/memory.max": str(4 * GIB), "app/memory.current": str(GIB)})
+    m = memory_info(str(root))
+    assert expert_budget(m, GIB // 2, GIB) == 3 * GIB - GIB // 2 - GIB
+    assert expert_budget(m, 8 * GIB, 0) == 0
