@@ -16,6 +16,7 @@ def probe(path: str, texts: list[str]) -> dict[str, object]:
 
     llm = llama_cpp.Llama(path, n_ctx=128, n_threads=2, n_batch=64, logits_all=True, verbose=False)
     tokens = [llm.tokenize(t.encode(), add_bos=False, special=False) for t in texts]
+    tokens_special = [llm.tokenize(t.encode(), add_bos=False, special=True) for t in texts]
     detok = [llm.detokenize(t).decode("utf-8", errors="replace") for t in tokens]
     prompt = tokens[0][:16] or [1]
     llm.eval(prompt)
@@ -24,6 +25,7 @@ def probe(path: str, texts: list[str]) -> dict[str, object]:
         "path": path,
         "n_vocab": llm.n_vocab(),
         "tokens": tokens,
+        "tokens_special": tokens_special,
         "detokenized": detok,
         "logits_finite": bool(np.isfinite(logits).all()),
         "logits_std": float(logits.std()),

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,9 +31,10 @@ TEXTS = [
 ]
 
 
-def _probe(paths: list[Path]) -> list[dict[str, object]]:
+def probe_models(paths: list[Path], texts: list[str]) -> list[dict[str, Any]]:
+    """Loads each model in llama.cpp (in a subprocess) and reports what it sees."""
     req = Path(paths[0]).with_suffix(".probe.json")
-    req.write_text(json.dumps({"paths": [str(p) for p in paths], "texts": TEXTS}))
+    req.write_text(json.dumps({"paths": [str(p) for p in paths], "texts": texts}))
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("llama_probe.py")), str(req)],
         capture_output=True,
@@ -42,6 +44,10 @@ def _probe(paths: list[Path]) -> list[dict[str, object]]:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def _probe(paths: list[Path]) -> list[dict[str, Any]]:
+    return probe_models(paths, TEXTS)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))

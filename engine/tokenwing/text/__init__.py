@@ -1,0 +1,1 @@
+"""Text: the tokenizer built from a model's own GGUF vocabulary, and sandboxed chat templates."""
