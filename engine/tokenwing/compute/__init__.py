@@ -1,0 +1,1 @@
+"""Compute: ggml kernels behind one module."""

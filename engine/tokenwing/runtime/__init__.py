@@ -1,0 +1,1 @@
+"""Runtime: sessions, KV cache, prefill and decode with expert streaming, sampling."""

@@ -1,0 +1,27 @@
+"""Subprocess: llama.cpp's logits for a token sequence, F32 KV cache, no flash attention (exact comparisons).
+
+usage: python llama_logits.py MODEL.gguf TOKENS.npy OUT.npy [n_batch]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+
+def main() -> int:
+    import llama_cpp
+
+    model, tokens_path, out_path = sys.argv[1:4]
+    n_batch = int(sys.argv[4]) if len(sys.argv) > 4 else 512
+    tokens = np.load(tokens_path).astype(np.int64).tolist()
+    llm = llama_cpp.Llama(model, n_ctx=max(256, len(tokens) + 8), n_batch=n_batch, n_ubatch=n_batch, n_threads=2,
+                          logits_all=True, type_k=0, type_v=0, flash_attn=False, verbose=False)
+    llm.eval(tokens)
+    np.save(out_path, np.asarray(llm.scores[: len(tokens)], dtype=np.float32))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
