@@ -8,6 +8,7 @@ import os
 import resource
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from tokenwing.errors import BadInputError, TokenWingError
 from tokenwing.fsutil import human_bytes
@@ -100,6 +101,127 @@ def _cmd_trace_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_size(text: str, percent_of: int | None = None) -> int:
+    """`2G`, `512M`, `1.5GiB`, `123456` (bytes) or `10%` (of `percent_of`)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    try:
+        if t.endswith("%"):
+            if percent_of is None:
+                raise ValueError
+            return int(float(t[:-1]) / 100 * percent_of)
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
+        return int(float(t[:-1] if mult > 1 else t) * mult)
+    except (ValueError, IndexError):
+        raise BadInputError(f"not a size: {text!r} (examples: 2G, 512M, 10%)") from None
+
+
+def _open_session(args: argparse.Namespace) -> Any:
+    from tokenwing.format.reader import ModelFile
+    from tokenwing.runtime.session import Session, SessionOptions
+    from tokenwing.streaming.settings import settings_from_args
+
+    budget = None
+    if args.ram_budget:
+        with ModelFile.open(args.model, announce_fallback=False) as mf:
+            budget = parse_size(args.ram_budget, mf.index.total_bytes)
+    opts = SessionOptions(
+        ram_budget=budget,
+        lookahead=args.lookahead,
+        n_ctx=args.ctx,
+        kv_type=args.kv_type,
+        n_threads=args.threads,
+        stream=settings_from_args(args),
+    )
+    return Session(args.model, opts)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from tokenwing.runtime.generate import generate
+    from tokenwing.runtime.sampler import Sampler, SamplerSettings
+
+    session = _open_session(args)
+    try:
+        if args.chat:
+            if session.chat_template is None:
+                raise BadInputError("the model has no chat template (drop --chat)")
+            text = session.chat_template.render([{"role": "user", "content": args.prompt}])
+            prompt = session.tokenizer.encode(text, special=True)
+        else:
+            prompt = session.tokenizer.encode(args.prompt, special=False)
+        if not prompt:
+            raise BadInputError("the prompt is empty")
+        sampler = Sampler(
+            SamplerSettings(
+                temperature=args.temp,
+                top_k=args.top_k,
+                top_p=args.top_p,
+                min_p=args.min_p,
+                repeat_penalty=args.repeat_penalty,
+                seed=args.seed,
+            )
+        )
+
+        def show(piece: str) -> None:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+
+        gen = generate(session, prompt, args.n, sampler, args.stop or (), on_text=show)
+        sys.stdout.write("\n")
+        st = gen.stats
+        print(
+            f"tokenwing: prompt {st['prompt_tokens']} tokens at {st['prompt_tokens_per_s']:.1f} tok/s, "
+            f"decode {st['decode_tokens']} tokens at {st['decode_tokens_per_s']:.1f} tok/s, SSD wait "
+            f"{st['ssd_wait_ms_per_token']:.1f} ms/token, hit rate "
+            f"{(st['hit_rate'] or 0) * 100:.0f}%",
+            file=sys.stderr,
+        )
+        if args.stats_json:
+            _write_json(args.stats_json, st)
+    finally:
+        session.close()
+    return 0
+
+
+def _cmd_logits(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    try:
+        tokens = np.load(args.tokens, allow_pickle=False).astype(np.int64).ravel().tolist()
+    except (OSError, ValueError) as e:
+        raise BadInputError(f"cannot read tokens from {args.tokens}: {e}") from None
+    session = _open_session(args)
+    try:
+        logits = session.forward(tokens, all_logits=True)
+        if args.stats_json:
+            _write_json(args.stats_json, session.stats())
+    finally:
+        session.close()
+    tmp = args.out + ".partial.npy"
+    np.save(tmp, logits)
+    os.replace(tmp, args.out)
+    return 0
+
+
+def _write_json(path: str, data: object) -> None:
+    tmp = path + ".partial"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+
+
+def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    from tokenwing.streaming.settings import add_stream_arguments
+
+    p.add_argument("model", help="a TokenWing model file (.tw.gguf; convert a GGUF with `tokenwing repack`)")
+    p.add_argument("--ram-budget", help="RAM for the expert cache: a size (8G) or a share of the experts (25%%)")
+    p.add_argument("--lookahead", type=int, default=2, help="router lookahead distance in layers (0: off)")
+    p.add_argument("--ctx", type=int, default=0, help="context length (default: the model's, capped by memory)")
+    p.add_argument("--kv-type", default="f16", choices=["f16", "f32"])
+    p.add_argument("--threads", type=int, default=0, help="compute threads (default: all this process may use)")
+    p.add_argument("--stats-json", help="write statistics to this file")
+    add_stream_arguments(p)
+
+
 def _default_output(src: str) -> str:
     stem = src[:-5] if src.endswith(".gguf") else src
     for suffix in ("-00001-of-",):
@@ -166,6 +288,26 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=int, help="seed of the expert sample")
     v.add_argument("-q", "--quiet", action="store_true")
     v.set_defaults(func=_cmd_verify)
+
+    run = sub.add_parser("run", help="generate text from a prompt, streaming experts from the drive")
+    _add_engine_arguments(run)
+    run.add_argument("--prompt", "-p", required=True)
+    run.add_argument("-n", type=int, default=128, help="tokens to generate at most")
+    run.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    run.add_argument("--seed", type=int)
+    run.add_argument("--temp", type=float, default=0.0, help="temperature (0: greedy)")
+    run.add_argument("--top-k", type=int, default=40)
+    run.add_argument("--top-p", type=float, default=1.0)
+    run.add_argument("--min-p", type=float, default=0.0)
+    run.add_argument("--repeat-penalty", type=float, default=1.0)
+    run.add_argument("--stop", action="append", help="stop when this text appears (repeatable)")
+    run.set_defaults(func=_cmd_run)
+
+    lg = sub.add_parser("logits", help="per-position logits of a token sequence (for oracle checks)")
+    _add_engine_arguments(lg)
+    lg.add_argument("--tokens", required=True, help=".npy of token ids")
+    lg.add_argument("--out", required=True, help=".npy to write, shape (tokens, vocabulary)")
+    lg.set_defaults(func=_cmd_logits)
 
     tr = sub.add_parser("trace", help="routing traces: replay through the cache policies, or synthesise one")
     trs = tr.add_subparsers(dest="trace_command", required=True)

@@ -154,7 +154,7 @@ class Session:
         for start in range(0, len(tokens), self.options.max_batch):
             batch = tokens[start : start + self.options.max_batch]
             outs.append(self._forward_batch(batch, all_logits))
-        return np.concatenate(outs, axis=0) if all_logits else outs[-1]
+        return np.concatenate(outs, axis=0) if all_logits else outs[-1][-1]
 
     def _forward_batch(self, tokens: list[int], all_logits: bool) -> np.ndarray:
         hp, n = self.hp, len(tokens)
@@ -264,7 +264,8 @@ class Session:
         hp, g = self.hp, self.graph
         unique: list[int] = list(dict.fromkeys(sel.ravel().tolist()))
         waves = [unique[i : i + self.slots_per_layer] for i in range(0, len(unique), self.slots_per_layer)]
-        total = np.zeros_like(cur)
+        k = sel.shape[1]
+        weighted = np.zeros((cur.shape[0], k, hp.n_embd), np.float32)
         for wave in waves:
             self.streamer.begin_layer(il, wave)
             for target, top, distance in ahead:
@@ -281,10 +282,10 @@ class Session:
             xin = g.input(cur)
             moe = common.routed_experts(g, self.views[il], xin, slots, wts, hp.n_embd)
             g.compute(moe)
-            part = to_numpy(moe).reshape(-1, hp.n_embd)
-            total = part if len(waves) == 1 else total + part
+            part = to_numpy(moe).reshape(cur.shape[0], k, hp.n_embd)
+            weighted[in_wave] = part[in_wave]
             self.streamer.end_layer(il)
-        return total
+        return common.sum_experts(weighted)
 
     # ------------------------------------------------------------------------------------------- stats
     def stats(self) -> dict[str, Any]:

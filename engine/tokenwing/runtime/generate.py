@@ -1,0 +1,147 @@
+"""Generation: prompt, decode loop, stop on EOS or stop strings, UTF-8-safe streamed text, statistics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tokenwing.runtime.sampler import Sampler
+from tokenwing.runtime.session import Session
+from tokenwing.streaming.streamer import COUNTERS
+
+
+@dataclass
+class Generation:
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str = "length"
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class TextStream:
+    """Turns token bytes into text without splitting a UTF-8 character, holding back a possible stop string."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.pending = b""
+        self.text = ""
+        self.emitted = 0
+        self.stopped = False
+
+    def push(self, data: bytes) -> str:
+        self.pending += data
+        try:
+            self.text += self.pending.decode("utf-8")
+            self.pending = b""
+        except UnicodeDecodeError as e:
+            if e.reason == "unexpected end of data":
+                self.text += self.pending[: e.start].decode("utf-8")
+                self.pending = self.pending[e.start :]
+            else:
+                self.text += self.pending.decode("utf-8", errors="replace")
+                self.pending = b""
+        for s in self.stops:
+            i = self.text.find(s, max(0, self.emitted - len(s)))
+            if i >= 0:
+                self.text = self.text[:i]
+                self.stopped = True
+        hold = 0 if self.stopped else max((self._prefix_len(s) for s in self.stops), default=0)
+        ready = len(self.text) - hold
+        out = self.text[self.emitted : ready] if ready > self.emitted else ""
+        self.emitted = max(self.emitted, ready)
+        return out
+
+    def _prefix_len(self, stop: str) -> int:
+        for n in range(min(len(stop) - 1, len(self.text)), 0, -1):
+            if self.text.endswith(stop[:n]):
+                return n
+        return 0
+
+    def flush(self) -> str:
+        if self.pending:
+            self.text += self.pending.decode("utf-8", errors="replace")
+            self.pending = b""
+        out = self.text[self.emitted :]
+        self.emitted = len(self.text)
+        return out
+
+
+def generate(
+    session: Session,
+    prompt: list[int],
+    max_tokens: int,
+    sampler: Sampler,
+    stops: Sequence[str] = (),
+    on_text: Callable[[str], None] | None = None,
+    on_token: Callable[[int, np.ndarray], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Generation:
+    gen = Generation(prompt_tokens=len(prompt))
+    before = session.streamer.counters()
+    t0 = time.perf_counter()
+    logits = session.forward(prompt)
+    gen.prompt_seconds = time.perf_counter() - t0
+    after_prompt = session.streamer.counters()
+    stream = TextStream(stops)
+    history = list(prompt)
+    t1 = time.perf_counter()
+    for _ in range(max_tokens):
+        tok = sampler.sample(logits, history)
+        if tok in session.tokenizer.eos_ids:
+            gen.finish_reason = "stop"
+            break
+        gen.tokens.append(tok)
+        history.append(tok)
+        piece = stream.push(session.tokenizer.token_bytes(tok))
+        if piece and on_text:
+            on_text(piece)
+        if stream.stopped or (should_stop is not None and should_stop()):
+            gen.finish_reason = "stop"
+            break
+        if session.pos >= session.n_ctx:
+            break
+        before_tok = session.streamer.counters()
+        logits = session.forward([tok])
+        if on_token:
+            on_token(tok, session.streamer.counters() - before_tok)
+    gen.decode_seconds = time.perf_counter() - t1
+    tail = stream.flush() if not stream.stopped else ""
+    if tail and on_text:
+        on_text(tail)
+    gen.text = stream.text
+    gen.stats = run_stats(session, before, after_prompt, session.streamer.counters(), gen)
+    return gen
+
+
+def run_stats(
+    session: Session, before: np.ndarray, mid: np.ndarray, end: np.ndarray, gen: Generation
+) -> dict[str, Any]:
+    c = {name: i for i, name in enumerate(COUNTERS)}
+    decode = end - mid
+    n_dec = max(len(gen.tokens) - 1, 1) if gen.tokens else 1
+    hits, misses = decode[:, c["hits"]], decode[:, c["misses"]]
+    total = hits + misses
+    s = session.stats()
+    return {
+        "prompt_tokens": gen.prompt_tokens,
+        "prompt_tokens_per_s": gen.prompt_tokens / gen.prompt_seconds if gen.prompt_seconds else 0.0,
+        "decode_tokens": len(gen.tokens),
+        "decode_tokens_per_s": len(gen.tokens) / gen.decode_seconds if gen.decode_seconds else 0.0,
+        "ssd_wait_ms_per_token": float(decode[:, c["wait_ns"]].sum()) / 1e6 / n_dec,
+        "bytes_read_per_token": float(decode[:, c["bytes_read"]].sum()) / n_dec,
+        "prompt_bytes_read": int((mid - before)[:, c["bytes_read"]].sum()),
+        "hit_rate": float(hits.sum() / total.sum()) if total.sum() else None,
+        "hit_rate_per_layer": [float(h / t) if t else None for h, t in zip(hits, total, strict=True)],
+        "prediction_recall": s["prediction_recall"],
+        "expert_cache_bytes": s["expert_cache_bytes"],
+        "slots_per_layer": s["slots_per_layer"],
+        "counters": {name: int(decode[:, i].sum()) for name, i in c.items()},
+        "finish_reason": gen.finish_reason,
+    }
