@@ -1,6 +1,8 @@
 """Subprocess: llama.cpp's logits for a token sequence, F32 KV cache, no flash attention (exact comparisons).
 
-usage: python llama_logits.py MODEL.gguf TOKENS.npy OUT.npy [n_batch]
+usage: python llama_logits.py MODEL.gguf TOKENS.npy OUT.npy [n_batch] [plain]
+
+`plain` turns off llama.cpp's repacked weight layouts (use_extra_bufts), so it runs ggml's plain kernels.
 """
 
 from __future__ import annotations
@@ -15,9 +17,28 @@ def main() -> int:
 
     model, tokens_path, out_path = sys.argv[1:4]
     n_batch = int(sys.argv[4]) if len(sys.argv) > 4 else 512
+    if "plain" in sys.argv[5:]:
+        defaults = llama_cpp.llama_cpp.llama_model_default_params
+
+        def plain_params() -> object:
+            p = defaults()
+            p.use_extra_bufts = False
+            return p
+
+        llama_cpp.llama_cpp.llama_model_default_params = plain_params
     tokens = np.load(tokens_path).astype(np.int64).tolist()
-    llm = llama_cpp.Llama(model, n_ctx=max(256, len(tokens) + 8), n_batch=n_batch, n_ubatch=n_batch, n_threads=2,
-                          logits_all=True, type_k=0, type_v=0, flash_attn=False, verbose=False)
+    llm = llama_cpp.Llama(
+        model,
+        n_ctx=max(256, len(tokens) + 8),
+        n_batch=n_batch,
+        n_ubatch=n_batch,
+        n_threads=2,
+        logits_all=True,
+        type_k=0,
+        type_v=0,
+        flash_attn=False,
+        verbose=False,
+    )
     llm.eval(tokens)
     np.save(out_path, np.asarray(llm.scores[: len(tokens)], dtype=np.float32))
     return 0
