@@ -140,6 +140,7 @@ NB_MODULE(_core, m) {
       .def("predict", &tw::StreamCore::predict, nb::arg("layer"), nb::arg("experts"), nb::arg("distance"), Release())
       .def("ready", &tw::StreamCore::ready, nb::arg("layer"), nb::arg("experts"), Release())
       .def("wait", &tw::StreamCore::wait, nb::arg("layer"), nb::arg("expert"), nb::arg("proj") = -1, Release())
+      .def("wait_all", &tw::StreamCore::wait_all, nb::arg("layer"), nb::arg("experts"), Release())
       .def("loan", &tw::StreamCore::loan, nb::arg("bytes"), nb::arg("keep_per_layer"), Release())
       .def("unloan", &tw::StreamCore::unloan, Release())
       .def_prop_ro("loaned_bytes", &tw::StreamCore::loaned_bytes)

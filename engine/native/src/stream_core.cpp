@@ -303,6 +303,13 @@ int StreamCore::wait(int li, int expert, int proj) {
   }
 }
 
+std::vector<int> StreamCore::wait_all(int li, const std::vector<int>& experts) {
+  std::vector<int> slots;
+  slots.reserve(experts.size());
+  for (int e : experts) slots.push_back(wait(li, e, -1));
+  return slots;
+}
+
 // --------------------------------------------------------------------------------- slots and queues
 
 int StreamCore::find_slot(Layer& L, int li, Requester who) {

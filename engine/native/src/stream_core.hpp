@@ -89,6 +89,8 @@ class StreamCore {
   std::vector<bool> ready(int li, const std::vector<int>& experts);
   // Blocks until the expert's projection (0 gate, 1 up, 2 down; -1 all) is ready; returns its slot.
   int wait(int li, int expert, int proj);
+  // wait(li, e, -1) for each expert, in one call; returns their slots.
+  std::vector<int> wait_all(int li, const std::vector<int>& experts);
 
   // Slots on loan: give back up to `bytes` of slot memory (empty slots first, then the coldest), keeping at
   // least `keep_per_layer` slots in every layer. Returns the bytes given back.

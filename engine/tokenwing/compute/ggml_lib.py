@@ -92,11 +92,17 @@ def _new_tensor(ctx: Any, gtype: int, shape: Sequence[int]) -> Tensor:
 class Graph:
     """One compute graph at a time in a reusable context: build with ggml ops, then `compute`."""
 
-    def __init__(self, mem_bytes: int, n_threads: int) -> None:
+    def __init__(self, mem_bytes: int, n_threads: int, poll: int | None = None) -> None:
         self.mem_bytes = mem_bytes
         self.n_threads = n_threads
         self.ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem_bytes, mem_buffer=None, no_alloc=False))
         self._inputs: list[object] = []
+        # One thread pool for the session: creating threads for every graph costs more than small graphs.
+        params = ggml.ggml_threadpool_params_default(n_threads)
+        if poll is not None:
+            params.poll = poll
+        self.pool = ggml.ggml_threadpool_new(ctypes.byref(params))
+        self._work = aligned_bytes(1 << 20)
 
     def reset(self) -> Any:
         ggml.ggml_reset(self.ctx)
@@ -116,7 +122,12 @@ class Graph:
         gf = ggml.ggml_new_graph_custom(self.ctx, n_nodes, False)
         for out in outputs:
             ggml.ggml_build_forward_expand(gf, out)
-        rc = ggml.ggml_graph_compute_with_ctx(self.ctx, gf, self.n_threads)
+        plan = ggml.ggml_graph_plan(gf, self.n_threads, self.pool)
+        if plan.work_size:
+            if plan.work_size > self._work.size:
+                self._work = aligned_bytes(int(plan.work_size) * 2)
+            plan.work_data = ctypes.cast(self._work.ctypes.data, ctypes.POINTER(ctypes.c_uint8))
+        rc = ggml.ggml_graph_compute(gf, ctypes.byref(plan))
         if rc != 0:
             raise RuntimeError(f"ggml graph compute failed ({rc})")
 
@@ -124,6 +135,9 @@ class Graph:
         if self.ctx:
             ggml.ggml_free(self.ctx)
             self.ctx = None
+        if self.pool:
+            ggml.ggml_threadpool_free(self.pool)
+            self.pool = None
 
 
 def to_numpy(t: Tensor, dtype: type = np.float32) -> np.ndarray:

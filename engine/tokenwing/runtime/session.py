@@ -101,6 +101,11 @@ class Session:
         self.slots_per_layer = plan.slots_per_layer
         self.views = self.weights.expert_views(self.streamer)
         self.streamed = [el.layer for el in self.mf.index.layers]
+        self._layer_weights: list[dict[str, Tensor]] = [{} for _ in range(hp.n_layer)]
+        for name, t in self.weights.tensors.items():
+            parts = name.split(".", 2)
+            if parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < hp.n_layer:
+                self._layer_weights[int(parts[1])][parts[2].removesuffix(".weight")] = t
         self._lookahead = self._fused_routers(opts.lookahead)
         n_threads = opts.n_threads or len(os.sched_getaffinity(0))
         self.graph = Graph(graph_mem, n_threads)
@@ -272,8 +277,7 @@ class Session:
                 self.streamer.predict(target, top, distance)
             ahead = []
             slot_of = np.zeros(hp.n_expert, np.int32)
-            for e in wave:
-                slot_of[e] = self.streamer.wait(il, e)
+            slot_of[wave] = self.streamer.wait_all(il, wave)
             in_wave = np.isin(sel, wave)
             # experts outside this wave take slot 0 with weight 0 (their share comes in their own wave)
             slots = np.where(in_wave, slot_of[sel], 0).astype(np.int32)

@@ -110,6 +110,15 @@ class ExpertStreamer:
             self._verify(li, expert, slot)
         return slot
 
+    def wait_all(self, block: int, experts: Sequence[int]) -> list[int]:
+        """wait(block, e) for every expert, in one call into the core."""
+        li = self.li(block)
+        slots = self.core.wait_all(li, list(experts))
+        if self.settings.verify:
+            for e, slot in zip(experts, slots, strict=True):
+                self._verify(li, e, slot)
+        return slots
+
     def expert_bytes(self, block: int, slot: int) -> np.ndarray:
         row: np.ndarray = self.pools[self.li(block)][slot]
         return row
