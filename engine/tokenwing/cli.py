@@ -202,6 +202,27 @@ def _cmd_logits(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from tokenwing.format.reader import ModelFile
+    from tokenwing.runtime.session import SessionOptions
+    from tokenwing.server.serve import serve
+    from tokenwing.streaming.settings import settings_from_args
+
+    budget = None
+    if args.ram_budget:
+        with ModelFile.open(args.model, announce_fallback=False) as mf:
+            budget = parse_size(args.ram_budget, mf.index.total_bytes)
+    opts = SessionOptions(
+        ram_budget=budget,
+        lookahead=args.lookahead,
+        n_ctx=args.ctx,
+        kv_type=args.kv_type,
+        n_threads=args.threads,
+        stream=settings_from_args(args),
+    )
+    return serve(args.model, opts, args.host, args.port, args.watch_stdin)
+
+
 def _write_json(path: str, data: object) -> None:
     tmp = path + ".partial"
     with open(tmp, "w") as f:
@@ -308,6 +329,13 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--tokens", required=True, help=".npy of token ids")
     lg.add_argument("--out", required=True, help=".npy to write, shape (tokens, vocabulary)")
     lg.set_defaults(func=_cmd_logits)
+
+    sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (key from TOKENWING_API_KEY)")
+    _add_engine_arguments(sv)
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=0, help="0: any free port (printed in the JSON handshake)")
+    sv.add_argument("--watch-stdin", action="store_true", help="stop when stdin closes (for supervisors)")
+    sv.set_defaults(func=_cmd_serve)
 
     tr = sub.add_parser("trace", help="routing traces: replay through the cache policies, or synthesise one")
     trs = tr.add_subparsers(dest="trace_command", required=True)

@@ -1,0 +1,267 @@
+"""The HTTP API (docs/api.md): OpenAI-compatible completions, health, Prometheus metrics, stats stream."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tokenwing.server.protocol import MAX_BODY, GenerationRequest, RequestError, parse_chat, parse_completion
+from tokenwing.server.worker import EngineWorker, Job
+from tokenwing.version import __version__
+
+API_VERSION = "1"
+
+
+def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Starlette:
+    created = int(time.time())
+
+    def error(e: RequestError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    def authorized(request: Request) -> bool:
+        if not api_key:
+            return True
+        got = request.headers.get("authorization", "")
+        return hmac.compare_digest(got.encode(), f"Bearer {api_key}".encode())
+
+    def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def wrapped(request: Request) -> Response:
+            if not authorized(request):
+                return error(RequestError("invalid or missing API key", status=401, kind="authentication_error"))
+            if worker.state == "loading":
+                return error(RequestError("the model is still loading", status=503, kind="server_error"))
+            if worker.state == "error":
+                return error(RequestError(f"the model failed to load: {worker.error}", status=503, kind="server_error"))
+            try:
+                return await handler(request)
+            except RequestError as e:
+                return error(e)
+
+        return wrapped
+
+    async def read_json(request: Request) -> Any:
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            raise RequestError("request body too large", status=413)
+        try:
+            return json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise RequestError("the request body is not valid JSON") from None
+
+    async def health(request: Request) -> Response:
+        status = 200 if worker.state == "ok" else 503
+        return JSONResponse(
+            {
+                "status": worker.state,
+                "error": worker.error,
+                "version": __version__,
+                "api_version": API_VERSION,
+                "model": model_id,
+                "queued": worker.queued,
+            },
+            status_code=status,
+        )
+
+    async def models(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": model_id, "object": "model", "created": created, "owned_by": "tokenwing"}],
+            }
+        )
+
+    async def run(request: Request, req: GenerationRequest, chat: bool) -> Response:
+        loop = asyncio.get_running_loop()
+        job = Job(req, loop, asyncio.Queue())
+        worker.submit(job)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        if req.stream:
+            return StreamingResponse(
+                _stream(request, job, rid, model_id, chat),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        text = []
+        try:
+            while True:
+                ev = await _next_event(request, job)
+                if ev is None:
+                    return Response(status_code=499)
+                if ev["type"] == "text":
+                    text.append(ev["text"])
+                elif ev["type"] == "error":
+                    raise RequestError(ev["message"], status=400)
+                else:
+                    break
+        finally:
+            job.cancelled.set()
+        content = "".join(text)
+        usage = _usage(ev)
+        if chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": ev["finish_reason"],
+                "logprobs": None,
+            }
+            body = {
+                "id": rid,
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model_id,
+                "choices": [choice],
+                "usage": usage,
+            }
+        else:
+            body = {
+                "id": rid,
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": model_id,
+                "choices": [{"index": 0, "text": content, "finish_reason": ev["finish_reason"], "logprobs": None}],
+                "usage": usage,
+            }
+        body["tokenwing"] = ev.get("stats", {})
+        return JSONResponse(body)
+
+    async def chat_completions(request: Request) -> Response:
+        return await run(request, parse_chat(await read_json(request)), chat=True)
+
+    async def completions(request: Request) -> Response:
+        return await run(request, parse_completion(await read_json(request)), chat=False)
+
+    async def stats(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "last_token": worker.last_token_stats,
+                "totals": worker.totals,
+                "session": worker.session.stats() if worker.session else None,
+            }
+        )
+
+    async def stats_stream(request: Request) -> Response:
+        loop = asyncio.get_running_loop()
+        q = worker.subscribe(loop)
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                yield b": tokenwing stats stream\n\n"
+                while not await request.is_disconnected():
+                    try:
+                        ev = await asyncio.wait_for(q.get(), timeout=15)
+                    except TimeoutError:
+                        yield b": keep-alive\n\n"
+                        continue
+                    yield b"event: token\ndata: " + json.dumps(ev).encode() + b"\n\n"
+            finally:
+                worker.unsubscribe(q)
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    async def metrics(request: Request) -> Response:
+        lines = [
+            f'tokenwing_up{{version="{__version__}"}} {1 if worker.state == "ok" else 0}',
+            f"tokenwing_queued_requests {worker.queued}",
+        ]
+        for k, v in worker.totals.items():
+            lines.append(f"tokenwing_{k}_total {v}")
+        if worker.session is not None:
+            c = worker.session.streamer.counters()
+            from tokenwing.streaming.streamer import COUNTERS
+
+            for i, name in enumerate(COUNTERS):
+                for li, layer in enumerate(worker.session.streamed):
+                    lines.append(f'tokenwing_expert_{name}_total{{layer="{layer}"}} {int(c[li, i])}')
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    routes = [
+        Route("/health", health),
+        Route("/metrics", metrics),
+        Route("/v1/models", guarded(models)),
+        Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
+        Route("/v1/completions", guarded(completions), methods=["POST"]),
+        Route("/v1/tokenwing/stats", guarded(stats)),
+        Route("/v1/tokenwing/stats/stream", guarded(stats_stream)),
+    ]
+    return Starlette(routes=routes)
+
+
+async def _next_event(request: Request, job: Job) -> dict[str, Any] | None:
+    """The job's next event; None when the client went away (the job is then cancelled)."""
+    while True:
+        try:
+            return await asyncio.wait_for(job.events.get(), timeout=0.5)
+        except TimeoutError:
+            if await request.is_disconnected():
+                job.cancelled.set()
+                return None
+
+
+def _usage(ev: dict[str, Any]) -> dict[str, int]:
+    p, c = int(ev.get("prompt_tokens", 0)), int(ev.get("completion_tokens", 0))
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+async def _stream(request: Request, job: Job, rid: str, model: str, chat: bool) -> AsyncIterator[bytes]:
+    created = int(time.time())
+
+    def chunk(delta: dict[str, Any] | None, text: str | None, finish: str | None) -> bytes:
+        if chat:
+            body = {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": None}],
+            }
+        else:
+            body = {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}],
+            }
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+    try:
+        if chat:
+            yield chunk({"role": "assistant", "content": ""}, None, None)
+        while True:
+            ev = await _next_event(request, job)
+            if ev is None:
+                return
+            if ev["type"] == "text":
+                yield chunk({"content": ev["text"]}, ev["text"], None)
+            elif ev["type"] == "error":
+                err = {
+                    "error": {"message": ev["message"], "type": "invalid_request_error", "param": None, "code": None}
+                }
+                yield b"data: " + json.dumps(err).encode() + b"\n\n"
+                return
+            else:
+                yield chunk({}, "", ev["finish_reason"])
+                if job.request.include_usage:
+                    usage: dict[str, Any] = {
+                        "id": rid,
+                        "object": "chat.completion.chunk" if chat else "text_completion",
+                        "created": created,
+                        "model": model,
+                        "choices": [],
+                        "usage": _usage(ev),
+                    }
+                    yield b"data: " + json.dumps(usage).encode() + b"\n\n"
+                yield b"data: [DONE]\n\n"
+                return
+    finally:
+        job.cancelled.set()

@@ -1,0 +1,74 @@
+"""`tokenwing serve`: binds first (port 0 = any free port), prints the one-line JSON handshake, loads the model
+in the engine thread while /health says "loading", then serves until SIGTERM/SIGINT (or stdin EOF when asked).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+
+import uvicorn
+
+from tokenwing.errors import BadInputError, TokenWingError
+from tokenwing.format.reader import ModelFile
+from tokenwing.models.qwen3moe import family
+from tokenwing.runtime.session import SessionOptions
+from tokenwing.server.app import API_VERSION, create_app
+from tokenwing.server.worker import EngineWorker
+from tokenwing.version import __version__
+
+API_KEY_ENV = "TOKENWING_API_KEY"
+
+
+def serve(model: str, options: SessionOptions, host: str, port: int, watch_stdin: bool) -> int:
+    # A file that is not a model, corrupt or of an architecture we cannot run stops here, before the
+    # handshake: the supervisor sees a one-line error and an exit code, not a server that never gets ready.
+    with ModelFile.open(model) as mf:
+        mf.verify()
+        family(mf.arch)
+    try:
+        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as e:
+        raise BadInputError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+
+    def log(line: str) -> None:
+        print(f"tokenwing: {line}", file=sys.stderr, flush=True)
+
+    worker = EngineWorker(model, options, log)
+    model_id = os.path.basename(model).removesuffix(".gguf").removesuffix(".tw")
+    app = create_app(worker, model_id, os.environ.get(API_KEY_ENV) or None)
+    bound = sock.getsockname()
+    print(
+        json.dumps(
+            {
+                "port": bound[1],
+                "host": host,
+                "pid": os.getpid(),
+                "version": __version__,
+                "api_version": API_VERSION,
+                "model": model_id,
+            }
+        ),
+        flush=True,
+    )
+    worker.start()
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
+    if watch_stdin:
+
+        def wait_eof() -> None:
+            while os.read(sys.stdin.fileno(), 4096):
+                pass
+            log("stdin closed: stopping")
+            server.should_exit = True
+
+        threading.Thread(target=wait_eof, daemon=True).start()
+    worker.on_fatal = lambda: setattr(server, "should_exit", True)
+    server.run(sockets=[sock])
+    worker.stop()
+    if worker.state == "error":
+        raise TokenWingError(f"the model failed to load: {worker.error}")
+    return 0

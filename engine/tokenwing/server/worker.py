@@ -1,0 +1,191 @@
+"""The engine thread: loads the model, runs one generation at a time in arrival order, publishes stats.
+
+HTTP handlers never touch the session: they submit a job and read its events from an asyncio queue.
+A client that goes away sets the job's cancel flag, which the decode loop checks every token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tokenwing.errors import TokenWingError
+from tokenwing.runtime.generate import generate
+from tokenwing.runtime.sampler import Sampler
+from tokenwing.runtime.session import Session, SessionOptions
+from tokenwing.server.protocol import GenerationRequest, RequestError
+from tokenwing.streaming.streamer import COUNTERS
+
+_C = {name: i for i, name in enumerate(COUNTERS)}
+
+
+@dataclass
+class Job:
+    request: GenerationRequest
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[dict[str, Any]]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def emit(self, event: dict[str, Any]) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+class EngineWorker:
+    def __init__(self, model_path: str, options: SessionOptions, log: Callable[[str], None]) -> None:
+        self.model_path = model_path
+        self.options = options
+        self.log = log
+        self.session: Session | None = None
+        self.state = "loading"
+        self.error: str | None = None
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue[dict[str, Any]]]] = set()
+        self.lock = threading.Lock()
+        self.totals = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "errors": 0}
+        self.last_token_stats: dict[str, Any] = {}
+        self.queued = 0
+        self.on_fatal: Callable[[], None] = lambda: None
+        self.thread = threading.Thread(target=self._run, name="tokenwing-engine", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.jobs.put(None)
+
+    def submit(self, job: Job) -> None:
+        with self.lock:
+            self.queued += 1
+        self.jobs.put(job)
+
+    # --------------------------------------------------------------------------------------- stats fan-out
+    def subscribe(self, loop: asyncio.AbstractEventLoop) -> asyncio.Queue[dict[str, Any]]:
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=256)
+        with self.lock:
+            self.subscribers.add((loop, q))
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue[dict[str, Any]]) -> None:
+        with self.lock:
+            self.subscribers = {s for s in self.subscribers if s[1] is not q}
+
+    def _publish(self, event: dict[str, Any]) -> None:
+        self.last_token_stats = event
+        with self.lock:
+            subs = list(self.subscribers)
+        for loop, q in subs:
+            loop.call_soon_threadsafe(_offer, q, event)
+
+    # ------------------------------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        try:
+            self.session = Session(self.model_path, self.options, log=self.log)
+            self.state = "ok"
+            self.log(f"ready: {self.session.describe()}")
+        except TokenWingError as e:
+            self.state, self.error = "error", str(e)
+            self.on_fatal()
+            return
+        except MemoryError:
+            self.state, self.error = "error", "out of memory while loading the model"
+            self.on_fatal()
+            return
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                break
+            with self.lock:
+                self.queued -= 1
+            if job.cancelled.is_set():
+                continue
+            try:
+                self._serve(job)
+            except (TokenWingError, RequestError) as e:
+                self.totals["errors"] += 1
+                job.emit({"type": "error", "message": str(e)})
+            except Exception as e:
+                self.totals["errors"] += 1
+                self.log("internal error:\n" + traceback.format_exc())
+                job.emit({"type": "error", "message": f"internal error: {type(e).__name__}: {e}"})
+        if self.session is not None:
+            self.session.close()
+
+    def _serve(self, job: Job) -> None:
+        s = self.session
+        assert s is not None
+        req = job.request
+        if req.messages:
+            if s.chat_template is None:
+                raise RequestError("this model has no chat template; use /v1/completions")
+            text = s.chat_template.render(req.messages)
+            prompt = s.tokenizer.encode(text, special=True)
+        else:
+            prompt = s.tokenizer.encode(req.prompt or "", special=False)
+        if not prompt:
+            raise RequestError("the prompt is empty")
+        room = s.n_ctx - len(prompt)
+        if room <= 0:
+            raise RequestError(f"the prompt ({len(prompt)} tokens) does not fit the context ({s.n_ctx} tokens)")
+        s.reset()
+        start = time.perf_counter()
+        n = [0]
+
+        def on_token(tok: int, delta: np.ndarray) -> None:
+            n[0] += 1
+            self._publish(_token_event(s, delta, n[0], time.perf_counter() - start))
+
+        gen = generate(
+            s,
+            prompt,
+            min(req.max_tokens, room),
+            Sampler(req.sampler),
+            req.stop,
+            on_text=lambda piece: job.emit({"type": "text", "text": piece}),
+            on_token=on_token,
+            should_stop=job.cancelled.is_set,
+        )
+        self.totals["requests"] += 1
+        self.totals["prompt_tokens"] += len(prompt)
+        self.totals["completion_tokens"] += len(gen.tokens)
+        job.emit(
+            {
+                "type": "done",
+                "finish_reason": gen.finish_reason,
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(gen.tokens),
+                "stats": gen.stats,
+            }
+        )
+
+
+def _offer(q: asyncio.Queue[dict[str, Any]], event: dict[str, Any]) -> None:
+    if q.full():  # a slow reader loses the oldest event, never blocks the engine
+        q.get_nowait()
+    q.put_nowait(event)
+
+
+def _token_event(s: Session, delta: np.ndarray, index: int, elapsed: float) -> dict[str, Any]:
+    hits, misses = delta[:, _C["hits"]], delta[:, _C["misses"]]
+    recall = s.stats()["prediction_recall"]
+    return {
+        "token": index,
+        "layers": [
+            {"layer": layer, "hits": int(h), "misses": int(m)}
+            for layer, h, m in zip(s.streamed, hits, misses, strict=True)
+        ],
+        "ssd_wait_ms": float(delta[:, _C["wait_ns"]].sum()) / 1e6,
+        "bytes_read": int(delta[:, _C["bytes_read"]].sum()),
+        "prefetch_issued": int(delta[:, _C["prefetch_issued"]].sum()),
+        "prefetch_used": int(delta[:, _C["prefetch_used"]].sum()),
+        "vram_swaps": 0,  # no GPU path yet: zero, shown as zero
+        "prediction_recall": recall,
+        "tokens_per_s": index / elapsed if elapsed > 0 else 0.0,
+    }
