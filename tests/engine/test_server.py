@@ -26,8 +26,13 @@ class Server:
         env.pop("TOKENWING_API_KEY", None)
         if key:
             env["TOKENWING_API_KEY"] = key
-        self.proc = subprocess.Popen([sys.executable, "-m", "tokenwing", "serve", str(model), "--ctx", "512", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tokenwing", "serve", str(model), "--ctx", "512", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         self.handshake = json.loads(line)
@@ -67,22 +72,36 @@ def test_models(server: Server) -> None:
 
 def test_chat_non_streaming(server: Server) -> None:
     r = server.client().chat.completions.create(
-        model="x", messages=[{"role": "user", "content": "Hello"}], max_tokens=6, temperature=0)
+        model="x", messages=[{"role": "user", "content": "Hello"}], max_tokens=6, temperature=0
+    )
     assert r.choices[0].message.role == "assistant"
     assert r.usage is not None and r.usage.completion_tokens <= 6 and r.usage.prompt_tokens > 0
     assert r.choices[0].finish_reason in ("length", "stop")
     again = server.client().chat.completions.create(
-        model="x", messages=[{"role": "user", "content": "Hello"}], max_tokens=6, temperature=0)
+        model="x", messages=[{"role": "user", "content": "Hello"}], max_tokens=6, temperature=0
+    )
     assert again.choices[0].message.content == r.choices[0].message.content  # greedy is deterministic
 
 
 def test_chat_streaming_matches_non_streaming(server: Server) -> None:
     c = server.client()
-    whole = c.chat.completions.create(model="x", messages=[{"role": "user", "content": "Tell"}], max_tokens=8,
-                                      temperature=0).choices[0].message.content
-    chunks = list(c.chat.completions.create(model="x", messages=[{"role": "user", "content": "Tell"}],
-                                            max_tokens=8, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}))
+    whole = (
+        c.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "Tell"}], max_tokens=8, temperature=0
+        )
+        .choices[0]
+        .message.content
+    )
+    chunks = list(
+        c.chat.completions.create(
+            model="x",
+            messages=[{"role": "user", "content": "Tell"}],
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == whole
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens <= 8
@@ -94,8 +113,12 @@ def test_completions_and_seeded_sampling(server: Server) -> None:
     a = c.completions.create(model="x", prompt="Once upon", max_tokens=5, temperature=0.9, seed=7)
     b = c.completions.create(model="x", prompt="Once upon", max_tokens=5, temperature=0.9, seed=7)
     assert a.choices[0].text == b.choices[0].text
-    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
-        model="x", prompt="Once upon", max_tokens=5, temperature=0.9, seed=7, stream=True))
+    streamed = "".join(
+        ch.choices[0].text
+        for ch in c.completions.create(
+            model="x", prompt="Once upon", max_tokens=5, temperature=0.9, seed=7, stream=True
+        )
+    )
     assert streamed == a.choices[0].text
 
 
@@ -109,8 +132,13 @@ def test_errors_are_openai_style(server: Server) -> None:
     with pytest.raises(openai.BadRequestError):
         c.chat.completions.create(model="x", messages=[{"role": "user", "content": "x"}], temperature=5)
     headers = {"Authorization": f"Bearer {KEY}"}
-    for body in (b"{not json", b"[]", b'{"messages": [{"role": "wizard", "content": "x"}]}',
-                 b'{"prompt": 5}', b'{"messages": [{"role": "user", "content": [{"type": "image"}]}]}'):
+    for body in (
+        b"{not json",
+        b"[]",
+        b'{"messages": [{"role": "wizard", "content": "x"}]}',
+        b'{"prompt": 5}',
+        b'{"messages": [{"role": "user", "content": [{"type": "image"}]}]}',
+    ):
         for path in ("/v1/chat/completions", "/v1/completions"):
             r = httpx.post(server.url + path, content=body, headers=headers)
             assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
@@ -135,8 +163,13 @@ def test_concurrent_requests_queue(server: Server) -> None:
 def test_disconnect_cancels(server: Server) -> None:
     headers = {"Authorization": f"Bearer {KEY}"}
     before = httpx.get(server.url + "/v1/tokenwing/stats", headers=headers).json()["totals"]
-    with httpx.stream("POST", server.url + "/v1/completions", headers=headers, timeout=60,
-                      json={"prompt": "Go", "max_tokens": 400, "stream": True, "temperature": 0}) as r:
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/completions",
+        headers=headers,
+        timeout=60,
+        json={"prompt": "Go", "max_tokens": 400, "stream": True, "temperature": 0},
+    ) as r:
         for _ in r.iter_lines():
             break  # the first chunk, then hang up
     r2 = server.client().completions.create(model="x", prompt="Next", max_tokens=3, temperature=0)
@@ -173,8 +206,9 @@ def test_stats_stream_and_metrics(server: Server) -> None:
 def test_bad_model_fails_cleanly(tmp_path: Path) -> None:
     bad = tmp_path / "bad.tw.gguf"
     bad.write_bytes(b"GGUF" + bytes(200))
-    proc = subprocess.run([sys.executable, "-m", "tokenwing", "serve", str(bad)], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tokenwing", "serve", str(bad)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stdout == ""  # no handshake: it never looked ready
     assert proc.stderr.strip().startswith("tokenwing: error: ")
