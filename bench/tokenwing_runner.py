@@ -1,0 +1,74 @@
+"""Subprocess: TokenWing on a token stream; prints one JSON line of measurements.
+
+usage: python tokenwing_runner.py MODEL.tw.gguf TOKENS.npy N_PROMPT LOOKAHEAD
+The RAM budget comes from the process's own memory limit (the benchmark's cgroup cap), as in real use.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+
+from tokenwing.runtime.session import Session, SessionOptions
+from tokenwing.streaming.streamer import COUNTERS
+
+
+def read_bytes() -> int:
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def main() -> int:
+    model, tokens_path, n_prompt, lookahead = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    tokens = np.load(tokens_path).astype(np.int64).tolist()
+    notes: list[str] = []
+    t0 = time.perf_counter()
+    s = Session(model, SessionOptions(lookahead=lookahead, n_ctx=len(tokens) + 16, max_batch=64), log=notes.append)
+    load = time.perf_counter() - t0
+    c = {n: i for i, n in enumerate(COUNTERS)}
+    r0 = read_bytes()
+    t1 = time.perf_counter()
+    s.forward(tokens[:n_prompt])
+    t2 = time.perf_counter()
+    r1 = read_bytes()
+    mid = s.streamer.counters()
+    for tok in tokens[n_prompt:]:
+        s.forward([tok])
+    t3 = time.perf_counter()
+    r2 = read_bytes()
+    d = s.streamer.counters() - mid
+    n_dec = len(tokens) - n_prompt
+    hits, misses = d[:, c["hits"]].sum(), d[:, c["misses"]].sum()
+    print(
+        json.dumps(
+            {
+                "engine": f"tokenwing lookahead {lookahead}",
+                "load_s": load,
+                "notes": notes,
+                "slots_per_layer": s.slots_per_layer,
+                "prompt_tok_s": n_prompt / (t2 - t1),
+                "decode_tok_s": n_dec / (t3 - t2),
+                "prompt_read_bytes": r1 - r0,
+                "read_bytes_per_token": (r2 - r1) / n_dec,
+                "ssd_wait_ms_per_token": d[:, c["wait_ns"]].sum() / 1e6 / n_dec,
+                "hit_rate": float(hits / (hits + misses)),
+                "expert_bytes_per_token": float(d[:, c["bytes_read"]].sum()) / n_dec,
+                "prediction_recall": s.stats()["prediction_recall"],
+                "prefetch_issued": int(d[:, c["prefetch_issued"]].sum()),
+                "prefetch_used": int(d[:, c["prefetch_used"]].sum()),
+            }
+        ),
+        flush=True,
+    )
+    s.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
