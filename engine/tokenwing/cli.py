@@ -165,7 +165,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
             sys.stdout.write(piece)
             sys.stdout.flush()
 
+        if args.record_trace:
+            session.trace = []
         gen = generate(session, prompt, args.n, sampler, args.stop or (), on_text=show)
+        if args.record_trace:
+            session.recorded_trace().save(args.record_trace)
         sys.stdout.write("\n")
         st = gen.stats
         print(
@@ -221,6 +225,37 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         stream=settings_from_args(args),
     )
     return serve(args.model, opts, args.host, args.port, args.watch_stdin)
+
+
+def _cmd_autotune(args: argparse.Namespace) -> int:
+    from tokenwing.autotune.probe import probe_machine
+    from tokenwing.autotune.solver import choose
+    from tokenwing.format.reader import ModelFile
+
+    with ModelFile.open(args.model) as mf:
+        record = max(el.record_size for el in mf.index.layers)
+        machine = probe_machine(args.model, record, parse_size(args.probe_bytes))
+        choice = choose(mf, machine, args.ctx)
+    if args.json:
+        print(
+            json.dumps({"machine": machine.as_dict(), "settings": choice.settings, "reasons": choice.reasons}, indent=2)
+        )
+        return 0
+    m = machine
+    print(
+        f"memory: {human_bytes(m.memory.available)} available of {human_bytes(m.memory.total)}, limit "
+        f"{human_bytes(m.memory.limit)}; {m.cores} cores ({' '.join(m.isa) or 'no SIMD flags found'}); "
+        f"GPUs: {', '.join(g['name'] for g in m.gpus) or 'none'}"
+    )
+    if m.drive:
+        speeds = ", ".join(f"{t}: {v:.0f}" for t, v in m.drive.mb_per_s_by_threads.items())
+        print(
+            f"drive ({'direct' if m.drive.direct else 'cached'} reads of {human_bytes(m.drive.block_bytes)}"
+            f" experts, MB/s by threads): {speeds}"
+        )
+    for key, value in choice.settings.items():
+        print(f"  {key} = {value}\n      because {choice.reasons[key]}")
+    return 0
 
 
 def _write_json(path: str, data: object) -> None:
@@ -322,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--min-p", type=float, default=0.0)
     run.add_argument("--repeat-penalty", type=float, default=1.0)
     run.add_argument("--stop", action="append", help="stop when this text appears (repeatable)")
+    run.add_argument("--record-trace", help="write the routing trace (for `tokenwing trace simulate`)")
     run.set_defaults(func=_cmd_run)
 
     lg = sub.add_parser("logits", help="per-position logits of a token sequence (for oracle checks)")
@@ -336,6 +372,13 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=0, help="0: any free port (printed in the JSON handshake)")
     sv.add_argument("--watch-stdin", action="store_true", help="stop when stdin closes (for supervisors)")
     sv.set_defaults(func=_cmd_serve)
+
+    at = sub.add_parser("autotune", help="probe this machine and the drive, and choose settings for a model")
+    at.add_argument("model")
+    at.add_argument("--ctx", type=int, default=4096, help="context length to plan the KV cache for")
+    at.add_argument("--probe-bytes", default="256M", help="bytes to read per drive measurement")
+    at.add_argument("--json", action="store_true")
+    at.set_defaults(func=_cmd_autotune)
 
     tr = sub.add_parser("trace", help="routing traces: replay through the cache policies, or synthesise one")
     trs = tr.add_subparsers(dest="trace_command", required=True)

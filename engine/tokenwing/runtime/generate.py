@@ -105,8 +105,8 @@ def generate(
         if stream.stopped or (should_stop is not None and should_stop()):
             gen.finish_reason = "stop"
             break
-        if session.pos >= session.n_ctx:
-            break
+        if session.pos >= session.n_ctx or len(gen.tokens) == max_tokens:
+            break  # the last token needs no forward pass
         before_tok = session.streamer.counters()
         logits = session.forward([tok])
         if on_token:

@@ -291,6 +291,24 @@ class Session:
             self.streamer.end_layer(il)
         return common.sum_experts(weighted)
 
+    def recorded_trace(self) -> Any:
+        """The routing recorded since `self.trace = []` (last token of each batch), as a trace file object."""
+        from tokenwing.streaming.trace import Trace
+
+        rows = self.trace or []
+        k = self.hp.n_expert_used
+        d = max(self.options.lookahead, 0)
+        n_layers = len(self.streamed)
+        sel = np.full((len(rows), n_layers, k), -1, np.int32)
+        pred = np.full((len(rows), n_layers, d, k), -1, np.int32)
+        prompt = np.zeros(len(rows), np.int64)
+        for i, (s_rows, p_rows, n) in enumerate(rows):
+            sel[i] = s_rows[-1][-n_layers:]
+            if d:
+                pred[i] = p_rows[-1][-n_layers:]
+            prompt[i] = n
+        return Trace(sel, pred, prompt, np.array(self.streamed, np.int32), self.hp.n_expert)
+
     # ------------------------------------------------------------------------------------------- stats
     def stats(self) -> dict[str, Any]:
         c = self.streamer.counters()

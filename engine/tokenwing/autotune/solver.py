@@ -1,0 +1,73 @@
+"""From what the machine has to settings, each with the reason it was chosen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenwing.autotune.probe import MachineProbe
+from tokenwing.format.reader import ModelFile
+from tokenwing.fsutil import human_bytes
+from tokenwing.runtime.session import HEADROOM
+from tokenwing.streaming.streamer import plan_slots
+
+
+@dataclass
+class Choice:
+    settings: dict[str, Any] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def set(self, key: str, value: Any, reason: str) -> None:
+        self.settings[key] = value
+        self.reasons[key] = reason
+
+
+def choose(mf: ModelFile, m: MachineProbe, n_ctx: int = 4096) -> Choice:
+    c = Choice()
+    ex = mf.index
+    resident = sum(t.nbytes for t in mf.resident)
+    meta = mf.header
+    arch = mf.arch
+    n_layer = int(meta.get(f"{arch}.block_count") or 0)
+    kv_row = (
+        int(meta.get(f"{arch}.attention.head_count_kv") or 1) * int(meta.get(f"{arch}.attention.key_length") or 128) * 2
+    )
+    kv = 2 * n_layer * kv_row * n_ctx
+    reserved = resident + kv + (256 << 20)
+    budget = max(0, m.memory.usable - HEADROOM - reserved)
+    plan = plan_slots(ex, budget, ex.n_used)
+    c.set(
+        "ram_budget",
+        plan.bytes,
+        f"{human_bytes(m.memory.usable)} usable (free RAM under the memory limit {human_bytes(m.memory.limit)}) "
+        f"minus {human_bytes(HEADROOM)} headroom minus {human_bytes(reserved)} for resident weights, a "
+        f"{n_ctx}-token F16 KV cache and compute buffers: {plan.slots_per_layer} of {ex.n_expert} experts per "
+        f"layer" + (f" ({plan.note})" if plan.note else ""),
+    )
+    c.set("threads", m.cores, f"{m.cores} cores available to this process")
+    if m.drive is not None:
+        c.set(
+            "moe_stream_io_threads",
+            m.drive.best_threads,
+            f"the fewest I/O threads within 5 % of the drive's best direct-read speed "
+            f"({m.drive.best_mb_per_s:.0f} MB/s with whole-expert reads)",
+        )
+        c.set(
+            "moe_stream_direct",
+            m.drive.direct,
+            "direct reads work on this file system"
+            if m.drive.direct
+            else "this file system refuses O_DIRECT: cached reads",
+        )
+    c.set("lookahead", 2, "the measured default; another distance should be measured on this machine first")
+    full = plan.slots_per_layer >= ex.n_expert
+    c.set(
+        "expert_cache_share",
+        round(plan.slots_per_layer / ex.n_expert, 3),
+        "every expert fits in RAM: the drive is read only while the cache warms up"
+        if full
+        else "the rest is read from the drive when needed or predicted",
+    )
+    if m.gpus:
+        c.set("gpus", [g["name"] for g in m.gpus], "found, but the GPU path is not built yet: CPU only")
+    return c

@@ -1,0 +1,74 @@
+"""`tokenwing run` and `tokenwing logits` end to end, as real subprocesses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tests.conftest import ModelFactory, assert_clean_error, run_cli
+from tokenwing.streaming.trace import load_trace
+
+
+def test_run_with_stats_and_trace(repacked_factory: ModelFactory, tmp_path: Path) -> None:
+    model = repacked_factory(type="Q8_0", n_layer=3)
+    stats, trace = tmp_path / "s.json", tmp_path / "t.npz"
+    r = run_cli(
+        "run",
+        str(model),
+        "--prompt",
+        "Hello there",
+        "-n",
+        "12",
+        "--ram-budget",
+        "30%",
+        "--stats-json",
+        str(stats),
+        "--record-trace",
+        str(trace),
+        "--chat",
+    )
+    assert r.returncode == 0, r.stderr
+    assert "decode" in r.stderr and "tok/s" in r.stderr
+    st = json.loads(stats.read_text())
+    assert st["decode_tokens"] <= 12 and st["prompt_tokens"] > 0
+    assert 0.0 <= st["hit_rate"] <= 1.0 and len(st["hit_rate_per_layer"]) == 3
+    assert st["slots_per_layer"] == 2  # 30 % of 8 experts is below top-2... raised to the minimum
+    t = load_trace(str(trace))
+    assert t.selected.shape[1:] == (3, 2) and t.n_tokens >= 2  # the prompt batch, then decode steps
+    assert t.prompt_tokens[0] > 0 and (t.prompt_tokens[1:] == 0).all()
+    r = run_cli("trace", "simulate", str(trace), "--slots", "2")
+    assert r.returncode == 0, r.stderr
+
+
+def test_seeded_run_is_reproducible(repacked_factory: ModelFactory) -> None:
+    model = repacked_factory(type="Q4_0")
+    args = ("run", str(model), "--prompt", "Once", "-n", "10", "--temp", "0.9", "--seed", "3")
+    assert run_cli(*args).stdout == run_cli(*args).stdout
+
+
+def test_logits_command(repacked_factory: ModelFactory, tmp_path: Path) -> None:
+    model = repacked_factory(type="F32")
+    np.save(tmp_path / "t.npy", np.arange(3, 20))
+    r = run_cli(
+        "logits", str(model), "--tokens", str(tmp_path / "t.npy"), "--out", str(tmp_path / "o.npy"), "--kv-type", "f32"
+    )
+    assert r.returncode == 0, r.stderr
+    out = np.load(tmp_path / "o.npy")
+    assert out.shape == (17, 512) and np.isfinite(out).all()
+
+
+def test_engine_errors_are_one_line(
+    model_factory: ModelFactory, repacked_factory: ModelFactory, tmp_path: Path
+) -> None:
+    assert_clean_error(run_cli("run", str(model_factory()), "--prompt", "x"), 2)  # a plain GGUF
+    model = str(repacked_factory())
+    assert_clean_error(run_cli("run", model, "--prompt", ""), 2)
+    assert_clean_error(run_cli("run", model, "--prompt", "x", "--ram-budget", "lots"), 2)
+    assert_clean_error(run_cli("run", model, "--prompt", "x", "--top-p", "0"), 2)
+    np.save(tmp_path / "bad.npy", np.array([1, 2, 99999]))
+    assert_clean_error(
+        run_cli("logits", model, "--tokens", str(tmp_path / "bad.npy"), "--out", str(tmp_path / "o.npy")), 2
+    )
+    assert not (tmp_path / "o.npy").exists()
