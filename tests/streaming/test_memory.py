@@ -108,5 +108,8 @@ def test_expert_budget(tmp_path: Path) -> None:
 
     root = fake_root(tmp_path, "0::/app\n", {"app/memory.max": str(4 * GIB), "app/memory.current": str(GIB)})
     m = memory_info(str(root))
-    assert expert_budget(m, GIB // 2, GIB) == 3 * GIB - GIB // 2 - GIB
-    assert expert_budget(m, 8 * GIB, 0) == 0
+    # under a cap, the room under the cap counts; the headroom only comes off the machine's free RAM
+    assert expert_budget(m, GIB // 2, GIB) == 3 * GIB - GIB
+    assert expert_budget(m, 20 * GIB, 0) == 0  # little free RAM on the machine: that wins
+    free = memory_info(str(fake_root(tmp_path / "b", "0::/\n", {"memory.max": "max"})))
+    assert expert_budget(free, GIB // 2, GIB) == 20 * GIB - GIB // 2 - GIB

@@ -9,6 +9,7 @@ from tokenwing.autotune.probe import MachineProbe
 from tokenwing.format.reader import ModelFile
 from tokenwing.fsutil import human_bytes
 from tokenwing.runtime.session import HEADROOM
+from tokenwing.streaming.memory import expert_budget
 from tokenwing.streaming.streamer import plan_slots
 
 
@@ -34,7 +35,7 @@ def choose(mf: ModelFile, m: MachineProbe, n_ctx: int = 4096) -> Choice:
     )
     kv = 2 * n_layer * kv_row * n_ctx
     reserved = resident + kv + (256 << 20)
-    budget = max(0, m.memory.usable - HEADROOM - reserved)
+    budget = expert_budget(m.memory, HEADROOM, reserved)
     plan = plan_slots(ex, budget, ex.n_used)
     c.set(
         "ram_budget",

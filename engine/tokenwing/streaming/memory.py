@@ -93,7 +93,9 @@ def memory_info(root: str = "/") -> MemoryInfo:
 
 
 def expert_budget(info: MemoryInfo, headroom: int, reserved: int) -> int:
-    """RAM for the expert cache: what the process can still take (free RAM, under its memory limit), minus a
-    headroom for other programs and the engine's own non-expert memory (KV cache, compute buffers, weights
-    still to load). Never negative; the slot planner raises a too-small budget to its minimum itself."""
-    return max(0, info.usable - headroom - reserved)
+    """RAM for the expert cache: what the process can still take, minus the engine's own non-expert memory
+    still to come (KV cache, compute buffers). The headroom for other programs comes off the machine's free
+    RAM, not off a memory limit: under a cgroup cap the other programs are outside the group. Never negative;
+    the slot planner raises a too-small budget to its minimum itself."""
+    room = min(info.available - headroom, info.limit - info.used_in_group)
+    return max(0, room - reserved)
