@@ -72,3 +72,20 @@ def test_engine_errors_are_one_line(
         run_cli("logits", model, "--tokens", str(tmp_path / "bad.npy"), "--out", str(tmp_path / "o.npy")), 2
     )
     assert not (tmp_path / "o.npy").exists()
+
+
+def test_inconsistent_shapes_stop_cleanly(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """Metadata that contradicts the tensors (valid checksums) is refused before ggml could abort on it."""
+    from tokenwing.format.gguf_io import read_header
+
+    src = tmp_path / "m.gguf"
+    src.write_bytes(model_factory().read_bytes())
+    h = read_header(str(src))
+    with open(src, "r+b") as f:
+        f.seek(h.value_offsets["qwen3moe.attention.head_count"])
+        f.write((8).to_bytes(4, "little"))  # the tensors hold 4 heads
+    out = tmp_path / "m.tw.gguf"
+    assert run_cli("repack", str(src), "-o", str(out), "-q").returncode == 0
+    r = run_cli("run", str(out), "--prompt", "hello")
+    assert_clean_error(r, 2)
+    assert "attn_q.weight has shape" in r.stderr

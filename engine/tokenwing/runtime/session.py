@@ -22,7 +22,7 @@ from tokenwing.format.reader import ModelFile
 from tokenwing.fsutil import human_bytes
 from tokenwing.models import common
 from tokenwing.models.hparams import HParams, read_hparams
-from tokenwing.models.qwen3moe import Family, family
+from tokenwing.models.qwen3moe import Family, check_tensors, family
 from tokenwing.models.weights import ModelWeights
 from tokenwing.streaming.memory import expert_budget, memory_info
 from tokenwing.streaming.settings import StreamSettings
@@ -64,8 +64,13 @@ class Session:
         self.tokenizer: TextTokenizer = tokenizer_from_metadata(meta, path)
         template = meta.get("tokenizer.chat_template")
         self.chat_template = ChatTemplate(template) if isinstance(template, str) else None
-        self.weights = ModelWeights(self.mf)
         hp = self.hp
+        shapes = {t.name: t.shape for t in self.mf.resident}
+        streamed = {el.layer: el.shapes[0] for el in self.mf.index.layers}
+        if any(layer >= hp.n_layer for layer in streamed):
+            raise BadInputError(f"{path}: experts of a layer beyond block_count")
+        check_tensors(self.family, hp, shapes, streamed, path)
+        self.weights = ModelWeights(self.mf)
         self.n_ctx = opts.n_ctx or hp.n_ctx_train
         self.kv_type = {"f16": F16, "f32": F32}.get(opts.kv_type)
         if self.kv_type is None:

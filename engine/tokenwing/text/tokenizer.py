@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from tokenwing.errors import BadInputError, UnsupportedError
@@ -87,21 +88,40 @@ def _bytes_to_unicode() -> dict[int, str]:
 _BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
 
 
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _token_id(meta: dict[str, Any], key: str, n_vocab: int, where: str) -> int:
+    v = meta[key]
+    if isinstance(v, bool) or not isinstance(v, int | np.integer) or not 0 <= int(v) < n_vocab:
+        raise BadInputError(f"{where}: {key} is not a token of the vocabulary")
+    return int(v)
+
+
 def tokenizer_from_metadata(meta: dict[str, Any], where: str) -> TextTokenizer:
     """Builds the tokenizer from GGUF metadata values (plain Python/numpy values, keyed by GGUF key)."""
     model = meta.get("tokenizer.ggml.model")
     if model != "gpt2":
         raise UnsupportedError(f"{where}: tokenizer model {model!r} is not supported yet (only gpt2 BPE)")
     pre = meta.get("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS:
+    if not isinstance(pre, str) or pre not in PRE_TOKENIZERS:
         raise UnsupportedError(f"{where}: pre-tokenizer {pre!r} is not supported yet")
     tokens = meta.get("tokenizer.ggml.tokens")
     merges = meta.get("tokenizer.ggml.merges")
-    if not isinstance(tokens, list) or not isinstance(merges, list) or not tokens:
-        raise BadInputError(f"{where}: the vocabulary or its merges are missing")
-    types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
-    if len(types) != len(tokens) or len(set(tokens)) != len(tokens):
-        raise BadInputError(f"{where}: the vocabulary is inconsistent (duplicate tokens or type count)")
+    if not _strings(tokens) or not _strings(merges) or not tokens:
+        raise BadInputError(f"{where}: the vocabulary or its merges are missing or malformed")
+    assert isinstance(tokens, list) and isinstance(merges, list)
+    raw_types = meta.get("tokenizer.ggml.token_type", [1] * len(tokens))
+    if not isinstance(raw_types, list | np.ndarray):
+        raise BadInputError(f"{where}: tokenizer.ggml.token_type must be an array")
+    types = list(raw_types)
+    if (
+        len(types) != len(tokens)
+        or len(set(tokens)) != len(tokens)
+        or not all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in types)
+    ):
+        raise BadInputError(f"{where}: the vocabulary is inconsistent (duplicate tokens or token types)")
     vocab = {t: i for i, t in enumerate(tokens)}
     pairs = []
     for m in merges:
@@ -126,14 +146,9 @@ def tokenizer_from_metadata(meta: dict[str, Any], where: str) -> TextTokenizer:
     with_special.add_special_tokens(
         [AddedToken(tokens[i], special=True, normalized=False) for i in sorted(special_ids)]
     )
-    eos = {int(meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta}
-    bos = meta.get("tokenizer.ggml.bos_token_id")
-    return TextTokenizer(
-        plain,
-        with_special,
-        eos,
-        int(bos) if bos is not None else None,
-        bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-        len(tokens),
-        special_ids,
-    )
+    id_keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
+    eos = {_token_id(meta, k, len(tokens), where) for k in id_keys if k in meta}
+    bos_key = "tokenizer.ggml.bos_token_id"
+    bos = _token_id(meta, bos_key, len(tokens), where) if bos_key in meta else None
+    add_bos = meta.get("tokenizer.ggml.add_bos_token") is True
+    return TextTokenizer(plain, with_special, eos, bos, add_bos, len(tokens), special_ids)
