@@ -271,7 +271,7 @@ class Session:
 
         The lookahead's predictions go to the core right after this layer's demand reads.
         """
-        hp, g = self.hp, self.graph
+        hp = self.hp
         unique: list[int] = list(dict.fromkeys(sel.ravel().tolist()))
         waves = [unique[i : i + self.slots_per_layer] for i in range(0, len(unique), self.slots_per_layer)]
         k = sel.shape[1]
@@ -281,18 +281,12 @@ class Session:
             for target, top, distance in ahead:
                 self.streamer.predict(target, top, distance)
             ahead = []
-            slot_of = np.zeros(hp.n_expert, np.int32)
-            slot_of[wave] = self.streamer.wait_all(il, wave)
-            in_wave = np.isin(sel, wave)
-            # experts outside this wave take slot 0 with weight 0 (their share comes in their own wave)
-            slots = np.where(in_wave, slot_of[sel], 0).astype(np.int32)
-            wts = np.where(in_wave, weights, 0.0).astype(np.float32)
-            g.reset()
-            xin = g.input(cur)
-            moe = common.routed_experts(g, self.views[il], xin, slots, wts, hp.n_embd)
-            g.compute(moe)
-            part = to_numpy(moe).reshape(cur.shape[0], k, hp.n_embd)
-            weighted[in_wave] = part[in_wave]
+            # Experts already in RAM are computed while the others are still being read.
+            ready = self.streamer.ready(il, wave)
+            first = [e for e, r in zip(wave, ready, strict=True) if r]
+            rest = [e for e, r in zip(wave, ready, strict=True) if not r]
+            for part in (first, rest) if first and rest else (wave,):
+                self._compute_experts(il, cur, sel, weights, part, weighted)
             self.streamer.end_layer(il)
         return common.sum_experts(weighted)
 
@@ -313,6 +307,23 @@ class Session:
                 pred[i] = p_rows[-1][-n_layers:]
             prompt[i] = n
         return Trace(sel, pred, prompt, np.array(self.streamed, np.int32), self.hp.n_expert)
+
+    def _compute_experts(
+        self, il: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray, part: list[int], weighted: np.ndarray
+    ) -> None:
+        """Weighted outputs of the (token, expert) pairs whose expert is in `part`, into `weighted`."""
+        hp, g = self.hp, self.graph
+        slot_of = np.zeros(hp.n_expert, np.int32)
+        slot_of[part] = self.streamer.wait_all(il, part)
+        in_part = np.isin(sel, part)
+        # experts outside this part take slot 0 with weight 0 (their share is computed with their own part)
+        slots = np.where(in_part, slot_of[sel], 0).astype(np.int32)
+        wts = np.where(in_part, weights, 0.0).astype(np.float32)
+        g.reset()
+        moe = common.routed_experts(g, self.views[il], g.input(cur), slots, wts, hp.n_embd)
+        g.compute(moe)
+        out = to_numpy(moe).reshape(cur.shape[0], sel.shape[1], hp.n_embd)
+        weighted[in_part] = out[in_part]
 
     # ------------------------------------------------------------------------------------------- stats
     def stats(self) -> dict[str, Any]:
