@@ -15,13 +15,7 @@ import time
 
 import numpy as np
 
-
-def read_bytes() -> int:
-    with open("/proc/self/io") as f:
-        for line in f:
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    return 0
+from tokenwing.testmodel.oracle import process_read_bytes, use_plain_layout
 
 
 def madvise_random(path: str) -> int:
@@ -45,27 +39,20 @@ def main() -> int:
     model, tokens_path, n_prompt, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     tokens = np.load(tokens_path).astype(np.int64).tolist()
     if mode in ("plain", "random"):
-        defaults = llama_cpp.llama_cpp.llama_model_default_params
-
-        def plain() -> object:
-            p = defaults()
-            p.use_extra_bufts = False
-            return p
-
-        llama_cpp.llama_cpp.llama_model_default_params = plain
+        use_plain_layout(llama_cpp)
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(model, n_ctx=len(tokens) + 16, n_batch=512, n_threads=2, verbose=False)
     advised = madvise_random(os.path.realpath(model)) if mode == "random" else 0
     load = time.perf_counter() - t0
-    r0 = read_bytes()
+    r0 = process_read_bytes()
     t1 = time.perf_counter()
     llm.eval(tokens[:n_prompt])
     t2 = time.perf_counter()
-    r1 = read_bytes()
+    r1 = process_read_bytes()
     for tok in tokens[n_prompt:]:
         llm.eval([tok])
     t3 = time.perf_counter()
-    r2 = read_bytes()
+    r2 = process_read_bytes()
     n_dec = len(tokens) - n_prompt
     print(
         json.dumps(

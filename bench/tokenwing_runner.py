@@ -14,14 +14,7 @@ import numpy as np
 
 from tokenwing.runtime.session import Session, SessionOptions
 from tokenwing.streaming.streamer import COUNTERS
-
-
-def read_bytes() -> int:
-    with open("/proc/self/io") as f:
-        for line in f:
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    return 0
+from tokenwing.testmodel.oracle import process_read_bytes
 
 
 def main() -> int:
@@ -32,16 +25,16 @@ def main() -> int:
     s = Session(model, SessionOptions(lookahead=lookahead, n_ctx=len(tokens) + 16, max_batch=64), log=notes.append)
     load = time.perf_counter() - t0
     c = {n: i for i, n in enumerate(COUNTERS)}
-    r0 = read_bytes()
+    r0 = process_read_bytes()
     t1 = time.perf_counter()
     s.forward(tokens[:n_prompt])
     t2 = time.perf_counter()
-    r1 = read_bytes()
+    r1 = process_read_bytes()
     mid = s.streamer.counters()
     for tok in tokens[n_prompt:]:
         s.forward([tok])
     t3 = time.perf_counter()
-    r2 = read_bytes()
+    r2 = process_read_bytes()
     d = s.streamer.counters() - mid
     n_dec = len(tokens) - n_prompt
     hits, misses = d[:, c["hits"]].sum(), d[:, c["misses"]].sum()

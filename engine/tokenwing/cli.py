@@ -115,16 +115,16 @@ def parse_size(text: str, percent_of: int | None = None) -> int:
         raise BadInputError(f"not a size: {text!r} (examples: 2G, 512M, 10%)") from None
 
 
-def _open_session(args: argparse.Namespace) -> Any:
+def _session_options(args: argparse.Namespace) -> Any:
     from tokenwing.format.reader import ModelFile
-    from tokenwing.runtime.session import Session, SessionOptions
+    from tokenwing.runtime.session import SessionOptions
     from tokenwing.streaming.settings import settings_from_args
 
     budget = None
     if args.ram_budget:
         with ModelFile.open(args.model, announce_fallback=False) as mf:
             budget = parse_size(args.ram_budget, mf.index.total_bytes)
-    opts = SessionOptions(
+    return SessionOptions(
         ram_budget=budget,
         lookahead=args.lookahead,
         n_ctx=args.ctx,
@@ -132,7 +132,12 @@ def _open_session(args: argparse.Namespace) -> Any:
         n_threads=args.threads,
         stream=settings_from_args(args),
     )
-    return Session(args.model, opts)
+
+
+def _open_session(args: argparse.Namespace) -> Any:
+    from tokenwing.runtime.session import Session
+
+    return Session(args.model, _session_options(args))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -207,24 +212,9 @@ def _cmd_logits(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from tokenwing.format.reader import ModelFile
-    from tokenwing.runtime.session import SessionOptions
     from tokenwing.server.serve import serve
-    from tokenwing.streaming.settings import settings_from_args
 
-    budget = None
-    if args.ram_budget:
-        with ModelFile.open(args.model, announce_fallback=False) as mf:
-            budget = parse_size(args.ram_budget, mf.index.total_bytes)
-    opts = SessionOptions(
-        ram_budget=budget,
-        lookahead=args.lookahead,
-        n_ctx=args.ctx,
-        kv_type=args.kv_type,
-        n_threads=args.threads,
-        stream=settings_from_args(args),
-    )
-    return serve(args.model, opts, args.host, args.port, args.watch_stdin)
+    return serve(args.model, _session_options(args), args.host, args.port, args.watch_stdin)
 
 
 def _cmd_autotune(args: argparse.Namespace) -> int:

@@ -18,14 +18,9 @@ def main() -> int:
     model, tokens_path, out_path = sys.argv[1:4]
     n_batch = int(sys.argv[4]) if len(sys.argv) > 4 else 512
     if "plain" in sys.argv[5:]:
-        defaults = llama_cpp.llama_cpp.llama_model_default_params
+        from tokenwing.testmodel.oracle import use_plain_layout
 
-        def plain_params() -> object:
-            p = defaults()
-            p.use_extra_bufts = False
-            return p
-
-        llama_cpp.llama_cpp.llama_model_default_params = plain_params
+        use_plain_layout(llama_cpp)
     tokens = np.load(tokens_path).astype(np.int64).tolist()
     llm = llama_cpp.Llama(
         model,

@@ -1,0 +1,27 @@
+"""Helpers for running llama.cpp (llama-cpp-python) as the oracle and the benchmark peer, in its own process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def use_plain_layout(llama_cpp: Any) -> None:
+    """Turns off llama.cpp's repacked weight layouts (use_extra_bufts) for models loaded after this call,
+    so it runs ggml's plain kernels and maps the file without copying it into anonymous memory."""
+    defaults = llama_cpp.llama_cpp.llama_model_default_params
+
+    def plain() -> Any:
+        p = defaults()
+        p.use_extra_bufts = False
+        return p
+
+    llama_cpp.llama_cpp.llama_model_default_params = plain
+
+
+def process_read_bytes() -> int:
+    """Bytes this process has caused to be read from storage (page-ins of mapped files included)."""
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
