@@ -89,3 +89,25 @@ def test_inconsistent_shapes_stop_cleanly(model_factory: ModelFactory, tmp_path:
     r = run_cli("run", str(out), "--prompt", "hello")
     assert_clean_error(r, 2)
     assert "attn_q.weight has shape" in r.stderr
+
+
+def test_prefill_reads_each_expert_at_most_once(repacked_factory: ModelFactory) -> None:
+    """Layer-major prefill: a 300-token prompt (5 batches) with the smallest cache reads each distinct
+    expert of each layer exactly once, in waves."""
+    from tokenwing.runtime.session import Session, SessionOptions
+    from tokenwing.streaming.streamer import COUNTERS
+
+    model = repacked_factory(type="Q8_0", n_layer=3, n_expert=16, n_expert_used=4)
+    s = Session(str(model), SessionOptions(n_ctx=512, ram_budget=1, max_batch=64), log=lambda line: None)
+    try:
+        s.trace = []
+        tokens = np.random.default_rng(0).integers(0, 500, 300).tolist()
+        s.forward(tokens)
+        reads = s.streamer.counters()[:, COUNTERS.index("demand_reads")]
+        assert s.slots_per_layer == 4
+    finally:
+        s.close()
+    sel_all = s.trace[0][0]  # (tokens, layers, k) of the prompt
+    distinct = [len(np.unique(sel_all[:, li])) for li in range(3)]
+    assert distinct[0] > s.slots_per_layer  # more experts than slots: waves were needed
+    assert reads.tolist() == distinct

@@ -155,29 +155,23 @@ class Session:
 
     # ------------------------------------------------------------------------------------------ forward
     def forward(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
-        """Runs `tokens` from the current position; returns logits of the last token (or of every token)."""
+        """Runs `tokens` from the current position; returns logits of the last token (or of every token).
+
+        Layer-major: the whole prompt passes one layer before the next, so each layer's experts are read at
+        most once per prompt (in waves that fit the slots); attention and expert graphs run in chunks of
+        `max_batch` tokens, so a long prompt is split, never refused.
+        """
+        hp, n = self.hp, len(tokens)
         if not tokens:
             raise BadInputError("nothing to evaluate")
-        if any(not 0 <= t < self.hp.vocab_size for t in tokens):
+        if any(not 0 <= t < hp.vocab_size for t in tokens):
             raise BadInputError("token id outside the vocabulary")
-        outs = []
-        for start in range(0, len(tokens), self.options.max_batch):
-            batch = tokens[start : start + self.options.max_batch]
-            outs.append(self._forward_batch(batch, all_logits))
-        return np.concatenate(outs, axis=0) if all_logits else outs[-1][-1]
-
-    def _forward_batch(self, tokens: list[int], all_logits: bool) -> np.ndarray:
-        hp, n = self.hp, len(tokens)
         if self.pos + n > self.n_ctx:
             raise BadInputError(f"the context is full ({self.n_ctx} tokens)")
         decode = n == 1
         self.streamer.begin_token(0 if decode else n)
         self._predictions.clear()
-        g = self.graph
-        ctx = g.reset()
-        x = ops.ggml_get_rows(ctx, self.weights.get("token_embd.weight"), g.input(np.array(tokens, np.int32)))
-        g.compute(x)
-        h = to_numpy(x).reshape(n, hp.n_embd)
+        h = np.concatenate([self._embed(tokens[c]) for c in self._chunks(n)], axis=0)
         sel_rows, pred_rows = [], []
         for il in range(hp.n_layer):
             h, sel, preds = self._layer(il, h, decode)
@@ -187,69 +181,85 @@ class Session:
         if self.trace is not None and sel_rows:
             self.trace.append((np.stack(sel_rows, axis=1), np.stack(pred_rows, axis=1), 0 if decode else n))
         self.pos += n
+        if not all_logits:
+            last: np.ndarray = self._logits(h[-1:])[-1]
+            return last
+        return np.concatenate([self._logits(h[c]) for c in self._chunks(n)], axis=0)
+
+    def _chunks(self, n: int) -> list[slice]:
+        b = self.options.max_batch
+        return [slice(i, min(i + b, n)) for i in range(0, n, b)]
+
+    def _embed(self, tokens: list[int]) -> np.ndarray:
+        g = self.graph
         ctx = g.reset()
-        xin = g.input(h if all_logits else h[-1:])
-        out = common.rms_norm(ctx, xin, self.weights.get("output_norm.weight"), hp.rms_eps)
+        x = ops.ggml_get_rows(ctx, self.weights.get("token_embd.weight"), g.input(np.array(tokens, np.int32)))
+        g.compute(x)
+        return to_numpy(x).reshape(len(tokens), self.hp.n_embd)
+
+    def _logits(self, h: np.ndarray) -> np.ndarray:
+        g, hp = self.graph, self.hp
+        ctx = g.reset()
+        out = common.rms_norm(ctx, g.input(h), self.weights.get("output_norm.weight"), hp.rms_eps)
         name = "output.weight" if self.weights.has("output.weight") else "token_embd.weight"
         logits = ops.ggml_mul_mat(ctx, self.weights.get(name), out)
         g.compute(logits)
         return to_numpy(logits).reshape(-1, hp.vocab_size)
 
-    def _w(self, il: int) -> dict[str, Tensor]:
-        prefix = f"blk.{il}."
-        return {
-            k[len(prefix) :].removesuffix(".weight"): t for k, t in self.weights.tensors.items() if k.startswith(prefix)
-        }
-
-    def _layer(self, il: int, h: np.ndarray, decode: bool) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    def _attention_part(self, il: int, h: np.ndarray, pos0: int, decode: bool) -> dict[str, np.ndarray]:
+        """One chunk through attention (writing its K and V at pos0), the FFN norm, a dense FFN or the shared
+        expert, the router and, in decode, the lookahead routers. Returns the numpy results by name."""
         hp, fam, g = self.hp, self.family, self.graph
         n = h.shape[0]
-        w = self._w(il)
+        w = self._layer_weights[il]
         ctx = g.reset()
         x = g.input(h)
         cur = common.rms_norm(ctx, x, w["attn_norm"], hp.rms_eps)
-        positions = g.input(np.arange(self.pos, self.pos + n, dtype=np.int32))
-        mask = g.input(common.causal_mask(self.pos, n))
-        attn, writes = common.attention(g, hp, fam.attention, w, cur, positions, self.kv[il], self.pos, n, mask)
+        positions = g.input(np.arange(pos0, pos0 + n, dtype=np.int32))
+        mask = g.input(common.causal_mask(pos0, n))
+        attn, writes = common.attention(g, hp, fam.attention, w, cur, positions, self.kv[il], pos0, n, mask)
         ffn_inp = ops.ggml_add(ctx, attn, x)
         cur = common.rms_norm(ctx, ffn_inp, w["ffn_norm"], hp.rms_eps)
-        if "ffn_gate_exps" not in w and il not in self.views:  # a dense layer
-            out = ops.ggml_add(ctx, common.swiglu_ffn(ctx, w["ffn_gate"], w["ffn_up"], w["ffn_down"], cur), ffn_inp)
-            g.compute(*writes, out)
-            return to_numpy(out).reshape(n, hp.n_embd), None, np.zeros((n, 0, 0), np.int32)
-        outputs: list[Tensor] = [ffn_inp, cur]
-        shared = None
-        if "ffn_gate_shexp" in w:
-            shared = common.swiglu_ffn(ctx, w["ffn_gate_shexp"], w["ffn_up_shexp"], w["ffn_down_shexp"], cur)
-            if fam.shared_gate:
-                gate = ops.ggml_sigmoid(ctx, ops.ggml_mul_mat(ctx, w["ffn_gate_inp_shexp"], cur))
-                shared = ops.ggml_mul(ctx, shared, gate)
-            outputs.append(shared)
-        probs = ops.ggml_soft_max(ctx, ops.ggml_mul_mat(ctx, w["ffn_gate_inp"], cur))
-        outputs.append(probs)
-        la = self._lookahead.get(il) if decode else None
-        if la is not None:
-            pred_in = ffn_inp if shared is None else ops.ggml_add(ctx, ffn_inp, shared)
-            nxt = la[1][0]
-            pred_in = common.rms_norm(ctx, pred_in, self.weights.get(f"blk.{nxt}.ffn_norm.weight"), hp.rms_eps)
-            outputs.append(ops.ggml_mul_mat(ctx, la[0], pred_in))
-        g.compute(*writes, *outputs)
-        ffn_np = to_numpy(ffn_inp).reshape(n, hp.n_embd)
-        cur_np = to_numpy(cur).reshape(n, hp.n_embd)
-        shared_np = to_numpy(shared).reshape(n, hp.n_embd) if shared is not None else None
-        probs_np = to_numpy(probs).reshape(n, hp.n_expert)
-        sel, weights = common.select_experts(probs_np, hp.n_expert_used, fam.normalize_weights)
+        out: dict[str, Tensor] = {}
+        if il not in self.views:  # a dense layer
+            ffn = common.swiglu_ffn(ctx, w["ffn_gate"], w["ffn_up"], w["ffn_down"], cur)
+            out["dense"] = ops.ggml_add(ctx, ffn, ffn_inp)
+        else:
+            out["ffn_inp"], out["cur"] = ffn_inp, cur
+            if "ffn_gate_shexp" in w:
+                shared = common.swiglu_ffn(ctx, w["ffn_gate_shexp"], w["ffn_up_shexp"], w["ffn_down_shexp"], cur)
+                if fam.shared_gate:
+                    gate = ops.ggml_sigmoid(ctx, ops.ggml_mul_mat(ctx, w["ffn_gate_inp_shexp"], cur))
+                    shared = ops.ggml_mul(ctx, shared, gate)
+                out["shared"] = shared
+            out["probs"] = ops.ggml_soft_max(ctx, ops.ggml_mul_mat(ctx, w["ffn_gate_inp"], cur))
+            la = self._lookahead.get(il) if decode else None
+            if la is not None:
+                pred_in = ffn_inp if "shared" not in out else ops.ggml_add(ctx, ffn_inp, out["shared"])
+                norm = self.weights.get(f"blk.{la[1][0]}.ffn_norm.weight")
+                out["ahead"] = ops.ggml_mul_mat(ctx, la[0], common.rms_norm(ctx, pred_in, norm, hp.rms_eps))
+        g.compute(*writes, *out.values())
+        return {k: to_numpy(t).reshape(n, -1) for k, t in out.items()}
+
+    def _layer(self, il: int, h: np.ndarray, decode: bool) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        hp, n = self.hp, h.shape[0]
+        parts = [self._attention_part(il, h[c], self.pos + c.start, decode) for c in self._chunks(n)]
+        r = {k: np.concatenate([p[k] for p in parts], axis=0) for k in parts[0]}
+        if "dense" in r:
+            return r["dense"].astype(np.float32), None, np.zeros((n, 0, 0), np.int32)
+        sel, weights = common.select_experts(r["probs"], hp.n_expert_used, self.family.normalize_weights)
         self._score_predictions(il, sel)
         preds = np.full((n, max(self.options.lookahead, 0), hp.n_expert_used), -1, np.int32)
+        ahead: list[tuple[int, list[int], int]] = []
+        la = self._lookahead.get(il) if decode else None
         if la is not None:
-            logits = to_numpy(outputs[-1]).reshape(n, -1)
             for d, target in enumerate(la[1]):
-                part = logits[:, d * hp.n_expert : (d + 1) * hp.n_expert]
-                top = np.argsort(-part[-1], kind="stable")[: hp.n_expert_used].tolist()
+                part = r["ahead"][-1, d * hp.n_expert : (d + 1) * hp.n_expert]
+                top = np.argsort(-part, kind="stable")[: hp.n_expert_used].tolist()
                 self._predictions[(target, d)] = top
-        ahead = [(t, self._predictions[(t, d)], d + 1) for d, t in enumerate(la[1])] if la is not None else []
-        moe = self._experts(il, cur_np, sel, weights, ahead)
-        out = moe + ffn_np if shared_np is None else (moe + shared_np) + ffn_np
+                ahead.append((target, top, d + 1))
+        moe = self._experts(il, r["cur"], sel, weights, ahead)
+        out = moe + r["ffn_inp"] if "shared" not in r else (moe + r["shared"]) + r["ffn_inp"]
         for d in range(preds.shape[1]):
             got = self._predictions.get((il, d))
             if got is not None:
@@ -319,11 +329,16 @@ class Session:
         # experts outside this part take slot 0 with weight 0 (their share is computed with their own part)
         slots = np.where(in_part, slot_of[sel], 0).astype(np.int32)
         wts = np.where(in_part, weights, 0.0).astype(np.float32)
-        g.reset()
-        moe = common.routed_experts(g, self.views[il], g.input(cur), slots, wts, hp.n_embd)
-        g.compute(moe)
-        out = to_numpy(moe).reshape(cur.shape[0], sel.shape[1], hp.n_embd)
-        weighted[in_part] = out[in_part]
+        for c in self._chunks(cur.shape[0]):
+            mask = in_part[c]
+            if not mask.any():
+                continue
+            g.reset()
+            moe = common.routed_experts(g, self.views[il], g.input(cur[c]), slots[c], wts[c], hp.n_embd)
+            g.compute(moe)
+            out = to_numpy(moe).reshape(-1, sel.shape[1], hp.n_embd)
+            block = weighted[c]
+            block[mask] = out[mask]
 
     # ------------------------------------------------------------------------------------------- stats
     def stats(self) -> dict[str, Any]:
