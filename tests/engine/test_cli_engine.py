@@ -111,3 +111,32 @@ def test_prefill_reads_each_expert_at_most_once(repacked_factory: ModelFactory) 
     distinct = [len(np.unique(sel_all[:, li])) for li in range(3)]
     assert distinct[0] > s.slots_per_layer  # more experts than slots: waves were needed
     assert reads.tolist() == distinct
+
+
+def test_prompt_borrows_slots_and_returns_them(repacked_factory: ModelFactory) -> None:
+    """A prompt's working memory comes out of the expert cache (slots on loan) and goes back at the first
+    decode token; the output does not change."""
+    from tokenwing.runtime.session import Session, SessionOptions
+
+    model = repacked_factory(type="Q8_0", n_layer=3, n_expert=16, n_expert_used=4)
+    tokens = np.random.default_rng(1).integers(0, 500, 120).tolist()
+    ref = Session(str(model), SessionOptions(n_ctx=256, max_batch=8), log=lambda line: None)
+    try:
+        want = ref.forward(tokens, all_logits=True)
+        assert ref.streamer.core.loaned_bytes > 0  # 120 tokens need more than the 8-token reserve
+        ref.forward([5])
+        assert ref.streamer.core.loaned_bytes == 0
+    finally:
+        ref.close()
+    # the same prompt with the smallest cache (waves) gives the same logits, loans or not
+    small = Session(str(model), SessionOptions(n_ctx=256, max_batch=8, ram_budget=1), log=lambda line: None)
+    try:
+        assert np.array_equal(small.forward(tokens, all_logits=True), want)
+    finally:
+        small.close()
+    whole = Session(str(model), SessionOptions(n_ctx=256, max_batch=128), log=lambda line: None)
+    try:
+        whole.forward(tokens)
+        assert whole.streamer.core.loaned_bytes == 0  # one batch fits the reserve: nothing to borrow
+    finally:
+        whole.close()

@@ -144,6 +144,7 @@ NB_MODULE(_core, m) {
       .def("loan", &tw::StreamCore::loan, nb::arg("bytes"), nb::arg("keep_per_layer"), Release())
       .def("unloan", &tw::StreamCore::unloan, Release())
       .def_prop_ro("loaned_bytes", &tw::StreamCore::loaned_bytes)
+      .def("usable_slots", &tw::StreamCore::usable_slots, nb::arg("layer"), Release())
       .def("set_usage", &tw::StreamCore::set_usage, nb::arg("layer"), nb::arg("ranked_experts"), Release())
       .def("counters",
            [](const tw::StreamCore& c) {

@@ -633,6 +633,13 @@ std::uint64_t StreamCore::loaned_bytes() const {
   return n;
 }
 
+int StreamCore::usable_slots(int li) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  for (auto& s : layer(li).slots) n += s->meta.state != SlotState::Loaned;
+  return n;
+}
+
 void StreamCore::set_usage(int li, const std::vector<int>& ranked_experts) {
   std::lock_guard<std::mutex> lock(mu_);
   for (int e : ranked_experts) check_expert(e);

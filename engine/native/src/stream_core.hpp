@@ -97,6 +97,7 @@ class StreamCore {
   std::uint64_t loan(std::uint64_t bytes, int keep_per_layer);
   void unloan();
   std::uint64_t loaned_bytes() const;
+  int usable_slots(int li) const;  // slots of the layer not on loan
 
   void set_usage(int li, const std::vector<int>& ranked_experts);
 

@@ -119,6 +119,9 @@ class Session:
         self.recall_hits = np.zeros(max(opts.lookahead, 1), np.int64)
         self.recall_total = np.zeros(max(opts.lookahead, 1), np.int64)
         self.trace: list[tuple[np.ndarray, np.ndarray, int]] | None = None
+        self._loaned = 0
+        self._warned_prompt = False
+        self._prompt_reserve = self._prompt_bytes(opts.max_batch)  # covered by the graph reserve
 
     # ------------------------------------------------------------------------------------------ set-up
     def _graph_bytes(self) -> int:
@@ -169,6 +172,11 @@ class Session:
         if self.pos + n > self.n_ctx:
             raise BadInputError(f"the context is full ({self.n_ctx} tokens)")
         decode = n == 1
+        if decode and self._loaned:
+            self.streamer.core.unloan()  # the prompt's working memory is gone: the cache takes its slots back
+            self._loaned = 0
+        if not decode:
+            self._lend_for_prompt(n)
         self.streamer.begin_token(0 if decode else n)
         self._predictions.clear()
         h = np.concatenate([self._embed(tokens[c]) for c in self._chunks(n)], axis=0)
@@ -185,6 +193,27 @@ class Session:
             last: np.ndarray = self._logits(h[-1:])[-1]
             return last
         return np.concatenate([self._logits(h[c]) for c in self._chunks(n)], axis=0)
+
+    def _prompt_bytes(self, n: int) -> int:
+        """Working memory of a prompt pass beyond the graph context: hidden states, the layer's intermediate
+        results and every token's weighted expert outputs (kept so waves sum in llama.cpp's order)."""
+        hp = self.hp
+        return n * 4 * (hp.n_expert_used * hp.n_embd + 8 * hp.n_embd + 2 * hp.n_expert)
+
+    def _lend_for_prompt(self, n: int) -> None:
+        """A prompt's working memory counts against the memory limit: the expert cache gives back slots for it
+        (empty ones first, then the coldest), and takes them back at the first decode token."""
+        need = self._prompt_bytes(n) - self._prompt_reserve
+        if need <= 0:
+            return
+        got = int(self.streamer.core.loan(need - self._loaned, self.hp.n_expert_used)) if need > self._loaned else 0
+        self._loaned += got
+        if self._loaned < need and not self._warned_prompt:
+            self._warned_prompt = True
+            self.log(
+                f"a {n}-token prompt needs {human_bytes(need)} of working memory; the expert cache could lend "
+                f"{human_bytes(self._loaned)}: the prompt may exceed the memory limit"
+            )
 
     def _chunks(self, n: int) -> list[slice]:
         b = self.options.max_batch
@@ -283,7 +312,8 @@ class Session:
         """
         hp = self.hp
         unique: list[int] = list(dict.fromkeys(sel.ravel().tolist()))
-        waves = [unique[i : i + self.slots_per_layer] for i in range(0, len(unique), self.slots_per_layer)]
+        size = self.streamer.core.usable_slots(self.streamer.li(il)) if self._loaned else self.slots_per_layer
+        waves = [unique[i : i + size] for i in range(0, len(unique), size)]
         k = sel.shape[1]
         weighted = np.zeros((cur.shape[0], k, hp.n_embd), np.float32)
         for wave in waves:
