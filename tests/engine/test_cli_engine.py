@@ -120,7 +120,8 @@ def test_prompt_borrows_slots_and_returns_them(repacked_factory: ModelFactory) -
 
     model = repacked_factory(type="Q8_0", n_layer=3, n_expert=16, n_expert_used=4)
     tokens = np.random.default_rng(1).integers(0, 500, 120).tolist()
-    ref = Session(str(model), SessionOptions(n_ctx=256, max_batch=8), log=lambda line: None)
+    # prompt_memory=0: no free memory beyond the cache, as under a tight memory limit
+    ref = Session(str(model), SessionOptions(n_ctx=256, max_batch=8, prompt_memory=0), log=lambda line: None)
     try:
         want = ref.forward(tokens, all_logits=True)
         assert ref.streamer.core.loaned_bytes > 0  # 120 tokens need more than the 8-token reserve
@@ -129,7 +130,9 @@ def test_prompt_borrows_slots_and_returns_them(repacked_factory: ModelFactory) -
     finally:
         ref.close()
     # the same prompt with the smallest cache (waves) gives the same logits, loans or not
-    small = Session(str(model), SessionOptions(n_ctx=256, max_batch=8, ram_budget=1), log=lambda line: None)
+    small = Session(
+        str(model), SessionOptions(n_ctx=256, max_batch=8, ram_budget=1, prompt_memory=1 << 30), log=lambda line: None
+    )
     try:
         assert np.array_equal(small.forward(tokens, all_logits=True), want)
     finally:

@@ -40,7 +40,8 @@ class SessionOptions:
     n_ctx: int = 0  # 0: the model's context length, capped by memory
     kv_type: str = "f16"
     n_threads: int = 0  # 0: the cores this process may use
-    max_batch: int = 64  # prompt tokens per forward call (longer prompts are split, never refused)
+    max_batch: int = 64  # prompt tokens per graph (longer prompts are split, never refused)
+    prompt_memory: int | None = None  # free memory a prompt pass may take beyond the cache (None: measured)
     stream: StreamSettings = field(default_factory=StreamSettings)
 
 
@@ -171,6 +172,15 @@ class Session:
             raise BadInputError("token id outside the vocabulary")
         if self.pos + n > self.n_ctx:
             raise BadInputError(f"the context is full ({self.n_ctx} tokens)")
+        span = self._prompt_span()
+        if n > span:
+            # The whole prompt's working memory would not fit even with the cache's slots on loan: run it as
+            # several layer-major passes (experts may then be read once per pass). Slower, never refused.
+            if not self._warned_prompt:
+                self._warned_prompt = True
+                self.log(f"a {n}-token prompt does not fit in memory in one pass: running it {span} tokens at a time")
+            outs = [self.forward(tokens[i : i + span], all_logits) for i in range(0, n, span)]
+            return np.concatenate(outs, axis=0) if all_logits else outs[-1]
         decode = n == 1
         if decode and self._loaned:
             self.streamer.core.unloan()  # the prompt's working memory is gone: the cache takes its slots back
@@ -200,20 +210,28 @@ class Session:
         hp = self.hp
         return n * 4 * (hp.n_expert_used * hp.n_embd + 8 * hp.n_embd + 2 * hp.n_expert)
 
+    def _free_room(self) -> int:
+        """Memory a prompt pass can take without the cache's slots: free RAM under the limit, less the part
+        of the expert cache not filled yet (it will be, as the prompt reads experts)."""
+        if self.options.prompt_memory is not None:
+            return self.options.prompt_memory
+        capacity = self.slots_per_layer * sum(el.record_size for el in self.mf.index.layers)
+        filled = min(capacity, int(self.streamer.counters()[:, COUNTERS.index("bytes_read")].sum()))
+        return max(0, expert_budget(memory_info(), HEADROOM, 0) - (capacity - filled - self._loaned))
+
+    def _prompt_span(self) -> int:
+        """The longest prompt pass whose working memory fits: free memory plus what the cache can lend."""
+        lendable = (self.slots_per_layer - self.hp.n_expert_used) * sum(el.record_size for el in self.mf.index.layers)
+        room = self._free_room() + self._prompt_reserve + lendable - self._loaned
+        return max(self.options.max_batch, room // self._prompt_bytes(1))
+
     def _lend_for_prompt(self, n: int) -> None:
-        """A prompt's working memory counts against the memory limit: the expert cache gives back slots for it
-        (empty ones first, then the coldest), and takes them back at the first decode token."""
-        need = self._prompt_bytes(n) - self._prompt_reserve
-        if need <= 0:
-            return
-        got = int(self.streamer.core.loan(need - self._loaned, self.hp.n_expert_used)) if need > self._loaned else 0
-        self._loaned += got
-        if self._loaned < need and not self._warned_prompt:
-            self._warned_prompt = True
-            self.log(
-                f"a {n}-token prompt needs {human_bytes(need)} of working memory; the expert cache could lend "
-                f"{human_bytes(self._loaned)}: the prompt may exceed the memory limit"
-            )
+        """A prompt's working memory counts against the memory limit: when free memory is short, the expert
+        cache gives back slots for it (empty ones first, then the coldest) and takes them back at the first
+        decode token."""
+        need = self._prompt_bytes(n) - self._prompt_reserve - self._free_room()
+        if need > self._loaned:
+            self._loaned += int(self.streamer.core.loan(need - self._loaned, self.hp.n_expert_used))
 
     def _chunks(self, n: int) -> list[slice]:
         b = self.options.max_batch
