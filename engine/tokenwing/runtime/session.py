@@ -208,7 +208,8 @@ class Session:
         """Working memory of a prompt pass beyond the graph context: hidden states, the layer's intermediate
         results and every token's weighted expert outputs (kept so waves sum in llama.cpp's order)."""
         hp = self.hp
-        return n * 4 * (hp.n_expert_used * hp.n_embd + 8 * hp.n_embd + 2 * hp.n_expert)
+        # ×2: numpy temporaries and the copies made while a layer's chunks are gathered
+        return 2 * n * 4 * (hp.n_expert_used * hp.n_embd + 8 * hp.n_embd + 2 * hp.n_expert)
 
     def _free_room(self) -> int:
         """Memory a prompt pass can take without the cache's slots: free RAM under the limit, less the part
