@@ -7,7 +7,7 @@ import importlib.util
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +67,20 @@ def assert_clean_error(r: CliResult, code: int | None = None) -> None:
 
 
 ModelFactory = Callable[..., Path]
+
+
+@pytest.fixture
+def ramfs(tmp_path: Path) -> Iterator[Path]:
+    """A real file system that refuses O_DIRECT (ramfs), mounted as root as on our machines and CI."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting ramfs needs root")
+    mnt = tmp_path / "ramfs"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "ramfs", "ramfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
 
 
 @pytest.fixture(scope="session")

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-
-import pytest
 
 from tests.conftest import ModelFactory, assert_clean_error, run_cli
 
@@ -79,22 +76,14 @@ def test_interrupt_leaves_no_output(model_factory: ModelFactory, tmp_path: Path)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_direct_read_fallback_is_one_line(repacked_factory: ModelFactory, tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("mounting ramfs needs root")
-    mnt = tmp_path / "ramfs"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "ramfs", "ramfs", str(mnt)], check=True)
-    try:
-        p = mnt / "m.tw.gguf"
-        p.write_bytes(repacked_factory().read_bytes())
-        r = run_cli("verify", "--full", str(p), "-q")
-        assert r.returncode == 0, r.stderr
-        assert r.stderr.strip().splitlines() == [
-            f"tokenwing: the file system refuses O_DIRECT (Invalid argument): reading {p} through the file cache"
-        ]
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+def test_direct_read_fallback_is_one_line(repacked_factory: ModelFactory, ramfs: Path) -> None:
+    p = ramfs / "m.tw.gguf"
+    p.write_bytes(repacked_factory().read_bytes())
+    r = run_cli("verify", "--full", str(p), "-q")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"tokenwing: the file system refuses O_DIRECT (Invalid argument): reading {p} through the file cache"
+    ]
 
 
 def test_version() -> None:
