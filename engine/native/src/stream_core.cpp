@@ -209,7 +209,7 @@ std::vector<int> StreamCore::begin_layer(int li, const std::vector<int>& experts
     }
     L.count[kMisses]++;
     remove_prediction(li, e);
-    int free_slot = find_slot(L, li, Requester::Demand);
+    int free_slot = find_slot(L, Requester::Demand);
     if (free_slot < 0) {
       L.pending_demand.push_back(e);
       continue;
@@ -316,11 +316,10 @@ std::vector<int> StreamCore::wait_all(int li, const std::vector<int>& experts) {
 
 // --------------------------------------------------------------------------------- slots and queues
 
-int StreamCore::find_slot(Layer& L, int li, Requester who) {
+int StreamCore::find_slot(Layer& L, Requester who) {
   for (std::size_t i = 0; i < L.slots.size(); ++i) L.metas[i] = L.slots[i]->meta;
   int s = choose_victim(L.metas, clock_, who, layer_started(L));
   if (s >= 0) evict(L, s);
-  (void)li;
   return s;
 }
 
@@ -381,7 +380,7 @@ void StreamCore::remove_prediction(int li, int expert) {
 void StreamCore::assign_pending(int li) {
   Layer& L = layers_[static_cast<std::size_t>(li)];
   while (!L.pending_demand.empty()) {
-    int s = find_slot(L, li, Requester::Demand);
+    int s = find_slot(L, Requester::Demand);
     if (s < 0) return;
     int e = L.pending_demand.front();
     L.pending_demand.pop_front();
@@ -433,7 +432,7 @@ bool StreamCore::bind_prediction(Chunk& out) {
     Layer& L = layers_[static_cast<std::size_t>(p.li)];
     if (L.expert_slot[static_cast<std::size_t>(p.expert)] >= 0) continue;
     if (!p.fill && layer_started(L)) continue;
-    int s = find_slot(L, p.li, p.fill ? Requester::FillEmptyOnly : Requester::Prefetch);
+    int s = find_slot(L, p.fill ? Requester::FillEmptyOnly : Requester::Prefetch);
     if (s < 0) {
       if (!p.fill) L.count[kPrefetchDropped]++;
       continue;

@@ -154,7 +154,7 @@ class StreamCore {
   void note_prefetch_start();
   bool bind_prediction(Chunk& out);
   void complete(const Chunk& c, const std::string* error);
-  int find_slot(Layer& L, int li, Requester who);
+  int find_slot(Layer& L, Requester who);
   void evict(Layer& L, int s);
   void start_demand(int li, int expert, int s);
   void queue_chunks(int li, int s, bool demand, Chunk* first);

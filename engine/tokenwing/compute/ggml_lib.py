@@ -102,7 +102,6 @@ class Graph:
         self.mem_bytes = mem_bytes
         self.n_threads = n_threads
         self.ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem_bytes, mem_buffer=None, no_alloc=False))
-        self._inputs: list[object] = []
         # One thread pool for the session: creating threads for every graph costs more than small graphs.
         params = ggml.ggml_threadpool_params_default(n_threads)
         if poll is not None:
@@ -112,7 +111,6 @@ class Graph:
 
     def reset(self) -> Any:
         ggml.ggml_reset(self.ctx)
-        self._inputs.clear()
         return self.ctx
 
     def input(self, array: np.ndarray, gtype: int | None = None) -> Tensor:

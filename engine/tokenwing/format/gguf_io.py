@@ -71,9 +71,6 @@ class KV:
     value: Any
     item_type: ValueType | None = None  # for arrays
 
-    def scalar(self) -> Any:
-        return self.value
-
     @staticmethod
     def u32(v: int) -> KV:
         return KV(ValueType.UINT32, int(v))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tokenwing.errors import BadInputError, UnsupportedError
-from tokenwing.format.gguf_io import GGUFHeader, TensorInfo, ggml_type_name
+from tokenwing.format.gguf_io import GGUFHeader, TensorInfo
 
 FORMAT_MAJOR = 1
 FORMAT_MINOR = 0
@@ -220,8 +220,3 @@ def _expert_layer(path: str, layer: int, found: dict[tuple[int, str], TensorInfo
     el.proj_offset = (offsets[0], offsets[1], offsets[2])
     el.record_size = pos
     return el
-
-
-def describe_layer(el: ExpertLayer) -> str:
-    types = "/".join(ggml_type_name(t) for t in el.types)
-    return f"layer {el.layer}: {types}, {el.shapes[0][0]}x{el.shapes[0][1]}, record {el.record_size} B"

@@ -52,7 +52,7 @@ class ModelWeights:
         start = base - self.memory.ctypes.data
         return self.memory[start : start + 4 * n].view(np.float32).reshape(tuple(reversed(shape)))
 
-    def stacked(self, names: list[str], name: str) -> Tensor:
+    def stacked(self, names: list[str]) -> Tensor:
         """Several F32 matrices with the same row length, stacked into one (a fused matmul)."""
         parts = [self.array(n) for n in names]
         stacked = np.ascontiguousarray(np.concatenate(parts, axis=0))

@@ -145,7 +145,7 @@ class Session:
         for il in range(self.hp.n_layer):
             targets = [s for s in self.streamed if s > il][:distance]
             if targets and all(self.weights.types.get(f"blk.{t}.ffn_gate_inp.weight") == 0 for t in targets):
-                fused = self.weights.stacked([f"blk.{t}.ffn_gate_inp.weight" for t in targets], f"la{il}")
+                fused = self.weights.stacked([f"blk.{t}.ffn_gate_inp.weight" for t in targets])
                 out[il] = (fused, targets)
         return out
 
