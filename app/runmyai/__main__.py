@@ -1,23 +1,57 @@
-"""Entry point of the desktop app. The window, library and chat arrive with the app issue."""
+"""Entry point of the desktop app."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from runmyai import __version__
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="runmyai", description="Run My AI desktop app")
-    parser.add_argument("--version", action="version", version=f"runmyai {__version__}")
-    parser.parse_args(argv)
-    print(
-        "runmyai: the desktop window is not part of this build yet; `tokenwing --help` lists what is.",
-        file=sys.stderr,
+def _has_display() -> bool:
+    if os.environ.get("QT_QPA_PLATFORM") or sys.platform in ("win32", "darwin"):
+        return True
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="runmyai", description="Run My AI: chat with large MoE models on this machine")
+    p.add_argument("--version", action="version", version=f"runmyai {__version__}")
+    p.add_argument("--home", type=Path, help="where models, downloads and conversations live (env RUNMYAI_HOME)")
+    p.add_argument("--model", type=Path, help="start chatting with this model file (.tw.gguf)")
+    p.add_argument(
+        "--endpoint",
+        help="use this OpenAI-compatible endpoint instead of a local engine (key from env RUNMYAI_ENDPOINT_KEY)",
     )
-    return 1
+    p.add_argument("--hub", help="Hugging Face hub endpoint (default: HF_ENDPOINT or huggingface.co)")
+    p.add_argument("--offline", action="store_true", help="use only what is on disk (also HF_HUB_OFFLINE=1)")
+    p.add_argument(
+        "--self-test",
+        action="store_true",
+        help="open the window, start the engine on the built-in model, chat one reply, close; exit 0 if all worked",
+    )
+    p.add_argument("--offscreen", action="store_true", help="no window on screen (QT_QPA_PLATFORM=offscreen)")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.offscreen:
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    if not _has_display():
+        print(
+            "runmyai: no display found; run with --offscreen, or try the engine's command-line demo (./dev demo)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.home is not None:
+        os.environ["RUNMYAI_HOME"] = str(args.home)
+    from runmyai.ui.app import run_app
+
+    return run_app(args)
 
 
 if __name__ == "__main__":

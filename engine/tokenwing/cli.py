@@ -12,6 +12,7 @@ from typing import Any
 
 from tokenwing.errors import BadInputError, TokenWingError
 from tokenwing.fsutil import human_bytes
+from tokenwing.progress import use_json_lines
 from tokenwing.version import __version__
 
 
@@ -36,7 +37,11 @@ def _cmd_repack(args: argparse.Namespace) -> int:
     from tokenwing.format.repack import repack
 
     out = args.output or _default_output(args.sources[0])
-    report = repack(args.sources, out, show_progress=_progress(args), verify=not args.no_verify)
+    use_json_lines(args.progress_json)
+    try:
+        report = repack(args.sources, out, show_progress=_progress(args), verify=not args.no_verify)
+    finally:
+        use_json_lines(False)
     mb = report.source_bytes / 1e6
     print(
         f"wrote {out}: {human_bytes(report.output_bytes)} from {human_bytes(report.source_bytes)}, "
@@ -277,7 +282,7 @@ def _default_output(src: str) -> str:
 
 
 def _progress(args: argparse.Namespace) -> bool:
-    return not getattr(args, "quiet", False)
+    return not getattr(args, "quiet", False) or getattr(args, "progress_json", False)
 
 
 def _peak_rss() -> int:
@@ -320,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("sources", nargs="+", help="source GGUF, or its shards")
     r.add_argument("-o", "--output", help="output path (default: SOURCE.tw.gguf)")
     r.add_argument("--no-verify", action="store_true", help="skip reading the output back")
+    r.add_argument("--progress-json", action="store_true", help="progress as one JSON object per line on stderr")
     r.add_argument("-q", "--quiet", action="store_true")
     r.set_defaults(func=_cmd_repack)
 

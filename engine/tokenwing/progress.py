@@ -1,12 +1,25 @@
-"""A byte-counting progress bar with rate and ETA on stderr (in place on a terminal, sparse lines otherwise)."""
+"""A byte-counting progress bar with rate and ETA on stderr (in place on a terminal, sparse lines otherwise).
+
+With `use_json_lines()` (the CLI's `--progress-json`), every update is one JSON object on its own line instead,
+for programs such as the app: {"progress": LABEL, "done": BYTES, "total": BYTES, "bytes_per_s": RATE}.
+"""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import TextIO
 
 from tokenwing.fsutil import human_bytes
+
+_json_lines = False
+
+
+def use_json_lines(enabled: bool = True) -> None:
+    """Makes every bar created after this call print JSON lines (a first one at 0, one at the end)."""
+    global _json_lines
+    _json_lines = enabled
 
 
 class Progress:
@@ -16,11 +29,14 @@ class Progress:
         self.done = 0
         self.stream = stream or sys.stderr
         self.enabled = enabled
-        self.tty = self.stream.isatty()
+        self.json = _json_lines
+        self.tty = self.stream.isatty() and not self.json
         self.start = time.monotonic()
         self._last = self.start
         self._drawn = False
-        self._interval = 0.2 if self.tty else 5.0
+        self._interval = 0.2 if self.tty or self.json else 5.0
+        if self.enabled and self.json:
+            self._draw(self.start)
 
     def advance(self, n: int) -> None:
         self.done += n
@@ -33,6 +49,11 @@ class Progress:
         self._drawn = True
         elapsed = max(now - self.start, 1e-9)
         rate = self.done / elapsed
+        if self.json:
+            record = {"progress": self.label, "done": self.done, "total": self.total, "bytes_per_s": round(rate)}
+            self.stream.write(json.dumps(record) + "\n")
+            self.stream.flush()
+            return
         frac = min(self.done / self.total, 1.0)
         eta = (self.total - self.done) / rate if rate > 0 else 0.0
         bar = "#" * int(frac * 24)

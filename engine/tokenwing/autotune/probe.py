@@ -58,7 +58,7 @@ def cpu_isa() -> list[str]:
 
 def nvidia_gpus() -> list[dict[str, Any]]:
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         return []
     try:

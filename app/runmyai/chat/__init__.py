@@ -1,0 +1,1 @@
+"""Qt-free chat state: conversations persisted in SQLite."""

@@ -1,0 +1,391 @@
+"""Installed models: the models folder, the built-in demo model, and importing a GGUF.
+
+The app never imports the engine's Python modules: it runs the `tokenwing` CLI (`repack`, `inspect --json`)
+as an asyncio subprocess. Everything here is async and Qt-free (the app runs it on the Qt loop via qasync).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import re
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runmyai.engine.command import engine_command
+from runmyai.library.presets import Preset
+
+ProgressCallback = Callable[[float, str], None]
+
+DEMO_FILE = "tokenwing-demo-moe.tw.gguf"  # the demo model in the models folder
+DEMO_SOURCE = "demo-model/tokenwing-demo-moe.gguf"  # the shipped GGUF, relative to resources/
+_CACHE_FILE = ".library.json"  # per file: size, mtime and what `inspect` said (and sha256 once computed)
+_STOP_GRACE_S = 10.0  # after SIGINT, the engine removes its partial output and exits; then it is killed
+_SHARD = re.compile(r"-\d{5}-of-\d{5}$")
+# How a repack's two passes share the progress bar (repack reads and writes, verify only reads: ~2:1 in
+# docs/results.md).
+_STAGES = {"repacking": (0.0, 0.7, "Converting"), "verifying": (0.7, 1.0, "Checking the new file")}
+
+
+class LibraryError(Exception):
+    """One sentence for the user. `exit_code` is the engine's, when the engine reported it."""
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class ImportCancelled(LibraryError):
+    """The import was cancelled through its `cancel` event; nothing was kept."""
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    path: Path
+    name: str
+    preset_id: str | None
+    size_bytes: int
+    arch: str | None
+    bundled: bool
+    error: str | None = None  # the file is listed but can't be used: why (one sentence)
+
+
+def repacked_name(source: Path) -> str:
+    """`Model-Q4_K_M.gguf` (or its first shard `…-00001-of-00003.gguf`) → `Model-Q4_K_M.tw.gguf`."""
+    stem = source.name.removesuffix(".gguf")
+    return _SHARD.sub("", stem) + ".tw.gguf"
+
+
+class LocalLibrary:
+    def __init__(
+        self,
+        models_dir: Path,
+        bundled_dir: Path | None = None,
+        *,
+        presets: Sequence[Preset] = (),
+        engine: Sequence[str] | None = None,
+    ) -> None:
+        """`bundled_dir`: the app's resources/ folder (or the folder holding the demo GGUF itself);
+        `presets`: the catalog, to name installed files; `engine`: the command that runs the engine CLI."""
+        self.models_dir = models_dir
+        self.bundled_dir = bundled_dir
+        self.presets = tuple(presets)
+        self.engine = list(engine) if engine is not None else engine_command()
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+
+    # ------------------------------------------------------------------------------------------ listing
+    async def scan(self) -> list[LocalModel]:
+        """Every `*.tw.gguf` in the models folder and below it (downloads land in `<owner>/<repo>/`), with its
+        architecture and matching preset (cached)."""
+        paths = await asyncio.to_thread(self._model_paths)
+        cache = self._load_cache()
+        models = await asyncio.gather(*(self._describe(p, cache) for p in paths))
+        keys = [self._key(p) for p in paths]
+        self._save_cache({k: cache[k] for k in keys if k in cache})
+        return sorted((m for m in models if m is not None), key=lambda m: (not m.bundled, m.name.lower()))
+
+    def _model_paths(self) -> list[Path]:
+        try:
+            found = self.models_dir.rglob("*.tw.gguf")
+            return sorted(p for p in found if not any(part.startswith(".") for part in p.parts[-3:]))
+        except OSError:
+            return []
+
+    def _key(self, path: Path) -> str:
+        try:
+            return path.relative_to(self.models_dir).as_posix()
+        except ValueError:
+            return str(path)
+
+    async def _describe(self, path: Path, cache: dict[str, dict[str, Any]]) -> LocalModel | None:
+        try:
+            st = path.stat()
+        except OSError:
+            return None  # removed meanwhile
+        entry = cache.get(self._key(path))
+        if not entry or entry.get("size") != st.st_size or entry.get("mtime_ns") != st.st_mtime_ns:
+            entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+            try:
+                info = await self.inspect(path)
+                if info.get("kind") != "tokenwing":
+                    entry["error"] = "not a TokenWing model file (import the GGUF instead of copying it)"
+                entry["arch"] = info.get("architecture")
+                entry["name"] = info.get("name")
+            except LibraryError as e:
+                entry["error"] = str(e)
+                if e.exit_code is None:  # the engine didn't run (not the file's fault): ask again next scan
+                    return self._model(path, st.st_size, entry, None)
+            cache[self._key(path)] = entry
+        return self._model(path, st.st_size, entry, await self._match_preset(path, st.st_size, entry))
+
+    @staticmethod
+    def _model(path: Path, size: int, entry: dict[str, Any], preset: Preset | None) -> LocalModel:
+        name = preset.name if preset else (entry.get("name") or path.name.removesuffix(".tw.gguf"))
+        return LocalModel(
+            path=path,
+            name=str(name),
+            preset_id=preset.id if preset else None,
+            size_bytes=size,
+            arch=entry.get("arch"),
+            bundled=(preset is not None and preset.source == "bundled") or path.name == DEMO_FILE,
+            error=entry.get("error"),
+        )
+
+    async def _match_preset(self, path: Path, size: int, entry: dict[str, Any]) -> Preset | None:
+        by_name = next((p for p in self.presets if p.file == path.name), None)
+        if by_name is not None:
+            return by_name
+        candidates = [p for p in self.presets if p.sha256 and p.size_bytes == size]
+        if not candidates:
+            return None
+        if "sha256" not in entry:
+            entry["sha256"] = await asyncio.to_thread(_sha256, path)
+        return next((p for p in candidates if p.sha256 == entry["sha256"]), None)
+
+    async def inspect(self, path: Path) -> dict[str, Any]:
+        """`tokenwing inspect --json PATH`, parsed; the engine's error as a LibraryError."""
+        async with self._inspect_slots():
+            rc, out, lines = await self._run(["inspect", "--json", str(path)])
+        if rc != 0:
+            raise LibraryError(f"{_engine_error(lines, rc)} (engine exit code {rc})", rc)
+        try:
+            data = json.loads(out)
+        except ValueError:
+            raise LibraryError(f"the engine's description of {path.name} was not readable") from None
+        if not isinstance(data, dict):
+            raise LibraryError(f"the engine's description of {path.name} was not readable")
+        return data
+
+    def _inspect_slots(self) -> asyncio.Semaphore:
+        """At most two engine processes inspecting at once (per event loop)."""
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:
+            self._slots = (loop, asyncio.Semaphore(2))
+        return self._slots[1]
+
+    # ------------------------------------------------------------------------------------------ import
+    async def import_gguf(
+        self,
+        sources: Sequence[Path],
+        on_progress: ProgressCallback | None = None,
+        *,
+        cancel: asyncio.Event | None = None,
+    ) -> LocalModel:
+        """Converts a GGUF (or all shards of one) into the models folder with `tokenwing repack`.
+
+        Cancel by cancelling the task or setting `cancel` (then ImportCancelled is raised): the engine is
+        interrupted and nothing partial is left. Engine failures raise LibraryError with its one-line message.
+        """
+        if not sources:
+            raise LibraryError("Choose a GGUF file to import.")
+        sources = [Path(s) for s in sources]
+        dest = self.models_dir / repacked_name(sources[0])
+        if dest.exists():
+            raise LibraryError(f"{dest.name} is already in your library.")
+        await self._repack(sources, dest, on_progress, cancel)
+        return await self._describe_one(dest)
+
+    async def _describe_one(self, path: Path) -> LocalModel:
+        cache = self._load_cache()
+        model = await self._describe(path, cache)
+        self._save_cache(cache)
+        if model is None:
+            raise LibraryError(f"{path.name} disappeared from the models folder.")
+        return model
+
+    async def _repack(
+        self, sources: Sequence[Path], dest: Path, on_progress: ProgressCallback | None, cancel: asyncio.Event | None
+    ) -> None:
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        report = on_progress or (lambda fraction, message: None)
+        report(0.0, "Starting the engine")
+
+        def on_line(line: str) -> None:
+            if not line.startswith("{"):
+                return
+            try:
+                rec = json.loads(line)
+                lo, hi, label = _STAGES[rec["progress"]]
+                done, total = int(rec["done"]), max(int(rec["total"]), 1)
+            except (ValueError, KeyError, TypeError):
+                return
+            report(lo + (hi - lo) * min(done / total, 1.0), f"{label}: {_size(done)} of {_size(total)}")
+
+        args = ["repack", *(str(s) for s in sources), "-o", str(dest), "--progress-json"]
+        try:
+            rc, _, lines = await self._run(args, on_line, cancel, cleanup=dest)
+        except ImportCancelled:
+            raise ImportCancelled(f"The import of {sources[0].name} was cancelled; nothing was kept.") from None
+        if rc != 0:
+            raise LibraryError(
+                f"Couldn't import {sources[0].name}: {_engine_error(lines, rc)} (engine exit code {rc}).", rc
+            )
+        report(1.0, "Done")
+
+    # ------------------------------------------------------------------------------------------ demo
+    def bundled_demo_source(self) -> Path | None:
+        if self.bundled_dir is None:
+            return None
+        relative = next((p.bundled_source for p in self.presets if p.source == "bundled" and p.bundled_source), None)
+        for candidate in (self.bundled_dir / (relative or DEMO_SOURCE), self.bundled_dir / Path(DEMO_SOURCE).name):
+            if candidate.is_file():
+                return candidate
+        return None
+
+    async def ensure_bundled_demo(self, on_progress: ProgressCallback | None = None) -> LocalModel | None:
+        """Repacks the shipped demo GGUF into the models folder on first start (or when the app ships a new one).
+
+        Skipped when the folder already holds the output of a successful repack of this very source: a stamp
+        beside it records the source's sha256 and the output's size (the repack verified every checksum of the
+        output before it was renamed into place). None when the app ships no demo model.
+        """
+        source = self.bundled_demo_source()
+        if source is None:
+            return None
+        file = next((p.file for p in self.presets if p.source == "bundled"), DEMO_FILE)
+        dest = self.models_dir / file
+        stamp_path = self.models_dir / f".{file}.bundled.json"
+        source_sha = await asyncio.to_thread(_sha256, source)
+        with contextlib.suppress(OSError, ValueError):
+            stamp = json.loads(stamp_path.read_text())
+            if stamp.get("source_sha256") == source_sha and stamp.get("size") == dest.stat().st_size:
+                return await self._describe_one(dest)
+        with contextlib.suppress(FileNotFoundError):
+            dest.unlink()  # an older or unverified demo: ours to replace
+        await self._repack([source], dest, on_progress, None)
+        _write_atomic(stamp_path, json.dumps({"source_sha256": source_sha, "size": dest.stat().st_size}))
+        return await self._describe_one(dest)
+
+    # ------------------------------------------------------------------------------------------ engine
+    async def _run(
+        self,
+        args: Sequence[str],
+        on_line: Callable[[str], None] | None = None,
+        cancel: asyncio.Event | None = None,
+        cleanup: Path | None = None,
+    ) -> tuple[int, str, list[str]]:
+        """Runs the engine CLI: (exit code, stdout, stderr lines). Cancelling (the task or `cancel`) interrupts
+        it as Ctrl-C would, so that it removes its partial output; `cleanup` is that output's final path (a
+        `.NAME.partial-PID` the engine could not remove, if it had to be killed, is removed here)."""
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8")
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.engine,
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+            )
+        except OSError as e:
+            raise LibraryError(f"The engine could not be started: {e.strerror or e}.") from None
+        assert proc.stdout is not None and proc.stderr is not None
+        lines: list[str] = []
+
+        async def read_stderr(stream: asyncio.StreamReader) -> None:
+            async for raw in stream:
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                lines.append(line)
+                del lines[:-200]
+                if on_line is not None:
+                    on_line(line)
+
+        stdout_task = asyncio.ensure_future(proc.stdout.read())
+        stderr_task = asyncio.ensure_future(read_stderr(proc.stderr))
+        done_task = asyncio.ensure_future(asyncio.gather(stdout_task, stderr_task, proc.wait()))
+        waiters: set[asyncio.Future[Any]] = {done_task}
+        cancel_task = asyncio.ensure_future(cancel.wait()) if cancel is not None else None
+        if cancel_task is not None:
+            waiters.add(cancel_task)
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            if not done_task.done():
+                raise ImportCancelled("cancelled")
+            out, _, rc = done_task.result()
+        except BaseException:  # cancelled (task or event), or an error: stop the engine, leave nothing
+            await _stop(proc)
+            for t in (stdout_task, stderr_task, done_task):
+                t.cancel()
+            await asyncio.gather(stdout_task, stderr_task, done_task, return_exceptions=True)
+            if cleanup is not None:
+                _remove_partial(cleanup, proc.pid)
+            raise
+        finally:
+            if cancel_task is not None:
+                cancel_task.cancel()
+        if rc != 0 and cleanup is not None:
+            _remove_partial(cleanup, proc.pid)
+        return rc, out.decode("utf-8", errors="replace"), lines
+
+    # ------------------------------------------------------------------------------------------ cache
+    def _load_cache(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads((self.models_dir / _CACHE_FILE).read_text())
+            files = data.get("files", {})
+            return {k: v for k, v in files.items() if isinstance(v, dict)}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def _save_cache(self, files: dict[str, dict[str, Any]]) -> None:
+        if self.models_dir.is_dir():
+            with contextlib.suppress(OSError):
+                _write_atomic(self.models_dir / _CACHE_FILE, json.dumps({"files": files}, indent=1))
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """Ctrl-C (the engine then removes its partial output and exits 130); killed if it doesn't within 10 s."""
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        if os.name == "nt":
+            proc.terminate()
+        else:
+            proc.send_signal(signal.SIGINT)
+    try:
+        await asyncio.wait_for(proc.wait(), _STOP_GRACE_S)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
+def _remove_partial(dest: Path, pid: int) -> None:
+    with contextlib.suppress(OSError):
+        (dest.parent / f".{dest.name}.partial-{pid}").unlink()
+
+
+def _engine_error(lines: Sequence[str], rc: int) -> str:
+    """The engine's one-line error ("tokenwing: error: …"), without the prefix and final period."""
+    for line in reversed(lines):
+        if line.startswith("tokenwing: error: "):
+            return line.removeprefix("tokenwing: error: ").rstrip(".")
+    for line in reversed(lines):
+        text = line.strip()
+        if text and not text.startswith("{"):
+            return text.removeprefix("tokenwing: ").rstrip(".")
+    return f"the engine stopped with exit code {rc}"
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"

@@ -1,0 +1,272 @@
+"""What this machine has, for "Will it run here?": memory and the memory limit, CPU, GPUs, disk, drive speed.
+
+The probe only reads what the system already knows: it never benchmarks the drive (the engine's autotuner does
+that; its saved result is read here when there is one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import os
+import platform
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# CPU features that matter to the engine's kernels, as /proc/cpuinfo names them (x86 "flags", Arm "Features").
+ISA_FLAGS = (
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "asimd",
+    "asimddp",
+    "sve",
+    "sve2",
+)
+_NO_LIMIT = 1 << 62
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    vram_total: int
+    vram_free: int
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    ram_total: int
+    ram_available: int  # free plus reclaimable cache (MemAvailable)
+    ram_limit: int | None  # this process's memory limit (cgroup v1 or v2); None when there is none below RAM
+    cores: int  # cores this process may run on
+    cpu_model: str
+    isa: tuple[str, ...]
+    gpus: tuple[GpuInfo, ...]
+    disk_free: int  # at the models folder
+    drive_read_bps: float | None  # measured expert reads (autotune), None when not measured yet
+    ram_limit_used: int = 0  # what the limiting cgroup already charges (0 without a limit)
+    mem_bandwidth_bps: float | None = None  # RAM bandwidth when known (none is measured yet)
+
+    @property
+    def ram_usable(self) -> int:
+        """Bytes a new process could still take: free RAM, and room under the memory limit."""
+        if self.ram_limit is None:
+            return self.ram_available
+        return max(0, min(self.ram_available, self.ram_limit - self.ram_limit_used))
+
+
+def probe_machine(
+    models_dir: Path,
+    drive_read_bps: float | None = None,
+    *,
+    autotune_dir: Path | None = None,
+    mem_bandwidth_bps: float | None = None,
+    root: Path = Path("/"),
+) -> MachineInfo:
+    """Probes this machine (a fraction of a second; `probe_machine_async` runs it off the event loop).
+
+    `drive_read_bps` wins over a saved autotune result in `autotune_dir`; `root` points /proc and /sys/fs/cgroup
+    at a fake tree in tests.
+    """
+    total, available = _memory(root)
+    limit, used = cgroup_memory_limit(root)
+    if limit is not None and total and limit >= total:
+        limit, used = None, 0
+    model, isa = _cpu(root)
+    if drive_read_bps is None and autotune_dir is not None:
+        drive_read_bps = saved_drive_speed(autotune_dir)
+    return MachineInfo(
+        ram_total=total,
+        ram_available=available,
+        ram_limit=limit,
+        cores=_cores(),
+        cpu_model=model,
+        isa=isa,
+        gpus=nvidia_gpus(),
+        disk_free=disk_free(models_dir),
+        drive_read_bps=drive_read_bps,
+        ram_limit_used=used if limit is not None else 0,
+        mem_bandwidth_bps=mem_bandwidth_bps,
+    )
+
+
+async def probe_machine_async(
+    models_dir: Path, drive_read_bps: float | None = None, *, autotune_dir: Path | None = None
+) -> MachineInfo:
+    return await asyncio.to_thread(probe_machine, models_dir, drive_read_bps, autotune_dir=autotune_dir)
+
+
+# ---------------------------------------------------------------------------------------------- memory
+def _memory(root: Path) -> tuple[int, int]:
+    meminfo = root / "proc" / "meminfo"
+    try:
+        values: dict[str, int] = {}
+        for line in meminfo.read_text().splitlines():
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                values[key] = int(parts[0]) * 1024
+        total = values.get("MemTotal", 0)
+        if total:
+            return total, values.get("MemAvailable", values.get("MemFree", 0))
+    except OSError:
+        pass
+    psutil = importlib.import_module("psutil")  # not Linux (or no /proc): the portable way
+    vm = psutil.virtual_memory()
+    return int(vm.total), int(vm.available)
+
+
+def _read_limit(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text == "max":
+        return _NO_LIMIT
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+def cgroup_memory_limit(root: Path = Path("/")) -> tuple[int | None, int]:
+    """(the tightest memory limit on this process's cgroup or its ancestors, what that cgroup charges).
+
+    cgroup v2: memory.max / memory.current; v1: memory/…/memory.limit_in_bytes / memory.usage_in_bytes. The
+    group comes from /proc/self/cgroup; a limit set on any ancestor applies too, so the walk goes up to the
+    hierarchy's root. (None, 0) when there is no limit (v1 writes "no limit" as a huge number).
+    """
+    v2_path: str | None = None
+    v1_path: str | None = None
+    try:
+        for line in (root / "proc" / "self" / "cgroup").read_text().splitlines():
+            parts = line.split(":", 2)
+            if len(parts) != 3:
+                continue
+            hierarchy, controllers, path = parts
+            if hierarchy == "0" and controllers == "":
+                v2_path = path
+            elif "memory" in controllers.split(","):
+                v1_path = path
+    except OSError:
+        return None, 0
+    cg = root / "sys" / "fs" / "cgroup"
+    candidates: list[tuple[Path, str, str]] = []
+    if v1_path is not None:
+        candidates.append((cg / "memory", v1_path, "memory.limit_in_bytes|memory.usage_in_bytes"))
+    if v2_path is not None:
+        candidates.append((cg, v2_path, "memory.max|memory.current"))
+    best: int | None = None
+    used = 0
+    for base, rel, names in candidates:
+        limit_name, usage_name = names.split("|")
+        d = base / rel.strip("/") if rel.strip("/") else base
+        while True:
+            limit = _read_limit(d / limit_name)
+            if limit is not None and limit < _NO_LIMIT and (best is None or limit < best):
+                best = limit
+                used = _read_limit(d / usage_name) or 0
+            if d == base or base not in d.parents:
+                break
+            d = d.parent
+    return best, (used if best is not None else 0)
+
+
+# ---------------------------------------------------------------------------------------------- CPU
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _cpu(root: Path) -> tuple[str, tuple[str, ...]]:
+    model = ""
+    flags: set[str] = set()
+    try:
+        for line in (root / "proc" / "cpuinfo").read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip().lower()
+            if key in ("model name", "hardware", "cpu model") and not model:
+                model = value.strip()
+            elif key in ("flags", "features") and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    return model or platform.processor() or platform.machine() or "unknown CPU", tuple(
+        f for f in ISA_FLAGS if f in flags
+    )
+
+
+# ---------------------------------------------------------------------------------------------- GPUs
+def nvidia_gpus() -> tuple[GpuInfo, ...]:
+    """VRAM per NVIDIA GPU through NVML; no driver, no GPU or any NVML error: an empty tuple."""
+    try:
+        import pynvml
+    except ImportError:
+        return ()
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return ()
+    gpus: list[GpuInfo] = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            name: Any = pynvml.nvmlDeviceGetName(handle)
+            if isinstance(name, bytes):
+                name = name.decode(errors="replace")
+            gpus.append(GpuInfo(i, str(name), int(mem.total), int(mem.free)))
+    except Exception:
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+    return tuple(gpus)
+
+
+# ---------------------------------------------------------------------------------------------- disk
+def disk_free(path: Path) -> int:
+    """Free bytes on the file system that holds `path` (or its nearest existing parent)."""
+    p = path.resolve()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return int(shutil.disk_usage(p).free)
+    except OSError:
+        return 0
+
+
+def saved_drive_speed(directory: Path) -> float | None:
+    """Best measured read speed (bytes/s) in the newest saved `tokenwing autotune --json` result in `directory`.
+
+    That JSON holds machine.drive.mb_per_s_by_threads ({threads: MB/s}); files without it are skipped.
+    """
+    try:
+        files = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return None
+    for path in files:
+        try:
+            data = json.loads(path.read_text())
+            speeds = data["machine"]["drive"]["mb_per_s_by_threads"]
+            best = max(float(v) for v in speeds.values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if best > 0:
+            return best * 1e6
+    return None

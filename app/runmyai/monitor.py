@@ -1,0 +1,96 @@
+"""The engine's per-token stats, accumulated for the live graphs (Qt-free; the graphs widget only draws)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class LayerCounts(Protocol):
+    layer: int
+    hits: int
+    misses: int
+
+
+class TokenEvent(Protocol):
+    """What the stats client yields per token (runmyai.engine.stats.TokenStats has these fields)."""
+
+    token: int
+    ssd_wait_ms: float
+    bytes_read: int
+    vram_swaps: int
+    prediction_recall: list[float]
+    tokens_per_s: float | None
+
+    @property
+    def layers(self) -> Sequence[LayerCounts]: ...  # a read-only attribute, so list[LayerStats] fits
+
+
+@dataclass
+class StatsSeries:
+    """Per-layer hit rates (last token and running mean), and rolling per-token series."""
+
+    window: int = 256  # tokens kept for the rolling lines
+    paused: bool = False
+    tokens: int = 0
+    layer_ids: list[int] = field(default_factory=list)
+    last_hit_rate: list[float] = field(default_factory=list)
+    total_hits: list[int] = field(default_factory=list)
+    total_lookups: list[int] = field(default_factory=list)
+    ssd_wait_ms: deque[float] = field(default_factory=deque)
+    bytes_read: deque[float] = field(default_factory=deque)
+    vram_swaps: deque[float] = field(default_factory=deque)
+    tokens_per_s: deque[float] = field(default_factory=deque)
+    token_index: deque[int] = field(default_factory=deque)
+    recall: list[float] = field(default_factory=list)
+
+    def add(self, event: TokenEvent) -> bool:
+        """Take one token's stats; False (and nothing changes) while paused."""
+        if self.paused:
+            return False
+        layers = sorted(event.layers, key=lambda s: s.layer)
+        ids = [s.layer for s in layers]
+        if ids != self.layer_ids:  # first event, or another model: start over
+            self._reset_layers(ids)
+        for i, s in enumerate(layers):
+            lookups = s.hits + s.misses
+            self.last_hit_rate[i] = s.hits / lookups if lookups else 0.0
+            self.total_hits[i] += s.hits
+            self.total_lookups[i] += lookups
+        self.tokens += 1
+        for series, value in (
+            (self.ssd_wait_ms, event.ssd_wait_ms),
+            (self.bytes_read, float(event.bytes_read)),
+            (self.vram_swaps, float(event.vram_swaps)),
+            (self.tokens_per_s, event.tokens_per_s or 0.0),
+        ):
+            series.append(value)
+            if len(series) > self.window:
+                series.popleft()
+        self.token_index.append(self.tokens)
+        if len(self.token_index) > self.window:
+            self.token_index.popleft()
+        self.recall = list(event.prediction_recall)
+        return True
+
+    def mean_hit_rate(self) -> list[float]:
+        return [h / n if n else 0.0 for h, n in zip(self.total_hits, self.total_lookups, strict=True)]
+
+    def overall_hit_rate(self) -> float | None:
+        lookups = sum(self.total_lookups)
+        return sum(self.total_hits) / lookups if lookups else None
+
+    def reset(self) -> None:
+        self.tokens = 0
+        self._reset_layers([])
+        for series in (self.ssd_wait_ms, self.bytes_read, self.vram_swaps, self.tokens_per_s, self.token_index):
+            series.clear()
+        self.recall = []
+
+    def _reset_layers(self, ids: list[int]) -> None:
+        self.layer_ids = ids
+        self.last_hit_rate = [0.0] * len(ids)
+        self.total_hits = [0] * len(ids)
+        self.total_lookups = [0] * len(ids)

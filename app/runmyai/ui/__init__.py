@@ -1,0 +1,1 @@
+"""Thin Qt widgets over the Qt-free services; signals at the seam."""

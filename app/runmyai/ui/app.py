@@ -1,0 +1,103 @@
+"""Runs the window on a qasync loop (asyncio on Qt's event loop), and the --self-test."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import time
+
+import qasync
+from PySide6.QtCore import QMessageLogContext, QtMsgType, qInstallMessageHandler
+from PySide6.QtGui import QIcon
+from PySide6.QtWidgets import QApplication
+
+from runmyai import __version__
+from runmyai.paths import AppPaths, bundled_dir
+from runmyai.ui.controller import AppController
+from runmyai.ui.main_window import MainWindow
+
+SELF_TEST_TIMEOUT_S = 300
+QUIET_QT_MESSAGES = ("This plugin does not support",)  # the offscreen platform's notes, once per window
+
+
+def _qt_message(kind: QtMsgType, _context: QMessageLogContext, message: str) -> None:
+    if not message.startswith(QUIET_QT_MESSAGES):
+        print(f"qt: {message}", file=sys.stderr)
+
+
+def run_app(args: argparse.Namespace) -> int:
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    assert isinstance(app, QApplication)
+    app.setApplicationName("Run My AI")
+    app.setApplicationVersion(__version__)
+    app.setQuitOnLastWindowClosed(False)  # closing the window starts the shutdown; the loop must outlive it
+    qInstallMessageHandler(_qt_message)
+    icon = bundled_dir("resources") / "icons" / "runmyai.png"
+    if icon.exists():
+        app.setWindowIcon(QIcon(str(icon)))
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    window = MainWindow()
+    controller = AppController(window, AppPaths.default(), hub_endpoint=args.hub, offline=args.offline)
+    result = {"code": 0}
+    closed = asyncio.Event()
+    window.closing.connect(closed.set)
+    signal.signal(signal.SIGINT, lambda *_: window.close())
+    signal.signal(signal.SIGTERM, lambda *_: window.close())
+
+    async def main() -> None:
+        window.show()
+        await controller.start()
+        if args.self_test:
+            result["code"] = await self_test(controller, args)
+            window.close()
+        elif args.endpoint:
+            await controller.use_endpoint(args.endpoint, os.environ.get("RUNMYAI_ENDPOINT_KEY"))
+        elif args.model is not None:
+            await controller.use_model(f"local:{args.model.resolve()}")
+        await closed.wait()
+        await controller.shutdown()
+
+    with loop:
+        try:
+            loop.run_until_complete(main())
+        except KeyboardInterrupt:
+            loop.run_until_complete(controller.shutdown())
+            return 130
+    return result["code"]
+
+
+async def self_test(controller: AppController, args: argparse.Namespace) -> int:
+    """Opens, finds the engine, gets one reply from the built-in model (or --model), closes. 0 if all worked."""
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(SELF_TEST_TIMEOUT_S):
+            if args.model is not None:
+                key = f"local:{args.model.resolve()}"
+            else:
+                demo = next((m for m in controller.local_models if m.bundled and m.error is None), None)
+                if demo is None:
+                    print("runmyai self-test: no built-in model is ready", file=sys.stderr)
+                    return 1
+                key = f"local:{demo.path}"
+            endpoint = await controller.use_model(key)
+            if endpoint is None:
+                print(f"runmyai self-test: the engine did not start: {controller.errors[-1:]}", file=sys.stderr)
+                return 1
+            controller.new_conversation()
+            reply = await controller.chat_once("Hello! Who are you?")
+    except TimeoutError:
+        print(f"runmyai self-test: no reply within {SELF_TEST_TIMEOUT_S} s", file=sys.stderr)
+        return 1
+    if not reply:
+        print(f"runmyai self-test: empty reply ({controller.window.chat.status.text()})", file=sys.stderr)
+        return 1
+    version = (controller.supervisor.handshake or {}).get("version") if controller.supervisor else None
+    print(
+        f"runmyai self-test: ok — engine {version} at {endpoint.base_url}, "
+        f"{len(reply)} characters of reply in {time.monotonic() - started:.1f} s"
+    )
+    return 0

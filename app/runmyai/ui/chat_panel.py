@@ -1,0 +1,238 @@
+"""The chat: conversations, transcript, input, sampling settings. Thin: it emits intents, a controller acts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from runmyai.ui.transcript import Transcript
+
+
+@dataclass
+class SamplingValues:
+    system_prompt: str = ""
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    max_tokens: int = 512
+    seed: int = -1  # -1: random
+    repeat_penalty: float = 1.0
+
+
+class _Input(QPlainTextEdit):
+    submitted = Signal()
+
+    def keyPressEvent(self, event):  # type: ignore[no-untyped-def]  # Qt's override signature
+        enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+        if enter and not (event.modifiers() & Qt.KeyboardModifier.ShiftModifier):
+            self.submitted.emit()  # Enter sends, Shift+Enter is a new line
+            return
+        super().keyPressEvent(event)
+
+
+class SettingsBox(QGroupBox):
+    changed = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("Conversation settings", parent)
+        self.setCheckable(True)
+        self.setChecked(False)  # folded: most people never open it
+        self.system_prompt = QPlainTextEdit()
+        self.system_prompt.setPlaceholderText("System prompt")
+        self.system_prompt.setMaximumHeight(70)
+        self.temperature = self._double(0, 2, 0.05)
+        self.top_p = self._double(0, 1, 0.01)
+        self.min_p = self._double(0, 1, 0.01)
+        self.repeat_penalty = self._double(0.5, 2, 0.01)
+        self.top_k = self._int(0, 1000)
+        self.max_tokens = self._int(1, 32768)
+        self.seed = self._int(-1, 2**31 - 1)
+        self.seed.setSpecialValueText("random")
+        form = QFormLayout()
+        form.addRow("System prompt", self.system_prompt)
+        for label, box in (
+            ("Temperature", self.temperature),
+            ("Top-p", self.top_p),
+            ("Top-k", self.top_k),
+            ("Min-p", self.min_p),
+            ("Max tokens", self.max_tokens),
+            ("Seed", self.seed),
+            ("Repeat penalty", self.repeat_penalty),
+        ):
+            form.addRow(label, box)
+        inner = QWidget()
+        inner.setLayout(form)
+        layout = QVBoxLayout(self)
+        layout.addWidget(inner)
+        self.toggled.connect(inner.setVisible)
+        inner.setVisible(False)
+        self.system_prompt.textChanged.connect(self.changed)
+
+    def _double(self, lo: float, hi: float, step: float) -> QDoubleSpinBox:
+        box = QDoubleSpinBox()
+        box.setRange(lo, hi)
+        box.setSingleStep(step)
+        box.setDecimals(2)
+        box.valueChanged.connect(self.changed)
+        return box
+
+    def _int(self, lo: int, hi: int) -> QSpinBox:
+        box = QSpinBox()
+        box.setRange(lo, hi)
+        box.valueChanged.connect(self.changed)
+        return box
+
+    def values(self) -> SamplingValues:
+        return SamplingValues(
+            system_prompt=self.system_prompt.toPlainText(),
+            temperature=self.temperature.value(),
+            top_p=self.top_p.value(),
+            top_k=self.top_k.value(),
+            min_p=self.min_p.value(),
+            max_tokens=self.max_tokens.value(),
+            seed=self.seed.value(),
+            repeat_penalty=self.repeat_penalty.value(),
+        )
+
+    def set_values(self, v: SamplingValues) -> None:
+        widgets = (self.system_prompt, self.temperature, self.top_p, self.top_k, self.min_p, self.max_tokens)
+        for w in (*widgets, self.seed, self.repeat_penalty):
+            w.blockSignals(True)
+        self.system_prompt.setPlainText(v.system_prompt)
+        self.temperature.setValue(v.temperature)
+        self.top_p.setValue(v.top_p)
+        self.top_k.setValue(v.top_k)
+        self.min_p.setValue(v.min_p)
+        self.max_tokens.setValue(v.max_tokens)
+        self.seed.setValue(v.seed)
+        self.repeat_penalty.setValue(v.repeat_penalty)
+        for w in (*widgets, self.seed, self.repeat_penalty):
+            w.blockSignals(False)
+
+
+class ChatPanel(QWidget):
+    send_requested = Signal(str)
+    stop_requested = Signal()
+    regenerate_requested = Signal()
+    edit_last_requested = Signal()
+    new_conversation_requested = Signal()
+    delete_conversation_requested = Signal(str)
+    conversation_selected = Signal(str)
+    settings_changed = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.conversations = QListWidget()
+        self.conversations.currentItemChanged.connect(self._on_select)
+        new_button = QPushButton("New chat")
+        new_button.clicked.connect(self.new_conversation_requested)
+        delete_button = QPushButton("Delete")
+        delete_button.clicked.connect(self._on_delete)
+        left = QWidget()
+        left_layout = QVBoxLayout(left)
+        left_layout.setContentsMargins(0, 0, 0, 0)
+        left_layout.addWidget(self.conversations, 1)
+        row = QHBoxLayout()
+        row.addWidget(new_button)
+        row.addWidget(delete_button)
+        left_layout.addLayout(row)
+
+        self.transcript = Transcript()
+        self.settings = SettingsBox()
+        self.settings.changed.connect(self.settings_changed)
+        self.input = _Input()
+        self.input.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)")
+        self.input.setMaximumHeight(110)
+        self.input.submitted.connect(self._on_send)
+        self.send_button = QPushButton("Send")
+        self.send_button.clicked.connect(self._on_send)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.clicked.connect(self.stop_requested)
+        self.regenerate_button = QPushButton("Regenerate")
+        self.regenerate_button.clicked.connect(self.regenerate_requested)
+        self.edit_button = QPushButton("Edit last")
+        self.edit_button.clicked.connect(self.edit_last_requested)
+        self.status = QLabel("")
+        self.status.setWordWrap(True)
+        buttons = QHBoxLayout()
+        for b in (self.send_button, self.stop_button, self.regenerate_button, self.edit_button):
+            buttons.addWidget(b)
+        buttons.addStretch(1)
+        right = QWidget()
+        right_layout = QVBoxLayout(right)
+        right_layout.setContentsMargins(0, 0, 0, 0)
+        right_layout.addWidget(self.transcript, 1)
+        right_layout.addWidget(self.settings)
+        right_layout.addWidget(self.input)
+        right_layout.addLayout(buttons)
+        right_layout.addWidget(self.status)
+
+        splitter = QSplitter()
+        splitter.addWidget(left)
+        splitter.addWidget(right)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([180, 600])
+        layout = QVBoxLayout(self)
+        layout.addWidget(splitter)
+
+        QShortcut(QKeySequence("Ctrl+N"), self, self.new_conversation_requested.emit)
+        QShortcut(QKeySequence("Esc"), self, self.stop_requested.emit)
+        QShortcut(QKeySequence("Ctrl+R"), self, self.regenerate_requested.emit)
+        QShortcut(QKeySequence("Ctrl+E"), self, self.edit_last_requested.emit)
+        QShortcut(QKeySequence("Ctrl+L"), self, self.input.setFocus)
+        self.set_busy(False)
+
+    # -- intents -------------------------------------------------------------------------------------
+    def _on_send(self) -> None:
+        text = self.input.toPlainText().strip()
+        if text and self.send_button.isEnabled():
+            self.input.clear()
+            self.send_requested.emit(text)
+
+    def _on_select(self, item: QListWidgetItem | None, _previous: QListWidgetItem | None = None) -> None:
+        if item is not None:
+            self.conversation_selected.emit(str(item.data(Qt.ItemDataRole.UserRole)))
+
+    def _on_delete(self) -> None:
+        item = self.conversations.currentItem()
+        if item is not None:
+            self.delete_conversation_requested.emit(str(item.data(Qt.ItemDataRole.UserRole)))
+
+    # -- state from the controller -------------------------------------------------------------------
+    def set_conversations(self, items: list[tuple[str, str]], current: str | None) -> None:
+        self.conversations.blockSignals(True)
+        self.conversations.clear()
+        for conv_id, title in items:
+            item = QListWidgetItem(title or "New chat")
+            item.setData(Qt.ItemDataRole.UserRole, conv_id)
+            self.conversations.addItem(item)
+            if conv_id == current:
+                self.conversations.setCurrentItem(item)
+        self.conversations.blockSignals(False)
+
+    def set_busy(self, busy: bool) -> None:
+        self.send_button.setEnabled(not busy)
+        self.stop_button.setEnabled(busy)
+        self.regenerate_button.setEnabled(not busy)
+        self.edit_button.setEnabled(not busy)
+
+    def set_status(self, text: str) -> None:
+        self.status.setText(text)

@@ -1,0 +1,628 @@
+"""Wires the Qt-free services to the widgets: every slow step is a task on the qasync loop, never a block."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+import os
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QLineEdit
+
+from runmyai import __version__
+from runmyai.chat.session import ChatSession, footer
+from runmyai.chat.store import ConversationStore
+from runmyai.engine.autotune import AutotuneError, AutotuneRunner
+from runmyai.engine.client import ChatClient, ChatError, ChatSettings
+from runmyai.engine.endpoint import Endpoint
+from runmyai.engine.faults import EngineError, Fault
+from runmyai.engine.stats import StatsClient
+from runmyai.engine.supervisor import EngineState, EngineSupervisor
+from runmyai.library.downloads import DownloadManager, DownloadStatus
+from runmyai.library.estimate import estimate
+from runmyai.library.hub import HubClient, HubError, HubModel
+from runmyai.library.local import ImportCancelled, LibraryError, LocalLibrary, LocalModel
+from runmyai.library.machine import MachineInfo, probe_machine_async
+from runmyai.library.presets import Catalog, Preset, load_catalog
+from runmyai.paths import AppPaths, bundled_dir
+from runmyai.ui.autotune_dialog import AutotuneDialog
+from runmyai.ui.chat_panel import SamplingValues
+from runmyai.ui.library_panel import LibraryEntry, human_bytes
+from runmyai.ui.main_window import MainWindow
+
+STATE_WORDS: dict[EngineState, str] = {
+    "stopped": "stopped",
+    "starting": "starting…",
+    "loading": "loading the model…",
+    "ready": "ready",
+    "crashed": "crashed",
+    "restarting": "restarting…",
+    "failed": "failed",
+}
+
+
+class AppController(QObject):
+    def __init__(
+        self,
+        window: MainWindow,
+        paths: AppPaths,
+        *,
+        hub_endpoint: str | None = None,
+        offline: bool = False,
+        presets_dir: Path | None = None,
+        resources_dir: Path | None = None,
+    ) -> None:
+        super().__init__(window)
+        self.window = window
+        self.paths = paths.ensure()
+        self.catalog: Catalog = load_catalog(presets_dir or bundled_dir("presets"))
+        self.library = LocalLibrary(
+            paths.models, resources_dir or bundled_dir("resources"), presets=self.catalog.presets
+        )
+        self.hub = HubClient(endpoint=hub_endpoint, offline=offline or os.environ.get("HF_HUB_OFFLINE") == "1")
+        self.downloads = DownloadManager(self.hub, paths.downloads, paths.models, on_change=self._on_download)
+        self.store = ConversationStore(paths.conversations_db)
+        self.autotune = AutotuneRunner(paths)
+        self.session = ChatSession(self.store, lambda: self.chat_client, lambda: self.model_name)
+        self.machine: MachineInfo | None = None
+        self.local_models: list[LocalModel] = []
+        self.hub_results: list[HubModel] = []
+        self.supervisor: EngineSupervisor | None = None
+        self.endpoint: Endpoint | None = None  # the engine in use (local or remote)
+        self.chat_client: ChatClient | None = None
+        self.model_name: str | None = None
+        self.conversation_id: int | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._reply_task: asyncio.Task[Any] | None = None
+        self._job: asyncio.Task[Any] | None = None  # the library's one long job (import, first-start repack)
+        self._stats_task: asyncio.Task[None] | None = None
+        self._engine_task: asyncio.Task[Any] | None = None
+        self.ready = asyncio.Event()  # set when a model can be chatted with
+        self.errors: list[str] = list(self.catalog.errors)  # one line each, also shown to the user
+        self._connect()
+
+    # ------------------------------------------------------------------------------------------ wiring
+    def _connect(self) -> None:
+        w = self.window
+        lib, chat = w.library, w.chat
+        lib.use_requested.connect(lambda key: self.spawn(self.use_model(key)))
+        lib.download_requested.connect(self._download)
+        lib.import_requested.connect(self._choose_import)
+        lib.autotune_requested.connect(self._open_autotune)
+        lib.search_requested.connect(lambda q: self.spawn(self.search(q)))
+        lib.cancel_task_requested.connect(self._cancel_job)
+        lib.downloads.pause_requested.connect(self.downloads.pause)
+        lib.downloads.resume_requested.connect(self.downloads.resume)
+        lib.downloads.cancel_requested.connect(self.downloads.cancel)
+        chat.send_requested.connect(self._send)
+        chat.stop_requested.connect(self.stop_reply)
+        chat.regenerate_requested.connect(self._regenerate)
+        chat.edit_last_requested.connect(self._edit_last)
+        chat.new_conversation_requested.connect(self.new_conversation)
+        chat.delete_conversation_requested.connect(self._delete_conversation)
+        chat.conversation_selected.connect(lambda cid: self.open_conversation(int(cid)))
+        chat.settings_changed.connect(self._save_settings)
+        w.connect_endpoint_requested.connect(self._ask_endpoint)
+        w.stop_engine_requested.connect(lambda: self.spawn(self.stop_engine()))
+        w.restart_engine_requested.connect(lambda: self.spawn(self._restart_engine()))
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Runs a coroutine on the loop; its failure becomes a status line, never an unhandled exception."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        e = task.exception()
+        if e is not None:
+            self.report(f"{type(e).__name__}: {e}" if not str(e) else str(e))
+
+    def report(self, line: str) -> None:
+        self.errors.append(line)
+        self.window.log_view.append(f"[app] {line}")
+        self.window.chat.set_status(line)
+
+    # ------------------------------------------------------------------------------------------ start / stop
+    async def start(self) -> None:
+        for line in self.catalog.errors:
+            self.window.log_view.append(f"[presets] {line}")
+        self._show_conversations()
+        await self.downloads.start()
+        for status in self.downloads.items():
+            self._on_download(status)
+        self.machine = await probe_machine_async(self.paths.models, autotune_dir=self.paths.settings)
+        await self.refresh_library()
+        await self.run_job("Preparing the built-in model", self._ensure_demo)
+
+    async def _ensure_demo(self, progress: Callable[[float, str], None]) -> None:
+        demo = await self.library.ensure_bundled_demo(progress)
+        if demo is not None:
+            await self.refresh_library(select=f"local:{demo.path}")
+
+    async def shutdown(self) -> None:
+        self.stop_reply()
+        self._cancel_job()
+        await self.stop_engine()
+        await self.downloads.close()
+        for task in list(self._tasks):
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.store.close()
+
+    # ------------------------------------------------------------------------------------------ library
+    async def refresh_library(self, select: str | None = None) -> None:
+        self.local_models = await self.library.scan()
+        self.window.library.set_entries(self._entries(), select)
+
+    def _entries(self) -> list[LibraryEntry]:
+        entries = [self._local_entry(m) for m in self.local_models]
+        installed = {m.preset_id for m in self.local_models if m.preset_id}
+        entries += [self._preset_entry(p) for p in self.catalog.presets if p.id not in installed]
+        entries += [self._hub_entry(h) for h in self.hub_results]
+        return entries
+
+    def _local_entry(self, m: LocalModel) -> LibraryEntry:
+        preset = self.catalog.get(m.preset_id) if m.preset_id else None
+        lines = [f"<h3>{html.escape(m.name)}</h3>", f"<p>{html.escape(str(m.path))}<br>{human_bytes(m.size_bytes)}"]
+        lines.append(f", architecture {html.escape(m.arch or '?')}</p>")
+        if m.error:
+            lines.append(f"<p style='color:#b52b27'>{html.escape(m.error)}</p>")
+        if preset is not None:
+            lines.append(self._preset_html(preset, installed=True))
+        badge = "built-in" if m.bundled else ("cannot be used" if m.error else "installed")
+        return LibraryEntry(f"local:{m.path}", m.name, badge, "".join(lines), can_use=m.error is None)
+
+    def _preset_entry(self, p: Preset) -> LibraryEntry:
+        badge = "not supported yet" if not p.supported else ("on the hub" if p.repo else "built-in (not prepared)")
+        html_text = f"<h3>{html.escape(p.name)}</h3>" + self._preset_html(p, installed=False)
+        return LibraryEntry(f"preset:{p.id}", p.name, badge, html_text, can_download=bool(p.repo and p.supported))
+
+    def _preset_html(self, p: Preset, installed: bool) -> str:
+        f = p.facts
+        facts = (
+            f"<p>{html.escape(f.arch)} · {f.total_params / 1e9:.1f} B parameters, {f.active_params / 1e9:.1f} B "
+            f"active · {f.layers} layers · {f.experts} experts, top-{f.top_k}"
+            f"{f', {f.shared_experts} shared' if f.shared_experts else ''} · expert {human_bytes(p.expert_bytes)}"
+            f" ({p.quant}) · file {human_bytes(p.size_bytes)}</p>"
+        )
+        if not p.supported:
+            facts += "<p><b>TokenWing cannot run this architecture yet.</b></p>"
+        if p.notes:
+            facts += f"<p><small>{html.escape(p.notes)}</small></p>"
+        if self.machine is None:
+            return facts
+        est = estimate(p, self.machine, installed=installed)
+        verdict = {
+            "runs_well": "Runs well here",
+            "runs_slowly": "Runs slowly here",
+            "no_disk_space": "Not enough disk space",
+            "unsupported": "Not supported yet",
+        }[est.verdict]
+        reasons = "".join(f"<li>{html.escape(r)}</li>" for r in est.reasons)
+        return facts + (
+            f"<h4>Will it run here? {verdict}: about {est.tokens_per_s:.1f} tokens/s (an estimate)</h4>"
+            f"<ul>{reasons}</ul>"
+        )
+
+    def _hub_entry(self, h: HubModel) -> LibraryEntry:
+        files = [f for f in h.files if f.path.endswith(".gguf")]
+        rows = "".join(f"<li>{html.escape(f.path)} ({human_bytes(f.size)})</li>" for f in files)
+        text = (
+            f"<h3>{html.escape(h.repo)}</h3><p>{h.downloads} downloads · {h.likes} likes · "
+            f"{html.escape(', '.join(h.tags[:8]))}</p><ul>{rows}</ul>"
+        )
+        return LibraryEntry(f"hub:{h.repo}", h.repo, "on the hub", text, can_download=bool(files))
+
+    async def search(self, query: str) -> None:
+        if not query:
+            self.hub_results = []
+        else:
+            try:
+                found = await self.hub.search(query, "repacked")
+                found += [m for m in await self.hub.search(query, "gguf") if m.repo not in {f.repo for f in found}]
+            except HubError as e:
+                self.report(str(e))
+                return
+            self.hub_results = [await self._with_files(m) for m in found[:20]]
+        self.window.library.set_entries(self._entries())
+
+    async def _with_files(self, m: HubModel) -> HubModel:
+        if m.files:
+            return m
+        try:
+            files = await self.hub.list_files(m.repo)
+        except HubError:
+            return m
+        return HubModel(m.repo, m.downloads, m.likes, m.tags, tuple(files))
+
+    def _download(self, key: str) -> None:
+        kind, _, rest = key.partition(":")
+        try:
+            if kind == "preset":
+                p = self.catalog.get(rest)
+                if p is None or p.repo is None:
+                    return
+                self.downloads.enqueue(p.repo, p.file, sha256=p.sha256, size=p.size_bytes or None)
+            elif kind == "hub":
+                model = next((h for h in self.hub_results if h.repo == rest), None)
+                if model is None:
+                    return
+                # the repacked file when there is one, else every GGUF (imported when it lands)
+                repacked = [f for f in model.files if f.path.endswith(".tw.gguf")]
+                for f in repacked or [f for f in model.files if f.path.endswith(".gguf")]:
+                    self.downloads.enqueue(f.repo, f.path, f.revision, f.sha256, f.size)
+        except HubError as e:
+            self.report(str(e))
+
+    def _on_download(self, s: DownloadStatus) -> None:
+        self.window.library.downloads.update_item(
+            s.id, f"{s.repo}/{s.path}", s.state, s.done_bytes, s.total_bytes, s.speed_bps, s.eta_s, s.message
+        )
+        if s.state == "done" and s.dest is not None:
+            self.spawn(self._downloaded(s.dest))
+
+    async def _downloaded(self, dest: Path) -> None:
+        if not dest.name.endswith(".tw.gguf"):  # a plain GGUF from the hub: make it a TokenWing model
+            await self.run_job(f"Importing {dest.name}", lambda p: self.library.import_gguf([dest], p))
+        await self.refresh_library()
+
+    def _choose_import(self) -> None:
+        dialog = QFileDialog(self.window, "Import GGUF", str(Path.home()), "GGUF models (*.gguf)")
+        dialog.setFileMode(QFileDialog.FileMode.ExistingFiles)
+        dialog.filesSelected.connect(lambda files: self.spawn(self.import_files([Path(f) for f in files])))
+        dialog.open()  # not exec(): the loop keeps running
+
+    async def import_files(self, files: list[Path]) -> LocalModel | None:
+        result: list[LocalModel] = []
+
+        async def job(progress: Callable[[float, str], None]) -> None:
+            result.append(await self.library.import_gguf(files, progress))
+
+        await self.run_job(f"Importing {files[0].name}", job)
+        await self.refresh_library(select=f"local:{result[0].path}" if result else None)
+        return result[0] if result else None
+
+    async def run_job(self, label: str, work: Callable[[Callable[[float, str], None]], Awaitable[object]]) -> bool:
+        """One long library job with progress and Cancel; False if it failed or was cancelled."""
+        panel = self.window.library
+
+        def progress(fraction: float, message: str) -> None:
+            panel.set_task(f"{label}: {message}" if message else label, fraction)
+
+        panel.set_task(label, None)
+        self._job = asyncio.current_task()
+        try:
+            await work(progress)
+            return True
+        except (asyncio.CancelledError, ImportCancelled):
+            self.report(f"{label}: cancelled.")
+            return False
+        except LibraryError as e:
+            self.report(f"{label} failed: {e}")
+            return False
+        finally:
+            self._job = None
+            panel.set_task(None)
+
+    def _cancel_job(self) -> None:
+        if self._job is not None and not self._job.done():
+            self._job.cancel()
+
+    # ------------------------------------------------------------------------------------------ engine
+    def model_path(self, key: str) -> Path | None:
+        kind, _, rest = key.partition(":")
+        if kind == "local":
+            return Path(rest)
+        if kind == "preset":
+            p = self.catalog.get(rest)
+            match = next((m for m in self.local_models if p and m.preset_id == p.id), None)
+            return match.path if match else None
+        return None
+
+    async def use_model(self, key: str) -> Endpoint | None:
+        path = self.model_path(key)
+        if path is None:
+            self.report("Download or import this model first.")
+            return None
+        await self.stop_engine()
+        local = next((m for m in self.local_models if m.path == path), None)
+        preset = self.catalog.get(local.preset_id) if local and local.preset_id else None
+        flags = [*(preset.flags if preset else ()), *self.autotune.serve_flags(path)]
+        self.model_name = local.name if local else path.name
+        sup = EngineSupervisor(
+            path, flags, on_state=self._on_engine_state, on_log=self.window.log_view.append, log_dir=self.paths.logs
+        )
+        self.supervisor = sup
+        self._engine_task = asyncio.current_task()
+        try:
+            endpoint = await sup.start()
+        except EngineError as e:
+            self.report(str(e))
+            return None
+        finally:
+            self._engine_task = None
+        engine_version = (sup.handshake or {}).get("version")
+        if engine_version != __version__:
+            await sup.stop()
+            self.report(
+                f"This engine is version {engine_version}, but Run My AI {__version__} needs the same version; "
+                "reinstall Run My AI."
+            )
+            return None
+        if preset is not None and self.conversation_id is not None and not self.store.messages(self.conversation_id):
+            self._apply_chat_defaults(self.conversation_id, preset)
+        self._attach(endpoint)
+        return endpoint
+
+    def _attach(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        source = self._current_endpoint
+        self.chat_client = ChatClient(source)
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+        self._stats_task = self.spawn(self._follow_stats(StatsClient(source)))
+        self.window.graphs.reset()
+        self.ready.set()
+        self.window.chat.set_status(f"Chatting with {self.model_name or endpoint.base_url}.")
+
+    def _current_endpoint(self) -> Endpoint | None:
+        if self.supervisor is not None:
+            return self.supervisor.endpoint
+        return self.endpoint
+
+    async def _follow_stats(self, client: StatsClient) -> None:
+        async for event in client.events():
+            self.window.graphs.add(event)
+
+    def _on_engine_state(self, state: EngineState, fault: Fault | None) -> None:
+        self.window.set_engine_state(STATE_WORDS.get(state, state), fault.sentence if fault else None)
+        if state != "ready":
+            self.ready.clear()
+        elif self.chat_client is not None:
+            self.ready.set()
+
+    async def stop_engine(self) -> None:
+        self.ready.clear()
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+            self._stats_task = None
+        if self.chat_client is not None:
+            await self.chat_client.aclose()
+            self.chat_client = None
+        sup, self.supervisor = self.supervisor, None
+        if sup is not None:
+            await sup.stop()
+        self.endpoint = None
+
+    async def _restart_engine(self) -> None:
+        sup = self.supervisor
+        if sup is not None:
+            await self.use_model(f"local:{sup.model}")
+
+    def _ask_endpoint(self) -> None:
+        dialog = QDialog(self.window)
+        dialog.setWindowTitle("Connect to an OpenAI-compatible endpoint")
+        url = QLineEdit("http://127.0.0.1:8080/v1")
+        key = QLineEdit(os.environ.get("RUNMYAI_ENDPOINT_KEY", ""))
+        key.setEchoMode(QLineEdit.EchoMode.Password)
+        form = QFormLayout(dialog)
+        form.addRow("Base URL", url)
+        form.addRow("API key (optional)", key)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(dialog.accept)
+        buttons.rejected.connect(dialog.reject)
+        form.addRow(buttons)
+        dialog.accepted.connect(lambda: self.spawn(self.use_endpoint(url.text().strip(), key.text().strip() or None)))
+        dialog.open()
+
+    async def use_endpoint(self, base_url: str, api_key: str | None) -> None:
+        await self.stop_engine()
+        endpoint = Endpoint.remote(base_url, api_key)
+        client = ChatClient(endpoint)
+        try:
+            models = await client.models()
+        except ChatError as e:
+            await client.aclose()
+            self.report(str(e))
+            return
+        await client.aclose()
+        endpoint = Endpoint.remote(base_url, api_key, models[0] if models else None)
+        self.model_name = endpoint.model or base_url
+        self.window.set_engine_state(f"remote endpoint {base_url}")
+        self._attach(endpoint)
+
+    # ------------------------------------------------------------------------------------------ autotune
+    def _open_autotune(self, key: str) -> None:
+        path = self.model_path(key)
+        if path is None:
+            return
+        dialog = AutotuneDialog(path.name, self.window)
+        running: list[asyncio.Task[Any]] = []
+
+        def show() -> None:
+            saved = self.autotune.saved(path)
+            overrides = {k: str(v) for k, v in self.autotune.overrides(path).items()}
+            if saved is not None:
+                dialog.show_result(saved.machine_lines(), saved.settings, saved.reasons, overrides)
+
+        async def run() -> None:
+            dialog.set_running(True)
+            try:
+                await self.autotune.run(path, dialog.show_progress)
+                show()
+            except AutotuneError as e:
+                dialog.show_progress(str(e))
+            finally:
+                dialog.set_running(False)
+
+        dialog.run_requested.connect(lambda: running.append(self.spawn(run())))
+        dialog.cancel_requested.connect(lambda: [t.cancel() for t in running])
+        dialog.overrides_saved.connect(lambda values: self.autotune.set_overrides(path, values))
+        dialog.rejected.connect(lambda: [t.cancel() for t in running])
+        show()
+        dialog.open()
+
+    # ------------------------------------------------------------------------------------------ chat
+    def _show_conversations(self) -> None:
+        conversations = self.store.list()
+        if not conversations:
+            conversations = [self.store.create()]
+        if self.conversation_id is None or self.store.get(self.conversation_id) is None:
+            self.conversation_id = conversations[0].id
+        self.window.chat.set_conversations([(str(c.id), c.title) for c in conversations], str(self.conversation_id))
+        self.open_conversation(self.conversation_id)
+
+    def open_conversation(self, conversation_id: int) -> None:
+        if self._reply_task is not None and not self._reply_task.done():
+            return  # switching is disabled while a reply streams (the list is re-selected below)
+        conv = self.store.get(conversation_id)
+        if conv is None:
+            return
+        self.conversation_id = conversation_id
+        t = self.window.chat.transcript
+        t.clear_messages()
+        for m in self.store.messages(conversation_id):
+            t.add_message(m.role, m.content, footer(m) if m.role == "assistant" else "")
+        s = conv.settings
+        self.window.chat.settings.set_values(
+            SamplingValues(
+                system_prompt=conv.system_prompt,
+                temperature=s.temperature if s.temperature is not None else 0.7,
+                top_p=s.top_p if s.top_p is not None else 1.0,
+                top_k=s.top_k or 0,
+                min_p=s.min_p or 0.0,
+                max_tokens=s.max_tokens or 512,
+                seed=s.seed if s.seed is not None else -1,
+                repeat_penalty=s.repeat_penalty or 1.0,
+            )
+        )
+
+    def new_conversation(self) -> None:
+        preset = self._current_preset()
+        conv = self.store.create(model=self.model_name)
+        if preset is not None:
+            self._apply_chat_defaults(conv.id, preset)
+        self.conversation_id = conv.id
+        self._show_conversations()
+
+    def _current_preset(self) -> Preset | None:
+        if self.supervisor is None:
+            return None
+        local = next((m for m in self.local_models if m.path == self.supervisor.model), None)
+        return self.catalog.get(local.preset_id) if local and local.preset_id else None
+
+    def _apply_chat_defaults(self, conversation_id: int, p: Preset) -> None:
+        c = p.chat
+        self.store.set_system_prompt(conversation_id, c.system_prompt)
+        self.store.set_settings(
+            conversation_id,
+            ChatSettings(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, min_p=c.min_p, max_tokens=512),
+        )
+        if conversation_id == self.conversation_id:
+            self.open_conversation(conversation_id)
+
+    def _delete_conversation(self, cid: str) -> None:
+        if self._reply_task is not None and not self._reply_task.done():
+            return
+        self.store.delete(int(cid))
+        if self.conversation_id == int(cid):
+            self.conversation_id = None
+        self._show_conversations()
+
+    def _save_settings(self) -> None:
+        if self.conversation_id is None:
+            return
+        v = self.window.chat.settings.values()
+        self.store.set_system_prompt(self.conversation_id, v.system_prompt)
+        self.store.set_settings(
+            self.conversation_id,
+            ChatSettings(
+                temperature=v.temperature,
+                top_p=v.top_p,
+                top_k=v.top_k,
+                min_p=v.min_p,
+                max_tokens=v.max_tokens,
+                seed=None if v.seed < 0 else v.seed,
+                repeat_penalty=v.repeat_penalty,
+            ),
+        )
+
+    def _send(self, text: str) -> None:
+        cid = self.conversation_id
+        if cid is None:
+            return
+        self.window.chat.transcript.add_message("user", text)
+        self._reply_task = self.spawn(self._stream(lambda on_delta: self.session.send(cid, text, on_delta)))
+
+    def _regenerate(self) -> None:
+        cid = self.conversation_id
+        if cid is None:
+            return
+
+        async def again(on_delta: Callable[[str], None]) -> Any:
+            reply = self.session.regenerate(cid, on_delta)
+            self.open_conversation(cid)  # the dropped reply leaves the transcript
+            self.window.chat.transcript.begin_reply()
+            return await reply
+
+        self._reply_task = self.spawn(self._stream(again, begin=False))
+
+    def _edit_last(self) -> None:
+        cid = self.conversation_id
+        if cid is None:
+            return
+        text = self.session.begin_edit(cid)
+        if text is not None:
+            self.window.chat.input.setPlainText(text)
+            self.window.chat.input.setFocus()
+            self.window.chat.set_status("Editing your last message: sending replaces it and what followed.")
+
+    async def _stream(self, turn: Callable[[Callable[[str], None]], Awaitable[Any]], begin: bool = True) -> None:
+        chat = self.window.chat
+        transcript = chat.transcript
+        chat.set_busy(True)
+        if begin:
+            transcript.begin_reply()
+        chat.set_status("Thinking…")
+        try:
+            reply = await turn(transcript.append_reply)
+            transcript.end_reply(footer(reply.message))
+            chat.set_status(footer(reply.message))
+        except asyncio.CancelledError:
+            transcript.end_reply("stopped")
+            chat.set_status("Stopped.")
+        except ChatError as e:
+            transcript.end_reply("")
+            chat.set_status(str(e))
+            self.window.log_view.append(f"[chat] {e}")
+        finally:
+            chat.set_busy(False)
+            if self.conversation_id is not None:
+                self._show_conversations_keep_transcript()
+
+    def _show_conversations_keep_transcript(self) -> None:
+        items = [(str(c.id), c.title) for c in self.store.list()]
+        self.window.chat.set_conversations(items, str(self.conversation_id))
+
+    def stop_reply(self) -> None:
+        if self._reply_task is not None and not self._reply_task.done():
+            self._reply_task.cancel()
+
+    async def chat_once(self, text: str, timeout_s: float = 120) -> str:
+        """Sends a message in the current conversation and waits for the reply (self-test and tests)."""
+        self._send(text)
+        task = self._reply_task
+        assert task is not None
+        await asyncio.wait_for(asyncio.shield(task), timeout_s)
+        cid = self.conversation_id
+        messages = self.store.messages(cid) if cid is not None else []
+        return messages[-1].content if messages and messages[-1].role == "assistant" else ""

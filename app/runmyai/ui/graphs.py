@@ -1,0 +1,132 @@
+"""Live graphs of the engine's per-token stats: a thin pyqtgraph view over monitor.StatsSeries."""
+
+from __future__ import annotations
+
+import pyqtgraph as pg
+from PySide6.QtCore import QPointF, Qt, QTimer
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from runmyai.monitor import StatsSeries, TokenEvent
+
+REDRAW_MS = 100  # events are batched: at 20 tokens/s a redraw per token would cost more than it shows
+
+
+class GraphsPanel(QWidget):
+    """Per-layer expert-cache hit rate, SSD wait and bytes read per token, VRAM swaps, prediction recall."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.series = StatsSeries()
+        self._dirty = False
+        pg.setConfigOptions(antialias=False, background="w", foreground="k")
+
+        self.hits_plot = pg.PlotWidget(title="Expert-cache hit rate per layer")
+        self.hits_plot.setYRange(0, 1.0, padding=0.02)
+        self.hits_plot.setLabel("bottom", "layer")
+        self.hits_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush="#4a90d9")
+        self.hits_mean = pg.PlotDataItem(pen=pg.mkPen("#d9534f", width=2), symbol="o", symbolSize=4, name="mean")
+        self.hits_plot.addItem(self.hits_bars)
+        self.hits_plot.addItem(self.hits_mean)
+
+        self.wait_plot = pg.PlotWidget(title="SSD wait per token (ms)")
+        self.wait_line = self.wait_plot.plot(pen=pg.mkPen("#e08e0b", width=1.5))
+        self.bytes_plot = pg.PlotWidget(title="Bytes read per token (MiB)")
+        self.bytes_line = self.bytes_plot.plot(pen=pg.mkPen("#5cb85c", width=1.5))
+        self.vram_plot = pg.PlotWidget(title="VRAM expert swaps per token")
+        self.vram_line = self.vram_plot.plot(pen=pg.mkPen("#8e44ad", width=1.5))
+        self.vram_plot.setYRange(0, 1, padding=0)  # zero is drawn as zero until there is a GPU path
+        for plot in (self.wait_plot, self.bytes_plot, self.vram_plot):
+            plot.setLabel("bottom", "token")
+            plot.showGrid(y=True, alpha=0.3)
+
+        self.summary = QLabel("no tokens yet")
+        self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.hover = QLabel("")
+        self.pause_button = QPushButton("Pause")
+        self.pause_button.setCheckable(True)
+        self.pause_button.toggled.connect(self.set_paused)
+        self.reset_button = QPushButton("Reset")
+        self.reset_button.clicked.connect(self.reset)
+
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.pause_button)
+        buttons.addWidget(self.reset_button)
+        buttons.addStretch(1)
+        layout = QVBoxLayout(self)
+        layout.addLayout(buttons)
+        layout.addWidget(self.summary)
+        for plot in (self.hits_plot, self.wait_plot, self.bytes_plot, self.vram_plot):
+            layout.addWidget(plot, 1)
+        layout.addWidget(self.hover)
+
+        for plot in (self.hits_plot, self.wait_plot, self.bytes_plot, self.vram_plot):
+            plot.scene().sigMouseMoved.connect(lambda pos, p=plot: self._on_hover(p, pos))
+
+        self._timer = QTimer(self)
+        self._timer.setInterval(REDRAW_MS)
+        self._timer.timeout.connect(self._redraw_if_dirty)
+        self._timer.start()
+
+    def add(self, event: TokenEvent) -> None:
+        if self.series.add(event):
+            self._dirty = True
+
+    def set_paused(self, paused: bool) -> None:
+        self.series.paused = paused
+        self.pause_button.setText("Resume" if paused else "Pause")
+
+    def reset(self) -> None:
+        self.series.reset()
+        self._dirty = True
+        self._redraw_if_dirty()
+
+    def _redraw_if_dirty(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        s = self.series
+        self.hits_bars.setOpts(x=s.layer_ids, height=s.last_hit_rate, width=0.8)
+        self.hits_mean.setData(s.layer_ids, s.mean_hit_rate())
+        x = list(s.token_index)
+        self.wait_line.setData(x, list(s.ssd_wait_ms))
+        self.bytes_line.setData(x, [b / 2**20 for b in s.bytes_read])
+        self.vram_line.setData(x, list(s.vram_swaps))
+        if s.vram_swaps:
+            self.vram_plot.setYRange(0, max(1.0, max(s.vram_swaps)), padding=0.05)
+        self.summary.setText(self._summary_text())
+
+    def _summary_text(self) -> str:
+        s = self.series
+        if s.tokens == 0:
+            return "no tokens yet"
+        overall = s.overall_hit_rate()
+        parts = [f"{s.tokens} tokens"]
+        if overall is not None:
+            parts.append(f"hit rate {overall:.0%}")
+        if s.tokens_per_s and s.tokens_per_s[-1]:
+            parts.append(f"{s.tokens_per_s[-1]:.1f} tok/s")
+        parts.append(f"VRAM swaps {int(sum(s.vram_swaps))}")
+        if s.recall:
+            parts.append("prediction recall " + " / ".join(f"{r:.0%}" for r in s.recall))
+        return " · ".join(parts)
+
+    def _on_hover(self, plot: pg.PlotWidget, pos: QPointF) -> None:
+        vb = plot.getPlotItem().vb
+        if not plot.sceneBoundingRect().contains(pos):
+            return
+        point = vb.mapSceneToView(pos)
+        x = round(point.x())
+        s = self.series
+        if plot is self.hits_plot:
+            if x in s.layer_ids:
+                i = s.layer_ids.index(x)
+                self.hover.setText(
+                    f"layer {x}: hit rate {s.last_hit_rate[i]:.0%} (last token), {s.mean_hit_rate()[i]:.0%} (mean)"
+                )
+            return
+        values = {self.wait_plot: s.ssd_wait_ms, self.bytes_plot: s.bytes_read, self.vram_plot: s.vram_swaps}[plot]
+        if x in s.token_index:
+            i = list(s.token_index).index(x)
+            v = values[i]
+            text = f"{v / 2**20:.2f} MiB" if plot is self.bytes_plot else f"{v:g}"
+            self.hover.setText(f"token {x}: {text}")

@@ -1,0 +1,253 @@
+"""The model library: presets and local models, the "will it run here?" estimate, hub search, downloads."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from PySide6.QtCore import Qt, Signal, SignalInstance
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+
+@dataclass(frozen=True)
+class LibraryEntry:
+    """One row of the library as the controller describes it (the widget knows nothing of presets)."""
+
+    key: str  # "preset:<id>", "local:<path>" or "hub:<repo>/<file>"
+    title: str
+    badge: str  # "installed", "downloadable", "not supported yet", "on the hub", …
+    details_html: str
+    can_download: bool = False
+    can_use: bool = False
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def human_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class DownloadsTable(QTableWidget):
+    pause_requested = Signal(str)
+    resume_requested = Signal(str)
+    cancel_requested = Signal(str)
+
+    COLUMNS = ("File", "Progress", "Speed", "ETA", "State", "")
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(0, len(self.COLUMNS), parent)
+        self.setHorizontalHeaderLabels(self.COLUMNS)
+        self.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.verticalHeader().setVisible(False)
+        self._rows: dict[str, int] = {}
+
+    def update_item(
+        self,
+        item_id: str,
+        name: str,
+        state: str,
+        done: int,
+        total: int | None,
+        speed_bps: float,
+        eta_s: float | None,
+        message: str,
+    ) -> None:
+        row = self._rows.get(item_id)
+        if row is None:
+            row = self.rowCount()
+            self.insertRow(row)
+            self._rows[item_id] = row
+            self.setItem(row, 0, QTableWidgetItem(name))
+            bar = QProgressBar()
+            bar.setRange(0, 1000)
+            self.setCellWidget(row, 1, bar)
+            for col in (2, 3, 4):
+                self.setItem(row, col, QTableWidgetItem(""))
+            self.setCellWidget(row, 5, self._buttons(item_id))
+        progress = self.cellWidget(row, 1)
+        assert isinstance(progress, QProgressBar)
+        progress.setValue(int(1000 * done / total) if total else 0)
+        progress.setFormat(f"{human_bytes(done)} / {human_bytes(total)}")
+        self._set(row, 2, f"{human_bytes(speed_bps)}/s" if state == "downloading" else "")
+        self._set(row, 3, human_eta(eta_s) if state == "downloading" else "")
+        self._set(row, 4, message or state)
+        self._set_buttons(row, state)
+
+    def _set(self, row: int, col: int, text: str) -> None:
+        item = self.item(row, col)
+        if item is not None and item.text() != text:
+            item.setText(text)
+
+    def _buttons(self, item_id: str) -> QWidget:
+        box = QWidget()
+        layout = QHBoxLayout(box)
+        layout.setContentsMargins(0, 0, 0, 0)
+        for label, signal in (
+            ("Pause", self.pause_requested),
+            ("Resume", self.resume_requested),
+            ("Cancel", self.cancel_requested),
+        ):
+            button = QPushButton(label)
+            button.setObjectName(label.lower())
+            button.clicked.connect(lambda _=False, s=signal: s.emit(item_id))
+            layout.addWidget(button)
+        return box
+
+    def _set_buttons(self, row: int, state: str) -> None:
+        box = self.cellWidget(row, 5)
+        active = state in ("queued", "downloading")
+        for name, enabled in (
+            ("pause", active),
+            ("resume", state in ("paused", "failed")),
+            ("cancel", state not in ("done", "cancelled")),
+        ):
+            button = box.findChild(QPushButton, name)
+            if button is not None:
+                button.setEnabled(enabled)
+
+
+class LibraryPanel(QWidget):
+    download_requested = Signal(str)
+    use_requested = Signal(str)
+    import_requested = Signal()
+    autotune_requested = Signal(str)
+    search_requested = Signal(str)
+    cancel_task_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search the hub for models…")
+        self.search.returnPressed.connect(lambda: self.search_requested.emit(self.search.text().strip()))
+        self.models = QListWidget()
+        self.models.currentItemChanged.connect(self._on_current)
+        self.details = QTextBrowser()
+        self.details.setOpenExternalLinks(False)
+        self.use_button = QPushButton("Chat with this model")
+        self.download_button = QPushButton("Download")
+        self.autotune_button = QPushButton("Autotune…")
+        self.import_button = QPushButton("Import GGUF…")
+        self.use_button.clicked.connect(lambda: self._emit_current(self.use_requested))
+        self.download_button.clicked.connect(lambda: self._emit_current(self.download_requested))
+        self.autotune_button.clicked.connect(lambda: self._emit_current(self.autotune_requested))
+        self.import_button.clicked.connect(self.import_requested)
+        self.task_label = QLabel("")
+        self.task_progress = QProgressBar()
+        self.task_progress.setRange(0, 1000)
+        self.task_cancel = QPushButton("Cancel")
+        self.task_cancel.clicked.connect(self.cancel_task_requested)
+        self.downloads = DownloadsTable()
+        self._entries: dict[str, LibraryEntry] = {}
+
+        buttons = QHBoxLayout()
+        for b in (self.use_button, self.download_button, self.autotune_button, self.import_button):
+            buttons.addWidget(b)
+        task = QHBoxLayout()
+        task.addWidget(self.task_label, 1)
+        task.addWidget(self.task_progress, 1)
+        task.addWidget(self.task_cancel)
+        top = QWidget()
+        top_layout = QVBoxLayout(top)
+        top_layout.setContentsMargins(0, 0, 0, 0)
+        top_layout.addWidget(self.search)
+        top_layout.addWidget(self.models, 2)
+        top_layout.addWidget(self.details, 3)
+        top_layout.addLayout(buttons)
+        top_layout.addLayout(task)
+        splitter = QSplitter(Qt.Orientation.Vertical)
+        splitter.addWidget(top)
+        splitter.addWidget(self.downloads)
+        splitter.setSizes([500, 150])
+        layout = QVBoxLayout(self)
+        layout.addWidget(splitter)
+        self.set_task(None)
+        self._update_buttons(None)
+
+    def set_entries(self, entries: list[LibraryEntry], current: str | None = None) -> None:
+        keep = current or self.current_key()
+        self._entries = {e.key: e for e in entries}
+        self.models.blockSignals(True)
+        self.models.clear()
+        for e in entries:
+            item = QListWidgetItem(f"{e.title}  —  {e.badge}")
+            item.setData(Qt.ItemDataRole.UserRole, e.key)
+            self.models.addItem(item)
+            if e.key == keep:
+                self.models.setCurrentItem(item)
+        self.models.blockSignals(False)
+        self._show(keep)
+
+    def current_key(self) -> str | None:
+        item = self.models.currentItem()
+        return None if item is None else str(item.data(Qt.ItemDataRole.UserRole))
+
+    def select(self, key: str) -> None:
+        for row in range(self.models.count()):
+            if self.models.item(row).data(Qt.ItemDataRole.UserRole) == key:
+                self.models.setCurrentRow(row)
+                return
+
+    def set_task(self, label: str | None, fraction: float | None = None, cancellable: bool = True) -> None:
+        """A long job (import, autotune, first-start repack): label + progress + cancel; None hides it."""
+        visible = label is not None
+        for w in (self.task_label, self.task_progress, self.task_cancel):
+            w.setVisible(visible)
+        if visible:
+            self.task_label.setText(label or "")
+            if fraction is None:
+                self.task_progress.setRange(0, 0)  # busy indicator
+            else:
+                self.task_progress.setRange(0, 1000)
+                self.task_progress.setValue(int(1000 * max(0.0, min(1.0, fraction))))
+            self.task_cancel.setEnabled(cancellable)
+
+    def _on_current(self, item: QListWidgetItem | None, _previous: QListWidgetItem | None = None) -> None:
+        self._show(None if item is None else str(item.data(Qt.ItemDataRole.UserRole)))
+
+    def _show(self, key: str | None) -> None:
+        entry = self._entries.get(key or "")
+        self.details.setHtml(entry.details_html if entry else "<p>Pick a model.</p>")
+        self._update_buttons(entry)
+
+    def _update_buttons(self, entry: LibraryEntry | None) -> None:
+        self.use_button.setEnabled(bool(entry and entry.can_use))
+        self.autotune_button.setEnabled(bool(entry and entry.can_use))
+        self.download_button.setEnabled(bool(entry and entry.can_download))
+
+    def _emit_current(self, signal: SignalInstance) -> None:
+        key = self.current_key()
+        if key is not None:
+            signal.emit(key)
+
+
+def escape(text: str) -> str:
+    return html.escape(text)

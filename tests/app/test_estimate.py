@@ -1,0 +1,261 @@
+"""'Will it run here?': the estimate's numbers checked by hand on a model with round numbers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from runmyai.library.estimate import DEFAULT_DRIVE_BPS, ENGINE_RESERVE, HEADROOM, estimate, hit_rate
+from runmyai.library.machine import (
+    GpuInfo,
+    MachineInfo,
+    cgroup_memory_limit,
+    nvidia_gpus,
+    probe_machine,
+    saved_drive_speed,
+)
+from runmyai.library.presets import ArchFacts, ChatDefaults, Preset, load_catalog
+from runmyai.paths import bundled_dir
+
+GIB = 1 << 30
+
+# 10 MoE layers x 100 experts of 3,000,000 weights at 1 byte each (expert_bytes 3 MB):
+#   experts in all X = 10 x 100 x 3e6 = 3e9 bytes; file 4e9, so 1e9 is always loaded.
+#   per token: experts 10 layers x 4 x 3e6 = 1.2e8 bytes; active 1.3e8 params - 1.2e8 = 1e7 always-used bytes.
+FACTS = ArchFacts("qwen3moe", 4e9, 1.3e8, 10, 0, 100, 0, 4, 1000, 1000, 4096)
+PRESET = Preset(
+    id="round",
+    name="Round",
+    repo="runmyai/Round-TW",
+    file="Round.tw.gguf",
+    size_bytes=4_000_000_000,
+    sha256=None,
+    quant="Q8_0",
+    facts=FACTS,
+    expert_bytes=3_000_000,
+    engine_support="supported",
+    chat=ChatDefaults(),
+    flags=(),
+    source="hub",
+    notes="",
+)
+# Memory reads 13 GB/s: 1.3e8 bytes per token take 10 ms. The drive reads 1.2 GB/s.
+MACHINE = MachineInfo(
+    ram_total=32 * GIB,
+    ram_available=16 * GIB,
+    ram_limit=None,
+    cores=8,
+    cpu_model="test",
+    isa=("avx2",),
+    gpus=(),
+    disk_free=100_000_000_000,
+    drive_read_bps=1.2e9,
+    mem_bandwidth_bps=13e9,
+)
+# RAM for exactly a 25 % cache: headroom + engine reserve + 1e9 always loaded + 0.75e9 of experts.
+QUARTER = HEADROOM + ENGINE_RESERVE + 1_000_000_000 + 750_000_000
+
+
+def test_hit_rate_curve() -> None:
+    assert hit_rate(0.25) == pytest.approx(0.5)
+    assert hit_rate(0.04) == pytest.approx(0.2)
+    assert hit_rate(1.0) == hit_rate(3.0) == 1.0
+    assert hit_rate(0.0) == 0.0
+
+
+def test_fits_in_ram() -> None:
+    e = estimate(PRESET, MACHINE)
+    assert e.verdict == "runs_well"
+    assert e.cache_bytes == 3_000_000_000 and e.hit_rate == 1.0
+    assert e.active_bytes == 130_000_000
+    assert e.io_seconds == 0.0 and e.compute_seconds == pytest.approx(0.010)
+    assert e.tokens_per_s == pytest.approx(100.0)
+    assert e.reasons[0].startswith("This is an estimate")
+    assert any("About 100.0 tokens/s" in r for r in e.reasons)
+
+
+def test_quarter_cache() -> None:
+    e = estimate(PRESET, dataclasses.replace(MACHINE, ram_available=QUARTER))
+    # 25 % cache -> 50 % hits -> 6e7 bytes missed per token / 1.2e9 = 50 ms, + 10 ms compute = 60 ms
+    assert e.cache_bytes == 750_000_000
+    assert e.hit_rate == pytest.approx(0.5)
+    assert e.miss_bytes == pytest.approx(6e7)
+    assert e.io_seconds == pytest.approx(0.050)
+    assert e.tokens_per_s == pytest.approx(1 / 0.060)
+    assert e.verdict == "runs_well"
+    assert any("25% of the experts" in r for r in e.reasons)
+    assert any("1.20 GB/s (measured)" in r for r in e.reasons)
+
+
+def test_memory_limit_counts_without_headroom() -> None:
+    # Plenty of free RAM, but a cgroup limit with 1e8 already used: room = limit - used, headroom not taken off.
+    used = 100_000_000
+    limit = ENGINE_RESERVE + 1_000_000_000 + 750_000_000 + used
+    e = estimate(PRESET, dataclasses.replace(MACHINE, ram_limit=limit, ram_limit_used=used))
+    assert e.cache_bytes == 750_000_000
+    assert e.tokens_per_s == pytest.approx(1 / 0.060)
+    assert any("left under the memory limit" in r for r in e.reasons)
+
+
+def test_slow_drive_runs_slowly() -> None:
+    e = estimate(PRESET, dataclasses.replace(MACHINE, ram_available=QUARTER, drive_read_bps=1e8))
+    # 6e7 / 1e8 = 600 ms + 10 ms
+    assert e.tokens_per_s == pytest.approx(1 / 0.610)
+    assert e.verdict == "runs_slowly"
+
+
+def test_smallest_cache_when_memory_is_short() -> None:
+    e = estimate(PRESET, dataclasses.replace(MACHINE, ram_available=1_000_000_000))
+    # the engine's minimum: top_k slots per layer = 10 x 4 x 3e6 = 1.2e8 (4 %), 20 % hits
+    assert e.cache_bytes == 120_000_000 and not e.fits_in_memory
+    assert e.hit_rate == pytest.approx(0.2)
+    assert e.tokens_per_s == pytest.approx(1 / (1.2e8 * 0.8 / 1.2e9 + 0.010))
+    assert e.verdict == "runs_slowly"  # fast enough on paper, but it would page
+    assert any("page memory" in r for r in e.reasons)
+
+
+def test_no_disk_space() -> None:
+    e = estimate(PRESET, dataclasses.replace(MACHINE, disk_free=3_000_000_000))
+    assert e.verdict == "no_disk_space"
+    assert e.tokens_per_s == pytest.approx(100.0)  # still says how it would run
+    assert any("GB short" in r for r in e.reasons)
+    assert estimate(PRESET, dataclasses.replace(MACHINE, disk_free=0), installed=True).verdict == "runs_well"
+
+
+def test_unsupported_architecture_wins() -> None:
+    planned = dataclasses.replace(PRESET, engine_support="planned", facts=dataclasses.replace(FACTS, arch="deepseek2"))
+    e = estimate(planned, dataclasses.replace(MACHINE, disk_free=0))
+    assert e.verdict == "unsupported"
+    assert any("deepseek2 architecture is planned" in r for r in e.reasons)
+
+
+def test_defaults_when_nothing_is_measured() -> None:
+    m = dataclasses.replace(MACHINE, ram_available=QUARTER, drive_read_bps=None, mem_bandwidth_bps=None)
+    e = estimate(PRESET, m)
+    assert e.io_seconds == pytest.approx(6e7 / DEFAULT_DRIVE_BPS)
+    assert any("not measured yet" in r for r in e.reasons)
+    assert any("conservative assumption" in r for r in e.reasons)
+    gpu = estimate(PRESET, dataclasses.replace(m, gpus=(GpuInfo(0, "RTX", 16 * GIB, 12 * GIB),)))
+    assert gpu.tokens_per_s == e.tokens_per_s  # VRAM not counted by this engine version
+    assert any("VRAM is not counted" in r for r in gpu.reasons)
+
+
+def test_real_presets_are_sane() -> None:
+    catalog = load_catalog(bundled_dir("presets"))
+    desktop = dataclasses.replace(MACHINE, ram_available=28 * GIB, drive_read_bps=3e9, mem_bandwidth_bps=None)
+    for p in catalog.presets:
+        e = estimate(p, dataclasses.replace(desktop, disk_free=10**13))
+        assert e.tokens_per_s > 0 and 0 < e.hit_rate <= 1
+        assert (e.verdict == "unsupported") == (p.engine_support == "planned")
+    q30 = catalog.get("qwen3-30b-a3b")
+    q235 = catalog.get("qwen3-235b-a22b")
+    assert q30 is not None and q235 is not None
+    assert estimate(q30, desktop).verdict == "runs_well"  # 17.6 GB of experts all fit in 28 GB
+    small = estimate(q30, dataclasses.replace(desktop, ram_available=8 * GIB))
+    assert small.hit_rate < 1 and small.tokens_per_s < estimate(q30, desktop).tokens_per_s
+    big = estimate(q235, desktop)
+    assert big.verdict == "no_disk_space" and big.tokens_per_s < small.tokens_per_s
+
+
+# ---------------------------------------------------------------------------------------------- machine probe
+def test_probe_this_machine(tmp_path: Path) -> None:
+    m = probe_machine(tmp_path / "not-yet" / "models")
+    assert m.ram_total > 0 and 0 < m.ram_available <= m.ram_total
+    assert m.ram_limit is None or 0 < m.ram_limit < m.ram_total
+    assert 0 < m.ram_usable <= m.ram_available
+    assert m.cores >= 1 and m.cpu_model
+    assert isinstance(m.gpus, tuple)  # no GPU here: empty, not an error
+    assert m.disk_free > 0
+    assert m.drive_read_bps is None  # never benchmarked by the probe
+    assert probe_machine(tmp_path, drive_read_bps=2e9).drive_read_bps == 2e9
+
+
+def _fake_root(tmp_path: Path, cgroup: str, files: dict[str, str]) -> Path:
+    root = tmp_path / "root"
+    (root / "proc" / "self").mkdir(parents=True)
+    (root / "proc" / "meminfo").write_text("MemTotal:       16777216 kB\nMemFree: 1 kB\nMemAvailable:    8388608 kB\n")
+    (root / "proc" / "cpuinfo").write_text("processor\t: 0\nmodel name\t: Fake CPU 9000\nflags\t\t: fpu avx avx2 fma\n")
+    (root / "proc" / "self" / "cgroup").write_text(cgroup)
+    for rel, text in files.items():
+        path = root / "sys" / "fs" / "cgroup" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_cgroup_v2_limit_on_an_ancestor(tmp_path: Path) -> None:
+    root = _fake_root(
+        tmp_path,
+        "0::/user.slice/app.scope\n",
+        {
+            "user.slice/app.scope/memory.max": "max\n",
+            "user.slice/app.scope/memory.current": "123\n",
+            "user.slice/memory.max": "2147483648\n",
+            "user.slice/memory.current": "1073741824\n",
+        },
+    )
+    assert cgroup_memory_limit(root) == (2 * GIB, GIB)
+    m = probe_machine(tmp_path, root=root)
+    assert (m.ram_total, m.ram_available, m.ram_limit, m.ram_limit_used) == (16 * GIB, 8 * GIB, 2 * GIB, GIB)
+    assert m.ram_usable == GIB  # the room under the limit, not the free RAM
+    assert m.cpu_model == "Fake CPU 9000" and m.isa == ("avx", "avx2", "fma")
+
+
+def test_cgroup_v1_limit_and_no_limit(tmp_path: Path) -> None:
+    v1 = _fake_root(
+        tmp_path / "a",
+        "12:cpu,cpuacct:/docker/x\n9:memory:/docker/x\n0::/\n",
+        {"memory/docker/x/memory.limit_in_bytes": "1073741824\n", "memory/docker/x/memory.usage_in_bytes": "5000\n"},
+    )
+    assert cgroup_memory_limit(v1) == (GIB, 5000)
+    unlimited = _fake_root(tmp_path / "b", "9:memory:/\n", {"memory/memory.limit_in_bytes": "9223372036854771712\n"})
+    assert cgroup_memory_limit(unlimited) == (None, 0)
+    above_ram = _fake_root(tmp_path / "c", "0::/big\n", {"big/memory.max": str(64 * GIB)})
+    assert probe_machine(tmp_path, root=above_ram).ram_limit is None  # a limit above RAM is no limit
+    assert cgroup_memory_limit(tmp_path / "nowhere") == (None, 0)
+
+
+def test_drive_speed_from_a_saved_autotune(tmp_path: Path) -> None:
+    (tmp_path / "other.json").write_text('{"not": "autotune"}')
+    (tmp_path / "autotune.json").write_text(
+        json.dumps({"machine": {"drive": {"mb_per_s_by_threads": {"1": 900.0, "8": 1250.5}}}})
+    )
+    assert saved_drive_speed(tmp_path) == pytest.approx(1250.5e6)
+    assert probe_machine(tmp_path, autotune_dir=tmp_path).drive_read_bps == pytest.approx(1250.5e6)
+    assert probe_machine(tmp_path, 3e9, autotune_dir=tmp_path).drive_read_bps == 3e9  # a parameter wins
+    assert saved_drive_speed(tmp_path / "none") is None
+
+
+def test_gpus_through_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU on the test machines: a stand-in NVML with two GPUs, then one whose init fails (no driver)."""
+    calls: list[str] = []
+
+    class Mem:
+        def __init__(self, total: int, free: int) -> None:
+            self.total, self.free = total, free
+
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: calls.append("init"),
+        nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetMemoryInfo=lambda h: Mem(24 * GIB, (20 - h) * GIB),
+        nvmlDeviceGetName=lambda h: b"NVIDIA RTX 4090" if h == 0 else "NVIDIA H200",
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert nvidia_gpus() == (
+        GpuInfo(0, "NVIDIA RTX 4090", 24 * GIB, 20 * GIB),
+        GpuInfo(1, "NVIDIA H200", 24 * GIB, 19 * GIB),
+    )
+    assert calls == ["init", "shutdown"]
+
+    def no_driver() -> None:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=no_driver))
+    assert nvidia_gpus() == ()

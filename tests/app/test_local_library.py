@@ -1,0 +1,176 @@
+"""Installed models through the real engine CLI: import with progress, cancel, errors, scan, the bundled demo."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runmyai.library.local import ImportCancelled, LibraryError, LocalLibrary, LocalModel, repacked_name
+from runmyai.library.presets import load_catalog
+from runmyai.paths import bundled_dir
+from tests.conftest import ModelFactory
+
+CATALOG = load_catalog(bundled_dir("presets"))
+
+
+def _visible(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_repacked_name() -> None:
+    assert repacked_name(Path("/x/Model-Q4_K_M.gguf")) == "Model-Q4_K_M.tw.gguf"
+    assert repacked_name(Path("Big-Q4_K_M-00001-of-00003.gguf")) == "Big-Q4_K_M.tw.gguf"
+
+
+def test_progress_json_flag(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """The engine's `repack --progress-json`: one JSON object per line on stderr, each pass ending at its total."""
+    src, out = model_factory(), tmp_path / "m.tw.gguf"
+    r = subprocess.run(
+        [sys.executable, "-m", "tokenwing", "repack", str(src), "-o", str(out), "--progress-json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("wrote ")
+    records = [json.loads(line) for line in r.stderr.splitlines()]  # every line is JSON
+    for stage in ("repacking", "verifying"):
+        mine = [x for x in records if x["progress"] == stage]
+        assert mine[0]["done"] == 0 and mine[-1]["done"] == mine[-1]["total"] > 0
+        assert [x["done"] for x in mine] == sorted(x["done"] for x in mine)
+    assert [x["progress"] for x in records].index("verifying") > 0
+
+
+def test_import_lists_and_matches(model_factory: ModelFactory, tmp_path: Path) -> None:
+    src = tmp_path / "src" / "My-Model-Q8_0.gguf"
+    src.parent.mkdir()
+    shutil.copy(model_factory(type="Q8_0"), src)
+    models = tmp_path / "models"
+    preset = dataclasses.replace(CATALOG.presets[1], file="My-Model-Q8_0.tw.gguf")
+    lib = LocalLibrary(models, presets=[preset])
+    events: list[tuple[float, str]] = []
+
+    async def go() -> tuple[LocalModel, list[LocalModel]]:
+        model = await lib.import_gguf([src], lambda f, m: events.append((f, m)))
+        return model, list(await lib.scan())
+
+    model, listed = asyncio.run(go())
+    assert events[0] == (0.0, "Starting the engine") and events[-1] == (1.0, "Done")
+    fractions = [f for f, _ in events]
+    assert fractions == sorted(fractions)
+    assert any(m.startswith("Converting:") for _, m in events)
+    assert any(m.startswith("Checking the new file:") for _, m in events)
+    dest = models / "My-Model-Q8_0.tw.gguf"
+    assert listed == [model]
+    assert model.path == dest and model.arch == "qwen3moe" and model.size_bytes == dest.stat().st_size
+    assert model.preset_id == preset.id and model.name == preset.name and not model.bundled
+    assert _visible(models) == [".library.json", "My-Model-Q8_0.tw.gguf"]
+    with pytest.raises(LibraryError, match="already in your library"):
+        asyncio.run(lib.import_gguf([src]))
+
+
+def test_scan_uses_its_cache_and_shows_broken_files(repacked_factory: ModelFactory, tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    good = models / "good.tw.gguf"
+    shutil.copy(repacked_factory(), good)
+    (models / "broken.tw.gguf").write_bytes(b"GGUF" + b"\0" * 100)
+    sha = hashlib.sha256(good.read_bytes()).hexdigest()
+    by_hash = dataclasses.replace(CATALOG.presets[1], sha256=sha, size_bytes=good.stat().st_size)
+    no_engine = [str(tmp_path / "no-engine")]
+    unstarted = asyncio.run(LocalLibrary(models, engine=no_engine).scan())
+    assert [m.error for m in unstarted] == ["The engine could not be started: No such file or directory."] * 2
+    listed = asyncio.run(LocalLibrary(models, presets=[by_hash]).scan())  # not cached: asks the engine
+    assert [m.path.name for m in listed] == ["broken.tw.gguf", "good.tw.gguf"]
+    broken, ok = listed
+    assert broken.arch is None and broken.error and "\n" not in broken.error and "exit code" in broken.error
+    assert ok.arch == "qwen3moe" and ok.error is None and ok.preset_id == by_hash.id  # matched by sha256
+    # A second scan answers from the cache: an engine that can't even start is never called.
+    again = asyncio.run(LocalLibrary(models, presets=[by_hash], engine=no_engine).scan())
+    assert again == listed
+
+
+@pytest.mark.parametrize("how", ["task", "event"])
+def test_cancel_leaves_nothing(model_factory: ModelFactory, tmp_path: Path, how: str) -> None:
+    src = model_factory(type="Q4_0", n_layer=4, n_embd=1024, n_ff_exp=512, n_expert=64)
+    models = tmp_path / "models"
+    lib = LocalLibrary(models)
+    saw_partial: list[bool] = []
+
+    async def go() -> None:
+        started = asyncio.Event()
+        cancel = asyncio.Event()
+
+        def progress(fraction: float, message: str) -> None:
+            if message.startswith("Converting") and not started.is_set():
+                saw_partial.append(any(".partial-" in p.name for p in models.iterdir()))
+                started.set()
+
+        task = asyncio.ensure_future(lib.import_gguf([src], progress, cancel=cancel))
+        await asyncio.wait_for(started.wait(), 120)
+        assert not task.done(), "the import ended before it could be cancelled"
+        if how == "task":
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            cancel.set()
+            with pytest.raises(ImportCancelled, match="cancelled; nothing was kept"):
+                await task
+
+    asyncio.run(go())
+    assert saw_partial == [True]  # the engine was writing when it was stopped
+    assert _visible(models) == []
+
+
+def test_corrupt_gguf_is_the_engines_one_line(model_factory: ModelFactory, tmp_path: Path) -> None:
+    lib = LocalLibrary(tmp_path / "models")
+    garbage = tmp_path / "broken.gguf"
+    garbage.write_bytes(b"not a model at all")
+    with pytest.raises(LibraryError) as info:
+        asyncio.run(lib.import_gguf([garbage]))
+    msg = str(info.value)
+    assert msg.startswith("Couldn't import broken.gguf: ") and "not a GGUF file" in msg, msg
+    assert msg.endswith("(engine exit code 2).") and "\n" not in msg and "Traceback" not in msg
+    assert info.value.exit_code == 2
+    truncated = tmp_path / "cut.gguf"
+    data = model_factory().read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(LibraryError) as info:
+        asyncio.run(lib.import_gguf([truncated]))
+    assert str(info.value).startswith("Couldn't import cut.gguf: ") and info.value.exit_code not in (None, 0)
+    assert "\n" not in str(info.value)
+    assert _visible(tmp_path / "models") == []
+
+
+def test_bundled_demo_once(model_factory: ModelFactory, tmp_path: Path) -> None:
+    resources = tmp_path / "resources"
+    (resources / "demo-model").mkdir(parents=True)
+    shipped = resources / "demo-model" / "tokenwing-demo-moe.gguf"
+    shutil.copy(model_factory(), shipped)
+    models = tmp_path / "models"
+    lib = LocalLibrary(models, resources, presets=CATALOG.presets)
+    calls: list[float] = []
+
+    first = asyncio.run(lib.ensure_bundled_demo(lambda f, m: calls.append(f)))
+    assert first is not None and first.bundled and first.preset_id == "tokenwing-demo-moe"
+    assert first.path == models / "tokenwing-demo-moe.tw.gguf" and calls[-1] == 1.0
+    mtime = first.path.stat().st_mtime_ns
+    calls.clear()
+    second = asyncio.run(lib.ensure_bundled_demo(lambda f, m: calls.append(f)))
+    assert second == first and calls == [] and first.path.stat().st_mtime_ns == mtime  # already there: skipped
+    # The app ships a new demo: repacked again.
+    shutil.copy(model_factory(seed=1), shipped)
+    third = asyncio.run(lib.ensure_bundled_demo(lambda f, m: calls.append(f)))
+    assert third is not None and calls and calls[-1] == 1.0
+    assert [m.name for m in asyncio.run(lib.scan())] == ["TokenWing demo (22 M)"]
+    assert asyncio.run(LocalLibrary(models, tmp_path / "nothing").ensure_bundled_demo()) is None

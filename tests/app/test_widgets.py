@@ -1,0 +1,105 @@
+"""The thin widgets: transcript streaming, graphs, chat panel intents (offscreen Qt)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QGuiApplication
+from pytestqt.qtbot import QtBot
+
+from runmyai.ui.chat_panel import ChatPanel, SamplingValues
+from runmyai.ui.graphs import GraphsPanel
+from runmyai.ui.transcript import Transcript, markdown_fragment
+
+REPLY = "# Plan\n\nFirst **bold** point.\n\n```python\nprint('hi')\n\nprint('there')\n```\n\nLast line."
+
+
+def test_streamed_reply_renders_per_block_and_ends_like_a_whole_render(qtbot: QtBot) -> None:
+    streamed = Transcript()
+    qtbot.addWidget(streamed)
+    streamed.begin_reply()
+    for i in range(0, len(REPLY), 3):
+        streamed.append_reply(REPLY[i : i + 3])
+    assert streamed.streaming
+    # renders happen when a block completes (heading, paragraph, code block), not per token
+    assert streamed.renders <= 4
+    assert streamed.end_reply("5 tok/s") == REPLY
+    assert not streamed.streaming
+
+    whole = Transcript()
+    qtbot.addWidget(whole)
+    whole.add_message("assistant", REPLY, "5 tok/s")
+    assert streamed.toPlainText().split() == whole.toPlainText().split()
+    assert "print('there')" in streamed.toPlainText()
+    assert markdown_fragment("**x**").toPlainText() == "x"
+
+
+def test_copy_links(qtbot: QtBot) -> None:
+    t = Transcript()
+    qtbot.addWidget(t)
+    t.add_message("user", "question")
+    t.add_message("assistant", REPLY)
+    with qtbot.waitSignal(t.copy_requested) as blocker:
+        t.anchorClicked.emit(QUrl("copycode:1:0"))
+    assert blocker.args == ["print('hi')\n\nprint('there')\n"]
+    assert QGuiApplication.clipboard().text() == "print('hi')\n\nprint('there')\n"
+    t.anchorClicked.emit(QUrl("copy:1"))
+    assert QGuiApplication.clipboard().text() == REPLY
+    t.anchorClicked.emit(QUrl("copycode:7:9"))  # stale link: ignored, no exception
+    assert QGuiApplication.clipboard().text() == REPLY
+
+
+@dataclass
+class Layer:
+    layer: int
+    hits: int
+    misses: int
+
+
+@dataclass
+class Event:
+    token: int
+    layers: list[Layer]
+    ssd_wait_ms: float = 2.5
+    bytes_read: int = 3 << 20
+    vram_swaps: int = 0
+    prediction_recall: list[float] = field(default_factory=lambda: [0.8, 0.6])
+    tokens_per_s: float | None = 9.5
+
+
+def test_graphs_draw_and_pause(qtbot: QtBot) -> None:
+    g = GraphsPanel()
+    qtbot.addWidget(g)
+    for t in range(5):
+        g.add(Event(t, [Layer(i, 6, 2) for i in range(4)]))
+    qtbot.waitUntil(lambda: g.summary.text().startswith("5 tokens"), timeout=2000)
+    assert "hit rate 75%" in g.summary.text()
+    assert "VRAM swaps 0" in g.summary.text()
+    _x, y = g.wait_line.getData()
+    assert list(y) == [2.5] * 5
+    g.pause_button.click()
+    g.add(Event(6, [Layer(i, 6, 2) for i in range(4)]))
+    assert g.series.tokens == 5
+    g.pause_button.click()
+    g.reset_button.click()
+    assert g.summary.text() == "no tokens yet"
+
+
+def test_chat_panel_intents(qtbot: QtBot) -> None:
+    p = ChatPanel()
+    qtbot.addWidget(p)
+    p.input.setPlainText("  hello  ")
+    with qtbot.waitSignal(p.send_requested) as sent:
+        p.send_button.click()
+    assert sent.args == ["hello"]
+    assert p.input.toPlainText() == ""
+    p.set_busy(True)
+    assert not p.send_button.isEnabled() and p.stop_button.isEnabled()
+    v = SamplingValues(system_prompt="be brief", temperature=0.3, top_k=20, seed=7)
+    p.settings.set_values(v)
+    assert p.settings.values() == v
+    p.set_conversations([("a", "First"), ("b", "Second")], "b")
+    with qtbot.waitSignal(p.conversation_selected) as chosen:
+        p.conversations.setCurrentRow(0)
+    assert chosen.args == ["a"]
