@@ -14,12 +14,16 @@ class LoopWatchdog(QObject):
         self.worst_s = 0.0
         self.ticks = 0
         self._last: float | None = None
+        self.stalls: list[tuple[float, float]] = []  # (start, end) of gaps over 20 ms, for diagnostics
+        self.stall_cpu_ms: list[float] = []  # the UI thread's own CPU time in each of those gaps
+        self._last_cpu = 0.0
         self._timer = QTimer(self)
         self._timer.setInterval(interval_ms)
         self._timer.timeout.connect(self._tick)
 
     def start(self) -> LoopWatchdog:
         self._last = time.perf_counter()
+        self._last_cpu = time.thread_time()
         self._timer.start()
         return self
 
@@ -28,9 +32,15 @@ class LoopWatchdog(QObject):
 
     def _tick(self) -> None:
         now = time.perf_counter()
+        cpu = time.thread_time()
         if self._last is not None:
-            self.worst_s = max(self.worst_s, now - self._last - self.interval_s)
+            gap = now - self._last - self.interval_s
+            self.worst_s = max(self.worst_s, gap)
+            if gap > 0.02:
+                self.stalls.append((self._last, now))
+                self.stall_cpu_ms.append((cpu - self._last_cpu) * 1000)
         self._last = now
+        self._last_cpu = cpu
         self.ticks += 1
 
     @property

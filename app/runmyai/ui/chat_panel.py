@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QPlainTextEdit,
     QPushButton,
+    QSizePolicy,
     QSpinBox,
     QSplitter,
     QVBoxLayout,
@@ -171,7 +172,8 @@ class ChatPanel(QWidget):
         self.edit_button = QPushButton("Edit last")
         self.edit_button.clicked.connect(self.edit_last_requested)
         self.status = QLabel("")
-        self.status.setWordWrap(True)
+        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)  # no re-layout per status
+        self.status.setFixedHeight(self.status.fontMetrics().height() + 4)
         buttons = QHBoxLayout()
         for b in (self.send_button, self.stop_button, self.regenerate_button, self.edit_button):
             buttons.addWidget(b)

@@ -425,8 +425,12 @@ class AppController(QObject):
         dialog.open()
 
     async def use_endpoint(self, base_url: str, api_key: str | None) -> None:
+        try:
+            endpoint = Endpoint.remote(base_url, api_key)
+        except ValueError as e:
+            self.report(f"That is not an endpoint address: {e}.")
+            return
         await self.stop_engine()
-        endpoint = Endpoint.remote(base_url, api_key)
         client = ChatClient(endpoint)
         try:
             models = await client.models()

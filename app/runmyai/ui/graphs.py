@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Qt, QTimer
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout, QWidget
 
 from runmyai.monitor import StatsSeries, TokenEvent
 
-REDRAW_MS = 100  # events are batched: at 20 tokens/s a redraw per token would cost more than it shows
+REDRAW_MS = 250  # events are batched: a redraw costs ~9 ms, so one per token at 20 tokens/s would cost 18 % of a core
 
 
 class GraphsPanel(QWidget):
@@ -18,13 +18,14 @@ class GraphsPanel(QWidget):
         super().__init__(parent)
         self.series = StatsSeries()
         self._dirty = False
+        self._layer_span: tuple[int, int] | None = None
         pg.setConfigOptions(antialias=False, background="w", foreground="k")
 
         self.hits_plot = pg.PlotWidget(title="Expert-cache hit rate per layer")
         self.hits_plot.setYRange(0, 1.0, padding=0.02)
         self.hits_plot.setLabel("bottom", "layer")
         self.hits_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush="#4a90d9")
-        self.hits_mean = pg.PlotDataItem(pen=pg.mkPen("#d9534f", width=2), symbol="o", symbolSize=4, name="mean")
+        self.hits_mean = pg.PlotDataItem(pen=pg.mkPen("#d9534f", width=2), name="mean")  # symbols cost 3x the paint
         self.hits_plot.addItem(self.hits_bars)
         self.hits_plot.addItem(self.hits_mean)
 
@@ -35,13 +36,23 @@ class GraphsPanel(QWidget):
         self.vram_plot = pg.PlotWidget(title="VRAM expert swaps per token")
         self.vram_line = self.vram_plot.plot(pen=pg.mkPen("#8e44ad", width=1.5))
         self.vram_plot.setYRange(0, 1, padding=0)  # zero is drawn as zero until there is a GPU path
+        # Fixed x ranges (tokens ago, layers) let the axes keep their cached pictures between redraws; no grid:
+        # its alpha-blended lines were 3/4 of the paint time (bench/graphs_bench.py).
         for plot in (self.wait_plot, self.bytes_plot, self.vram_plot):
-            plot.setLabel("bottom", "token")
-            plot.showGrid(y=True, alpha=0.3)
+            plot.setLabel("bottom", "tokens ago")
+            plot.setXRange(-self.series.window, 0, padding=0)
+        for plot in (self.hits_plot, self.wait_plot, self.bytes_plot, self.vram_plot):
+            plot.getAxis("left").setWidth(44)  # a tick label growing a digit must not re-lay out the panel
+            plot.setMouseEnabled(x=False, y=False)
+            plot.hideButtons()
+            plot.setMenuEnabled(False)
 
         self.summary = QLabel("no tokens yet")
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.hover = QLabel("")
+        for label in (self.summary, self.hover):  # text changes must not re-lay out the plots
+            label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+            label.setFixedHeight(label.fontMetrics().height() + 4)
         self.pause_button = QPushButton("Pause")
         self.pause_button.setCheckable(True)
         self.pause_button.toggled.connect(self.set_paused)
@@ -87,7 +98,10 @@ class GraphsPanel(QWidget):
         s = self.series
         self.hits_bars.setOpts(x=s.layer_ids, height=s.last_hit_rate, width=0.8)
         self.hits_mean.setData(s.layer_ids, s.mean_hit_rate())
-        x = list(s.token_index)
+        if s.layer_ids and self._layer_span != (s.layer_ids[0], s.layer_ids[-1]):
+            self._layer_span = (s.layer_ids[0], s.layer_ids[-1])
+            self.hits_plot.setXRange(s.layer_ids[0] - 0.5, s.layer_ids[-1] + 0.5, padding=0)
+        x = [t - s.tokens for t in s.token_index]
         self.wait_line.setData(x, list(s.ssd_wait_ms))
         self.bytes_line.setData(x, [b / 2**20 for b in s.bytes_read])
         self.vram_line.setData(x, list(s.vram_swaps))
@@ -125,8 +139,8 @@ class GraphsPanel(QWidget):
                 )
             return
         values = {self.wait_plot: s.ssd_wait_ms, self.bytes_plot: s.bytes_read, self.vram_plot: s.vram_swaps}[plot]
-        if x in s.token_index:
-            i = list(s.token_index).index(x)
-            v = values[i]
+        token = s.tokens + x  # the x axis counts tokens ago
+        if token in s.token_index:
+            v = values[list(s.token_index).index(token)]
             text = f"{v / 2**20:.2f} MiB" if plot is self.bytes_plot else f"{v:g}"
-            self.hover.setText(f"token {x}: {text}")
+            self.hover.setText(f"token {token}: {text}")

@@ -4,6 +4,7 @@ in the engine thread while /health says "loading", then serves until SIGTERM/SIG
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -62,8 +63,9 @@ def serve(model: str, options: SessionOptions, host: str, port: int, watch_stdin
         def wait_eof() -> None:
             while os.read(sys.stdin.fileno(), 4096):
                 pass
-            log("stdin closed: stopping")
-            server.should_exit = True
+            server.should_exit = True  # first: the log below fails if the app (our stderr) is gone
+            with contextlib.suppress(OSError):
+                log("stdin closed: stopping")
 
         threading.Thread(target=wait_eof, daemon=True).start()
     worker.on_fatal = lambda: setattr(server, "should_exit", True)

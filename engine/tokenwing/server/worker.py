@@ -7,6 +7,7 @@ A client that goes away sets the job's cancel flag, which the decode loop checks
 from __future__ import annotations
 
 import asyncio
+import errno
 import queue
 import threading
 import time
@@ -96,6 +97,15 @@ class EngineWorker:
             return
         except MemoryError:
             self.state, self.error = "error", "out of memory while loading the model"
+            self.on_fatal()
+            return
+        except OSError as e:  # mmap/madvise under a memory limit: ENOMEM is out of memory too
+            reason = "out of memory while loading the model" if e.errno == errno.ENOMEM else f"loading failed: {e}"
+            self.state, self.error = "error", reason
+            self.on_fatal()
+            return
+        except Exception as e:  # anything else must not leave /health saying "loading" forever
+            self.state, self.error = "error", f"loading failed: {type(e).__name__}: {e}"
             self.on_fatal()
             return
         while True:

@@ -1,0 +1,150 @@
+"""One conversation's turns: send, stop, regenerate, edit-and-resend, saved as they stream (Qt-free)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import cast
+
+from runmyai.chat.store import ConversationStore, Message
+from runmyai.engine.client import ChatClient, ChatDelta, ChatError
+
+SAVE_EVERY_S = 1.0  # a streaming reply is saved this often, so a crash keeps what had arrived
+TITLE_CHARS = 48
+
+
+class NoEngine(ChatError):
+    def __init__(self) -> None:
+        super().__init__("No model is running: pick one in the library, or connect to an endpoint.")
+
+
+@dataclass
+class Reply:
+    message: Message
+    stopped: bool
+
+
+class ChatSession:
+    def __init__(
+        self,
+        store: ConversationStore,
+        client: Callable[[], ChatClient | None],
+        model_name: Callable[[], str | None] = lambda: None,
+    ) -> None:
+        self.store = store
+        self._client = client
+        self._model_name = model_name
+        self._editing: dict[int, int] = {}  # conversation → the user message being edited
+
+    async def send(self, conversation_id: int, text: str, on_delta: Callable[[str], None]) -> Reply:
+        """Adds the user's message (or replaces the one being edited, dropping what followed) and replies."""
+        editing = self._editing.pop(conversation_id, None)
+        if editing is not None:
+            self.store.edit_and_truncate(editing, text)
+        else:
+            if not self.store.messages(conversation_id):
+                self.store.rename(conversation_id, _title(text))
+            self.store.add_message(conversation_id, "user", text)
+        return await self._reply(conversation_id, on_delta)
+
+    async def regenerate(self, conversation_id: int, on_delta: Callable[[str], None]) -> Reply:
+        history = self.store.drop_last_assistant(conversation_id)
+        if not history or history[-1].role != "user":
+            raise ChatError("There is no question to answer again in this conversation.")
+        return await self._reply(conversation_id, on_delta)
+
+    def begin_edit(self, conversation_id: int) -> str | None:
+        """Edit-and-resend, step one: the last user message's text (the next send replaces it)."""
+        for m in reversed(self.store.messages(conversation_id)):
+            if m.role == "user":
+                self._editing[conversation_id] = m.id
+                return m.content
+        return None
+
+    def cancel_edit(self, conversation_id: int) -> None:
+        self._editing.pop(conversation_id, None)
+
+    async def _reply(self, conversation_id: int, on_delta: Callable[[str], None]) -> Reply:
+        client = self._client()
+        if client is None:
+            raise NoEngine()
+        conv = self.store.get(conversation_id)
+        if conv is None:
+            raise ChatError("That conversation no longer exists.")
+        payload = self.store.chat_payload(conversation_id)
+        text = ""
+        saved: Message | None = None
+        last_save = time.monotonic()
+        finish: str | None = None
+        try:
+            # aclosing: a stop closes the HTTP stream at once (the engine cancels on disconnect)
+            stream_gen = cast(AsyncGenerator[ChatDelta, None], client.stream_chat(payload, conv.settings))
+            async with aclosing(stream_gen) as stream:
+                async for delta in stream:
+                    if delta.text:
+                        text += delta.text
+                        on_delta(delta.text)
+                        if saved is None:
+                            saved = self.store.add_message(conversation_id, "assistant", text, model=self._model_name())
+                        elif time.monotonic() - last_save > SAVE_EVERY_S:
+                            self.store.update_message(saved.id, text)
+                            last_save = time.monotonic()
+                    if delta.finish_reason:
+                        finish = delta.finish_reason
+        except asyncio.CancelledError:
+            self._finish(conversation_id, saved, text, client, "stopped")
+            raise
+        except ChatError:
+            if saved is not None:  # keep what arrived, marked as cut off
+                self._finish(conversation_id, saved, text, client, "error")
+            raise
+        message = self._finish(conversation_id, saved, text, client, finish or "stop")
+        return Reply(message, stopped=False)
+
+    def _finish(
+        self, conversation_id: int, saved: Message | None, text: str, client: ChatClient, finish: str
+    ) -> Message:
+        stats = client.last_stats
+        ttft = stats.ttft_s if stats else None
+        rate = stats.tokens_per_s if stats else None
+        tokens = stats.tokens if stats else None
+        if saved is None:
+            return self.store.add_message(
+                conversation_id,
+                "assistant",
+                text,
+                model=self._model_name(),
+                ttft_s=ttft,
+                tokens_per_s=rate,
+                tokens=tokens,
+                finish_reason=finish,
+            )
+        return self.store.update_message(
+            saved.id, text, ttft_s=ttft, tokens_per_s=rate, tokens=tokens, finish_reason=finish
+        )
+
+
+def _title(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+def footer(message: Message) -> str:
+    """The line under a reply: time to first token and speed."""
+    parts = []
+    if message.ttft_s is not None:
+        parts.append(f"first token {message.ttft_s:.2f} s")
+    if message.tokens_per_s:
+        parts.append(f"{message.tokens_per_s:.1f} tok/s")
+    if message.tokens:
+        parts.append(f"{message.tokens} tokens")
+    if message.finish_reason in ("stopped", "error", "length"):
+        parts.append(
+            {"stopped": "stopped", "error": "cut off by an error", "length": "max tokens reached"}[
+                message.finish_reason
+            ]
+        )
+    return " · ".join(parts)

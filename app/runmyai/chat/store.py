@@ -1,0 +1,380 @@
+"""Conversations in SQLite: messages with their stats, per-conversation system prompt and sampling settings.
+
+* WAL journal and autocommit: every change is its own committed transaction (several statements that belong
+  together, like edit-and-truncate, are one), so a crash of the app loses nothing that a call returned from.
+  `synchronous=NORMAL`: a power cut may lose the last few commits, never corrupt the file.
+* One connection, meant for the event loop's thread (local I/O of well under a millisecond per call); a lock
+  makes a call from another thread safe too.
+* Edit-and-resend: `edit_and_truncate(message_id, text)`; regenerate: `drop_last_assistant(cid)`, then
+  `add_message(...)` (or `replace_last_assistant`).
+* `list()` orders by last activity: creating a conversation, and adding, editing or removing its messages.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from runmyai.engine.client import ChatSettings
+
+Role = Literal["system", "user", "assistant"]
+ROLES: frozenset[str] = frozenset({"system", "user", "assistant"})
+DEFAULT_TITLE = "New chat"
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    title TEXT NOT NULL,
+    system_prompt TEXT NOT NULL DEFAULT '',
+    settings TEXT NOT NULL DEFAULT '{}',
+    model TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+    content TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    ttft_s REAL,
+    tokens_per_s REAL,
+    tokens INTEGER,
+    finish_reason TEXT,
+    model TEXT
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
+CREATE INDEX IF NOT EXISTS conversations_by_activity ON conversations(updated_at DESC, id DESC);
+"""
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: int
+    title: str
+    system_prompt: str
+    settings: ChatSettings
+    model: str | None  # the model last used, for the UI to offer it again
+    created_at: float
+    updated_at: float  # last activity
+
+
+@dataclass(frozen=True)
+class Message:
+    id: int
+    conversation_id: int
+    role: Role
+    content: str
+    created_at: float
+    ttft_s: float | None = None
+    tokens_per_s: float | None = None
+    tokens: int | None = None
+    finish_reason: str | None = None
+    model: str | None = None
+
+
+class StoreError(Exception):
+    """A conversation or message that does not exist, or a bad role; str() is one sentence."""
+
+
+class ConversationStore:
+    def __init__(self, path: Path | str) -> None:
+        """`path`: the database file (created with its folder), or ":memory:"."""
+        if str(path) != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=5)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        with self._tx():
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    self._db.execute(stmt)
+            (version,) = self._db.execute("PRAGMA user_version").fetchone()
+            if version > SCHEMA_VERSION:
+                raise StoreError(f"{path} was written by a newer Run My AI (schema {version}); update the app.")
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> ConversationStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # ------------------------------------------------------------------------------------------ conversations
+    def create(
+        self,
+        title: str = DEFAULT_TITLE,
+        system_prompt: str = "",
+        settings: ChatSettings | None = None,
+        model: str | None = None,
+    ) -> Conversation:
+        now = time.time()
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO conversations (title, system_prompt, settings, model, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (title, system_prompt, _settings_json(settings), model, now, now),
+            )
+            cid = int(cur.lastrowid or 0)
+        return self._conversation(cid)
+
+    def get(self, conversation_id: int) -> Conversation | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        return _to_conversation(row) if row is not None else None
+
+    def list(self) -> builtins.list[Conversation]:
+        """All conversations, the most recently active first."""
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM conversations ORDER BY updated_at DESC, id DESC").fetchall()
+        return [_to_conversation(r) for r in rows]
+
+    def rename(self, conversation_id: int, title: str) -> Conversation:
+        self._update_conversation(conversation_id, "title", title.strip() or DEFAULT_TITLE)
+        return self._conversation(conversation_id)
+
+    def set_system_prompt(self, conversation_id: int, system_prompt: str) -> Conversation:
+        self._update_conversation(conversation_id, "system_prompt", system_prompt)
+        return self._conversation(conversation_id)
+
+    def set_settings(self, conversation_id: int, settings: ChatSettings) -> Conversation:
+        self._update_conversation(conversation_id, "settings", _settings_json(settings))
+        return self._conversation(conversation_id)
+
+    def set_model(self, conversation_id: int, model: str | None) -> Conversation:
+        self._update_conversation(conversation_id, "model", model)
+        return self._conversation(conversation_id)
+
+    def delete(self, conversation_id: int) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    # ------------------------------------------------------------------------------------------ messages
+    def messages(self, conversation_id: int) -> builtins.list[Message]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
+            ).fetchall()
+        return [_to_message(r) for r in rows]
+
+    def add_message(
+        self,
+        conversation_id: int,
+        role: Role | str,
+        content: str,
+        *,
+        ttft_s: float | None = None,
+        tokens_per_s: float | None = None,
+        tokens: int | None = None,
+        finish_reason: str | None = None,
+        model: str | None = None,
+    ) -> Message:
+        if role not in ROLES:
+            raise StoreError(f"{role!r} is not a message role (system, user or assistant).")
+        with self._tx() as db:
+            mid = self._insert(db, conversation_id, role, content, (ttft_s, tokens_per_s, tokens, finish_reason, model))
+        return self._message(mid)
+
+    def _insert(
+        self, db: sqlite3.Connection, conversation_id: int, role: str, content: str, stats: tuple[object, ...]
+    ) -> int:
+        now = time.time()
+        self._touch(db, conversation_id, now)
+        cur = db.execute(
+            "INSERT INTO messages (conversation_id, role, content, created_at, ttft_s, tokens_per_s, tokens, "
+            "finish_reason, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (conversation_id, role, content, now, *stats),
+        )
+        return int(cur.lastrowid or 0)
+
+    def update_message(
+        self,
+        message_id: int,
+        content: str | None = None,
+        *,
+        ttft_s: float | None = None,
+        tokens_per_s: float | None = None,
+        tokens: int | None = None,
+        finish_reason: str | None = None,
+    ) -> Message:
+        """Changes a message's text and/or stats (None keeps a value): a streamed reply can be saved as it
+        grows, so a crash mid-reply keeps what had arrived."""
+        changes: dict[str, Any] = {
+            k: v
+            for k, v in (
+                ("content", content),
+                ("ttft_s", ttft_s),
+                ("tokens_per_s", tokens_per_s),
+                ("tokens", tokens),
+                ("finish_reason", finish_reason),
+            )
+            if v is not None
+        }
+        with self._tx() as db:
+            cid = self._message_conversation(db, message_id)
+            if changes:
+                sets = ", ".join(f"{k} = ?" for k in changes)
+                db.execute(f"UPDATE messages SET {sets} WHERE id = ?", (*changes.values(), message_id))
+            self._touch(db, cid, time.time())
+        return self._message(message_id)
+
+    def truncate_after(self, message_id: int) -> int:
+        """Removes every message after this one in its conversation; returns how many went."""
+        with self._tx() as db:
+            cid = self._message_conversation(db, message_id)
+            cur = db.execute("DELETE FROM messages WHERE conversation_id = ? AND id > ?", (cid, message_id))
+            self._touch(db, cid, time.time())
+            return cur.rowcount
+
+    def edit_and_truncate(self, message_id: int, content: str) -> builtins.list[Message]:
+        """Edit-and-resend: the message gets the new text, everything after it goes (one transaction). Returns
+        the conversation's messages, ending with the edited one."""
+        with self._tx() as db:
+            cid = self._message_conversation(db, message_id)
+            db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
+            db.execute("DELETE FROM messages WHERE conversation_id = ? AND id > ?", (cid, message_id))
+            self._touch(db, cid, time.time())
+        return self.messages(cid)
+
+    def drop_last_assistant(self, conversation_id: int) -> builtins.list[Message]:
+        """Regenerate, step one: removes the last message if it is the assistant's. Returns what is left (the
+        history to send again)."""
+        with self._tx() as db:
+            self._touch(db, conversation_id, time.time())
+            row = db.execute(
+                "SELECT id, role FROM messages WHERE conversation_id = ? ORDER BY id DESC LIMIT 1", (conversation_id,)
+            ).fetchone()
+            if row is not None and row["role"] == "assistant":
+                db.execute("DELETE FROM messages WHERE id = ?", (row["id"],))
+        return self.messages(conversation_id)
+
+    def replace_last_assistant(
+        self,
+        conversation_id: int,
+        content: str,
+        *,
+        ttft_s: float | None = None,
+        tokens_per_s: float | None = None,
+        tokens: int | None = None,
+        finish_reason: str | None = None,
+        model: str | None = None,
+    ) -> Message:
+        """Regenerate in one step: the last assistant message (if the conversation ends with one) is replaced by
+        a new one with this text and these stats."""
+        with self._tx() as db:
+            self._touch(db, conversation_id, time.time())
+            row = db.execute(
+                "SELECT id, role FROM messages WHERE conversation_id = ? ORDER BY id DESC LIMIT 1", (conversation_id,)
+            ).fetchone()
+            if row is not None and row["role"] == "assistant":
+                db.execute("DELETE FROM messages WHERE id = ?", (row["id"],))
+            mid = self._insert(
+                db, conversation_id, "assistant", content, (ttft_s, tokens_per_s, tokens, finish_reason, model)
+            )
+        return self._message(mid)
+
+    def chat_payload(self, conversation_id: int) -> builtins.list[dict[str, str]]:
+        """The messages to send (OpenAI format): the system prompt first when there is one."""
+        conv = self._conversation(conversation_id)
+        out = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
+        out += [{"role": m.role, "content": m.content} for m in self.messages(conversation_id)]
+        return out
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def _conversation(self, conversation_id: int) -> Conversation:
+        conv = self.get(conversation_id)
+        if conv is None:
+            raise StoreError(f"There is no conversation {conversation_id} (was it deleted?).")
+        return conv
+
+    def _message(self, message_id: int) -> Message:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"There is no message {message_id} (was it deleted?).")
+        return _to_message(row)
+
+    def _update_conversation(self, conversation_id: int, column: str, value: object) -> None:
+        with self._tx() as db:
+            cur = db.execute(f"UPDATE conversations SET {column} = ? WHERE id = ?", (value, conversation_id))
+            if cur.rowcount == 0:
+                raise StoreError(f"There is no conversation {conversation_id} (was it deleted?).")
+
+    @staticmethod
+    def _touch(db: sqlite3.Connection, conversation_id: int, now: float) -> None:
+        cur = db.execute(
+            "UPDATE conversations SET updated_at = max(updated_at, ?) WHERE id = ?", (now, conversation_id)
+        )
+        if cur.rowcount == 0:
+            raise StoreError(f"There is no conversation {conversation_id} (was it deleted?).")
+
+    @staticmethod
+    def _message_conversation(db: sqlite3.Connection, message_id: int) -> int:
+        row = db.execute("SELECT conversation_id FROM messages WHERE id = ?", (message_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"There is no message {message_id} (was it deleted?).")
+        return int(row["conversation_id"])
+
+
+def _settings_json(settings: ChatSettings | None) -> str:
+    return json.dumps((settings or ChatSettings()).to_json())
+
+
+def _to_conversation(row: sqlite3.Row) -> Conversation:
+    try:
+        settings = ChatSettings.from_json(json.loads(row["settings"]))
+    except ValueError:
+        settings = ChatSettings()
+    return Conversation(
+        id=int(row["id"]),
+        title=str(row["title"]),
+        system_prompt=str(row["system_prompt"]),
+        settings=settings,
+        model=row["model"],
+        created_at=float(row["created_at"]),
+        updated_at=float(row["updated_at"]),
+    )
+
+
+def _to_message(row: sqlite3.Row) -> Message:
+    role: Role = row["role"]
+    return Message(
+        id=int(row["id"]),
+        conversation_id=int(row["conversation_id"]),
+        role=role,
+        content=str(row["content"]),
+        created_at=float(row["created_at"]),
+        ttft_s=row["ttft_s"],
+        tokens_per_s=row["tokens_per_s"],
+        tokens=row["tokens"],
+        finish_reason=row["finish_reason"],
+        model=row["model"],
+    )

@@ -1,0 +1,394 @@
+"""`tokenwing autotune MODEL --json` for the app: run it (progress, cancel), keep its result per model and machine,
+let an advanced user override any flag, and turn both into `tokenwing serve` flags.
+
+The merge: autotune's chosen settings that are engine flags, then the overrides on top (an override with an
+empty value is removed). `serve_flags()` is what EngineSupervisor gets as `flags`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runmyai.engine.command import FlagValue, check_flag_name, engine_command, flag_args
+from runmyai.engine.faults import classify_exit, engine_error_line
+from runmyai.engine.settings import (
+    MachineFingerprint,
+    SettingsFiles,
+    machine_fingerprint,
+    read_json,
+    write_json_atomic,
+)
+from runmyai.paths import AppPaths
+
+# Settings autotune reports that are not `tokenwing serve` flags (they explain the choice).
+INFO_ONLY = frozenset({"expert_cache_share", "gpus"})
+_TRUE = {"true", "yes", "on"}
+_FALSE = {"false", "no", "off"}
+
+
+class AutotuneError(Exception):
+    """Autotune could not run or its result could not be read; str() is one human sentence."""
+
+
+@dataclass(frozen=True)
+class GpuVram:
+    index: int
+    name: str
+    total: int
+    free: int
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    gpus: tuple[GpuVram, ...]
+    note: str  # "no NVIDIA GPU", "2 NVIDIA GPUs", or why NVML could not be asked
+
+
+def nvidia_vram() -> GpuReport:
+    """VRAM per NVIDIA GPU through NVML. No driver or no GPU is a normal answer ("no NVIDIA GPU"), not an error.
+    Blocking (NVML can take a moment to initialise): call it with asyncio.to_thread from the event loop."""
+    try:
+        import pynvml
+    except ImportError:
+        return GpuReport((), "no NVIDIA GPU (NVML bindings are not installed)")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        lib_missing = isinstance(e, pynvml.NVMLError_LibraryNotFound | pynvml.NVMLError_DriverNotLoaded)
+        return GpuReport((), "no NVIDIA GPU" if lib_missing else f"no NVIDIA GPU (NVML: {e})")
+    except Exception as e:
+        return GpuReport((), f"no NVIDIA GPU (NVML: {e})")
+    gpus: list[GpuVram] = []
+    try:
+        for i in range(int(pynvml.nvmlDeviceGetCount())):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            name: Any = pynvml.nvmlDeviceGetName(handle)
+            if isinstance(name, bytes):
+                name = name.decode(errors="replace")
+            gpus.append(GpuVram(i, str(name), int(mem.total), int(mem.free)))
+    except Exception as e:
+        return GpuReport(tuple(gpus), f"NVML failed after {len(gpus)} GPUs: {e}")
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+    if not gpus:
+        return GpuReport((), "no NVIDIA GPU")
+    return GpuReport(tuple(gpus), f"{len(gpus)} NVIDIA GPU{'s' if len(gpus) > 1 else ''}")
+
+
+@dataclass(frozen=True)
+class DriveSpeed:
+    direct: bool  # O_DIRECT reads work on the model's file system
+    block_bytes: int  # one expert record, as read
+    mb_per_s_by_threads: dict[int, float]
+    best_threads: int | None
+
+    @property
+    def best_mb_per_s(self) -> float:
+        return max(self.mb_per_s_by_threads.values(), default=0.0)
+
+
+@dataclass(frozen=True)
+class AutotuneResult:
+    model: str
+    machine: MachineFingerprint
+    measured_at: float  # unix time
+    ram_total: int
+    ram_available: int
+    ram_limit: int
+    ram_usable: int
+    cores: int
+    isa: tuple[str, ...]
+    drive: DriveSpeed | None
+    gpus: tuple[GpuVram, ...]  # VRAM per NVIDIA GPU, from NVML in the app
+    gpu_note: str
+    settings: dict[str, Any]  # what autotune chose (flags and informational values)
+    reasons: dict[str, str]  # why, per setting
+    raw: dict[str, Any] = field(repr=False)  # autotune's JSON as printed
+
+    def flag_values(self) -> dict[str, FlagValue]:
+        """The chosen settings that are `tokenwing serve` flags."""
+        return {
+            k: v
+            for k, v in self.settings.items()
+            if k not in INFO_ONLY and isinstance(v, str | int | float | bool) and _is_flag_name(k)
+        }
+
+    def machine_lines(self) -> list[str]:
+        """What was measured, one line each, for the autotune dialog."""
+        gib = 1 << 30
+        lines = [
+            f"Memory: {self.ram_available / gib:.1f} GiB free of {self.ram_total / gib:.1f} GiB, limit "
+            f"{self.ram_limit / gib:.1f} GiB; usable {self.ram_usable / gib:.1f} GiB",
+            f"CPU: {self.machine.cpu_model}, {self.cores} cores ({' '.join(self.isa) or 'no SIMD flags found'})",
+        ]
+        if self.drive is not None:
+            speeds = ", ".join(f"{t}: {v:.0f}" for t, v in sorted(self.drive.mb_per_s_by_threads.items()))
+            lines.append(
+                f"Drive: {'direct' if self.drive.direct else 'cached'} reads, MB/s by I/O threads: {speeds}"
+                + (f" (best with {self.drive.best_threads})" if self.drive.best_threads else "")
+            )
+        else:
+            lines.append("Drive: not measured")
+        if self.gpus:
+            lines += [
+                f"GPU {g.index}: {g.name}, {g.free / gib:.1f} GiB free of {g.total / gib:.1f} GiB VRAM"
+                for g in self.gpus
+            ]
+        else:
+            lines.append(f"GPU: {self.gpu_note}")
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.raw)
+        out["runmyai"] = {
+            "model": self.model,
+            "machine": self.machine.as_dict(),
+            "measured_at": self.measured_at,
+            "gpus": [g.__dict__ for g in self.gpus],
+            "gpu_note": self.gpu_note,
+        }
+        return out
+
+
+def _is_flag_name(key: str) -> bool:
+    try:
+        check_flag_name(key)
+    except ValueError:
+        return False
+    return True
+
+
+def _int(v: object) -> int:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
+
+
+def parse_result(raw: object, model: str, machine: MachineFingerprint, gpus: GpuReport, when: float) -> AutotuneResult:
+    """Autotune's JSON -> AutotuneResult; AutotuneError when the essentials are missing."""
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("machine"), dict)
+        or not isinstance(raw.get("settings"), dict)
+    ):
+        raise AutotuneError("Autotune's output could not be read (is the engine the same version as the app?).")
+    m = raw["machine"]
+    mem = m.get("memory") if isinstance(m.get("memory"), dict) else {}
+    drive: DriveSpeed | None = None
+    d = m.get("drive")
+    if isinstance(d, dict) and isinstance(d.get("mb_per_s_by_threads"), dict):
+        speeds: dict[int, float] = {}
+        for k, v in d["mb_per_s_by_threads"].items():
+            with contextlib.suppress(ValueError, TypeError):
+                speeds[int(k)] = float(v)
+        best = d.get("best_threads")
+        drive = DriveSpeed(
+            bool(d.get("direct")), _int(d.get("block_bytes")), speeds, best if isinstance(best, int) else None
+        )
+    reasons_raw = raw.get("reasons")
+    reasons = {str(k): str(v) for k, v in reasons_raw.items()} if isinstance(reasons_raw, dict) else {}
+    isa = m.get("isa")
+    return AutotuneResult(
+        model=model,
+        machine=machine,
+        measured_at=when,
+        ram_total=_int(mem.get("total")),
+        ram_available=_int(mem.get("available")),
+        ram_limit=_int(mem.get("limit")),
+        ram_usable=_int(mem.get("usable")),
+        cores=_int(m.get("cores")),
+        isa=tuple(str(x) for x in isa) if isinstance(isa, list) else (),
+        drive=drive,
+        gpus=gpus.gpus,
+        gpu_note=gpus.note,
+        settings=dict(raw["settings"]),
+        reasons=reasons,
+        raw={k: raw[k] for k in ("machine", "settings", "reasons") if k in raw},
+    )
+
+
+def parse_override(value: FlagValue | str) -> FlagValue:
+    """A typed-in override: "true"/"false" (yes/no, on/off) become the flag's on/off form; the rest stays text."""
+    if isinstance(value, str):
+        v = value.strip()
+        if v.lower() in _TRUE:
+            return True
+        if v.lower() in _FALSE:
+            return False
+        return v
+    return value
+
+
+class AutotuneRunner:
+    def __init__(
+        self,
+        paths: AppPaths | Path,
+        *,
+        command: Sequence[str] | None = None,
+        probe_bytes: str | None = None,
+        ctx: int | None = None,
+        machine: MachineFingerprint | None = None,
+    ) -> None:
+        """`paths`: the app's paths (files go to `paths.settings`) or a folder. `probe_bytes` and `ctx` are
+        passed to autotune when given (`--probe-bytes`, `--ctx`)."""
+        folder = paths.settings if isinstance(paths, AppPaths) else Path(paths)
+        self.files = SettingsFiles(folder, machine or machine_fingerprint())
+        self.command = list(command) if command is not None else engine_command()
+        self.probe_bytes = probe_bytes
+        self.ctx = ctx
+        self.pid: int | None = None  # the autotune process while one runs
+
+    # ------------------------------------------------------------------------------------------ running
+    async def run(self, model: Path, on_progress: Callable[[str], None] | None = None) -> AutotuneResult:
+        """Runs autotune, saves and returns the result. Cancelling the task kills the process (and its group)."""
+        argv = [*self.command, "autotune", str(model), "--json"]
+        if self.probe_bytes:
+            argv += ["--probe-bytes", self.probe_bytes]
+        if self.ctx:
+            argv += ["--ctx", str(self.ctx)]
+        gpu_task = asyncio.ensure_future(asyncio.to_thread(nvidia_vram))
+        extra: dict[str, Any] = {"creationflags": 0x00000200} if os.name == "nt" else {"start_new_session": True}
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                **extra,
+            )
+        except OSError as e:
+            gpu_task.cancel()
+            raise AutotuneError(f"Autotune could not be started: {argv[0]}: {e.strerror or e}.") from None
+        self.pid = proc.pid
+        lines: list[str] = []
+        assert proc.stdout is not None and proc.stderr is not None
+        stdout_task = asyncio.ensure_future(proc.stdout.read())
+        try:
+            await self._progress(proc.stderr, lines, on_progress)
+            out = await stdout_task
+            code = await proc.wait()
+        except BaseException:
+            stdout_task.cancel()
+            gpu_task.cancel()
+            await self._kill(proc)
+            raise
+        finally:
+            self.pid = None
+        gpus = await gpu_task
+        if code != 0:
+            if code in (2, 3, 4):
+                raise AutotuneError(classify_exit(code, lines).sentence)
+            detail = engine_error_line(lines) or (lines[-1] if lines else f"exit code {code}")
+            raise AutotuneError(f"Autotune failed: {detail.rstrip('.')}.")
+        try:
+            raw = json.loads(out)
+        except ValueError:
+            raw = None
+        result = parse_result(raw, str(model), self.files.machine, gpus, time.time())
+        write_json_atomic(self.files.autotune_path(model), result.to_json())
+        return result
+
+    @staticmethod
+    async def _progress(
+        stream: asyncio.StreamReader, lines: list[str], on_progress: Callable[[str], None] | None
+    ) -> None:
+        buf = ""
+        while chunk := await stream.read(4096):
+            buf += chunk.decode("utf-8", "replace")
+            *complete, buf = re.split(r"[\r\n]", buf)
+            for line in complete:
+                if line.strip():
+                    lines.append(line.strip())
+                    del lines[:-200]
+                    if on_progress is not None:
+                        on_progress(line.strip())
+        if buf.strip():
+            lines.append(buf.strip())
+            if on_progress is not None:
+                on_progress(buf.strip())
+
+    @staticmethod
+    async def _kill(proc: asyncio.subprocess.Process) -> None:
+        if proc.returncode is not None:
+            return
+        try:
+            if os.name == "nt":
+                proc.kill()
+            else:
+                os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), timeout=10)
+
+    # ------------------------------------------------------------------------------------------ saved
+    def saved(self, model: Path) -> AutotuneResult | None:
+        """The result saved for this model on this machine; None when there is none (or it cannot be read)."""
+        data = read_json(self.files.autotune_path(model))
+        if data is None:
+            return None
+        meta_raw = data.get("runmyai")
+        meta: dict[str, Any] = meta_raw if isinstance(meta_raw, dict) else {}
+        raw_gpus_any = meta.get("gpus")
+        raw_gpus: list[Any] = raw_gpus_any if isinstance(raw_gpus_any, list) else []
+        gpus: list[GpuVram] = []
+        for g in raw_gpus:
+            with contextlib.suppress(TypeError, ValueError, KeyError):
+                gpus.append(GpuVram(int(g["index"]), str(g["name"]), int(g["total"]), int(g["free"])))
+        note = str(meta.get("gpu_note") or ("no NVIDIA GPU" if not gpus else ""))
+        when = meta.get("measured_at")
+        try:
+            return parse_result(
+                data,
+                str(meta.get("model") or model),
+                self.files.machine,
+                GpuReport(tuple(gpus), note),
+                float(when) if isinstance(when, int | float) else 0.0,
+            )
+        except AutotuneError:
+            return None
+
+    def overrides(self, model: Path) -> dict[str, FlagValue]:
+        data = read_json(self.files.overrides_path(model)) or {}
+        raw = data.get("overrides")
+        if not isinstance(raw, dict):
+            return {}
+        return {str(k): v for k, v in raw.items() if isinstance(v, str | int | float | bool) and _is_flag_name(str(k))}
+
+    def set_overrides(self, model: Path, values: Mapping[str, FlagValue | str | None]) -> dict[str, FlagValue]:
+        """Replaces this model's overrides. Keys are setting names (`ram_budget`, `moe-stream-io-threads`,
+        `--lookahead`); an empty value or None drops the key. ValueError for a name that is not a flag or one
+        the app owns (`port`, `host`, ...)."""
+        clean: dict[str, FlagValue] = {}
+        for key, value in values.items():
+            name = check_flag_name(key)
+            if value is None or (isinstance(value, str) and not value.strip()):
+                continue
+            clean[name] = parse_override(value)
+        write_json_atomic(self.files.overrides_path(model), {"overrides": clean})
+        return clean
+
+    def set_override(self, model: Path, key: str, value: FlagValue | str | None) -> dict[str, FlagValue]:
+        current: dict[str, FlagValue | str | None] = dict(self.overrides(model))
+        current[check_flag_name(key)] = value
+        return self.set_overrides(model, current)
+
+    def merged(self, model: Path) -> dict[str, FlagValue]:
+        """Autotune's flags with the overrides on top."""
+        saved = self.saved(model)
+        values: dict[str, FlagValue] = dict(saved.flag_values()) if saved else {}
+        values.update(self.overrides(model))
+        return values
+
+    def serve_flags(self, model: Path) -> list[str]:
+        return flag_args(self.merged(model))

@@ -1,0 +1,327 @@
+"""OpenAI-compatible streaming chat over httpx: text deltas, finish reason, usage, time to first token, tokens/s.
+
+Works against the local engine (docs/api.md) or any OpenAI-compatible server. Every error is a ChatError whose
+str() is one sentence for the user. Cancelling the consuming task, or closing the iterator (`aclose()`, or
+`contextlib.aclosing`), closes the HTTP stream at once, and the engine cancels the generation on disconnect.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+
+from runmyai.engine.endpoint import Endpoint, EndpointSource, client_kind, http_client, resolve
+
+
+class ChatError(Exception):
+    """A chat request failed; str() is one human sentence. `status` is the HTTP status when there was one."""
+
+    def __init__(self, sentence: str, status: int | None = None) -> None:
+        super().__init__(sentence)
+        self.status = status
+
+
+@dataclass
+class ChatSettings:
+    """Sampling settings; None leaves the server's default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    repeat_penalty: float | None = None
+    stop: list[str] | None = None
+
+    def request_fields(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None and v != []}
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: object) -> ChatSettings:
+        """From a stored dict; unknown keys and values of the wrong type are dropped."""
+        if not isinstance(data, dict):
+            return cls()
+        out = cls()
+        for key, kind in (
+            ("temperature", float),
+            ("top_p", float),
+            ("min_p", float),
+            ("repeat_penalty", float),
+            ("top_k", int),
+            ("max_tokens", int),
+            ("seed", int),
+        ):
+            v = data.get(key)
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                continue
+            setattr(out, key, kind(v))
+        stop = data.get("stop")
+        if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+            out.stop = list(stop)
+        return out
+
+
+@dataclass
+class ChatDelta:
+    text: str
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+
+
+@dataclass
+class ReplyStats:
+    ttft_s: float | None  # request sent -> first text
+    tokens: int  # completion tokens (the server's usage when it sent one, else the text chunks)
+    tokens_per_s: float | None  # decode speed: tokens after the first over the time since the first
+
+
+_CONNECT_TIMEOUT = 10.0
+_READ_TIMEOUT = 600.0  # a first token on a big model streaming from a slow drive can take minutes
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    t = " ".join(str(text).split()).rstrip(".")
+    return t if len(t) <= limit else t[: limit - 3] + "..."
+
+
+def _error_message(body: bytes) -> str | None:
+    """The message of an OpenAI-style error body, or of any JSON with a message/detail."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        for key in ("message", "detail"):
+            if isinstance(data.get(key), str):
+                return str(data[key])
+    return None
+
+
+def _status_error(status: int, body: bytes, endpoint: Endpoint) -> ChatError:
+    msg = _error_message(body)
+    who = "The engine" if endpoint.local else "The server"
+    if status == 401 or status == 403:
+        if endpoint.local:
+            return ChatError("The engine refused the app's API key (it was probably restarted); try again.", status)
+        return ChatError("The server refused the API key; check the key in the connection settings.", status)
+    if status == 404:
+        return ChatError(f"{who} has no chat API at {endpoint.base_url} (404); check the address.", status)
+    if status == 413:
+        return ChatError("The conversation is too large to send; start a new one or shorten it.", status)
+    if status == 429:
+        return ChatError(f"{who} is rate-limiting requests (429){': ' + _one_line(msg) if msg else ''}.", status)
+    if status == 503:
+        return ChatError(f"{who} is not ready{': ' + _one_line(msg) if msg else ''}.", status)
+    if 400 <= status < 500:
+        return ChatError(f"{who} refused the request: {_one_line(msg or f'HTTP {status}')}.", status)
+    return ChatError(f"{who} failed with HTTP {status}{': ' + _one_line(msg) if msg else ''}.", status)
+
+
+def _transport_error(e: httpx.TransportError, endpoint: Endpoint, started: bool) -> ChatError:
+    who = "the engine" if endpoint.local else "the server"
+    if isinstance(e, httpx.ConnectError | httpx.ConnectTimeout):
+        if endpoint.local:
+            return ChatError("Cannot connect to the engine: it is not running.")
+        return ChatError(f"Cannot connect to {endpoint.base_url}; check the address and that the server is running.")
+    if isinstance(e, httpx.ReadTimeout):
+        return ChatError(f"No answer from {who} for {_READ_TIMEOUT:.0f} s; the request was given up.")
+    if started:
+        return ChatError(f"The connection to {who} broke off in the middle of the reply (did it stop?).")
+    return ChatError(f"The connection to {who} failed: {_one_line(str(e) or type(e).__name__)}.")
+
+
+class SSEParser:
+    """Server-sent events from lines: yields (event, data) per blank-line-terminated event."""
+
+    def __init__(self) -> None:
+        self._event = ""
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> tuple[str, str] | None:
+        if line == "":
+            if not self._data:
+                self._event = ""
+                return None
+            out = (self._event or "message", "\n".join(self._data))
+            self._event, self._data = "", []
+            return out
+        if line.startswith(":"):
+            return None  # comment / keep-alive
+        name, sep, value = line.partition(":")
+        if not sep:
+            name, value = line, ""
+        value = value.removeprefix(" ")
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        return None  # id, retry, unknown fields: ignored
+
+    def flush(self) -> tuple[str, str] | None:
+        return self.feed("")
+
+
+class ChatClient:
+    def __init__(self, endpoint: EndpointSource) -> None:
+        """`endpoint`: a fixed Endpoint, or a function returning the current one (e.g. `lambda: sup.endpoint`,
+        which follows the supervisor's restarts)."""
+        self._source = endpoint
+        self._clients: dict[tuple[bool, bool], httpx.AsyncClient] = {}
+        self.last_stats: ReplyStats | None = None
+        self.skipped_lines = 0  # malformed stream lines skipped (over this client's life)
+
+    def _endpoint(self) -> Endpoint:
+        ep = resolve(self._source)
+        if ep is None:
+            raise ChatError("The engine is not running; start a model first.")
+        return ep
+
+    async def _client(self, endpoint: Endpoint) -> httpx.AsyncClient:
+        kind = client_kind(endpoint)
+        c = self._clients.get(kind)
+        if c is None:
+            timeout = httpx.Timeout(_READ_TIMEOUT, connect=_CONNECT_TIMEOUT, write=60.0, pool=_CONNECT_TIMEOUT)
+            c = await http_client(endpoint, timeout)
+            if kind in self._clients:  # another call made one meanwhile
+                await c.aclose()
+                return self._clients[kind]
+            self._clients[kind] = c
+        return c
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            await c.aclose()
+
+    async def models(self) -> list[str]:
+        ep = self._endpoint()
+        try:
+            r = await (await self._client(ep)).get(ep.url("models"), headers=ep.headers(), timeout=30)
+        except httpx.TransportError as e:
+            raise _transport_error(e, ep, started=False) from None
+        if r.status_code != 200:
+            raise _status_error(r.status_code, r.content, ep)
+        try:
+            data = r.json()
+            return [str(m["id"]) for m in data["data"] if isinstance(m, dict) and "id" in m]
+        except (ValueError, KeyError, TypeError):
+            raise ChatError("The server's model list is not in the OpenAI format.") from None
+
+    async def stream_chat(self, messages: list[dict[str, str]], settings: ChatSettings) -> AsyncIterator[ChatDelta]:
+        """Streams one reply. Yields text deltas (possibly empty) and, last, one with the finish reason and the
+        usage when the server sends them. `last_stats` is set when the reply ends (also when it is cancelled)."""
+        ep = self._endpoint()
+        body: dict[str, Any] = {
+            "model": ep.model or "default",
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **settings.request_fields(),
+        }
+        self.last_stats = None
+        sent = time.monotonic()
+        first: float | None = None
+        last: float | None = None
+        chunks = 0
+        usage: dict[str, Any] | None = None
+        finish: str | None = None
+        done = False
+        started = False
+        client = await self._client(ep)
+        try:
+            async with client.stream(
+                "POST", ep.url("chat/completions"), json=body, headers={**ep.headers(), "Accept": "text/event-stream"}
+            ) as r:
+                if r.status_code != 200:
+                    raise _status_error(r.status_code, await r.aread(), ep)
+                started = True
+                parser = SSEParser()
+                lines = r.aiter_lines()
+                while not done:
+                    line = await anext(lines, None)
+                    ev = parser.flush() if line is None else parser.feed(line)
+                    if ev is None:
+                        if line is None:
+                            break
+                        continue
+                    data = ev[1].strip()
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    parsed = self._parse_chunk(data)
+                    if parsed is None:
+                        continue
+                    text, fr, u = parsed
+                    if u is not None:
+                        usage = u
+                    if fr is not None:
+                        finish = fr
+                    if text:
+                        now = time.monotonic()
+                        first = first if first is not None else now
+                        last = now
+                        chunks += 1
+                    if text or fr is not None or u is not None:
+                        yield ChatDelta(text, fr, u)
+                    if line is None:
+                        break
+        except httpx.TransportError as e:
+            raise _transport_error(e, ep, started) from None
+        except httpx.StreamError as e:
+            raise ChatError(f"The reply stream failed: {_one_line(str(e) or type(e).__name__)}.") from None
+        finally:
+            tokens = chunks
+            if usage is not None and isinstance(usage.get("completion_tokens"), int):
+                tokens = int(usage["completion_tokens"])
+            rate = None
+            if first is not None and last is not None and last > first and tokens > 1:
+                rate = (tokens - 1) / (last - first)
+            self.last_stats = ReplyStats(first - sent if first is not None else None, tokens, rate)
+        if not done and finish is None:
+            raise ChatError("The reply ended before it was finished (the connection closed without an end marker).")
+
+    def _parse_chunk(self, data: str) -> tuple[str, str | None, dict[str, Any] | None] | None:
+        """(text, finish reason, usage) of one chunk; None for a malformed one (skipped); ChatError for an error
+        object in the stream."""
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            self.skipped_lines += 1
+            return None
+        if not isinstance(obj, dict):
+            self.skipped_lines += 1
+            return None
+        if "error" in obj:
+            msg = _error_message(data.encode()) or "unknown error"
+            raise ChatError(f"The reply failed: {_one_line(msg)}.")
+        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+        text = ""
+        finish: str | None = None
+        choices = obj.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            c = choices[0]
+            delta = c.get("delta")
+            if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+                text = delta["content"]
+            elif isinstance(c.get("text"), str):  # a completions-style chunk
+                text = c["text"]
+            if isinstance(c.get("finish_reason"), str):
+                finish = c["finish_reason"]
+        elif usage is None:
+            self.skipped_lines += 1
+            return None
+        return text, finish, usage

@@ -1,0 +1,122 @@
+"""Per model and machine settings files under AppPaths.settings: the autotune result and the user's overrides.
+
+Files (flat in the settings folder, written atomically):
+
+* `autotune-<model>-<model hash>-<machine id>.json`: `tokenwing autotune --json`'s own output (machine,
+  settings, reasons) plus `runmyai` metadata (model path, machine fingerprint, when). Re-running autotune
+  replaces it.
+* `overrides-<model>-<model hash>-<machine id>.json`: `{"overrides": {setting: value}}`, kept apart so that
+  re-running autotune never loses them.
+
+A model is identified by its resolved path; a machine by its fingerprint (hostname + CPU model + total RAM), so
+a portable install moved to another computer does not reuse another machine's measurements.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import re
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class MachineFingerprint:
+    hostname: str
+    cpu_model: str
+    ram_total: int
+
+    @property
+    def id(self) -> str:
+        text = f"{self.hostname}|{self.cpu_model}|{self.ram_total}"
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"hostname": self.hostname, "cpu_model": self.cpu_model, "ram_total": self.ram_total, "id": self.id}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip().lower() in ("model name", "hardware", "cpu model") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _ram_total() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    import psutil  # type: ignore[import-untyped]  # not Linux: the portable way
+
+    return int(psutil.virtual_memory().total)
+
+
+_FINGERPRINT: MachineFingerprint | None = None
+
+
+def machine_fingerprint() -> MachineFingerprint:
+    """This machine (computed once per process: a few small reads)."""
+    global _FINGERPRINT
+    if _FINGERPRINT is None:
+        _FINGERPRINT = MachineFingerprint(socket.gethostname(), _cpu_model(), _ram_total())
+    return _FINGERPRINT
+
+
+def model_key(model: Path) -> str:
+    """`<name>-<hash of the resolved path>`: readable, and unique for two files of one name."""
+    resolved = str(Path(model).expanduser().resolve())
+    name = Path(resolved).name.removesuffix(".gguf").removesuffix(".tw")
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:60] or "model"
+    return f"{slug}-{hashlib.sha256(resolved.encode()).hexdigest()[:8]}"
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from a file; None when missing, unreadable or not an object (a damaged file is ignored)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class SettingsFiles:
+    def __init__(self, folder: Path, machine: MachineFingerprint | None = None) -> None:
+        self.folder = Path(folder)
+        self.machine = machine or machine_fingerprint()
+
+    def autotune_path(self, model: Path) -> Path:
+        return self.folder / f"autotune-{model_key(model)}-{self.machine.id}.json"
+
+    def overrides_path(self, model: Path) -> Path:
+        return self.folder / f"overrides-{model_key(model)}-{self.machine.id}.json"

@@ -1,0 +1,60 @@
+"""The app's entry point as a user starts it: self-test offscreen, and a clear line when there is no display."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from tests.conftest import ModelFactory
+
+
+def _runmyai(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runmyai", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _engines_of(home: Path) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "tokenwing" in cmd and "serve" in cmd and str(home) in cmd:
+            found.append(p)
+    return found
+
+
+def test_self_test_chats_and_leaves_no_engine(repacked_factory: ModelFactory, tmp_path: Path) -> None:
+    model = tmp_path / "home" / "models" / "m.tw.gguf"
+    model.parent.mkdir(parents=True)
+    model.write_bytes(repacked_factory(type="Q8_0").read_bytes())
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    r = _runmyai("--self-test", "--home", str(tmp_path / "home"), "--model", str(model), env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "runmyai self-test: ok — engine 0.1.0" in r.stdout
+    assert "Traceback" not in r.stderr
+    assert not _engines_of(tmp_path / "home")
+    assert (tmp_path / "home" / "conversations.sqlite3").exists()
+
+
+def test_self_test_without_a_model_fails_cleanly(tmp_path: Path) -> None:
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    r = _runmyai("--self-test", "--home", str(tmp_path), "--model", str(tmp_path / "missing.tw.gguf"), env=env)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert "runmyai self-test:" in r.stderr
+
+
+def test_no_display_is_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    r = _runmyai("--home", str(tmp_path), env=env, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "no display found" in r.stderr
+
+
+def test_version() -> None:
+    r = _runmyai("--version", env=dict(os.environ), timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "runmyai 0.1.0"

@@ -1,0 +1,148 @@
+"""AutotuneRunner with the real `tokenwing autotune --json`: result, per model + machine files, overrides merged into
+serve flags that the real server accepts, progress, cancellation, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from runmyai.engine.autotune import AutotuneError, AutotuneRunner, nvidia_vram
+from runmyai.engine.settings import MachineFingerprint, machine_fingerprint
+from runmyai.engine.supervisor import EngineSupervisor
+from runmyai.paths import AppPaths
+from tests.conftest import ModelFactory
+
+
+@pytest.fixture(scope="module")
+def model(repacked_factory: ModelFactory) -> Path:
+    return repacked_factory(type="Q8_0", n_layer=3)
+
+
+def test_run_save_load_override_and_serve(model: Path, tmp_path: Path) -> None:
+    paths = AppPaths(tmp_path / "home").ensure()
+    runner = AutotuneRunner(paths, probe_bytes="4M", ctx=512)
+    result = asyncio.run(runner.run(model))
+
+    # what it measured
+    assert result.ram_total > 0 and 0 < result.ram_usable <= result.ram_total and result.ram_limit > 0
+    assert result.cores >= 1 and result.machine == machine_fingerprint() and result.machine.cpu_model
+    assert result.drive is not None and set(result.drive.mb_per_s_by_threads) == {1, 2, 4, 8, 16}
+    assert result.drive.best_mb_per_s > 0 and result.drive.best_threads in result.drive.mb_per_s_by_threads
+    assert result.settings["threads"] >= 1 and set(result.reasons) == set(result.settings)
+    assert any(line.startswith("Drive:") for line in result.machine_lines())
+
+    # saved per model and machine, loaded back
+    files = list(paths.settings.glob("autotune-*.json"))
+    assert len(files) == 1 and result.machine.id in files[0].name and model.name.split(".")[0] in files[0].name
+    again = runner.saved(model)
+    assert again is not None and again.settings == result.settings and again.drive == result.drive
+    assert AutotuneRunner(paths, machine=MachineFingerprint("other", "cpu", 1)).saved(model) is None
+    from runmyai.library.machine import saved_drive_speed  # the library's reader of the same files
+
+    assert saved_drive_speed(paths.settings) == pytest.approx(result.drive.best_mb_per_s * 1e6)
+
+    # chosen flags, then overrides on top (kept in their own file)
+    flags = runner.serve_flags(model)
+    assert flags[flags.index("--ram-budget") + 1] == str(result.settings["ram_budget"])
+    assert "--expert-cache-share" not in flags  # informational, not a flag
+    runner.set_overrides(model, {"threads": "1", "--moe-stream-direct": "false", "lookahead": " "})
+    assert runner.overrides(model) == {"threads": "1", "moe_stream_direct": False}
+    runner.set_override(model, "moe-stream-chunk-kib", 256)
+    flags = runner.serve_flags(model)
+    assert flags[flags.index("--threads") + 1] == "1" and "--no-moe-stream-direct" in flags
+    assert "--moe-stream-direct" not in flags and flags[flags.index("--lookahead") + 1] == "2"
+    assert flags[flags.index("--moe-stream-chunk-kib") + 1] == "256"
+    asyncio.run(runner.run(model))  # measuring again keeps the overrides
+    assert runner.overrides(model)["threads"] == "1"
+    for reserved in ("port", "--host", "watch-stdin"):
+        with pytest.raises(ValueError):
+            runner.set_override(model, reserved, "1")
+    with pytest.raises(ValueError):
+        runner.set_override(model, "rm -rf", "1")
+
+    # the real server takes them
+    async def serve() -> list[str]:
+        sup = EngineSupervisor(model, ["--ctx", "512", *runner.serve_flags(model)], backoff_s=0.1)
+        await sup.start()
+        assert sup.pid is not None
+        cmdline = psutil.Process(sup.pid).cmdline()
+        await sup.stop()
+        return cmdline
+
+    cmdline = asyncio.run(serve())
+    assert "--no-moe-stream-direct" in cmdline and cmdline[cmdline.index("--threads") + 1] == "1"
+
+
+def test_damaged_settings_files_are_ignored(model: Path, tmp_path: Path) -> None:
+    runner = AutotuneRunner(tmp_path)
+    runner.files.autotune_path(model).write_text("{ not json")
+    runner.files.overrides_path(model).write_text('{"overrides": {"threads": [1], "port": 3, "lookahead": 1}}')
+    assert runner.saved(model) is None
+    assert runner.serve_flags(model) == ["--lookahead", "1"]  # bad values and reserved names dropped
+
+
+def test_progress_lines_and_cancel_kills_the_process(model: Path) -> None:
+    # The real autotune prints no progress on stderr yet; this wrapper prints some, then waits, so that there is
+    # a live process group to cancel (sh and its sleep).
+    wrapper = ["sh", "-c", 'echo "probing the drive" >&2; printf "50%%\\r60%%\\n" >&2; sleep 30; exec "$0" "$@"']
+    runner = AutotuneRunner(Path("/nonexistent-settings"), command=[*wrapper, sys.executable, "-m", "tokenwing"])
+    progress: list[str] = []
+
+    async def main() -> int:
+        task = asyncio.create_task(runner.run(model, progress.append))
+        deadline = time.monotonic() + 30
+        while len(progress) < 3:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        pid = runner.pid
+        assert pid is not None
+        t0 = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert time.monotonic() - t0 < 5
+        return pid
+
+    pid = asyncio.run(main())
+    assert progress == ["probing the drive", "50%", "60%"]  # \r-updated progress becomes lines too
+    assert runner.pid is None
+    with contextlib.suppress(psutil.NoSuchProcess):
+        assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_failures_are_one_sentence(model: Path, tmp_path: Path) -> None:
+    corrupt = tmp_path / "c.tw.gguf"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2 :] = bytes(len(data) - len(data) // 2)
+    corrupt.write_bytes(bytes(data[:100]))
+    garbage = tmp_path / "g.tw.gguf"
+    garbage.write_bytes(b"hello" * 100)
+    runner = AutotuneRunner(tmp_path / "settings", probe_bytes="4M")
+
+    async def main() -> None:
+        for path in (corrupt, garbage, tmp_path / "missing.tw.gguf"):
+            with pytest.raises(AutotuneError) as e:
+                await runner.run(path)
+            assert "\n" not in str(e.value) and str(e.value).endswith(".")
+        with pytest.raises(AutotuneError, match="not a GGUF file"):
+            await runner.run(garbage)
+        broken = AutotuneRunner(tmp_path, command=[str(tmp_path / "no-tokenwing")])
+        with pytest.raises(AutotuneError, match="could not be started"):
+            await broken.run(model)
+
+    asyncio.run(main())
+    assert not (tmp_path / "settings").exists() or not list((tmp_path / "settings").glob("autotune-*"))
+
+
+def test_no_gpu_is_a_normal_answer() -> None:
+    report = nvidia_vram()
+    if report.gpus:
+        assert all(g.total > 0 for g in report.gpus)
+    else:
+        assert report.note.startswith("no NVIDIA GPU")

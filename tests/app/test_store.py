@@ -1,0 +1,165 @@
+"""ConversationStore: conversations, messages and their stats, edit-and-resend, regenerate, and durability."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from runmyai.chat.store import ConversationStore, StoreError
+from runmyai.engine.client import ChatSettings
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ConversationStore:
+    return ConversationStore(tmp_path / "home" / "conversations.sqlite3")
+
+
+def test_conversations_listed_by_last_activity(store: ConversationStore) -> None:
+    a = store.create("A")
+    b = store.create("B")
+    c = store.create()
+    assert c.title == "New chat"
+    assert [x.id for x in store.list()] == [c.id, b.id, a.id]
+    time.sleep(0.01)
+    store.add_message(a.id, "user", "hi")
+    assert [x.id for x in store.list()] == [a.id, c.id, b.id]
+    assert store.rename(b.id, "  Renamed  ").title == "Renamed"
+    assert store.list()[0].id == a.id  # renaming is not activity
+    assert store.rename(b.id, "   ").title == "New chat"
+    store.delete(c.id)
+    assert store.get(c.id) is None and [x.id for x in store.list()] == [a.id, b.id]
+
+
+def test_messages_stats_prompt_and_settings(store: ConversationStore) -> None:
+    settings = ChatSettings(temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, max_tokens=256, seed=5,
+                            repeat_penalty=1.1, stop=["</s>"])  # fmt: skip
+    conv = store.create("Chat", system_prompt="Be brief.", settings=settings)
+    assert conv.settings == settings and conv.system_prompt == "Be brief."
+    u = store.add_message(conv.id, "user", "Hello")
+    r = store.add_message(conv.id, "assistant", "", model="m")
+    r = store.update_message(r.id, "Hi", ttft_s=0.25)
+    r = store.update_message(r.id, "Hi there", tokens_per_s=12.5, tokens=3, finish_reason="stop")
+    assert (r.content, r.ttft_s, r.tokens_per_s, r.tokens, r.finish_reason, r.model) == (
+        "Hi there", 0.25, 12.5, 3, "stop", "m"
+    )  # fmt: skip
+    assert [(m.role, m.content) for m in store.messages(conv.id)] == [("user", "Hello"), ("assistant", "Hi there")]
+    assert u.created_at <= r.created_at
+    assert store.chat_payload(conv.id) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Hi there"},
+    ]
+    store.set_system_prompt(conv.id, "")
+    store.set_settings(conv.id, ChatSettings(temperature=0.1))
+    again = store.get(conv.id)
+    assert again is not None and again.settings == ChatSettings(temperature=0.1)
+    assert store.chat_payload(conv.id)[0] == {"role": "user", "content": "Hello"}
+    assert store.set_model(conv.id, "qwen").model == "qwen"
+
+
+def test_edit_and_resend_and_regenerate(store: ConversationStore) -> None:
+    conv = store.create()
+    u1 = store.add_message(conv.id, "user", "one")
+    store.add_message(conv.id, "assistant", "reply one")
+    u2 = store.add_message(conv.id, "user", "two")
+    store.add_message(conv.id, "assistant", "reply two")
+
+    # regenerate: the last assistant reply goes, the history to resend stays
+    left = store.drop_last_assistant(conv.id)
+    assert [m.content for m in left] == ["one", "reply one", "two"]
+    assert [m.content for m in store.drop_last_assistant(conv.id)] == ["one", "reply one", "two"]  # nothing to drop
+    store.add_message(conv.id, "assistant", "second try")
+    new = store.replace_last_assistant(conv.id, "third try", ttft_s=0.1, tokens_per_s=9.0, tokens=2)
+    assert [m.content for m in store.messages(conv.id)] == ["one", "reply one", "two", "third try"]
+    assert new.ttft_s == 0.1 and new.tokens == 2
+
+    # edit-and-resend: the edited message is the last one
+    kept = store.edit_and_truncate(u1.id, "ONE")
+    assert [(m.id, m.content) for m in kept] == [(u1.id, "ONE")]
+    store.add_message(conv.id, "assistant", "x")
+    assert store.truncate_after(u1.id) == 1
+    with pytest.raises(StoreError):
+        store.edit_and_truncate(u2.id, "gone")  # it was truncated away
+
+
+def test_errors(store: ConversationStore, tmp_path: Path) -> None:
+    conv = store.create()
+    with pytest.raises(StoreError, match="not a message role"):
+        store.add_message(conv.id, "wizard", "x")
+    with pytest.raises(StoreError, match="no conversation"):
+        store.add_message(999, "user", "x")
+    with pytest.raises(StoreError, match="no conversation"):
+        store.rename(999, "x")
+    with pytest.raises(StoreError, match="no message"):
+        store.update_message(999, "x")
+    assert store.messages(conv.id) == []  # the failed calls left nothing behind
+    store.close()
+    path = tmp_path / "newer.sqlite3"
+    ConversationStore(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA user_version=99")
+    with pytest.raises(StoreError, match="newer Run My AI"):
+        ConversationStore(path)
+
+
+def test_delete_removes_messages(store: ConversationStore) -> None:
+    conv = store.create()
+    store.add_message(conv.id, "user", "x")
+    store.delete(conv.id)
+    with sqlite3.connect(store.path) as db:
+        assert db.execute("SELECT count(*) FROM messages").fetchone() == (0,)
+
+
+def test_wal_and_nothing_lost_when_the_app_is_killed(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite3"
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from runmyai.chat.store import ConversationStore
+        s = ConversationStore({str(path)!r})
+        c = s.create("kept")
+        s.add_message(c.id, "user", "question")
+        m = s.add_message(c.id, "assistant", "")
+        for i in range(50):
+            s.update_message(m.id, "token " * (i + 1))
+        os.kill(os.getpid(), signal.SIGKILL)  # no close, no cleanup
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == -9, r.stderr
+    s = ConversationStore(path)
+    (conv,) = s.list()
+    assert conv.title == "kept"
+    assert [m.content for m in s.messages(conv.id)] == ["question", "token " * 50]
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    s.close()
+
+
+def test_usable_from_another_thread(store: ConversationStore) -> None:
+    conv = store.create()
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for i in range(20):
+                store.add_message(conv.id, "user", str(i))
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for _ in range(20):
+        store.list()
+        store.messages(conv.id)
+    for t in threads:
+        t.join()
+    assert not errors and len(store.messages(conv.id)) == 60
