@@ -33,6 +33,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="open the window, start the engine on the built-in model, chat one reply, close; exit 0 if all worked",
     )
+    p.add_argument("--screenshot", type=Path, help="with --self-test: save a screenshot of the screen (PNG) first")
     p.add_argument("--offscreen", action="store_true", help="no window on screen (QT_QPA_PLATFORM=offscreen)")
     return p.parse_args(argv)
 

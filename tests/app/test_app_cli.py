@@ -58,3 +58,36 @@ def test_no_display_is_one_line(tmp_path: Path) -> None:
 def test_version() -> None:
     r = _runmyai("--version", env=dict(os.environ), timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "runmyai 0.1.0"
+
+
+def test_screenshot_of_the_window_under_xvfb(repacked_factory: ModelFactory, tmp_path: Path) -> None:
+    """A real X server (Xvfb) and Qt's xcb platform: the window opens, chats, and the screen shows it."""
+    model = tmp_path / "home" / "models" / "m.tw.gguf"
+    model.parent.mkdir(parents=True)
+    model.write_bytes(repacked_factory(type="Q8_0").read_bytes())
+    display = f":{90 + os.getpid() % 100}"
+    xvfb = subprocess.Popen(["Xvfb", display, "-screen", "0", "1440x900x24", "-nolisten", "tcp"])
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "QT_QPA_PLATFORM"}
+        env.update(DISPLAY=display, QT_QPA_PLATFORM="xcb")
+        shot = tmp_path / "window.png"
+        r = _runmyai(
+            "--self-test", "--home", str(tmp_path / "home"), "--model", str(model), "--screenshot", str(shot), env=env
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+    finally:
+        xvfb.terminate()
+        xvfb.wait(10)
+    from PySide6.QtGui import QImage
+
+    image = QImage(str(shot))
+    assert (image.width(), image.height()) == (1440, 900)
+    colours: dict[int, int] = {}
+    for y in range(0, image.height(), 4):
+        for x in range(0, image.width(), 4):
+            rgb = image.pixel(x, y)
+            colours[rgb] = colours.get(rgb, 0) + 1
+    samples = sum(colours.values())
+    # a window with text, plots and widgets: many colours, and no single colour (an empty screen) dominates
+    assert len(colours) > 50, len(colours)
+    assert max(colours.values()) / samples < 0.8

@@ -82,6 +82,7 @@ def hub(repacked_factory: ModelFactory) -> Iterator[tuple[HubServer, bytes]]:
     with HubServer() as server:
         server.add_file(REPO, FILE, data, tags=["tokenwing"])
         server.faults.throttle_bps = max(1, len(data) // 2)  # a two-second download: the UI must stay live
+        server.faults.drop_after = len(data) // 3  # and the connection drops once: the download resumes
         yield server, data
 
 
@@ -128,8 +129,15 @@ def test_download_chat_graphs_and_crash_without_stalling_the_ui(
         window.library.download_button.click()
         await until(lambda: any(m.preset_id == "tiny" for m in c.local_models), what="download + library")
         installed = next(m for m in c.local_models if m.preset_id == "tiny")
-        assert installed.path.read_bytes() == data
+        assert installed.path.read_bytes() == data  # verified (sha256) before it joined the library
         assert window.library.downloads.rowCount() == 1
+        assert server.body_bytes() < len(data) * 1.5  # resumed with Range, not fetched twice
+
+        # autotune: measured on this machine, saved, and its flags go to the engine
+        c.autotune.probe_bytes = "4M"
+        tuned = await c.autotune.run(installed.path)
+        assert tuned.ram_total > 0 and "threads" in tuned.settings
+        assert c.autotune.serve_flags(installed.path)
 
         endpoint = await c.use_model(f"local:{installed.path}")
         assert endpoint is not None and c.supervisor is not None
@@ -144,6 +152,7 @@ def test_download_chat_graphs_and_crash_without_stalling_the_ui(
         # the engine crashes: the supervisor restarts it, the chat goes on where it was
         os.kill(pids[0], signal.SIGKILL)
         await until(lambda: c.supervisor is not None and c.supervisor.state != "ready", 30, "crash seen")
+        await until(lambda: "crash" in window.fault_label.text().lower(), 30, "crash reported to the user")
         await until(lambda: c.supervisor is not None and c.supervisor.state == "ready", 120, "restart")
         assert c.supervisor is not None
         pids.append(c.supervisor.pid or 0)

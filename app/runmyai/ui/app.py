@@ -8,10 +8,11 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import qasync
 from PySide6.QtCore import QMessageLogContext, QtMsgType, qInstallMessageHandler
-from PySide6.QtGui import QIcon
+from PySide6.QtGui import QGuiApplication, QIcon
 from PySide6.QtWidgets import QApplication
 
 from runmyai import __version__
@@ -70,6 +71,15 @@ def run_app(args: argparse.Namespace) -> int:
     return result["code"]
 
 
+def save_screenshot(path: Path) -> bool:
+    """The whole screen as the display server shows it (under Xvfb: what a user would see)."""
+    screen = QGuiApplication.primaryScreen()
+    if screen is None:
+        return False
+    QApplication.processEvents()
+    return bool(screen.grabWindow(0).save(str(path), "PNG"))
+
+
 async def self_test(controller: AppController, args: argparse.Namespace) -> int:
     """Opens, finds the engine, gets one reply from the built-in model (or --model), closes. 0 if all worked."""
     started = time.monotonic()
@@ -95,6 +105,11 @@ async def self_test(controller: AppController, args: argparse.Namespace) -> int:
     if not reply:
         print(f"runmyai self-test: empty reply ({controller.window.chat.status.text()})", file=sys.stderr)
         return 1
+    if args.screenshot is not None:
+        await asyncio.sleep(0.6)  # the graphs redraw on their timer
+        if not save_screenshot(args.screenshot):
+            print(f"runmyai self-test: could not save a screenshot to {args.screenshot}", file=sys.stderr)
+            return 1
     version = (controller.supervisor.handshake or {}).get("version") if controller.supervisor else None
     print(
         f"runmyai self-test: ok — engine {version} at {endpoint.base_url}, "

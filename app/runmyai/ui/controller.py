@@ -189,7 +189,7 @@ class AppController(QObject):
     def _preset_html(self, p: Preset, installed: bool) -> str:
         f = p.facts
         facts = (
-            f"<p>{html.escape(f.arch)} · {f.total_params / 1e9:.1f} B parameters, {f.active_params / 1e9:.1f} B "
+            f"<p>{html.escape(f.arch)} · {_count(f.total_params)} parameters, {_count(f.active_params)} "
             f"active · {f.layers} layers · {f.experts} experts, top-{f.top_k}"
             f"{f', {f.shared_experts} shared' if f.shared_experts else ''} · expert {human_bytes(p.expert_bytes)}"
             f" ({p.quant}) · file {human_bytes(p.size_bytes)}</p>"
@@ -384,7 +384,11 @@ class AppController(QObject):
             self.window.graphs.add(event)
 
     def _on_engine_state(self, state: EngineState, fault: Fault | None) -> None:
-        self.window.set_engine_state(STATE_WORDS.get(state, state), fault.sentence if fault else None)
+        sentence = fault.sentence if fault else None
+        last = self.supervisor.last_fault if self.supervisor is not None else None
+        if state == "ready" and last is not None:
+            sentence = f"Restarted after a fault: {last.sentence}"  # the user should know it happened
+        self.window.set_engine_state(STATE_WORDS.get(state, state), sentence)
         if state != "ready":
             self.ready.clear()
         elif self.chat_client is not None:
@@ -630,3 +634,11 @@ class AppController(QObject):
         cid = self.conversation_id
         messages = self.store.messages(cid) if cid is not None else []
         return messages[-1].content if messages and messages[-1].role == "assistant" else ""
+
+
+def _count(n: float) -> str:
+    """Parameters as people say them: 22 M, 3.3 B, 1.0 T."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}".replace(".0 ", " ")
+    return f"{n:.0f}"
