@@ -9,25 +9,25 @@ import asyncio
 import hashlib
 import os
 import signal
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
 import psutil
-import pytest
 import qasync
 from PySide6.QtWidgets import QApplication
 
 from runmyai.paths import AppPaths
 from runmyai.ui.controller import AppController
 from runmyai.ui.main_window import MainWindow
+from tests.app.conftest import FILE, REPO
 from tests.app.hubserver import HubServer
 from tests.app.stall_probe import StackSampler
 from tests.app.watchdog import LoopWatchdog
 from tests.conftest import ModelFactory
 
 T = TypeVar("T")
-REPO, FILE = "runmyai/tiny-TW", "tiny-qwen3moe.tw.gguf"
+
 STALL_BAR_MS = 50.0
 
 PRESET = """
@@ -76,16 +76,6 @@ def run_qt(qapp: QApplication, make: Callable[[], Awaitable[T]], timeout: float 
         asyncio.set_event_loop(None)
 
 
-@pytest.fixture
-def hub(repacked_factory: ModelFactory) -> Iterator[tuple[HubServer, bytes]]:
-    data = repacked_factory(type="Q8_0").read_bytes()
-    with HubServer() as server:
-        server.add_file(REPO, FILE, data, tags=["tokenwing"])
-        server.faults.throttle_bps = max(1, len(data) // 2)  # a two-second download: the UI must stay live
-        server.faults.drop_after = len(data) // 3  # and the connection drops once: the download resumes
-        yield server, data
-
-
 def make_controller(tmp_path: Path, hub: HubServer, data: bytes) -> tuple[MainWindow, AppController]:
     presets = tmp_path / "presets"
     presets.mkdir(exist_ok=True)
@@ -111,9 +101,9 @@ async def until(predicate: Callable[[], bool], timeout: float = 60, what: str = 
 
 
 def test_download_chat_graphs_and_crash_without_stalling_the_ui(
-    qapp: QApplication, hub: tuple[HubServer, bytes], tmp_path: Path
+    qapp: QApplication, tiny_hub: tuple[HubServer, bytes], tmp_path: Path
 ) -> None:
-    server, data = hub
+    server, data = tiny_hub
     window, c = make_controller(tmp_path, server, data)
 
     sampler = StackSampler().start()  # names the code behind a stall in the failure message
@@ -181,9 +171,9 @@ def test_download_chat_graphs_and_crash_without_stalling_the_ui(
 
 
 def test_stop_regenerate_edit_and_persistence(
-    qapp: QApplication, hub: tuple[HubServer, bytes], tmp_path: Path, repacked_factory: ModelFactory
+    qapp: QApplication, tiny_hub: tuple[HubServer, bytes], tmp_path: Path, repacked_factory: ModelFactory
 ) -> None:
-    server, data = hub
+    server, data = tiny_hub
     model = tmp_path / "home" / "models" / "local.tw.gguf"
     model.parent.mkdir(parents=True)
     model.write_bytes(data)

@@ -1,0 +1,99 @@
+"""More of what a user does in the window: hub search, Import GGUF, a remote endpoint, autotune overrides,
+pausing and resuming a download from its row (offscreen, real engine, local hub server)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from PySide6.QtWidgets import QApplication, QPushButton
+
+from runmyai.ui.autotune_dialog import AutotuneDialog
+from tests.app.conftest import FILE, REPO
+from tests.app.hubserver import HubServer
+from tests.app.test_app_scenario import make_controller, run_qt, until
+from tests.conftest import ModelFactory
+from tests.engine.test_server import Server
+
+
+def test_search_import_endpoint_and_download_buttons(
+    qapp: QApplication,
+    tiny_hub: tuple[HubServer, bytes],
+    tmp_path: Path,
+    model_factory: ModelFactory,
+    repacked_factory: ModelFactory,
+) -> None:
+    server, data = tiny_hub
+    server.add_file("someone/Other-GGUF", "other-Q8_0.gguf", b"GGUF" + bytes(1000), tags=["gguf"])
+    window, c = make_controller(tmp_path, server, data)
+    gguf = model_factory(type="Q8_0", seed=3)  # not the preset's file (that one would count as installed)
+    engine = Server(repacked_factory(type="Q8_0"), key="remote-key")
+
+    async def flows() -> None:
+        await c.start()
+        # hub search: repacked models and GGUF repositories, with their files
+        window.library.search.setText("tiny")
+        window.library.search.returnPressed.emit()
+        await until(lambda: any(e.key == f"hub:{REPO}" for e in c._entries()), 30, "search")
+        hit = next(e for e in c._entries() if e.key == f"hub:{REPO}")
+        assert FILE in hit.details_html and hit.can_download
+
+        # Import GGUF: repacked with progress into the library
+        seen: list[str] = []
+        window.library.task_label.setText("")
+        original = window.library.set_task
+
+        def spy(label: str | None, fraction: float | None = None, cancellable: bool = True) -> None:
+            seen.append(label or "")
+            original(label, fraction, cancellable)
+
+        window.library.set_task = spy  # type: ignore[method-assign]
+        imported = await c.import_files([gguf])
+        assert imported is not None and imported.error is None
+        assert any(m.path == imported.path for m in c.local_models)
+        assert any(label.startswith("Importing") for label in seen) and seen[-1] == ""
+
+        # the download row's buttons drive the queue
+        server.faults.throttle_bps = len(data) // 4
+        window.library.select("preset:tiny")
+        window.library.download_button.click()
+        table = window.library.downloads
+        await until(lambda: table.rowCount() == 1 and c.downloads.items()[0].state == "downloading", 30)
+        table.cellWidget(0, 5).findChild(QPushButton, "pause").click()
+        await until(lambda: c.downloads.items()[0].state == "paused", 30, "pause")
+        assert table.item(0, 4).text()  # the state is shown
+        table.cellWidget(0, 5).findChild(QPushButton, "resume").click()
+        await until(lambda: c.downloads.items()[0].state == "done", 60, "resume")
+
+        # a remote OpenAI-compatible endpoint instead of a local engine
+        await c.use_endpoint(engine.url, "remote-key")
+        assert c.supervisor is None and c.endpoint is not None and not c.endpoint.local
+        assert await c.chat_once("Hello, remote")
+        await c.use_endpoint("not a url", None)
+        assert "not an endpoint address" in window.chat.status.text()
+        await c.shutdown()
+
+    try:
+        run_qt(qapp, flows)
+    finally:
+        engine.stop()
+        window.close()
+
+
+def test_autotune_dialog_overrides_reach_the_engine_flags(qapp: QApplication, qtbot: object, tmp_path: Path) -> None:
+    from runmyai.engine.autotune import AutotuneRunner
+
+    runner = AutotuneRunner(tmp_path)
+    model = tmp_path / "m.tw.gguf"
+    model.write_bytes(b"")
+    dialog = AutotuneDialog("m")
+    dialog.show_result(["Memory: 1 GiB"], {"threads": 2, "ram_budget": 1000}, {"threads": "2 cores"}, {})
+    assert dialog.overrides.rowCount() == 2
+    dialog.overrides.item(0, 2).setText("1")  # threads: 1
+    dialog.overrides_saved.connect(lambda values: runner.set_overrides(model, values))
+    dialog.overrides_saved.emit(dialog.override_values())
+    assert dialog.override_values() == {"threads": "1"}
+    flags = runner.serve_flags(model)
+    assert "--threads" in flags and flags[flags.index("--threads") + 1] == "1"
+    dialog.close()
+    asyncio.set_event_loop(None)
