@@ -135,6 +135,7 @@ def _session_options(args: argparse.Namespace) -> Any:
         n_ctx=args.ctx,
         kv_type=args.kv_type,
         n_threads=args.threads,
+        prompt_cache=args.prompt_cache,
         stream=settings_from_args(args),
     )
 
@@ -270,6 +271,12 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-type", default="f16", choices=["f16", "f32"])
     p.add_argument("--threads", type=int, default=0, help="compute threads (default: all this process may use)")
     p.add_argument("--stats-json", help="write statistics to this file")
+    p.add_argument(
+        "--prompt-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="serve: reuse the KV cache of the previous request for the prompt prefix they share (default: on)",
+    )
     add_stream_arguments(p)
 
 

@@ -20,6 +20,7 @@ class Generation:
     tokens: list[int] = field(default_factory=list)
     finish_reason: str = "length"
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, already in the KV cache from the previous request
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
     stats: dict[str, Any] = field(default_factory=dict)
@@ -82,11 +83,14 @@ def generate(
     on_text: Callable[[str], None] | None = None,
     on_token: Callable[[int, np.ndarray], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    cached: int = 0,
 ) -> Generation:
-    gen = Generation(prompt_tokens=len(prompt))
+    """Generates after `prompt`, whose first `cached` tokens are already in the session's KV cache
+    (`Session.reuse_prefix`); the whole prompt still counts for repetition penalties."""
+    gen = Generation(prompt_tokens=len(prompt), cached_tokens=cached)
     before = session.streamer.counters()
     t0 = time.perf_counter()
-    logits = session.forward(prompt)
+    logits = session.forward(prompt[cached:])
     gen.prompt_seconds = time.perf_counter() - t0
     after_prompt = session.streamer.counters()
     stream = TextStream(stops)
@@ -131,7 +135,10 @@ def run_stats(
     s = session.stats()
     return {
         "prompt_tokens": gen.prompt_tokens,
-        "prompt_tokens_per_s": gen.prompt_tokens / gen.prompt_seconds if gen.prompt_seconds else 0.0,
+        "prompt_cached_tokens": gen.cached_tokens,
+        "prompt_tokens_per_s": (gen.prompt_tokens - gen.cached_tokens) / gen.prompt_seconds
+        if gen.prompt_seconds
+        else 0.0,
         "decode_tokens": len(gen.tokens),
         "decode_tokens_per_s": len(gen.tokens) / gen.decode_seconds if gen.decode_seconds else 0.0,
         "ssd_wait_ms_per_token": float(decode[:, c["wait_ns"]].sum()) / 1e6 / n_dec,

@@ -42,6 +42,7 @@ class SessionOptions:
     n_threads: int = 0  # 0: the cores this process may use
     max_batch: int = 64  # prompt tokens per graph (longer prompts are split, never refused)
     prompt_memory: int | None = None  # free memory a prompt pass may take beyond the cache (None: measured)
+    prompt_cache: bool = True  # the server keeps the previous request's KV cache for a shared prefix
     stream: StreamSettings = field(default_factory=StreamSettings)
 
 
@@ -116,6 +117,7 @@ class Session:
         n_threads = opts.n_threads or len(os.sched_getaffinity(0))
         self.graph = Graph(graph_mem, n_threads)
         self.pos = 0
+        self.history: list[int] = []  # the tokens whose keys and values are in the cache, positions 0..pos-1
         self._predictions: dict[tuple[int, int], list[int]] = {}
         self.recall_hits = np.zeros(max(opts.lookahead, 1), np.int64)
         self.recall_total = np.zeros(max(opts.lookahead, 1), np.int64)
@@ -156,6 +158,22 @@ class Session:
 
     def reset(self) -> None:
         self.pos = 0
+        self.history = []
+
+    def reuse_prefix(self, tokens: list[int]) -> int:
+        """Prompt caching: keeps the cached tokens this prompt starts with and forgets the rest. Returns how many
+        are kept (at most all but the last token, which must run to give logits); evaluate `tokens[kept:]`.
+
+        A chat's next turn repeats the whole conversation: only the new part is computed. The cache holds
+        exactly what a fresh pass would have put there (attention reads positions < pos only).
+        """
+        limit = min(len(tokens) - 1, len(self.history))
+        kept = 0
+        while kept < limit and self.history[kept] == tokens[kept]:
+            kept += 1
+        self.pos = kept
+        del self.history[kept:]
+        return kept
 
     # ------------------------------------------------------------------------------------------ forward
     def forward(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
@@ -199,6 +217,7 @@ class Session:
         if self.trace is not None and sel_rows:
             self.trace.append((np.stack(sel_rows, axis=1), np.stack(pred_rows, axis=1), 0 if decode else n))
         self.pos += n
+        self.history.extend(tokens)
         if not all_logits:
             last: np.ndarray = self._logits(h[-1:])[-1]
             return last

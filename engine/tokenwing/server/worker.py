@@ -144,7 +144,11 @@ class EngineWorker:
         room = s.n_ctx - len(prompt)
         if room <= 0:
             raise RequestError(f"the prompt ({len(prompt)} tokens) does not fit the context ({s.n_ctx} tokens)")
-        s.reset()
+        if self.options.prompt_cache:
+            cached = s.reuse_prefix(prompt)  # a chat's next turn: only the new tokens are computed
+        else:
+            s.reset()
+            cached = 0
         start = time.perf_counter()
         n = [0]
 
@@ -161,6 +165,7 @@ class EngineWorker:
             on_text=lambda piece: job.emit({"type": "text", "text": piece}),
             on_token=on_token,
             should_stop=job.cancelled.is_set,
+            cached=cached,
         )
         self.totals["requests"] += 1
         self.totals["prompt_tokens"] += len(prompt)
