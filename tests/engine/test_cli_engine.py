@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.conftest import ModelFactory, assert_clean_error, run_cli
 from tokenwing.streaming.trace import load_trace
@@ -143,3 +144,28 @@ def test_prompt_borrows_slots_and_returns_them(repacked_factory: ModelFactory) -
         assert whole.streamer.core.loaned_bytes == 0  # one batch fits the reserve: nothing to borrow
     finally:
         whole.close()
+
+
+def test_prompt_leaves_the_experts_its_end_used_in_the_cache(
+    repacked_factory: ModelFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waves run in recency order: after a prompt, the experts its end used most are the ones left in RAM.
+
+    With a half-life of a hundredth of a token, "used most by the end" is exactly the last token's experts."""
+    import tokenwing.runtime.session as session_module
+    from tokenwing.runtime.session import Session, SessionOptions
+
+    monkeypatch.setattr(session_module, "RECENCY_HALF_LIFE", 0.01)
+
+    model = repacked_factory(type="Q8_0", n_layer=3, n_expert=32, n_expert_used=4)
+    tokens = np.random.default_rng(7).integers(0, 500, 200).tolist()
+    s = Session(str(model), SessionOptions(n_ctx=256, ram_budget=1, max_batch=64), log=lambda line: None)
+    try:
+        s.trace = []
+        s.forward(tokens)
+        last = s.trace[-1][0][-1]  # [layers, k]: the experts the prompt's last token chose, per layer
+        for li, layer in enumerate(s.streamed):
+            resident = s.streamer.ready(layer, last[li].tolist())
+            assert all(resident), (layer, last[li], resident)  # the last wave held them, and it stays
+    finally:
+        s.close()

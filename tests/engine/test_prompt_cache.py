@@ -55,6 +55,7 @@ def test_server_reuses_the_previous_conversation(repacked_factory: ModelFactory)
             server.replies = (r1, r2)  # type: ignore[attr-defined]
         a1, a2 = with_cache.replies  # type: ignore[attr-defined]
         b1, b2 = without.replies  # type: ignore[attr-defined]
+        assert a1.choices[0].message.content == b1.choices[0].message.content
         assert a2.choices[0].message.content == b2.choices[0].message.content
         cached = a2.model_extra["tokenwing"]["prompt_cached_tokens"]
         assert a2.usage is not None and 0 < cached < a2.usage.prompt_tokens

@@ -33,6 +33,9 @@ from tokenwing.text.tokenizer import TextTokenizer, tokenizer_from_metadata
 HEADROOM = 512 << 20  # left for other programs (Run My AI's presets use 0.5 GB)
 
 
+RECENCY_HALF_LIFE = 128  # tokens: how fast a prompt's early expert uses fade when ordering its waves
+
+
 @dataclass
 class SessionOptions:
     ram_budget: int | None = None  # bytes for the expert cache; None: from free RAM and the memory limit
@@ -371,18 +374,25 @@ class Session:
         return common.sum_experts(weighted)
 
     def _prompt_experts(self, il: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        """A prompt's experts, in waves of ascending expert id, summed as they come.
+        """A prompt's experts in waves, in recency order, summed as they come.
 
-        Each token's expert outputs are added in expert-id order whatever the number of waves, so the result
-        does not depend on the budget or on how the prompt is split, and the working memory is one running sum
-        per token (not every token's k outputs). llama.cpp adds in rank order: the difference is rounding
-        (≤ 1e-6 on F32 logits, tests/oracle).
+        Waves go from the experts the prompt used least recently to those its end used most (uses weighted by
+        a 128-token half-life), so the last wave, which stays in the cache, holds what the first reply tokens
+        are likely to need. Each token adds its experts' outputs in that same order whatever the number of
+        waves, so the result does not depend on the budget, and the working memory is one running sum per
+        token (not every token's k outputs). llama.cpp adds in rank order: the difference is rounding.
         """
         hp, g = self.hp, self.graph
         n, k = sel.shape
-        unique = sorted(set(sel.ravel().tolist()))
+        recency = 0.5 ** ((n - 1 - np.arange(n)) / RECENCY_HALF_LIFE)
+        score = np.zeros(hp.n_expert)
+        np.add.at(score, sel, np.broadcast_to(recency[:, None], sel.shape))
+        used = np.unique(sel)
+        unique = used[np.lexsort((used, score[used]))].tolist()  # least recent first; ties by id
+        place = np.zeros(hp.n_expert, np.int64)
+        place[unique] = np.arange(len(unique))
         size = self.streamer.core.usable_slots(self.streamer.li(il)) if self._loaned else self.slots_per_layer
-        by_id = np.argsort(sel, axis=1, kind="stable")  # per token: its ranks in expert-id order
+        by_id = np.argsort(place[sel], axis=1, kind="stable")  # per token: its ranks in wave order
         acc = np.zeros((n, hp.n_embd), np.float32)
         rows = np.arange(n)[:, None]
         for start in range(0, len(unique), size):
@@ -401,7 +411,7 @@ class Session:
                 g.compute(moe)
                 out = to_numpy(moe).reshape(-1, k, hp.n_embd)
                 order = by_id[c]
-                ordered_out = out[rows[: out.shape[0]], order]  # [chunk, k, n_embd] in expert-id order
+                ordered_out = out[rows[: out.shape[0]], order]  # [chunk, k, n_embd] in wave order
                 ordered_in = in_wave[c][rows[: out.shape[0]], order]
                 block = acc[c]
                 for j in range(k):
