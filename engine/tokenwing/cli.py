@@ -136,6 +136,7 @@ def _session_options(args: argparse.Namespace) -> Any:
         kv_type=args.kv_type,
         n_threads=args.threads,
         prompt_cache=args.prompt_cache,
+        usage_table=args.usage_table,
         stream=settings_from_args(args),
     )
 
@@ -276,6 +277,12 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="serve: reuse the KV cache of the previous request for the prompt prefix they share (default: on)",
+    )
+    p.add_argument(
+        "--usage-table",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fill idle cache slots from MODEL.usage.json and add this run's expert counts to it (default: on)",
     )
     add_stream_arguments(p)
 

@@ -73,6 +73,7 @@ def run_qt(qapp: QApplication, make: Callable[[], Awaitable[T]], timeout: float 
     try:
         return loop.run_until_complete(asyncio.wait_for(make(), timeout))
     finally:
+        loop.close()  # joins qasync's executor threads (QThreads): one left running aborts Python at exit
         asyncio.set_event_loop(None)
 
 

@@ -640,9 +640,13 @@ int StreamCore::usable_slots(int li) const {
 }
 
 void StreamCore::set_usage(int li, const std::vector<int>& ranked_experts) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (int e : ranked_experts) check_expert(e);
-  layer(li).usage = ranked_experts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int e : ranked_experts) check_expert(e);
+    layer(li).usage = ranked_experts;
+    filled_ = false;  // a new table: fill again at the next quiet spell
+  }
+  idle_cv_.notify_all();
 }
 
 std::vector<std::uint64_t> StreamCore::counters() const {

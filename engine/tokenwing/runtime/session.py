@@ -18,6 +18,7 @@ import numpy as np
 
 from tokenwing.compute.ggml_lib import F16, F32, Graph, Tensor, aligned_bytes, ops, to_numpy
 from tokenwing.errors import BadInputError
+from tokenwing.format.layout import K_HEADER_CHECKSUM
 from tokenwing.format.reader import ModelFile
 from tokenwing.fsutil import human_bytes
 from tokenwing.models import common
@@ -27,6 +28,7 @@ from tokenwing.models.weights import ModelWeights
 from tokenwing.streaming.memory import expert_budget, memory_info
 from tokenwing.streaming.settings import StreamSettings
 from tokenwing.streaming.streamer import COUNTERS, ExpertStreamer, plan_slots
+from tokenwing.streaming.usage import UsageTable, load_usage, save_usage, usage_path
 from tokenwing.text.chat import ChatTemplate
 from tokenwing.text.tokenizer import TextTokenizer, tokenizer_from_metadata
 
@@ -46,6 +48,7 @@ class SessionOptions:
     max_batch: int = 64  # prompt tokens per graph (longer prompts are split, never refused)
     prompt_memory: int | None = None  # free memory a prompt pass may take beyond the cache (None: measured)
     prompt_cache: bool = True  # the server keeps the previous request's KV cache for a shared prefix
+    usage_table: bool = True  # seed idle fill from MODEL.usage.json and add this session's counts to it
     stream: StreamSettings = field(default_factory=StreamSettings)
 
 
@@ -116,6 +119,9 @@ class Session:
             parts = name.split(".", 2)
             if parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < hp.n_layer:
                 self._layer_weights[int(parts[1])][parts[2].removesuffix(".weight")] = t
+        self.usage = UsageTable(self.streamed, hp.n_expert, int(self.mf.header.get(K_HEADER_CHECKSUM) or 0))
+        if opts.usage_table:
+            self._seed_idle_fill()
         self._lookahead = self._fused_routers(opts.lookahead)
         n_threads = opts.n_threads or len(os.sched_getaffinity(0))
         self.graph = Graph(graph_mem, n_threads)
@@ -154,7 +160,31 @@ class Session:
                 out[il] = (fused, targets)
         return out
 
+    def _seed_idle_fill(self) -> None:
+        """Empty slots fill with the most used experts (usage table) once the engine is idle."""
+        table = load_usage(
+            usage_path(self.mf.path), self.streamed, self.hp.n_expert, self.usage.model_checksum, self.log
+        )
+        if table is None:
+            return
+        for row in range(len(self.streamed)):
+            self.streamer.core.set_usage(row, table.ranked(row))
+
+    def save_usage(self) -> None:
+        """Adds this session's expert counts to the usage table next to the model (the server: after each request)."""
+        if not self.options.usage_table or self.usage.tokens == 0:
+            return
+        path = usage_path(self.mf.path)
+        u = self.usage
+        merged = u.merge_into(load_usage(path, self.streamed, self.hp.n_expert, u.model_checksum, lambda line: None))
+        try:
+            save_usage(path, merged)
+        except OSError as e:
+            self.log(f"the usage table was not saved ({path}: {e.strerror or e})")
+        self.usage = UsageTable(self.streamed, self.hp.n_expert, u.model_checksum)  # saved: start over
+
     def close(self) -> None:
+        self.save_usage()
         self.streamer.close()
         self.graph.close()
         self.mf.close()
@@ -221,6 +251,7 @@ class Session:
             self.trace.append((np.stack(sel_rows, axis=1), np.stack(pred_rows, axis=1), 0 if decode else n))
         self.pos += n
         self.history.extend(tokens)
+        self.usage.tokens += n
         if not all_logits:
             last: np.ndarray = self._logits(h[-1:])[-1]
             return last
@@ -318,6 +349,7 @@ class Session:
         if "dense" in r:
             return r["dense"].astype(np.float32), None, np.zeros((n, 0, 0), np.int32)
         sel, weights = common.select_experts(r["probs"], hp.n_expert_used, self.family.normalize_weights)
+        self.usage.add(self.streamer.li(il), sel)
         self._score_predictions(il, sel)
         preds = np.full((n, max(self.options.lookahead, 0), hp.n_expert_used), -1, np.int32)
         ahead: list[tuple[int, list[int], int]] = []

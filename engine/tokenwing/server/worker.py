@@ -118,6 +118,7 @@ class EngineWorker:
                 continue
             try:
                 self._serve(job)
+                self.session.save_usage()  # after each request: a crash later keeps what was learnt
             except (TokenWingError, RequestError) as e:
                 self.totals["errors"] += 1
                 job.emit({"type": "error", "message": str(e)})
