@@ -231,7 +231,7 @@ def _cmd_autotune(args: argparse.Namespace) -> int:
 
     with ModelFile.open(args.model) as mf:
         record = max(el.record_size for el in mf.index.layers)
-        machine = probe_machine(args.model, record, parse_size(args.probe_bytes))
+        machine = probe_machine(args.model, record, parse_size(args.probe_bytes), progress=_stderr_line)
         choice = choose(mf, machine, args.ctx)
     if args.json:
         print(
@@ -253,6 +253,10 @@ def _cmd_autotune(args: argparse.Namespace) -> int:
     for key, value in choice.settings.items():
         print(f"  {key} = {value}\n      because {choice.reasons[key]}")
     return 0
+
+
+def _stderr_line(line: str) -> None:
+    print(f"tokenwing: {line}", file=sys.stderr, flush=True)
 
 
 def _write_json(path: str, data: object) -> None:

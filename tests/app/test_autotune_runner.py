@@ -27,7 +27,9 @@ def model(repacked_factory: ModelFactory) -> Path:
 def test_run_save_load_override_and_serve(model: Path, tmp_path: Path) -> None:
     paths = AppPaths(tmp_path / "home").ensure()
     runner = AutotuneRunner(paths, probe_bytes="4M", ctx=512)
-    result = asyncio.run(runner.run(model))
+    lines: list[str] = []
+    result = asyncio.run(runner.run(model, lines.append))
+    assert any("measuring the drive: 16 I/O threads (5/5)" in line for line in lines), lines  # progress shown
 
     # what it measured
     assert result.ram_total > 0 and 0 < result.ram_usable <= result.ram_total and result.ram_limit > 0

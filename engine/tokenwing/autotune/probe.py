@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -79,17 +80,28 @@ def nvidia_gpus() -> list[dict[str, Any]]:
 
 
 def probe_drive(
-    path: str, block: int, budget_bytes: int = 256 << 20, threads: tuple[int, ...] = (1, 2, 4, 8, 16)
+    path: str,
+    block: int,
+    budget_bytes: int = 256 << 20,
+    threads: tuple[int, ...] = (1, 2, 4, 8, 16),
+    progress: Callable[[str], None] = lambda line: None,
 ) -> DriveProbe:
     probe = DriveProbe(direct=True, block_bytes=block)
     with _core.DirectFile(path) as f:
         probe.direct = f.direct
-    for t in threads:
+    for i, t in enumerate(threads):
+        progress(f"measuring the drive: {t} I/O thread{'s' if t > 1 else ''} ({i + 1}/{len(threads)})")
         secs, nbytes, _ = _core.read_benchmark(path, block, t, budget_bytes, seed=t, direct=probe.direct)
         probe.mb_per_s_by_threads[t] = nbytes / secs / 1e6
     return probe
 
 
-def probe_machine(model_path: str | None, record_size: int = 0, drive_bytes: int = 256 << 20) -> MachineProbe:
-    drive = probe_drive(model_path, record_size, drive_bytes) if model_path and record_size else None
+def probe_machine(
+    model_path: str | None,
+    record_size: int = 0,
+    drive_bytes: int = 256 << 20,
+    progress: Callable[[str], None] = lambda line: None,
+) -> MachineProbe:
+    progress("probing memory, cores and GPUs")
+    drive = probe_drive(model_path, record_size, drive_bytes, progress=progress) if model_path and record_size else None
     return MachineProbe(memory_info(), len(os.sched_getaffinity(0)), cpu_isa(), nvidia_gpus(), drive)
