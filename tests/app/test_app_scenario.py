@@ -227,6 +227,8 @@ def test_stop_regenerate_edit_and_persistence(
     async def reopen() -> list[str]:
         await c2.start()
         roles = [m.role for m in c2.store.messages(c2.conversation_id or 0)]
+        assert await c2.use_default_model() is not None  # the model used last starts by itself
+        assert c2.supervisor is not None and c2.supervisor.model == model
         await c2.shutdown()
         return roles
 

@@ -59,6 +59,8 @@ def run_app(args: argparse.Namespace) -> int:
             await controller.use_endpoint(args.endpoint, os.environ.get("RUNMYAI_ENDPOINT_KEY"))
         elif args.model is not None:
             await controller.use_model(f"local:{args.model.resolve()}")
+        else:
+            await controller.use_default_model()
         await closed.wait()
         await controller.shutdown()
 

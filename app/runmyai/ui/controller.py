@@ -360,8 +360,28 @@ class AppController(QObject):
             return None
         if preset is not None and self.conversation_id is not None and not self.store.messages(self.conversation_id):
             self._apply_chat_defaults(self.conversation_id, preset)
+        with contextlib.suppress(OSError):
+            self._last_model_file().write_text(str(path), encoding="utf-8")
         self._attach(endpoint)
         return endpoint
+
+    async def use_default_model(self) -> Endpoint | None:
+        """At start: the model used last, else the built-in one, so the window opens ready to chat."""
+        last = self._read_last_model()
+        usable = [m for m in self.local_models if m.error is None]
+        choice = next((m for m in usable if str(m.path) == last), None) or next((m for m in usable if m.bundled), None)
+        if choice is None:
+            return None
+        return await self.use_model(f"local:{choice.path}")
+
+    def _last_model_file(self) -> Path:
+        return self.paths.settings / "last-model.txt"
+
+    def _read_last_model(self) -> str | None:
+        try:
+            return self._last_model_file().read_text(encoding="utf-8").strip() or None
+        except OSError:
+            return None
 
     def _attach(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
