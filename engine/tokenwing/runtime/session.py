@@ -223,7 +223,8 @@ class Session:
             raise BadInputError("token id outside the vocabulary")
         if self.pos + n > self.n_ctx:
             raise BadInputError(f"the context is full ({self.n_ctx} tokens)")
-        span = self._prompt_span()
+        # (a pass no longer than one batch always fits its reserve: decode never reads /proc for this)
+        span = self._prompt_span() if n > self.options.max_batch else n
         if n > span:
             # The whole prompt's working memory would not fit even with the cache's slots on loan: run it as
             # several layer-major passes (experts may then be read once per pass). Slower, never refused.
