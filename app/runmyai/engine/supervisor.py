@@ -269,9 +269,10 @@ class EngineSupervisor:
         env.setdefault("PYTHONUNBUFFERED", "1")
         self._emit(f"{_APP}starting the engine: {display_line(argv)}")
         oom_before = oom_kill_count()
+        # Windows: CREATE_NEW_PROCESS_GROUP | CREATE_NO_WINDOW (the console engine opens no window of its own)
         extra: dict[str, Any] = (
-            {"creationflags": 0x00000200} if os.name == "nt" else {"start_new_session": True}
-        )  # CREATE_NEW_PROCESS_GROUP on Windows
+            {"creationflags": 0x00000200 | 0x08000000} if os.name == "nt" else {"start_new_session": True}
+        )
         try:
             err_write, err_read = self._open_engine_log()
         except OSError as e:

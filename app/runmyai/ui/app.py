@@ -104,8 +104,11 @@ async def self_test(controller: AppController, args: argparse.Namespace) -> int:
     except TimeoutError:
         print(f"runmyai self-test: no reply within {SELF_TEST_TIMEOUT_S} s", file=sys.stderr)
         return 1
-    if not reply:
-        print(f"runmyai self-test: empty reply ({controller.window.chat.status.text()})", file=sys.stderr)
+    cid = controller.conversation_id
+    last = controller.store.messages(cid)[-1] if cid is not None and controller.store.messages(cid) else None
+    if last is None or last.role != "assistant" or last.finish_reason not in ("stop", "length"):
+        # (an empty but finished reply counts: a random test model may well say end-of-text first)
+        print(f"runmyai self-test: no finished reply ({controller.window.chat.status.text()})", file=sys.stderr)
         return 1
     if args.screenshot is not None:
         await asyncio.sleep(0.6)  # the graphs redraw on their timer

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Builds ggml (the sources ggml-python 0.0.45 ships, ggml 0.15.3) for portable x86-64 CPU levels, without
+# -march=native: build/ggml-variants/VARIANT/lib/{libggml,libggml-base,libggml-cpu}.so
+#
+#   avx2    AVX, AVX2, FMA, F16C, BMI2, SSE4.2 (Haswell / Zen 1 and later): the portable floor
+#   avx512  the above + AVX-512 F/CD/VL/DQ/BW (Skylake-X, Ice Lake, Zen 4 and later)
+#
+# Cached: a variant is rebuilt only when its key (sources, flags, compiler) changes. Usage:
+#   installer/build-ggml-variants.sh [VARIANT...]      (default: all)
+# Needs the project's .venv (cmake, ninja, pip) and a C/C++ compiler. Takes ~3 min a variant on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck disable=SC1091
+[ -n "${VIRTUAL_ENV:-}" ] || . .venv/bin/activate
+
+GGML_PY_VERSION=0.0.45
+ROOT=build/ggml-variants
+SDIST=$ROOT/sdist/ggml_python-$GGML_PY_VERSION.tar.gz
+SRC=$ROOT/sdist/ggml_python-$GGML_PY_VERSION
+COMMON=(-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+  -DGGML_AVX_VNNI=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
+  -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+
+flags_for() {
+  case "$1" in
+    avx2) echo "${COMMON[*]} -DGGML_AVX512=OFF" ;;
+    avx512) echo "${COMMON[*]} -DGGML_AVX512=ON" ;;
+    *) echo "unknown variant $1 (avx2, avx512)" >&2; exit 2 ;;
+  esac
+}
+
+if [ ! -d "$SRC" ]; then
+  mkdir -p "$ROOT/sdist"
+  # --no-binary for ggml-python only: its build tools (cmake, scikit-build-core) come as wheels.
+  [ -f "$SDIST" ] || python -m pip download -q "ggml-python==$GGML_PY_VERSION" --no-deps --no-binary ggml-python \
+    --no-build-isolation -d "$ROOT/sdist"
+  tar xzf "$SDIST" -C "$ROOT/sdist"
+fi
+
+for variant in "${@:-avx2 avx512}"; do
+  for v in $variant; do
+    flags=$(flags_for "$v")
+    key=$( (echo "$flags"; sha256sum "$SDIST"; cc --version | head -1; c++ --version | head -1) | sha256sum | cut -c1-16)
+    out=$ROOT/$v
+    if [ "$(cat "$out/key" 2>/dev/null || true)" = "$key" ] && [ -f "$out/lib/libggml-cpu.so" ]; then
+      echo "ggml $v: cached ($out/lib)" >&2
+      continue
+    fi
+    echo "ggml $v: building ($flags)" >&2
+    rm -rf "$out"
+    started=$SECONDS
+    # The same configuration ggml-python's own build uses (its CMakeLists.txt, as scikit-build-core runs it),
+    # with the instruction sets fixed instead of -march=native.
+    # shellcheck disable=SC2086
+    nice cmake -S "$SRC" -B "$out/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+      -DSKBUILD_PROJECT_NAME=ggml_python -DSKBUILD_PROJECT_VERSION=$GGML_PY_VERSION -DSKBUILD_STATE=wheel \
+      -DSKBUILD_PLATLIB_DIR="$PWD/$out/install" $flags >"$out.log" 2>&1 || { tail -30 "$out.log" >&2; exit 1; }
+    nice cmake --build "$out/cmake" -j "${JOBS:-$(nproc)}" >>"$out.log" 2>&1 || { tail -30 "$out.log" >&2; exit 1; }
+    cmake --install "$out/cmake" >>"$out.log" 2>&1 || { tail -30 "$out.log" >&2; exit 1; }
+    mkdir -p "$out/lib"
+    for lib in libggml.so libggml-base.so libggml-cpu.so; do
+      cp -L "$out/install/ggml/lib/$lib" "$out/lib/$lib"
+    done
+    if grep -q -- "-march=native" "$out/cmake/compile_commands.json" 2>/dev/null; then
+      echo "ggml $v: built with -march=native; refusing" >&2
+      exit 1
+    fi
+    echo "$key" >"$out/key"
+    rm -rf "$out/cmake" "$out/install"
+    echo "ggml $v: built in $((SECONDS - started)) s ($out/lib)" >&2
+  done
+done

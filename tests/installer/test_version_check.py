@@ -1,0 +1,107 @@
+"""The app refuses an engine of another version with a clear message (AppController.use_model).
+
+An engine of another version cannot be built from this checkout, so `other_version_engine.py` stands in for it:
+it speaks the start-up protocol (handshake line, /health) with a version of our choosing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import psutil
+import pytest
+import qasync
+from PySide6.QtWidgets import QApplication
+
+from runmyai import __version__
+from runmyai.engine import supervisor as supervisor_module
+from runmyai.paths import AppPaths
+from runmyai.ui.controller import AppController
+from runmyai.ui.main_window import MainWindow
+from tokenwing.version import __version__ as engine_version
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+STAND_IN = Path(__file__).with_name("other_version_engine.py")
+T = TypeVar("T")
+
+
+def run_qt(qapp: QApplication, make: Callable[[], Awaitable[T]], timeout: float = 60) -> T:
+    loop = qasync.QEventLoop(qapp)
+    asyncio.set_event_loop(loop)
+    try:
+        result: T = loop.run_until_complete(asyncio.wait_for(make(), timeout))
+        return result
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+def make_controller(tmp_path: Path) -> AppController:
+    for name in ("presets", "resources"):
+        (tmp_path / name).mkdir(exist_ok=True)
+    return AppController(
+        MainWindow(),
+        AppPaths(tmp_path / "home"),
+        offline=True,
+        presets_dir=tmp_path / "presets",
+        resources_dir=tmp_path / "resources",
+    )
+
+
+def test_one_version_for_app_and_engine() -> None:
+    assert __version__ == engine_version  # both read engine/tokenwing/version.py
+
+
+@pytest.mark.parametrize("other", ["0.0.0-other", "9.9.9"])
+def test_engine_of_another_version_is_refused(
+    qapp: QApplication, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, other: str
+) -> None:
+    monkeypatch.setattr(supervisor_module, "engine_command", lambda: [sys.executable, str(STAND_IN)])
+    monkeypatch.setenv("OTHER_ENGINE_VERSION", other)
+    model = tmp_path / "any.tw.gguf"
+    model.write_bytes(b"the stand-in never reads it")
+    c = make_controller(tmp_path)
+
+    async def scenario() -> tuple[object, supervisor_module.EngineSupervisor | None]:
+        try:
+            return await c.use_model(f"local:{model}"), c.supervisor
+        finally:
+            await c.shutdown()
+
+    endpoint, sup = run_qt(qapp, scenario)
+    assert endpoint is None
+    assert c.endpoint is None and not c.ready.is_set()
+    want = f"This engine is version {other}, but Run My AI {__version__} needs the same version; reinstall Run My AI."
+    assert c.errors[-1] == want
+    assert c.window.chat.status.text() == want  # the user sees it
+    assert sup is not None and sup.handshake is not None and sup.handshake["version"] == other  # it did start
+    assert sup.state == "stopped" and sup.pid is None  # and was stopped, not left running
+    pid = sup.handshake["pid"]
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_engine_of_the_same_version_is_used(
+    qapp: QApplication, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control: the same stand-in reporting our version is accepted (so the refusal above is about the version)."""
+    monkeypatch.setattr(supervisor_module, "engine_command", lambda: [sys.executable, str(STAND_IN)])
+    monkeypatch.setenv("OTHER_ENGINE_VERSION", __version__)
+    model = tmp_path / "any.tw.gguf"
+    model.write_bytes(b"the stand-in never reads it")
+    c = make_controller(tmp_path)
+
+    async def scenario() -> object:
+        try:
+            return await c.use_model(f"local:{model}")
+        finally:
+            await c.shutdown()
+
+    endpoint = run_qt(qapp, scenario)
+    assert endpoint is not None
+    assert not any("needs the same version" in e for e in c.errors)
