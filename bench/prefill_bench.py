@@ -18,7 +18,8 @@ import json, sys, time
 import numpy as np
 from tokenwing.runtime.session import Session, SessionOptions
 from tokenwing.streaming.streamer import COUNTERS
-s = Session(sys.argv[1], SessionOptions(n_ctx=int(sys.argv[2]) + 16, lookahead=0, usage_table=False), log=lambda l: None)
+opts = SessionOptions(n_ctx=int(sys.argv[2]) + 16, lookahead=0, usage_table=False)
+s = Session(sys.argv[1], opts, log=lambda l: None)
 s.trace = []
 toks = np.random.default_rng(0).integers(0, s.hp.vocab_size - 16, int(sys.argv[2])).tolist()
 t = time.perf_counter(); s.forward(toks); secs = time.perf_counter() - t
