@@ -78,8 +78,7 @@ def save_screenshot(path: Path) -> bool:
     screen = QGuiApplication.primaryScreen()
     if screen is None:
         return False
-    QApplication.processEvents()
-    return bool(screen.grabWindow(0).save(str(path), "PNG"))
+    return bool(screen.grabWindow(0).save(str(path), "PNG"))  # (no processEvents here: it would re-enter the loop)
 
 
 async def self_test(controller: AppController, args: argparse.Namespace) -> int:
