@@ -83,9 +83,16 @@ class SettingsBox(QGroupBox):
         inner.setLayout(form)
         layout = QVBoxLayout(self)
         layout.addWidget(inner)
-        self.toggled.connect(inner.setVisible)
-        inner.setVisible(False)
+        self.toggled.connect(self._fold)
+        self._inner = inner
+        self._fold(False)
         self.system_prompt.textChanged.connect(self.changed)
+
+    def _fold(self, open_: bool) -> None:
+        """Folded: only the title row shows (no empty frame under it)."""
+        self._inner.setVisible(open_)
+        self.setFlat(not open_)
+        self.setMaximumHeight(16777215 if open_ else self.fontMetrics().height() + 12)
 
     def _double(self, lo: float, hi: float, step: float) -> QDoubleSpinBox:
         box = QDoubleSpinBox()
