@@ -145,6 +145,6 @@ def test_failures_are_one_sentence(model: Path, tmp_path: Path) -> None:
 def test_no_gpu_is_a_normal_answer() -> None:
     report = nvidia_vram()
     if report.gpus:
-        assert all(g.total > 0 for g in report.gpus)
+        assert all(g.vram_total > 0 for g in report.gpus)
     else:
         assert report.note.startswith("no NVIDIA GPU")

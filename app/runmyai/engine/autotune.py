@@ -28,6 +28,7 @@ from runmyai.engine.settings import (
     read_json,
     write_json_atomic,
 )
+from runmyai.library.machine import GpuInfo, GpuReport, nvidia_vram
 from runmyai.paths import AppPaths
 
 # Settings autotune reports that are not `tokenwing serve` flags (they explain the choice).
@@ -38,53 +39,6 @@ _FALSE = {"false", "no", "off"}
 
 class AutotuneError(Exception):
     """Autotune could not run or its result could not be read; str() is one human sentence."""
-
-
-@dataclass(frozen=True)
-class GpuVram:
-    index: int
-    name: str
-    total: int
-    free: int
-
-
-@dataclass(frozen=True)
-class GpuReport:
-    gpus: tuple[GpuVram, ...]
-    note: str  # "no NVIDIA GPU", "2 NVIDIA GPUs", or why NVML could not be asked
-
-
-def nvidia_vram() -> GpuReport:
-    """VRAM per NVIDIA GPU through NVML. No driver or no GPU is a normal answer ("no NVIDIA GPU"), not an error.
-    Blocking (NVML can take a moment to initialise): call it with asyncio.to_thread from the event loop."""
-    try:
-        import pynvml
-    except ImportError:
-        return GpuReport((), "no NVIDIA GPU (NVML bindings are not installed)")
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        lib_missing = isinstance(e, pynvml.NVMLError_LibraryNotFound | pynvml.NVMLError_DriverNotLoaded)
-        return GpuReport((), "no NVIDIA GPU" if lib_missing else f"no NVIDIA GPU (NVML: {e})")
-    except Exception as e:
-        return GpuReport((), f"no NVIDIA GPU (NVML: {e})")
-    gpus: list[GpuVram] = []
-    try:
-        for i in range(int(pynvml.nvmlDeviceGetCount())):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            name: Any = pynvml.nvmlDeviceGetName(handle)
-            if isinstance(name, bytes):
-                name = name.decode(errors="replace")
-            gpus.append(GpuVram(i, str(name), int(mem.total), int(mem.free)))
-    except Exception as e:
-        return GpuReport(tuple(gpus), f"NVML failed after {len(gpus)} GPUs: {e}")
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
-    if not gpus:
-        return GpuReport((), "no NVIDIA GPU")
-    return GpuReport(tuple(gpus), f"{len(gpus)} NVIDIA GPU{'s' if len(gpus) > 1 else ''}")
 
 
 @dataclass(frozen=True)
@@ -111,7 +65,7 @@ class AutotuneResult:
     cores: int
     isa: tuple[str, ...]
     drive: DriveSpeed | None
-    gpus: tuple[GpuVram, ...]  # VRAM per NVIDIA GPU, from NVML in the app
+    gpus: tuple[GpuInfo, ...]  # VRAM per NVIDIA GPU, from NVML in the app
     gpu_note: str
     settings: dict[str, Any]  # what autotune chose (flags and informational values)
     reasons: dict[str, str]  # why, per setting
@@ -143,7 +97,7 @@ class AutotuneResult:
             lines.append("Drive: not measured")
         if self.gpus:
             lines += [
-                f"GPU {g.index}: {g.name}, {g.free / gib:.1f} GiB free of {g.total / gib:.1f} GiB VRAM"
+                f"GPU {g.index}: {g.name}, {g.vram_free / gib:.1f} GiB free of {g.vram_total / gib:.1f} GiB VRAM"
                 for g in self.gpus
             ]
         else:
@@ -156,7 +110,7 @@ class AutotuneResult:
             "model": self.model,
             "machine": self.machine.as_dict(),
             "measured_at": self.measured_at,
-            "gpus": [g.__dict__ for g in self.gpus],
+            "gpus": [{"index": g.index, "name": g.name, "total": g.vram_total, "free": g.vram_free} for g in self.gpus],
             "gpu_note": self.gpu_note,
         }
         return out
@@ -341,10 +295,10 @@ class AutotuneRunner:
         meta: dict[str, Any] = meta_raw if isinstance(meta_raw, dict) else {}
         raw_gpus_any = meta.get("gpus")
         raw_gpus: list[Any] = raw_gpus_any if isinstance(raw_gpus_any, list) else []
-        gpus: list[GpuVram] = []
+        gpus: list[GpuInfo] = []
         for g in raw_gpus:
             with contextlib.suppress(TypeError, ValueError, KeyError):
-                gpus.append(GpuVram(int(g["index"]), str(g["name"]), int(g["total"]), int(g["free"])))
+                gpus.append(GpuInfo(int(g["index"]), str(g["name"]), int(g["total"]), int(g["free"])))
         note = str(meta.get("gpu_note") or ("no NVIDIA GPU" if not gpus else ""))
         when = meta.get("measured_at")
         try:

@@ -18,13 +18,14 @@ import contextlib
 import hashlib
 import json
 import os
-import platform
 import re
 import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from runmyai.library.machine import cpu_info, ram_info
 
 
 @dataclass(frozen=True)
@@ -42,31 +43,6 @@ class MachineFingerprint:
         return {"hostname": self.hostname, "cpu_model": self.cpu_model, "ram_total": self.ram_total, "id": self.id}
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip().lower() in ("model name", "hardware", "cpu model") and value.strip():
-                    return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def _ram_total() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    import psutil  # type: ignore[import-untyped]  # not Linux: the portable way
-
-    return int(psutil.virtual_memory().total)
-
-
 _FINGERPRINT: MachineFingerprint | None = None
 
 
@@ -74,7 +50,7 @@ def machine_fingerprint() -> MachineFingerprint:
     """This machine (computed once per process: a few small reads)."""
     global _FINGERPRINT
     if _FINGERPRINT is None:
-        _FINGERPRINT = MachineFingerprint(socket.gethostname(), _cpu_model(), _ram_total())
+        _FINGERPRINT = MachineFingerprint(socket.gethostname(), cpu_info()[0], ram_info()[0])
     return _FINGERPRINT
 
 

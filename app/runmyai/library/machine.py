@@ -80,11 +80,11 @@ def probe_machine(
     `drive_read_bps` wins over a saved autotune result in `autotune_dir`; `root` points /proc and /sys/fs/cgroup
     at a fake tree in tests.
     """
-    total, available = _memory(root)
+    total, available = ram_info(root)
     limit, used = cgroup_memory_limit(root)
     if limit is not None and total and limit >= total:
         limit, used = None, 0
-    model, isa = _cpu(root)
+    model, isa = cpu_info(root)
     if drive_read_bps is None and autotune_dir is not None:
         drive_read_bps = saved_drive_speed(autotune_dir)
     return MachineInfo(
@@ -109,7 +109,8 @@ async def probe_machine_async(
 
 
 # ---------------------------------------------------------------------------------------------- memory
-def _memory(root: Path) -> tuple[int, int]:
+def ram_info(root: Path = Path("/")) -> tuple[int, int]:
+    """(total, available) bytes of RAM."""
     meminfo = root / "proc" / "meminfo"
     try:
         values: dict[str, int] = {}
@@ -193,7 +194,8 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _cpu(root: Path) -> tuple[str, tuple[str, ...]]:
+def cpu_info(root: Path = Path("/")) -> tuple[str, tuple[str, ...]]:
+    """(CPU model name, the ISA flags of ISA_FLAGS it has)."""
     model = ""
     flags: set[str] = set()
     try:
@@ -212,31 +214,47 @@ def _cpu(root: Path) -> tuple[str, tuple[str, ...]]:
 
 
 # ---------------------------------------------------------------------------------------------- GPUs
-def nvidia_gpus() -> tuple[GpuInfo, ...]:
-    """VRAM per NVIDIA GPU through NVML; no driver, no GPU or any NVML error: an empty tuple."""
+@dataclass(frozen=True)
+class GpuReport:
+    gpus: tuple[GpuInfo, ...]
+    note: str  # "no NVIDIA GPU", "2 NVIDIA GPUs", or why NVML could not be asked
+
+
+def nvidia_vram() -> GpuReport:
+    """VRAM per NVIDIA GPU through NVML. No driver or no GPU is a normal answer ("no NVIDIA GPU"), not an error.
+    Blocking (NVML can take a moment to initialise): call it with asyncio.to_thread from the event loop."""
     try:
         import pynvml
     except ImportError:
-        return ()
+        return GpuReport((), "no NVIDIA GPU (NVML bindings are not installed)")
     try:
         pynvml.nvmlInit()
-    except Exception:
-        return ()
+    except Exception as e:  # (looked up by name: bindings differ between versions)
+        names = ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded")
+        missing = tuple(t for t in (getattr(pynvml, n, None) for n in names) if isinstance(t, type))
+        return GpuReport((), "no NVIDIA GPU" if missing and isinstance(e, missing) else f"no NVIDIA GPU (NVML: {e})")
     gpus: list[GpuInfo] = []
     try:
-        for i in range(pynvml.nvmlDeviceGetCount()):
+        for i in range(int(pynvml.nvmlDeviceGetCount())):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
             name: Any = pynvml.nvmlDeviceGetName(handle)
             if isinstance(name, bytes):
                 name = name.decode(errors="replace")
             gpus.append(GpuInfo(i, str(name), int(mem.total), int(mem.free)))
-    except Exception:
-        pass
+    except Exception as e:
+        return GpuReport(tuple(gpus), f"NVML failed after {len(gpus)} GPUs: {e}")
     finally:
         with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-    return tuple(gpus)
+    if not gpus:
+        return GpuReport((), "no NVIDIA GPU")
+    return GpuReport(tuple(gpus), f"{len(gpus)} NVIDIA GPU{'s' if len(gpus) > 1 else ''}")
+
+
+def nvidia_gpus() -> tuple[GpuInfo, ...]:
+    """VRAM per NVIDIA GPU; none (no driver, no GPU, an NVML error): an empty tuple."""
+    return nvidia_vram().gpus
 
 
 # ---------------------------------------------------------------------------------------------- disk
