@@ -2,27 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from runmyai.monitor import StatsSeries
-
-
-@dataclass
-class Layer:
-    layer: int
-    hits: int
-    misses: int
-
-
-@dataclass
-class Event:
-    token: int
-    layers: list[Layer]
-    ssd_wait_ms: float = 1.0
-    bytes_read: int = 1 << 20
-    vram_swaps: int = 0
-    prediction_recall: list[float] = field(default_factory=lambda: [0.7, 0.5])
-    tokens_per_s: float | None = 12.0
+from tests.app.stats_events import Event, Layer
 
 
 def test_hit_rates_last_and_mean() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QGuiApplication
 from pytestqt.qtbot import QtBot
@@ -11,6 +9,7 @@ from pytestqt.qtbot import QtBot
 from runmyai.ui.chat_panel import ChatPanel, SamplingValues
 from runmyai.ui.graphs import GraphsPanel
 from runmyai.ui.transcript import Transcript, markdown_fragment
+from tests.app.stats_events import Event, Layer
 
 REPLY = "# Plan\n\nFirst **bold** point.\n\n```python\nprint('hi')\n\nprint('there')\n```\n\nLast line."
 
@@ -50,29 +49,11 @@ def test_copy_links(qtbot: QtBot) -> None:
     assert QGuiApplication.clipboard().text() == REPLY
 
 
-@dataclass
-class Layer:
-    layer: int
-    hits: int
-    misses: int
-
-
-@dataclass
-class Event:
-    token: int
-    layers: list[Layer]
-    ssd_wait_ms: float = 2.5
-    bytes_read: int = 3 << 20
-    vram_swaps: int = 0
-    prediction_recall: list[float] = field(default_factory=lambda: [0.8, 0.6])
-    tokens_per_s: float | None = 9.5
-
-
 def test_graphs_draw_and_pause(qtbot: QtBot) -> None:
     g = GraphsPanel()
     qtbot.addWidget(g)
     for t in range(5):
-        g.add(Event(t, [Layer(i, 6, 2) for i in range(4)]))
+        g.add(Event(t, [Layer(i, 6, 2) for i in range(4)], ssd_wait_ms=2.5))
     qtbot.waitUntil(lambda: g.summary.text().startswith("5 tokens"), timeout=2000)
     assert "hit rate 75%" in g.summary.text()
     assert "VRAM swaps 0" in g.summary.text()
