@@ -21,18 +21,9 @@ def main() -> int:
     model, request_path, out_path = sys.argv[1:4]
     with open(request_path) as f:
         request = json.load(f)
-    llm = llama_cpp.Llama(
-        model,
-        n_ctx=512,
-        n_batch=512,
-        n_ubatch=512,
-        n_threads=2,
-        logits_all=True,
-        type_k=0,
-        type_v=0,
-        flash_attn=False,
-        verbose=False,
-    )
+    from tokenwing.testmodel.oracle import oracle_llama
+
+    llm = oracle_llama(llama_cpp, model, n_ctx=512, n_batch=512)
     vocab = llama_cpp.llama_model_get_vocab(llm.model)
     results = []
     for prompt in request["prompts"]:

@@ -22,18 +22,9 @@ def main() -> int:
 
         use_plain_layout(llama_cpp)
     tokens = np.load(tokens_path).astype(np.int64).tolist()
-    llm = llama_cpp.Llama(
-        model,
-        n_ctx=max(256, len(tokens) + 8),
-        n_batch=n_batch,
-        n_ubatch=n_batch,
-        n_threads=2,
-        logits_all=True,
-        type_k=0,
-        type_v=0,
-        flash_attn=False,
-        verbose=False,
-    )
+    from tokenwing.testmodel.oracle import oracle_llama
+
+    llm = oracle_llama(llama_cpp, model, n_ctx=max(256, len(tokens) + 8), n_batch=n_batch)
     llm.eval(tokens)
     np.save(out_path, np.asarray(llm.scores[: len(tokens)], dtype=np.float32))
     return 0

@@ -18,6 +18,22 @@ def use_plain_layout(llama_cpp: Any) -> None:
     llama_cpp.llama_cpp.llama_model_default_params = plain
 
 
+def oracle_llama(llama_cpp: Any, model: str, n_ctx: int, n_batch: int) -> Any:
+    """llama.cpp as the project's oracles run it: F32 KV cache, no flash attention, 2 threads, every logit."""
+    return llama_cpp.Llama(
+        model,
+        n_ctx=n_ctx,
+        n_batch=n_batch,
+        n_ubatch=n_batch,
+        n_threads=2,
+        logits_all=True,
+        type_k=0,
+        type_v=0,
+        flash_attn=False,
+        verbose=False,
+    )
+
+
 def process_read_bytes() -> int:
     """Bytes this process has caused to be read from storage (page-ins of mapped files included)."""
     with open("/proc/self/io") as f:
