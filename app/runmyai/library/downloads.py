@@ -44,6 +44,7 @@ from runmyai.library.hub import (
     normalize_sha256,
     parse_content_range,
 )
+from runmyai.units import human_bytes
 
 log = logging.getLogger(__name__)
 
@@ -92,14 +93,6 @@ class _Item:
     samples: deque[tuple[float, int]] = dataclasses.field(default_factory=deque)
     last_emit: float = 0.0
     abort_hash: threading.Event = dataclasses.field(default_factory=threading.Event)
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("bytes", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"  # pragma: no cover
 
 
 def download_id(repo: str, path: str, revision: str) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 from runmyai.engine.command import engine_command
 from runmyai.library.presets import Preset
+from runmyai.units import human_bytes
 
 ProgressCallback = Callable[[float, str], None]
 
@@ -215,7 +216,7 @@ class LocalLibrary:
                 done, total = int(rec["done"]), max(int(rec["total"]), 1)
             except (ValueError, KeyError, TypeError):
                 return
-            report(lo + (hi - lo) * min(done / total, 1.0), f"{label}: {_size(done)} of {_size(total)}")
+            report(lo + (hi - lo) * min(done / total, 1.0), f"{label}: {human_bytes(done)} of {human_bytes(total)}")
 
         args = ["repack", *(str(s) for s in sources), "-o", str(dest), "--progress-json"]
         try:
@@ -381,11 +382,3 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
