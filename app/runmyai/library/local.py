@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from runmyai.engine.command import engine_command
+from runmyai.engine.settings import write_json_atomic
 from runmyai.library.presets import Preset
 from runmyai.units import human_bytes
 
@@ -260,7 +261,7 @@ class LocalLibrary:
         with contextlib.suppress(FileNotFoundError):
             dest.unlink()  # an older or unverified demo: ours to replace
         await self._repack([source], dest, on_progress, None)
-        _write_atomic(stamp_path, json.dumps({"source_sha256": source_sha, "size": dest.stat().st_size}))
+        write_json_atomic(stamp_path, {"source_sha256": source_sha, "size": dest.stat().st_size})
         return await self._describe_one(dest)
 
     # ------------------------------------------------------------------------------------------ engine
@@ -336,7 +337,7 @@ class LocalLibrary:
     def _save_cache(self, files: dict[str, dict[str, Any]]) -> None:
         if self.models_dir.is_dir():
             with contextlib.suppress(OSError):
-                _write_atomic(self.models_dir / _CACHE_FILE, json.dumps({"files": files}, indent=1))
+                write_json_atomic(self.models_dir / _CACHE_FILE, {"files": files})
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
@@ -376,9 +377,3 @@ def _engine_error(lines: Sequence[str], rc: int) -> str:
 def _sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
