@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ModelFactory
+from tokenwing import _core
 from tokenwing.errors import BadInputError
 from tokenwing.format.reader import ModelFile
 from tokenwing.streaming.settings import StreamSettings
@@ -64,6 +65,33 @@ def test_exact_bytes_under_eviction(model: Path, expected: dict[tuple[int, int],
     assert t["hits"] + t["misses"] == 40 * 4 * 4
     assert t["read_errors"] == 0
     assert t["bytes_read"] >= t["demand_reads"] * 60 * 1024
+
+
+def test_transform_runs_once_per_landed_projection(model: Path, expected: dict[tuple[int, int], bytes]) -> None:
+    """The post-read transform (ggml repacking in the engine; a bitwise NOT here) rewrites exactly the chosen
+    projection of every expert that lands, before it counts as ready, under eviction, prefetch and cancels."""
+    rng = np.random.default_rng(4)
+    with streamer(model, 5, verify=False) as s, ModelFile.open(str(model)) as mf:
+        for li, el in enumerate(mf.index.layers):
+            base = s.pools[li].ctypes.data
+            ctx = [base + slot * el.record_size + el.proj_offset[1] for slot in range(5)]
+            s.core.set_transform(li, 1, _core.invert_transform(), ctx)
+        for _ in range(30):
+            s.begin_token()
+            for layer in range(4):
+                sel = rng.choice(16, 4, replace=False).tolist()
+                s.begin_layer(layer, sel)
+                if layer < 3:
+                    s.predict(layer + 1, rng.choice(16, 4, replace=False).tolist(), 1)
+                el = mf.index.layers[layer]
+                for e in sel:
+                    s.wait(layer, e, 1)
+                    slot = s.wait(layer, e)
+                    got = s.expert_bytes(layer, slot).tobytes()
+                    want = bytearray(expected[(layer, e)])
+                    o, n = el.proj_offset[1], el.proj_size[1]
+                    want[o : o + n] = bytes(~np.frombuffer(want[o : o + n], np.uint8))
+                    assert got == bytes(want)
 
 
 def test_all_resident_reads_each_expert_once(model: Path) -> None:

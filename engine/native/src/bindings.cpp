@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "direct_file.hpp"
@@ -61,6 +62,18 @@ tw::Trace make_trace(nb::ndarray<const std::int32_t, nb::ndim<3>, nb::c_contig, 
 }
 
 }  // namespace
+
+// ggml's log callback signature: (enum ggml_log_level, const char*, void*); level 1 is GGML_LOG_LEVEL_DEBUG.
+// For tests: a transform that writes the bitwise NOT of a projection to ctx (the projection's own address).
+static void invert_transform(void* ctx, const void* data, std::size_t offset, std::size_t size) {
+  auto* dst = static_cast<std::uint8_t*>(ctx) + offset;
+  const auto* src = static_cast<const std::uint8_t*>(data);
+  for (std::size_t i = 0; i < size; ++i) dst[i] = static_cast<std::uint8_t>(~src[i]);
+}
+
+static void log_filter(int level, const char* text, void* /*user*/) {
+  if (level != 1 && text != nullptr) std::fputs(text, stderr);
+}
 
 NB_MODULE(_core, m) {
   m.doc() = "TokenWing native core: direct-I/O expert streaming, RAM expert cache, trace replay";
@@ -146,6 +159,15 @@ NB_MODULE(_core, m) {
       .def_prop_ro("loaned_bytes", &tw::StreamCore::loaned_bytes)
       .def("usable_slots", &tw::StreamCore::usable_slots, nb::arg("layer"), Release())
       .def("set_usage", &tw::StreamCore::set_usage, nb::arg("layer"), nb::arg("ranked_experts"), Release())
+      .def(
+          "set_transform",
+          [](tw::StreamCore& c, int li, int proj, std::uintptr_t fn, const std::vector<std::uintptr_t>& ctx) {
+            std::vector<void*> ptrs;
+            for (std::uintptr_t p : ctx) ptrs.push_back(reinterpret_cast<void*>(p));
+            c.set_transform(li, proj, reinterpret_cast<tw::StreamCore::TransformFn>(fn), std::move(ptrs));
+          },
+          nb::arg("layer"), nb::arg("proj"), nb::arg("fn"), nb::arg("ctx"),
+          "After a projection lands: fn(ctx[slot], plain bytes, 0, size) rewrites it in place (addresses).")
       .def("counters",
            [](const tw::StreamCore& c) {
              return to_numpy(c.counters(), {static_cast<std::size_t>(c.n_layers()),
@@ -160,6 +182,15 @@ NB_MODULE(_core, m) {
       .def("scheduler_marks", &tw::StreamCore::scheduler_marks, Release())
       .def("resident_experts", &tw::StreamCore::resident_experts, nb::arg("layer"))
       .def("close", &tw::StreamCore::close, Release());
+
+  m.def(
+      "invert_transform", [] { return reinterpret_cast<std::uintptr_t>(&invert_transform); },
+      "For tests: address of a transform that writes the bitwise NOT of each projection in place.");
+
+  m.def(
+      "ggml_log_filter",
+      [] { return reinterpret_cast<std::uintptr_t>(&log_filter); },
+      "Address of a ggml log callback that drops debug messages (they come from I/O threads too).");
 
   m.def(
       "simulate",

@@ -1,5 +1,7 @@
 #include "stream_core.hpp"
 
+#include <cstring>
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -217,8 +219,11 @@ std::vector<int> StreamCore::begin_layer(int li, const std::vector<int>& experts
     start_demand(li, e, free_slot);
   }
   for (int e : experts) result.push_back(L.expert_slot[static_cast<std::size_t>(e)]);
+  // Wake the I/O threads only when there is something to read: waking them for a layer of hits costs
+  // context switches the compute threads pay for (measured: 35 µs per layer on 2 cores).
+  bool work = !demand_q_.empty() || !prefetch_q_.empty() || !waiting_.empty() || !L.pending_demand.empty();
   lock.unlock();
-  io_cv_.notify_all();
+  if (work) io_cv_.notify_all();
   return result;
 }
 
@@ -451,7 +456,7 @@ bool StreamCore::bind_prediction(Chunk& out) {
   return false;
 }
 
-void StreamCore::complete(const Chunk& c, const std::string* error) {
+void StreamCore::complete(const Chunk& c, const std::string* error, std::vector<int>& transforms) {
   Layer& L = layers_[static_cast<std::size_t>(c.li)];
   Slot& sl = *L.slots[static_cast<std::size_t>(c.slot)];
   (c.demand ? demand_busy_ : prefetch_busy_)--;
@@ -489,24 +494,73 @@ void StreamCore::complete(const Chunk& c, const std::string* error) {
   L.count[kBytesRead] += c.len;
   std::uint32_t mask = sl.ready_mask.load(std::memory_order_relaxed);
   for (int p = 0; p < 3; ++p) {
-    std::uint64_t o = L.geo.proj_offset[static_cast<std::size_t>(p)];
-    std::uint64_t got = overlap(c.off, c.off + c.len, o, o + L.geo.proj_size[static_cast<std::size_t>(p)]);
-    std::uint64_t& rem = sl.remaining[static_cast<std::size_t>(p)];
+    auto pi = static_cast<std::size_t>(p);
+    std::uint64_t o = L.geo.proj_offset[pi];
+    std::uint64_t got = overlap(c.off, c.off + c.len, o, o + L.geo.proj_size[pi]);
+    std::uint64_t& rem = sl.remaining[pi];
+    bool landed = got > 0 && rem > 0 && rem <= got;
     rem -= std::min(rem, got);
-    if (rem == 0) mask |= 1u << p;
+    if (L.transform[pi].fn == nullptr) {
+      if (rem == 0) mask |= 1u << p;
+    } else if (landed) {
+      sl.inflight++;  // the transform holds the slot like a read in flight
+      transforms.push_back(p);
+    }
   }
   sl.ready_mask.store(mask, std::memory_order_release);
-  if (sl.inflight == 0 && sl.queued == 0) {
-    sl.meta.state = SlotState::Ready;
-    sl.ready_mask.store(7u, std::memory_order_release);
-    if (sl.timing) {
-      latencies_.push_back(static_cast<std::int64_t>((Clock::now() - sl.issued).count()));
-      sl.timing = false;
-    }
+  finish_if_done(sl);
+}
+
+void StreamCore::finish_if_done(Slot& sl) {
+  if (sl.inflight != 0 || sl.queued != 0) return;
+  sl.meta.state = SlotState::Ready;
+  sl.ready_mask.store(7u, std::memory_order_release);
+  if (sl.timing) {
+    latencies_.push_back(static_cast<std::int64_t>((Clock::now() - sl.issued).count()));
+    sl.timing = false;
   }
 }
 
+void StreamCore::run_transform(int li, int slot, int proj, std::vector<std::uint8_t>& staging) {
+  // Without the lock: the slot cannot be reassigned while its transform counts as in flight.
+  Layer& L = layers_[static_cast<std::size_t>(li)];
+  auto pi = static_cast<std::size_t>(proj);
+  std::size_t size = static_cast<std::size_t>(L.geo.proj_size[pi]);
+  std::uint8_t* at = L.memory + static_cast<std::size_t>(slot) * L.geo.record_size + L.geo.proj_offset[pi];
+  if (staging.size() < size) staging.resize(size);
+  std::memcpy(staging.data(), at, size);
+  L.transform[pi].fn(L.transform[pi].ctx[static_cast<std::size_t>(slot)], staging.data(), 0, size);
+}
+
+void StreamCore::transformed(int li, int slot, int proj, std::uint32_t gen) {
+  Layer& L = layers_[static_cast<std::size_t>(li)];
+  Slot& sl = *L.slots[static_cast<std::size_t>(slot)];
+  sl.inflight--;
+  if (sl.meta.state == SlotState::Cancelling) {
+    if (sl.inflight == 0 && sl.queued == 0) {
+      sl.meta = SlotMeta{};
+      sl.ready_mask.store(0, std::memory_order_release);
+      assign_pending(li);
+    }
+    return;
+  }
+  if (sl.meta.state != SlotState::Loading || sl.gen != gen) return;
+  sl.ready_mask.store(sl.ready_mask.load(std::memory_order_relaxed) | (1u << proj), std::memory_order_release);
+  finish_if_done(sl);
+}
+
+void StreamCore::set_transform(int li, int proj, TransformFn fn, std::vector<void*> ctx) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Layer& L = layer(li);
+  if (proj < 0 || proj > 2) throw std::invalid_argument("projection must be 0, 1 or 2");
+  if (fn != nullptr && ctx.size() != L.slots.size())
+    throw std::invalid_argument("a transform needs one context per slot");
+  L.transform[static_cast<std::size_t>(proj)] = Transform{fn, std::move(ctx)};
+}
+
 void StreamCore::io_loop() {
+  std::vector<int> transforms;
+  std::vector<std::uint8_t> staging;  // a projection's plain bytes while it is rewritten in place
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     Chunk c;
@@ -528,7 +582,15 @@ void StreamCore::io_loop() {
       failed = true;
     }
     lock.lock();
-    complete(c, failed ? &error : nullptr);
+    transforms.clear();
+    complete(c, failed ? &error : nullptr, transforms);
+    std::uint32_t gen = c.gen;
+    for (int p : transforms) {
+      lock.unlock();
+      run_transform(c.li, c.slot, p, staging);
+      lock.lock();
+      transformed(c.li, c.slot, p, gen);
+    }
     ready_cv_.notify_all();
     io_cv_.notify_one();  // a cap may have opened
   }

@@ -101,6 +101,13 @@ class StreamCore {
 
   void set_usage(int li, const std::vector<int>& ranked_experts);
 
+  // After projection `proj` of an expert lands in slot s of layer li, an I/O thread calls
+  // fn(ctx[s], plain_bytes, 0, size), which rewrites the slot's bytes in place (ggml's repacked layout;
+  // fn has the signature of ggml_backend_tensor_set). The projection is ready only after that. Set before
+  // the first read.
+  using TransformFn = void (*)(void* ctx, const void* data, std::size_t offset, std::size_t size);
+  void set_transform(int li, int proj, TransformFn fn, std::vector<void*> ctx);
+
   std::vector<std::uint64_t> counters() const;  // n_layers * kNumCounters, layer-major
   std::array<std::uint64_t, 5> queue_depths() const;  // demand queued, prefetch chunks queued, waiting
                                                       // predictions, demand in service, prefetch in service
@@ -116,7 +123,7 @@ class StreamCore {
   struct Slot {
     SlotMeta meta;
     std::uint32_t gen = 0;
-    int inflight = 0;  // chunks being read
+    int inflight = 0;  // chunks being read and projections being transformed
     int queued = 0;    // chunks waiting in a queue
     bool is_prefetch = false;
     std::array<std::uint64_t, 3> remaining{};
@@ -124,8 +131,13 @@ class StreamCore {
     std::chrono::steady_clock::time_point issued{};
     bool timing = false;
   };
+  struct Transform {
+    TransformFn fn = nullptr;
+    std::vector<void*> ctx;  // per slot
+  };
   struct Layer {
     LayerGeometry geo;
+    std::array<Transform, 3> transform{};
     std::uint8_t* memory = nullptr;
     std::vector<std::unique_ptr<Slot>> slots;
     std::vector<SlotMeta> metas;  // scratch for the policy (refreshed before each choice)
@@ -153,7 +165,11 @@ class StreamCore {
   bool take_work(Chunk& out);
   void note_prefetch_start();
   bool bind_prediction(Chunk& out);
-  void complete(const Chunk& c, const std::string* error);
+  // Bookkeeping of a finished read; the projections it completed that need a transform go to `transforms`.
+  void complete(const Chunk& c, const std::string* error, std::vector<int>& transforms);
+  void transformed(int li, int slot, int proj, std::uint32_t gen);
+  void finish_if_done(Slot& sl);
+  void run_transform(int li, int slot, int proj, std::vector<std::uint8_t>& staging);
   int find_slot(Layer& L, Requester who);
   void evict(Layer& L, int s);
   void start_demand(int li, int expert, int s);

@@ -99,21 +99,21 @@ def swiglu_ffn(ctx: Any, gate: Tensor, up: Tensor, down: Tensor, x: Tensor) -> T
 def routed_experts(
     g: Graph,
     views: tuple[Tensor, Tensor, Tensor],
-    x: Tensor,
+    rows: np.ndarray,
     slots: np.ndarray,
     weights: np.ndarray,
-    n_embd: int,
 ) -> Tensor:
-    """w_k · down(silu(gate x) · up x) for each token's selected experts, read from the slot pool.
+    """w · down(silu(gate x) · up x) for m (token, expert) pairs, one pair per row, read from the slot pool.
 
-    slots, weights: [n_tokens, k] (slot index and routing weight of each selected expert). Returns the
-    weighted expert outputs [n_embd, k, n_tokens]; `sum_experts` adds them up in llama.cpp's order.
+    rows: [m, n_embd] (each pair's token input), slots, weights: [m]. Returns [n_embd, 1, m]. One selected
+    expert per row: a wave computes exactly its own pairs (no masked entries), and ggml's mul_mat_id never
+    sees one slot twice for one row (its row tables hold at most one entry per expert and row).
     """
     ctx = g.ctx
-    n_tokens, k = slots.shape
-    ids = g.input(slots.astype(np.int32))
-    w = g.input(weights.astype(np.float32).reshape(n_tokens, k, 1))
-    xin = ops.ggml_reshape_3d(ctx, x, n_embd, 1, n_tokens)
+    m, n_embd = rows.shape
+    ids = g.input(slots.astype(np.int32).reshape(m, 1))
+    w = g.input(weights.astype(np.float32).reshape(m, 1, 1))
+    xin = ops.ggml_reshape_3d(ctx, g.input(rows), n_embd, 1, m)
     gate_v, up_v, down_v = views
     gt = ops.ggml_mul_mat_id(ctx, gate_v, xin, ids)
     up = ops.ggml_mul_mat_id(ctx, up_v, xin, ids)

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
-from tokenwing.compute.ggml_lib import Tensor, TensorArena, aligned_bytes
+from tokenwing.compute.ggml_lib import Repacker, Tensor, TensorArena, aligned_bytes, quiet_debug_log
 from tokenwing.format.gguf_io import tensor_nbytes
 from tokenwing.format.reader import ModelFile
 from tokenwing.streaming.streamer import ExpertStreamer
 
 _ALIGN = 64
+
+# Weights used only as the first operand of matrix products: the ones ggml may keep in a repacked layout
+# (token_embd is also read by get_rows, norms and biases are added, routers are read by numpy).
+_FFN = ("ffn_gate", "ffn_up", "ffn_down")
+_MATMUL_WEIGHTS = {"attn_q", "attn_k", "attn_v", "attn_output", *_FFN, *(w + "_shexp" for w in _FFN)}
 
 
 def _align(n: int) -> int:
@@ -19,7 +26,7 @@ def _align(n: int) -> int:
 class ModelWeights:
     """Every resident tensor, loaded (checksummed) into one aligned allocation."""
 
-    def __init__(self, mf: ModelFile, extra_tensors: int = 64) -> None:
+    def __init__(self, mf: ModelFile, extra_tensors: int = 64, repack: bool = True) -> None:
         n_layers = len(mf.index.layers)
         self.arena = TensorArena(len(mf.resident) + 3 * n_layers + extra_tensors)
         total = sum(_align(t.nbytes) for t in mf.resident)
@@ -36,6 +43,20 @@ class ModelWeights:
             self.types[info.name] = info.type
             off = _align(off + info.nbytes)
         self.bytes = total
+        self.repacked = self._repack() if repack else 0
+        self._slot_arena: TensorArena | None = None
+
+    def _repack(self) -> int:
+        """Matrix weights into ggml's repacked layout where this CPU has one (as llama.cpp does by default)."""
+        quiet_debug_log()
+        repacker, n = Repacker(), 0
+        for name, t in self.tensors.items():
+            base = name.removesuffix(".weight")
+            if name == "output.weight" or (
+                name.startswith("blk.") and name.endswith(".weight") and base.split(".", 2)[-1] in _MATMUL_WEIGHTS
+            ):
+                n += repacker.repack(t, tensor_nbytes(self.shapes[name], self.types[name]))
+        return n
 
     def has(self, name: str) -> bool:
         return name in self.tensors
@@ -58,8 +79,16 @@ class ModelWeights:
         stacked = np.ascontiguousarray(np.concatenate(parts, axis=0))
         return self.arena.wrap(stacked, 0, (stacked.shape[1], stacked.shape[0]))
 
-    def expert_views(self, streamer: ExpertStreamer) -> dict[int, tuple[Tensor, Tensor, Tensor]]:
-        """Per streamed layer: gate, up and down as 3-D tensors over the slot pool (expert stride = record)."""
+    def expert_views(self, streamer: ExpertStreamer, repack: bool = True) -> dict[int, tuple[Tensor, Tensor, Tensor]]:
+        """Per streamed layer: gate, up and down as 3-D tensors over the slot pool (expert stride = record).
+
+        With `repack`, projections that have a repacked kernel on this CPU are kept in that layout: the
+        streaming core's I/O threads rewrite each one as it lands, so resident and streamed runs compute
+        with the same kernels (bit-identical results).
+        """
+        repacker = Repacker() if repack else None
+        if repacker is not None:
+            quiet_debug_log()
         views: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
         for li, el in enumerate(streamer.index.layers):
             pool = streamer.pools[li]
@@ -70,17 +99,33 @@ class ModelWeights:
                 ne0, ne1 = el.shapes[p]
                 row = tensor_nbytes((ne0,), el.types[p])
                 elt = tensor_nbytes((_block(el.types[p]),), el.types[p])
-                out.append(
-                    self.arena.wrap(
-                        base + el.proj_offset[p],
-                        el.types[p],
-                        (ne0, ne1, n_slots),
-                        owner=pool,
-                        strides=(elt, row, el.record_size),
-                    )
+                view = self.arena.wrap(
+                    base + el.proj_offset[p],
+                    el.types[p],
+                    (ne0, ne1, n_slots),
+                    owner=pool,
+                    strides=(elt, row, el.record_size),
                 )
+                if repacker is not None and repacker.prepare(view):
+                    self._repack_on_load(streamer, repacker, li, p)
+                out.append(view)
             views[el.layer] = (out[0], out[1], out[2])
         return views
+
+    def _repack_on_load(self, streamer: ExpertStreamer, repacker: Repacker, li: int, p: int) -> None:
+        """One 2-D tensor per slot for projection p, which the core hands to ggml's repacking as it lands."""
+        el, pool = streamer.index.layers[li], streamer.pools[li]
+        n_slots = pool.shape[0]
+        if self._slot_arena is None:
+            per_layer = 3 * n_slots
+            self._slot_arena = TensorArena(per_layer * len(streamer.index.layers))
+        ctx = []
+        for s in range(n_slots):
+            address = pool.ctypes.data + s * el.record_size + el.proj_offset[p]
+            t = self._slot_arena.wrap(address, el.types[p], el.shapes[p], owner=pool)
+            repacker.prepare(t)
+            ctx.append(ctypes.addressof(t.contents))
+        streamer.core.set_transform(li, p, repacker.setter(), ctx)
 
 
 def _block(gtype: int) -> int:

@@ -49,6 +49,8 @@ class SessionOptions:
     prompt_memory: int | None = None  # free memory a prompt pass may take beyond the cache (None: measured)
     prompt_cache: bool = True  # the server keeps the previous request's KV cache for a shared prefix
     usage_table: bool = True  # seed idle fill from MODEL.usage.json and add this session's counts to it
+    preload: bool | None = None  # read every expert at start (None: when the cache holds them all)
+    cpu_repack: bool = True  # matrix weights and experts in ggml's repacked layouts, as llama.cpp runs them
     stream: StreamSettings = field(default_factory=StreamSettings)
 
 
@@ -78,7 +80,7 @@ class Session:
         if any(layer >= hp.n_layer for layer in streamed):
             raise BadInputError(f"{path}: experts of a layer beyond block_count")
         check_tensors(self.family, hp, shapes, streamed, path)
-        self.weights = ModelWeights(self.mf)
+        self.weights = ModelWeights(self.mf, repack=opts.cpu_repack)
         self.n_ctx = opts.n_ctx or hp.n_ctx_train
         self.kv_type = {"f16": F16, "f32": F32}.get(opts.kv_type)
         if self.kv_type is None:
@@ -112,7 +114,8 @@ class Session:
         if self.streamer.fallback_line:
             log(self.streamer.fallback_line.removeprefix("tokenwing: "))
         self.slots_per_layer = plan.slots_per_layer
-        self.views = self.weights.expert_views(self.streamer)
+        # (the debug mode that checksums delivered experts needs them as they are in the file)
+        self.views = self.weights.expert_views(self.streamer, repack=opts.cpu_repack and not opts.stream.verify)
         self.streamed = [el.layer for el in self.mf.index.layers]
         self._layer_weights: list[dict[str, Tensor]] = [{} for _ in range(hp.n_layer)]
         for name, t in self.weights.tensors.items():
@@ -120,7 +123,10 @@ class Session:
             if parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < hp.n_layer:
                 self._layer_weights[int(parts[1])][parts[2].removesuffix(".weight")] = t
         self.usage = UsageTable(self.streamed, hp.n_expert, int(self.mf.header.get(K_HEADER_CHECKSUM) or 0))
-        if opts.usage_table:
+        preload = opts.preload if opts.preload is not None else self.slots_per_layer >= hp.n_expert
+        if preload:
+            self._preload()
+        elif opts.usage_table:
             self._seed_idle_fill()
         self._lookahead = self._fused_routers(opts.lookahead)
         n_threads = opts.n_threads or len(os.sched_getaffinity(0))
@@ -169,6 +175,17 @@ class Session:
             return
         for row in range(len(self.streamed)):
             self.streamer.core.set_usage(row, table.ranked(row))
+
+    def _preload(self) -> None:
+        """Reads every expert that fits into the cache now, as llama.cpp loads its weights before the first
+        token: a model that fits in RAM then runs at memory speed from the first token, not after warming."""
+        n = min(self.slots_per_layer, self.hp.n_expert)
+        for il in self.streamed:
+            experts = list(range(n))
+            self.streamer.begin_layer(il, experts)
+            self.streamer.wait_all(il, experts)
+            self.streamer.end_layer(il)
+        self.streamer.token_delta()  # per-token statistics start after the load
 
     def save_usage(self) -> None:
         """Adds this session's expert counts to the usage table next to the model (the server: after each request)."""
@@ -415,7 +432,7 @@ class Session:
         waves, so the result does not depend on the budget, and the working memory is one running sum per
         token (not every token's k outputs). llama.cpp adds in rank order: the difference is rounding.
         """
-        hp, g = self.hp, self.graph
+        hp = self.hp
         n, k = sel.shape
         recency = 0.5 ** ((n - 1 - np.arange(n)) / RECENCY_HALF_LIFE)
         score = np.zeros(hp.n_expert)
@@ -425,34 +442,38 @@ class Session:
         place = np.zeros(hp.n_expert, np.int64)
         place[unique] = np.arange(len(unique))
         size = self.streamer.core.usable_slots(self.streamer.li(il)) if self._loaned else self.slots_per_layer
-        by_id = np.argsort(place[sel], axis=1, kind="stable")  # per token: its ranks in wave order
         acc = np.zeros((n, hp.n_embd), np.float32)
-        rows = np.arange(n)[:, None]
         for start in range(0, len(unique), size):
             wave = unique[start : start + size]
             self.streamer.begin_layer(il, wave)
             slot_of = np.zeros(hp.n_expert, np.int32)
             slot_of[wave] = self.streamer.wait_all(il, wave)
-            in_wave = np.isin(sel, wave)
-            slots = np.where(in_wave, slot_of[sel], 0).astype(np.int32)
-            wts = np.where(in_wave, weights, 0.0).astype(np.float32)
-            for c in self._chunks(n):
-                if not in_wave[c].any():
-                    continue
-                g.reset()
-                moe = common.routed_experts(g, self.views[il], g.input(cur[c]), slots[c], wts[c], hp.n_embd)
-                g.compute(moe)
-                out = to_numpy(moe).reshape(-1, k, hp.n_embd)
-                order = by_id[c]
-                ordered_out = out[rows[: out.shape[0]], order]  # [chunk, k, n_embd] in wave order
-                ordered_in = in_wave[c][rows[: out.shape[0]], order]
-                block = acc[c]
-                for j in range(k):
-                    m = ordered_in[:, j]
+            tok, j = np.nonzero(np.isin(sel, wave))
+            order = np.lexsort((place[sel[tok, j]], tok))  # by token, then in wave order
+            tok, j = tok[order], j[order]
+            first = np.searchsorted(tok, tok)  # each pair's rank among its token's pairs in this wave
+            occurrence = np.arange(len(tok)) - first
+            for c in self._pair_chunks(len(tok)):
+                out = self._expert_rows(il, cur[tok[c]], slot_of[sel[tok[c], j[c]]], weights[tok[c], j[c]])
+                occ = occurrence[c]
+                for level in range(k):  # a token's outputs are added in wave order (one row per token per level)
+                    m = occ == level
                     if m.any():
-                        block[m] += ordered_out[m, j]
+                        acc[tok[c][m]] += out[m]
             self.streamer.end_layer(il)
         return acc
+
+    def _pair_chunks(self, m: int) -> list[slice]:
+        step = self.options.max_batch * self.hp.n_expert_used  # the graph reserve's size
+        return [slice(i, min(i + step, m)) for i in range(0, m, step)]
+
+    def _expert_rows(self, il: int, rows: np.ndarray, slots: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """Weighted outputs [m, n_embd] of m (token input, slot, weight) pairs of layer il."""
+        g = self.graph
+        g.reset()
+        moe = common.routed_experts(g, self.views[il], rows, slots, weights)
+        g.compute(moe)
+        return to_numpy(moe).reshape(-1, self.hp.n_embd)
 
     def recorded_trace(self) -> Any:
         """The routing recorded since `self.trace = []` (last token of each batch), as a trace file object."""
@@ -476,23 +497,12 @@ class Session:
         self, il: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray, part: list[int], weighted: np.ndarray
     ) -> None:
         """Weighted outputs of the (token, expert) pairs whose expert is in `part`, into `weighted`."""
-        hp, g = self.hp, self.graph
-        slot_of = np.zeros(hp.n_expert, np.int32)
+        slot_of = np.zeros(self.hp.n_expert, np.int32)
         slot_of[part] = self.streamer.wait_all(il, part)
-        in_part = np.isin(sel, part)
-        # experts outside this part take slot 0 with weight 0 (their share is computed with their own part)
-        slots = np.where(in_part, slot_of[sel], 0).astype(np.int32)
-        wts = np.where(in_part, weights, 0.0).astype(np.float32)
-        for c in self._chunks(cur.shape[0]):
-            mask = in_part[c]
-            if not mask.any():
-                continue
-            g.reset()
-            moe = common.routed_experts(g, self.views[il], g.input(cur[c]), slots[c], wts[c], hp.n_embd)
-            g.compute(moe)
-            out = to_numpy(moe).reshape(-1, sel.shape[1], hp.n_embd)
-            block = weighted[c]
-            block[mask] = out[mask]
+        tok, j = np.nonzero(np.isin(sel, part))
+        for c in self._pair_chunks(len(tok)):
+            t, jj = tok[c], j[c]
+            weighted[t, jj] = self._expert_rows(il, cur[t], slot_of[sel[t, jj]], weights[t, jj])
 
     # ------------------------------------------------------------------------------------------- stats
     def stats(self) -> dict[str, Any]:
