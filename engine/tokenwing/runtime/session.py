@@ -276,11 +276,14 @@ class Session:
         return np.concatenate([self._logits(h[c]) for c in self._chunks(n)], axis=0)
 
     def _prompt_bytes(self, n: int) -> int:
-        """Working memory of a prompt pass beyond the graph context: hidden states, the layer's intermediate
-        results and the running sum of its experts' outputs (one row per token, `_prompt_experts`)."""
+        """Working memory of a prompt pass beyond the graph context, per token: the hidden state (which becomes
+        the attention output plus residual), the FFN input, the running sum of the experts' outputs, the shared
+        expert's output, router probabilities and their top-k sort, and a wave's (token, expert) index arrays."""
         hp = self.hp
-        # ×2: numpy temporaries and the copies made while a layer's chunks are gathered
-        return 2 * n * 4 * (9 * hp.n_embd + 2 * hp.n_expert + 2 * hp.n_expert_used)
+        shared = any("ffn_gate_shexp" in w for w in self._layer_weights)
+        floats = (4 if shared else 3) * hp.n_embd + 3 * hp.n_expert + 2 * hp.n_expert_used
+        per_token = 4 * floats + 64 * hp.n_expert_used
+        return n * per_token * 5 // 4  # + a quarter for numpy's temporaries
 
     def _free_room(self) -> int:
         """Memory a prompt pass can take without the cache's slots: free RAM under the limit, less the part
@@ -362,11 +365,10 @@ class Session:
 
     def _layer(self, il: int, h: np.ndarray, decode: bool) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         hp, n = self.hp, h.shape[0]
-        parts = [self._attention_part(il, h[c], self.pos + c.start, decode) for c in self._chunks(n)]
-        r = {k: np.concatenate([p[k] for p in parts], axis=0) for k in parts[0]}
+        r = self._attention_parts(il, h, decode)
         if "dense" in r:
-            return r["dense"].astype(np.float32), None, np.zeros((n, 0, 0), np.int32)
-        sel, weights = common.select_experts(r["probs"], hp.n_expert_used, self.family.normalize_weights)
+            return r["dense"], None, np.zeros((n, 0, 0), np.int32)
+        sel, weights = common.select_experts(r.pop("probs"), hp.n_expert_used, self.family.normalize_weights)
         self.usage.add(self.streamer.li(il), sel)
         self._score_predictions(il, sel)
         preds = np.full((n, max(self.options.lookahead, 0), hp.n_expert_used), -1, np.int32)
@@ -378,13 +380,29 @@ class Session:
                 top = np.argsort(-part, kind="stable")[: hp.n_expert_used].tolist()
                 self._predictions[(target, d)] = top
                 ahead.append((target, top, d + 1))
-        moe = self._experts(il, r["cur"], sel, weights, ahead)
-        out = moe + r["ffn_inp"] if "shared" not in r else (moe + r["shared"]) + r["ffn_inp"]
+        out = self._experts(il, r.pop("cur"), sel, weights, ahead)  # a new array: add in place
+        if "shared" in r:
+            out += r["shared"]
+        out += r["ffn_inp"]  # (moe + shared) + ffn_inp, as llama.cpp's graph adds them
         for d in range(preds.shape[1]):
             got = self._predictions.get((il, d))
             if got is not None:
                 preds[-1, d] = got
-        return out.astype(np.float32), sel, preds
+        return out, sel, preds
+
+    def _attention_parts(self, il: int, h: np.ndarray, decode: bool) -> dict[str, np.ndarray]:
+        """The layer's attention part over `h` in chunks. A prompt's working memory is what a layer keeps per
+        token (`_prompt_bytes`): the attention output plus residual replaces `h` in place, chunk by chunk
+        (each chunk reads only its own rows), and the other results go straight into arrays of the prompt's
+        length, not into per-chunk lists that are then joined."""
+        n = h.shape[0]
+        r: dict[str, np.ndarray] = {}
+        for c in self._chunks(n):
+            for key, v in self._attention_part(il, h[c], self.pos + c.start, decode).items():
+                if key not in r:
+                    r[key] = h if key in ("ffn_inp", "dense") else np.empty((n, v.shape[1]), np.float32)
+                r[key][c] = v
+        return r
 
     def _score_predictions(self, il: int, sel: np.ndarray) -> None:
         chosen = set(sel[-1].tolist())
