@@ -96,6 +96,7 @@ class Session:
             self.n_ctx = max(256, min(self.n_ctx, room // kv_per_token))
             log(f"context capped at {self.n_ctx} tokens so the KV cache fits in memory")
         kv_bytes = kv_per_token * self.n_ctx
+        self._kv_per_token, self._graph_mem = kv_per_token, graph_mem
         self.kv: list[tuple[Tensor, Tensor, int]] = []
         self._kv_mem = []
         for _ in range(hp.n_layer):
@@ -132,6 +133,7 @@ class Session:
         n_threads = opts.n_threads or len(os.sched_getaffinity(0))
         self.graph = Graph(graph_mem, n_threads)
         self.pos = 0
+        self._kv_high = 0  # KV positions ever written (their memory is touched, hence charged)
         self.history: list[int] = []  # the tokens whose keys and values are in the cache, positions 0..pos-1
         self._predictions: dict[tuple[int, int], list[int]] = {}
         self.recall_hits = np.zeros(max(opts.lookahead, 1), np.int64)
@@ -268,6 +270,7 @@ class Session:
         if self.trace is not None and sel_rows:
             self.trace.append((np.stack(sel_rows, axis=1), np.stack(pred_rows, axis=1), 0 if decode else n))
         self.pos += n
+        self._kv_high = max(self._kv_high, self.pos)
         self.history.extend(tokens)
         self.usage.tokens += n
         if not all_logits:
@@ -292,7 +295,11 @@ class Session:
             return self.options.prompt_memory
         capacity = self.slots_per_layer * sum(el.record_size for el in self.mf.index.layers)
         filled = min(capacity, int(self.streamer.counters()[:, COUNTERS.index("bytes_read")].sum()))
-        return max(0, expert_budget(memory_info(), HEADROOM, 0) - (capacity - filled - self._loaned))
+        # Memory already promised but not yet touched is not charged yet: the KV cache past the positions
+        # written so far and (conservatively, all of) the graph context. Without this, a long first prompt
+        # under a cap was OOM-killed (measured: 4,096 tokens at 25 %).
+        promised = self._kv_per_token * (self.n_ctx - self._kv_high) + self._graph_mem
+        return max(0, expert_budget(memory_info(), HEADROOM, promised) - (capacity - filled - self._loaned))
 
     def _prompt_span(self) -> int:
         """The longest prompt pass whose working memory fits: free memory plus what the cache can lend."""
