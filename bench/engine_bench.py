@@ -5,7 +5,9 @@
 The model is the `bench` preset in Q4_K_M (12 layers, n_embd 2048, 128 experts of 768, top-8; make it with
 `tokenwing testmodel models/bench/bench-q4_k_m.gguf --preset bench --type Q4_K_M` and repack it). Both engines
 evaluate the same fixed pseudo-random token stream (token embedding std 1.0 spreads the routing), 2 threads.
-Before every run the model files are evicted from the page cache. Each row is one run (no medians yet).
+Before every run the model files are evicted from the page cache. Every configuration runs once per round,
+rounds interleaved (--rounds, default 3); a row is the run with the median decode speed, followed by the
+decode speed of every run.
 """
 
 from __future__ import annotations
@@ -41,15 +43,15 @@ def run(cmd: list[str], cap: int | None, timeout: float, files: list[str]) -> di
     return out
 
 
-def row(label: str, cap: str, r: dict[str, object]) -> str:
+def row(label: str, cap: str, r: dict[str, object], runs: str = "") -> str:
     if "failed" in r:
-        return f"| {label} | {cap} | — | — | — | — | {r['failed']} |"
+        return f"| {label} | {cap} | — | — | — | — | {r['failed']} | {runs} |"
     hit = r.get("hit_rate")
     wait = r.get("ssd_wait_ms_per_token")
     return (
         f"| {label} | {cap} | {r['decode_tok_s']:.2f} | {r['prompt_tok_s']:.1f} | "
         f"{float(r['read_bytes_per_token']) / 1e6:.1f} MB | "  # type: ignore[arg-type]
-        f"{'—' if wait is None else f'{wait:.1f} ms'} | {'—' if hit is None else f'{hit:.0%}'} |"
+        f"{'—' if wait is None else f'{wait:.1f} ms'} | {'—' if hit is None else f'{hit:.0%}'} | {runs} |"
     )
 
 
@@ -60,6 +62,7 @@ def main() -> int:
     ap.add_argument("--decode", type=int, default=48)
     ap.add_argument("--timeout", type=float, default=420)
     ap.add_argument("--skip-plain", action="store_true", help="skip llama.cpp's slowest (plain mmap) runs")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; rows show the median run")
     args = ap.parse_args()
     tw_model = args.model.removesuffix(".gguf") + ".tw.gguf"
     size = os.path.getsize(args.model)
@@ -80,51 +83,70 @@ def main() -> int:
         f"{bw / 1e6:.0f} MB/s; {args.prompt} prompt + {args.decode} decode tokens, 2 threads\n"
     )
     print(
-        "| engine | memory | decode tok/s | prompt tok/s | read from drive per token | SSD wait per token | hit rate |"
+        "| engine | memory | decode tok/s | prompt tok/s | read from drive per token | SSD wait per token | hit rate "
+        "| decode tok/s of each run |"
     )
-    print("|---|---|---|---|---|---|---|")
-    results: dict[str, dict[str, object]] = {}
-    ram_tw = run(tw(2), None, args.timeout, files)
-    ram_ll = run(llama("default"), None, args.timeout, files)
-    print(row("llama.cpp default", "in RAM", ram_ll))
-    print(row("TokenWing", "in RAM", ram_tw))
-    if "failed" not in ram_tw and "failed" not in ram_ll:
-        print(
-            f"\nin RAM: TokenWing / llama.cpp decode = "
-            f"{float(ram_tw['decode_tok_s']) / float(ram_ll['decode_tok_s']):.2f}x"
-        )  # type: ignore[arg-type]
-    compute_s = 1 / float(ram_tw["decode_tok_s"]) if "failed" not in ram_tw else 0.0  # type: ignore[arg-type]
+    print("|---|---|---|---|---|---|---|---|")
+    # Every configuration once per round, rounds interleaved; each row is the run with the median decode speed.
+    configs: list[tuple[str, str, str, list[str], int | None]] = [
+        ("ram-llama", "llama.cpp default", "in RAM", llama("default"), None),
+        ("ram-tw", "TokenWing", "in RAM", tw(2), None),
+    ]
     for frac in (0.40, 0.25):
         cap = int(size * frac)
         label = f"cap {frac:.0%} ({cap / 2**30:.2f} GiB)"
-        print()
-        modes = ["default", "random"] + ([] if args.skip_plain else ["plain"])
-        for mode in modes:
-            r = run(llama(mode), cap, args.timeout, files)
-            results[f"{frac}-llama-{mode}"] = r
-            print(row(f"llama.cpp {mode}", label, r))
+        for mode in ["default", "random"] + ([] if args.skip_plain else ["plain"]):
+            configs.append((f"{frac}-llama-{mode}", f"llama.cpp {mode}", label, llama(mode), cap))
         for la in (0, 1, 2, 3):
-            r = run(tw(la), cap, args.timeout, files)
-            results[f"{frac}-tw-{la}"] = r
-            print(row(f"TokenWing lookahead {la}", label, r))
+            configs.append((f"{frac}-tw-{la}", f"TokenWing lookahead {la}", label, tw(la), cap))
+    runs: dict[str, list[dict[str, object]]] = {key: [] for key, *_ in configs}
+    for rnd in range(args.rounds):
+        for key, _, _, cmd, cap in configs:
+            if rnd and key.endswith("llama-default") and cap and all("failed" in r for r in runs[key]):
+                continue  # OOM-killed under this cap: once is enough
+            runs[key].append(run(cmd, cap, args.timeout, files))
+        print(f"(round {rnd + 1} of {args.rounds} done)", file=sys.stderr, flush=True)
+    results = {key: _median(rs) for key, rs in runs.items()}
+    last_cap = None
+    for key, label, cap_label, _, _ in configs:
+        if cap_label != last_cap:
+            print()
+            last_cap = cap_label
+        print(row(label, cap_label, results[key], _spread(runs[key])))
+    ram_tw, ram_ll = results["ram-tw"], results["ram-llama"]
+    if "failed" not in ram_tw and "failed" not in ram_ll:
+        ratio = float(ram_tw["decode_tok_s"]) / float(ram_ll["decode_tok_s"])  # type: ignore[arg-type]
+        print(f"\nin RAM: TokenWing / llama.cpp decode = {ratio:.2f}x (medians)")
+    compute_s = 1 / float(ram_tw["decode_tok_s"]) if "failed" not in ram_tw else 0.0  # type: ignore[arg-type]
+    for frac in (0.40, 0.25):
         best = results[f"{frac}-tw-2"]
-        if "failed" not in best:
-            miss = float(best["read_bytes_per_token"])  # type: ignore[arg-type]
-            limit = 1 / (miss / bw + compute_s)
-            print(
-                f"\n{label}: drive-bound limit for TokenWing's own misses ({miss / 1e6:.1f} MB/token at "
-                f"{bw / 1e6:.0f} MB/s, plus in-RAM compute) = {limit:.2f} tok/s; reached "
-                f"{float(best['decode_tok_s']) / limit:.0%}"
-            )  # type: ignore[arg-type]
-            for mode in ("random", "plain"):
-                other = results.get(f"{frac}-llama-{mode}")
-                if other and "failed" not in other:
-                    print(
-                        f"  TokenWing / llama.cpp {mode}: "
-                        f"{float(best['decode_tok_s']) / float(other['decode_tok_s']):.1f}x"
-                    )  # type: ignore[arg-type]
-    print("\nraw results:", json.dumps({"ram_tokenwing": ram_tw, "ram_llama": ram_ll, **results}, default=str))
+        if "failed" in best:
+            continue
+        miss = float(best["read_bytes_per_token"])  # type: ignore[arg-type]
+        limit = 1 / (miss / bw + compute_s)
+        print(
+            f"\ncap {frac:.0%}: drive-bound limit for TokenWing's own misses ({miss / 1e6:.1f} MB/token at "
+            f"{bw / 1e6:.0f} MB/s, plus in-RAM compute) = {limit:.2f} tok/s; reached "
+            f"{float(best['decode_tok_s']) / limit:.0%}"
+        )  # type: ignore[arg-type]
+        for mode in ("random", "plain"):
+            other = results.get(f"{frac}-llama-{mode}")
+            if other and "failed" not in other:
+                print(
+                    f"  TokenWing / llama.cpp {mode}: {float(best['decode_tok_s']) / float(other['decode_tok_s']):.1f}x"
+                )  # type: ignore[arg-type]
+    print("\nraw results:", json.dumps(runs, default=str))
     return 0
+
+
+def _median(rs: list[dict[str, object]]) -> dict[str, object]:
+    ok = sorted((r for r in rs if "failed" not in r), key=lambda r: float(r["decode_tok_s"]))  # type: ignore[arg-type]
+    return ok[(len(ok) - 1) // 2] if ok else rs[0]
+
+
+def _spread(rs: list[dict[str, object]]) -> str:
+    speeds = [f"{float(r['decode_tok_s']):.2f}" for r in rs if "failed" not in r]  # type: ignore[arg-type]
+    return " / ".join(speeds)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,10 @@
 """Prefill under a memory cap: reads per distinct expert and prompt tokens/s (layer-major, expert waves).
 
 python bench/prefill_bench.py [--model models/bench/bench-q4_k_m.tw.gguf] [--tokens 1024] [--cap 0.25]
+                              [--llama plain,random] [--llama-timeout 600]
+
+With --llama, llama.cpp (llama-cpp-python, the same GGUF before repacking) runs the same prompt under the same
+cap in each named mode (see llama_runner.py; its default mode is OOM-killed under these caps).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ def main() -> int:
     ap.add_argument("--model", default="models/bench/bench-q4_k_m.tw.gguf")
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--cap", type=float, default=0.25, help="memory cap as a share of the model file")
+    ap.add_argument("--llama", default="", help="llama.cpp modes to run the same prompt in (plain, random)")
+    ap.add_argument("--llama-timeout", type=float, default=600)
     args = ap.parse_args()
     cap = int(os.path.getsize(args.model) * args.cap)
     evict_from_page_cache(args.model)
@@ -47,7 +53,33 @@ def main() -> int:
     out = json.loads(r.stdout.strip().splitlines()[-1])
     out["cap_bytes"] = cap
     print(json.dumps(out))
+    for mode in filter(None, args.llama.split(",")):
+        print(json.dumps(_llama(args.model, args.tokens, mode, cap, args.llama_timeout)))
     return 0
+
+
+def _llama(tw_model: str, n: int, mode: str, cap: int, timeout: float) -> dict[str, object]:
+    """llama.cpp on the same prompt (the same token ids: the bench model's vocabulary is the same)."""
+    import numpy as np
+
+    gguf = tw_model.removesuffix(".tw.gguf") + ".gguf"
+    from tokenwing.format.reader import ModelFile
+
+    with ModelFile.open(tw_model) as mf:
+        vocab = len(mf.header.get("tokenizer.ggml.tokens"))
+    toks = np.random.default_rng(0).integers(0, vocab - 16, n + 1)  # the prompt, then one decode token
+    path = os.path.join(os.path.dirname(tw_model), f"prefill-{n}.npy")
+    np.save(path, toks)
+    evict_from_page_cache(gguf)
+    runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llama_runner.py")
+    try:
+        r = run_capped([sys.executable, runner, gguf, path, str(n), mode], cap, timeout)
+    except Exception as e:  # subprocess.TimeoutExpired
+        return {"engine": f"llama.cpp {mode}", "failed": f"not done after {timeout:.0f} s ({type(e).__name__})"}
+    if r.returncode:
+        return {"engine": f"llama.cpp {mode}", "failed": f"exit {r.returncode}: {r.stderr.strip()[-200:]}"}
+    res: dict[str, object] = json.loads(r.stdout.strip().splitlines()[-1])
+    return {k: res[k] for k in ("engine", "prompt_tok_s", "prompt_read_bytes")}
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import run_cli
 from tests.oracle.test_logits import kl_per_position, llama_logits, tokenwing_logits
 from tokenwing.runtime.session import Session, SessionOptions
+from tokenwing.testmodel.kquant import quantize_with_llama_cpp
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "resources" / "demo-model" / "tokenwing-demo-moe.gguf"
@@ -126,6 +127,27 @@ def test_tokenwing_logits_match_llama_cpp_on_heldout_text(repacked: Path, tmp_pa
     logp = logp - np.log(np.exp(logp).sum(axis=1, keepdims=True))
     nll = -logp[np.arange(len(tokens) - 1), tokens[1:]].mean()
     assert nll < 0.6 * np.log(got.shape[1]), nll
+
+
+@pytest.mark.oracle
+def test_q4_k_m_meets_the_engine_bars(tmp_path: Path) -> None:
+    """The engine issue's Q4_K_M bars (mean KL ≤ 1e-4, top-1 ≥ 99 % over ≥ 256 positions) on trained weights:
+    the demo model requantised to Q4_K_M by llama.cpp, against llama.cpp's default (repacked) kernels, with a
+    quarter of the experts in RAM. (Measured: KL 4.4e-5, top-1 99.8 %; llama.cpp's own plain layout gives
+    1.9e-4 against its default.)"""
+    src = tmp_path / "demo-q4_k_m.gguf"
+    quantize_with_llama_cpp(str(MODEL), str(src), "Q4_K_M")
+    model = tmp_path / "demo-q4_k_m.tw.gguf"
+    r = run_cli("repack", str(src), "-o", str(model), "-q")
+    assert r.returncode == 0, r.stderr
+    tokens = np.asarray(GOLDEN["heldout_passage"]["tokens"], dtype=np.int64)
+    assert len(tokens) >= 256
+    ref = llama_logits(src, tokens, tmp_path)
+    got, st = tokenwing_logits(model, tokens, ram_budget=1)
+    assert st["slots_per_layer"] < 32
+    kl = kl_per_position(ref, got)
+    assert kl.mean() <= 1e-4, kl.mean()
+    assert (ref.argmax(axis=1) == got.argmax(axis=1)).mean() >= 0.99
 
 
 def test_repacked_streaming_is_exact(repacked: Path) -> None:

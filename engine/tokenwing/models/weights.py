@@ -6,7 +6,7 @@ import ctypes
 
 import numpy as np
 
-from tokenwing.compute.ggml_lib import Repacker, Tensor, TensorArena, aligned_bytes, quiet_debug_log
+from tokenwing.compute.ggml_lib import F16, F32, Repacker, Tensor, TensorArena, aligned_bytes, quiet_debug_log
 from tokenwing.format.gguf_io import tensor_nbytes
 from tokenwing.format.reader import ModelFile
 from tokenwing.streaming.streamer import ExpertStreamer
@@ -45,6 +45,7 @@ class ModelWeights:
         self.bytes = total
         self.repacked = self._repack() if repack else 0
         self._slot_arena: TensorArena | None = None
+        self.slot_matrices: dict[int, list[list[Tensor]]] = {}  # block → [projection][slot] 2-D tensors
 
     def _repack(self) -> int:
         """Matrix weights into ggml's repacked layout where this CPU has one (as llama.cpp does by default)."""
@@ -73,14 +74,17 @@ class ModelWeights:
         start = base - self.memory.ctypes.data
         return self.memory[start : start + 4 * n].view(np.float32).reshape(tuple(reversed(shape)))
 
-    def stacked(self, names: list[str]) -> Tensor:
-        """Several F32 matrices with the same row length, stacked into one (a fused matmul)."""
+    def stacked(self, names: list[str], half: bool = False) -> Tensor:
+        """Several F32 matrices with the same row length, stacked into one (a fused matmul); in F16 with
+        `half` (half the bytes to read per use, where the result only ranks, as lookahead predictions do)."""
         parts = [self.array(n) for n in names]
-        stacked = np.ascontiguousarray(np.concatenate(parts, axis=0))
-        return self.arena.wrap(stacked, 0, (stacked.shape[1], stacked.shape[0]))
+        stacked = np.ascontiguousarray(np.concatenate(parts, axis=0).astype(np.float16 if half else np.float32))
+        return self.arena.wrap(stacked, F16 if half else F32, (stacked.shape[1], stacked.shape[0]))
 
     def expert_views(self, streamer: ExpertStreamer, repack: bool = True) -> dict[int, tuple[Tensor, Tensor, Tensor]]:
-        """Per streamed layer: gate, up and down as 3-D tensors over the slot pool (expert stride = record).
+        """Per streamed layer: gate, up and down as 3-D tensors over the slot pool (expert stride = record),
+        for mul_mat_id (one token), and as 2-D matrices per slot (`slot_matrices`), for the plain matrix
+        products of a prompt (one expert's tokens at once: ggml's batched kernels).
 
         With `repack`, projections that have a repacked kernel on this CPU are kept in that layout: the
         streaming core's I/O threads rewrite each one as it lands, so resident and streamed runs compute
@@ -89,12 +93,14 @@ class ModelWeights:
         repacker = Repacker() if repack else None
         if repacker is not None:
             quiet_debug_log()
+        layers = streamer.index.layers
+        self._slot_arena = TensorArena(3 * sum(streamer.pools[li].shape[0] for li in range(len(layers))) + 8)
         views: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
-        for li, el in enumerate(streamer.index.layers):
+        for li, el in enumerate(layers):
             pool = streamer.pools[li]
             n_slots = pool.shape[0]
             base = pool.ctypes.data
-            out = []
+            out, mats = [], []
             for p in range(3):
                 ne0, ne1 = el.shapes[p]
                 row = tensor_nbytes((ne0,), el.types[p])
@@ -106,26 +112,21 @@ class ModelWeights:
                     owner=pool,
                     strides=(elt, row, el.record_size),
                 )
+                per_slot = [
+                    self._slot_arena.wrap(base + s * el.record_size + el.proj_offset[p], el.types[p], (ne0, ne1), pool)
+                    for s in range(n_slots)
+                ]
                 if repacker is not None and repacker.prepare(view):
-                    self._repack_on_load(streamer, repacker, li, p)
+                    for t in per_slot:
+                        repacker.prepare(t)
+                    # each landed projection goes through ggml's repacking into its slot (an I/O thread)
+                    ctx = [ctypes.addressof(t.contents) for t in per_slot]
+                    streamer.core.set_transform(li, p, repacker.setter(), ctx)
                 out.append(view)
+                mats.append(per_slot)
             views[el.layer] = (out[0], out[1], out[2])
+            self.slot_matrices[el.layer] = mats
         return views
-
-    def _repack_on_load(self, streamer: ExpertStreamer, repacker: Repacker, li: int, p: int) -> None:
-        """One 2-D tensor per slot for projection p, which the core hands to ggml's repacking as it lands."""
-        el, pool = streamer.index.layers[li], streamer.pools[li]
-        n_slots = pool.shape[0]
-        if self._slot_arena is None:
-            per_layer = 3 * n_slots
-            self._slot_arena = TensorArena(per_layer * len(streamer.index.layers))
-        ctx = []
-        for s in range(n_slots):
-            address = pool.ctypes.data + s * el.record_size + el.proj_offset[p]
-            t = self._slot_arena.wrap(address, el.types[p], el.shapes[p], owner=pool)
-            repacker.prepare(t)
-            ctx.append(ctypes.addressof(t.contents))
-        streamer.core.set_transform(li, p, repacker.setter(), ctx)
 
 
 def _block(gtype: int) -> int:

@@ -27,6 +27,7 @@ class ModelShape:
     rms_eps: float = 1e-6
     embd_std: float = 1.0  # ~1.0 spreads random routing; real models' 0.02 makes it collapse
     weight_std: float = 0.0  # 0: 1/sqrt(fan_in) per matrix
+    router_scale: float = 1.0  # routers' std × this: larger margins between the k-th and (k+1)-th expert
 
     def with_(self, **changes: object) -> ModelShape:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

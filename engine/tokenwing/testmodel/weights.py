@@ -40,12 +40,13 @@ def tensor_type(spec: TensorSpec, wanted: GGMLQuantizationType) -> GGMLQuantizat
     return wanted
 
 
-def tensor_std(spec: TensorSpec, embd_std: float, weight_std: float) -> float:
+def tensor_std(spec: TensorSpec, embd_std: float, weight_std: float, router_scale: float = 1.0) -> float:
     if spec.role == "embd":
         return embd_std
+    scale = router_scale if spec.role == "router" else 1.0
     if weight_std > 0:
-        return weight_std
-    return 1.0 / math.sqrt(spec.fan_in)
+        return weight_std * scale
+    return scale / math.sqrt(spec.fan_in)
 
 
 def _f32_to_bf16(x: np.ndarray) -> np.ndarray:

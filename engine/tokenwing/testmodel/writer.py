@@ -100,7 +100,7 @@ def _write_file(
             f.seek(len(header) + p.info.offset)
             # Each tensor has its own stream, so a tensor's values do not depend on sharding or order.
             rng = np.random.default_rng([seed, zlib.crc32(p.spec.name.encode())])
-            std = weights.tensor_std(p.spec, shape.embd_std, shape.weight_std)
+            std = weights.tensor_std(p.spec, shape.embd_std, shape.weight_std, shape.router_scale)
             for chunk in weights.generate(p.spec, p.qtype, rng, std):
                 f.write(chunk)
                 progress.advance(len(chunk))
