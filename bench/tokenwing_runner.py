@@ -1,6 +1,6 @@
 """Subprocess: TokenWing on a token stream; prints one JSON line of measurements.
 
-usage: python tokenwing_runner.py MODEL.tw.gguf TOKENS.npy N_PROMPT LOOKAHEAD
+usage: python tokenwing_runner.py MODEL.tw.gguf TOKENS.npy N_PROMPT LOOKAHEAD [norepack]
 The RAM budget comes from the process's own memory limit (the benchmark's cgroup cap), as in real use.
 """
 
@@ -23,7 +23,10 @@ def main() -> int:
     notes: list[str] = []
     t0 = time.perf_counter()
     # no usage table: a benchmark must not start from what earlier runs learnt
-    opts = SessionOptions(lookahead=lookahead, n_ctx=len(tokens) + 16, max_batch=64, usage_table=False)
+    repack = "norepack" not in sys.argv[5:]
+    opts = SessionOptions(
+        lookahead=lookahead, n_ctx=len(tokens) + 16, max_batch=64, usage_table=False, cpu_repack=repack
+    )
     s = Session(model, opts, log=notes.append)
     load = time.perf_counter() - t0
     c = {n: i for i, n in enumerate(COUNTERS)}

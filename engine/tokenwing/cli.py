@@ -137,6 +137,8 @@ def _session_options(args: argparse.Namespace) -> Any:
         n_threads=args.threads,
         prompt_cache=args.prompt_cache,
         usage_table=args.usage_table,
+        cpu_repack=args.cpu_repack,
+        preload=args.preload,
         stream=settings_from_args(args),
     )
 
@@ -287,6 +289,19 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="fill idle cache slots from MODEL.usage.json and add this run's expert counts to it (default: on)",
+    )
+    p.add_argument(
+        "--cpu-repack",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="matrix weights and experts in ggml's repacked layouts where this CPU has one, as llama.cpp runs them "
+        "(default: on)",
+    )
+    p.add_argument(
+        "--preload",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="read every expert that fits at start (default: when the cache holds all of them)",
     )
     add_stream_arguments(p)
 

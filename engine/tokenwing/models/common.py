@@ -122,6 +122,15 @@ def routed_experts(
     return ops.ggml_mul(ctx, experts, w)
 
 
+def sum_rows(ctx: Any, weighted: Tensor, k: int, n_embd: int) -> Tensor:
+    """[n_embd, 1, k] → [n_embd]: row 0, plus row 1, plus row 2 … — `sum_experts`' order, in a graph."""
+    row = n_embd * 4
+    total = ops.ggml_view_1d(ctx, weighted, n_embd, 0)
+    for i in range(1, k):
+        total = ops.ggml_add(ctx, total, ops.ggml_view_1d(ctx, weighted, n_embd, i * row))
+    return total
+
+
 def sum_experts(experts: np.ndarray) -> np.ndarray:
     """[n_tokens, k, n_embd] → [n_tokens, n_embd], adding expert 0, then 1, … as llama.cpp's graph does.
 

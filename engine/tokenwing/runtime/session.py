@@ -115,8 +115,12 @@ class Session:
         if self.streamer.fallback_line:
             log(self.streamer.fallback_line.removeprefix("tokenwing: "))
         self.slots_per_layer = plan.slots_per_layer
-        # (the debug mode that checksums delivered experts needs them as they are in the file)
-        self.views = self.weights.expert_views(self.streamer, repack=opts.cpu_repack and not opts.stream.verify)
+        preload = opts.preload if opts.preload is not None else self.slots_per_layer >= hp.n_expert
+        # Experts are repacked only when they are all read at start: repacking each streamed expert as it lands
+        # costs ~0.9 ms of CPU per expert, which took 40 % of capped decode speed on a 2-core machine
+        # (docs/results.md). (The debug mode that checksums delivered experts needs them as in the file.)
+        repack_experts = opts.cpu_repack and preload and not opts.stream.verify
+        self.views = self.weights.expert_views(self.streamer, repack=repack_experts)
         self.streamed = [el.layer for el in self.mf.index.layers]
         self._layer_weights: list[dict[str, Tensor]] = [{} for _ in range(hp.n_layer)]
         for name, t in self.weights.tensors.items():
@@ -124,7 +128,6 @@ class Session:
             if parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < hp.n_layer:
                 self._layer_weights[int(parts[1])][parts[2].removesuffix(".weight")] = t
         self.usage = UsageTable(self.streamed, hp.n_expert, int(self.mf.header.get(K_HEADER_CHECKSUM) or 0))
-        preload = opts.preload if opts.preload is not None else self.slots_per_layer >= hp.n_expert
         if preload:
             self._preload()
         elif opts.usage_table:
@@ -140,6 +143,7 @@ class Session:
         self.recall_total = np.zeros(max(opts.lookahead, 1), np.int64)
         self.trace: list[tuple[np.ndarray, np.ndarray, int]] | None = None
         self._loaned = 0
+        self._begun = -1  # a decode layer whose experts were handed to the core by `_decode_fused`
         self._warned_prompt = False
         self._prompt_reserve = self._prompt_bytes(opts.max_batch)  # covered by the graph reserve
 
@@ -264,8 +268,10 @@ class Session:
         self._predictions.clear()
         h = np.concatenate([self._embed(tokens[c]) for c in self._chunks(n)], axis=0)
         sel_rows, pred_rows = [], []
+        ahead_of: dict[str, np.ndarray] | None = None  # layer il's attention results, from the step before
         for il in range(hp.n_layer):
-            h, sel, preds = self._layer(il, h, decode)
+            out, sel, preds, ahead_of = self._layer(il, h, decode, ahead_of)
+            h = out if out is not None else h  # (None: fused into the next layer's graph)
             if self.trace is not None and sel is not None:
                 sel_rows.append(sel)
                 pred_rows.append(preds)
@@ -340,11 +346,20 @@ class Session:
     def _attention_part(self, il: int, h: np.ndarray, pos0: int, decode: bool) -> dict[str, np.ndarray]:
         """One chunk through attention (writing its K and V at pos0), the FFN norm, a dense FFN or the shared
         expert, the router and, in decode, the lookahead routers. Returns the numpy results by name."""
+        g, n = self.graph, h.shape[0]
+        g.reset()
+        out, writes = self._attention_graph(il, g.input(h), pos0, n, decode)
+        g.compute(*writes, *out.values())
+        return {k: to_numpy(t).reshape(n, -1) for k, t in out.items()}
+
+    def _attention_graph(
+        self, il: int, x: Tensor, pos0: int, n: int, decode: bool
+    ) -> tuple[dict[str, Tensor], list[Tensor]]:
+        """`_attention_part`'s graph on the hidden state x (an input, or the previous layer's output when a
+        decode step computes a layer's experts and the next layer's attention in one graph)."""
         hp, fam, g = self.hp, self.family, self.graph
-        n = h.shape[0]
+        ctx = g.ctx
         w = self._layer_weights[il]
-        ctx = g.reset()
-        x = g.input(h)
         cur = common.rms_norm(ctx, x, w["attn_norm"], hp.rms_eps)
         positions = g.input(np.arange(pos0, pos0 + n, dtype=np.int32))
         mask = g.input(common.causal_mask(pos0, n))
@@ -369,14 +384,17 @@ class Session:
                 pred_in = ffn_inp if "shared" not in out else ops.ggml_add(ctx, ffn_inp, out["shared"])
                 norm = self.weights.get(f"blk.{la[1][0]}.ffn_norm.weight")
                 out["ahead"] = ops.ggml_mul_mat(ctx, la[0], common.rms_norm(ctx, pred_in, norm, hp.rms_eps))
-        g.compute(*writes, *out.values())
-        return {k: to_numpy(t).reshape(n, -1) for k, t in out.items()}
+        return out, writes
 
-    def _layer(self, il: int, h: np.ndarray, decode: bool) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    def _layer(
+        self, il: int, h: np.ndarray, decode: bool, ahead_of: dict[str, np.ndarray] | None
+    ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray, dict[str, np.ndarray] | None]:
+        """One layer. Returns its output (None when a decode step fused it into the next layer's graph), the
+        selected experts, the predictions, and the next layer's attention results when fused."""
         hp, n = self.hp, h.shape[0]
-        r = self._attention_parts(il, h, decode)
+        r = ahead_of if ahead_of is not None else self._attention_parts(il, h, decode)
         if "dense" in r:
-            return r["dense"], None, np.zeros((n, 0, 0), np.int32)
+            return r["dense"], None, np.zeros((n, 0, 0), np.int32), None
         sel, weights = common.select_experts(r.pop("probs"), hp.n_expert_used, self.family.normalize_weights)
         self.usage.add(self.streamer.li(il), sel)
         self._score_predictions(il, sel)
@@ -389,15 +407,58 @@ class Session:
                 top = np.argsort(-part, kind="stable")[: hp.n_expert_used].tolist()
                 self._predictions[(target, d)] = top
                 ahead.append((target, top, d + 1))
-        out = self._experts(il, r.pop("cur"), sel, weights, ahead)  # a new array: add in place
-        if "shared" in r:
-            out += r["shared"]
-        out += r["ffn_inp"]  # (moe + shared) + ffn_inp, as llama.cpp's graph adds them
+        out, fused = None, None
+        if decode and il + 1 < hp.n_layer:
+            fused = self._decode_fused(il, r, sel, weights, ahead)
+        if fused is None:
+            out = self._experts(il, r.pop("cur"), sel, weights, ahead)  # a new array: add in place
+            if "shared" in r:
+                out += r["shared"]
+            out += r["ffn_inp"]  # (moe + shared) + ffn_inp, as llama.cpp's graph adds them
         for d in range(preds.shape[1]):
             got = self._predictions.get((il, d))
             if got is not None:
                 preds[-1, d] = got
-        return out, sel, preds
+        return out, sel, preds, fused
+
+    def _decode_fused(
+        self,
+        il: int,
+        r: dict[str, np.ndarray],
+        sel: np.ndarray,
+        weights: np.ndarray,
+        ahead: list[tuple[int, list[int], int]],
+    ) -> dict[str, np.ndarray] | None:
+        """A decode step whose experts are all in RAM: this layer's experts, their sum, the residual and the
+        next layer's attention part in one graph (one graph per layer instead of two, and no round trip
+        through numpy). The sum and the residual are the same ggml additions in the same order as the
+        unfused path, so the result is bit-identical (tested). None when an expert is not in RAM yet: then
+        the unfused path computes the resident experts while the rest are read."""
+        wave = list(dict.fromkeys(sel[0].tolist()))
+        li = self.streamer.li(il)
+        if self._loaned and len(wave) > self.streamer.core.usable_slots(li):
+            return None
+        self.streamer.begin_layer(il, wave)
+        for target, top, distance in ahead:
+            self.streamer.predict(target, top, distance)
+        ahead.clear()  # handed to the core: the unfused path must not hand them again
+        if not all(self.streamer.ready(il, wave)):
+            self._begun = il
+            return None
+        hp, g = self.hp, self.graph
+        slot_of = np.zeros(hp.n_expert, np.int32)
+        slot_of[wave] = self.streamer.wait_all(il, wave)
+        ctx = g.reset()
+        k = sel.shape[1]
+        moe = common.routed_experts(g, self.views[il], np.repeat(r["cur"], k, axis=0), slot_of[sel[0]], weights[0])
+        total = common.sum_rows(ctx, moe, k, hp.n_embd)
+        if "shared" in r:
+            total = ops.ggml_add(ctx, total, g.input(r["shared"]))
+        x = ops.ggml_add(ctx, total, g.input(r["ffn_inp"]))
+        out, writes = self._attention_graph(il + 1, x, self.pos, 1, True)
+        g.compute(*writes, *out.values())
+        self.streamer.end_layer(il)
+        return {name: to_numpy(t).reshape(1, -1) for name, t in out.items()}
 
     def _attention_parts(self, il: int, h: np.ndarray, decode: bool) -> dict[str, np.ndarray]:
         """The layer's attention part over `h` in chunks. A prompt's working memory is what a layer keeps per
@@ -437,7 +498,9 @@ class Session:
         k = sel.shape[1]
         weighted = np.zeros((cur.shape[0], k, hp.n_embd), np.float32)
         for wave in waves:
-            self.streamer.begin_layer(il, wave)
+            if self._begun != il:  # (_decode_fused began it when it found an expert still on its way)
+                self.streamer.begin_layer(il, wave)
+            self._begun = -1
             for target, top, distance in ahead:
                 self.streamer.predict(target, top, distance)
             ahead = []
