@@ -6,6 +6,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -46,21 +47,28 @@ def streamer(model: Path, slots: int, **kw: object) -> ExpertStreamer:
         return ExpertStreamer(mf, slots, settings)
 
 
+def random_steps(s: ExpertStreamer, seed: int, tokens: int) -> Iterator[tuple[int, int]]:
+    """Random routing over 4 layers of 16 experts, top-4, with next-layer predictions: yields (layer, expert)
+    for every selected expert after its layer began (eviction, prefetch, cancel and promote all happen)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(tokens):
+        s.begin_token()
+        for layer in range(4):
+            sel = rng.choice(16, 4, replace=False).tolist()
+            s.begin_layer(layer, sel)
+            if layer < 3:
+                s.predict(layer + 1, rng.choice(16, 4, replace=False).tolist(), 1)
+            for e in sel:
+                yield layer, e
+
+
 def test_exact_bytes_under_eviction(model: Path, expected: dict[tuple[int, int], bytes]) -> None:
-    rng = np.random.default_rng(1)
     with streamer(model, 5) as s:
-        for _ in range(40):
-            s.begin_token()
-            for layer in range(4):
-                sel = rng.choice(16, 4, replace=False).tolist()
-                s.begin_layer(layer, sel)
-                if layer < 3:
-                    s.predict(layer + 1, rng.choice(16, 4, replace=False).tolist(), 1)
-                for e in sel:
-                    for proj in (0, 1, 2):  # each projection's ready flag, then the whole expert
-                        s.wait(layer, e, proj)
-                    slot = s.wait(layer, e)
-                    assert s.expert_bytes(layer, slot).tobytes() == expected[(layer, e)]
+        for layer, e in random_steps(s, 1, 40):
+            for proj in (0, 1, 2):  # each projection's ready flag, then the whole expert
+                s.wait(layer, e, proj)
+            slot = s.wait(layer, e)
+            assert s.expert_bytes(layer, slot).tobytes() == expected[(layer, e)]
         t = totals(s)
     assert t["hits"] + t["misses"] == 40 * 4 * 4
     assert t["read_errors"] == 0
@@ -70,28 +78,18 @@ def test_exact_bytes_under_eviction(model: Path, expected: dict[tuple[int, int],
 def test_transform_runs_once_per_landed_projection(model: Path, expected: dict[tuple[int, int], bytes]) -> None:
     """The post-read transform (ggml repacking in the engine; a bitwise NOT here) rewrites exactly the chosen
     projection of every expert that lands, before it counts as ready, under eviction, prefetch and cancels."""
-    rng = np.random.default_rng(4)
     with streamer(model, 5, verify=False) as s, ModelFile.open(str(model)) as mf:
         for li, el in enumerate(mf.index.layers):
             base = s.pools[li].ctypes.data
             ctx = [base + slot * el.record_size + el.proj_offset[1] for slot in range(5)]
             s.core.set_transform(li, 1, _core.invert_transform(), ctx)
-        for _ in range(30):
-            s.begin_token()
-            for layer in range(4):
-                sel = rng.choice(16, 4, replace=False).tolist()
-                s.begin_layer(layer, sel)
-                if layer < 3:
-                    s.predict(layer + 1, rng.choice(16, 4, replace=False).tolist(), 1)
-                el = mf.index.layers[layer]
-                for e in sel:
-                    s.wait(layer, e, 1)
-                    slot = s.wait(layer, e)
-                    got = s.expert_bytes(layer, slot).tobytes()
-                    want = bytearray(expected[(layer, e)])
-                    o, n = el.proj_offset[1], el.proj_size[1]
-                    want[o : o + n] = bytes(~np.frombuffer(want[o : o + n], np.uint8))
-                    assert got == bytes(want)
+        for layer, e in random_steps(s, 4, 30):
+            s.wait(layer, e, 1)
+            slot = s.wait(layer, e)
+            want = bytearray(expected[(layer, e)])
+            o, n = mf.index.layers[layer].proj_offset[1], mf.index.layers[layer].proj_size[1]
+            want[o : o + n] = bytes(~np.frombuffer(want[o : o + n], np.uint8))
+            assert s.expert_bytes(layer, slot).tobytes() == bytes(want)
 
 
 def test_all_resident_reads_each_expert_once(model: Path) -> None:
