@@ -218,7 +218,7 @@ def to_numpy(t: Tensor, dtype: type = np.float32) -> np.ndarray:
     raw = (ctypes.c_char * (n * np.dtype(dtype).itemsize)).from_address(c.data)
     while len(dims) > 1 and dims[0] == 1:
         dims.pop(0)
-    out: np.ndarray = np.frombuffer(raw, dtype=dtype, count=n).reshape(dims).copy()
+    out: np.ndarray = np.frombuffer(memoryview(raw), dtype=dtype, count=n).reshape(dims).copy()
     return out
 
 
