@@ -143,7 +143,6 @@ class Session:
         self.recall_total = np.zeros(max(opts.lookahead, 1), np.int64)
         self.trace: list[tuple[np.ndarray, np.ndarray, int]] | None = None
         self._loaned = 0
-        self._begun = -1  # a decode layer whose experts were handed to the core by `_decode_fused`
         self._warned_prompt = False
         self._prompt_reserve = self._prompt_bytes(opts.max_batch)  # covered by the graph reserve
 
@@ -407,11 +406,11 @@ class Session:
                 top = np.argsort(-part, kind="stable")[: hp.n_expert_used].tolist()
                 self._predictions[(target, d)] = top
                 ahead.append((target, top, d + 1))
-        out, fused = None, None
-        if decode and il + 1 < hp.n_layer:
-            fused = self._decode_fused(il, r, sel, weights, ahead)
-        if fused is None:
-            out = self._experts(il, r.pop("cur"), sel, weights, ahead)  # a new array: add in place
+        if decode:
+            out, fused = self._decode_experts(il, r, sel, weights, ahead)
+        else:
+            out, fused = self._prompt_experts(il, r.pop("cur"), sel, weights), None
+        if out is not None:  # a new array: add in place
             if "shared" in r:
                 out += r["shared"]
             out += r["ffn_inp"]  # (moe + shared) + ffn_inp, as llama.cpp's graph adds them
@@ -421,30 +420,41 @@ class Session:
                 preds[-1, d] = got
         return out, sel, preds, fused
 
-    def _decode_fused(
+    def _decode_experts(
         self,
         il: int,
         r: dict[str, np.ndarray],
         sel: np.ndarray,
         weights: np.ndarray,
         ahead: list[tuple[int, list[int], int]],
-    ) -> dict[str, np.ndarray] | None:
-        """A decode step whose experts are all in RAM: this layer's experts, their sum, the residual and the
-        next layer's attention part in one graph (one graph per layer instead of two, and no round trip
-        through numpy). The sum and the residual are the same ggml additions in the same order as the
-        unfused path, so the result is bit-identical (tested). None when an expert is not in RAM yet: then
-        the unfused path computes the resident experts while the rest are read."""
-        wave = list(dict.fromkeys(sel[0].tolist()))
-        li = self.streamer.li(il)
-        if self._loaned and len(wave) > self.streamer.core.usable_slots(li):
-            return None
+    ) -> tuple[np.ndarray | None, dict[str, np.ndarray] | None]:
+        """One token's experts: handed to the core (demand reads), then the lookahead's predictions.
+
+        All in RAM: the experts, their sum, the residual and the next layer's attention part in one graph (one
+        graph per layer instead of two, no round trip through numpy; the same ggml additions in the same order,
+        so bit-identical, tested) — returns (None, the next layer's attention results). Otherwise the resident
+        experts are computed while the others are read — returns (the experts' sum, None).
+        """
+        wave = list(dict.fromkeys(sel[0].tolist()))  # k ≤ the usable slots: a loan keeps k per layer
         self.streamer.begin_layer(il, wave)
         for target, top, distance in ahead:
             self.streamer.predict(target, top, distance)
-        ahead.clear()  # handed to the core: the unfused path must not hand them again
-        if not all(self.streamer.ready(il, wave)):
-            self._begun = il
-            return None
+        ready = self.streamer.ready(il, wave)
+        if all(ready) and il + 1 < self.hp.n_layer:
+            fused = self._fused_step(il, r, sel, weights, wave)
+            self.streamer.end_layer(il)
+            return None, fused
+        weighted = np.zeros((1, sel.shape[1], self.hp.n_embd), np.float32)
+        first = [e for e, ok in zip(wave, ready, strict=True) if ok]
+        rest = [e for e, ok in zip(wave, ready, strict=True) if not ok]
+        for part in (first, rest) if first and rest else (wave,):
+            self._compute_experts(il, r["cur"], sel, weights, part, weighted)
+        self.streamer.end_layer(il)
+        return common.sum_experts(weighted), None
+
+    def _fused_step(
+        self, il: int, r: dict[str, np.ndarray], sel: np.ndarray, weights: np.ndarray, wave: list[int]
+    ) -> dict[str, np.ndarray]:
         hp, g = self.hp, self.graph
         slot_of = np.zeros(hp.n_expert, np.int32)
         slot_of[wave] = self.streamer.wait_all(il, wave)
@@ -457,7 +467,6 @@ class Session:
         x = ops.ggml_add(ctx, total, g.input(r["ffn_inp"]))
         out, writes = self._attention_graph(il + 1, x, self.pos, 1, True)
         g.compute(*writes, *out.values())
-        self.streamer.end_layer(il)
         return {name: to_numpy(t).reshape(1, -1) for name, t in out.items()}
 
     def _attention_parts(self, il: int, h: np.ndarray, decode: bool) -> dict[str, np.ndarray]:
@@ -481,37 +490,6 @@ class Session:
             if pred is not None:
                 self.recall_hits[d] += len(chosen & set(pred))
                 self.recall_total[d] += len(chosen)
-
-    def _experts(
-        self, il: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray, ahead: list[tuple[int, list[int], int]]
-    ) -> np.ndarray:
-        """Σ over waves of experts that fit the slots: each expert is read at most once per call.
-
-        The lookahead's predictions go to the core right after this layer's demand reads.
-        """
-        if cur.shape[0] > 1:
-            return self._prompt_experts(il, cur, sel, weights)
-        hp = self.hp
-        unique: list[int] = list(dict.fromkeys(sel.ravel().tolist()))
-        size = self.streamer.core.usable_slots(self.streamer.li(il)) if self._loaned else self.slots_per_layer
-        waves = [unique[i : i + size] for i in range(0, len(unique), size)]
-        k = sel.shape[1]
-        weighted = np.zeros((cur.shape[0], k, hp.n_embd), np.float32)
-        for wave in waves:
-            if self._begun != il:  # (_decode_fused began it when it found an expert still on its way)
-                self.streamer.begin_layer(il, wave)
-            self._begun = -1
-            for target, top, distance in ahead:
-                self.streamer.predict(target, top, distance)
-            ahead = []
-            # Experts already in RAM are computed while the others are still being read.
-            ready = self.streamer.ready(il, wave)
-            first = [e for e, r in zip(wave, ready, strict=True) if r]
-            rest = [e for e, r in zip(wave, ready, strict=True) if not r]
-            for part in (first, rest) if first and rest else (wave,):
-                self._compute_experts(il, cur, sel, weights, part, weighted)
-            self.streamer.end_layer(il)
-        return common.sum_experts(weighted)
 
     def _prompt_experts(self, il: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """A prompt's experts in waves, in recency order, summed as they come.
