@@ -58,15 +58,20 @@ def test_one_version_for_app_and_engine() -> None:
     assert __version__ == engine_version  # both read engine/tokenwing/version.py
 
 
+def _with_stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str) -> tuple[AppController, Path]:
+    """An app controller whose engine is the stand-in reporting `version`, and a model file for it."""
+    monkeypatch.setattr(supervisor_module, "engine_command", lambda: [sys.executable, str(STAND_IN)])
+    monkeypatch.setenv("OTHER_ENGINE_VERSION", version)
+    model = tmp_path / "any.tw.gguf"
+    model.write_bytes(b"the stand-in never reads it")
+    return make_controller(tmp_path), model
+
+
 @pytest.mark.parametrize("other", ["0.0.0-other", "9.9.9"])
 def test_engine_of_another_version_is_refused(
     qapp: QApplication, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, other: str
 ) -> None:
-    monkeypatch.setattr(supervisor_module, "engine_command", lambda: [sys.executable, str(STAND_IN)])
-    monkeypatch.setenv("OTHER_ENGINE_VERSION", other)
-    model = tmp_path / "any.tw.gguf"
-    model.write_bytes(b"the stand-in never reads it")
-    c = make_controller(tmp_path)
+    c, model = _with_stand_in(tmp_path, monkeypatch, other)
 
     async def scenario() -> tuple[object, supervisor_module.EngineSupervisor | None]:
         try:
@@ -90,11 +95,7 @@ def test_engine_of_the_same_version_is_used(
     qapp: QApplication, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The control: the same stand-in reporting our version is accepted (so the refusal above is about the version)."""
-    monkeypatch.setattr(supervisor_module, "engine_command", lambda: [sys.executable, str(STAND_IN)])
-    monkeypatch.setenv("OTHER_ENGINE_VERSION", __version__)
-    model = tmp_path / "any.tw.gguf"
-    model.write_bytes(b"the stand-in never reads it")
-    c = make_controller(tmp_path)
+    c, model = _with_stand_in(tmp_path, monkeypatch, __version__)
 
     async def scenario() -> object:
         try:
