@@ -1,6 +1,6 @@
 """TokenWing against llama.cpp on the same model, in RAM and under the same cgroup memory caps.
 
-    python bench/engine_bench.py [--model models/bench/bench-q4_k_m.gguf] [--decode 48] [--prompt 32]
+    python bench/engine_bench.py [--model models/bench/bench-q4_k_m.gguf] [--decode 48] [--prompt 32] [--ram-only]
 
 The model is the `bench` preset in Q4_K_M (12 layers, n_embd 2048, 128 experts of 768, top-8; make it with
 `tokenwing testmodel models/bench/bench-q4_k_m.gguf --preset bench --type Q4_K_M` and repack it). Both engines
@@ -63,6 +63,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=420)
     ap.add_argument("--skip-plain", action="store_true", help="skip llama.cpp's slowest (plain mmap) runs")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; rows show the median run")
+    ap.add_argument("--ram-only", action="store_true", help="only the in-RAM rows (no memory caps)")
     args = ap.parse_args()
     tw_model = args.model.removesuffix(".gguf") + ".tw.gguf"
     size = os.path.getsize(args.model)
@@ -91,8 +92,9 @@ def main() -> int:
     configs: list[tuple[str, str, str, list[str], int | None]] = [
         ("ram-llama", "llama.cpp default", "in RAM", llama("default"), None),
         ("ram-tw", "TokenWing", "in RAM", tw(2), None),
+        ("ram-tw-layers", "TokenWing, a graph per layer", "in RAM", [*tw(2), "layergraphs"], None),
     ]
-    for frac in (0.40, 0.25):
+    for frac in () if args.ram_only else (0.40, 0.25):
         cap = int(size * frac)
         label = f"cap {frac:.0%} ({cap / 2**30:.2f} GiB)"
         for mode in ["default", "random"] + ([] if args.skip_plain else ["plain"]):
@@ -118,7 +120,7 @@ def main() -> int:
         ratio = float(ram_tw["decode_tok_s"]) / float(ram_ll["decode_tok_s"])  # type: ignore[arg-type]
         print(f"\nin RAM: TokenWing / llama.cpp decode = {ratio:.2f}x (medians)")
     compute_s = 1 / float(ram_tw["decode_tok_s"]) if "failed" not in ram_tw else 0.0  # type: ignore[arg-type]
-    for frac in (0.40, 0.25):
+    for frac in () if args.ram_only else (0.40, 0.25):
         best = results[f"{frac}-tw-2"]
         if "failed" in best:
             continue

@@ -1,6 +1,6 @@
 """Subprocess: TokenWing on a token stream; prints one JSON line of measurements.
 
-usage: python tokenwing_runner.py MODEL.tw.gguf TOKENS.npy N_PROMPT LOOKAHEAD [norepack]
+usage: python tokenwing_runner.py MODEL.tw.gguf TOKENS.npy N_PROMPT LOOKAHEAD [norepack] [layergraphs]
 The RAM budget comes from the process's own memory limit (the benchmark's cgroup cap), as in real use.
 """
 
@@ -24,8 +24,14 @@ def main() -> int:
     t0 = time.perf_counter()
     # no usage table: a benchmark must not start from what earlier runs learnt
     repack = "norepack" not in sys.argv[5:]
+    one_graph = "layergraphs" not in sys.argv[5:]  # layergraphs: a graph per layer even with every expert in RAM
     opts = SessionOptions(
-        lookahead=lookahead, n_ctx=len(tokens) + 16, max_batch=64, usage_table=False, cpu_repack=repack
+        lookahead=lookahead,
+        n_ctx=len(tokens) + 16,
+        max_batch=64,
+        usage_table=False,
+        cpu_repack=repack,
+        token_graph=one_graph,
     )
     s = Session(model, opts, log=notes.append)
     load = time.perf_counter() - t0

@@ -139,6 +139,7 @@ def _session_options(args: argparse.Namespace) -> Any:
         usage_table=args.usage_table,
         cpu_repack=args.cpu_repack,
         preload=args.preload,
+        token_graph=args.token_graph,
         stream=settings_from_args(args),
     )
 
@@ -302,6 +303,12 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="read every expert that fits at start (default: when the cache holds all of them)",
+    )
+    p.add_argument(
+        "--token-graph",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with every expert in RAM, run a decode step as one graph, not one per layer (default: on)",
     )
     add_stream_arguments(p)
 

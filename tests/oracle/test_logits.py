@@ -98,19 +98,25 @@ def test_streaming_and_lookahead_do_not_change_output(model_factory: ModelFactor
 
 
 def test_decode_steps_do_not_depend_on_the_cache(model_factory: ModelFactory, tmp_path: Path) -> None:
-    """Decode with every expert resident (each layer's experts, residual and the next layer's attention in one
-    graph) and with a cache of 2 slots (experts computed as they land, outside that graph): bit-identical."""
+    """Decode with every expert resident as one graph per token, as one graph per layer (its experts, residual
+    and the next layer's attention), and with a cache of 2 slots (experts computed as they land, outside that
+    graph): bit-identical, across a decode window boundary (a new token graph) and after a prompt."""
     model = _repacked(model_factory(type="F32", n_layer=3), tmp_path)
-    tokens = _tokens(24, 512, seed=4).tolist()
+    tokens = _tokens(300, 512, seed=4).tolist()
 
     def steps(**opts: object) -> np.ndarray:
-        s = Session(str(model), SessionOptions(kv_type="f32", n_ctx=64, **opts), log=lambda line: None)  # type: ignore[arg-type]
+        s = Session(str(model), SessionOptions(kv_type="f32", n_ctx=320, **opts), log=lambda line: None)  # type: ignore[arg-type]
         try:
-            return np.stack([s.forward([int(t)]) for t in tokens])
+            first = s.forward([int(t) for t in tokens[:5]])
+            out = np.stack([first] + [s.forward([int(t)]) for t in tokens[5:]])
+            assert (s._token_graph is not None) == (opts == {}), "the one-graph step is taken exactly when all fit"
+            return out
         finally:
             s.close()
 
-    assert np.array_equal(steps(), steps(ram_budget=1, lookahead=2))
+    one_graph = steps()
+    assert np.array_equal(one_graph, steps(token_graph=False))
+    assert np.array_equal(one_graph, steps(ram_budget=1, lookahead=2))
 
 
 def test_decode_matches_prefill(model_factory: ModelFactory, tmp_path: Path) -> None:

@@ -32,6 +32,8 @@ Tensor = Any  # a ctypes pointer to ggml_tensor
 F32 = ggml.GGML_TYPE_F32
 F16 = ggml.GGML_TYPE_F16
 I32 = ggml.GGML_TYPE_I32
+I64 = ggml.GGML_TYPE_I64
+_TYPES = {np.dtype(np.float32): F32, np.dtype(np.float16): F16, np.dtype(np.int32): I32, np.dtype(np.int64): I64}
 ROPE_NEOX = ggml.GGML_ROPE_TYPE_NEOX
 ROPE_NORM = 0
 
@@ -117,7 +119,7 @@ class Graph:
         """A tensor holding a copy of a small numpy array (ids, positions, routing weights, hidden states)."""
         a = np.ascontiguousarray(array)
         if gtype is None:
-            gtype = {np.dtype(np.float32): F32, np.dtype(np.int32): I32, np.dtype(np.float16): F16}[a.dtype]
+            gtype = _TYPES[a.dtype]
         t = _new_tensor(self.ctx, gtype, tuple(reversed(a.shape)) or (1,))
         ctypes.memmove(t.contents.data, a.ctypes.data, a.nbytes)
         return t
@@ -142,6 +144,77 @@ class Graph:
         if self.pool:
             ggml.ggml_threadpool_free(self.pool)
             self.pool = None
+
+
+class StaticGraph:
+    """A graph built once and computed many times (a whole decode step): its tensors are placed by ggml's graph
+    allocator, which reuses memory between nodes as llama.cpp does; inputs are rewritten before each run.
+
+    Build order is execution order: `expand` a node (a KV cache write) before building the nodes that must
+    see its effect. Runs on the thread pool of `pool_owner` (one pool per session).
+    """
+
+    def __init__(self, max_nodes: int, pool_owner: Graph) -> None:
+        size = ggml.ggml_tensor_overhead() * max_nodes * 2 + ggml.ggml_graph_overhead_custom(max_nodes, False)
+        self.ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=size, mem_buffer=None, no_alloc=True))
+        self.gf = ggml.ggml_new_graph_custom(self.ctx, max_nodes, False)
+        self.n_threads, self._pool = pool_owner.n_threads, pool_owner.pool
+        self._owners: list[object] = []
+        self._galloc: int | None = None
+        self._plan: Any = None
+        self._work: np.ndarray | None = None
+        self.bytes = 0
+
+    def input(self, gtype: int, shape: Sequence[int]) -> Tensor:
+        """A tensor written before each run (`set`), GGUF shape order."""
+        t = _new_tensor(self.ctx, gtype, shape)
+        ops.ggml_set_input(t)
+        return t
+
+    def constant(self, array: np.ndarray) -> Tensor:
+        """A tensor over a copy of `array`, kept for the graph's life (the allocator leaves it alone)."""
+        a = np.ascontiguousarray(array).copy()
+        gtype = _TYPES[a.dtype]
+        t = _new_tensor(self.ctx, gtype, tuple(reversed(a.shape)) or (1,))
+        t.contents.data = a.ctypes.data
+        self._owners.append(a)
+        return t
+
+    def expand(self, t: Tensor) -> None:
+        ggml.ggml_build_forward_expand(self.gf, t)
+
+    def finish(self, *outputs: Tensor) -> None:
+        """Adds the outputs, places every tensor and plans the threads' work: the graph is ready to run."""
+        for out in outputs:
+            ops.ggml_set_output(out)
+            self.expand(out)
+        self._galloc = ggml.ggml_gallocr_new(ggml.ggml_backend_cpu_buffer_type())
+        if not ggml.ggml_gallocr_alloc_graph(self._galloc, self.gf):
+            raise MemoryError("ggml could not allocate a decode graph")
+        self.bytes = int(ggml.ggml_gallocr_get_buffer_size(self._galloc, 0))
+        self._plan = ggml.ggml_graph_plan(self.gf, self.n_threads, self._pool)
+        if self._plan.work_size:
+            self._work = aligned_bytes(int(self._plan.work_size))
+            self._plan.work_data = ctypes.cast(self._work.ctypes.data, ctypes.POINTER(ctypes.c_uint8))
+
+    @staticmethod
+    def set(t: Tensor, array: np.ndarray) -> None:
+        a = np.ascontiguousarray(array)
+        ctypes.memmove(t.contents.data, a.ctypes.data, a.nbytes)
+
+    def compute(self) -> None:
+        rc = ggml.ggml_graph_compute(self.gf, ctypes.byref(self._plan))
+        if rc != 0:
+            raise RuntimeError(f"ggml graph compute failed ({rc})")
+
+    def close(self) -> None:
+        if self._galloc:
+            ggml.ggml_gallocr_free(self._galloc)
+            self._galloc = None
+        if self.ctx:
+            ggml.ggml_free(self.ctx)
+            self.ctx = None
+        self._owners.clear()
 
 
 class Repacker:
@@ -208,10 +281,11 @@ def quiet_debug_log() -> None:
         _installed_log_filter = True
 
 
-def to_numpy(t: Tensor, dtype: type = np.float32) -> np.ndarray:
-    """A copy of a contiguous tensor's data, in numpy order (reversed GGUF shape). (Called ~50 times per
-    decode token: one copy straight from ggml's memory, no intermediate bytes object.)"""
+def to_numpy(t: Tensor) -> np.ndarray:
+    """A copy of a contiguous F32 or I32 tensor's data, in numpy order (reversed GGUF shape). (Called ~50 times
+    per decode token: one copy straight from ggml's memory, no intermediate bytes object.)"""
     c = t.contents
+    dtype = np.int32 if c.type == I32 else np.float32
     ne = c.ne
     dims = [int(ne[3]), int(ne[2]), int(ne[1]), int(ne[0])]
     n = dims[0] * dims[1] * dims[2] * dims[3]

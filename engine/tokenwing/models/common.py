@@ -26,26 +26,59 @@ def rms_norm(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return ops.ggml_mul(ctx, ops.ggml_rms_norm(ctx, x, eps), weight)
 
 
+DECODE_WINDOW = 256  # decode attends over the cache rounded up to this many positions (masked), as llama.cpp does
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a graph's `n` tokens go: positions pos0…pos0+n-1 of the KV cache, attending over its first `n_kv`
+    positions (decode: rounded up to DECODE_WINDOW and masked, so that one graph, and one rounding of the
+    attention sums, serves 256 positions). The tensors are inputs of the graph, shared by its layers."""
+
+    n: int
+    n_kv: int
+    positions: Tensor  # I32 [n]
+    mask: Tensor  # F32 [n_kv, n]
+    k_rows: Tensor  # I64 [n]: the tokens' rows in the K cache
+    v_cells: Tensor  # I64 [n · kv_width]: their elements in the (transposed) V cache
+
+
+def placement_arrays(pos0: int, n: int, n_kv: int, n_ctx: int, kv_width: int) -> dict[str, np.ndarray]:
+    """The input data of a `Placement` (numpy order)."""
+    mask = np.zeros((n, n_kv), np.float32)
+    for i in range(n):
+        mask[i, pos0 + i + 1 :] = -np.inf
+    rows = np.arange(pos0, pos0 + n, dtype=np.int64)
+    cells = (np.arange(kv_width, dtype=np.int64)[None, :] * n_ctx + rows[:, None]).reshape(-1)
+    return {"positions": rows.astype(np.int32), "mask": mask, "k_rows": rows, "v_cells": cells}
+
+
+def decode_window(pos: int, n_ctx: int) -> int:
+    return min(n_ctx, -(-(pos + 1) // DECODE_WINDOW) * DECODE_WINDOW)
+
+
+def placement(g: Graph, pos0: int, n: int, n_kv: int, n_ctx: int, kv_width: int) -> Placement:
+    """A `Placement` whose inputs are filled now (a graph built for one use)."""
+    a = placement_arrays(pos0, n, n_kv, n_ctx, kv_width)
+    return Placement(n, n_kv, **{name: g.input(v) for name, v in a.items()})
+
+
 def attention(
-    g: Graph,
+    ctx: Any,
     hp: HParams,
     spec: AttentionSpec,
     w: dict[str, Tensor],
     x: Tensor,
-    positions: Tensor,
+    at: Placement,
     kv: tuple[Tensor, Tensor, int],
-    pos0: int,
-    n_tokens: int,
-    mask: Tensor,
 ) -> tuple[Tensor, list[Tensor]]:
-    """Self-attention of `n_tokens` new tokens at `pos0` over the cache.
+    """Self-attention of the `at.n` new tokens over the cache.
 
     kv: (k_cache [head_dim·n_kv, n_ctx], v_cache transposed [n_ctx, head_dim·n_kv], bytes per element).
     Returns the output and the cache writes, which the caller must put in the graph first (as llama.cpp
     does) so that the attention reads see them.
     """
-    ctx = g.ctx
-    hd, nh, nkv = hp.head_dim, hp.n_head, hp.n_head_kv
+    hd, nh, nkv, n_tokens = hp.head_dim, hp.n_head, hp.n_head_kv, at.n
     q = ops.ggml_mul_mat(ctx, w["attn_q"], x)
     k = ops.ggml_mul_mat(ctx, w["attn_k"], x)
     v = ops.ggml_mul_mat(ctx, w["attn_v"], x)
@@ -59,35 +92,38 @@ def attention(
         q = rms_norm(ctx, q, w["attn_q_norm"], hp.rms_eps)
         k = rms_norm(ctx, k, w["attn_k_norm"], hp.rms_eps)
     q = ops.ggml_rope_ext(
-        ctx, q, positions, None, hd, spec.rope_type, hp.n_ctx_train, hp.rope_base, 1.0, 0.0, 1.0, 32.0, 1.0
+        ctx, q, at.positions, None, hd, spec.rope_type, hp.n_ctx_train, hp.rope_base, 1.0, 0.0, 1.0, 32.0, 1.0
     )
     k = ops.ggml_rope_ext(
-        ctx, k, positions, None, hd, spec.rope_type, hp.n_ctx_train, hp.rope_base, 1.0, 0.0, 1.0, 32.0, 1.0
+        ctx, k, at.positions, None, hd, spec.rope_type, hp.n_ctx_train, hp.rope_base, 1.0, 0.0, 1.0, 32.0, 1.0
     )
     k_cache, v_cache, elt = kv
     n_ctx = int(v_cache.contents.ne[0])
-    row = hd * nkv * elt
-    k_dst = ops.ggml_view_2d(ctx, k_cache, hd * nkv, n_tokens, row, pos0 * row)
-    v_dst = ops.ggml_view_2d(ctx, v_cache, n_tokens, hd * nkv, n_ctx * elt, pos0 * elt)
-    k_write = ops.ggml_cpy(ctx, ops.ggml_reshape_2d(ctx, k, hd * nkv, n_tokens), k_dst)
-    v_write = ops.ggml_cpy(ctx, ops.ggml_transpose(ctx, v), v_dst)
-    n_kv = pos0 + n_tokens
-    k_all = ops.ggml_view_3d(ctx, k_cache, hd, nkv, n_kv, hd * elt, row, 0)
-    v_all = ops.ggml_view_3d(ctx, v_cache, n_kv, hd, nkv, n_ctx * elt, n_ctx * elt * hd, 0)
+    width = hd * nkv
+    row = width * elt
+    k_write = ops.ggml_set_rows(ctx, k_cache, ops.ggml_reshape_2d(ctx, k, width, n_tokens), at.k_rows)
+    v_flat = ops.ggml_view_2d(ctx, v_cache, 1, n_ctx * width, elt, 0)  # one row per element
+    v_write = ops.ggml_set_rows(ctx, v_flat, ops.ggml_reshape_2d(ctx, v, 1, width * n_tokens), at.v_cells)
+    k_all = ops.ggml_view_3d(ctx, k_cache, hd, nkv, at.n_kv, hd * elt, row, 0)
+    v_all = ops.ggml_view_3d(ctx, v_cache, at.n_kv, hd, nkv, n_ctx * elt, n_ctx * elt * hd, 0)
     kq = ops.ggml_mul_mat(ctx, ops.ggml_permute(ctx, k_all, 0, 2, 1, 3), ops.ggml_permute(ctx, q, 0, 2, 1, 3))
-    kq = ops.ggml_soft_max_ext(ctx, kq, mask, 1.0 / math.sqrt(hd), 0.0)
+    kq = ops.ggml_soft_max_ext(ctx, kq, at.mask, 1.0 / math.sqrt(hd), 0.0)
     kqv = ops.ggml_mul_mat(ctx, v_all, kq)
     cur = ops.ggml_cont_2d(ctx, ops.ggml_permute(ctx, kqv, 0, 2, 1, 3), hd * nh, n_tokens)
     return ops.ggml_mul_mat(ctx, w["attn_output"], cur), [k_write, v_write]
 
 
-def causal_mask(pos0: int, n_tokens: int) -> np.ndarray:
-    """[n_tokens, n_kv] additive mask: token i (at pos0+i) sees positions ≤ pos0+i."""
-    n_kv = pos0 + n_tokens
-    m = np.zeros((n_tokens, n_kv), np.float32)
-    for i in range(n_tokens):
-        m[i, pos0 + i + 1 :] = -np.inf
-    return m
+def route(ctx: Any, logits: Tensor, k: int, normalize: bool) -> tuple[Tensor, Tensor]:
+    """Router logits [n_expert, n] → the top-k experts I32 [k, n] (by probability, highest first) and their
+    weights F32 [k, n] (softmax probabilities, renormalised over the k when `normalize`): llama.cpp's ops."""
+    n_expert, n = int(logits.contents.ne[0]), int(logits.contents.ne[1])
+    probs = ops.ggml_soft_max(ctx, logits)
+    ids = ops.ggml_cont(ctx, ops.ggml_argsort_top_k(ctx, probs, k))
+    picked = ops.ggml_get_rows(ctx, ops.ggml_reshape_3d(ctx, probs, 1, n_expert, n), ids)
+    weights = ops.ggml_reshape_2d(ctx, picked, k, n)
+    if normalize:
+        weights = ops.ggml_div(ctx, weights, ops.ggml_sum_rows(ctx, weights))
+    return ids, weights
 
 
 def swiglu_ffn(ctx: Any, gate: Tensor, up: Tensor, down: Tensor, x: Tensor) -> Tensor:
@@ -122,6 +158,20 @@ def routed_experts(
     return ops.ggml_mul(ctx, experts, w)
 
 
+def token_experts(ctx: Any, views: tuple[Tensor, Tensor, Tensor], x: Tensor, slots: Tensor, weights: Tensor) -> Tensor:
+    """One token's k experts, weighted and summed: x [n_embd], slots I32 [k, 1], weights F32 [k] → [n_embd].
+    The same kernels and additions as `routed_experts` + `sum_rows` (one expert per row of mul_mat_id's table)."""
+    n_embd, k = int(x.contents.ne[0]), int(slots.contents.ne[0])
+    xin = ops.ggml_reshape_3d(ctx, x, n_embd, 1, 1)
+    gate_v, up_v, down_v = views
+    par = ops.ggml_swiglu_split(
+        ctx, ops.ggml_mul_mat_id(ctx, gate_v, xin, slots), ops.ggml_mul_mat_id(ctx, up_v, xin, slots)
+    )
+    experts = ops.ggml_mul_mat_id(ctx, down_v, par, slots)  # [n_embd, k, 1]
+    weighted = ops.ggml_mul(ctx, experts, ops.ggml_reshape_3d(ctx, weights, 1, k, 1))
+    return sum_rows(ctx, weighted, k, n_embd)
+
+
 def sum_rows(ctx: Any, weighted: Tensor, k: int, n_embd: int) -> Tensor:
     """[n_embd, 1, k] → [n_embd]: row 0, plus row 1, plus row 2 … — `sum_experts`' order, in a graph."""
     row = n_embd * 4
@@ -141,24 +191,3 @@ def sum_experts(experts: np.ndarray) -> np.ndarray:
     for i in range(1, experts.shape[1]):
         out += experts[:, i]
     return out
-
-
-def select_experts(probs: np.ndarray, k: int, normalize: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k of each token's router probabilities (ties to the lower ID), and their weights.
-
-    With `normalize`, the weights are divided by their sum taken in double precision, in order — as ggml's
-    sum_rows does — so the result matches llama.cpp bit for bit.
-    """
-    order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
-    w = np.take_along_axis(probs, order, axis=1).astype(np.float32)
-    if normalize:
-        sums = np.array([np.float32(_seq_sum(row)) for row in w], dtype=np.float32)
-        w = (w / sums[:, None]).astype(np.float32)
-    return order.astype(np.int32), w
-
-
-def _seq_sum(row: np.ndarray) -> float:
-    s = 0.0
-    for v in row:
-        s += float(v)
-    return s

@@ -25,6 +25,7 @@ from tokenwing.models import common
 from tokenwing.models.hparams import HParams, read_hparams
 from tokenwing.models.qwen3moe import Family, check_tensors, family
 from tokenwing.models.weights import ModelWeights
+from tokenwing.runtime.token_graph import TokenGraph
 from tokenwing.streaming.memory import expert_budget, memory_info
 from tokenwing.streaming.settings import StreamSettings
 from tokenwing.streaming.streamer import COUNTERS, ExpertStreamer, plan_slots
@@ -51,6 +52,7 @@ class SessionOptions:
     usage_table: bool = True  # seed idle fill from MODEL.usage.json and add this session's counts to it
     preload: bool | None = None  # read every expert at start (None: when the cache holds them all)
     cpu_repack: bool = True  # matrix weights and experts in ggml's repacked layouts, as llama.cpp runs them
+    token_graph: bool = True  # with every expert in RAM, a decode step is one graph (runtime/token_graph.py)
     stream: StreamSettings = field(default_factory=StreamSettings)
 
 
@@ -128,6 +130,9 @@ class Session:
             if parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < hp.n_layer:
                 self._layer_weights[int(parts[1])][parts[2].removesuffix(".weight")] = t
         self.usage = UsageTable(self.streamed, hp.n_expert, int(self.mf.header.get(K_HEADER_CHECKSUM) or 0))
+        self._preloaded = preload
+        self._slot_map: dict[int, np.ndarray] | None = None  # every expert's slot, while all are resident
+        self._token_graph: TokenGraph | None = None
         if preload:
             self._preload()
         elif opts.usage_table:
@@ -187,12 +192,16 @@ class Session:
         """Reads every expert that fits into the cache now, as llama.cpp loads its weights before the first
         token: a model that fits in RAM then runs at memory speed from the first token, not after warming."""
         n = min(self.slots_per_layer, self.hp.n_expert)
+        slot_map = {}
         for il in self.streamed:
             experts = list(range(n))
             self.streamer.begin_layer(il, experts)
-            self.streamer.wait_all(il, experts)
+            slot_map[il] = np.array(self.streamer.wait_all(il, experts), np.int32)
             self.streamer.end_layer(il)
         self.streamer.token_delta()  # per-token statistics start after the load
+        # Nothing evicts a cache that holds every expert, except slots lent to a long prompt (`_lend_for_prompt`)
+        self._slot_map = slot_map if n == self.hp.n_expert else None
+        self._drop_token_graph()
 
     def save_usage(self) -> None:
         """Adds this session's expert counts to the usage table next to the model (the server: after each request)."""
@@ -209,6 +218,7 @@ class Session:
 
     def close(self) -> None:
         self.save_usage()
+        self._drop_token_graph()
         self.streamer.close()
         self.graph.close()
         self.mf.close()
@@ -261,9 +271,15 @@ class Session:
         if decode and self._loaned:
             self.streamer.core.unloan()  # the prompt's working memory is gone: the cache takes its slots back
             self._loaned = 0
+            if self._preloaded:
+                self._preload()  # read back the experts the loan evicted
         if not decode:
             self._lend_for_prompt(n)
         self.streamer.begin_token(0 if decode else n)
+        if decode and self._slot_map is not None and self.options.token_graph:
+            logits = self._token_step(tokens[0])
+            self._advance(tokens)
+            return logits.reshape(1, -1) if all_logits else logits
         self._predictions.clear()
         h = np.concatenate([self._embed(tokens[c]) for c in self._chunks(n)], axis=0)
         sel_rows, pred_rows = [], []
@@ -276,14 +292,58 @@ class Session:
                 pred_rows.append(preds)
         if self.trace is not None and sel_rows:
             self.trace.append((np.stack(sel_rows, axis=1), np.stack(pred_rows, axis=1), 0 if decode else n))
-        self.pos += n
-        self._kv_high = max(self._kv_high, self.pos)
-        self.history.extend(tokens)
-        self.usage.tokens += n
+        self._advance(tokens)
         if not all_logits:
             last: np.ndarray = self._logits(h[-1:])[-1]
             return last
         return np.concatenate([self._logits(h[c]) for c in self._chunks(n)], axis=0)
+
+    def _advance(self, tokens: list[int]) -> None:
+        self.pos += len(tokens)
+        self._kv_high = max(self._kv_high, self.pos)
+        self.history.extend(tokens)
+        self.usage.tokens += len(tokens)
+
+    def _token_step(self, token: int) -> np.ndarray:
+        """A decode step as one graph (every expert resident: nothing to stream or predict). The core still
+        sees each layer's experts, so hit counts, usage and traces are as in the per-layer path."""
+        window = common.decode_window(self.pos, self.n_ctx)
+        tg = self._token_graph
+        if tg is None or tg.window != window:
+            self._drop_token_graph()
+            tg = self._token_graph = self._build_token_graph(window)
+        logits, routed = tg.run(token, self.pos)
+        k, d = self.hp.n_expert_used, max(self.options.lookahead, 0)
+        sel_rows = []
+        for il, experts in routed:
+            self.streamer.begin_layer(il, experts.tolist())
+            self.streamer.end_layer(il)
+            sel = experts.reshape(1, k)
+            self.usage.add(self.streamer.li(il), sel)
+            sel_rows.append(sel)
+        if self.trace is not None and sel_rows:
+            no_predictions = np.full((1, len(sel_rows), d, k), -1, np.int32)
+            self.trace.append((np.stack(sel_rows, axis=1), no_predictions, 0))
+        return logits
+
+    def _build_token_graph(self, window: int) -> TokenGraph:
+        assert self._slot_map is not None
+        experts = {il: (self.views[il], self._slot_map[il]) for il in self.streamed}
+        return TokenGraph(
+            self.hp,
+            window,
+            self.n_ctx,
+            self.weights.get("token_embd.weight"),
+            lambda ctx, il, x, at: self._attention_graph(ctx, il, x, at, lookahead=False),
+            self._head,
+            experts,
+            self.graph,
+        )
+
+    def _drop_token_graph(self) -> None:
+        if self._token_graph is not None:
+            self._token_graph.close()
+            self._token_graph = None
 
     def _prompt_bytes(self, n: int) -> int:
         """Working memory of a prompt pass beyond the graph context, per token: the hidden state (which becomes
@@ -321,6 +381,7 @@ class Session:
         need = self._prompt_bytes(n) - self._prompt_reserve - self._free_room()
         if need > self._loaned:
             self._loaned += int(self.streamer.core.loan(need - self._loaned, self.hp.n_expert_used))
+            self._slot_map = None  # the loan may have evicted experts: per-layer decode until they are back
 
     def _chunks(self, n: int) -> list[slice]:
         b = self.options.max_batch
@@ -334,35 +395,40 @@ class Session:
         return to_numpy(x).reshape(len(tokens), self.hp.n_embd)
 
     def _logits(self, h: np.ndarray) -> np.ndarray:
-        g, hp = self.graph, self.hp
+        g = self.graph
         ctx = g.reset()
-        out = common.rms_norm(ctx, g.input(h), self.weights.get("output_norm.weight"), hp.rms_eps)
-        name = "output.weight" if self.weights.has("output.weight") else "token_embd.weight"
-        logits = ops.ggml_mul_mat(ctx, self.weights.get(name), out)
+        logits = self._head(ctx, g.input(h))
         g.compute(logits)
-        return to_numpy(logits).reshape(-1, hp.vocab_size)
+        return to_numpy(logits).reshape(-1, self.hp.vocab_size)
+
+    def _head(self, ctx: Any, x: Tensor) -> Tensor:
+        out = common.rms_norm(ctx, x, self.weights.get("output_norm.weight"), self.hp.rms_eps)
+        name = "output.weight" if self.weights.has("output.weight") else "token_embd.weight"
+        return ops.ggml_mul_mat(ctx, self.weights.get(name), out)
 
     def _attention_part(self, il: int, h: np.ndarray, pos0: int, decode: bool) -> dict[str, np.ndarray]:
         """One chunk through attention (writing its K and V at pos0), the FFN norm, a dense FFN or the shared
-        expert, the router and, in decode, the lookahead routers. Returns the numpy results by name."""
+        expert, the router and its top-k and, in decode, the lookahead routers. Returns the numpy results by
+        name."""
         g, n = self.graph, h.shape[0]
         g.reset()
-        out, writes = self._attention_graph(il, g.input(h), pos0, n, decode)
+        out, writes = self._attention_graph(g.ctx, il, g.input(h), self._placement(pos0, n, decode), decode)
         g.compute(*writes, *out.values())
         return {k: to_numpy(t).reshape(n, -1) for k, t in out.items()}
 
+    def _placement(self, pos0: int, n: int, decode: bool) -> common.Placement:
+        n_kv = common.decode_window(pos0, self.n_ctx) if decode else pos0 + n
+        return common.placement(self.graph, pos0, n, n_kv, self.n_ctx, self.hp.head_dim * self.hp.n_head_kv)
+
     def _attention_graph(
-        self, il: int, x: Tensor, pos0: int, n: int, decode: bool
+        self, ctx: Any, il: int, x: Tensor, at: common.Placement, lookahead: bool
     ) -> tuple[dict[str, Tensor], list[Tensor]]:
         """`_attention_part`'s graph on the hidden state x (an input, or the previous layer's output when a
         decode step computes a layer's experts and the next layer's attention in one graph)."""
-        hp, fam, g = self.hp, self.family, self.graph
-        ctx = g.ctx
+        hp, fam = self.hp, self.family
         w = self._layer_weights[il]
         cur = common.rms_norm(ctx, x, w["attn_norm"], hp.rms_eps)
-        positions = g.input(np.arange(pos0, pos0 + n, dtype=np.int32))
-        mask = g.input(common.causal_mask(pos0, n))
-        attn, writes = common.attention(g, hp, fam.attention, w, cur, positions, self.kv[il], pos0, n, mask)
+        attn, writes = common.attention(ctx, hp, fam.attention, w, cur, at, self.kv[il])
         ffn_inp = ops.ggml_add(ctx, attn, x)
         cur = common.rms_norm(ctx, ffn_inp, w["ffn_norm"], hp.rms_eps)
         out: dict[str, Tensor] = {}
@@ -377,8 +443,9 @@ class Session:
                     gate = ops.ggml_sigmoid(ctx, ops.ggml_mul_mat(ctx, w["ffn_gate_inp_shexp"], cur))
                     shared = ops.ggml_mul(ctx, shared, gate)
                 out["shared"] = shared
-            out["probs"] = ops.ggml_soft_max(ctx, ops.ggml_mul_mat(ctx, w["ffn_gate_inp"], cur))
-            la = self._lookahead.get(il) if decode else None
+            logits = ops.ggml_mul_mat(ctx, w["ffn_gate_inp"], cur)
+            out["ids"], out["weights"] = common.route(ctx, logits, hp.n_expert_used, fam.normalize_weights)
+            la = self._lookahead.get(il) if lookahead else None
             if la is not None:
                 pred_in = ffn_inp if "shared" not in out else ops.ggml_add(ctx, ffn_inp, out["shared"])
                 norm = self.weights.get(f"blk.{la[1][0]}.ffn_norm.weight")
@@ -394,7 +461,7 @@ class Session:
         r = ahead_of if ahead_of is not None else self._attention_parts(il, h, decode)
         if "dense" in r:
             return r["dense"], None, np.zeros((n, 0, 0), np.int32), None
-        sel, weights = common.select_experts(r.pop("probs"), hp.n_expert_used, self.family.normalize_weights)
+        sel, weights = r.pop("ids"), r.pop("weights")
         self.usage.add(self.streamer.li(il), sel)
         self._score_predictions(il, sel)
         preds = np.full((n, max(self.options.lookahead, 0), hp.n_expert_used), -1, np.int32)
@@ -465,7 +532,7 @@ class Session:
         if "shared" in r:
             total = ops.ggml_add(ctx, total, g.input(r["shared"]))
         x = ops.ggml_add(ctx, total, g.input(r["ffn_inp"]))
-        out, writes = self._attention_graph(il + 1, x, self.pos, 1, True)
+        out, writes = self._attention_graph(ctx, il + 1, x, self._placement(self.pos, 1, True), True)
         g.compute(*writes, *out.values())
         return {name: to_numpy(t).reshape(1, -1) for name, t in out.items()}
 
@@ -479,7 +546,7 @@ class Session:
         for c in self._chunks(n):
             for key, v in self._attention_part(il, h[c], self.pos + c.start, decode).items():
                 if key not in r:
-                    r[key] = h if key in ("ffn_inp", "dense") else np.empty((n, v.shape[1]), np.float32)
+                    r[key] = h if key in ("ffn_inp", "dense") else np.empty((n, v.shape[1]), v.dtype)
                 r[key][c] = v
         return r
 

@@ -1,0 +1,89 @@
+"""A whole decode step as one ggml graph, for when every expert is in RAM.
+
+With the whole model resident there is nothing to stream: the router's top-k can stay inside the graph (the
+selected experts' slots come from the fixed expert→slot map), so a token is one graph computation — embedding,
+every layer, output head — instead of a graph per layer with a round trip through Python between them. The graph
+is built once per 256 positions of the KV cache (decode attends over a masked, rounded-up window) and rerun with
+new inputs: a token costs a few input copies and one call into ggml, as in llama.cpp.
+
+The same ggml ops in the same order as the per-layer path, so outputs are bit-identical to it (tested).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tokenwing.compute.ggml_lib import F32, I32, I64, StaticGraph, Tensor, ops, to_numpy
+from tokenwing.models import common
+from tokenwing.models.hparams import HParams
+
+# (ctx, layer, x, placement) → the layer's attention-part tensors by name, and its KV cache writes
+AttentionBuilder = Callable[[Any, int, Tensor, common.Placement], tuple[dict[str, Tensor], list[Tensor]]]
+HeadBuilder = Callable[[Any, Tensor], Tensor]  # (ctx, hidden state) → logits
+
+
+class TokenGraph:
+    def __init__(
+        self,
+        hp: HParams,
+        window: int,
+        n_ctx: int,
+        embeddings: Tensor,
+        attention: AttentionBuilder,
+        head: HeadBuilder,
+        experts: dict[int, tuple[tuple[Tensor, Tensor, Tensor], np.ndarray]],
+        pool_owner: Any,
+    ) -> None:
+        """experts: for each layer with routed experts, its slot-pool views and the slot of each expert."""
+        self.window, self.n_ctx = window, n_ctx
+        self.width = hp.head_dim * hp.n_head_kv
+        g = self.g = StaticGraph(64 * hp.n_layer + 64, pool_owner)
+        ctx = g.ctx
+        self.token = g.input(I32, (1,))
+        self.at = common.Placement(
+            n=1,
+            n_kv=window,
+            positions=g.input(I32, (1,)),
+            mask=g.input(F32, (window, 1)),
+            k_rows=g.input(I64, (1,)),
+            v_cells=g.input(I64, (self.width,)),
+        )
+        x = ops.ggml_get_rows(ctx, embeddings, self.token)
+        self.routed: list[tuple[int, Tensor]] = []  # (layer, its selected experts)
+        for il in range(hp.n_layer):
+            out, writes = attention(ctx, il, x, self.at)
+            for w in writes:
+                g.expand(w)  # before the attention reads of the cache
+            if "dense" in out:
+                x = out["dense"]
+                continue
+            views, slot_of = experts[il]
+            table = g.constant(slot_of.astype(np.int32).reshape(-1, 1))
+            slots = ops.ggml_reshape_2d(ctx, ops.ggml_get_rows(ctx, table, out["ids"]), hp.n_expert_used, 1)
+            total = common.token_experts(ctx, views, out["cur"], slots, out["weights"])
+            if "shared" in out:
+                total = ops.ggml_add(ctx, total, out["shared"])
+            x = ops.ggml_add(ctx, total, out["ffn_inp"])
+            self.routed.append((il, out["ids"]))
+        self.logits = head(ctx, x)
+        g.finish(self.logits, *(ids for _, ids in self.routed))
+
+    @property
+    def bytes(self) -> int:
+        return self.g.bytes
+
+    def run(self, token: int, pos: int) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
+        """The token at `pos` (within this graph's window): its logits and each routed layer's experts."""
+        a = common.placement_arrays(pos, 1, self.window, self.n_ctx, self.width)
+        g = self.g
+        g.set(self.token, np.array([token], np.int32))
+        for name in ("positions", "mask", "k_rows", "v_cells"):
+            g.set(getattr(self.at, name), a[name])
+        g.compute()
+        return to_numpy(self.logits).reshape(-1), [(il, to_numpy(ids).reshape(-1)) for il, ids in self.routed]
+
+    def close(self) -> None:
+        self.g.close()
