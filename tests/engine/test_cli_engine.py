@@ -114,6 +114,49 @@ def test_prefill_reads_each_expert_at_most_once(repacked_factory: ModelFactory) 
     assert reads.tolist() == distinct
 
 
+def test_read_ahead_window_reads_each_expert_once_and_changes_nothing(
+    repacked_factory: ModelFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From READ_AHEAD_TOKENS (here lowered to 200), while a layer computes, the next layers' most used experts
+    are read ahead into half their slots; the waves then keep them in RAM until their turn: every distinct
+    expert of a layer is still read once (demand or read ahead), and the logits are those of the run without
+    the window and of the run with every expert resident."""
+    import tokenwing.runtime.session as session_module
+    from tokenwing.format.reader import ModelFile
+    from tokenwing.runtime.session import Session, SessionOptions
+    from tokenwing.streaming.streamer import COUNTERS
+
+    model = repacked_factory(type="Q8_0", n_layer=3, n_expert=16, n_expert_used=4)
+    with ModelFile.open(str(model)) as mf:
+        budget = 8 * sum(el.record_size for el in mf.index.layers)  # 8 of 16 experts per layer
+    tokens = np.random.default_rng(3).integers(0, 500, 300).tolist()
+    c = {name: i for i, name in enumerate(COUNTERS)}
+
+    def prompt(threshold: int, **opts: object) -> tuple[np.ndarray, np.ndarray, Session]:
+        monkeypatch.setattr(session_module, "READ_AHEAD_TOKENS", threshold)
+        s = Session(str(model), SessionOptions(n_ctx=512, max_batch=64, **opts), log=lambda line: None)  # type: ignore[arg-type]
+        try:
+            s.trace = []
+            logits = s.forward(tokens, all_logits=True)
+            return logits, s.streamer.counters(), s
+        finally:
+            s.close()
+
+    logits, counts, s = prompt(200, ram_budget=budget)
+    assert s.slots_per_layer == 8
+    distinct = [len(np.unique(s.trace[0][0][:, li])) for li in range(3)]
+    assert distinct == [16, 16, 16]  # more experts than slots: waves
+    read_ahead = counts[:, c["prefetch_issued"]]
+    assert read_ahead[0] == 0 and read_ahead[1] > 0 and read_ahead[2] > 0  # no layer before the first one
+    assert (counts[:, c["prefetch_used"]] == read_ahead).all()
+    assert (counts[:, c["demand_reads"]] + read_ahead).tolist() == distinct
+    off, off_counts, _ = prompt(10**9, ram_budget=budget)
+    assert off_counts[:, c["prefetch_issued"]].sum() == 0
+    assert np.array_equal(logits, off)
+    resident, _, _ = prompt(200)
+    assert np.array_equal(logits, resident)
+
+
 def test_prompt_borrows_slots_and_returns_them(repacked_factory: ModelFactory) -> None:
     """A prompt's working memory comes out of the expert cache (slots on loan) and goes back at the first
     decode token; the output does not change."""

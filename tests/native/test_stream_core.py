@@ -139,6 +139,39 @@ def test_eviction_order(model: Path, policy: str, kept: set[int]) -> None:
         assert set(s.core.resident_experts(0)) == kept
 
 
+@pytest.mark.parametrize("policy", ["decay", "lru"])
+def test_a_miss_never_evicts_an_expert_selected_with_it(model: Path, policy: str) -> None:
+    """4 slots hold 0 1 2 3 (0 least recent); the layer selects [9, 0]: the miss on 9, first in the list, must
+    evict one of 1 2 3, not 0, which the same step needs (and which LRU and decay would pick first)."""
+    with streamer(model, 4, policy=policy) as s:
+        for e in (0, 1, 2, 3):
+            s.begin_token()
+            s.begin_layer(0, [e])
+            s.wait(0, e)
+        s.begin_token()
+        s.begin_layer(0, [9, 0])
+        s.wait_all(0, [9, 0])
+        assert 0 in s.core.resident_experts(0)
+        assert totals(s)["demand_reads"] == 5
+
+
+def test_kept_experts_stay_for_a_later_wave(model: Path) -> None:
+    """A prompt's wave can keep a later wave's experts (already in RAM) where they are: its reads evict the
+    others, kept experts are not counted as used, and `holding` tells which experts have a slot."""
+    with streamer(model, 4) as s:
+        s.begin_token(100)
+        s.begin_layer(1, [0, 1, 2, 3])
+        s.wait_all(1, [0, 1, 2, 3])
+        assert s.holding(1, [0, 1, 5]) == [True, True, False]
+        hits = totals(s)["hits"]
+        s.begin_layer(1, [5, 6], keep=[0, 1])  # 0 and 1 are the least recent: LRU would take them
+        s.wait_all(1, [5, 6])
+        assert set(s.core.resident_experts(1)) == {0, 1, 5, 6}
+        assert totals(s)["hits"] == hits
+        with pytest.raises(ValueError, match="needs 5 slots"):
+            s.begin_layer(1, [7, 8, 9], keep=[0, 1])
+
+
 def test_unused_prefetch_is_worth_zero_and_predictions_are_protected(model: Path) -> None:
     with streamer(model, 4, io_threads=1) as s:
         for e in (0, 1, 2):

@@ -148,7 +148,9 @@ NB_MODULE(_core, m) {
           },
           nb::arg("layer"), "The layer's slot pool as a (slots, record_size) uint8 view (no copy).")
       .def("begin_token", &tw::StreamCore::begin_token, nb::arg("prompt_tokens") = 0, Release())
-      .def("begin_layer", &tw::StreamCore::begin_layer, nb::arg("layer"), nb::arg("experts"), Release())
+      .def("begin_layer", &tw::StreamCore::begin_layer, nb::arg("layer"), nb::arg("experts"),
+           nb::arg("keep") = std::vector<int>{}, Release())
+      .def("holding", &tw::StreamCore::holding, nb::arg("layer"), nb::arg("experts"), Release())
       .def("end_layer", &tw::StreamCore::end_layer, nb::arg("layer"), Release())
       .def("predict", &tw::StreamCore::predict, nb::arg("layer"), nb::arg("experts"), nb::arg("distance"), Release())
       .def("ready", &tw::StreamCore::ready, nb::arg("layer"), nb::arg("experts"), Release())

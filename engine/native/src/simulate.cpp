@@ -53,17 +53,23 @@ class Replay {
     LayerSimStats& st = stats_[static_cast<std::size_t>(li)];
     L.started_token = clock_.token_id;
     for (auto& s : L.slots) s.pins = 0;
+    // As the core does: every selected expert already here is pinned before a miss picks a victim.
     for (int k = 0; k < t_.k; ++k) {
       int e = t_.selected_at(tok, li, k);
-      if (e < 0) continue;
+      int s = e < 0 ? -1 : L.where[static_cast<std::size_t>(e)];
+      if (s >= 0) L.slots[static_cast<std::size_t>(s)].pins = 1;
+    }
+    std::vector<int> seen;
+    for (int k = 0; k < t_.k; ++k) {
+      int e = t_.selected_at(tok, li, k);
+      if (e < 0 || std::find(seen.begin(), seen.end(), e) != seen.end()) continue;  // (selected twice)
+      seen.push_back(e);
       int s = L.where[static_cast<std::size_t>(e)];
       if (s >= 0) {
         SlotMeta& m = L.slots[static_cast<std::size_t>(s)];
-        if (m.pins > 0) continue;  // selected twice in one token
         st.hits++;
         if (m.prefetched_unused) st.prefetch_used++;
         record_use(m, clock_);
-        m.pins = 1;
         continue;
       }
       st.misses++;

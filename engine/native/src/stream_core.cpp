@@ -127,12 +127,14 @@ void StreamCore::begin_token(std::uint64_t prompt_tokens) {
                  waiting_.end());
 }
 
-std::vector<int> StreamCore::begin_layer(int li, const std::vector<int>& experts) {
+std::vector<int> StreamCore::begin_layer(int li, const std::vector<int>& experts, const std::vector<int>& keep) {
   std::unique_lock<std::mutex> lock(mu_);
   if (stop_) throw IoError("the streaming core is closed");
   Layer& L = layer(li);
   for (int e : experts) check_expert(e);
+  for (int e : keep) check_expert(e);
   std::vector<int> selected = experts;
+  selected.insert(selected.end(), keep.begin(), keep.end());
   std::sort(selected.begin(), selected.end());
   selected.erase(std::unique(selected.begin(), selected.end()), selected.end());
   int usable = 0;
@@ -145,6 +147,11 @@ std::vector<int> StreamCore::begin_layer(int li, const std::vector<int>& experts
   for (auto& s : L.slots) s->meta.pins = 0;  // the previous step of this layer is done
   L.pending_demand.clear();
   auto is_selected = [&](int e) { return std::binary_search(selected.begin(), selected.end(), e); };
+  // Kept experts (a later wave's, already in RAM or on their way) stay: pinned, not counted as used.
+  for (int e : keep) {
+    int s = L.expert_slot[static_cast<std::size_t>(e)];
+    if (s >= 0) L.slots[static_cast<std::size_t>(s)]->meta.pins++;
+  }
 
   // Cancel: this layer's predictions the router did not select.
   for (auto it = waiting_.begin(); it != waiting_.end();) {
@@ -175,6 +182,12 @@ std::vector<int> StreamCore::begin_layer(int li, const std::vector<int>& experts
   std::vector<int> order;  // the router's order, each expert once
   for (int e : experts)
     if (std::find(order.begin(), order.end(), e) == order.end()) order.push_back(e);
+  // Pin every selected expert already here before any read picks a victim: a miss early in the list must
+  // not evict a hit later in it.
+  for (int e : order) {
+    int s = L.expert_slot[static_cast<std::size_t>(e)];
+    if (s >= 0) L.slots[static_cast<std::size_t>(s)]->meta.pins++;
+  }
   for (int e : order) {
     int s = L.expert_slot[static_cast<std::size_t>(e)];
     if (s >= 0) {
@@ -206,7 +219,6 @@ std::vector<int> StreamCore::begin_layer(int li, const std::vector<int>& experts
         }
       }
       record_use(sl.meta, clock_);
-      sl.meta.pins++;
       continue;
     }
     L.count[kMisses]++;
@@ -266,6 +278,17 @@ void StreamCore::predict(int li, const std::vector<int>& experts, int distance) 
   }
   lock.unlock();
   if (added) io_cv_.notify_all();
+}
+
+std::vector<bool> StreamCore::holding(int li, const std::vector<int>& experts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Layer& L = layer(li);
+  std::vector<bool> out;
+  for (int e : experts) {
+    check_expert(e);
+    out.push_back(L.expert_slot[static_cast<std::size_t>(e)] >= 0);
+  }
+  return out;
 }
 
 std::vector<bool> StreamCore::ready(int li, const std::vector<int>& experts) {

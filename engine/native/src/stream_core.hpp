@@ -81,12 +81,15 @@ class StreamCore {
   void begin_token(std::uint64_t prompt_tokens);
   // Layer li starts with these selected experts: drops its unselected predictions, promotes selected
   // prefetches, issues demand reads. Returns each expert's slot (-1 while it waits for a free slot).
-  std::vector<int> begin_layer(int li, const std::vector<int>& experts);
+  // `keep`: experts a later wave of this layer needs, left where they are (pinned, not counted as used).
+  std::vector<int> begin_layer(int li, const std::vector<int>& experts, const std::vector<int>& keep = {});
   void end_layer(int li);
   // Predictions for a later layer (distance 1, 2, ...), in rank order.
   void predict(int li, const std::vector<int>& experts, int distance);
   // Which of these experts are ready now (compute those first).
   std::vector<bool> ready(int li, const std::vector<int>& experts);
+  // Which of these experts have a slot (in RAM, or on their way).
+  std::vector<bool> holding(int li, const std::vector<int>& experts);
   // Blocks until the expert's projection (0 gate, 1 up, 2 down; -1 all) is ready; returns its slot.
   int wait(int li, int expert, int proj);
   // wait(li, e, -1) for each expert, in one call; returns their slots.

@@ -37,6 +37,8 @@ HEADROOM = 512 << 20  # left for other programs (Run My AI's presets use 0.5 GB)
 
 
 RECENCY_HALF_LIFE = 128  # tokens: how fast a prompt's early expert uses fade when ordering its waves
+READ_AHEAD_TOKENS = 4096  # from this prompt length, the next layers' most used experts are read ahead
+READ_AHEAD_LAYERS = 2
 
 
 @dataclass
@@ -131,6 +133,7 @@ class Session:
                 self._layer_weights[int(parts[1])][parts[2].removesuffix(".weight")] = t
         self.usage = UsageTable(self.streamed, hp.n_expert, int(self.mf.header.get(K_HEADER_CHECKSUM) or 0))
         self._preloaded = preload
+        self._usage_seed: UsageTable | None = None  # the usage table read at start
         self._slot_map: dict[int, np.ndarray] | None = None  # every expert's slot, while all are resident
         self._token_graph: TokenGraph | None = None
         if preload:
@@ -185,6 +188,7 @@ class Session:
         )
         if table is None:
             return
+        self._usage_seed = table
         for row in range(len(self.streamed)):
             self.streamer.core.set_usage(row, table.ranked(row))
 
@@ -458,6 +462,8 @@ class Session:
         """One layer. Returns its output (None when a decode step fused it into the next layer's graph), the
         selected experts, the predictions, and the next layer's attention results when fused."""
         hp, n = self.hp, h.shape[0]
+        if not decode and n >= READ_AHEAD_TOKENS:
+            self._read_ahead(il)
         r = ahead_of if ahead_of is not None else self._attention_parts(il, h, decode)
         if "dense" in r:
             return r["dense"], None, np.zeros((n, 0, 0), np.int32), None
@@ -578,9 +584,11 @@ class Session:
         place[unique] = np.arange(len(unique))
         size = self.streamer.core.usable_slots(self.streamer.li(il)) if self._loaned else self.slots_per_layer
         acc = np.zeros((n, hp.n_embd), np.float32)
-        for start in range(0, len(unique), size):
-            wave = unique[start : start + size]
-            self.streamer.begin_layer(il, wave)
+        rest = unique
+        while rest:
+            wave, keep = self._next_wave(il, rest, size)
+            rest = rest[len(wave) :]
+            self.streamer.begin_layer(il, wave, keep)
             slot_of = np.zeros(hp.n_expert, np.int32)
             slot_of[wave] = self.streamer.wait_all(il, wave)
             tok, j = np.nonzero(np.isin(sel, wave))
@@ -598,6 +606,33 @@ class Session:
                     acc[t[m]] += out[m]
             self.streamer.end_layer(il)
         return acc
+
+    def _next_wave(self, il: int, rest: list[int], size: int) -> tuple[list[int], list[int]]:
+        """The next wave: the longest run of `rest` (still to compute, in order) whose experts fit in `size`
+        slots beside those of later waves already in RAM or on their way (read ahead, or left by an earlier
+        pass), which stay where they are (`keep`) instead of being evicted and read again. Waves are runs of one
+        order whatever their sizes, so results do not depend on them."""
+        if len(rest) <= size:
+            return rest, []
+        held = self.streamer.holding(il, rest)
+        room = max(1, size - sum(held))  # slots not holding an expert still to compute (at least one)
+        end = new = 0
+        while end < min(len(rest), size) and (held[end] or new < room):
+            new += not held[end]
+            end += 1
+        keep = [e for e, h in zip(rest[end:], held[end:], strict=True) if h]
+        return rest[:end], keep[: size - end]  # (none dropped unless every slot held a later expert)
+
+    def _read_ahead(self, il: int) -> None:
+        """Read-ahead window (prompts from READ_AHEAD_TOKENS): while layer il computes, the most used experts of
+        the next streamed layers are read, half of each one's slots (the rest leaves room for its waves): at
+        that length nearly all of them are needed. Predictions to the core: read when no demand read waits."""
+        for distance, target in enumerate([b for b in self.streamed if b > il][:READ_AHEAD_LAYERS], 1):
+            row = self.streamer.li(target)
+            counts = self.usage.counts[row] + (self._usage_seed.counts[row] if self._usage_seed is not None else 0)
+            ranked = np.lexsort((np.arange(self.hp.n_expert), -counts))  # most used first; ties: lower id
+            n = self.streamer.core.usable_slots(row) // 2
+            self.streamer.predict(target, ranked[:n].tolist(), distance)
 
     def _expert_groups(self, experts: np.ndarray) -> list[slice]:
         """Pairs sorted by expert → slices of whole experts (an expert's rows split into fixed blocks when it

@@ -90,8 +90,11 @@ class ExpertStreamer:
     def begin_token(self, prompt_tokens: int = 0) -> None:
         self.core.begin_token(prompt_tokens)
 
-    def begin_layer(self, block: int, experts: Sequence[int]) -> list[int]:
-        return self.core.begin_layer(self.li(block), list(experts))
+    def begin_layer(self, block: int, experts: Sequence[int], keep: Sequence[int] = ()) -> list[int]:
+        return self.core.begin_layer(self.li(block), list(experts), list(keep))
+
+    def holding(self, block: int, experts: Sequence[int]) -> list[bool]:
+        return self.core.holding(self.li(block), list(experts))
 
     def end_layer(self, block: int) -> None:
         self.core.end_layer(self.li(block))
