@@ -341,10 +341,12 @@ def test_stats_stream_yields_typed_events(engine: Engine) -> None:
         got: list[TokenStats] = []
 
         async def listen() -> None:
-            async for ev in stats.events():
-                got.append(ev)
-                if len(got) >= 3:
-                    return
+            # aclosing: an async generator left by `return` is otherwise closed later, by the event loop
+            async with contextlib.aclosing(stats.events()) as events:
+                async for ev in events:
+                    got.append(ev)
+                    if len(got) >= 3:
+                        return
 
         task = asyncio.create_task(listen())
         while not stats.connected:
