@@ -280,27 +280,25 @@ void StreamCore::predict(int li, const std::vector<int>& experts, int distance) 
   if (added) io_cv_.notify_all();
 }
 
-std::vector<bool> StreamCore::holding(int li, const std::vector<int>& experts) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Layer& L = layer(li);
-  std::vector<bool> out;
-  for (int e : experts) {
-    check_expert(e);
-    out.push_back(L.expert_slot[static_cast<std::size_t>(e)] >= 0);
-  }
-  return out;
-}
-
-std::vector<bool> StreamCore::ready(int li, const std::vector<int>& experts) {
+template <typename Test>
+std::vector<bool> StreamCore::slot_states(int li, const std::vector<int>& experts, Test test) {
   std::lock_guard<std::mutex> lock(mu_);
   Layer& L = layer(li);
   std::vector<bool> out;
   for (int e : experts) {
     check_expert(e);
     int s = L.expert_slot[static_cast<std::size_t>(e)];
-    out.push_back(s >= 0 && L.slots[static_cast<std::size_t>(s)]->meta.state == SlotState::Ready);
+    out.push_back(s >= 0 && test(L.slots[static_cast<std::size_t>(s)].get()));
   }
   return out;
+}
+
+std::vector<bool> StreamCore::holding(int li, const std::vector<int>& experts) {
+  return slot_states(li, experts, [](const Slot*) { return true; });
+}
+
+std::vector<bool> StreamCore::ready(int li, const std::vector<int>& experts) {
+  return slot_states(li, experts, [](const Slot* s) { return s->meta.state == SlotState::Ready; });
 }
 
 int StreamCore::wait(int li, int expert, int proj) {

@@ -123,6 +123,9 @@ class StreamCore {
   void close();
 
  private:
+  // For each expert: has it a slot, and does that slot pass `test`.
+  template <typename Test>
+  std::vector<bool> slot_states(int li, const std::vector<int>& experts, Test test);
   struct Slot {
     SlotMeta meta;
     std::uint32_t gen = 0;

@@ -109,7 +109,7 @@ class Graph:
         if poll is not None:
             params.poll = poll
         self.pool = ggml.ggml_threadpool_new(ctypes.byref(params))
-        self._work = aligned_bytes(1 << 20)
+        self._work: np.ndarray | None = aligned_bytes(1 << 20)
 
     def reset(self) -> Any:
         ggml.ggml_reset(self.ctx)
@@ -128,14 +128,8 @@ class Graph:
         gf = ggml.ggml_new_graph_custom(self.ctx, n_nodes, False)
         for out in outputs:
             ggml.ggml_build_forward_expand(gf, out)
-        plan = ggml.ggml_graph_plan(gf, self.n_threads, self.pool)
-        if plan.work_size:
-            if plan.work_size > self._work.size:
-                self._work = aligned_bytes(int(plan.work_size) * 2)
-            plan.work_data = ctypes.cast(self._work.ctypes.data, ctypes.POINTER(ctypes.c_uint8))
-        rc = ggml.ggml_graph_compute(gf, ctypes.byref(plan))
-        if rc != 0:
-            raise RuntimeError(f"ggml graph compute failed ({rc})")
+        plan, self._work = _plan(gf, self.n_threads, self.pool, self._work)
+        _compute(gf, plan)
 
     def close(self) -> None:
         if self.ctx:
@@ -144,6 +138,22 @@ class Graph:
         if self.pool:
             ggml.ggml_threadpool_free(self.pool)
             self.pool = None
+
+
+def _plan(gf: Any, n_threads: int, pool: Any, work: np.ndarray | None) -> tuple[Any, np.ndarray | None]:
+    """The threads' plan for a graph, with its scratch memory (`work`, grown when too small)."""
+    plan = ggml.ggml_graph_plan(gf, n_threads, pool)
+    if plan.work_size:
+        if work is None or plan.work_size > work.size:
+            work = aligned_bytes(int(plan.work_size) * 2)
+        plan.work_data = ctypes.cast(work.ctypes.data, ctypes.POINTER(ctypes.c_uint8))
+    return plan, work
+
+
+def _compute(gf: Any, plan: Any) -> None:
+    rc = ggml.ggml_graph_compute(gf, ctypes.byref(plan))
+    if rc != 0:
+        raise RuntimeError(f"ggml graph compute failed ({rc})")
 
 
 class StaticGraph:
@@ -192,10 +202,7 @@ class StaticGraph:
         if not ggml.ggml_gallocr_alloc_graph(self._galloc, self.gf):
             raise MemoryError("ggml could not allocate a decode graph")
         self.bytes = int(ggml.ggml_gallocr_get_buffer_size(self._galloc, 0))
-        self._plan = ggml.ggml_graph_plan(self.gf, self.n_threads, self._pool)
-        if self._plan.work_size:
-            self._work = aligned_bytes(int(self._plan.work_size))
-            self._plan.work_data = ctypes.cast(self._work.ctypes.data, ctypes.POINTER(ctypes.c_uint8))
+        self._plan, self._work = _plan(self.gf, self.n_threads, self._pool, None)
 
     @staticmethod
     def set(t: Tensor, array: np.ndarray) -> None:
@@ -203,9 +210,7 @@ class StaticGraph:
         ctypes.memmove(t.contents.data, a.ctypes.data, a.nbytes)
 
     def compute(self) -> None:
-        rc = ggml.ggml_graph_compute(self.gf, ctypes.byref(self._plan))
-        if rc != 0:
-            raise RuntimeError(f"ggml graph compute failed ({rc})")
+        _compute(self.gf, self._plan)
 
     def close(self) -> None:
         if self._galloc:

@@ -1,9 +1,9 @@
 """A loaded model and its state: the forward pass over the layers with expert streaming and router lookahead.
 
-Per layer: one graph for attention, the shared expert and the routers (the layer's own, and the fused
-lookahead routers of the next streamed layers); top-k on the CPU; the selected experts go to the streaming
-core (demand reads), the lookahead's top-k go to it as predictions; then one graph per wave of experts that
-fit the slots, reading the experts straight from the slot pool.
+Per layer: one graph for attention, the shared expert, the router with its top-k, and the fused lookahead
+routers of the next streamed layers; the selected experts go to the streaming core (demand reads), the
+lookahead's top-k go to it as predictions; then one graph per wave of experts that fit the slots, reading the
+experts straight from the slot pool. With every expert in RAM a decode step is one graph (token_graph.py).
 """
 
 from __future__ import annotations
