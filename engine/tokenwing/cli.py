@@ -336,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("testmodel", help="write a random-weight GGUF of a real MoE architecture")
     t.add_argument("output", help="GGUF path to write")
-    t.add_argument("--arch", default="qwen3moe", help="qwen3moe, qwen2moe or ernie4_5-moe")
+    t.add_argument("--arch", default="qwen3moe", help="qwen3moe, qwen2moe, ernie4_5-moe or glm4moe")
     t.add_argument("--preset", default="tiny", help="tiny, kquant, small or bench")
     t.add_argument("--type", default="F32", help="F32 F16 BF16 Q8_0 Q4_0, or a K-quant such as Q4_K_M")
     t.add_argument("--seed", type=int, default=0)

@@ -22,6 +22,7 @@ CASES = [
     ("qwen3moe", "Q4_0", {}),
     ("qwen2moe", "Q8_0", {"n_shared_exp": 1}),
     ("ernie4_5-moe", "F16", {"n_layer": 3, "n_dense_lead": 1, "n_shared_exp": 1}),
+    ("glm4moe", "Q8_0", {"n_layer": 3, "n_dense_lead": 1, "n_shared_exp": 1}),
 ]
 
 

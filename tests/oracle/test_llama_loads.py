@@ -19,6 +19,7 @@ ARCHS = {
     "qwen3moe": {},
     "qwen2moe": {"n_shared_exp": 1},
     "ernie4_5-moe": {"n_layer": 3, "n_dense_lead": 1, "n_shared_exp": 1},
+    "glm4moe": {"n_layer": 3, "n_dense_lead": 1, "n_shared_exp": 1},
 }
 DIRECT = ["F32", "F16", "BF16", "Q8_0", "Q4_0"]
 KQUANTS = ["Q4_K_M", "Q6_K"]

@@ -73,6 +73,7 @@ def _tokens(n: int, vocab: int, seed: int = 0) -> np.ndarray:
         ("qwen3moe", {"n_layer": 3}),
         ("qwen2moe", {"n_shared_exp": 1}),
         ("ernie4_5-moe", {"n_layer": 3, "n_dense_lead": 1, "n_shared_exp": 1}),
+        ("glm4moe", {"n_layer": 3, "n_dense_lead": 1, "n_shared_exp": 1}),
     ],
 )
 def test_f32_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path, arch: str, shape: dict[str, int]) -> None:
@@ -84,9 +85,15 @@ def test_f32_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path, arch
     assert kl_per_position(ref, got).mean() <= 1e-8
 
 
-def test_streaming_and_lookahead_do_not_change_output(model_factory: ModelFactory, tmp_path: Path) -> None:
+GLM = {"arch": "glm4moe", "n_dense_lead": 1, "n_shared_exp": 1}  # sigmoid router with a selection bias
+
+
+@pytest.mark.parametrize("shape", [{}, GLM], ids=["qwen3moe", "glm4moe"])
+def test_streaming_and_lookahead_do_not_change_output(
+    model_factory: ModelFactory, tmp_path: Path, shape: dict[str, object]
+) -> None:
     """10 % of the expert bytes (prompt experts come in waves), lookahead on or off: bit-identical logits."""
-    model = _repacked(model_factory(type="F32", n_layer=3), tmp_path)
+    model = _repacked(model_factory(type="F32", n_layer=3, **shape), tmp_path)
     tokens = _tokens(80, 512, seed=1)
     resident, st = tokenwing_logits(model, tokens)
     assert st["slots_per_layer"] == 8
@@ -97,11 +104,14 @@ def test_streaming_and_lookahead_do_not_change_output(model_factory: ModelFactor
     assert np.array_equal(resident, off)
 
 
-def test_decode_steps_do_not_depend_on_the_cache(model_factory: ModelFactory, tmp_path: Path) -> None:
+@pytest.mark.parametrize("shape", [{}, GLM], ids=["qwen3moe", "glm4moe"])
+def test_decode_steps_do_not_depend_on_the_cache(
+    model_factory: ModelFactory, tmp_path: Path, shape: dict[str, object]
+) -> None:
     """Decode with every expert resident as one graph per token, as one graph per layer (its experts, residual
     and the next layer's attention), and with a cache of 2 slots (experts computed as they land, outside that
     graph): bit-identical, across a decode window boundary (a new token graph) and after a prompt."""
-    model = _repacked(model_factory(type="F32", n_layer=3), tmp_path)
+    model = _repacked(model_factory(type="F32", n_layer=3, **shape), tmp_path)
     tokens = _tokens(300, 512, seed=4).tolist()
 
     def steps(**opts: object) -> np.ndarray:

@@ -17,7 +17,7 @@ from tokenwing.models.hparams import HParams
 
 @dataclass(frozen=True)
 class AttentionSpec:
-    qk_norm: bool = True
+    qk_norm: bool | None = True  # None: when the file has the norms
     qkv_bias: bool = False
     rope_type: int = ROPE_NEOX
 
@@ -88,14 +88,14 @@ def attention(
         v = ops.ggml_add(ctx, v, w["attn_v.bias"])
     q = ops.ggml_reshape_3d(ctx, q, hd, nh, n_tokens)
     k = ops.ggml_reshape_3d(ctx, k, hd, nkv, n_tokens)
-    if spec.qk_norm:
+    if spec.qk_norm or (spec.qk_norm is None and "attn_q_norm" in w):
         q = rms_norm(ctx, q, w["attn_q_norm"], hp.rms_eps)
         k = rms_norm(ctx, k, w["attn_k_norm"], hp.rms_eps)
     q = ops.ggml_rope_ext(
-        ctx, q, at.positions, None, hd, spec.rope_type, hp.n_ctx_train, hp.rope_base, 1.0, 0.0, 1.0, 32.0, 1.0
+        ctx, q, at.positions, None, hp.n_rot, spec.rope_type, hp.n_ctx_train, hp.rope_base, 1.0, 0.0, 1.0, 32.0, 1.0
     )
     k = ops.ggml_rope_ext(
-        ctx, k, at.positions, None, hd, spec.rope_type, hp.n_ctx_train, hp.rope_base, 1.0, 0.0, 1.0, 32.0, 1.0
+        ctx, k, at.positions, None, hp.n_rot, spec.rope_type, hp.n_ctx_train, hp.rope_base, 1.0, 0.0, 1.0, 32.0, 1.0
     )
     k_cache, v_cache, elt = kv
     n_ctx = int(v_cache.contents.ne[0])
@@ -113,16 +113,30 @@ def attention(
     return ops.ggml_mul_mat(ctx, w["attn_output"], cur), [k_write, v_write]
 
 
-def route(ctx: Any, logits: Tensor, k: int, normalize: bool) -> tuple[Tensor, Tensor]:
-    """Router logits [n_expert, n] → the top-k experts I32 [k, n] (by probability, highest first) and their
-    weights F32 [k, n] (softmax probabilities, renormalised over the k when `normalize`): llama.cpp's ops."""
+def route(
+    ctx: Any,
+    logits: Tensor,
+    k: int,
+    normalize: bool,
+    sigmoid: bool = False,
+    bias: Tensor | None = None,
+    scale: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """Router logits [n_expert, n] → the top-k experts I32 [k, n] (highest first) and their weights F32 [k, n]:
+    softmax (or sigmoid) probabilities; the top-k of probabilities + `bias` when given (DeepSeek-V3, GLM-4.5:
+    the bias steers the choice only); weights renormalised over the k when `normalize`, then scaled.
+    llama.cpp's ops in llama.cpp's order."""
     n_expert, n = int(logits.contents.ne[0]), int(logits.contents.ne[1])
-    probs = ops.ggml_soft_max(ctx, logits)
-    ids = ops.ggml_cont(ctx, ops.ggml_argsort_top_k(ctx, probs, k))
+    probs = ops.ggml_sigmoid(ctx, logits) if sigmoid else ops.ggml_soft_max(ctx, logits)
+    selection = probs if bias is None else ops.ggml_add(ctx, probs, bias)
+    ids = ops.ggml_cont(ctx, ops.ggml_argsort_top_k(ctx, selection, k))
     picked = ops.ggml_get_rows(ctx, ops.ggml_reshape_3d(ctx, probs, 1, n_expert, n), ids)
     weights = ops.ggml_reshape_2d(ctx, picked, k, n)
     if normalize:
-        weights = ops.ggml_div(ctx, weights, ops.ggml_sum_rows(ctx, weights))
+        total = ops.ggml_clamp(ctx, ops.ggml_sum_rows(ctx, weights), 6.103515625e-5, math.inf)  # (never 0)
+        weights = ops.ggml_div(ctx, weights, total)
+    if scale not in (0.0, 1.0):
+        weights = ops.ggml_scale(ctx, weights, scale)
     return ids, weights
 
 

@@ -2,8 +2,9 @@
 
 A layer: RMSNorm → attention (q/k RMSNorm, NEOX RoPE, GQA) → residual → RMSNorm → softmax router → top-k →
 renormalised weights → SwiGLU experts → residual. The same module carries what the next families need:
-leading dense layers, shared experts (plain or sigmoid-gated, as in qwen2moe) and q/k/v biases; each
-family is a `Family` value below.
+leading dense layers, shared experts (plain or sigmoid-gated, as in qwen2moe), q/k/v biases, partial RoPE,
+and sigmoid routers whose selection adds a per-expert bias with scaled weights (glm4moe, as DeepSeek-V3);
+each family is a `Family` value below.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from tokenwing.models.hparams import HParams
 class Family:
     arch: str
     attention: AttentionSpec
-    normalize_weights: bool  # renormalise the top-k routing weights to sum 1
+    normalize_weights: bool  # renormalise the top-k routing weights to sum 1 (a file may say otherwise)
     shared_gate: bool  # shared expert output scaled by sigmoid(ffn_gate_inp_shexp · x)
+    sigmoid_router: bool = False  # router probabilities by sigmoid, not softmax (a file may say otherwise)
+    selection_bias: bool = False  # top-k on probabilities + exp_probs_b; weights from the probabilities alone
+    ffn_norm: str = "ffn_norm"  # the norm before the FFN (glm4moe: post_attention_norm)
 
 
 FAMILIES = {
@@ -30,7 +34,32 @@ FAMILIES = {
     "ernie4_5-moe": Family(
         "ernie4_5-moe", AttentionSpec(qk_norm=False, qkv_bias=False, rope_type=ROPE_NORM), True, False
     ),
+    "glm4moe": Family(
+        "glm4moe",
+        AttentionSpec(qk_norm=None, qkv_bias=True, rope_type=ROPE_NEOX),
+        True,
+        False,
+        sigmoid_router=True,
+        selection_bias=True,
+        ffn_norm="post_attention_norm",
+    ),
 }
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How a model's router turns logits into experts and weights (the family's defaults, or the file's)."""
+
+    sigmoid: bool
+    normalize: bool
+    scale: float
+    bias: bool
+
+
+def routing(fam: Family, hp: HParams) -> Routing:
+    sigmoid = fam.sigmoid_router if hp.gating == 0 else hp.gating == 2
+    normalize = fam.normalize_weights if hp.expert_weights_norm is None else hp.expert_weights_norm
+    return Routing(sigmoid, normalize, hp.expert_weights_scale, fam.selection_bias)
 
 
 def family(arch: str) -> Family:
@@ -69,8 +98,8 @@ def check_tensors(
         need(p + "attn_k.weight", (e, kv))
         need(p + "attn_v.weight", (e, kv))
         need(p + "attn_output.weight", (q, e))
-        need(p + "ffn_norm.weight", (e,))
-        if fam.attention.qk_norm:
+        need(p + fam.ffn_norm + ".weight", (e,))
+        if fam.attention.qk_norm or (fam.attention.qk_norm is None and p + "attn_q_norm.weight" in shapes):
             need(p + "attn_q_norm.weight", (hp.head_dim,))
             need(p + "attn_k_norm.weight", (hp.head_dim,))
         if fam.attention.qkv_bias:
@@ -84,6 +113,8 @@ def check_tensors(
             need(p + "ffn_down.weight", (ff, e))
             continue
         need(p + "ffn_gate_inp.weight", (e, hp.n_expert))
+        if fam.selection_bias:
+            need(p + "exp_probs_b.bias", (hp.n_expert,))
         if streamed[il][0] != e:
             raise BadInputError(f"{where}: the experts of layer {il} have width {streamed[il][0]}, not {e}")
         if p + "ffn_gate_shexp.weight" in shapes:

@@ -23,7 +23,7 @@ from tokenwing.format.reader import ModelFile
 from tokenwing.fsutil import human_bytes
 from tokenwing.models import common
 from tokenwing.models.hparams import HParams, read_hparams
-from tokenwing.models.qwen3moe import Family, check_tensors, family
+from tokenwing.models.qwen3moe import Family, check_tensors, family, routing
 from tokenwing.models.weights import ModelWeights
 from tokenwing.runtime.token_graph import TokenGraph
 from tokenwing.streaming.memory import expert_budget, memory_info
@@ -81,9 +81,11 @@ class Session:
         hp = self.hp
         shapes = {t.name: t.shape for t in self.mf.resident}
         streamed = {el.layer: el.shapes[0] for el in self.mf.index.layers}
-        if any(layer >= hp.n_layer for layer in streamed):
+        if any(layer >= hp.n_layer + hp.n_mtp for layer in streamed):
             raise BadInputError(f"{path}: experts of a layer beyond block_count")
-        check_tensors(self.family, hp, shapes, streamed, path)
+        # (multi-token-prediction blocks come last: their experts stay in the file, never read)
+        check_tensors(self.family, hp, shapes, {k: v for k, v in streamed.items() if k < hp.n_layer}, path)
+        self.routing = routing(self.family, hp)
         self.weights = ModelWeights(self.mf, repack=opts.cpu_repack)
         self.n_ctx = opts.n_ctx or hp.n_ctx_train
         self.kv_type = {"f16": F16, "f32": F32}.get(opts.kv_type)
@@ -125,7 +127,7 @@ class Session:
         # (docs/results.md). (The debug mode that checksums delivered experts needs them as in the file.)
         repack_experts = opts.cpu_repack and preload and not opts.stream.verify
         self.views = self.weights.expert_views(self.streamer, repack=repack_experts)
-        self.streamed = [el.layer for el in self.mf.index.layers]
+        self.streamed = [el.layer for el in self.mf.index.layers if el.layer < hp.n_layer]
         self._layer_weights: list[dict[str, Tensor]] = [{} for _ in range(hp.n_layer)]
         for name, t in self.weights.tensors.items():
             parts = name.split(".", 2)
@@ -141,6 +143,7 @@ class Session:
         elif opts.usage_table:
             self._seed_idle_fill()
         self._lookahead = self._fused_routers(opts.lookahead)
+        self._biases: dict[int, np.ndarray] = {}  # selection biases of biased routers, for the lookahead
         n_threads = opts.n_threads or len(os.sched_getaffinity(0))
         self.graph = Graph(graph_mem, n_threads)
         self.pos = 0
@@ -434,7 +437,7 @@ class Session:
         cur = common.rms_norm(ctx, x, w["attn_norm"], hp.rms_eps)
         attn, writes = common.attention(ctx, hp, fam.attention, w, cur, at, self.kv[il])
         ffn_inp = ops.ggml_add(ctx, attn, x)
-        cur = common.rms_norm(ctx, ffn_inp, w["ffn_norm"], hp.rms_eps)
+        cur = common.rms_norm(ctx, ffn_inp, w[fam.ffn_norm], hp.rms_eps)
         out: dict[str, Tensor] = {}
         if il not in self.views:  # a dense layer
             ffn = common.swiglu_ffn(ctx, w["ffn_gate"], w["ffn_up"], w["ffn_down"], cur)
@@ -448,11 +451,15 @@ class Session:
                     shared = ops.ggml_mul(ctx, shared, gate)
                 out["shared"] = shared
             logits = ops.ggml_mul_mat(ctx, w["ffn_gate_inp"], cur)
-            out["ids"], out["weights"] = common.route(ctx, logits, hp.n_expert_used, fam.normalize_weights)
+            rt = self.routing
+            bias = w["exp_probs_b.bias"] if rt.bias else None
+            out["ids"], out["weights"] = common.route(
+                ctx, logits, hp.n_expert_used, rt.normalize, rt.sigmoid, bias, rt.scale
+            )
             la = self._lookahead.get(il) if lookahead else None
             if la is not None:
                 pred_in = ffn_inp if "shared" not in out else ops.ggml_add(ctx, ffn_inp, out["shared"])
-                norm = self.weights.get(f"blk.{la[1][0]}.ffn_norm.weight")
+                norm = self.weights.get(f"blk.{la[1][0]}.{fam.ffn_norm}.weight")
                 out["ahead"] = ops.ggml_mul_mat(ctx, la[0], common.rms_norm(ctx, pred_in, norm, hp.rms_eps))
         return out, writes
 
@@ -475,7 +482,7 @@ class Session:
         la = self._lookahead.get(il) if decode else None
         if la is not None:
             for d, target in enumerate(la[1]):
-                part = r["ahead"][-1, d * hp.n_expert : (d + 1) * hp.n_expert]
+                part = self._selection_scores(target, r["ahead"][-1, d * hp.n_expert : (d + 1) * hp.n_expert])
                 top = np.argsort(-part, kind="stable")[: hp.n_expert_used].tolist()
                 self._predictions[(target, d)] = top
                 ahead.append((target, top, d + 1))
@@ -555,6 +562,22 @@ class Session:
                     r[key] = h if key in ("ffn_inp", "dense") else np.empty((n, v.shape[1]), v.dtype)
                 r[key][c] = v
         return r
+
+    def _selection_scores(self, block: int, logits: np.ndarray) -> np.ndarray:
+        """What the router of `block` ranks experts by, from its logits: the logits themselves for softmax
+        (same order); sigmoid + the selection bias for biased sigmoid routers (the bias can change the order)."""
+        if not self.routing.bias:
+            return logits
+        bias = self._biases.get(block)
+        if bias is None:
+            bias = self._biases[block] = to_numpy(self.weights.get(f"blk.{block}.exp_probs_b.bias")).reshape(-1)
+        if self.routing.sigmoid:
+            probs = 1.0 / (1.0 + np.exp(-logits))
+        else:
+            probs = np.exp(logits - logits.max())
+            probs /= probs.sum()
+        scores: np.ndarray = probs + bias
+        return scores
 
     def _score_predictions(self, il: int, sel: np.ndarray) -> None:
         chosen = set(sel[-1].tolist())

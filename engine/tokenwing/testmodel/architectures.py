@@ -46,9 +46,9 @@ def _attention(s: ModelShape, i: int, qk_norm: bool, bias: bool) -> list[TensorS
     return out
 
 
-def _routed_experts(s: ModelShape, i: int) -> list[TensorSpec]:
+def _routed_experts(s: ModelShape, i: int, norm: str = "ffn_norm") -> list[TensorSpec]:
     return [
-        TensorSpec(f"blk.{i}.ffn_norm.weight", (s.n_embd,), "norm"),
+        TensorSpec(f"blk.{i}.{norm}.weight", (s.n_embd,), "norm"),
         TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (s.n_embd, s.n_expert), "router"),
         TensorSpec(f"blk.{i}.ffn_gate_exps.weight", (s.n_embd, s.n_ff_exp, s.n_expert), "matrix"),
         TensorSpec(f"blk.{i}.ffn_up_exps.weight", (s.n_embd, s.n_ff_exp, s.n_expert), "matrix"),
@@ -61,8 +61,8 @@ def shared_ff(s: ModelShape) -> int:
     return s.n_ff_shexp * max(1, s.n_shared_exp)
 
 
-def _shared_expert(s: ModelShape, i: int, gated: bool) -> list[TensorSpec]:
-    ff = shared_ff(s)
+def _shared_expert(s: ModelShape, i: int, gated: bool, ff: int = 0) -> list[TensorSpec]:
+    ff = ff or shared_ff(s)
     out = [
         TensorSpec(f"blk.{i}.ffn_gate_shexp.weight", (s.n_embd, ff), "matrix"),
         TensorSpec(f"blk.{i}.ffn_up_shexp.weight", (s.n_embd, ff), "matrix"),
@@ -73,9 +73,9 @@ def _shared_expert(s: ModelShape, i: int, gated: bool) -> list[TensorSpec]:
     return out
 
 
-def _dense_ffn(s: ModelShape, i: int) -> list[TensorSpec]:
+def _dense_ffn(s: ModelShape, i: int, norm: str = "ffn_norm") -> list[TensorSpec]:
     return [
-        TensorSpec(f"blk.{i}.ffn_norm.weight", (s.n_embd,), "norm"),
+        TensorSpec(f"blk.{i}.{norm}.weight", (s.n_embd,), "norm"),
         TensorSpec(f"blk.{i}.ffn_gate.weight", (s.n_embd, s.n_ff_dense), "matrix"),
         TensorSpec(f"blk.{i}.ffn_up.weight", (s.n_embd, s.n_ff_dense), "matrix"),
         TensorSpec(f"blk.{i}.ffn_down.weight", (s.n_ff_dense, s.n_embd), "matrix"),
@@ -122,6 +122,23 @@ def _ernie45moe(s: ModelShape) -> list[TensorSpec]:
     return first + layers + last
 
 
+def _glm4moe(s: ModelShape) -> list[TensorSpec]:
+    """GLM-4.5: q/k/v biases, post-attention norm, leading dense layers, sigmoid router with a selection bias,
+    routed experts plus ungated shared experts as wide as n_shared_exp routed ones."""
+    first, last = _head(s)
+    layers: list[TensorSpec] = []
+    norm = "post_attention_norm"
+    for i in range(s.n_layer):
+        layers += _attention(s, i, qk_norm=False, bias=True)
+        if i < s.n_dense_lead:
+            layers += _dense_ffn(s, i, norm)
+            continue
+        layers += [*_routed_experts(s, i, norm), TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector")]
+        if s.n_shared_exp:
+            layers += _shared_expert(s, i, gated=False, ff=s.n_ff_exp * s.n_shared_exp)
+    return first + layers + last
+
+
 def _common_kv(s: ModelShape, arch: str) -> dict[str, KV]:
     return {
         f"{arch}.context_length": KV.u32(s.context_length),
@@ -162,6 +179,20 @@ def _ernie45moe_kv(s: ModelShape) -> dict[str, KV]:
     return kv
 
 
+def _glm4moe_kv(s: ModelShape) -> dict[str, KV]:
+    a = "glm4moe"
+    kv = _common_kv(s, a)
+    kv[f"{a}.feed_forward_length"] = KV.u32(s.n_ff_dense)
+    kv[f"{a}.leading_dense_block_count"] = KV.u32(s.n_dense_lead)
+    kv[f"{a}.expert_shared_count"] = KV.u32(s.n_shared_exp)
+    kv[f"{a}.expert_weights_scale"] = KV.f32(2.5)
+    kv[f"{a}.expert_weights_norm"] = KV.boolean(True)
+    kv[f"{a}.expert_gating_func"] = KV.u32(2)  # sigmoid
+    kv[f"{a}.rope.dimension_count"] = KV.u32(s.head_dim // 2)  # partial rotary, as GLM-4.5
+    kv[f"{a}.nextn_predict_layers"] = KV.u32(0)
+    return kv
+
+
 @dataclass(frozen=True)
 class Architecture:
     name: str
@@ -189,6 +220,12 @@ ARCHITECTURES: dict[str, Architecture] = {
         _ernie45moe_kv,
         "ERNIE-4.5-MoE: leading dense layers, routed plus ungated shared experts",
     ),
+    "glm4moe": Architecture(
+        "glm4moe",
+        _glm4moe,
+        _glm4moe_kv,
+        "GLM-4.5-MoE: q/k/v bias, partial RoPE, leading dense layers, sigmoid router with selection bias",
+    ),
 }
 
 
@@ -206,8 +243,8 @@ def tensor_specs(s: ModelShape) -> list[TensorSpec]:
 
 def check_shape(s: ModelShape) -> None:
     """Rejects geometry the architecture cannot express (llama.cpp would refuse or misread it)."""
-    if s.n_dense_lead and s.arch != "ernie4_5-moe":
-        raise ValueError(f"{s.arch} has no leading dense layers (use --arch ernie4_5-moe)")
+    if s.n_dense_lead and s.arch not in ("ernie4_5-moe", "glm4moe"):
+        raise ValueError(f"{s.arch} has no leading dense layers (use --arch ernie4_5-moe or glm4moe)")
     if s.n_shared_exp and s.arch == "qwen3moe":
         raise ValueError("qwen3moe has no shared experts (use --arch qwen2moe or ernie4_5-moe)")
     if s.n_dense_lead >= s.n_layer:

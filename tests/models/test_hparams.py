@@ -1,0 +1,66 @@
+"""Hyper-parameters from metadata: the GLM-4.5 keys (partial RoPE, routing, MTP blocks) and bad values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tokenwing.errors import BadInputError
+from tokenwing.models.hparams import read_hparams
+from tokenwing.models.qwen3moe import FAMILIES, routing
+
+
+def glm_meta(**extra: Any) -> dict[str, Any]:
+    a = "glm4moe"
+    meta: dict[str, Any] = {
+        f"{a}.block_count": 47,
+        f"{a}.nextn_predict_layers": 1,
+        f"{a}.embedding_length": 4096,
+        f"{a}.attention.head_count": 96,
+        f"{a}.attention.head_count_kv": 8,
+        f"{a}.attention.key_length": 128,
+        f"{a}.context_length": 131072,
+        f"{a}.attention.layer_norm_rms_epsilon": 1e-5,
+        f"{a}.rope.dimension_count": 64,
+        f"{a}.expert_count": 128,
+        f"{a}.expert_used_count": 8,
+        f"{a}.leading_dense_block_count": 1,
+        f"{a}.expert_weights_scale": 1.0,
+        f"{a}.expert_weights_norm": True,
+        f"{a}.expert_gating_func": 2,
+        "tokenizer.ggml.tokens": ["a", "b"],
+    }
+    meta.update({f"{a}.{k}": v for k, v in extra.items()})
+    return meta
+
+
+def test_glm_keys() -> None:
+    hp = read_hparams(glm_meta(), "glm4moe", "m.gguf")
+    assert (hp.n_layer, hp.n_mtp, hp.n_rot, hp.head_dim) == (46, 1, 64, 128)  # the MTP block is not run
+    r = routing(FAMILIES["glm4moe"], hp)
+    assert r.sigmoid and r.normalize and r.bias and r.scale == 1.0
+    hp = read_hparams(glm_meta(expert_weights_scale=2.5, expert_gating_func=1), "glm4moe", "m.gguf")
+    r = routing(FAMILIES["glm4moe"], hp)
+    assert not r.sigmoid and r.scale == 2.5  # the file's choice wins over the family's default
+    plain = {k.replace("glm4moe", "qwen3moe"): v for k, v in glm_meta().items() if "expert_gating" not in k}
+    q = read_hparams(plain, "qwen3moe", "m")
+    assert not routing(FAMILIES["qwen3moe"], q).sigmoid and q.n_rot == 64  # the family's default: softmax
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("nextn_predict_layers", 47),  # nothing left to run
+        ("nextn_predict_layers", -1),
+        ("expert_gating_func", 3),
+        ("rope.dimension_count", 63),
+        ("rope.dimension_count", 256),
+        ("expert_weights_norm", 1),
+        ("expert_weights_scale", "2.5"),
+        ("block_count", True),
+    ],
+)
+def test_bad_values_are_clean_errors(key: str, value: Any) -> None:
+    with pytest.raises(BadInputError, match=r"m\.gguf"):
+        read_hparams(glm_meta(**{key: value}), "glm4moe", "m.gguf")
