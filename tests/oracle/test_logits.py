@@ -129,6 +129,35 @@ def test_decode_steps_do_not_depend_on_the_cache(
     assert np.array_equal(one_graph, steps(ram_budget=1, lookahead=2))
 
 
+def test_one_graph_step_that_cannot_be_allocated_falls_back(
+    model_factory: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mock (ggml's graph allocator failing cannot be caused for real here): the step falls back to a graph per
+    layer with one line saying so, and the output is the same."""
+    model = _repacked(model_factory(type="F32", n_layer=3), tmp_path)
+    tokens = _tokens(6, 512, seed=5).tolist()
+
+    def steps(log: list[str]) -> np.ndarray:
+        s = Session(str(model), SessionOptions(kv_type="f32", n_ctx=64), log=log.append)
+        try:
+            return np.stack([s.forward([int(t)]) for t in tokens])
+        finally:
+            s.close()
+
+    want = steps([])
+
+    def fail(self: Session, window: int) -> None:
+        raise MemoryError("mock: ggml could not allocate a decode graph")
+
+    monkeypatch.setattr(Session, "_build_token_graph", fail)
+    lines: list[str] = []
+    assert np.array_equal(steps(lines), want)
+    assert [line for line in lines if "one graph per layer" in line] == [
+        "decode runs one graph per layer: the one-graph step did not fit in memory "
+        "(mock: ggml could not allocate a decode graph)"
+    ]
+
+
 def test_decode_matches_prefill(model_factory: ModelFactory, tmp_path: Path) -> None:
     model = _repacked(model_factory(type="F32", n_layer=3), tmp_path)
     tokens = _tokens(24, 512, seed=2)

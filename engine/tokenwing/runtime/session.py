@@ -138,6 +138,7 @@ class Session:
         self._usage_seed: UsageTable | None = None  # the usage table read at start
         self._slot_map: dict[int, np.ndarray] | None = None  # every expert's slot, while all are resident
         self._token_graph: TokenGraph | None = None
+        self._token_graph_on = opts.token_graph
         if preload:
             self._preload()
         elif opts.usage_table:
@@ -283,8 +284,8 @@ class Session:
         if not decode:
             self._lend_for_prompt(n)
         self.streamer.begin_token(0 if decode else n)
-        if decode and self._slot_map is not None and self.options.token_graph:
-            logits = self._token_step(tokens[0])
+        logits = self._token_step(tokens[0]) if decode and self._slot_map is not None else None
+        if logits is not None:
             self._advance(tokens)
             return logits.reshape(1, -1) if all_logits else logits
         self._predictions.clear()
@@ -311,14 +312,22 @@ class Session:
         self.history.extend(tokens)
         self.usage.tokens += len(tokens)
 
-    def _token_step(self, token: int) -> np.ndarray:
-        """A decode step as one graph (every expert resident: nothing to stream or predict). The core still
-        sees each layer's experts, so hit counts, usage and traces are as in the per-layer path."""
+    def _token_step(self, token: int) -> np.ndarray | None:
+        """A decode step as one graph (every expert resident: nothing to stream or predict); None when that
+        graph is off or could not be built (the per-layer path runs instead). The core still sees each layer's
+        experts, so hit counts, usage and traces are as in the per-layer path."""
+        if not self._token_graph_on:
+            return None
         window = common.decode_window(self.pos, self.n_ctx)
         tg = self._token_graph
         if tg is None or tg.window != window:
             self._drop_token_graph()
-            tg = self._token_graph = self._build_token_graph(window)
+            try:
+                tg = self._token_graph = self._build_token_graph(window)
+            except MemoryError as e:
+                self._token_graph_on = False
+                self.log(f"decode runs one graph per layer: the one-graph step did not fit in memory ({e})")
+                return None
         logits, routed = tg.run(token, self.pos)
         k, d = self.hp.n_expert_used, max(self.options.lookahead, 0)
         sel_rows = []

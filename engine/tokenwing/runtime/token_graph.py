@@ -40,7 +40,8 @@ class TokenGraph:
         """experts: for each layer with routed experts, its slot-pool views and the slot of each expert."""
         self.window, self.n_ctx = window, n_ctx
         self.width = hp.head_dim * hp.n_head_kv
-        g = self.g = StaticGraph(64 * hp.n_layer + 64, pool_owner)
+        # ~90 nodes per layer at top-8 (each expert's output is a view and an addition): room to spare
+        g = self.g = StaticGraph(hp.n_layer * (96 + 8 * hp.n_expert_used) + 256, pool_owner)
         ctx = g.ctx
         self.token = g.input(I32, (1,))
         self.at = common.Placement(
