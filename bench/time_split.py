@@ -28,7 +28,6 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=2048)
     ap.add_argument("--decode", type=int, default=0)
     ap.add_argument("--slots", type=int, default=16)
-    ap.add_argument("--max-batch", type=int, default=64, help="prompt tokens per graph")
     args = ap.parse_args()
     spent: dict[str, float] = defaultdict(float)
     calls: Counter[str] = Counter()
@@ -54,8 +53,7 @@ def main() -> int:
     if args.slots:
         with ModelFile.open(args.model) as mf:
             budget = args.slots * sum(el.record_size for el in mf.index.layers)
-    opts = SessionOptions(n_ctx=n + 16, lookahead=2, usage_table=False, ram_budget=budget, max_batch=args.max_batch)
-    s = Session(args.model, opts)
+    s = Session(args.model, SessionOptions(n_ctx=n + 16, lookahead=2, usage_table=False, ram_budget=budget))
     toks = np.random.default_rng(0).integers(0, s.hp.vocab_size - 16, n).tolist()
     t0 = time.perf_counter()
     s.forward(toks[: args.prompt])

@@ -38,14 +38,14 @@ class Placement:
     n: int
     n_kv: int
     positions: Tensor  # I32 [n]
-    mask: Tensor  # F16 [n_kv, n]
+    mask: Tensor  # F32 [n_kv, n]
     k_rows: Tensor  # I64 [n]: the tokens' rows in the K cache
     v_cells: Tensor  # I64 [n · kv_width]: their elements in the (transposed) V cache
 
 
 def placement_arrays(pos0: int, n: int, n_kv: int, n_ctx: int, kv_width: int) -> dict[str, np.ndarray]:
     """The input data of a `Placement` (numpy order)."""
-    mask = np.zeros((n, n_kv), np.float16)  # (F16: flash attention's type; 0 and -inf are exact)
+    mask = np.zeros((n, n_kv), np.float32)
     for i in range(n):
         mask[i, pos0 + i + 1 :] = -np.inf
     rows = np.arange(pos0, pos0 + n, dtype=np.int64)
@@ -104,22 +104,12 @@ def attention(
     k_write = ops.ggml_set_rows(ctx, k_cache, ops.ggml_reshape_2d(ctx, k, width, n_tokens), at.k_rows)
     v_flat = ops.ggml_view_2d(ctx, v_cache, 1, n_ctx * width, elt, 0)  # one row per element
     v_write = ops.ggml_set_rows(ctx, v_flat, ops.ggml_reshape_2d(ctx, v, 1, width * n_tokens), at.v_cells)
-    k_all = ops.ggml_permute(ctx, ops.ggml_view_3d(ctx, k_cache, hd, nkv, at.n_kv, hd * elt, row, 0), 0, 2, 1, 3)
-    q = ops.ggml_permute(ctx, q, 0, 2, 1, 3)
-    if n_tokens > 1:
-        # A prompt chunk: ggml's flash attention (1.7-2x faster than the two products below for 64 queries,
-        # measured over 64-4,096 keys; slower for one query). It wants V by position: the chunk's window of
-        # the transposed cache is copied once, which costs a few % of what it saves.
-        v_rows = ops.ggml_view_2d(ctx, v_cache, at.n_kv, width, n_ctx * elt, 0)
-        v_pos = ops.ggml_cont(ctx, ops.ggml_transpose(ctx, v_rows))  # [width, n_kv]
-        v_all = ops.ggml_permute(ctx, ops.ggml_reshape_3d(ctx, v_pos, hd, nkv, at.n_kv), 0, 2, 1, 3)
-        out = ops.ggml_flash_attn_ext(ctx, q, k_all, v_all, at.mask, 1.0 / math.sqrt(hd), 0.0, 0.0)
-        cur = ops.ggml_reshape_2d(ctx, out, hd * nh, n_tokens)
-    else:
-        v_all = ops.ggml_view_3d(ctx, v_cache, at.n_kv, hd, nkv, n_ctx * elt, n_ctx * elt * hd, 0)
-        kq = ops.ggml_soft_max_ext(ctx, ops.ggml_mul_mat(ctx, k_all, q), at.mask, 1.0 / math.sqrt(hd), 0.0)
-        kqv = ops.ggml_mul_mat(ctx, v_all, kq)
-        cur = ops.ggml_cont_2d(ctx, ops.ggml_permute(ctx, kqv, 0, 2, 1, 3), hd * nh, n_tokens)
+    k_all = ops.ggml_view_3d(ctx, k_cache, hd, nkv, at.n_kv, hd * elt, row, 0)
+    v_all = ops.ggml_view_3d(ctx, v_cache, at.n_kv, hd, nkv, n_ctx * elt, n_ctx * elt * hd, 0)
+    kq = ops.ggml_mul_mat(ctx, ops.ggml_permute(ctx, k_all, 0, 2, 1, 3), ops.ggml_permute(ctx, q, 0, 2, 1, 3))
+    kq = ops.ggml_soft_max_ext(ctx, kq, at.mask, 1.0 / math.sqrt(hd), 0.0)
+    kqv = ops.ggml_mul_mat(ctx, v_all, kq)
+    cur = ops.ggml_cont_2d(ctx, ops.ggml_permute(ctx, kqv, 0, 2, 1, 3), hd * nh, n_tokens)
     return ops.ggml_mul_mat(ctx, w["attn_output"], cur), [k_write, v_write]
 
 

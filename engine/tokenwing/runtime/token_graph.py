@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenwing.compute.ggml_lib import F16, I32, I64, StaticGraph, Tensor, ops, to_numpy
+from tokenwing.compute.ggml_lib import F32, I32, I64, StaticGraph, Tensor, ops, to_numpy
 from tokenwing.models import common
 from tokenwing.models.hparams import HParams
 
@@ -48,7 +48,7 @@ class TokenGraph:
             n=1,
             n_kv=window,
             positions=g.input(I32, (1,)),
-            mask=g.input(F16, (window, 1)),
+            mask=g.input(F32, (window, 1)),
             k_rows=g.input(I64, (1,)),
             v_cells=g.input(I64, (self.width,)),
         )
