@@ -66,6 +66,7 @@ def main() -> int:
     ap.add_argument("--ram-only", action="store_true", help="only the in-RAM rows (no memory caps)")
     args = ap.parse_args()
     tw_model = args.model.removesuffix(".gguf") + ".tw.gguf"
+    caps = () if args.ram_only else (0.40, 0.25)  # memory caps as shares of the model file
     size = os.path.getsize(args.model)
     with ModelFile.open(tw_model) as mf:
         vocab = len(mf.header.get("tokenizer.ggml.tokens"))
@@ -94,7 +95,7 @@ def main() -> int:
         ("ram-tw", "TokenWing", "in RAM", tw(2), None),
         ("ram-tw-layers", "TokenWing, a graph per layer", "in RAM", [*tw(2), "layergraphs"], None),
     ]
-    for frac in () if args.ram_only else (0.40, 0.25):
+    for frac in caps:
         cap = int(size * frac)
         label = f"cap {frac:.0%} ({cap / 2**30:.2f} GiB)"
         for mode in ["default", "random"] + ([] if args.skip_plain else ["plain"]):
@@ -120,7 +121,7 @@ def main() -> int:
         ratio = float(ram_tw["decode_tok_s"]) / float(ram_ll["decode_tok_s"])  # type: ignore[arg-type]
         print(f"\nin RAM: TokenWing / llama.cpp decode = {ratio:.2f}x (medians)")
     compute_s = 1 / float(ram_tw["decode_tok_s"]) if "failed" not in ram_tw else 0.0  # type: ignore[arg-type]
-    for frac in () if args.ram_only else (0.40, 0.25):
+    for frac in caps:
         best = results[f"{frac}-tw-2"]
         if "failed" in best:
             continue

@@ -279,38 +279,18 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-type", default="f16", choices=["f16", "f32"])
     p.add_argument("--threads", type=int, default=0, help="compute threads (default: all this process may use)")
     p.add_argument("--stats-json", help="write statistics to this file")
-    p.add_argument(
-        "--prompt-cache",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="serve: reuse the KV cache of the previous request for the prompt prefix they share (default: on)",
-    )
-    p.add_argument(
-        "--usage-table",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="fill idle cache slots from MODEL.usage.json and add this run's expert counts to it (default: on)",
-    )
-    p.add_argument(
-        "--cpu-repack",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="matrix weights and experts in ggml's repacked layouts where this CPU has one, as llama.cpp runs them "
-        "(default: on)",
-    )
-    p.add_argument(
-        "--preload",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="read every expert that fits at start (default: when the cache holds all of them)",
-    )
-    p.add_argument(
-        "--token-graph",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="with every expert in RAM, run a decode step as one graph, not one per layer (default: on)",
-    )
+    _switch(p, "--prompt-cache", True, "serve: reuse the previous request's KV cache for the prompt prefix they share")
+    _switch(p, "--usage-table", True, "fill idle cache slots from MODEL.usage.json and add this run's expert counts")
+    _switch(p, "--cpu-repack", True, "matrix weights and experts in ggml's repacked layouts where this CPU has one")
+    _switch(p, "--preload", None, "read every expert that fits at start (default: when the cache holds all of them)")
+    _switch(p, "--token-graph", True, "with every expert in RAM, run a decode step as one graph, not one per layer")
     add_stream_arguments(p)
+
+
+def _switch(p: argparse.ArgumentParser, flag: str, default: bool | None, help: str) -> None:
+    """--flag / --no-flag."""
+    on = " (default: on)" if default else ""
+    p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help + on)
 
 
 def _default_output(src: str) -> str:

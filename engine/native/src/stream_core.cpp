@@ -147,11 +147,6 @@ std::vector<int> StreamCore::begin_layer(int li, const std::vector<int>& experts
   for (auto& s : L.slots) s->meta.pins = 0;  // the previous step of this layer is done
   L.pending_demand.clear();
   auto is_selected = [&](int e) { return std::binary_search(selected.begin(), selected.end(), e); };
-  // Kept experts (a later wave's, already in RAM or on their way) stay: pinned, not counted as used.
-  for (int e : keep) {
-    int s = L.expert_slot[static_cast<std::size_t>(e)];
-    if (s >= 0) L.slots[static_cast<std::size_t>(s)]->meta.pins++;
-  }
 
   // Cancel: this layer's predictions the router did not select.
   for (auto it = waiting_.begin(); it != waiting_.end();) {
@@ -182,9 +177,9 @@ std::vector<int> StreamCore::begin_layer(int li, const std::vector<int>& experts
   std::vector<int> order;  // the router's order, each expert once
   for (int e : experts)
     if (std::find(order.begin(), order.end(), e) == order.end()) order.push_back(e);
-  // Pin every selected expert already here before any read picks a victim: a miss early in the list must
-  // not evict a hit later in it.
-  for (int e : order) {
+  // Pin every selected or kept expert already here before any read picks a victim: a miss early in the list
+  // must not evict a hit later in it, nor a later wave's expert (kept: pinned, not counted as used).
+  for (int e : selected) {
     int s = L.expert_slot[static_cast<std::size_t>(e)];
     if (s >= 0) L.slots[static_cast<std::size_t>(s)]->meta.pins++;
   }

@@ -159,31 +159,26 @@ def routed_experts(
     expert per row: a wave computes exactly its own pairs (no masked entries), and ggml's mul_mat_id never
     sees one slot twice for one row (its row tables hold at most one entry per expert and row).
     """
-    ctx = g.ctx
     m, n_embd = rows.shape
     ids = g.input(slots.astype(np.int32).reshape(m, 1))
     w = g.input(weights.astype(np.float32).reshape(m, 1, 1))
-    xin = ops.ggml_reshape_3d(ctx, g.input(rows), n_embd, 1, m)
-    gate_v, up_v, down_v = views
-    gt = ops.ggml_mul_mat_id(ctx, gate_v, xin, ids)
-    up = ops.ggml_mul_mat_id(ctx, up_v, xin, ids)
-    par = ops.ggml_swiglu_split(ctx, gt, up)
-    experts = ops.ggml_mul_mat_id(ctx, down_v, par, ids)
-    return ops.ggml_mul(ctx, experts, w)
+    return _weighted_experts(g.ctx, views, ops.ggml_reshape_3d(g.ctx, g.input(rows), n_embd, 1, m), ids, w)
 
 
 def token_experts(ctx: Any, views: tuple[Tensor, Tensor, Tensor], x: Tensor, slots: Tensor, weights: Tensor) -> Tensor:
     """One token's k experts, weighted and summed: x [n_embd], slots I32 [k, 1], weights F32 [k] → [n_embd].
     The same kernels and additions as `routed_experts` + `sum_rows` (one expert per row of mul_mat_id's table)."""
     n_embd, k = int(x.contents.ne[0]), int(slots.contents.ne[0])
-    xin = ops.ggml_reshape_3d(ctx, x, n_embd, 1, 1)
-    gate_v, up_v, down_v = views
-    par = ops.ggml_swiglu_split(
-        ctx, ops.ggml_mul_mat_id(ctx, gate_v, xin, slots), ops.ggml_mul_mat_id(ctx, up_v, xin, slots)
-    )
-    experts = ops.ggml_mul_mat_id(ctx, down_v, par, slots)  # [n_embd, k, 1]
-    weighted = ops.ggml_mul(ctx, experts, ops.ggml_reshape_3d(ctx, weights, 1, k, 1))
+    w = ops.ggml_reshape_3d(ctx, weights, 1, k, 1)
+    weighted = _weighted_experts(ctx, views, ops.ggml_reshape_3d(ctx, x, n_embd, 1, 1), slots, w)
     return sum_rows(ctx, weighted, k, n_embd)
+
+
+def _weighted_experts(ctx: Any, views: tuple[Tensor, Tensor, Tensor], x: Tensor, ids: Tensor, w: Tensor) -> Tensor:
+    """w · down(silu(gate x) · up x) through mul_mat_id over the slot pool's 3-D views."""
+    gate_v, up_v, down_v = views
+    gate, up = ops.ggml_mul_mat_id(ctx, gate_v, x, ids), ops.ggml_mul_mat_id(ctx, up_v, x, ids)
+    return ops.ggml_mul(ctx, ops.ggml_mul_mat_id(ctx, down_v, ops.ggml_swiglu_split(ctx, gate, up), ids), w)
 
 
 def sum_rows(ctx: Any, weighted: Tensor, k: int, n_embd: int) -> Tensor:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from tokenwing.errors import BadInputError
@@ -23,8 +23,8 @@ class HParams:
     n_expert_used: int
     n_dense_lead: int
     vocab_size: int
+    n_rot: int  # dimensions RoPE rotates (partial rotary: fewer than head_dim)
     n_mtp: int = 0  # multi-token-prediction blocks after the n_layer that run (GLM-4.5: 1); kept, never run
-    n_rot: int = 0  # dimensions RoPE rotates (partial rotary: fewer than head_dim)
     expert_weights_scale: float = 1.0  # routing weights multiplied by this (glm4moe: 2.5)
     expert_weights_norm: bool | None = None  # renormalise the top-k weights (None: the family's default)
     gating: int = 0  # expert_gating_func: 1 softmax, 2 sigmoid (0: the family's default)
@@ -43,6 +43,7 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str) -> HParams:
 
     n_embd = get("embedding_length")
     n_head = get("attention.head_count")
+    head_dim = get("attention.key_length", n_embd // max(n_head, 1))
     tokens = meta.get("tokenizer.ggml.tokens")
     hp = HParams(
         arch=arch,
@@ -50,7 +51,7 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str) -> HParams:
         n_embd=n_embd,
         n_head=n_head,
         n_head_kv=get("attention.head_count_kv", n_head),
-        head_dim=get("attention.key_length", n_embd // max(n_head, 1)),
+        head_dim=head_dim,
         n_ctx_train=get("context_length"),
         rms_eps=get("attention.layer_norm_rms_epsilon", kind=float),
         rope_base=get("rope.freq_base", 10000.0, kind=float),
@@ -58,19 +59,18 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str) -> HParams:
         n_expert_used=get("expert_used_count"),
         n_dense_lead=get("leading_dense_block_count", 0),
         vocab_size=len(tokens) if isinstance(tokens, list) else 0,
-        n_rot=get("rope.dimension_count", 0),
+        n_rot=get("rope.dimension_count", head_dim),
         expert_weights_scale=get("expert_weights_scale", 0.0, kind=float) or 1.0,
         gating=get("expert_gating_func", 0),
         n_mtp=get("nextn_predict_layers", 0),
         expert_weights_norm=_flag(meta.get(f"{arch}.expert_weights_norm"), f"{where}: {arch}.expert_weights_norm"),
     )
-    hp = replace(hp, n_rot=hp.n_rot or hp.head_dim)
     if hp.n_mtp < 0:
         raise BadInputError(f"{where}: nextn_predict_layers must not be negative")
     if hp.gating not in (0, 1, 2):
         raise BadInputError(f"{where}: expert_gating_func {hp.gating} is not softmax (1) or sigmoid (2)")
-    if hp.n_rot > hp.head_dim or hp.n_rot % 2:
-        raise BadInputError(f"{where}: rope.dimension_count must be even and at most the head size")
+    if not 0 < hp.n_rot <= hp.head_dim or hp.n_rot % 2:
+        raise BadInputError(f"{where}: rope.dimension_count must be even, positive and at most the head size")
     if min(hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ctx_train) <= 0:
         raise BadInputError(f"{where}: the model's dimensions must be positive")
     if hp.n_head % hp.n_head_kv:

@@ -548,9 +548,8 @@ class Session:
         slot_of = np.zeros(hp.n_expert, np.int32)
         slot_of[wave] = self.streamer.wait_all(il, wave)
         ctx = g.reset()
-        k = sel.shape[1]
-        moe = common.routed_experts(g, self.views[il], np.repeat(r["cur"], k, axis=0), slot_of[sel[0]], weights[0])
-        total = common.sum_rows(ctx, moe, k, hp.n_embd)
+        slots = g.input(slot_of[sel[0]].reshape(1, -1))  # I32 [k, 1]
+        total = common.token_experts(ctx, self.views[il], g.input(r["cur"][0]), slots, g.input(weights[0]))
         if "shared" in r:
             total = ops.ggml_add(ctx, total, g.input(r["shared"]))
         x = ops.ggml_add(ctx, total, g.input(r["ffn_inp"]))
