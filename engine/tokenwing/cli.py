@@ -72,6 +72,29 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_info(args: argparse.Namespace) -> int:
+    from tokenwing.info import engine_info
+
+    info = engine_info(args.drive, parse_size(args.probe_bytes))
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    m = info["memory"]
+    print(f"tokenwing {info['version']}")
+    print(f"architectures: {', '.join(info['architectures'])}")
+    print(
+        f"memory: {human_bytes(m['available'])} available of {human_bytes(m['total'])}, limit "
+        f"{human_bytes(m['limit'])}, usable {human_bytes(m['usable'])}; "
+        f"headroom kept {human_bytes(info['headroom_bytes'])}"
+    )
+    for d in info["devices"]:
+        print(f"device: {d['name']} ({d['kind']})" + (f", {d['cores']} cores" if "cores" in d else ""))
+    if info["drive"]:
+        speeds = ", ".join(f"{t}: {v:.0f}" for t, v in info["drive"]["mb_per_s_by_threads"].items())
+        print(f"drive ({'direct' if info['drive']['direct'] else 'cached'} reads, MB/s by threads): {speeds}")
+    return 0
+
+
 def _cmd_trace_simulate(args: argparse.Namespace) -> int:
     from tokenwing.streaming.trace import POLICIES, load_trace, parse_slots, prediction_recall, simulate
 
@@ -395,6 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--probe-bytes", default="256M", help="bytes to read per drive measurement")
     at.add_argument("--json", action="store_true")
     at.set_defaults(func=_cmd_autotune)
+
+    inf = sub.add_parser("info", help="version, architectures, memory, devices (what the app asks the engine)")
+    inf.add_argument("--json", action="store_true")
+    inf.add_argument("--drive", help="also measure direct reads from this file (e.g. a model file)")
+    inf.add_argument("--probe-bytes", default="64M", help="bytes to read per drive measurement")
+    inf.set_defaults(func=_cmd_info)
 
     tr = sub.add_parser("trace", help="routing traces: replay through the cache policies, or synthesise one")
     trs = tr.add_subparsers(dest="trace_command", required=True)

@@ -215,3 +215,25 @@ def test_prompt_leaves_the_experts_its_end_used_in_the_cache(
             assert all(resident), (layer, last[li], resident)  # the last wave held them, and it stays
     finally:
         s.close()
+
+
+def test_info_json_reports_engine_facts(repacked_factory: ModelFactory) -> None:
+    """`tokenwing info --json`: what the app asks the engine instead of keeping copies."""
+    from tokenwing.models import supported_architectures
+    from tokenwing.streaming.memory import HEADROOM
+
+    model = repacked_factory(type="Q8_0")
+    r = run_cli("info", "--json", "--drive", str(model), "--probe-bytes", "4M")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert sorted(info["architectures"]) == supported_architectures()
+    assert {"qwen3moe", "glm4moe"} <= set(info["architectures"])
+    types = info["architectures"]["qwen3moe"]["weight_types"]
+    assert {"F32", "Q8_0", "Q4_K", "MXFP4"} <= set(types) and "I32" not in types
+    assert info["headroom_bytes"] == HEADROOM
+    m = info["memory"]
+    assert 0 < m["usable"] <= m["available"] <= m["total"] and m["limit"] <= m["total"]
+    assert info["devices"][0]["kind"] == "cpu" and info["devices"][0]["cores"] >= 1
+    assert info["drive"]["mb_per_s_by_threads"]["8"] > 0
+    text = run_cli("info")
+    assert text.returncode == 0 and "qwen3moe" in text.stdout and "headroom" in text.stdout

@@ -8,8 +8,7 @@ from typing import Any
 from tokenwing.autotune.probe import MachineProbe
 from tokenwing.format.reader import ModelFile
 from tokenwing.fsutil import human_bytes
-from tokenwing.runtime.session import HEADROOM
-from tokenwing.streaming.memory import expert_budget
+from tokenwing.streaming.memory import HEADROOM, expert_budget
 from tokenwing.streaming.streamer import plan_slots
 
 

@@ -26,15 +26,12 @@ from tokenwing.models.hparams import HParams, read_hparams
 from tokenwing.models.qwen3moe import Family, check_tensors, family, routing
 from tokenwing.models.weights import ModelWeights
 from tokenwing.runtime.token_graph import TokenGraph
-from tokenwing.streaming.memory import expert_budget, memory_info
+from tokenwing.streaming.memory import HEADROOM, expert_budget, memory_info
 from tokenwing.streaming.settings import StreamSettings
 from tokenwing.streaming.streamer import COUNTERS, ExpertStreamer, plan_slots
 from tokenwing.streaming.usage import UsageTable, load_usage, save_usage, usage_path
 from tokenwing.text.chat import ChatTemplate
 from tokenwing.text.tokenizer import TextTokenizer, tokenizer_from_metadata
-
-HEADROOM = 512 << 20  # left for other programs (Run My AI's presets use 0.5 GB)
-
 
 RECENCY_HALF_LIFE = 128  # tokens: how fast a prompt's early expert uses fade when ordering its waves
 READ_AHEAD_TOKENS = 4096  # from this prompt length, the next layers' most used experts are read ahead

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 _UNLIMITED = 1 << 60
+HEADROOM = 512 << 20  # left free for other programs (spec section 4: 0.5 GB in Run My AI's presets)
 
 
 @dataclass(frozen=True)
