@@ -30,7 +30,7 @@ s = Session(sys.argv[1], opts, log=lambda l: None)
 s.trace = []
 toks = np.random.default_rng(0).integers(0, s.hp.vocab_size - 16, int(sys.argv[2])).tolist()
 t = time.perf_counter(); s.forward(toks); secs = time.perf_counter() - t
-c = s.streamer.counters()
+c = s.counters()
 ahead = c[:, COUNTERS.index("prefetch_issued")]
 reads = c[:, COUNTERS.index("demand_reads")] + ahead  # every read: on demand or read ahead
 sel = s.trace[0][0]

@@ -41,12 +41,12 @@ def main() -> int:
     s.forward(tokens[:n_prompt])
     t2 = time.perf_counter()
     r1 = process_read_bytes()
-    mid = s.streamer.counters()
+    mid = s.counters()
     for tok in tokens[n_prompt:]:
         s.forward([tok])
     t3 = time.perf_counter()
     r2 = process_read_bytes()
-    d = s.streamer.counters() - mid
+    d = s.counters() - mid
     n_dec = len(tokens) - n_prompt
     hits, misses = d[:, c["hits"]].sum(), d[:, c["misses"]].sum()
     print(

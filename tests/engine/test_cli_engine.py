@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ModelFactory, assert_clean_error, run_cli
+from tokenwing.streaming.settings import StreamSettings
 from tokenwing.streaming.trace import load_trace
 
 
@@ -99,12 +100,14 @@ def test_prefill_reads_each_expert_at_most_once(repacked_factory: ModelFactory) 
     from tokenwing.streaming.streamer import COUNTERS
 
     model = repacked_factory(type="Q8_0", n_layer=3, n_expert=16, n_expert_used=4)
-    s = Session(str(model), SessionOptions(n_ctx=512, ram_budget=1, max_batch=64), log=lambda line: None)
+    # (no idle fill: a pause of the machine mid-prompt would let it read experts, and this counts reads)
+    opts = SessionOptions(n_ctx=512, ram_budget=1, max_batch=64, stream=StreamSettings(idle_fill_ms=-1))
+    s = Session(str(model), opts, log=lambda line: None)
     try:
         s.trace = []
         tokens = np.random.default_rng(0).integers(0, 500, 300).tolist()
         s.forward(tokens)
-        reads = s.streamer.counters()[:, COUNTERS.index("demand_reads")]
+        reads = s.counters()[:, COUNTERS.index("demand_reads")]
         assert s.slots_per_layer == 4
     finally:
         s.close()
@@ -121,7 +124,7 @@ def test_read_ahead_window_reads_each_expert_once_and_changes_nothing(
     are read ahead into half their slots; the waves then keep them in RAM until their turn: every distinct
     expert of a layer is still read once (demand or read ahead), and the logits are those of the run without
     the window and of the run with every expert resident."""
-    import tokenwing.runtime.session as session_module
+    import tokenwing.runtime.scheduler as scheduler_module
     from tokenwing.format.reader import ModelFile
     from tokenwing.runtime.session import Session, SessionOptions
     from tokenwing.streaming.streamer import COUNTERS
@@ -133,12 +136,14 @@ def test_read_ahead_window_reads_each_expert_once_and_changes_nothing(
     c = {name: i for i, name in enumerate(COUNTERS)}
 
     def prompt(threshold: int, **opts: object) -> tuple[np.ndarray, np.ndarray, Session]:
-        monkeypatch.setattr(session_module, "READ_AHEAD_TOKENS", threshold)
-        s = Session(str(model), SessionOptions(n_ctx=512, max_batch=64, **opts), log=lambda line: None)  # type: ignore[arg-type]
+        monkeypatch.setattr(scheduler_module, "READ_AHEAD_TOKENS", threshold)
+        # (no idle fill: a pause of the machine mid-prompt would let it read experts, and this counts reads)
+        options = SessionOptions(n_ctx=512, max_batch=64, stream=StreamSettings(idle_fill_ms=-1), **opts)  # type: ignore[arg-type]
+        s = Session(str(model), options, log=lambda line: None)
         try:
             s.trace = []
             logits = s.forward(tokens, all_logits=True)
-            return logits, s.streamer.counters(), s
+            return logits, s.counters(), s
         finally:
             s.close()
 
@@ -168,10 +173,10 @@ def test_prompt_borrows_slots_and_returns_them(repacked_factory: ModelFactory) -
     ref = Session(str(model), SessionOptions(n_ctx=256, max_batch=8, prompt_memory=0), log=lambda line: None)
     try:
         want = ref.forward(tokens, all_logits=True)
-        assert ref.streamer.core.loaned_bytes > 0  # 120 tokens need more than the 8-token reserve
-        assert ref._slot_map is None  # experts may be evicted: no one-graph decode step until they are back
+        assert ref.scheduler.loaned_bytes > 0  # 120 tokens need more than the 8-token reserve
+        assert ref.scheduler.slot_map is None  # experts may be evicted: no one-graph decode step until they are back
         want_step = ref.forward([5])
-        assert ref.streamer.core.loaned_bytes == 0
+        assert ref.scheduler.loaned_bytes == 0
         assert ref._token_graph is not None  # the evicted experts were read back: one graph per token again
     finally:
         ref.close()
@@ -187,7 +192,7 @@ def test_prompt_borrows_slots_and_returns_them(repacked_factory: ModelFactory) -
     whole = Session(str(model), SessionOptions(n_ctx=256, max_batch=128), log=lambda line: None)
     try:
         whole.forward(tokens)
-        assert whole.streamer.core.loaned_bytes == 0  # one batch fits the reserve: nothing to borrow
+        assert whole.scheduler.loaned_bytes == 0  # one batch fits the reserve: nothing to borrow
     finally:
         whole.close()
 
@@ -198,10 +203,10 @@ def test_prompt_leaves_the_experts_its_end_used_in_the_cache(
     """Waves run in recency order: after a prompt, the experts its end used most are the ones left in RAM.
 
     With a half-life of a hundredth of a token, "used most by the end" is exactly the last token's experts."""
-    import tokenwing.runtime.session as session_module
+    import tokenwing.runtime.scheduler as scheduler_module
     from tokenwing.runtime.session import Session, SessionOptions
 
-    monkeypatch.setattr(session_module, "RECENCY_HALF_LIFE", 0.01)
+    monkeypatch.setattr(scheduler_module, "RECENCY_HALF_LIFE", 0.01)
 
     model = repacked_factory(type="Q8_0", n_layer=3, n_expert=32, n_expert_used=4)
     tokens = np.random.default_rng(7).integers(0, 500, 200).tolist()
@@ -211,7 +216,7 @@ def test_prompt_leaves_the_experts_its_end_used_in_the_cache(
         s.forward(tokens)
         last = s.trace[-1][0][-1]  # [layers, k]: the experts the prompt's last token chose, per layer
         for li, layer in enumerate(s.streamed):
-            resident = s.streamer.ready(layer, last[li].tolist())
+            resident = s.scheduler.holds(layer, last[li].tolist())
             assert all(resident), (layer, last[li], resident)  # the last wave held them, and it stays
     finally:
         s.close()

@@ -8,7 +8,7 @@ import pytest
 
 from tokenwing.errors import BadInputError
 from tokenwing.models.hparams import read_hparams
-from tokenwing.models.qwen3moe import FAMILIES, routing
+from tokenwing.models import FAMILIES
 
 
 def glm_meta(**extra: Any) -> dict[str, Any]:
@@ -38,14 +38,14 @@ def glm_meta(**extra: Any) -> dict[str, Any]:
 def test_glm_keys() -> None:
     hp = read_hparams(glm_meta(), "glm4moe", "m.gguf")
     assert (hp.n_layer, hp.n_mtp, hp.n_rot, hp.head_dim) == (46, 1, 64, 128)  # the MTP block is not run
-    r = routing(FAMILIES["glm4moe"], hp)
+    r = FAMILIES["glm4moe"].make_router(hp)
     assert r.sigmoid and r.normalize and r.bias and r.scale == 1.0
     hp = read_hparams(glm_meta(expert_weights_scale=2.5, expert_gating_func=1), "glm4moe", "m.gguf")
-    r = routing(FAMILIES["glm4moe"], hp)
+    r = FAMILIES["glm4moe"].make_router(hp)
     assert not r.sigmoid and r.scale == 2.5  # the file's choice wins over the family's default
     plain = {k.replace("glm4moe", "qwen3moe"): v for k, v in glm_meta().items() if "expert_gating" not in k}
     q = read_hparams(plain, "qwen3moe", "m")
-    assert not routing(FAMILIES["qwen3moe"], q).sigmoid and q.n_rot == 64  # the family's default: softmax
+    assert not FAMILIES["qwen3moe"].make_router(q).sigmoid and q.n_rot == 64  # the family's default: softmax
 
 
 @pytest.mark.parametrize(

@@ -149,7 +149,7 @@ def test_a_miss_never_evicts_an_expert_selected_with_it(model: Path, policy: str
             s.begin_layer(0, [e])
             s.wait(0, e)
         s.begin_token()
-        s.begin_layer(0, [9, 0])
+        assert s.begin_layer(0, [9, 0]) == [False, True]  # what is ready at once: the hit, not the miss
         s.wait_all(0, [9, 0])
         assert 0 in s.core.resident_experts(0)
         assert totals(s)["demand_reads"] == 5

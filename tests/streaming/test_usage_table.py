@@ -38,13 +38,13 @@ def test_counts_are_saved_merged_and_seed_idle_fill(repacked_factory: ModelFacto
     s = _session(model, stream=_fast_idle())
     try:
         layer = s.streamed[0]
-        table = load_usage(usage_path(str(model)), s.streamed, s.hp.n_expert, s.usage.model_checksum, print)
+        table = load_usage(usage_path(str(model)), s.streamed, s.hp.n_expert, s.scheduler.usage.model_checksum, print)
         assert table is not None
         top = table.ranked(0)[: s.slots_per_layer]
         deadline = time.monotonic() + 10
-        while not all(s.streamer.ready(layer, top)) and time.monotonic() < deadline:
+        while not all(s.scheduler.holds(layer, top)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert all(s.streamer.ready(layer, top))
+        assert all(s.scheduler.holds(layer, top))
     finally:
         s.close()
 

@@ -80,9 +80,9 @@ class StreamCore {
   // A decode token (prompt_tokens == 0) or a prompt batch of prompt_tokens tokens (LRU, ages the values).
   void begin_token(std::uint64_t prompt_tokens);
   // Layer li starts with these selected experts: drops its unselected predictions, promotes selected
-  // prefetches, issues demand reads. Returns each expert's slot (-1 while it waits for a free slot).
+  // prefetches, issues demand reads. Returns whether each expert is ready now (hits: compute them first).
   // `keep`: experts a later wave of this layer needs, left where they are (pinned, not counted as used).
-  std::vector<int> begin_layer(int li, const std::vector<int>& experts, const std::vector<int>& keep = {});
+  std::vector<bool> begin_layer(int li, const std::vector<int>& experts, const std::vector<int>& keep = {});
   void end_layer(int li);
   // Predictions for a later layer (distance 1, 2, ...), in rank order.
   void predict(int li, const std::vector<int>& experts, int distance);

@@ -9,7 +9,7 @@ from __future__ import annotations
 import mmap
 import random
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -125,9 +125,11 @@ class ModelFile:
                 return self._read_resident(i, info)
         raise KeyError(f"no resident tensor {name!r}")
 
-    def iter_resident(self) -> Iterator[tuple[TensorInfo, bytes]]:
+    def iter_resident(self, skip: Callable[[str], bool] = lambda name: False) -> Iterator[tuple[TensorInfo, bytes]]:
+        """Every resident tensor (but those `skip` names), read and checked against its checksum."""
         for i, info in enumerate(self.resident):
-            yield info, self._read_resident(i, info)
+            if not skip(info.name):
+                yield info, self._read_resident(i, info)
 
     def _read_resident(self, i: int, info: TensorInfo) -> bytes:
         h = xxhash.xxh3_64()

@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+from tokenwing.errors import UnsupportedError
+from tokenwing.models.base import MoEModel
+from tokenwing.models.ernie4_5_moe import Ernie45MoE
+from tokenwing.models.glm4moe import Glm4MoE
+from tokenwing.models.qwen2moe import Qwen2MoE
+from tokenwing.models.qwen3moe import Qwen3MoE
+
+FAMILIES: dict[str, type[MoEModel]] = {cls.arch: cls for cls in (Qwen3MoE, Qwen2MoE, Ernie45MoE, Glm4MoE)}
+
 
 def supported_architectures() -> list[str]:
     """The GGUF architecture names this engine runs."""
-    from tokenwing.models.qwen3moe import FAMILIES
-
     return sorted(FAMILIES)
+
+
+def family(arch: str) -> type[MoEModel]:
+    try:
+        return FAMILIES[arch]
+    except KeyError:
+        known = ", ".join(sorted(FAMILIES))
+        raise UnsupportedError(f"architecture {arch!r} cannot run yet (the engine runs {known})") from None

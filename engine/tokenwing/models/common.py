@@ -1,31 +1,28 @@
-"""Graph builders shared by the MoE architectures: norms, attention over the KV cache, routed experts.
+"""Graph pieces shared by the MoE families: norms, attention over the KV cache, routers, dense and routed FFNs,
+and the tail that adds a layer's experts, its shared expert and the residual.
 
-They follow llama.cpp's graphs op for op (same ggml kernels, same order), so results match it to rounding.
+They follow llama.cpp's graphs op for op (same ggml kernels, same order), so results match it to rounding. A
+family module (`models/<arch>.py`) builds its layer graph from these, the way llama.cpp's `src/models/*.cpp`
+do; nothing here knows a family by name.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
-from tokenwing.compute.ggml_lib import ROPE_NEOX, Graph, Tensor, ops
+from tokenwing.compute.ggml_lib import Graph, Tensor, ops
 from tokenwing.models.hparams import HParams
-
-
-@dataclass(frozen=True)
-class AttentionSpec:
-    qk_norm: bool | None = True  # None: when the file has the norms
-    qkv_bias: bool = False
-    rope_type: int = ROPE_NEOX
 
 
 def rms_norm(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return ops.ggml_mul(ctx, ops.ggml_rms_norm(ctx, x, eps), weight)
 
 
+# ------------------------------------------------------------------------------------------ where tokens go
 DECODE_WINDOW = 256  # decode attends over the cache rounded up to this many positions (masked), as llama.cpp does
 
 
@@ -63,49 +60,68 @@ def placement(g: Graph, pos0: int, n: int, n_kv: int, n_ctx: int, kv_width: int)
     return Placement(n, n_kv, **{name: g.input(v) for name, v in a.items()})
 
 
+@dataclass(frozen=True)
+class KVCache:
+    """One layer's cache: K [width, n_ctx] (a row per position), V transposed [n_ctx, width]."""
+
+    k: Tensor
+    v: Tensor
+    elt: int  # bytes per element
+
+
+# ------------------------------------------------------------------------------------------- attention
+@dataclass(frozen=True)
+class Rope:
+    n_rot: int  # dimensions rotated (partial rotary: fewer than the head)
+    mode: int  # ROPE_NEOX or ROPE_NORM
+    n_ctx_orig: int
+    base: float
+
+
+def rope(ctx: Any, x: Tensor, positions: Tensor, r: Rope) -> Tensor:
+    return ops.ggml_rope_ext(ctx, x, positions, None, r.n_rot, r.mode, r.n_ctx_orig, r.base, 1.0, 0.0, 1.0, 32.0, 1.0)
+
+
 def attention(
     ctx: Any,
     hp: HParams,
-    spec: AttentionSpec,
     w: dict[str, Tensor],
     x: Tensor,
     at: Placement,
-    kv: tuple[Tensor, Tensor, int],
+    kv: KVCache,
+    r: Rope,
+    qk_norm: bool,
+    qkv_bias: bool,
 ) -> tuple[Tensor, list[Tensor]]:
-    """Self-attention of the `at.n` new tokens over the cache.
+    """Grouped-query self-attention of the `at.n` new tokens over the cache (optional q/k/v biases and per-head
+    q/k RMSNorm before RoPE).
 
-    kv: (k_cache [head_dim·n_kv, n_ctx], v_cache transposed [n_ctx, head_dim·n_kv], bytes per element).
-    Returns the output and the cache writes, which the caller must put in the graph first (as llama.cpp
-    does) so that the attention reads see them.
+    Returns the output and the cache writes, which the caller must put in the graph first (as llama.cpp does)
+    so that the attention reads see them.
     """
     hd, nh, nkv, n_tokens = hp.head_dim, hp.n_head, hp.n_head_kv, at.n
     q = ops.ggml_mul_mat(ctx, w["attn_q"], x)
     k = ops.ggml_mul_mat(ctx, w["attn_k"], x)
     v = ops.ggml_mul_mat(ctx, w["attn_v"], x)
-    if spec.qkv_bias:
+    if qkv_bias:
         q = ops.ggml_add(ctx, q, w["attn_q.bias"])
         k = ops.ggml_add(ctx, k, w["attn_k.bias"])
         v = ops.ggml_add(ctx, v, w["attn_v.bias"])
     q = ops.ggml_reshape_3d(ctx, q, hd, nh, n_tokens)
     k = ops.ggml_reshape_3d(ctx, k, hd, nkv, n_tokens)
-    if spec.qk_norm or (spec.qk_norm is None and "attn_q_norm" in w):
+    if qk_norm:
         q = rms_norm(ctx, q, w["attn_q_norm"], hp.rms_eps)
         k = rms_norm(ctx, k, w["attn_k_norm"], hp.rms_eps)
-    q = ops.ggml_rope_ext(
-        ctx, q, at.positions, None, hp.n_rot, spec.rope_type, hp.n_ctx_train, hp.rope_base, 1.0, 0.0, 1.0, 32.0, 1.0
-    )
-    k = ops.ggml_rope_ext(
-        ctx, k, at.positions, None, hp.n_rot, spec.rope_type, hp.n_ctx_train, hp.rope_base, 1.0, 0.0, 1.0, 32.0, 1.0
-    )
-    k_cache, v_cache, elt = kv
-    n_ctx = int(v_cache.contents.ne[0])
+    q = rope(ctx, q, at.positions, r)
+    k = rope(ctx, k, at.positions, r)
+    n_ctx = int(kv.v.contents.ne[0])
     width = hd * nkv
-    row = width * elt
-    k_write = ops.ggml_set_rows(ctx, k_cache, ops.ggml_reshape_2d(ctx, k, width, n_tokens), at.k_rows)
-    v_flat = ops.ggml_view_2d(ctx, v_cache, 1, n_ctx * width, elt, 0)  # one row per element
+    row = width * kv.elt
+    k_write = ops.ggml_set_rows(ctx, kv.k, ops.ggml_reshape_2d(ctx, k, width, n_tokens), at.k_rows)
+    v_flat = ops.ggml_view_2d(ctx, kv.v, 1, n_ctx * width, kv.elt, 0)  # one row per element
     v_write = ops.ggml_set_rows(ctx, v_flat, ops.ggml_reshape_2d(ctx, v, 1, width * n_tokens), at.v_cells)
-    k_all = ops.ggml_view_3d(ctx, k_cache, hd, nkv, at.n_kv, hd * elt, row, 0)
-    v_all = ops.ggml_view_3d(ctx, v_cache, at.n_kv, hd, nkv, n_ctx * elt, n_ctx * elt * hd, 0)
+    k_all = ops.ggml_view_3d(ctx, kv.k, hd, nkv, at.n_kv, hd * kv.elt, row, 0)
+    v_all = ops.ggml_view_3d(ctx, kv.v, at.n_kv, hd, nkv, n_ctx * kv.elt, n_ctx * kv.elt * hd, 0)
     kq = ops.ggml_mul_mat(ctx, ops.ggml_permute(ctx, k_all, 0, 2, 1, 3), ops.ggml_permute(ctx, q, 0, 2, 1, 3))
     kq = ops.ggml_soft_max_ext(ctx, kq, at.mask, 1.0 / math.sqrt(hd), 0.0)
     kqv = ops.ggml_mul_mat(ctx, v_all, kq)
@@ -113,39 +129,109 @@ def attention(
     return ops.ggml_mul_mat(ctx, w["attn_output"], cur), [k_write, v_write]
 
 
-def route(
-    ctx: Any,
-    logits: Tensor,
-    k: int,
-    normalize: bool,
-    sigmoid: bool = False,
-    bias: Tensor | None = None,
-    scale: float = 1.0,
-) -> tuple[Tensor, Tensor]:
+# --------------------------------------------------------------------------------------------- routing
+@dataclass(frozen=True)
+class Router:
+    """How a router turns logits into experts and weights."""
+
+    k: int
+    sigmoid: bool  # probabilities by sigmoid, not softmax
+    normalize: bool  # renormalise the top-k weights to sum 1
+    scale: float = 1.0  # then multiply them by this
+    bias: bool = False  # top-k of probabilities + a per-expert selection bias (weights from the probabilities)
+
+    def selection_scores(self, logits: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+        """What the router ranks experts by, from its logits (numpy, for the lookahead's predictions): the
+        logits themselves for softmax (same order); the probabilities + the bias for biased routers."""
+        if bias is None:
+            return logits
+        if self.sigmoid:
+            probs = 1.0 / (1.0 + np.exp(-logits))
+        else:
+            probs = np.exp(logits - logits.max())
+            probs /= probs.sum()
+        scores: np.ndarray = probs + bias
+        return scores
+
+
+def route(ctx: Any, logits: Tensor, router: Router, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Router logits [n_expert, n] → the top-k experts I32 [k, n] (highest first) and their weights F32 [k, n]:
     softmax (or sigmoid) probabilities; the top-k of probabilities + `bias` when given (DeepSeek-V3, GLM-4.5:
-    the bias steers the choice only); weights renormalised over the k when `normalize`, then scaled.
-    llama.cpp's ops in llama.cpp's order."""
-    n_expert, n = int(logits.contents.ne[0]), int(logits.contents.ne[1])
-    probs = ops.ggml_sigmoid(ctx, logits) if sigmoid else ops.ggml_soft_max(ctx, logits)
+    the bias steers the choice only); weights renormalised over the k when asked, then scaled. llama.cpp's ops
+    in llama.cpp's order."""
+    n_expert, n, k = int(logits.contents.ne[0]), int(logits.contents.ne[1]), router.k
+    probs = ops.ggml_sigmoid(ctx, logits) if router.sigmoid else ops.ggml_soft_max(ctx, logits)
     selection = probs if bias is None else ops.ggml_add(ctx, probs, bias)
     ids = ops.ggml_cont(ctx, ops.ggml_argsort_top_k(ctx, selection, k))
     picked = ops.ggml_get_rows(ctx, ops.ggml_reshape_3d(ctx, probs, 1, n_expert, n), ids)
     weights = ops.ggml_reshape_2d(ctx, picked, k, n)
-    if normalize:
+    if router.normalize:
         total = ops.ggml_clamp(ctx, ops.ggml_sum_rows(ctx, weights), 6.103515625e-5, math.inf)  # (never 0)
         weights = ops.ggml_div(ctx, weights, total)
-    if scale not in (0.0, 1.0):
-        weights = ops.ggml_scale(ctx, weights, scale)
+    if router.scale not in (0.0, 1.0):
+        weights = ops.ggml_scale(ctx, weights, router.scale)
     return ids, weights
 
 
+# ------------------------------------------------------------------------------------------------ FFNs
 def swiglu_ffn(ctx: Any, gate: Tensor, up: Tensor, down: Tensor, x: Tensor) -> Tensor:
     g = ops.ggml_mul_mat(ctx, gate, x)
     u = ops.ggml_mul_mat(ctx, up, x)
     return ops.ggml_mul_mat(ctx, down, ops.ggml_swiglu_split(ctx, g, u))
 
 
+def dense_ffn(ctx: Any, w: dict[str, Tensor], x: Tensor) -> Tensor:
+    return swiglu_ffn(ctx, w["ffn_gate"], w["ffn_up"], w["ffn_down"], x)
+
+
+def shared_expert(ctx: Any, w: dict[str, Tensor], x: Tensor, gated: bool) -> Tensor:
+    """The shared expert(s) of a MoE layer; `gated`: scaled by sigmoid(ffn_gate_inp_shexp · x) (qwen2moe)."""
+    out = swiglu_ffn(ctx, w["ffn_gate_shexp"], w["ffn_up_shexp"], w["ffn_down_shexp"], x)
+    if gated:
+        out = ops.ggml_mul(ctx, out, ops.ggml_sigmoid(ctx, ops.ggml_mul_mat(ctx, w["ffn_gate_inp_shexp"], x)))
+    return out
+
+
+# -------------------------------------------------------------------------------------- a layer's result
+@dataclass
+class Routed:
+    """A MoE layer's graph up to its routed experts, which the runtime computes from wherever they are."""
+
+    cur: Tensor  # the experts' input (after the FFN norm)
+    residual: Tensor  # added after the experts (the attention output plus the layer input)
+    ids: Tensor  # I32 [k, n]: the selected experts, highest first
+    weights: Tensor  # F32 [k, n]
+    shared: Tensor | None = None  # the shared expert's output, when the layer has one
+
+    def outputs(self) -> dict[str, Tensor]:
+        return {f.name: t for f in fields(self) if (t := getattr(self, f.name)) is not None}
+
+
+@dataclass
+class LayerOut:
+    """What a family's `layer` graph gives: the cache writes (to put in the graph first), and either the layer's
+    output (a dense layer) or its routed part."""
+
+    writes: list[Tensor]
+    out: Tensor | None = None
+    routed: Routed | None = None
+
+
+def moe_tail(ctx: Any, experts: Tensor, shared: Tensor | None, residual: Tensor) -> Tensor:
+    """The layer's output: (routed experts + shared expert) + residual, as llama.cpp's graph adds them."""
+    total = experts if shared is None else ops.ggml_add(ctx, experts, shared)
+    return ops.ggml_add(ctx, total, residual)
+
+
+def moe_tail_array(experts: np.ndarray, shared: np.ndarray | None, residual: np.ndarray) -> np.ndarray:
+    """`moe_tail` on arrays, in place in `experts` (the prompt path: same additions, same order)."""
+    if shared is not None:
+        experts += shared
+    experts += residual
+    return experts
+
+
+# ----------------------------------------------------------------------------------------- routed experts
 def routed_experts(
     g: Graph,
     views: tuple[Tensor, Tensor, Tensor],

@@ -1,15 +1,14 @@
-"""Resident weights in memory we own, as ggml tensors; streamed experts as views of the core's slot pools."""
+"""Resident weights in memory we own, as ggml tensors."""
 
 from __future__ import annotations
 
-import ctypes
+from collections.abc import Callable
 
 import numpy as np
 
 from tokenwing.compute.ggml_lib import F16, F32, Repacker, Tensor, TensorArena, aligned_bytes, quiet_debug_log
 from tokenwing.format.gguf_io import tensor_nbytes
 from tokenwing.format.reader import ModelFile
-from tokenwing.streaming.streamer import ExpertStreamer
 
 _ALIGN = 64
 
@@ -26,16 +25,20 @@ def _align(n: int) -> int:
 class ModelWeights:
     """Every resident tensor, loaded (checksummed) into one aligned allocation."""
 
-    def __init__(self, mf: ModelFile, extra_tensors: int = 64, repack: bool = True) -> None:
+    def __init__(
+        self, mf: ModelFile, extra_tensors: int = 64, repack: bool = True, skip: Callable[[str], bool] = lambda n: False
+    ) -> None:
+        """skip: tensors not to load (a multi-token-prediction block's, which never run)."""
         n_layers = len(mf.index.layers)
-        self.arena = TensorArena(len(mf.resident) + 3 * n_layers + extra_tensors)
-        total = sum(_align(t.nbytes) for t in mf.resident)
+        resident = [t for t in mf.resident if not skip(t.name)]
+        self.arena = TensorArena(len(resident) + 3 * n_layers + extra_tensors)
+        total = sum(_align(t.nbytes) for t in resident)
         self.memory = aligned_bytes(total)
         self.tensors: dict[str, Tensor] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.types: dict[str, int] = {}
         off = 0
-        for info, data in mf.iter_resident():
+        for info, data in mf.iter_resident(skip):
             view = self.memory[off : off + info.nbytes]
             view[:] = np.frombuffer(data, dtype=np.uint8)
             self.tensors[info.name] = self.arena.wrap(view, info.type, info.shape)
@@ -44,8 +47,6 @@ class ModelWeights:
             off = _align(off + info.nbytes)
         self.bytes = total
         self.repacked = self._repack() if repack else 0
-        self._slot_arena: TensorArena | None = None
-        self.slot_matrices: dict[int, list[list[Tensor]]] = {}  # block → [projection][slot] 2-D tensors
 
     def _repack(self) -> int:
         """Matrix weights into ggml's repacked layout where this CPU has one (as llama.cpp does by default)."""
@@ -80,56 +81,3 @@ class ModelWeights:
         parts = [self.array(n) for n in names]
         stacked = np.ascontiguousarray(np.concatenate(parts, axis=0).astype(np.float16 if half else np.float32))
         return self.arena.wrap(stacked, F16 if half else F32, (stacked.shape[1], stacked.shape[0]))
-
-    def expert_views(self, streamer: ExpertStreamer, repack: bool = True) -> dict[int, tuple[Tensor, Tensor, Tensor]]:
-        """Per streamed layer: gate, up and down as 3-D tensors over the slot pool (expert stride = record),
-        for mul_mat_id (one token), and as 2-D matrices per slot (`slot_matrices`), for the plain matrix
-        products of a prompt (one expert's tokens at once: ggml's batched kernels).
-
-        With `repack`, projections that have a repacked kernel on this CPU are kept in that layout: the
-        streaming core's I/O threads rewrite each one as it lands, so resident and streamed runs compute
-        with the same kernels (bit-identical results).
-        """
-        repacker = Repacker() if repack else None
-        if repacker is not None:
-            quiet_debug_log()
-        layers = streamer.index.layers
-        self._slot_arena = TensorArena(3 * sum(streamer.pools[li].shape[0] for li in range(len(layers))) + 8)
-        views: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
-        for li, el in enumerate(layers):
-            pool = streamer.pools[li]
-            n_slots = pool.shape[0]
-            base = pool.ctypes.data
-            out, mats = [], []
-            for p in range(3):
-                ne0, ne1 = el.shapes[p]
-                row = tensor_nbytes((ne0,), el.types[p])
-                elt = tensor_nbytes((_block(el.types[p]),), el.types[p])
-                view = self.arena.wrap(
-                    base + el.proj_offset[p],
-                    el.types[p],
-                    (ne0, ne1, n_slots),
-                    owner=pool,
-                    strides=(elt, row, el.record_size),
-                )
-                per_slot = [
-                    self._slot_arena.wrap(base + s * el.record_size + el.proj_offset[p], el.types[p], (ne0, ne1), pool)
-                    for s in range(n_slots)
-                ]
-                if repacker is not None and repacker.prepare(view):
-                    for t in per_slot:
-                        repacker.prepare(t)
-                    # each landed projection goes through ggml's repacking into its slot (an I/O thread)
-                    ctx = [ctypes.addressof(t.contents) for t in per_slot]
-                    streamer.core.set_transform(li, p, repacker.setter(), ctx)
-                out.append(view)
-                mats.append(per_slot)
-            views[el.layer] = (out[0], out[1], out[2])
-            self.slot_matrices[el.layer] = mats
-        return views
-
-
-def _block(gtype: int) -> int:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    return int(GGML_QUANT_SIZES[GGMLQuantizationType(gtype)][0])

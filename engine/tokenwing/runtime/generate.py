@@ -88,11 +88,11 @@ def generate(
     """Generates after `prompt`, whose first `cached` tokens are already in the session's KV cache
     (`Session.reuse_prefix`); the whole prompt still counts for repetition penalties."""
     gen = Generation(prompt_tokens=len(prompt), cached_tokens=cached)
-    before = session.streamer.counters()
+    before = session.counters()
     t0 = time.perf_counter()
     logits = session.forward(prompt[cached:])
     gen.prompt_seconds = time.perf_counter() - t0
-    after_prompt = session.streamer.counters()
+    after_prompt = session.counters()
     stream = TextStream(stops)
     history = list(prompt)
     t1 = time.perf_counter()
@@ -111,16 +111,16 @@ def generate(
             break
         if session.pos >= session.n_ctx or len(gen.tokens) == max_tokens:
             break  # the last token needs no forward pass
-        before_tok = session.streamer.counters()
+        before_tok = session.counters()
         logits = session.forward([tok])
         if on_token:
-            on_token(tok, session.streamer.counters() - before_tok)
+            on_token(tok, session.counters() - before_tok)
     gen.decode_seconds = time.perf_counter() - t1
     tail = stream.flush() if not stream.stopped else ""
     if tail and on_text:
         on_text(tail)
     gen.text = stream.text
-    gen.stats = run_stats(session, before, after_prompt, session.streamer.counters(), gen)
+    gen.stats = run_stats(session, before, after_prompt, session.counters(), gen)
     return gen
 
 

@@ -6,40 +6,35 @@ every layer, output head — instead of a graph per layer with a round trip thro
 is built once per 256 positions of the KV cache (decode attends over a masked, rounded-up window) and rerun with
 new inputs: a token costs a few input copies and one call into ggml, as in llama.cpp.
 
-The same ggml ops in the same order as the per-layer path, so outputs are bit-identical to it (tested).
+The same ggml ops in the same order as the per-layer path (the family's layer graph, the experts through the
+slot pool, `common.moe_tail`), so outputs are bit-identical to it (tested).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import numpy as np
 
-from tokenwing.compute.ggml_lib import F32, I32, I64, StaticGraph, Tensor, ops, to_numpy
+from tokenwing.compute.ggml_lib import F32, I32, I64, Graph, StaticGraph, ops, to_numpy
 from tokenwing.models import common
-from tokenwing.models.hparams import HParams
-
-# (ctx, layer, x, placement) → the layer's attention-part tensors by name, and its KV cache writes
-AttentionBuilder = Callable[[Any, int, Tensor, common.Placement], tuple[dict[str, Tensor], list[Tensor]]]
-HeadBuilder = Callable[[Any, Tensor], Tensor]  # (ctx, hidden state) → logits
+from tokenwing.models.base import MoEModel
+from tokenwing.runtime.experts import ExpertCompute
+from tokenwing.runtime.kvcache import KVCaches
 
 
 class TokenGraph:
     def __init__(
         self,
-        hp: HParams,
+        model: MoEModel,
+        kv: KVCaches,
         window: int,
-        n_ctx: int,
-        embeddings: Tensor,
-        attention: AttentionBuilder,
-        head: HeadBuilder,
-        experts: dict[int, tuple[tuple[Tensor, Tensor, Tensor], np.ndarray]],
-        pool_owner: Any,
+        experts: ExpertCompute,
+        slot_map: dict[int, np.ndarray],
+        pool_owner: Graph,
     ) -> None:
-        """experts: for each layer with routed experts, its slot-pool views and the slot of each expert."""
-        self.window, self.n_ctx = window, n_ctx
-        self.width = hp.head_dim * hp.n_head_kv
+        """slot_map: for each layer with routed experts, the slot of each expert."""
+        hp = model.hp
+        self.window, self.n_ctx = window, kv.n_ctx
+        self.width = model.kv_width
         # ~90 nodes per layer at top-8 (each expert's output is a view and an addition): room to spare
         g = self.g = StaticGraph(hp.n_layer * (96 + 8 * hp.n_expert_used) + 256, pool_owner)
         ctx = g.ctx
@@ -52,24 +47,23 @@ class TokenGraph:
             k_rows=g.input(I64, (1,)),
             v_cells=g.input(I64, (self.width,)),
         )
-        x = ops.ggml_get_rows(ctx, embeddings, self.token)
-        self.routed: list[tuple[int, Tensor]] = []  # (layer, its selected experts)
+        x = model.embed(ctx, self.token)
+        self.routed: list[tuple[int, object]] = []  # (layer, its selected experts)
         for il in range(hp.n_layer):
-            out, writes = attention(ctx, il, x, self.at)
-            for w in writes:
+            lo = model.layer(ctx, il, x, self.at, kv[il])
+            for w in lo.writes:
                 g.expand(w)  # before the attention reads of the cache
-            if "dense" in out:
-                x = out["dense"]
+            if lo.routed is None:
+                assert lo.out is not None
+                x = lo.out
                 continue
-            views, slot_of = experts[il]
-            table = g.constant(slot_of.astype(np.int32).reshape(-1, 1))
-            slots = ops.ggml_reshape_2d(ctx, ops.ggml_get_rows(ctx, table, out["ids"]), hp.n_expert_used, 1)
-            total = common.token_experts(ctx, views, out["cur"], slots, out["weights"])
-            if "shared" in out:
-                total = ops.ggml_add(ctx, total, out["shared"])
-            x = ops.ggml_add(ctx, total, out["ffn_inp"])
-            self.routed.append((il, out["ids"]))
-        self.logits = head(ctx, x)
+            r = lo.routed
+            table = g.constant(slot_map[il].astype(np.int32).reshape(-1, 1))
+            slots = ops.ggml_reshape_2d(ctx, ops.ggml_get_rows(ctx, table, r.ids), hp.n_expert_used, 1)
+            total = experts.token(ctx, il, r.cur, slots, r.weights)
+            x = common.moe_tail(ctx, total, r.shared, r.residual)
+            self.routed.append((il, r.ids))
+        self.logits = model.head(ctx, x)
         g.finish(self.logits, *(ids for _, ids in self.routed))
 
     @property

@@ -176,7 +176,7 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         for k, v in worker.totals.items():
             lines.append(f"tokenwing_{k}_total {v}")
         if worker.session is not None:
-            c = worker.session.streamer.counters()
+            c = worker.session.counters()
             from tokenwing.streaming.streamer import COUNTERS
 
             for i, name in enumerate(COUNTERS):

@@ -15,7 +15,7 @@ import uvicorn
 
 from tokenwing.errors import BadInputError, TokenWingError
 from tokenwing.format.reader import ModelFile
-from tokenwing.models.qwen3moe import family
+from tokenwing.models import family
 from tokenwing.runtime.session import SessionOptions
 from tokenwing.server.app import API_VERSION, create_app
 from tokenwing.server.worker import EngineWorker

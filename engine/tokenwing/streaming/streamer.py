@@ -28,12 +28,13 @@ class SlotPlan:
     note: str | None  # one line when the plan had to go above the budget
 
 
-def plan_slots(index: ExpertIndex, budget: int, min_per_layer: int) -> SlotPlan:
-    """Equal slots per streamed layer from a byte budget, at least `min_per_layer`, at most every expert.
+def plan_slots(index: ExpertIndex, budget: int, min_per_layer: int, layers: Sequence[int] | None = None) -> SlotPlan:
+    """Equal slots per streamed layer (`layers`: blocks, default every layer of the index) from a byte budget, at
+    least `min_per_layer`, at most every expert.
 
     Never refuses: a budget below the minimum gets the minimum (slower, more reads) and a note saying so.
     """
-    per_slot_row = sum(el.record_size for el in index.layers)  # one slot in every layer
+    per_slot_row = sum(el.record_size for el in index.layers if layers is None or el.layer in layers)
     n = budget // per_slot_row if per_slot_row else 0
     n = min(n, index.n_expert)
     note = None
@@ -47,15 +48,24 @@ def plan_slots(index: ExpertIndex, budget: int, min_per_layer: int) -> SlotPlan:
 
 
 class ExpertStreamer:
-    """Streams one model file's routed experts. Layers are named by their block index."""
+    """Streams one model file's routed experts. Layers are named by their block index; `layers` (blocks) limits
+    streaming to those (multi-token-prediction blocks are neither read nor given slots)."""
 
-    def __init__(self, model: ModelFile, slots_per_layer: int, settings: StreamSettings | None = None) -> None:
+    def __init__(
+        self,
+        model: ModelFile,
+        slots_per_layer: int,
+        settings: StreamSettings | None = None,
+        layers: Sequence[int] | None = None,
+    ) -> None:
         self.settings = settings or StreamSettings()
         self.index = model.index
-        self.checksums = model.index.checksums
-        self.block_to_li = {el.layer: i for i, el in enumerate(self.index.layers)}
+        self.layers = [el for el in self.index.layers if layers is None or el.layer in layers]
+        rows = [i for i, el in enumerate(self.index.layers) if layers is None or el.layer in layers]
+        self.checksums = model.index.checksums[rows]
+        self.block_to_li = {el.layer: i for i, el in enumerate(self.layers)}
         geos = []
-        for el in self.index.layers:
+        for el in self.layers:
             g = _core.LayerGeometry()
             g.offset, g.record_size, g.n_slots = el.offset, el.record_size, slots_per_layer
             g.proj_offset, g.proj_size = list(el.proj_offset), list(el.proj_size)
@@ -90,7 +100,9 @@ class ExpertStreamer:
     def begin_token(self, prompt_tokens: int = 0) -> None:
         self.core.begin_token(prompt_tokens)
 
-    def begin_layer(self, block: int, experts: Sequence[int], keep: Sequence[int] = ()) -> list[int]:
+    def begin_layer(self, block: int, experts: Sequence[int], keep: Sequence[int] = ()) -> list[bool]:
+        """Starts the layer with these selected experts (and `keep`, a later wave's, left in place); returns
+        which of `experts` are ready now."""
         return self.core.begin_layer(self.li(block), list(experts), list(keep))
 
     def holding(self, block: int, experts: Sequence[int]) -> list[bool]:
@@ -126,9 +138,30 @@ class ExpertStreamer:
         row: np.ndarray = self.pools[self.li(block)][slot]
         return row
 
+    # Slots on loan to a prompt's working memory, and the cache's idle fill.
+    def loan(self, nbytes: int, keep_per_layer: int) -> int:
+        return int(self.core.loan(nbytes, keep_per_layer))
+
+    def unloan(self) -> None:
+        self.core.unloan()
+
+    @property
+    def loaned_bytes(self) -> int:
+        return int(self.core.loaned_bytes)
+
+    def usable_slots(self, block: int) -> int:
+        return int(self.core.usable_slots(self.li(block)))
+
+    def set_usage(self, block: int, ranked: Sequence[int]) -> None:
+        self.core.set_usage(self.li(block), list(ranked))
+
+    def set_transform(self, block: int, proj: int, fn: int, ctx: Sequence[int]) -> None:
+        """An I/O thread rewrites each landed projection through fn (ggml's repacking), see the core."""
+        self.core.set_transform(self.li(block), proj, fn, list(ctx))
+
     def _verify(self, li: int, expert: int, slot: int) -> None:
         if xxhash.xxh3_64_intdigest(self.pools[li][slot].data) != int(self.checksums[li, expert]):
-            layer = self.index.layers[li].layer
+            layer = self.layers[li].layer
             raise CorruptModelError(f"expert {expert} of layer {layer} was delivered with wrong bytes")
 
     # Statistics: cheap to read at every token.

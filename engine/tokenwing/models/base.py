@@ -1,0 +1,203 @@
+"""What every family module provides, and the checks and weight lookups they share.
+
+A family is a subclass of `MoEModel` in `models/<arch>.py`: it checks that a file has the tensors it will use
+(`check`), says how its router chooses (`router`), and builds one layer's graph (`layer`) from the pieces in
+`models/common.py`. The runtime calls these and nothing else: it never knows a family by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from tokenwing.compute.ggml_lib import ROPE_NEOX, Tensor, ops
+from tokenwing.errors import BadInputError
+from tokenwing.models import common
+from tokenwing.models.hparams import HParams
+from tokenwing.models.weights import ModelWeights
+
+
+class TensorCheck:
+    """Every tensor a layer will use exists with the shape the hyper-parameters imply.
+
+    ggml aborts the process on a shape mismatch, so a crafted or inconsistent file must stop here, with one line.
+    """
+
+    def __init__(self, hp: HParams, shapes: dict[str, tuple[int, ...]], where: str) -> None:
+        self.hp, self.shapes, self.where = hp, shapes, where
+
+    def has(self, name: str) -> bool:
+        return name in self.shapes
+
+    def need(self, name: str, shape: tuple[int, ...]) -> None:
+        got = self.shapes.get(name)
+        if got is None:
+            raise BadInputError(f"{self.where}: tensor {name} is missing")
+        if tuple(got) != shape:
+            raise BadInputError(f"{self.where}: tensor {name} has shape {tuple(got)}, the metadata implies {shape}")
+
+    def head(self) -> None:
+        e = self.hp.n_embd
+        self.need("token_embd.weight", (e, self.hp.vocab_size))
+        self.need("output_norm.weight", (e,))
+        if self.has("output.weight"):
+            self.need("output.weight", (e, self.hp.vocab_size))
+
+    def attention(self, il: int, qk_norm: bool, qkv_bias: bool) -> None:
+        hp, p = self.hp, f"blk.{il}."
+        e, q, kv = hp.n_embd, hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+        self.need(p + "attn_norm.weight", (e,))
+        self.need(p + "attn_q.weight", (e, q))
+        self.need(p + "attn_k.weight", (e, kv))
+        self.need(p + "attn_v.weight", (e, kv))
+        self.need(p + "attn_output.weight", (q, e))
+        if qk_norm:
+            self.need(p + "attn_q_norm.weight", (hp.head_dim,))
+            self.need(p + "attn_k_norm.weight", (hp.head_dim,))
+        if qkv_bias:
+            self.need(p + "attn_q.bias", (q,))
+            self.need(p + "attn_k.bias", (kv,))
+            self.need(p + "attn_v.bias", (kv,))
+
+    def dense_ffn(self, il: int) -> None:
+        p, e = f"blk.{il}.", self.hp.n_embd
+        ff = self.shapes.get(p + "ffn_gate.weight", (e, 0))[1]
+        self.need(p + "ffn_gate.weight", (e, ff))
+        self.need(p + "ffn_up.weight", (e, ff))
+        self.need(p + "ffn_down.weight", (ff, e))
+
+    def router(self, il: int, bias: bool) -> None:
+        p = f"blk.{il}."
+        self.need(p + "ffn_gate_inp.weight", (self.hp.n_embd, self.hp.n_expert))
+        if bias:
+            self.need(p + "exp_probs_b.bias", (self.hp.n_expert,))
+
+    def experts(self, il: int, width: int) -> None:
+        if width != self.hp.n_embd:
+            raise BadInputError(f"{self.where}: the experts of layer {il} have width {width}, not {self.hp.n_embd}")
+
+    def shared_expert(self, il: int, gated: bool) -> bool:
+        """Checks the layer's shared expert, if the file has one; returns whether it has."""
+        p, e = f"blk.{il}.", self.hp.n_embd
+        if not self.has(p + "ffn_gate_shexp.weight"):
+            return False
+        sh = self.shapes[p + "ffn_gate_shexp.weight"][1]
+        self.need(p + "ffn_gate_shexp.weight", (e, sh))
+        self.need(p + "ffn_up_shexp.weight", (e, sh))
+        self.need(p + "ffn_down_shexp.weight", (sh, e))
+        if gated:
+            self.need(p + "ffn_gate_inp_shexp.weight", (e,))
+        return True
+
+
+class MoEModel:
+    """A loaded model of one family: its hyper-parameters, resident weights by layer, router and layer graph.
+
+    The default layer is the pre-norm MoE transformer block most families share (attention, residual, FFN norm,
+    then a dense FFN or routed experts with an optional shared expert); a family sets its attention and router
+    and overrides what differs.
+    """
+
+    arch: ClassVar[str]
+    rope_mode: ClassVar[int] = ROPE_NEOX
+    ffn_norm: ClassVar[str] = "ffn_norm"  # the norm before a layer's FFN and router
+    qk_norm: ClassVar[bool | None] = False  # per-head q/k RMSNorm (None: where the file has it)
+    qkv_bias: ClassVar[bool] = False
+    shared_gated: ClassVar[bool] = False  # shared expert scaled by sigmoid(ffn_gate_inp_shexp · x)
+    sigmoid_router: ClassVar[bool] = False  # router probabilities by sigmoid (a file may say otherwise)
+    normalize_weights: ClassVar[bool] = True  # renormalise the top-k weights (a file may say otherwise)
+    selection_bias: ClassVar[bool] = False  # top-k on probabilities + exp_probs_b
+
+    def __init__(self, hp: HParams, weights: ModelWeights, streamed: list[int]) -> None:
+        self.hp = hp
+        self.weights = weights
+        self.streamed = streamed  # layers with routed experts (streamed), in order
+        self._moe = set(streamed)
+        self.w: list[dict[str, Tensor]] = [{} for _ in range(hp.n_layer)]
+        for name, t in weights.tensors.items():
+            parts = name.split(".", 2)
+            if parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < hp.n_layer:
+                self.w[int(parts[1])][parts[2].removesuffix(".weight")] = t
+        self.router = self.make_router(hp)
+        self.rope = common.Rope(hp.n_rot, self.rope_mode, hp.n_ctx_train, hp.rope_base)
+
+    @classmethod
+    def make_router(cls, hp: HParams) -> common.Router:
+        """The family's routing, where the file does not say otherwise (expert_gating_func, _weights_norm)."""
+        sigmoid = cls.sigmoid_router if hp.gating == 0 else hp.gating == 2
+        normalize = cls.normalize_weights if hp.expert_weights_norm is None else hp.expert_weights_norm
+        return common.Router(hp.n_expert_used, sigmoid, normalize, hp.expert_weights_scale, cls.selection_bias)
+
+    # -------------------------------------------------------------------------------------------- checks
+    @classmethod
+    def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
+        """Every tensor the layers use exists with its shape (streamed: layer → width of its experts)."""
+        c = TensorCheck(hp, shapes, where)
+        c.head()
+        for il in range(hp.n_layer):
+            cls.check_attention(c, il)
+            c.need(f"blk.{il}.{cls.ffn_norm}.weight", (hp.n_embd,))
+            if il not in streamed:
+                c.dense_ffn(il)
+                continue
+            c.router(il, cls.selection_bias)
+            c.experts(il, streamed[il])
+            c.shared_expert(il, cls.shared_gated)
+
+    @classmethod
+    def check_attention(cls, c: TensorCheck, il: int) -> None:
+        qk_norm = cls.qk_norm if cls.qk_norm is not None else c.has(f"blk.{il}.attn_q_norm.weight")
+        c.attention(il, qk_norm, cls.qkv_bias)
+
+    # --------------------------------------------------------------------------------------------- graph
+    def layer(self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.KVCache) -> common.LayerOut:
+        """Layer il's graph on the hidden state x: attention (writing the cache), then a dense FFN (`out`) or
+        the FFN norm, shared expert and router of the routed experts (`routed`)."""
+        w = self.w[il]
+        attn, writes = self.attention(ctx, il, self.norm(ctx, x, w["attn_norm"]), at, kv)
+        residual = ops.ggml_add(ctx, attn, x)
+        cur = self.norm(ctx, residual, w[self.ffn_norm])
+        if il not in self._moe:
+            return common.LayerOut(writes, out=ops.ggml_add(ctx, common.dense_ffn(ctx, w, cur), residual))
+        shared = common.shared_expert(ctx, w, cur, self.shared_gated) if "ffn_gate_shexp" in w else None
+        return common.LayerOut(writes, routed=self.routed(ctx, il, cur, residual, shared))
+
+    def attention(
+        self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.KVCache
+    ) -> tuple[Tensor, list[Tensor]]:
+        w = self.w[il]
+        qk_norm = self.qk_norm if self.qk_norm is not None else "attn_q_norm" in w
+        return common.attention(ctx, self.hp, w, x, at, kv, self.rope, qk_norm, self.qkv_bias)
+
+    def routed(self, ctx: Any, il: int, cur: Tensor, residual: Tensor, shared: Tensor | None) -> common.Routed:
+        """The router of layer il on `cur` (its FFN input): the selected experts and their weights."""
+        w = self.w[il]
+        logits = ops.ggml_mul_mat(ctx, w["ffn_gate_inp"], cur)
+        ids, weights = common.route(ctx, logits, self.router, w["exp_probs_b.bias"] if self.router.bias else None)
+        return common.Routed(cur, residual, ids, weights, shared)
+
+    @property
+    def kv_width(self) -> int:
+        """Elements per position of a layer's K (and of its V) cache."""
+        return self.hp.head_dim * self.hp.n_head_kv
+
+    def embed(self, ctx: Any, ids: Tensor) -> Tensor:
+        return ops.ggml_get_rows(ctx, self.weights.get("token_embd.weight"), ids)
+
+    def head(self, ctx: Any, x: Tensor) -> Tensor:
+        out = self.norm(ctx, x, self.weights.get("output_norm.weight"))
+        name = "output.weight" if self.weights.has("output.weight") else "token_embd.weight"
+        return ops.ggml_mul_mat(ctx, self.weights.get(name), out)
+
+    def norm(self, ctx: Any, x: Tensor, weight: Tensor) -> Tensor:
+        return common.rms_norm(ctx, x, weight, self.hp.rms_eps)
+
+    # ------------------------------------------------------------------ what the router lookahead needs
+    def router_norm(self, il: int) -> Tensor:
+        """The norm layer il applies before its router (the lookahead applies it to earlier hidden states)."""
+        return self.w[il][self.ffn_norm]
+
+    def router_weight_name(self, il: int) -> str:
+        return f"blk.{il}.ffn_gate_inp.weight"
+
+    def router_bias_name(self, il: int) -> str | None:
+        return f"blk.{il}.exp_probs_b.bias" if self.router.bias else None

@@ -1,0 +1,174 @@
+"""Computing routed experts where the streaming core put them: views of its slot pools as ggml tensors, a
+prompt's experts wave by wave, and a decode token's experts (in one graph with the next layer when all are in
+RAM; otherwise the resident ones first, while the others land).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from tokenwing.compute.ggml_lib import Graph, Repacker, Tensor, TensorArena, ops, quiet_debug_log, to_numpy
+from tokenwing.format.gguf_io import tensor_nbytes
+from tokenwing.models import common
+from tokenwing.runtime.scheduler import ExpertScheduler
+
+Views = tuple[Tensor, Tensor, Tensor]
+
+
+def _block(gtype: int) -> int:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    return int(GGML_QUANT_SIZES[GGMLQuantizationType(gtype)][0])
+
+
+class ExpertPools:
+    """Per streamed layer: gate, up and down as 3-D tensors over the slot pool (expert stride = record), for
+    mul_mat_id (a token's experts), and as 2-D matrices per slot, for the plain matrix products of a prompt
+    (one expert's tokens at once: ggml's batched kernels).
+
+    With `repack`, projections that have a repacked kernel on this CPU are kept in that layout: the streaming
+    core's I/O threads rewrite each one as it lands, so resident and streamed runs compute with the same kernels
+    (bit-identical results).
+    """
+
+    def __init__(self, scheduler: ExpertScheduler, arena: TensorArena, repack: bool) -> None:
+        streamer = scheduler.streamer
+        repacker = Repacker() if repack else None
+        if repacker is not None:
+            quiet_debug_log()
+        self._arena = TensorArena(3 * sum(pool.shape[0] for pool in streamer.pools) + 8)
+        self.views: dict[int, Views] = {}
+        self.matrices: dict[int, list[list[Tensor]]] = {}  # block → [projection][slot] 2-D tensors
+        for li, el in enumerate(streamer.layers):
+            pool = streamer.pools[li]
+            n_slots = pool.shape[0]
+            base = pool.ctypes.data
+            out, mats = [], []
+            for p in range(3):
+                ne0, ne1 = el.shapes[p]
+                row = tensor_nbytes((ne0,), el.types[p])
+                elt = tensor_nbytes((_block(el.types[p]),), el.types[p])
+                view = arena.wrap(
+                    base + el.proj_offset[p],
+                    el.types[p],
+                    (ne0, ne1, n_slots),
+                    owner=pool,
+                    strides=(elt, row, el.record_size),
+                )
+                per_slot = [
+                    self._arena.wrap(base + s * el.record_size + el.proj_offset[p], el.types[p], (ne0, ne1), pool)
+                    for s in range(n_slots)
+                ]
+                if repacker is not None and repacker.prepare(view):
+                    for t in per_slot:
+                        repacker.prepare(t)
+                    # each landed projection goes through ggml's repacking into its slot (an I/O thread)
+                    ctx = [ctypes.addressof(t.contents) for t in per_slot]
+                    streamer.set_transform(el.layer, p, repacker.setter(), ctx)
+                out.append(view)
+                mats.append(per_slot)
+            self.views[el.layer] = (out[0], out[1], out[2])
+            self.matrices[el.layer] = mats
+
+    def close(self) -> None:
+        self._arena.close()
+
+
+class ExpertCompute:
+    def __init__(self, scheduler: ExpertScheduler, pools: ExpertPools, graph: Graph, max_batch: int) -> None:
+        self.scheduler, self.pools, self.graph, self.max_batch = scheduler, pools, graph, max_batch
+        self.k = scheduler.k
+
+    # ------------------------------------------------------------------------------------------ a prompt
+    def prompt(self, block: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """A prompt's experts in waves (recency order, `ExpertScheduler.prompt_order`), summed as they come.
+
+        Each token adds its experts' outputs in the waves' order whatever the number of waves, so the result
+        does not depend on the budget, and the working memory is one running sum per token (not every token's k
+        outputs). llama.cpp adds in rank order: the difference is rounding.
+        """
+        n_expert = self.scheduler.n_expert
+        unique = self.scheduler.prompt_order(sel, n_expert)
+        place = np.zeros(n_expert, np.int64)
+        place[unique] = np.arange(len(unique))
+        acc = np.zeros((sel.shape[0], cur.shape[1]), np.float32)
+        for wave, slot_of in self.scheduler.waves(block, unique):
+            tok, j = np.nonzero(np.isin(sel, wave))
+            order = np.lexsort((tok, place[sel[tok, j]]))  # by expert in wave order, then by token
+            tok, j = tok[order], j[order]
+            for group in self._expert_groups(sel[tok, j]):
+                t, jj = tok[group], j[group]
+                out = self._expert_matmuls(block, cur, t, slot_of[sel[t, jj]], weights[t, jj])
+                # each token adds its outputs in wave order: one row per token per level
+                by_token = np.lexsort((place[sel[t, jj]], t))
+                t, out = t[by_token], out[by_token]
+                occurrence = np.arange(len(t)) - np.searchsorted(t, t)
+                for level in range(int(occurrence.max()) + 1 if len(t) else 0):
+                    m = occurrence == level
+                    acc[t[m]] += out[m]
+        return acc
+
+    def _expert_groups(self, experts: np.ndarray) -> list[slice]:
+        """Pairs sorted by expert → slices of whole experts (an expert's rows split into fixed blocks when it
+        has more than a graph holds), at most `max_batch · k` rows each. The blocks of an expert depend only on
+        its own rows, so ggml's batched kernels see the same columns whatever the waves: results do not
+        depend on the budget."""
+        limit = self.max_batch * self.k
+        bounds = np.flatnonzero(np.diff(experts)) + 1
+        units: list[tuple[int, int]] = []
+        for lo, hi in zip(np.r_[0, bounds].tolist(), np.r_[bounds, len(experts)].tolist(), strict=True):
+            units += [(b, min(b + limit, hi)) for b in range(lo, hi, limit)]
+        groups: list[slice] = []
+        for lo, hi in units:
+            if groups and hi - groups[-1].start <= limit:
+                groups[-1] = slice(groups[-1].start, hi)
+            else:
+                groups.append(slice(lo, hi))
+        return groups
+
+    def _expert_matmuls(
+        self, block: int, cur: np.ndarray, tokens: np.ndarray, slots: np.ndarray, weights: np.ndarray
+    ) -> np.ndarray:
+        """Weighted outputs [m, n_embd] of m pairs sorted by slot: one plain matrix product per expert block
+        (ggml's batched kernels read each expert's weights once for many tokens; mul_mat_id runs one token
+        at a time through them)."""
+        g = self.graph
+        ctx = g.reset()
+        mats = self.pools.matrices[block]
+        bounds = np.flatnonzero(np.diff(slots)) + 1
+        outs = []
+        for lo, hi in zip(np.r_[0, bounds].tolist(), np.r_[bounds, len(slots)].tolist(), strict=True):
+            slot = int(slots[lo])
+            x = g.input(cur[tokens[lo:hi]])
+            down = common.swiglu_ffn(ctx, mats[0][slot], mats[1][slot], mats[2][slot], x)
+            outs.append(ops.ggml_mul(ctx, down, g.input(weights[lo:hi].astype(np.float32).reshape(hi - lo, 1))))
+        g.compute(*outs)
+        return np.concatenate([to_numpy(o).reshape(-1, cur.shape[1]) for o in outs], axis=0)
+
+    # -------------------------------------------------------------------------------------- a decode token
+    def token(self, ctx: Any, block: int, x: Tensor, slots: Tensor, weights: Tensor) -> Tensor:
+        """A token's experts in a graph, weighted and summed, from the slots they are in (all in RAM)."""
+        return common.token_experts(ctx, self.pools.views[block], x, slots, weights)
+
+    def decode_partial(
+        self, block: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray, wave: list[int], ready: list[bool]
+    ) -> np.ndarray:
+        """A token's experts when some are still on their way: the ready ones first, then the others as they
+        land; their weighted outputs summed in rank order (the same additions as in one graph)."""
+        weighted = np.zeros((1, sel.shape[1], cur.shape[1]), np.float32)
+        first = [e for e, ok in zip(wave, ready, strict=True) if ok]
+        rest = [e for e, ok in zip(wave, ready, strict=True) if not ok]
+        for part in (first, rest) if first and rest else (wave,):
+            slot_of = np.zeros(self.scheduler.n_expert, np.int32)
+            slot_of[part] = self.scheduler.wait_all(block, part)
+            tok, j = np.nonzero(np.isin(sel, part))
+            self.graph.reset()
+            moe = common.routed_experts(
+                self.graph, self.pools.views[block], cur[tok], slot_of[sel[tok, j]], weights[tok, j]
+            )
+            self.graph.compute(moe)
+            weighted[tok, j] = to_numpy(moe).reshape(-1, cur.shape[1])
+        return common.sum_experts(weighted)

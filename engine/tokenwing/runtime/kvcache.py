@@ -1,0 +1,40 @@
+"""The KV cache: per layer, K with a row per position and V transposed, in memory we own (charged as it is
+written, so a long context costs only what is used)."""
+
+from __future__ import annotations
+
+from tokenwing.compute.ggml_lib import F16, F32, TensorArena, aligned_bytes
+from tokenwing.errors import BadInputError
+from tokenwing.models.common import KVCache
+
+KV_TYPES = {"f16": (F16, 2), "f32": (F32, 4)}
+
+
+def kv_element(name: str) -> tuple[int, int]:
+    """(ggml type, bytes per element) of a `--kv-type`."""
+    try:
+        return KV_TYPES[name]
+    except KeyError:
+        raise BadInputError("--kv-type must be f16 or f32") from None
+
+
+def kv_bytes_per_token(widths: list[int], elt: int) -> int:
+    """K and V of every layer for one position."""
+    return sum(2 * w * elt for w in widths)
+
+
+class KVCaches:
+    def __init__(self, arena: TensorArena, widths: list[int], n_ctx: int, kv_type: str) -> None:
+        gtype, elt = kv_element(kv_type)
+        self.n_ctx = n_ctx
+        self.layers: list[KVCache] = []
+        self._memory = []
+        for width in widths:
+            k_mem, v_mem = aligned_bytes(width * elt * n_ctx), aligned_bytes(width * elt * n_ctx)
+            self._memory.append((k_mem, v_mem))
+            k = arena.wrap(k_mem, gtype, (width, n_ctx))
+            v = arena.wrap(v_mem, gtype, (n_ctx, width))
+            self.layers.append(KVCache(k, v, elt))
+
+    def __getitem__(self, il: int) -> KVCache:
+        return self.layers[il]

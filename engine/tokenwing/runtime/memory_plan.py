@@ -1,0 +1,95 @@
+"""How much memory each part of a session takes: the KV cache (and the context it allows), the compute graph's
+reserve, the expert cache's budget, and a prompt pass's working memory against what is free at that moment.
+
+Every size comes from the model's geometry and what the machine has free under its memory limit (spec §4, §12),
+never from a constant for one machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenwing.models.hparams import HParams
+from tokenwing.streaming.memory import HEADROOM, MemoryInfo, expert_budget, memory_info
+
+
+def graph_bytes(hp: HParams, max_batch: int, n_ctx: int) -> int:
+    """The compute graph context's reserve: a batch of `max_batch` tokens through the largest graph (attention
+    scores over `n_ctx` positions, router outputs, k experts' intermediate rows, logits), with room to spare."""
+    per_token = 4 * (
+        8 * hp.n_embd
+        + 3 * hp.n_head * hp.head_dim
+        + 4 * hp.n_expert
+        + 4 * hp.n_expert_used * max(hp.n_embd, 1)
+        + hp.vocab_size
+    )
+    attn = 4 * hp.n_head * max_batch * n_ctx
+    return int(max_batch * per_token * 2 + attn + (64 << 20))
+
+
+@dataclass(frozen=True)
+class ContextPlan:
+    n_ctx: int
+    kv_per_token: int  # bytes of K and V per position, all layers
+    note: str | None  # one line when the context had to be capped
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv_per_token * self.n_ctx
+
+
+def plan_context(
+    requested: int, trained: int, kv_per_token: int, weights_bytes: int, graph_mem: int, info: MemoryInfo
+) -> ContextPlan:
+    """The context length: the one asked for, else the model's own — which the KV cache may then take at most
+    half of what is left after the weights; past that, a shorter context (never under 256), with one line."""
+    n_ctx = requested or trained
+    room = max(info.usable - HEADROOM - graph_mem - weights_bytes, 0) // 2
+    if kv_per_token * n_ctx > room and not requested:
+        n_ctx = max(256, min(n_ctx, room // max(kv_per_token, 1)))
+        return ContextPlan(n_ctx, kv_per_token, f"context capped at {n_ctx} tokens so the KV cache fits in memory")
+    return ContextPlan(n_ctx, kv_per_token, None)
+
+
+def prompt_bytes_per_token(hp: HParams, shared: bool) -> int:
+    """Working memory of a prompt pass beyond the graph context, per token: the hidden state (which becomes the
+    attention output plus residual), the FFN input, the running sum of the experts' outputs, the shared
+    expert's output, router probabilities and their top-k sort, and a wave's (token, expert) index arrays
+    (`PromptMemory.bytes` adds a quarter for numpy's temporaries)."""
+    floats = (4 if shared else 3) * hp.n_embd + 3 * hp.n_expert + 2 * hp.n_expert_used
+    return 4 * floats + 64 * hp.n_expert_used
+
+
+@dataclass
+class PromptMemory:
+    """What a prompt pass may take. Memory promised but not yet touched (the KV cache past the positions written
+    so far, the graph context) is not charged yet, so it is counted against what is free; without this a long
+    first prompt under a cap was OOM-killed (measured: 4,096 tokens at 25 %)."""
+
+    per_token: int  # prompt_bytes_per_token
+    reserve: int  # covered by the graph context's reserve: a batch of max_batch tokens
+    kv_per_token: int
+    n_ctx: int
+    graph_mem: int
+    cache_capacity: int  # bytes of the expert cache when every slot is filled
+    override: int | None = None  # a fixed free memory (tests, benchmarks): SessionOptions.prompt_memory
+
+    def bytes(self, n: int) -> int:
+        return n * self.per_token * 5 // 4  # + a quarter for numpy's temporaries
+
+    def free_room(self, kv_high: int, cache_filled: int, loaned: int) -> int:
+        """Free memory under the limit, less the part of the expert cache not filled yet (it will be as the
+        prompt reads experts) and what is promised but not yet touched."""
+        if self.override is not None:
+            return self.override
+        promised = self.kv_per_token * (self.n_ctx - kv_high) + self.graph_mem
+        unfilled = self.cache_capacity - min(self.cache_capacity, cache_filled) - loaned
+        return max(0, expert_budget(memory_info(), HEADROOM, promised) - unfilled)
+
+    def span(self, free: int, lendable: int, loaned: int, min_tokens: int) -> int:
+        """The longest prompt pass whose working memory fits: free memory plus what the cache can lend."""
+        return max(min_tokens, (free + self.reserve + lendable - loaned) // self.bytes(1))
+
+    def to_borrow(self, n: int, free: int) -> int:
+        """Bytes a pass of n tokens needs beyond its reserve and the free memory (slots to borrow)."""
+        return self.bytes(n) - self.reserve - free
