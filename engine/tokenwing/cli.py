@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tokenwing.errors import BadInputError, TokenWingError
-from tokenwing.fsutil import human_bytes
+from tokenwing.fsutil import human_bytes, write_atomic, write_json_atomic
 from tokenwing.progress import use_json_lines
 from tokenwing.version import __version__
 
@@ -238,9 +238,7 @@ def _cmd_logits(args: argparse.Namespace) -> int:
             _write_json(args.stats_json, session.stats())
     finally:
         session.close()
-    tmp = args.out + ".partial.npy"
-    np.save(tmp, logits)
-    os.replace(tmp, args.out)
+    write_atomic(args.out, lambda f: np.save(f, logits), logits.nbytes)
     return 0
 
 
@@ -286,10 +284,7 @@ def _stderr_line(line: str) -> None:
 
 
 def _write_json(path: str, data: object) -> None:
-    tmp = path + ".partial"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
+    write_json_atomic(path, data, indent=2)
 
 
 def _add_engine_arguments(p: argparse.ArgumentParser) -> None:

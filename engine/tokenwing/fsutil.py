@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
 
 from tokenwing.errors import BadInputError, DiskSpaceError
 
@@ -54,6 +56,18 @@ def atomic_output(path: str, needed: int) -> Iterator[str]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def write_atomic(path: str, write: Callable[[BinaryIO], object], needed: int = 0) -> None:
+    """Writes a file through `write(f)` under a temporary name, then fsyncs and renames it into place
+    (`atomic_output`): a reader sees the old file or the whole new one, never a part."""
+    with atomic_output(path, needed) as tmp, open(tmp, "wb") as f:
+        write(f)
+
+
+def write_json_atomic(path: str, data: object, indent: int | None = None) -> None:
+    text = json.dumps(data, indent=indent).encode()
+    write_atomic(path, lambda f: f.write(text), len(text))
 
 
 def _fsync_dir(directory: str) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from tokenwing.errors import BadInputError
-from tokenwing.models.hparams import read_hparams
 from tokenwing.models import FAMILIES
+from tokenwing.models.hparams import read_hparams
 
 
 def glm_meta(**extra: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from tokenwing.errors import TokenWingError
 from tokenwing.format.layout import K_HEADER_CHECKSUM
 from tokenwing.format.reader import ModelFile
 from tokenwing.streaming.settings import StreamSettings
@@ -108,8 +109,8 @@ class ExpertScheduler:
         merged = u.merge_into(load_usage(path, self.layers, self.n_expert, u.model_checksum, lambda line: None))
         try:
             save_usage(path, merged)
-        except OSError as e:
-            self.log(f"the usage table was not saved ({path}: {e.strerror or e})")
+        except TokenWingError as e:
+            self.log(f"the usage table was not saved ({e})")
         self.usage = UsageTable(self.layers, self.n_expert, u.model_checksum)  # saved: start over
 
     # ------------------------------------------------------------------------------------- per token

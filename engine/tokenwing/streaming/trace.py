@@ -6,15 +6,15 @@ would do with the same slots; Belady's optimum is computed exactly for the same 
 
 from __future__ import annotations
 
-import os
 import zipfile
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from tokenwing import _core
 from tokenwing.errors import BadInputError
+from tokenwing.fsutil import write_atomic
 
 POLICIES = ("decay", "lru", "belady")
 
@@ -36,8 +36,7 @@ class Trace:
         return int(self.selected.shape[2])
 
     def save(self, path: str) -> None:
-        tmp = path + ".partial"
-        with open(tmp, "wb") as f:
+        def write(f: BinaryIO) -> None:
             np.savez_compressed(
                 f,
                 selected=self.selected,
@@ -46,7 +45,8 @@ class Trace:
                 layers=self.layers,
                 n_expert=np.int64(self.n_expert),
             )
-        os.replace(tmp, path)
+
+        write_atomic(path, write)
 
 
 def load_trace(path: str) -> Trace:

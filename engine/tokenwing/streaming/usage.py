@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from tokenwing.fsutil import write_json_atomic
+
 FORMAT = "tokenwing-usage"
 VERSION = 1
 HALVE_AT = 1 << 20  # tokens: beyond this, old counts are halved before new ones are added
@@ -109,8 +111,6 @@ def _parse(data: object, layers: Sequence[int], n_expert: int, model_checksum: i
 
 
 def save_usage(path: str, table: UsageTable) -> None:
-    """Atomically (temporary file, then rename); a read-only model folder is not an error worth stopping for."""
-    tmp = f"{path}.partial-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(table.to_json(), f)
-    os.replace(tmp, path)
+    """Atomically (temporary file, then rename); raises TokenWingError (a read-only model folder, a full disk),
+    which the caller reports in one line: not an error worth stopping for."""
+    write_json_atomic(path, table.to_json())
