@@ -32,10 +32,13 @@ TEXTS = [
 ]
 
 
-def probe_models(paths: list[Path], texts: list[str]) -> list[dict[str, Any]]:
-    """Loads each model in llama.cpp (in a subprocess) and reports what it sees."""
+def probe_models(
+    paths: list[Path], texts: list[str], chats: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Loads each model in llama.cpp (in a subprocess) and reports what it sees: tokens of `texts`, the
+    conversations `chats` ({"messages": [...], "add_ass": bool}) through its chat template, finite logits."""
     req = Path(paths[0]).with_suffix(".probe.json")
-    req.write_text(json.dumps({"paths": [str(p) for p in paths], "texts": texts}))
+    req.write_text(json.dumps({"paths": [str(p) for p in paths], "texts": texts, "chats": chats or []}))
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("llama_probe.py")), str(req)],
         capture_output=True,
