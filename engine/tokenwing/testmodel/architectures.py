@@ -267,15 +267,23 @@ def _ernie45moe_kv(s: ModelShape) -> dict[str, KV]:
     return kv
 
 
+def _sigmoid_routed_kv(s: ModelShape, a: str) -> dict[str, KV]:
+    """The keys GLM-4.5 and DeepSeek-V3 share: dense layers first, shared experts, a sigmoid router whose top-k
+    weights are normalised and scaled."""
+    return {
+        f"{a}.feed_forward_length": KV.u32(s.n_ff_dense),
+        f"{a}.leading_dense_block_count": KV.u32(s.n_dense_lead),
+        f"{a}.expert_shared_count": KV.u32(s.n_shared_exp),
+        f"{a}.expert_weights_scale": KV.f32(s.expert_weights_scale),
+        f"{a}.expert_weights_norm": KV.boolean(True),
+        f"{a}.expert_gating_func": KV.u32(2),  # sigmoid
+    }
+
+
 def _glm4moe_kv(s: ModelShape) -> dict[str, KV]:
     a = "glm4moe"
     kv = _common_kv(s, a)
-    kv[f"{a}.feed_forward_length"] = KV.u32(s.n_ff_dense)
-    kv[f"{a}.leading_dense_block_count"] = KV.u32(s.n_dense_lead)
-    kv[f"{a}.expert_shared_count"] = KV.u32(s.n_shared_exp)
-    kv[f"{a}.expert_weights_scale"] = KV.f32(s.expert_weights_scale)
-    kv[f"{a}.expert_weights_norm"] = KV.boolean(True)
-    kv[f"{a}.expert_gating_func"] = KV.u32(2)  # sigmoid
+    kv.update(_sigmoid_routed_kv(s, a))
     kv[f"{a}.rope.dimension_count"] = KV.u32(s.head_dim // 2)  # partial rotary, as GLM-4.5
     kv[f"{a}.nextn_predict_layers"] = KV.u32(0)
     return kv
@@ -308,16 +316,11 @@ def _deepseek2_kv(s: ModelShape) -> dict[str, KV]:
         kv[f"{a}.attention.value_length"] = KV.u32(s.kv_lora_rank)
         kv[f"{a}.attention.key_length_mla"] = KV.u32(s.head_dim)
         kv[f"{a}.attention.value_length_mla"] = KV.u32(s.v_dim)
-    kv[f"{a}.feed_forward_length"] = KV.u32(s.n_ff_dense)
-    kv[f"{a}.leading_dense_block_count"] = KV.u32(s.n_dense_lead)
+    kv.update(_sigmoid_routed_kv(s, a))
     kv[f"{a}.vocab_size"] = KV.u32(s.vocab_size)
     if s.q_lora_rank:
         kv[f"{a}.attention.q_lora_rank"] = KV.u32(s.q_lora_rank)
     kv[f"{a}.attention.kv_lora_rank"] = KV.u32(s.kv_lora_rank)
-    kv[f"{a}.expert_shared_count"] = KV.u32(s.n_shared_exp)
-    kv[f"{a}.expert_weights_scale"] = KV.f32(s.expert_weights_scale)
-    kv[f"{a}.expert_weights_norm"] = KV.boolean(True)
-    kv[f"{a}.expert_gating_func"] = KV.u32(2)  # sigmoid
     if s.n_expert_group:
         kv[f"{a}.expert_group_count"] = KV.u32(s.n_expert_group)
         kv[f"{a}.expert_group_used_count"] = KV.u32(s.n_group_used)
