@@ -85,18 +85,25 @@ def ramfs(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def model_factory(tmp_path_factory: pytest.TempPathFactory) -> ModelFactory:
-    """make(arch=..., type=..., preset=..., shards=..., **shape) -> path of a generated GGUF (cached)."""
+    """make(arch=..., type=..., preset=..., shards=..., expert_type=..., **shape) -> path of a generated GGUF
+    (cached); the architecture defaults to the preset's (qwen3moe for the size presets)."""
     root = tmp_path_factory.mktemp("models")
     cache: dict[tuple[object, ...], Path] = {}
 
     def make(
-        arch: str = "qwen3moe", type: str = "F32", preset: str = "tiny", shards: int = 1, seed: int = 0, **shape: int
+        arch: str | None = None,
+        type: str = "F32",
+        preset: str = "tiny",
+        shards: int = 1,
+        seed: int = 0,
+        expert_type: str | None = None,
+        **shape: object,
     ) -> Path:
-        key = (arch, type, preset, shards, seed, tuple(sorted(shape.items())))
+        key = (arch, type, preset, shards, seed, expert_type, tuple(sorted(shape.items())))
         if key not in cache:
-            s: ModelShape = preset_shape(preset).with_(arch=arch, **shape)
-            name = f"m{len(cache)}-{arch}-{type}.gguf"
-            paths = write_test_model(str(root / name), s, type, seed, shards)
+            s: ModelShape = preset_shape(preset, arch).with_(**shape)
+            name = f"m{len(cache)}-{s.arch}-{type}.gguf"
+            paths = write_test_model(str(root / name), s, type, seed, shards, expert_type=expert_type)
             cache[key] = Path(paths[0])
         return cache[key]
 

@@ -23,7 +23,7 @@ def test_demo_flow(tmp_path: Path) -> None:
     r = run_cli("inspect", str(out), "--json")
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
-    assert info["kind"] == "tokenwing" and info["format_version"] == "1.0"
+    assert info["kind"] == "tokenwing" and info["format_version"] == "1.1"
     assert info["architecture"] == "qwen2moe"
     ex = info["experts"]
     assert ex["count"] == 8 and ex["used_per_token"] == 2 and ex["streamed_layers"] == [0, 1]

@@ -15,17 +15,53 @@ from tokenwing.fsutil import human_bytes, write_atomic, write_json_atomic
 from tokenwing.progress import use_json_lines
 from tokenwing.version import __version__
 
+# `tokenwing testmodel` shape flags: dest → type (each overrides the preset's value when given).
+_SHAPE_FLAGS: dict[str, type] = {
+    **dict.fromkeys(
+        (
+            "n_layer",
+            "n_embd",
+            "n_head",
+            "n_head_kv",
+            "head_dim",
+            "n_expert",
+            "n_expert_used",
+            "n_ff_exp",
+            "n_dense_lead",
+            "n_ff_dense",
+            "n_shared_exp",
+            "n_ff_shexp",
+            "vocab_size",
+            "q_lora_rank",
+            "kv_lora_rank",
+            "n_rot",
+            "v_head_dim",
+            "n_expert_group",
+            "n_group_used",
+            "n_mtp",
+            "yarn_orig_ctx",
+            "sliding_window",
+            "context_length",
+        ),
+        int,
+    ),
+    **dict.fromkeys(("embd_std", "expert_weights_scale", "yarn_factor", "yarn_beta_fast", "yarn_beta_slow"), float),
+    "tokenizer": str,
+}
+
 
 def _cmd_testmodel(args: argparse.Namespace) -> int:
     from tokenwing.testmodel import preset_shape, write_test_model
 
     try:
-        shape = preset_shape(args.preset).with_(arch=args.arch)
-        overrides = {k: v for k, v in vars(args).items() if k.startswith("n_") or k in ("vocab_size",)}
-        shape = shape.with_(**{k: v for k, v in overrides.items() if v is not None})
-        if args.embd_std is not None:
-            shape = shape.with_(embd_std=args.embd_std)
-        paths = write_test_model(args.output, shape, args.type, args.seed, args.shards, _progress(args))
+        shape = preset_shape(args.preset, args.arch)
+        overrides = {k: getattr(args, k) for k in _SHAPE_FLAGS if getattr(args, k) is not None}
+        if args.legacy_kv_b:
+            overrides["legacy_kv_b"] = True
+        shape = shape.with_(**overrides)
+        paths = write_test_model(
+            args.output, shape, args.type, args.seed, args.shards, _progress(args), expert_type=args.expert_type
+        )
     except ValueError as e:
         raise BadInputError(str(e)) from None
     for p in paths:
@@ -334,28 +370,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("testmodel", help="write a random-weight GGUF of a real MoE architecture")
     t.add_argument("output", help="GGUF path to write")
-    t.add_argument("--arch", default="qwen3moe", help="qwen3moe, qwen2moe, ernie4_5-moe or glm4moe")
-    t.add_argument("--preset", default="tiny", help="tiny, kquant, small or bench")
-    t.add_argument("--type", default="F32", help="F32 F16 BF16 Q8_0 Q4_0, or a K-quant such as Q4_K_M")
+    t.add_argument("--arch", help="qwen3moe (the default), qwen2moe, ernie4_5-moe, glm4moe, deepseek2 or gpt-oss")
+    t.add_argument(
+        "--preset", default="tiny", help="tiny, kquant, small, bench (any architecture); kimi-tiny, ds-bench, oss-bench"
+    )
+    t.add_argument("--type", default="F32", help="F32 F16 BF16 Q8_0 Q4_0, MXFP4_MOE, or a K-quant such as Q4_K_M")
+    t.add_argument("--expert-type", help="MXFP4: the routed experts in this type, the rest in --type")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--shards", type=int, default=1, help="write a llama.cpp split model of N files")
-    for name in (
-        "n_layer",
-        "n_embd",
-        "n_head",
-        "n_head_kv",
-        "head_dim",
-        "n_expert",
-        "n_expert_used",
-        "n_ff_exp",
-        "n_dense_lead",
-        "n_ff_dense",
-        "n_shared_exp",
-        "n_ff_shexp",
-        "vocab_size",
-    ):
-        t.add_argument("--" + name.replace("_", "-"), dest=name, type=int)
-    t.add_argument("--embd-std", type=float, help="token embedding standard deviation")
+    for name, kind in _SHAPE_FLAGS.items():
+        t.add_argument("--" + name.replace("_", "-"), dest=name, type=kind)
+    t.add_argument("--legacy-kv-b", action="store_true", help="deepseek2: the older combined attn_kv_b tensor")
     t.add_argument("-q", "--quiet", action="store_true")
     t.set_defaults(func=_cmd_testmodel)
 

@@ -155,7 +155,31 @@ def test_mtp_layers_stay_resident(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     h = read_header(str(out))
     assert list(h.get(L.K_EXPERT_LAYERS)) == [0]
-    assert h.tensor("blk.1.ffn_gate_exps.weight") is not None  # the MTP layer's experts, whole and resident
+    assert h.tensor("blk.1.ffn_gate_exps.weight") is not None  # the MTP layer's experts, whole, in the file
+    assert h.get(L.K_KEPT_COUNT) == 3  # ... marked as kept, never loaded
+    names = [t.name for t in h.tensors[: h.get(L.K_RESIDENT_COUNT)]]
+    assert names[-3:] == [f"blk.1.ffn_{p}_exps.weight" for p in ("gate", "up", "down")]
+
+
+def _restamp(p: Path) -> None:
+    """Re-stamps the header checksum after an edit (what a writer of such a header would have done)."""
+    h = read_header(str(p))
+    raw = bytearray(p.read_bytes()[: h.data_start])
+    pos = h.value_offsets[L.K_HEADER_CHECKSUM]
+    raw[pos : pos + 8] = bytes(8)
+    _patch(p, pos, xxhash.xxh3_64_intdigest(bytes(raw)).to_bytes(8, "little"))
+
+
+def test_kept_count_must_match_the_mtp_blocks(model_factory: ModelFactory, tmp_path: Path) -> None:
+    src = model_factory(arch="deepseek2", n_mtp=1)
+    out = tmp_path / "mtp.tw.gguf"
+    assert run_cli("repack", str(src), "-o", str(out), "-q").returncode == 0
+    h = read_header(str(out))
+    _patch(out, h.value_offsets[L.K_KEPT_COUNT], (h.get(L.K_KEPT_COUNT) - 1).to_bytes(4, "little"))
+    _restamp(out)
+    r = run_cli("verify", str(out))
+    assert_clean_error(r, 3)
+    assert "kept tensors do not match deepseek2.nextn_predict_layers" in r.stderr
 
 
 # ------------------------------------------------------------------------------------- repacked files
@@ -171,11 +195,7 @@ def test_newer_format_major_is_refused(repacked_factory: ModelFactory, tmp_path:
     p = _copy(repacked_factory(), tmp_path)
     h = read_header(str(p))
     _patch(p, h.value_offsets[L.K_MAJOR], (L.FORMAT_MAJOR + 1).to_bytes(4, "little"))
-    # re-stamp the header checksum, as a newer writer would have
-    raw = bytearray(p.read_bytes()[: h.data_start])
-    pos = h.value_offsets[L.K_HEADER_CHECKSUM]
-    raw[pos : pos + 8] = bytes(8)
-    _patch(p, pos, xxhash.xxh3_64_intdigest(bytes(raw)).to_bytes(8, "little"))
+    _restamp(p)  # as a newer writer would have
     r = run_cli("verify", str(p))
     assert_clean_error(r, 4)
     assert "newer TokenWing (format 2.x)" in r.stderr

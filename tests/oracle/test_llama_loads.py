@@ -32,10 +32,13 @@ TEXTS = [
 ]
 
 
-def probe_models(paths: list[Path], texts: list[str]) -> list[dict[str, Any]]:
-    """Loads each model in llama.cpp (in a subprocess) and reports what it sees."""
+def probe_models(
+    paths: list[Path], texts: list[str], chats: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Loads each model in llama.cpp (in a subprocess) and reports what it sees: tokens of `texts`, the
+    conversations `chats` ({"messages": [...], "add_ass": bool}) through its chat template, finite logits."""
     req = Path(paths[0]).with_suffix(".probe.json")
-    req.write_text(json.dumps({"paths": [str(p) for p in paths], "texts": texts}))
+    req.write_text(json.dumps({"paths": [str(p) for p in paths], "texts": texts, "chats": chats or []}))
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("llama_probe.py")), str(req)],
         capture_output=True,
@@ -87,3 +90,52 @@ def test_same_seed_same_model_across_shards(model_factory: ModelFactory) -> None
     for p in sorted(first.parent.glob(first.name.replace("-00001-", "-*-"))):
         b.update({t.name: bytes(t.data) for t in gguf.GGUFReader(str(p)).tensors})
     assert a == b
+
+
+# The new families' variants (issue 13): each loads in llama.cpp and gives finite, spread logits.
+FAMILY_MODELS: list[dict[str, Any]] = [
+    {"arch": "deepseek2", "type": "F32"},
+    {"arch": "deepseek2", "type": "Q8_0"},
+    {"arch": "deepseek2", "type": "Q4_K_M", "preset": "kquant"},
+    {"arch": "deepseek2", "type": "Q8_0", "n_mtp": 1},
+    {"arch": "deepseek2", "type": "F16", "legacy_kv_b": True},
+    {"arch": "deepseek2", "type": "F32", "q_lora_rank": 0, "n_layer": 27},
+    {"preset": "kimi-tiny", "type": "Q8_0"},
+    {"arch": "gpt-oss", "type": "F32"},
+    {"arch": "gpt-oss", "type": "Q8_0"},
+    {"arch": "gpt-oss", "type": "Q4_K_M", "preset": "kquant"},
+    {"arch": "gpt-oss", "type": "MXFP4_MOE"},
+    {"arch": "gpt-oss", "type": "BF16", "expert_type": "MXFP4"},
+]
+
+
+def test_llama_cpp_loads_deepseek2_and_gpt_oss(model_factory: ModelFactory) -> None:
+    paths = [model_factory(**m) for m in FAMILY_MODELS]
+    results = _probe(paths)
+    assert len(results) == len(paths)
+    for r in results:
+        assert r["n_vocab"] == 512
+        assert r["logits_finite"], r["path"]
+        assert float(r["logits_std"]) > 0.1, r["path"]
+
+
+def test_mxfp4_experts_as_ggml_reads_them(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """The factory's own MXFP4 blocks: llama.cpp's quantizer turns them into F32 with ggml's dequantisation,
+    which gives exactly gguf-py's values; those have the intended spread (1/sqrt(fan_in))."""
+    import gguf
+    import numpy as np
+
+    from tokenwing.testmodel.kquant import quantize_with_llama_cpp
+
+    src = model_factory(arch="gpt-oss", type="MXFP4_MOE", n_embd=256, n_ff_exp=64)
+    out = tmp_path / "f32.gguf"
+    quantize_with_llama_cpp(str(src), str(out), "ALL_F32")
+    ours = {t.name: t for t in gguf.GGUFReader(str(src)).tensors}
+    ggml = {t.name: t for t in gguf.GGUFReader(str(out)).tensors}
+    for name, fan_in in (("blk.0.ffn_gate_exps.weight", 256), ("blk.1.ffn_down_exps.weight", 64)):
+        t = ours[name]
+        assert t.tensor_type == gguf.GGMLQuantizationType.MXFP4
+        values = gguf.dequantize(t.data, t.tensor_type).reshape(-1)
+        assert np.array_equal(values, np.asarray(ggml[name].data, dtype=np.float32).reshape(-1))
+        assert abs(values.std() * np.sqrt(fan_in) - 1) < 0.1, (name, values.std())
+        assert abs(values.mean()) < 0.05 / np.sqrt(fan_in)

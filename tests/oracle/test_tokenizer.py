@@ -47,3 +47,58 @@ def test_chat_template_renders_chatml(model_factory: ModelFactory) -> None:
     t = ChatTemplate(meta["tokenizer.chat_template"])
     out = t.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
     assert out == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+# Each family's vocabulary is trained on the multilingual corpus with merges across everything its
+# pre-tokenizer separates (tokenwing.testmodel.tokenizer), so a split made unlike llama.cpp's changes the ids.
+FAMILIES = {
+    "deepseek-v3": {"arch": "deepseek2"},
+    "kimi-k2": {"preset": "kimi-tiny"},
+    "gpt-4o": {"arch": "gpt-oss"},
+}
+MIXED = [
+    "GPU显存模型model混合mixed日本語テキストtext한국어abc123中文",
+    "e\u0301 a\u0308 n\u0303 हिन्दी में विशेषज्ञ ñandú Ελληνικά ΑΘΗΝΑ",
+    "HTTPServer XMLHttpRequest iPhone McDonald's O'NEIL'S camelCaseABC ABCdef",
+    "    four\n\n\n  two\t\r\n \u3000ideographic\u00a0nbsp\u2003em trailing   ",
+    "1 12 123 1234 12345 123456 1234567 ١٢٣٤٥٦ 一二三 ½⅓ ²³",
+    "<｜User｜>plain?<｜Assistant｜>ok<｜end▁of▁sentence｜><think>t</think><｜begin▁of▁sentence｜>",
+    "<|start|>assistant<|channel|>analysis<|message|>r<|end|><|start|>assistant<|channel|>final<|message|>x<|return|>",
+    "<|im_system|>system<|im_middle|>s<|im_end|><|im_user|>u<|im_middle|>[BOS][EOS][EOT][PAD][UNK][PAD300]",
+    "<|constrain|>json<|call|><|startoftext|><|endoftext|><|endofprompt|><|reserved_300|>",
+    "",
+    " ",
+    "\n",
+]
+CHATS: list[list[dict[str, str]]] = [
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    [
+        {"role": "system", "content": "You answer in one line.\nNo lists."},
+        {"role": "user", "content": "Что такое MoE? 模型"},
+        {"role": "assistant", "content": "A mixture of experts 🙂"},
+        {"role": "user", "content": "  And MLA?\n"},
+    ],
+    [{"role": "user", "content": "only a user"}, {"role": "assistant", "content": "and a reply"}],
+]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_tokenizer_and_template_match_llama_cpp(model_factory: ModelFactory, family: str) -> None:
+    from tokenwing.testmodel.corpus import MULTILINGUAL
+
+    path = model_factory(vocab_size=4096, **FAMILIES[family])
+    meta = {k: v.value for k, v in read_header(str(path)).kv.items()}
+    assert meta["tokenizer.ggml.pre"] == family
+    chat = ChatTemplate(meta["tokenizer.chat_template"])
+    conversations = [(msgs, add) for msgs in CHATS for add in (True, False)]
+    rendered = [chat.render(msgs, add_generation_prompt=add) for msgs, add in conversations]
+    texts = [*MULTILINGUAL.splitlines(), *TRICKY, *MIXED, *rendered]
+    (r,) = probe_models([path], texts, [{"messages": m, "add_ass": a} for m, a in conversations])
+    assert r["chats"] == rendered
+    tok = tokenizer_from_metadata(meta, str(path))
+    got = zip(texts, r["tokens"], r["tokens_special"], r["detokenized_special"], strict=True)
+    for text, plain, special, shown in got:
+        assert tok.encode(text, special=False, add_bos=False) == plain, text
+        assert tok.encode(text, special=True, add_bos=False) == special, text
+        assert tok.decode(special) == shown, text  # control tokens hidden, user-defined ones shown
+    assert tok.add_bos == (family == "deepseek-v3")

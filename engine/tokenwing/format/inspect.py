@@ -21,13 +21,14 @@ def inspect_model(paths: list[str]) -> dict[str, Any]:
         from tokenwing.format.reader import ModelFile
 
         with ModelFile.open(paths[0], announce_fallback=False) as mf:
-            index, resident = mf.index, mf.resident
+            index, resident, kept = mf.index, mf.resident, mf.kept
         kind = "tokenwing"
     else:
         from tokenwing.format.repack import plan_repack
 
         plan = plan_repack(source)
-        index, resident = plan.experts, [info for info, _ in plan.resident]
+        index = plan.experts
+        resident, kept = L.split_kept([info for info, _ in plan.resident], header)
         kind = "gguf"
     arch = L.arch_of(header)
 
@@ -76,6 +77,12 @@ def inspect_model(paths: list[str]) -> dict[str, Any]:
             "bytes": resident_bytes,
             "quant_types": dict(Counter(t.type_name for t in resident)),
         },
+        # next-token-prediction blocks: in the file, never loaded, streamed or run
+        "kept": {
+            "tensors": len(kept),
+            "bytes": sum(t.nbytes for t in kept),
+            "blocks": sorted({b for t in kept if (b := L.block_of(t.name)) is not None}),
+        },
     }
 
 
@@ -96,11 +103,17 @@ def format_report(r: dict[str, Any]) -> str:
         f"{human_bytes(r['resident']['bytes'])} always resident ({r['resident']['tensors']} tensors)",
         f"  all-miss token reads {human_bytes(ex['miss_bytes_per_token'])} "
         f"({ex['used_per_token']} experts x {len(ex['streamed_layers'])} layers)",
-        "  per layer:",
     ]
+    if r["kept"]["tensors"]:
+        blocks = ", ".join(map(str, r["kept"]["blocks"]))
+        lines.append(
+            f"  not run        {human_bytes(r['kept']['bytes'])} in {r['kept']['tensors']} tensors of "
+            f"next-token-prediction block {blocks} (kept in the file, never loaded)"
+        )
+    lines.append("  per layer:")
     for el in ex["layers"]:
         lines.append(
-            f"    {el['layer']:>4}  {'/'.join(el['types']):<16} {el['gate_shape'][0]}x{el['gate_shape'][1]:<6}"
+            f"    {el['layer']:>4}  {'/'.join(el['types']):<18} {el['gate_shape'][0]}x{el['gate_shape'][1]:<6}"
             f" expert {human_bytes(el['record_bytes']):>11}  layer {human_bytes(el['layer_bytes']):>11}"
         )
     return "\n".join(lines)

@@ -15,7 +15,7 @@ from tokenwing.errors import BadInputError, UnsupportedError
 from tokenwing.format.gguf_io import GGUFHeader, TensorInfo
 
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+FORMAT_MINOR = 1  # 1.1: tokenwing.resident.kept
 ALIGNMENT = 4096  # direct reads need 4 KiB-aligned offsets, lengths and buffers
 
 PROJECTIONS = ("gate", "up", "down")  # record order: gate and up land before down
@@ -24,6 +24,7 @@ K_MAJOR = "tokenwing.format.major"
 K_MINOR = "tokenwing.format.minor"
 K_RESIDENT_COUNT = "tokenwing.resident.count"
 K_TENSOR_CHECKSUMS = "tokenwing.resident.checksums"
+K_KEPT_COUNT = "tokenwing.resident.kept"  # the last K resident tensors: blocks kept in the file, never run
 K_EXPERT_COUNT = "tokenwing.expert.count"
 K_EXPERT_LAYERS = "tokenwing.expert.layers"
 K_LAYER_OFFSET = "tokenwing.expert.layer_offset"
@@ -70,6 +71,7 @@ KNOWN_MOE_ARCHS = frozenset(
 )
 
 _EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 _MERGED_RE = re.compile(r"^blk\.\d+\.ffn_gate_up_exps\.weight$")
 
 
@@ -150,7 +152,7 @@ def moe_counts(header: GGUFHeader, arch: str) -> tuple[int, int]:
 
 
 def mtp_layers(header: GGUFHeader, arch: str) -> set[int]:
-    """Next-token-prediction layers sit after the main blocks; they are kept resident, never streamed."""
+    """Next-token-prediction blocks sit after the main ones: kept in the file, never streamed, loaded or run."""
     n_block = header.get(f"{arch}.block_count")
     n_mtp = header.get(f"{arch}.nextn_predict_layers", 0)
     if not isinstance(n_block, int) or not isinstance(n_mtp, int) or n_mtp <= 0:
@@ -158,12 +160,26 @@ def mtp_layers(header: GGUFHeader, arch: str) -> set[int]:
     return set(range(max(0, n_block - n_mtp), n_block))
 
 
+def block_of(name: str) -> int | None:
+    m = _BLOCK_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def split_kept(tensors: list[TensorInfo], header: GGUFHeader) -> tuple[list[TensorInfo], list[TensorInfo]]:
+    """(tensors that run, tensors kept but never run): the second are those of next-token-prediction blocks,
+    which the engine neither loads nor streams (models/hparams: n_layer = block_count - nextn_predict_layers)."""
+    mtp = mtp_layers(header, arch_of(header))
+    kept = [t for t in tensors if block_of(t.name) in mtp]
+    return [t for t in tensors if block_of(t.name) not in mtp], kept
+
+
 def plan_experts(
     tensors: list[TensorInfo], header: GGUFHeader
 ) -> tuple[list[TensorInfo], list[ExpertLayer], dict[tuple[int, str], TensorInfo], int, int]:
     """Splits a source GGUF's tensors into resident ones and streamed expert layers, checking every shape.
 
-    Returns (resident tensors, expert layers, source expert tensors by (layer, projection), n_expert, n_used).
+    Returns (resident tensors, expert layers, source expert tensors by (layer, projection), n_expert, n_used);
+    resident tensors in source order, those of next-token-prediction blocks last (see split_kept).
     """
     arch = arch_of(header)
     if arch not in KNOWN_MOE_ARCHS:
@@ -182,6 +198,8 @@ def plan_experts(
             resident.append(t)
     if not found:
         raise UnsupportedError(f"{header.path}: no routed expert tensors (is this a MoE model?)")
+    run, kept = split_kept(resident, header)
+    resident = run + kept
     layers = []
     for layer in sorted({lyr for lyr, _ in found}):
         layers.append(_expert_layer(header.path, layer, found, n_expert))

@@ -58,7 +58,10 @@ class ModelFile:
         self.index = index
         self._file = fh
         n_res = int(header.get(L.K_RESIDENT_COUNT))
-        self.resident: list[TensorInfo] = header.tensors[:n_res]
+        stored = header.tensors[:n_res]
+        # the tensors the engine loads; `kept` (next-token-prediction blocks) stay in the file, never read
+        self.resident, self.kept = L.split_kept(stored, header)
+        self._slot = {t.name: i for i, t in enumerate(stored)}  # position in the checksum array
         self.resident_checksums: np.ndarray = np.asarray(header.get(L.K_TENSOR_CHECKSUMS), dtype=np.uint64)
         self.arch = L.arch_of(header)
         self._buf: AlignedBuffer | None = None
@@ -119,19 +122,20 @@ class ModelFile:
         return self.header.data_start + info.offset
 
     def read_tensor(self, name: str) -> bytes:
-        """A resident tensor's bytes, checked against its checksum."""
-        for i, info in enumerate(self.resident):
+        """A resident (or kept) tensor's bytes, checked against its checksum."""
+        for info in (*self.resident, *self.kept):
             if info.name == name:
-                return self._read_resident(i, info)
+                return self._read_resident(info)
         raise KeyError(f"no resident tensor {name!r}")
 
     def iter_resident(self, skip: Callable[[str], bool] = lambda name: False) -> Iterator[tuple[TensorInfo, bytes]]:
-        """Every resident tensor (but those `skip` names), read and checked against its checksum."""
-        for i, info in enumerate(self.resident):
+        """The tensors the engine loads (kept ones never; nor those `skip` names), read and checked."""
+        for info in self.resident:
             if not skip(info.name):
-                yield info, self._read_resident(i, info)
+                yield info, self._read_resident(info)
 
-    def _read_resident(self, i: int, info: TensorInfo) -> bytes:
+    def _read_resident(self, info: TensorInfo) -> bytes:
+        i = self._slot[info.name]
         h = xxhash.xxh3_64()
         parts = []
         base = self.tensor_offset(info)
@@ -167,18 +171,20 @@ class ModelFile:
         label: str = "verifying",
         seed: int | None = None,
     ) -> VerifyReport:
-        """Checks experts (a random sample, or all) and, with `full`, every resident tensor."""
+        """Checks experts (a random sample, or all) and, with `full`, every resident and kept tensor."""
         ex = self.index
         pairs = [(el.layer, e) for el in ex.layers for e in range(ex.n_expert)]
         if not full:
             pairs = _sample(pairs, ex, random.Random(seed))
         total = sum(ex.layer(layer).record_size for layer, _ in pairs)
+        stored = [*self.resident, *self.kept]
         if full:
-            total += sum(t.nbytes for t in self.resident)
+            total += sum(t.nbytes for t in stored)
         progress = Progress(label, total, enabled=show_progress)
         n_tensors = 0
         if full:
-            for info, _ in self.iter_resident():
+            for info in stored:
+                self._read_resident(info)
                 progress.advance(info.nbytes)
                 n_tensors += 1
         for layer, e in pairs:
@@ -250,6 +256,9 @@ def _load_index(header: GGUFHeader) -> L.ExpertIndex:
     psizes = _array(header, L.K_PROJ_SIZE, 3 * n).reshape(n, 3)
     checks = _array(header, L.K_EXPERT_CHECKSUMS, n * n_expert).reshape(n, n_expert).astype(np.uint64)
     _array(header, L.K_TENSOR_CHECKSUMS, n_res)
+    kept = header.get(L.K_KEPT_COUNT)
+    if kept is not None and kept != len(L.split_kept(header.tensors[:n_res], header)[1]):
+        raise CorruptModelError(f"{path}: the kept tensors do not match {arch}.nextn_predict_layers")
     experts = header.tensors[n_res:]
     if len(experts) != 3 * n * n_expert:
         raise CorruptModelError(

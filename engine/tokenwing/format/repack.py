@@ -59,7 +59,8 @@ def plan_repack(source: SourceModel) -> Plan:
     tensors = [info for info, _ in resident] + expert_infos
     kv = {k: v for k, v in source.header.kv.items() if k not in _DROPPED_KEYS and not k.startswith("tokenwing.")}
     kv["general.alignment"] = KV.u32(L.ALIGNMENT)
-    _index_kv(kv, source, experts, len(resident))
+    n_kept = len(L.split_kept([info for info, _ in resident], source.header)[1])
+    _index_kv(kv, source, experts, len(resident), n_kept)
     header, _ = encode_header(kv, tensors, L.ALIGNMENT)  # placeholder values have the final sizes
     data_start = len(header)
     pos = 0
@@ -82,6 +83,7 @@ def _index_kv(
     source: SourceModel,
     ex: L.ExpertIndex,
     n_resident: int,
+    n_kept: int,
     resident_sums: np.ndarray | None = None,
 ) -> None:
     n_layers = len(ex.layers)
@@ -91,6 +93,7 @@ def _index_kv(
     kv[L.K_SOURCE_FILES] = KV.strings([os.path.basename(p) for p in source.paths])
     kv[L.K_SOURCE_SIZE] = KV.u64(source.size)
     kv[L.K_RESIDENT_COUNT] = KV.u32(n_resident)
+    kv[L.K_KEPT_COUNT] = KV.u32(n_kept)
     sums = resident_sums if resident_sums is not None else np.zeros(n_resident, np.uint64)
     kv[L.K_TENSOR_CHECKSUMS] = KV.ndarray(u64, sums)
     kv[L.K_EXPERT_COUNT] = KV.u32(ex.n_expert)
@@ -105,7 +108,8 @@ def _index_kv(
 
 
 def final_header(plan: Plan, resident_sums: np.ndarray) -> bytes:
-    _index_kv(plan.kv, plan.source, plan.experts, len(plan.resident), resident_sums)
+    n_kept = int(plan.kv[L.K_KEPT_COUNT].value)
+    _index_kv(plan.kv, plan.source, plan.experts, len(plan.resident), n_kept, resident_sums)
     header, offsets = encode_header(plan.kv, plan.tensors, L.ALIGNMENT)
     if len(header) != plan.data_start:
         raise AssertionError("header size changed between planning and writing")

@@ -16,7 +16,7 @@ from tokenwing.testmodel.shapes import ModelShape
 class TensorSpec:
     name: str
     shape: tuple[int, ...]
-    role: str  # "norm" (F32, ~1.0), "vector" (F32, small), "router" (F32), "embd", "matrix"
+    role: str  # "norm" (F32, ~1.0), "vector" (F32, small), "router" (F32), "embd", "matrix", "expert"
 
     @property
     def fan_in(self) -> int:
@@ -50,9 +50,9 @@ def _routed_experts(s: ModelShape, i: int, norm: str = "ffn_norm") -> list[Tenso
     return [
         TensorSpec(f"blk.{i}.{norm}.weight", (s.n_embd,), "norm"),
         TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (s.n_embd, s.n_expert), "router"),
-        TensorSpec(f"blk.{i}.ffn_gate_exps.weight", (s.n_embd, s.n_ff_exp, s.n_expert), "matrix"),
-        TensorSpec(f"blk.{i}.ffn_up_exps.weight", (s.n_embd, s.n_ff_exp, s.n_expert), "matrix"),
-        TensorSpec(f"blk.{i}.ffn_down_exps.weight", (s.n_ff_exp, s.n_embd, s.n_expert), "matrix"),
+        TensorSpec(f"blk.{i}.ffn_gate_exps.weight", (s.n_embd, s.n_ff_exp, s.n_expert), "expert"),
+        TensorSpec(f"blk.{i}.ffn_up_exps.weight", (s.n_embd, s.n_ff_exp, s.n_expert), "expert"),
+        TensorSpec(f"blk.{i}.ffn_down_exps.weight", (s.n_ff_exp, s.n_embd, s.n_expert), "expert"),
     ]
 
 
@@ -139,11 +139,99 @@ def _glm4moe(s: ModelShape) -> list[TensorSpec]:
     return first + layers + last
 
 
+def _mla_attention(s: ModelShape, i: int) -> list[TensorSpec]:
+    """DeepSeek-V2/V3 multi-head latent attention as llama.cpp's converter writes it: the query through a
+    low-rank compression (or a plain attn_q without q_lora_rank), K/V from one compressed latent plus a shared
+    rotary key, and attn_kv_b split into per-head attn_k_b (transposed) and attn_v_b, or kept whole (older files).
+    """
+    nope, q_dim = s.head_dim - s.rot, s.n_head * s.head_dim
+    out = [TensorSpec(f"blk.{i}.attn_norm.weight", (s.n_embd,), "norm")]
+    if s.q_lora_rank:
+        out += [
+            TensorSpec(f"blk.{i}.attn_q_a.weight", (s.n_embd, s.q_lora_rank), "matrix"),
+            TensorSpec(f"blk.{i}.attn_q_a_norm.weight", (s.q_lora_rank,), "norm"),
+            TensorSpec(f"blk.{i}.attn_q_b.weight", (s.q_lora_rank, q_dim), "matrix"),
+        ]
+    else:
+        out.append(TensorSpec(f"blk.{i}.attn_q.weight", (s.n_embd, q_dim), "matrix"))
+    out += [
+        TensorSpec(f"blk.{i}.attn_kv_a_mqa.weight", (s.n_embd, s.kv_lora_rank + s.rot), "matrix"),
+        TensorSpec(f"blk.{i}.attn_kv_a_norm.weight", (s.kv_lora_rank,), "norm"),
+    ]
+    if s.legacy_kv_b:
+        out.append(TensorSpec(f"blk.{i}.attn_kv_b.weight", (s.kv_lora_rank, s.n_head * (nope + s.v_dim)), "matrix"))
+    else:
+        out += [
+            TensorSpec(f"blk.{i}.attn_k_b.weight", (nope, s.kv_lora_rank, s.n_head), "matrix"),
+            TensorSpec(f"blk.{i}.attn_v_b.weight", (s.kv_lora_rank, s.v_dim, s.n_head), "matrix"),
+        ]
+    out.append(TensorSpec(f"blk.{i}.attn_output.weight", (s.n_head * s.v_dim, s.n_embd), "matrix"))
+    return out
+
+
+def _nextn(s: ModelShape, i: int) -> list[TensorSpec]:
+    """The extra tensors of a next-token-prediction block (llama.cpp's `blk.N.nextn.*`)."""
+    return [
+        TensorSpec(f"blk.{i}.nextn.eh_proj.weight", (2 * s.n_embd, s.n_embd), "matrix"),
+        TensorSpec(f"blk.{i}.nextn.enorm.weight", (s.n_embd,), "norm"),
+        TensorSpec(f"blk.{i}.nextn.hnorm.weight", (s.n_embd,), "norm"),
+        TensorSpec(f"blk.{i}.nextn.embed_tokens.weight", (s.n_embd, s.vocab_size), "embd"),
+        TensorSpec(f"blk.{i}.nextn.shared_head_head.weight", (s.n_embd, s.vocab_size), "matrix"),
+        TensorSpec(f"blk.{i}.nextn.shared_head_norm.weight", (s.n_embd,), "norm"),
+    ]
+
+
+def _deepseek2(s: ModelShape) -> list[TensorSpec]:
+    """DeepSeek-V2/V3, Kimi K2: MLA, leading dense layers, sigmoid router with a selection bias, routed experts
+    plus shared ones as wide as n_shared_exp routed experts; next-token-prediction blocks last."""
+    first, last = _head(s)
+    layers: list[TensorSpec] = []
+    for i in range(s.n_block):
+        layers += _mla_attention(s, i)
+        if i < s.n_dense_lead:
+            layers += _dense_ffn(s, i)
+        else:
+            layers += [*_routed_experts(s, i), TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector")]
+            layers += _shared_expert(s, i, gated=False, ff=s.n_ff_exp * s.n_shared_exp)
+        if i >= s.n_layer:
+            layers += _nextn(s, i)
+    return first + layers + last
+
+
+def _gpt_oss(s: ModelShape) -> list[TensorSpec]:
+    """gpt-oss: biased q/k/v/o projections, per-head attention sinks, a post-attention norm, a biased router
+    and experts with biases (llama.cpp's tensor names: the converter's `openai-moe` layout)."""
+    first, last = _head(s)
+    q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+    layers: list[TensorSpec] = []
+    for i in range(s.n_layer):
+        layers += [
+            TensorSpec(f"blk.{i}.attn_norm.weight", (s.n_embd,), "norm"),
+            TensorSpec(f"blk.{i}.attn_q.weight", (s.n_embd, q), "matrix"),
+            TensorSpec(f"blk.{i}.attn_q.bias", (q,), "vector"),
+            TensorSpec(f"blk.{i}.attn_k.weight", (s.n_embd, kv), "matrix"),
+            TensorSpec(f"blk.{i}.attn_k.bias", (kv,), "vector"),
+            TensorSpec(f"blk.{i}.attn_v.weight", (s.n_embd, kv), "matrix"),
+            TensorSpec(f"blk.{i}.attn_v.bias", (kv,), "vector"),
+            TensorSpec(f"blk.{i}.attn_output.weight", (q, s.n_embd), "matrix"),
+            TensorSpec(f"blk.{i}.attn_output.bias", (s.n_embd,), "vector"),
+            TensorSpec(f"blk.{i}.attn_sinks.weight", (s.n_head,), "vector"),
+        ]
+        layers += _routed_experts(s, i, "post_attention_norm")
+        layers += [
+            TensorSpec(f"blk.{i}.ffn_gate_inp.bias", (s.n_expert,), "vector"),
+            TensorSpec(f"blk.{i}.ffn_gate_exps.bias", (s.n_ff_exp, s.n_expert), "vector"),
+            TensorSpec(f"blk.{i}.ffn_up_exps.bias", (s.n_ff_exp, s.n_expert), "vector"),
+            TensorSpec(f"blk.{i}.ffn_down_exps.bias", (s.n_embd, s.n_expert), "vector"),
+        ]
+    return first + layers + last
+
+
 def _common_kv(s: ModelShape, arch: str) -> dict[str, KV]:
     return {
         f"{arch}.context_length": KV.u32(s.context_length),
         f"{arch}.embedding_length": KV.u32(s.n_embd),
-        f"{arch}.block_count": KV.u32(s.n_layer),
+        f"{arch}.block_count": KV.u32(s.n_block),
         f"{arch}.attention.head_count": KV.u32(s.n_head),
         f"{arch}.attention.head_count_kv": KV.u32(s.n_head_kv),
         f"{arch}.attention.key_length": KV.u32(s.head_dim),
@@ -179,17 +267,78 @@ def _ernie45moe_kv(s: ModelShape) -> dict[str, KV]:
     return kv
 
 
+def _sigmoid_routed_kv(s: ModelShape, a: str) -> dict[str, KV]:
+    """The keys GLM-4.5 and DeepSeek-V3 share: dense layers first, shared experts, a sigmoid router whose top-k
+    weights are normalised and scaled."""
+    return {
+        f"{a}.feed_forward_length": KV.u32(s.n_ff_dense),
+        f"{a}.leading_dense_block_count": KV.u32(s.n_dense_lead),
+        f"{a}.expert_shared_count": KV.u32(s.n_shared_exp),
+        f"{a}.expert_weights_scale": KV.f32(s.expert_weights_scale),
+        f"{a}.expert_weights_norm": KV.boolean(True),
+        f"{a}.expert_gating_func": KV.u32(2),  # sigmoid
+    }
+
+
 def _glm4moe_kv(s: ModelShape) -> dict[str, KV]:
     a = "glm4moe"
     kv = _common_kv(s, a)
-    kv[f"{a}.feed_forward_length"] = KV.u32(s.n_ff_dense)
-    kv[f"{a}.leading_dense_block_count"] = KV.u32(s.n_dense_lead)
-    kv[f"{a}.expert_shared_count"] = KV.u32(s.n_shared_exp)
-    kv[f"{a}.expert_weights_scale"] = KV.f32(2.5)
-    kv[f"{a}.expert_weights_norm"] = KV.boolean(True)
-    kv[f"{a}.expert_gating_func"] = KV.u32(2)  # sigmoid
+    kv.update(_sigmoid_routed_kv(s, a))
     kv[f"{a}.rope.dimension_count"] = KV.u32(s.head_dim // 2)  # partial rotary, as GLM-4.5
     kv[f"{a}.nextn_predict_layers"] = KV.u32(0)
+    return kv
+
+
+def _yarn_kv(s: ModelShape, a: str) -> dict[str, KV]:
+    """Rope scaling keys as the converter writes a config's `rope_scaling` of type yarn."""
+    if not s.yarn_factor:
+        return {}
+    return {
+        f"{a}.rope.scaling.type": KV.string("yarn"),
+        f"{a}.rope.scaling.factor": KV.f32(s.yarn_factor),
+        f"{a}.rope.scaling.original_context_length": KV.u32(s.yarn_orig_ctx),
+        f"{a}.rope.scaling.yarn_beta_fast": KV.f32(s.yarn_beta_fast),
+        f"{a}.rope.scaling.yarn_beta_slow": KV.f32(s.yarn_beta_slow),
+    }
+
+
+def _deepseek2_kv(s: ModelShape) -> dict[str, KV]:
+    """DeepSeek-V3's keys: with the split attn_k_b/attn_v_b, MLA is MQA over the latent (one KV head of
+    kv_lora_rank + rope dims) and the per-head sizes move to *_mla; older files describe the MHA form."""
+    a = "deepseek2"
+    kv = _common_kv(s, a)
+    if s.legacy_kv_b:
+        kv[f"{a}.attention.head_count_kv"] = KV.u32(s.n_head)
+        kv[f"{a}.attention.value_length"] = KV.u32(s.v_dim)
+    else:
+        kv[f"{a}.attention.head_count_kv"] = KV.u32(1)
+        kv[f"{a}.attention.key_length"] = KV.u32(s.kv_lora_rank + s.rot)
+        kv[f"{a}.attention.value_length"] = KV.u32(s.kv_lora_rank)
+        kv[f"{a}.attention.key_length_mla"] = KV.u32(s.head_dim)
+        kv[f"{a}.attention.value_length_mla"] = KV.u32(s.v_dim)
+    kv.update(_sigmoid_routed_kv(s, a))
+    kv[f"{a}.vocab_size"] = KV.u32(s.vocab_size)
+    if s.q_lora_rank:
+        kv[f"{a}.attention.q_lora_rank"] = KV.u32(s.q_lora_rank)
+    kv[f"{a}.attention.kv_lora_rank"] = KV.u32(s.kv_lora_rank)
+    if s.n_expert_group:
+        kv[f"{a}.expert_group_count"] = KV.u32(s.n_expert_group)
+        kv[f"{a}.expert_group_used_count"] = KV.u32(s.n_group_used)
+    kv[f"{a}.rope.dimension_count"] = KV.u32(s.rot)
+    kv.update(_yarn_kv(s, a))
+    if s.yarn_factor:
+        kv[f"{a}.rope.scaling.yarn_log_multiplier"] = KV.f32(s.yarn_log_mul)
+    if s.n_mtp:
+        kv[f"{a}.nextn_predict_layers"] = KV.u32(s.n_mtp)
+    return kv
+
+
+def _gpt_oss_kv(s: ModelShape) -> dict[str, KV]:
+    a = "gpt-oss"
+    kv = _common_kv(s, a)
+    kv[f"{a}.feed_forward_length"] = KV.u32(s.n_ff_exp)
+    kv[f"{a}.attention.sliding_window"] = KV.u32(s.sliding_window)
+    kv.update(_yarn_kv(s, a))
     return kv
 
 
@@ -226,6 +375,18 @@ ARCHITECTURES: dict[str, Architecture] = {
         _glm4moe_kv,
         "GLM-4.5-MoE: q/k/v bias, partial RoPE, leading dense layers, sigmoid router with selection bias",
     ),
+    "deepseek2": Architecture(
+        "deepseek2",
+        _deepseek2,
+        _deepseek2_kv,
+        "DeepSeek-V3 / Kimi K2: MLA, YaRN, group-limited sigmoid router with selection bias, shared expert",
+    ),
+    "gpt-oss": Architecture(
+        "gpt-oss",
+        _gpt_oss,
+        _gpt_oss_kv,
+        "gpt-oss: attention sinks, alternating sliding-window layers, YaRN, biases, swiglu_oai experts",
+    ),
 }
 
 
@@ -241,22 +402,86 @@ def tensor_specs(s: ModelShape) -> list[TensorSpec]:
     return architecture(s.arch).tensors(s)
 
 
+# Layer counts for which llama.cpp's deepseek2 loader assumes a "lite" model (DeepSeek-V2-Lite and kin) and does
+# not read q_lora_rank: with a q_lora_rank it would look for attn_q; without one, other counts fail to load.
+_LITE_LAYERS = (26, 27)
+_ROUTED = ("qwen2moe", "qwen3moe", "ernie4_5-moe", "glm4moe", "deepseek2", "gpt-oss")
+TOKENIZERS = ("qwen2", "deepseek-v3", "kimi-k2", "gpt-4o")
+
+
+def _is_lite(s: ModelShape) -> bool:
+    return s.n_layer in _LITE_LAYERS or (s.n_layer == 48 and s.vocab_size == 128256)
+
+
 def check_shape(s: ModelShape) -> None:
-    """Rejects geometry the architecture cannot express (llama.cpp would refuse or misread it)."""
-    if s.n_dense_lead and s.arch not in ("ernie4_5-moe", "glm4moe"):
-        raise ValueError(f"{s.arch} has no leading dense layers (use --arch ernie4_5-moe or glm4moe)")
-    if s.n_shared_exp and s.arch == "qwen3moe":
-        raise ValueError("qwen3moe has no shared experts (use --arch qwen2moe or ernie4_5-moe)")
+    """Rejects geometry the architecture cannot express (llama.cpp would refuse, misread or abort on it)."""
+    architecture(s.arch)
+    if s.n_dense_lead and s.arch not in ("ernie4_5-moe", "glm4moe", "deepseek2"):
+        raise ValueError(f"{s.arch} has no leading dense layers (use --arch ernie4_5-moe, glm4moe or deepseek2)")
+    if s.n_shared_exp and s.arch in ("qwen3moe", "gpt-oss"):
+        raise ValueError(f"{s.arch} has no shared experts (use --arch qwen2moe, ernie4_5-moe or deepseek2)")
     if s.n_dense_lead >= s.n_layer:
         raise ValueError("at least one layer must be a MoE layer")
     if not 0 < s.n_expert_used <= s.n_expert:
         raise ValueError("--n-expert-used must be between 1 and --n-expert")
     if s.n_head % s.n_head_kv:
         raise ValueError("--n-head must be a multiple of --n-head-kv")
-    small = {
-        k: v
-        for k, v in vars(s).items()
-        if k.startswith("n_") and k != "n_dense_lead" and k != "n_shared_exp" and isinstance(v, int) and v <= 0
-    }
+    if s.tokenizer not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer {s.tokenizer!r} (choose from {', '.join(TOKENIZERS)})")
+    optional = {"n_dense_lead", "n_shared_exp", "n_rot", "n_expert_group", "n_group_used", "n_mtp"}
+    small = [
+        k for k, v in vars(s).items() if k.startswith("n_") and k not in optional and isinstance(v, int) and v <= 0
+    ]
     if small:
         raise ValueError(f"sizes must be positive: {', '.join(small)}")
+    if min(s.q_lora_rank, s.kv_lora_rank, s.n_rot, s.v_head_dim, s.n_expert_group, s.n_group_used, s.n_mtp) < 0:
+        raise ValueError("ranks, head sizes and group counts must not be negative")
+    if s.yarn_factor and (s.yarn_factor <= 1.0 or s.yarn_orig_ctx <= 0):
+        raise ValueError("--yarn-factor must be above 1 (or 0 for none) with a positive --yarn-orig-ctx")
+    if s.arch == "deepseek2":
+        _check_deepseek2(s)
+    else:
+        mla = s.q_lora_rank or s.kv_lora_rank or s.n_rot or s.v_head_dim or s.legacy_kv_b
+        if mla or s.n_mtp or s.n_expert_group or s.n_group_used:
+            raise ValueError(
+                "MLA ranks, head splits, expert groups and next-token-prediction blocks are deepseek2's "
+                "(use --arch deepseek2)"
+            )
+    if s.arch == "glm4moe" and s.head_dim % 4:
+        raise ValueError("glm4moe rotates half of each head: --head-dim must be a multiple of 4")
+    if s.arch != "deepseek2" and s.head_dim % 2:
+        raise ValueError("--head-dim must be even (RoPE rotates pairs)")
+    if s.arch == "gpt-oss" and s.sliding_window <= 0:
+        raise ValueError("--sliding-window must be positive")
+
+
+def _check_deepseek2(s: ModelShape) -> None:
+    if s.kv_lora_rank <= 0:
+        raise ValueError("deepseek2 needs --kv-lora-rank")
+    if not 0 < s.rot < s.head_dim or s.rot % 2:
+        raise ValueError("deepseek2's --n-rot (qk_rope_head_dim) must be even, positive and below --head-dim")
+    if s.n_shared_exp < 1:
+        raise ValueError("deepseek2 runs a shared expert in every MoE layer: --n-shared-exp must be at least 1")
+    if s.n_mtp > 1:
+        raise ValueError("llama.cpp's converter writes one next-token-prediction block: --n-mtp must be 0 or 1")
+    if s.q_lora_rank and _is_lite(s):
+        raise ValueError(
+            f"llama.cpp reads a {s.n_layer}-layer deepseek2 as a lite model without q_lora_rank: "
+            "choose another --n-layer or --q-lora-rank 0"
+        )
+    if not s.q_lora_rank and not _is_lite(s):
+        raise ValueError(
+            "llama.cpp loads deepseek2 without q_lora_rank (DeepSeek-V2-Lite's plain attn_q) only with "
+            f"{' or '.join(map(str, _LITE_LAYERS))} layers: set --n-layer accordingly or give --q-lora-rank"
+        )
+    groups, used = s.n_expert_group, s.n_group_used
+    if groups >= s.n_expert:
+        raise ValueError("--n-expert-group must be below --n-expert")
+    if groups > 1:
+        per_group = s.n_expert // groups
+        if s.n_expert % groups or per_group < 2:
+            raise ValueError("--n-expert must be a multiple of --n-expert-group, with at least 2 experts per group")
+        if not 0 < used < groups:
+            raise ValueError("--n-group-used must be between 1 and --n-expert-group - 1")
+        if used * per_group < s.n_expert_used:
+            raise ValueError("the groups used must hold at least --n-expert-used experts")

@@ -49,3 +49,24 @@ judge my vow. How vexingly quick daft zebras jump! The five boxing wizards jump 
 Once upon a time there was a small machine with two cores and a slow drive. It wanted to run the biggest
 model in the world. Everyone said it could not be done, so it read only what it needed, just in time.
 """
+
+# Written for this project as well: the same kinds of text in more scripts, for the vocabularies of the
+# multilingual families (deepseek-v3, kimi-k2, gpt-4o), so their merges cover what their pre-tokenizers split.
+MULTILINGUAL = """\
+Модель читает только нужных экспертов, а остальные ждут на диске. Быстрый ответ, медленный диск, умный кэш.
+Память маленькая, модель большая: каждый слой выбирает восемь экспертов из двухсот пятидесяти шести.
+النموذج يقرأ الخبراء من القرص عند الحاجة فقط، والذاكرة تحفظ الأكثر استخداما. كل طبقة تختار ثمانية خبراء.
+模型只读取需要的专家，其余的留在硬盘上。每一层从二百五十六个专家中选择八个。内存小，模型大，缓存聪明。
+このモデルは必要な専門家だけを読み込みます。メモリは小さく、モデルは大きい。キャッシュが賢く働きます。
+모델은 필요한 전문가만 읽고 나머지는 디스크에 둡니다. 메모리는 작고 모델은 큽니다.
+Το μοντέλο διαβάζει μόνο τους ειδικούς που χρειάζεται. हर परत आठ विशेषज्ञ चुनती है, बाकी डिस्क पर रहते हैं।
+Numbers run long: 1234567890 31415926535 2718281828 100000 65535 4294967296 0.000123 1e10 3,141,592.
+Emoji and symbols: 🙂🚀🔥✅ ★☆ →← ±×÷ €£¥ © ® ™ ½ ¼ — “quotes” ‘single’ «guillemets» 「括弧」 【注】
+Whitespace:   three spaces,\ttab,\t\ttwo tabs,
+runs of    four spaces      and six before a newline
+It's we're they'll I'd she's HE'S WE'VE You'LL don't DON'T o'clock rock'n'roll.
+fn main() { let xs: Vec<u32> = (0..10).map(|x| x * x).collect(); println!("{:?}", xs); }
+SELECT name, COUNT(*) FROM experts WHERE layer >= 3 GROUP BY name ORDER BY 2 DESC;
+<div class="note">Hello&nbsp;world</div> https://example.com/path?q=1&r=2#frag user@example.org
+CamelCaseWords snake_case_words kebab-case-words UPPERCASE lowercase MiXeD ÀÉÎÕÜ àéîõü ÇçŞşĞğ ĄąĘęŁł
+"""

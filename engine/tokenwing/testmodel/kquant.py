@@ -30,7 +30,8 @@ def _main(src: str, dst: str, type_name: str) -> int:
     except ImportError:
         print("K-quants need llama-cpp-python (pip install '.[oracle]')", file=sys.stderr)
         return 2
-    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_name}", None)
+    # MOSTLY_<type> for quantized types, or a full name such as ALL_F32 (dequantized by ggml itself)
+    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_name}", getattr(llama_cpp, f"LLAMA_FTYPE_{type_name}", None))
     if ftype is None:
         print(f"this llama.cpp has no {type_name}", file=sys.stderr)
         return 2

@@ -1,4 +1,9 @@
-"""Model geometry for generated models, with named presets from tiny (tests) to realistic (benchmarks)."""
+"""Model geometry for generated models, with named presets from tiny (tests) to realistic (benchmarks).
+
+Size presets (tiny, kquant, small, bench) apply to every architecture: `preset_shape(name, arch)` fills in what
+a family needs beyond them (deepseek2's MLA ranks, routing groups and YaRN; gpt-oss's YaRN and sliding
+window), as the real models have them. Family presets (`kimi-*`, `ds-bench`, `oss-bench`) fix their family.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,11 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ModelShape:
     arch: str = "qwen3moe"
-    n_layer: int = 2
+    n_layer: int = 2  # blocks that run (next-token-prediction blocks come on top: n_mtp)
     n_embd: int = 64
     n_head: int = 4
     n_head_kv: int = 2
-    head_dim: int = 16
+    head_dim: int = 16  # query/key head size (deepseek2: qk_nope + qk_rope, llama.cpp's key_length_mla)
     n_expert: int = 8
     n_expert_used: int = 2
     n_ff_exp: int = 32
@@ -28,9 +33,39 @@ class ModelShape:
     embd_std: float = 1.0  # ~1.0 spreads random routing; real models' 0.02 makes it collapse
     weight_std: float = 0.0  # 0: 1/sqrt(fan_in) per matrix
     router_scale: float = 1.0  # routers' std × this: larger margins between the k-th and (k+1)-th expert
+    # deepseek2 (MLA): ranks of the query and KV compressions (q_lora_rank 0: a plain attn_q, as DeepSeek-V2-Lite)
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    n_rot: int = 0  # rotary dimensions per head (0: all; deepseek2: qk_rope_head_dim, glm4moe: half)
+    v_head_dim: int = 0  # value head size (0: head_dim)
+    legacy_kv_b: bool = False  # deepseek2: the older combined attn_kv_b instead of attn_k_b/attn_v_b
+    n_expert_group: int = 0  # group-limited routing: expert groups (0: no key written) and groups used
+    n_group_used: int = 0
+    expert_weights_scale: float = 2.5  # routing weights × this (glm4moe, deepseek2)
+    n_mtp: int = 0  # next-token-prediction blocks after the n_layer main ones (nextn_predict_layers)
+    yarn_factor: float = 0.0  # YaRN rope scaling factor (0: no rope scaling keys)
+    yarn_orig_ctx: int = 4096
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_log_mul: float = 0.1  # deepseek2: 0.1 × mscale_all_dim, as llama.cpp's converter writes it
+    sliding_window: int = 128  # gpt-oss: the window of its sliding-window layers
+    tokenizer: str = "qwen2"  # the vocabulary's family, by llama.cpp's pre-tokenizer name
 
     def with_(self, **changes: object) -> ModelShape:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    @property
+    def rot(self) -> int:
+        return self.n_rot or self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def n_block(self) -> int:
+        """Blocks in the file: the ones that run, then the next-token-prediction ones."""
+        return self.n_layer + self.n_mtp
 
     def n_params(self) -> int:
         from tokenwing.testmodel.architectures import tensor_specs
@@ -89,9 +124,129 @@ PRESETS: dict[str, ModelShape] = {
     ),
 }
 
+# DeepSeek-V3 as its GGUF has it: YaRN x40 from 4,096 positions, sigmoid routing in groups, one shared expert.
+_DEEPSEEK_V3 = {
+    "context_length": 163840,
+    "rope_base": 10000.0,
+    "yarn_factor": 40.0,
+    "yarn_orig_ctx": 4096,
+    "yarn_beta_fast": 32.0,
+    "yarn_beta_slow": 1.0,
+    "yarn_log_mul": 0.1,
+    "expert_weights_scale": 2.5,
+    "tokenizer": "deepseek-v3",
+}
 
-def preset_shape(name: str) -> ModelShape:
+# MLA geometry per size preset (DeepSeek-V3: nope 128 + rope 64, v 128, kv rank 512, q rank 1536), chosen so
+# every row is a multiple of 32 (Q8_0) and, in `kquant`, of 256 where the real model's is (attn_k_b's rows are
+# qk_nope long: llama.cpp's quantizer falls back for them, as it does for DeepSeek-V3).
+_MLA: dict[str, dict[str, int]] = {
+    "tiny": {"head_dim": 48, "n_rot": 16, "v_head_dim": 32, "kv_lora_rank": 64, "q_lora_rank": 96},
+    "kquant": {"head_dim": 96, "n_rot": 32, "v_head_dim": 64, "kv_lora_rank": 256, "q_lora_rank": 512},
+    "small": {"head_dim": 96, "n_rot": 32, "v_head_dim": 64, "kv_lora_rank": 256, "q_lora_rank": 768},
+    "bench": {"head_dim": 192, "n_rot": 64, "v_head_dim": 128, "kv_lora_rank": 256, "q_lora_rank": 512},
+}
+
+# gpt-oss as its GGUF has it: YaRN x32 from 4,096 positions, rope base 150,000, RMS eps 1e-5.
+_GPT_OSS = {
+    "context_length": 131072,
+    "rope_base": 150000.0,
+    "rms_eps": 1e-5,
+    "yarn_factor": 32.0,
+    "yarn_orig_ctx": 4096,
+    "yarn_beta_fast": 32.0,
+    "yarn_beta_slow": 1.0,
+    "sliding_window": 128,
+    "tokenizer": "gpt-4o",
+}
+
+# Kimi K2: DeepSeek-V3's architecture with 384 experts in one group, 64 heads, one dense layer, its own
+# tokenizer; YaRN x32 with beta_fast 1 in its config (llama.cpp does not read the betas: it uses 32 and 1).
+_KIMI_K2 = {
+    **_DEEPSEEK_V3,
+    "n_expert": 384,
+    "n_expert_used": 8,
+    "n_expert_group": 1,
+    "n_group_used": 1,
+    "n_dense_lead": 1,
+    "n_shared_exp": 1,
+    "context_length": 131072,
+    "rope_base": 50000.0,
+    "yarn_factor": 32.0,
+    "yarn_beta_fast": 1.0,
+    "expert_weights_scale": 2.827,
+    "tokenizer": "kimi-k2",
+}
+
+FAMILY_PRESETS: dict[str, ModelShape] = {
+    "kimi-tiny": PRESETS["tiny"].with_(arch="deepseek2", n_layer=3, **_MLA["tiny"], **_KIMI_K2),
+    # DeepSeek-V3 scaled to this machine (issue 13 §4): hidden 2048, 256 experts of 512, top-8 in 8 groups
+    # using 4, 2 leading dense layers, one shared expert, 32 heads of V3's head sizes, MLA ranks 512/256;
+    # 9 MoE layers: ~4.5 GB at Q4_K_M.
+    "ds-bench": ModelShape(
+        arch="deepseek2",
+        n_layer=11,
+        n_embd=2048,
+        n_head=32,
+        n_head_kv=1,
+        n_expert=256,
+        n_expert_used=8,
+        n_ff_exp=512,
+        n_dense_lead=2,
+        n_ff_dense=5376,
+        n_shared_exp=1,
+        vocab_size=32000,
+        n_expert_group=8,
+        n_group_used=4,
+    ).with_(**_MLA["bench"], **_DEEPSEEK_V3),
+    # gpt-oss-20b's layer (hidden 2880, 32 experts of 2880, top-4, 64 query heads of 64, 8 KV heads) over 10
+    # layers: ~4.7 GB with MXFP4 experts and the rest in Q8_0 (`--type MXFP4_MOE`).
+    "oss-bench": ModelShape(
+        arch="gpt-oss",
+        n_layer=10,
+        n_embd=2880,
+        n_head=64,
+        n_head_kv=8,
+        head_dim=64,
+        n_expert=32,
+        n_expert_used=4,
+        n_ff_exp=2880,
+        vocab_size=32000,
+    ).with_(**_GPT_OSS),
+}
+
+
+def _family_defaults(s: ModelShape, size: str) -> ModelShape:
+    """What a size preset lacks for the family of `s.arch`, as the real models of that family have it."""
+    if s.arch == "deepseek2" and s.kv_lora_rank == 0:
+        groups = 4 if s.n_expert >= 8 and s.n_expert % 4 == 0 else 1
+        return s.with_(
+            **_MLA.get(size, _MLA["small"]),
+            **_DEEPSEEK_V3,
+            n_head_kv=1,
+            n_shared_exp=s.n_shared_exp or 1,
+            n_dense_lead=s.n_dense_lead or (1 if s.n_layer > 1 else 0),
+            n_expert_group=groups,
+            n_group_used=groups // 2 if groups > 1 else 1,
+        )
+    if s.arch == "gpt-oss" and s.yarn_factor == 0:
+        return s.with_(**_GPT_OSS)
+    return s
+
+
+def preset_names() -> list[str]:
+    return [*PRESETS, *FAMILY_PRESETS]
+
+
+def preset_shape(name: str, arch: str | None = None) -> ModelShape:
+    """A preset, for `arch` when given (size presets fit any architecture; family presets only their own)."""
+    if name in FAMILY_PRESETS:
+        s = FAMILY_PRESETS[name]
+        if arch is not None and arch != s.arch:
+            raise ValueError(f"preset {name!r} is a {s.arch} model (drop --arch or use --arch {s.arch})")
+        return s
     try:
-        return PRESETS[name]
+        s = PRESETS[name]
     except KeyError:
-        raise ValueError(f"unknown model preset {name!r} (choose from {', '.join(PRESETS)})") from None
+        raise ValueError(f"unknown model preset {name!r} (choose from {', '.join(preset_names())})") from None
+    return _family_defaults(s.with_(arch=arch) if arch else s, name)

@@ -21,6 +21,9 @@ DIRECT_TYPES = {
     "Q8_0": GGMLQuantizationType.Q8_0,
     "Q4_0": GGMLQuantizationType.Q4_0,
 }
+# Types only the routed experts take (gpt-oss's converter keeps its MXFP4 experts and writes the rest in the
+# output type).
+EXPERT_TYPES = {"MXFP4": GGMLQuantizationType.MXFP4}
 
 CHUNK_ELEMENTS = 1 << 22  # ~16 MB of f32 at most in flight per chunk
 
@@ -28,12 +31,21 @@ CHUNK_ELEMENTS = 1 << 22  # ~16 MB of f32 at most in flight per chunk
 # (both symmetric, so the weights have mean zero).
 _Q8_STD = math.sqrt((255**2 - 1) / 12)
 _Q4_STD = math.sqrt((15**2 - 1) / 12)
+# MXFP4: 4-bit E2M1 codes (ggml keeps them doubled: kvalues_mxfp4) times 2^(e - 128) per 32 values; uniform
+# codes have this standard deviation in ggml's doubled units.
+_MXFP4_KVALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float64)
+_MXFP4_STD = float(np.sqrt(np.mean(_MXFP4_KVALUES**2)))
 
 
-def tensor_type(spec: TensorSpec, wanted: GGMLQuantizationType) -> GGMLQuantizationType:
-    """Norms, biases and routers stay F32 (as llama.cpp keeps them); matrices take the wanted type."""
+def tensor_type(
+    spec: TensorSpec, wanted: GGMLQuantizationType, experts: GGMLQuantizationType | None = None
+) -> GGMLQuantizationType:
+    """Norms, biases and routers stay F32 (as llama.cpp keeps them); matrices take the wanted type, routed
+    experts `experts` where given."""
     if spec.role in ("norm", "vector", "router") or len(spec.shape) == 1:
         return GGMLQuantizationType.F32
+    if spec.role == "expert" and experts is not None:
+        wanted = experts
     block = GGML_QUANT_SIZES[wanted][0]
     if spec.shape[0] % block:
         return GGMLQuantizationType.F32  # the factory's shapes avoid this; keep the file valid anyway
@@ -78,6 +90,19 @@ def _q4_0(rng: np.random.Generator, n_blocks: int, std: float) -> bytes:
     return out.tobytes()
 
 
+def _mxfp4(rng: np.random.Generator, n_blocks: int, std: float) -> bytes:
+    """Random codes with a shared exponent per block, mixed between the two exponents around the wanted scale
+    so that the expected variance is exactly std² (one exponent alone would miss it by up to 2x)."""
+    out = np.empty((n_blocks, 17), dtype=np.uint8)
+    exact = 128 + math.log2(std / _MXFP4_STD)
+    low = math.floor(exact)
+    p_high = (4**exact - 4**low) / (4 ** (low + 1) - 4**low)  # E[4^e] = 4^exact
+    e = low + (rng.random(n_blocks) < p_high)
+    out[:, 0] = np.clip(e, 2, 254).astype(np.uint8)
+    out[:, 1:] = rng.integers(0, 256, (n_blocks, 16), dtype=np.uint8)
+    return out.tobytes()
+
+
 def generate(spec: TensorSpec, qtype: GGMLQuantizationType, rng: np.random.Generator, std: float) -> Iterator[bytes]:
     """Yields the tensor's bytes in chunks of whole rows."""
     row = spec.shape[0]
@@ -89,6 +114,8 @@ def generate(spec: TensorSpec, qtype: GGMLQuantizationType, rng: np.random.Gener
             yield _q8_0(rng, n // 32, std)
         elif qtype == GGMLQuantizationType.Q4_0:
             yield _q4_0(rng, n // 32, std)
+        elif qtype == GGMLQuantizationType.MXFP4:
+            yield _mxfp4(rng, n // 32, std)
         else:
             x = _floats(rng, n, spec, std)
             if qtype == GGMLQuantizationType.F32:

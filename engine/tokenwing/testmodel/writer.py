@@ -21,7 +21,9 @@ from tokenwing.testmodel.tokenizer import build_vocabulary
 ALIGNMENT = 32
 
 # llama.cpp's llama_ftype numbers for the types the factory writes directly.
-_FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "BF16": 32}
+_FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "BF16": 32, "MXFP4_MOE": 38}
+# Named like llama.cpp's ftype: routed experts in MXFP4, every other matrix in Q8_0 (as llama-quantize writes it).
+MIXED_TYPES = {"MXFP4_MOE": ("Q8_0", "MXFP4")}
 KQUANT_TYPES = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K")
 
 
@@ -34,7 +36,7 @@ class _Planned:
 
 def model_metadata(shape: ModelShape, type_name: str, name: str) -> dict[str, KV]:
     arch = architecture(shape.arch)
-    vocab = build_vocabulary(shape.vocab_size)
+    vocab = build_vocabulary(shape.vocab_size, shape.tokenizer)
     kv: dict[str, KV] = {
         "general.architecture": KV.string(arch.name),
         "general.name": KV.string(name),
@@ -45,25 +47,27 @@ def model_metadata(shape: ModelShape, type_name: str, name: str) -> dict[str, KV
     kv.update(
         {
             "tokenizer.ggml.model": KV.string("gpt2"),
-            "tokenizer.ggml.pre": KV.string("qwen2"),
+            "tokenizer.ggml.pre": KV.string(vocab.pre),
             "tokenizer.ggml.tokens": KV.strings(vocab.tokens),
             "tokenizer.ggml.token_type": KV.array(ValueType.INT32, vocab.token_types),
             "tokenizer.ggml.merges": KV.strings(vocab.merges),
             "tokenizer.ggml.eos_token_id": KV.u32(vocab.eos_id),
             "tokenizer.ggml.padding_token_id": KV.u32(vocab.pad_id),
-            "tokenizer.ggml.bos_token_id": KV.u32(vocab.pad_id),
-            "tokenizer.ggml.add_bos_token": KV.boolean(False),
+            "tokenizer.ggml.bos_token_id": KV.u32(vocab.bos_id),
+            "tokenizer.ggml.add_bos_token": KV.boolean(vocab.add_bos),
             "tokenizer.chat_template": KV.string(vocab.chat_template),
         }
     )
     return kv
 
 
-def _plan(shape: ModelShape, qtype: GGMLQuantizationType) -> list[_Planned]:
+def _plan(
+    shape: ModelShape, qtype: GGMLQuantizationType, experts: GGMLQuantizationType | None = None
+) -> list[_Planned]:
     check_shape(shape)
     planned = []
     for spec in architecture(shape.arch).tensors(shape):
-        t = weights.tensor_type(spec, qtype)
+        t = weights.tensor_type(spec, qtype, experts)
         info = TensorInfo(spec.name, spec.shape, int(t), 0, tensor_nbytes(spec.shape, int(t)))
         planned.append(_Planned(spec, info, t))
     return planned
@@ -114,16 +118,34 @@ def write_test_model(
     seed: int = 0,
     shards: int = 1,
     show_progress: bool = False,
+    expert_type: str | None = None,
 ) -> list[str]:
-    """Writes a random-weight GGUF; returns the written path(s). K-quants go through llama.cpp."""
+    """Writes a random-weight GGUF; returns the written path(s). K-quants go through llama.cpp.
+
+    `expert_type` (MXFP4) stores the routed experts in that type and the rest in `type_name`, as llama.cpp's
+    converter writes gpt-oss; `MXFP4_MOE` is that with Q8_0, as llama.cpp's quantizer writes it.
+    """
     type_name = type_name.upper()
+    if type_name in MIXED_TYPES:
+        if expert_type is not None:
+            raise ValueError(f"{type_name} fixes the experts' type: drop --expert-type")
+        dense, expert_type = MIXED_TYPES[type_name]
+    else:
+        dense = type_name
     if type_name in KQUANT_TYPES:
+        if expert_type is not None:
+            raise ValueError("K-quant models take their experts' types from llama.cpp: drop --expert-type")
         return _write_kquant(path, shape, type_name, seed, shards, show_progress)
-    if type_name not in weights.DIRECT_TYPES:
-        known = ", ".join([*weights.DIRECT_TYPES, *KQUANT_TYPES])
+    if dense not in weights.DIRECT_TYPES:
+        known = ", ".join([*weights.DIRECT_TYPES, *MIXED_TYPES, *KQUANT_TYPES])
         raise ValueError(f"unknown type {type_name!r} (choose from {known})")
-    qtype = weights.DIRECT_TYPES[type_name]
-    planned = _plan(shape, qtype)
+    experts = None
+    if expert_type is not None:
+        if expert_type.upper() not in weights.EXPERT_TYPES:
+            raise ValueError(f"unknown expert type {expert_type!r} (choose from {', '.join(weights.EXPERT_TYPES)})")
+        experts = weights.EXPERT_TYPES[expert_type.upper()]
+    qtype = weights.DIRECT_TYPES[dense]
+    planned = _plan(shape, qtype, experts)
     name = os.path.basename(path).removesuffix(".gguf")
     kv = model_metadata(shape, type_name, name)
     groups = _split(planned, shards)

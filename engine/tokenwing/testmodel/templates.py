@@ -1,0 +1,50 @@
+"""Chat templates of the generated models, one per tokenizer family, written for this project.
+
+Each renders (in the engine's sandbox) exactly what llama.cpp's built-in handler for that family writes
+(`llama_chat_apply_template`, src/llama-chat.cpp), and contains the strings by which llama.cpp recognises it.
+"""
+
+# ChatML (Qwen): <|im_start|>role\ncontent<|im_end|>\n
+CHATML = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# DeepSeek-V3: the system prompt first, then <｜User｜>… and <｜Assistant｜>…<｜end▁of▁sentence｜> (the BOS
+# comes from the tokenizer: add_bos_token).
+DEEPSEEK_V3 = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}{{- message['content'] + '\\n\\n' }}"
+    "{%- elif message['role'] == 'user' %}{{- '<｜User｜>' + message['content'] }}"
+    "{%- elif message['role'] == 'assistant' %}"
+    "{{- '<｜Assistant｜>' + message['content'] + '<｜end▁of▁sentence｜>' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<｜Assistant｜>' }}{%- endif %}"
+)
+
+# Kimi K2: <|im_ROLE|>role<|im_middle|>content<|im_end|> (tool results under the system marker).
+KIMI_K2 = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}{{- '<|im_system|>system<|im_middle|>' }}"
+    "{%- elif message['role'] == 'user' %}{{- '<|im_user|>user<|im_middle|>' }}"
+    "{%- elif message['role'] == 'assistant' %}{{- '<|im_assistant|>assistant<|im_middle|>' }}"
+    "{%- elif message['role'] == 'tool' %}{{- '<|im_system|>tool<|im_middle|>' }}"
+    "{%- endif %}"
+    "{{- message['content'] + '<|im_end|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_assistant|>assistant<|im_middle|>' }}{%- endif %}"
+)
+
+# gpt-oss (harmony): <|start|>role<|message|>content<|end|>, an assistant turn ending in <|return|>; the model
+# answers after <|start|>assistant with <|channel|>analysis<|message|>…<|end|> and then the final channel.
+HARMONY = (
+    "{#- harmony: the reply comes on channels, <|channel|>analysis then <|channel|>final #}"
+    "{%- for message in messages %}"
+    "{{- '<|start|>' + message['role'] + '<|message|>' + message['content'] }}"
+    "{%- if message['role'] == 'assistant' %}{{- '<|return|>' }}{%- else %}{{- '<|end|>' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}"
+)
