@@ -9,7 +9,7 @@ from __future__ import annotations
 import mmap
 import random
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -128,11 +128,10 @@ class ModelFile:
                 return self._read_resident(info)
         raise KeyError(f"no resident tensor {name!r}")
 
-    def iter_resident(self, skip: Callable[[str], bool] = lambda name: False) -> Iterator[tuple[TensorInfo, bytes]]:
-        """The tensors the engine loads (kept ones never; nor those `skip` names), read and checked."""
+    def iter_resident(self) -> Iterator[tuple[TensorInfo, bytes]]:
+        """The tensors the engine loads (kept ones never), read and checked against their checksums."""
         for info in self.resident:
-            if not skip(info.name):
-                yield info, self._read_resident(info)
+            yield info, self._read_resident(info)
 
     def _read_resident(self, info: TensorInfo) -> bytes:
         i = self._slot[info.name]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from tokenwing.compute.ggml_lib import F16, F32, Repacker, Tensor, TensorArena, aligned_bytes, quiet_debug_log
@@ -25,12 +23,9 @@ def _align(n: int) -> int:
 class ModelWeights:
     """Every resident tensor, loaded (checksummed) into one aligned allocation."""
 
-    def __init__(
-        self, mf: ModelFile, extra_tensors: int = 64, repack: bool = True, skip: Callable[[str], bool] = lambda n: False
-    ) -> None:
-        """skip: tensors not to load (a multi-token-prediction block's, which never run)."""
+    def __init__(self, mf: ModelFile, extra_tensors: int = 64, repack: bool = True) -> None:
         n_layers = len(mf.index.layers)
-        resident = [t for t in mf.resident if not skip(t.name)]
+        resident = mf.resident  # (next-token-prediction blocks are kept in the file, never loaded)
         self.arena = TensorArena(len(resident) + 3 * n_layers + extra_tensors)
         total = sum(_align(t.nbytes) for t in resident)
         self.memory = aligned_bytes(total)
@@ -38,7 +33,7 @@ class ModelWeights:
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.types: dict[str, int] = {}
         off = 0
-        for info, data in mf.iter_resident(skip):
+        for info, data in mf.iter_resident():
             view = self.memory[off : off + info.nbytes]
             view[:] = np.frombuffer(data, dtype=np.uint8)
             self.tensors[info.name] = self.arena.wrap(view, info.type, info.shape)

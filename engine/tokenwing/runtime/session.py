@@ -83,14 +83,13 @@ class Session:
         widths = {el.layer: el.shapes[0][0] for el in self.mf.index.layers}
         if any(layer >= hp.n_layer + hp.n_mtp for layer in widths):
             raise BadInputError(f"{path}: experts of a layer beyond block_count")
-        # Multi-token-prediction blocks come last: neither their tensors nor their experts are read.
+        # Multi-token-prediction blocks come last: neither their tensors (kept in the file) nor their experts are
+        # read (ExpertScheduler streams the layers that run).
         shapes = {t.name: t.shape for t in self.mf.resident}
         model_class.check(hp, shapes, {k: v for k, v in widths.items() if k < hp.n_layer}, path)
         streamed = sorted(layer for layer in widths if layer < hp.n_layer)
         n_tensors = 3 * hp.n_layer + 3 * len(streamed)  # KV caches, lookahead routers, slot-pool views
-        weights = ModelWeights(
-            self.mf, n_tensors + 64, opts.cpu_repack, skip=lambda name: _block_of(name) >= hp.n_layer
-        )
+        weights = ModelWeights(self.mf, n_tensors + 64, opts.cpu_repack)
         self.model: MoEModel = model_class(hp, weights, streamed)
 
         _, elt = kv_element(opts.kv_type)
@@ -448,9 +447,3 @@ class Session:
             f"{self.slots_per_layer}/{hp.n_expert} per layer ({human_bytes(self.scheduler.capacity)}), "
             f"context {self.n_ctx}"
         )
-
-
-def _block_of(name: str) -> int:
-    """The block a tensor belongs to (-1 for embeddings, head and the like)."""
-    parts = name.split(".", 2)
-    return int(parts[1]) if parts[0] == "blk" and len(parts) > 1 and parts[1].isdigit() else -1
