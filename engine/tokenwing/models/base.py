@@ -118,7 +118,7 @@ class MoEModel:
             if parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < hp.n_layer:
                 self.w[int(parts[1])][parts[2].removesuffix(".weight")] = t
         self.router = self.make_router(hp)
-        self.rope = common.Rope(hp.n_rot, self.rope_mode, hp.n_ctx_train, hp.rope_base)
+        self.rope = common.rope_of(hp, self.rope_mode, hp.rope_yarn_log_mul)
 
     @classmethod
     def make_router(cls, hp: HParams) -> common.Router:
@@ -175,10 +175,10 @@ class MoEModel:
         ids, weights = common.route(ctx, logits, self.router, w["exp_probs_b.bias"] if self.router.bias else None)
         return common.Routed(cur, residual, ids, weights, shared)
 
-    @property
-    def kv_width(self) -> int:
-        """Elements per position of a layer's K (and of its V) cache."""
-        return self.hp.head_dim * self.hp.n_head_kv
+    def kv_spec(self, il: int) -> common.KVSpec:
+        """Layer il's cache widths: K and V of every KV head."""
+        hp = self.hp
+        return common.KVSpec(hp.head_dim * hp.n_head_kv, (hp.head_dim_v or hp.head_dim) * hp.n_head_kv)
 
     def embed(self, ctx: Any, ids: Tensor) -> Tensor:
         return ops.ggml_get_rows(ctx, self.weights.get("token_embd.weight"), ids)

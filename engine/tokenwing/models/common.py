@@ -37,36 +37,55 @@ class Placement:
     positions: Tensor  # I32 [n]
     mask: Tensor  # F32 [n_kv, n]
     k_rows: Tensor  # I64 [n]: the tokens' rows in the K cache
-    v_cells: Tensor  # I64 [n · kv_width]: their elements in the (transposed) V cache
+    v_cells: Tensor | None  # I64 [n · v_width]: their elements in the (transposed) V cache; None: no V cache
 
 
-def placement_arrays(pos0: int, n: int, n_kv: int, n_ctx: int, kv_width: int) -> dict[str, np.ndarray]:
+def placement_arrays(pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int) -> dict[str, np.ndarray]:
     """The input data of a `Placement` (numpy order)."""
     mask = np.zeros((n, n_kv), np.float32)
     for i in range(n):
         mask[i, pos0 + i + 1 :] = -np.inf
     rows = np.arange(pos0, pos0 + n, dtype=np.int64)
-    cells = (np.arange(kv_width, dtype=np.int64)[None, :] * n_ctx + rows[:, None]).reshape(-1)
-    return {"positions": rows.astype(np.int32), "mask": mask, "k_rows": rows, "v_cells": cells}
+    out: dict[str, np.ndarray] = {"positions": rows.astype(np.int32), "mask": mask, "k_rows": rows}
+    if v_width:
+        out["v_cells"] = (np.arange(v_width, dtype=np.int64)[None, :] * n_ctx + rows[:, None]).reshape(-1)
+    return out
 
 
 def decode_window(pos: int, n_ctx: int) -> int:
     return min(n_ctx, -(-(pos + 1) // DECODE_WINDOW) * DECODE_WINDOW)
 
 
-def placement(g: Graph, pos0: int, n: int, n_kv: int, n_ctx: int, kv_width: int) -> Placement:
+def placement(g: Graph, pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int) -> Placement:
     """A `Placement` whose inputs are filled now (a graph built for one use)."""
-    a = placement_arrays(pos0, n, n_kv, n_ctx, kv_width)
-    return Placement(n, n_kv, **{name: g.input(v) for name, v in a.items()})
+    a = placement_arrays(pos0, n, n_kv, n_ctx, v_width)
+    return Placement(n, n_kv, **{name: g.input(v) for name, v in a.items()}, **({} if v_width else {"v_cells": None}))
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """A layer's cache widths (elements per position): K, and V — stored apart, or (`v_in_k`) the first
+    `v` values of each K row, as MLA's compressed latent is both."""
+
+    k: int
+    v: int
+    v_in_k: bool = False
+
+    @property
+    def v_stored(self) -> int:
+        """V elements per position stored apart from K (0 when V lives in K)."""
+        return 0 if self.v_in_k else self.v
 
 
 @dataclass(frozen=True)
 class KVCache:
-    """One layer's cache: K [width, n_ctx] (a row per position), V transposed [n_ctx, width]."""
+    """One layer's cache: K [k_width, n_ctx] (a row per position) and V transposed [n_ctx, v_width]; or K alone
+    (`v` None: V is the first `v_width` values of each K row, as MLA's latent is)."""
 
     k: Tensor
-    v: Tensor
+    v: Tensor | None
     elt: int  # bytes per element
+    v_width: int
 
 
 # ------------------------------------------------------------------------------------------- attention
@@ -76,10 +95,97 @@ class Rope:
     mode: int  # ROPE_NEOX or ROPE_NORM
     n_ctx_orig: int
     base: float
+    freq_scale: float = 1.0  # YaRN / linear scaling: 1 / factor
+    ext_factor: float = 0.0  # 1 with YaRN
+    attn_factor: float = 1.0
+    beta_fast: float = 32.0  # llama.cpp's defaults; it does not read the file's
+    beta_slow: float = 1.0
+
+
+def rope_of(hp: HParams, mode: int, yarn_log_mul: float, mscale_from_all_dims: bool = False) -> Rope:
+    """RoPE with the file's scaling, as llama.cpp sets it up (llama-context.cpp): with YaRN the attention factor
+    is the ratio of the two mscales (or the one mscale) divided by the (1 + 0.1 ln factor) that ggml's rope
+    multiplies in again; then the file's attn_factor."""
+    freq_scale = 1.0 if hp.rope_scaling == "none" else hp.rope_freq_scale
+    ext = 1.0 if hp.rope_scaling == "yarn" else 0.0
+    attn = np.float32(1.0)
+    if ext:
+        factor = np.float32(1.0) / np.float32(freq_scale)
+
+        def mscale(m: float) -> np.float32:
+            return np.float32(1.0) if factor <= 1 else np.float32(0.1) * np.float32(m) * np.log(factor) + 1
+
+        if yarn_log_mul != 0.0:
+            m = yarn_log_mul if mscale_from_all_dims and yarn_log_mul != 1.0 else 1.0
+            attn = mscale(m) / mscale(yarn_log_mul)
+        else:
+            attn = mscale(1.0)
+        attn *= np.float32(1.0) / (np.float32(1.0) + np.float32(0.1) * np.log(factor))
+    attn *= np.float32(hp.rope_attn_factor)
+    return Rope(hp.n_rot, mode, hp.n_ctx_orig or hp.n_ctx_train, hp.rope_base, freq_scale, ext, float(attn))
 
 
 def rope(ctx: Any, x: Tensor, positions: Tensor, r: Rope) -> Tensor:
-    return ops.ggml_rope_ext(ctx, x, positions, None, r.n_rot, r.mode, r.n_ctx_orig, r.base, 1.0, 0.0, 1.0, 32.0, 1.0)
+    return ops.ggml_rope_ext(
+        ctx,
+        x,
+        positions,
+        None,
+        r.n_rot,
+        r.mode,
+        r.n_ctx_orig,
+        r.base,
+        r.freq_scale,
+        r.ext_factor,
+        r.attn_factor,
+        r.beta_fast,
+        r.beta_slow,
+    )
+
+
+def attend(
+    ctx: Any,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor | None,
+    at: Placement,
+    kv: KVCache,
+    scale: float,
+    mask: Tensor | None = None,
+    sinks: Tensor | None = None,
+    v_up: Tensor | None = None,
+) -> tuple[Tensor, list[Tensor]]:
+    """Attention of the `at.n` new tokens over the cache, after their K (and V) are written to it.
+
+    q [hd, n_head, n], k [hd, n_kv_heads, n], v [hd_v, n_kv_heads, n] (None with a K-only cache). `mask`: another
+    mask than the placement's (a sliding window); `sinks`: per-head logits that join every softmax (gpt-oss);
+    `v_up`: per-head matrices applied to the result (MLA's decompression of the latent to the value heads).
+    Returns [hd_v · n_head, n] and the cache writes, which the caller must put in the graph first (as llama.cpp
+    does) so that the attention reads see them. llama.cpp's ops (build_attn_mha without flash attention).
+    """
+    hd, nh, n = int(q.contents.ne[0]), int(q.contents.ne[1]), at.n
+    nkv = int(k.contents.ne[1])
+    elt, kc = kv.elt, kv.k
+    row = hd * nkv * elt
+    writes = [ops.ggml_set_rows(ctx, kc, ops.ggml_reshape_2d(ctx, k, hd * nkv, n), at.k_rows)]
+    k_all = ops.ggml_view_3d(ctx, kc, hd, nkv, at.n_kv, hd * elt, row, 0)
+    if kv.v is not None:
+        assert v is not None and at.v_cells is not None
+        hd_v, n_ctx = kv.v_width // nkv, int(kv.v.contents.ne[0])
+        v_flat = ops.ggml_view_2d(ctx, kv.v, 1, n_ctx * kv.v_width, elt, 0)  # one row per element
+        writes.append(ops.ggml_set_rows(ctx, v_flat, ops.ggml_reshape_2d(ctx, v, 1, kv.v_width * n), at.v_cells))
+        v_all = ops.ggml_view_3d(ctx, kv.v, at.n_kv, hd_v, nkv, n_ctx * elt, n_ctx * elt * hd_v, 0)
+    else:  # V is the start of each K row: a transposed copy of the window, as llama.cpp makes it
+        v_view = ops.ggml_view_3d(ctx, kc, kv.v_width, nkv, at.n_kv, hd * elt, row, 0)
+        v_all = ops.ggml_cont(ctx, ops.ggml_transpose(ctx, ops.ggml_permute(ctx, v_view, 0, 2, 1, 3)))
+    kq = ops.ggml_mul_mat(ctx, ops.ggml_permute(ctx, k_all, 0, 2, 1, 3), ops.ggml_permute(ctx, q, 0, 2, 1, 3))
+    kq = ops.ggml_soft_max_ext(ctx, kq, at.mask if mask is None else mask, scale, 0.0)
+    if sinks is not None:
+        ops.ggml_soft_max_add_sinks(kq, sinks)
+    kqv = ops.ggml_mul_mat(ctx, v_all, kq)
+    if v_up is not None:
+        kqv = ops.ggml_mul_mat(ctx, v_up, kqv)
+    return ops.ggml_cont_2d(ctx, ops.ggml_permute(ctx, kqv, 0, 2, 1, 3), int(kqv.contents.ne[0]) * nh, n), writes
 
 
 def attention(
@@ -93,12 +199,8 @@ def attention(
     qk_norm: bool,
     qkv_bias: bool,
 ) -> tuple[Tensor, list[Tensor]]:
-    """Grouped-query self-attention of the `at.n` new tokens over the cache (optional q/k/v biases and per-head
-    q/k RMSNorm before RoPE).
-
-    Returns the output and the cache writes, which the caller must put in the graph first (as llama.cpp does)
-    so that the attention reads see them.
-    """
+    """Grouped-query self-attention (optional q/k/v biases and per-head q/k RMSNorm before RoPE): the output
+    projection of `attend`."""
     hd, nh, nkv, n_tokens = hp.head_dim, hp.n_head, hp.n_head_kv, at.n
     q = ops.ggml_mul_mat(ctx, w["attn_q"], x)
     k = ops.ggml_mul_mat(ctx, w["attn_k"], x)
@@ -114,19 +216,8 @@ def attention(
         k = rms_norm(ctx, k, w["attn_k_norm"], hp.rms_eps)
     q = rope(ctx, q, at.positions, r)
     k = rope(ctx, k, at.positions, r)
-    n_ctx = int(kv.v.contents.ne[0])
-    width = hd * nkv
-    row = width * kv.elt
-    k_write = ops.ggml_set_rows(ctx, kv.k, ops.ggml_reshape_2d(ctx, k, width, n_tokens), at.k_rows)
-    v_flat = ops.ggml_view_2d(ctx, kv.v, 1, n_ctx * width, kv.elt, 0)  # one row per element
-    v_write = ops.ggml_set_rows(ctx, v_flat, ops.ggml_reshape_2d(ctx, v, 1, width * n_tokens), at.v_cells)
-    k_all = ops.ggml_view_3d(ctx, kv.k, hd, nkv, at.n_kv, hd * kv.elt, row, 0)
-    v_all = ops.ggml_view_3d(ctx, kv.v, at.n_kv, hd, nkv, n_ctx * kv.elt, n_ctx * kv.elt * hd, 0)
-    kq = ops.ggml_mul_mat(ctx, ops.ggml_permute(ctx, k_all, 0, 2, 1, 3), ops.ggml_permute(ctx, q, 0, 2, 1, 3))
-    kq = ops.ggml_soft_max_ext(ctx, kq, at.mask, 1.0 / math.sqrt(hd), 0.0)
-    kqv = ops.ggml_mul_mat(ctx, v_all, kq)
-    cur = ops.ggml_cont_2d(ctx, ops.ggml_permute(ctx, kqv, 0, 2, 1, 3), hd * nh, n_tokens)
-    return ops.ggml_mul_mat(ctx, w["attn_output"], cur), [k_write, v_write]
+    cur, writes = attend(ctx, q, k, v, at, kv, 1.0 / math.sqrt(hd))
+    return ops.ggml_mul_mat(ctx, w["attn_output"], cur), writes
 
 
 # --------------------------------------------------------------------------------------------- routing

@@ -28,6 +28,25 @@ class HParams:
     expert_weights_scale: float = 1.0  # routing weights multiplied by this (glm4moe: 2.5)
     expert_weights_norm: bool | None = None  # renormalise the top-k weights (None: the family's default)
     gating: int = 0  # expert_gating_func: 1 softmax, 2 sigmoid (0: the family's default)
+    head_dim_v: int = 0  # attention.value_length (0: head_dim)
+    # multi-head latent attention (deepseek2): the ranks, and the per-head sizes once decompressed
+    q_lora_rank: int = 0  # 0: a plain attn_q
+    kv_lora_rank: int = 0
+    head_dim_k_mla: int = 0  # attention.key_length_mla: no-rope + rope dims (0: not MLA)
+    head_dim_v_mla: int = 0
+    n_expert_groups: int = 1  # expert_group_count: top-k within the best groups (DeepSeek-V3)
+    n_group_used: int = 1
+    # RoPE scaling (rope.scaling.*), as llama.cpp reads it
+    rope_scaling: str = "none"  # none, linear, yarn
+    rope_freq_scale: float = 1.0  # 1 / rope.scaling.factor
+    n_ctx_orig: int = 0  # rope.scaling.original_context_length (0: the training context)
+    rope_yarn_log_mul: float = 0.0  # rope.scaling.yarn_log_multiplier as the file has it
+    rope_attn_factor: float = 1.0  # rope.scaling.attn_factor
+    sliding_window: int = 0  # attention.sliding_window (gpt-oss: the windowed layers' span)
+
+    @property
+    def is_mla(self) -> bool:
+        return self.head_dim_k_mla > 0 and self.head_dim_v_mla > 0
 
 
 def read_hparams(meta: dict[str, Any], arch: str, where: str) -> HParams:
@@ -64,6 +83,19 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str) -> HParams:
         gating=get("expert_gating_func", 0),
         n_mtp=get("nextn_predict_layers", 0),
         expert_weights_norm=_flag(meta.get(f"{arch}.expert_weights_norm"), f"{where}: {arch}.expert_weights_norm"),
+        head_dim_v=get("attention.value_length", head_dim),
+        q_lora_rank=get("attention.q_lora_rank", 0),
+        kv_lora_rank=get("attention.kv_lora_rank", 0),
+        head_dim_k_mla=get("attention.key_length_mla", 0),
+        head_dim_v_mla=get("attention.value_length_mla", 0),
+        n_expert_groups=get("expert_group_count", 0) or 1,
+        n_group_used=get("expert_group_used_count", 0) or 1,
+        rope_scaling=_scaling(meta.get(f"{arch}.rope.scaling.type", "linear"), f"{where}: {arch}.rope.scaling.type"),
+        rope_freq_scale=1.0 / factor if (factor := get("rope.scaling.factor", 0.0, kind=float)) else 1.0,
+        n_ctx_orig=get("rope.scaling.original_context_length", 0),
+        rope_yarn_log_mul=get("rope.scaling.yarn_log_multiplier", 0.0, kind=float),
+        rope_attn_factor=get("rope.scaling.attn_factor", 1.0, kind=float),
+        sliding_window=get("attention.sliding_window", 0),
     )
     if hp.n_mtp < 0:
         raise BadInputError(f"{where}: nextn_predict_layers must not be negative")
@@ -75,7 +107,22 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str) -> HParams:
         raise BadInputError(f"{where}: the model's dimensions must be positive")
     if hp.n_head % hp.n_head_kv:
         raise BadInputError(f"{where}: head_count must be a multiple of head_count_kv")
+    if hp.n_expert_groups > 1 and (hp.n_expert % hp.n_expert_groups or not 0 < hp.n_group_used <= hp.n_expert_groups):
+        raise BadInputError(
+            f"{where}: the experts must split evenly into expert_group_count groups, of which "
+            "expert_group_used_count are used"
+        )
+    if hp.n_expert_groups > 1 and hp.n_group_used * (hp.n_expert // hp.n_expert_groups) < hp.n_expert_used:
+        raise BadInputError(f"{where}: the groups used hold fewer experts than expert_used_count")
+    if hp.rope_freq_scale <= 0 or hp.sliding_window < 0 or min(hp.q_lora_rank, hp.kv_lora_rank) < 0:
+        raise BadInputError(f"{where}: rope.scaling.factor, sliding_window and the MLA ranks must be positive")
     return hp
+
+
+def _scaling(v: Any, what: str) -> str:
+    if v not in ("none", "linear", "yarn"):
+        raise BadInputError(f"{what} must be none, linear or yarn (this version does not run {v!r})")
+    return str(v)
 
 
 def _flag(v: Any, what: str) -> bool | None:

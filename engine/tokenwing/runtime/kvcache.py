@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tokenwing.compute.ggml_lib import F16, F32, TensorArena, aligned_bytes
 from tokenwing.errors import BadInputError
-from tokenwing.models.common import KVCache
+from tokenwing.models.common import KVCache, KVSpec
 
 KV_TYPES = {"f16": (F16, 2), "f32": (F32, 4)}
 
@@ -18,23 +18,24 @@ def kv_element(name: str) -> tuple[int, int]:
         raise BadInputError("--kv-type must be f16 or f32") from None
 
 
-def kv_bytes_per_token(widths: list[int], elt: int) -> int:
-    """K and V of every layer for one position."""
-    return sum(2 * w * elt for w in widths)
+def kv_bytes_per_token(specs: list[KVSpec], elt: int) -> int:
+    """K and V of every layer for one position (a V that lives in K costs nothing more: MLA's latent)."""
+    return sum((s.k + s.v_stored) * elt for s in specs)
 
 
 class KVCaches:
-    def __init__(self, arena: TensorArena, widths: list[int], n_ctx: int, kv_type: str) -> None:
+    def __init__(self, arena: TensorArena, specs: list[KVSpec], n_ctx: int, kv_type: str) -> None:
         gtype, elt = kv_element(kv_type)
         self.n_ctx = n_ctx
         self.layers: list[KVCache] = []
         self._memory = []
-        for width in widths:
-            k_mem, v_mem = aligned_bytes(width * elt * n_ctx), aligned_bytes(width * elt * n_ctx)
+        for spec in specs:
+            k_mem = aligned_bytes(spec.k * elt * n_ctx)
+            v_mem = aligned_bytes(spec.v_stored * elt * n_ctx) if spec.v_stored else None
             self._memory.append((k_mem, v_mem))
-            k = arena.wrap(k_mem, gtype, (width, n_ctx))
-            v = arena.wrap(v_mem, gtype, (n_ctx, width))
-            self.layers.append(KVCache(k, v, elt))
+            k = arena.wrap(k_mem, gtype, (spec.k, n_ctx))
+            v = arena.wrap(v_mem, gtype, (n_ctx, spec.v)) if v_mem is not None else None
+            self.layers.append(KVCache(k, v, elt, spec.v))
 
     def __getitem__(self, il: int) -> KVCache:
         return self.layers[il]

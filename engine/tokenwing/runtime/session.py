@@ -93,14 +93,16 @@ class Session:
         self.model: MoEModel = model_class(hp, weights, streamed)
 
         _, elt = kv_element(opts.kv_type)
-        kv_per_token = kv_bytes_per_token([self.model.kv_width] * hp.n_layer, elt)
+        specs = [self.model.kv_spec(il) for il in range(hp.n_layer)]
+        kv_per_token = kv_bytes_per_token(specs, elt)
         graph_mem = graph_bytes(hp, opts.max_batch, opts.n_ctx or hp.n_ctx_train)
         info = memory_info()
         ctx_plan = plan_context(opts.n_ctx, hp.n_ctx_train, kv_per_token, weights.bytes, graph_mem, info)
         if ctx_plan.note:
             log(ctx_plan.note)
         self.n_ctx = ctx_plan.n_ctx
-        self.kv = KVCaches(weights.arena, [self.model.kv_width] * hp.n_layer, self.n_ctx, opts.kv_type)
+        self.kv = KVCaches(weights.arena, specs, self.n_ctx, opts.kv_type)
+        self._v_width = specs[0].v_stored  # the V elements a placement writes (every layer's are alike)
         budget = opts.ram_budget
         if budget is None:
             budget = expert_budget(info, HEADROOM, ctx_plan.kv_bytes + graph_mem)
@@ -340,7 +342,7 @@ class Session:
 
     def _placement(self, pos0: int, n: int, decode: bool) -> common.Placement:
         n_kv = common.decode_window(pos0, self.n_ctx) if decode else pos0 + n
-        return common.placement(self.graph, pos0, n, n_kv, self.n_ctx, self.model.kv_width)
+        return common.placement(self.graph, pos0, n, n_kv, self.n_ctx, self._v_width)
 
     # ------------------------------------------------------------------------- a decode step as one graph
     def _token_step(self, token: int) -> np.ndarray | None:

@@ -34,7 +34,7 @@ class TokenGraph:
         """slot_map: for each layer with routed experts, the slot of each expert."""
         hp = model.hp
         self.window, self.n_ctx = window, kv.n_ctx
-        self.width = model.kv_width
+        self.width = model.kv_spec(0).v_stored
         # ~90 nodes per layer at top-8 (each expert's output is a view and an addition): room to spare
         g = self.g = StaticGraph(hp.n_layer * (96 + 8 * hp.n_expert_used) + 256, pool_owner)
         ctx = g.ctx
@@ -45,7 +45,7 @@ class TokenGraph:
             positions=g.input(I32, (1,)),
             mask=g.input(F32, (window, 1)),
             k_rows=g.input(I64, (1,)),
-            v_cells=g.input(I64, (self.width,)),
+            v_cells=g.input(I64, (self.width,)) if self.width else None,
         )
         x = model.embed(ctx, self.token)
         self.routed: list[tuple[int, object]] = []  # (layer, its selected experts)
@@ -75,8 +75,8 @@ class TokenGraph:
         a = common.placement_arrays(pos, 1, self.window, self.n_ctx, self.width)
         g = self.g
         g.set(self.token, np.array([token], np.int32))
-        for name in ("positions", "mask", "k_rows", "v_cells"):
-            g.set(getattr(self.at, name), a[name])
+        for name, values in a.items():
+            g.set(getattr(self.at, name), values)
         g.compute()
         return to_numpy(self.logits).reshape(-1), [(il, to_numpy(ids).reshape(-1)) for il, ids in self.routed]
 
