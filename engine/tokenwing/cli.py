@@ -58,6 +58,8 @@ def _cmd_testmodel(args: argparse.Namespace) -> int:
         overrides = {k: getattr(args, k) for k in _SHAPE_FLAGS if getattr(args, k) is not None}
         if args.legacy_kv_b:
             overrides["legacy_kv_b"] = True
+        if args.no_chat_template:
+            overrides["chat_template"] = False
         shape = shape.with_(**overrides)
         paths = write_test_model(
             args.output, shape, args.type, args.seed, args.shards, _progress(args), expert_type=args.expert_type
@@ -212,14 +214,18 @@ def _open_session(args: argparse.Namespace) -> Any:
 def _cmd_run(args: argparse.Namespace) -> int:
     from tokenwing.runtime.generate import generate
     from tokenwing.runtime.sampler import Sampler, SamplerSettings
+    from tokenwing.text.chat import FALLBACK_NOTICE, chat_format
 
     session = _open_session(args)
     try:
+        stops = list(args.stop or ())
         if args.chat:
-            if session.chat_template is None:
-                raise BadInputError("the model has no chat template (drop --chat)")
-            text = session.chat_template.render([{"role": "user", "content": args.prompt}])
+            fmt = chat_format(session.chat_template)
+            if fmt.fallback:
+                _stderr_line(FALLBACK_NOTICE)
+            text = fmt.template.render([{"role": "user", "content": args.prompt}])
             prompt = session.tokenizer.encode(text, special=True)
+            stops += fmt.stops
         else:
             prompt = session.tokenizer.encode(args.prompt, special=False)
         if not prompt:
@@ -241,10 +247,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         if args.record_trace:
             session.trace = []
-        gen = generate(session, prompt, args.n, sampler, args.stop or (), on_text=show)
+        gen = generate(session, prompt, args.n, sampler, stops, on_text=show)
         if args.record_trace:
             session.recorded_trace().save(args.record_trace)
         sys.stdout.write("\n")
+        if gen.finish_detail == "context_full":
+            _stderr_line(f"stopped: the context is full ({session.n_ctx} tokens; --ctx sets it)")
         st = gen.stats
         print(
             f"tokenwing: prompt {st['prompt_tokens']} tokens at {st['prompt_tokens_per_s']:.1f} tok/s, "
@@ -381,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, kind in _SHAPE_FLAGS.items():
         t.add_argument("--" + name.replace("_", "-"), dest=name, type=kind)
     t.add_argument("--legacy-kv-b", action="store_true", help="deepseek2: the older combined attn_kv_b tensor")
+    t.add_argument("--no-chat-template", action="store_true", help="write no tokenizer.chat_template")
     t.add_argument("-q", "--quiet", action="store_true")
     t.set_defaults(func=_cmd_testmodel)
 
