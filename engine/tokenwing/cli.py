@@ -99,10 +99,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from tokenwing.format.reader import ModelFile
+    from tokenwing.runtime.preflight import preflight
 
     with ModelFile.open(args.file) as mf:
-        r = mf.verify(full=args.full, show_progress=_progress(args), seed=args.seed)
-    what = "all experts and tensors" if args.full else "header, index and a sample of experts"
+        preflight(mf)
+        # the default checks what every engine start checks: the resident tensors (read as the engine loads
+        # them) and the same sample of experts
+        r = mf.verify(full=args.full, show_progress=_progress(args), seed=args.seed, tensors=True)
+    what = "all experts and tensors" if args.full else "what every start checks: metadata, tensors, sampled experts"
     print(
         f"ok: {what} ({r.experts_checked} experts, {r.tensors_checked} tensors, "
         f"{human_bytes(r.bytes_checked)}) in {r.seconds:.2f} s"
@@ -408,7 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="check a TokenWing model file against its checksums")
     v.add_argument("file")
-    v.add_argument("--full", action="store_true", help="check every expert and tensor (default: a sample)")
+    v.add_argument(
+        "--full", action="store_true", help="check every expert (default: what every start checks: a sample)"
+    )
     v.add_argument("--seed", type=int, help="seed of the expert sample")
     v.add_argument("-q", "--quiet", action="store_true")
     v.set_defaults(func=_cmd_verify)

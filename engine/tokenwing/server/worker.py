@@ -50,6 +50,7 @@ class EngineWorker:
         self.chat: ChatFormat | None = None
         self.state = "loading"  # then "ok", "error" (loading failed), or "degraded" (below)
         self.error: str | None = None
+        self.load_error: TokenWingError | None = None
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue[dict[str, Any]]]] = set()
         self.lock = threading.Lock()
@@ -99,6 +100,7 @@ class EngineWorker:
             self.log(f"ready: {self.session.describe()}")
         except TokenWingError as e:
             self.state, self.error = "error", str(e)
+            self.load_error = e  # its exit code is the process's: a corrupt file is final, not a crash to retry
             self.on_fatal()
             return
         except MemoryError:
