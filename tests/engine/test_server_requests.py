@@ -365,3 +365,17 @@ def test_expert_corrupted_while_serving(model: Path, tmp_path: Path) -> None:
     finally:
         err = s.stop()
     assert "Traceback" not in err and "the model file is damaged" in err
+
+
+def test_corrupt_resident_tensor_stops_serve_with_the_corrupt_exit_code(model: Path, tmp_path: Path) -> None:
+    """Found only while loading (after the handshake): the process still exits 3, so a supervisor sees a damaged
+    file (final), not a crash to restart."""
+    data = bytearray(model.read_bytes())
+    with ModelFile.open(str(model)) as mf:
+        out = next(t for t in mf.resident if t.name == "output.weight")
+        data[mf.tensor_offset(out) + 5] ^= 0xFF
+    bad = tmp_path / "bad.tw.gguf"
+    bad.write_bytes(bytes(data))
+    r = run_cli("serve", str(bad), "--ctx", "64")
+    assert r.returncode == 3, r.stderr
+    assert "tensor output.weight fails its checksum" in r.stderr and "Traceback" not in r.stderr
