@@ -103,8 +103,8 @@ def tmpfs(tmp_path: Path) -> Iterator[Mount]:
         return mnt
 
     yield mount
-    for mnt in mounted:
-        subprocess.run(["umount", str(mnt)], check=False)
+    for mnt in mounted:  # lazily: a file a failed test left open must not leave the mount behind
+        subprocess.run(["umount", "--lazy", str(mnt)], check=False)
 
 
 def fill_disk(directory: Path, leave: int, name: str = "filler") -> Path:

@@ -9,7 +9,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import cast
 
-from runmyai.chat.store import ConversationStore, Message
+from runmyai.chat.store import ConversationStore, Message, StoreError
 from runmyai.engine.client import ChatClient, ChatDelta, ChatError
 
 SAVE_EVERY_S = 1.0  # a streaming reply is saved this often, so a crash keeps what had arrived
@@ -42,16 +42,22 @@ class ChatSession:
     async def send(self, conversation_id: int, text: str, on_delta: Callable[[str], None]) -> Reply:
         """Adds the user's message (or replaces the one being edited, dropping what followed) and replies."""
         editing = self._editing.pop(conversation_id, None)
-        if editing is not None:
-            self.store.edit_and_truncate(editing, text)
-        else:
-            if not self.store.messages(conversation_id):
-                self.store.rename(conversation_id, _title(text))
-            self.store.add_message(conversation_id, "user", text)
+        try:
+            if editing is not None:
+                self.store.edit_and_truncate(editing, text)
+            else:
+                if not self.store.messages(conversation_id):
+                    self.store.rename(conversation_id, _title(text))
+                self.store.add_message(conversation_id, "user", text)
+        except StoreError as e:  # e.g. a full disk: one sentence, like any other failed turn
+            raise ChatError(str(e)) from None
         return await self._reply(conversation_id, on_delta)
 
     async def regenerate(self, conversation_id: int, on_delta: Callable[[str], None]) -> Reply:
-        history = self.store.drop_last_assistant(conversation_id)
+        try:
+            history = self.store.drop_last_assistant(conversation_id)
+        except StoreError as e:
+            raise ChatError(str(e)) from None
         if not history or history[-1].role != "user":
             raise ChatError("There is no question to answer again in this conversation.")
         return await self._reply(conversation_id, on_delta)
@@ -68,6 +74,12 @@ class ChatSession:
         self._editing.pop(conversation_id, None)
 
     async def _reply(self, conversation_id: int, on_delta: Callable[[str], None]) -> Reply:
+        try:
+            return await self._stream_reply(conversation_id, on_delta)
+        except StoreError as e:  # the reply could not be saved (a full disk): the stream is closed, one sentence
+            raise ChatError(str(e)) from None
+
+    async def _stream_reply(self, conversation_id: int, on_delta: Callable[[str], None]) -> Reply:
         client = self._client()
         if client is None:
             raise NoEngine()
