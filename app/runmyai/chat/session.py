@@ -21,6 +21,15 @@ class NoEngine(ChatError):
         super().__init__("No model is running: pick one in the library, or connect to an endpoint.")
 
 
+class ReplyCutOff(ChatError):
+    """The reply broke off after some of it arrived (the engine died, the connection dropped): `message` is what
+    arrived, saved and marked cut off."""
+
+    def __init__(self, sentence: str, message: Message, status: int | None = None) -> None:
+        super().__init__(sentence, status)
+        self.message = message
+
+
 @dataclass
 class Reply:
     message: Message
@@ -109,9 +118,10 @@ class ChatSession:
         except asyncio.CancelledError:
             self._finish(conversation_id, saved, text, client, "stopped")
             raise
-        except ChatError:
+        except ChatError as e:
             if saved is not None:  # keep what arrived, marked as cut off
-                self._finish(conversation_id, saved, text, client, "error")
+                cut = self._finish(conversation_id, saved, text, client, "error")
+                raise ReplyCutOff(str(e), cut, e.status) from None
             raise
         message = self._finish(conversation_id, saved, text, client, finish or "stop")
         return Reply(message, stopped=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import queue
 import threading
 import time
@@ -176,13 +177,25 @@ class EngineWorker:
             n[0] += 1
             self._publish(_token_event(s, delta, n[0], time.perf_counter() - start))
 
+        pieces = [0]
+        hold = _test_hold()
+
+        def on_text(piece: str) -> None:
+            pieces[0] += 1
+            held = hold is not None and pieces[0] == hold[0] and not os.path.exists(hold[1])
+            if held:
+                open(hold[1], "w").close()  # type: ignore[index]  # (an empty marker first: once, across restarts)
+            job.emit({"type": "text", "text": piece})
+            while held and not job.cancelled.wait(0.05):  # held mid-reply until the client goes (or this dies)
+                pass
+
         gen = generate(
             s,
             prompt,
             req.max_tokens,
             Sampler(req.sampler),
             stops,
-            on_text=lambda piece: job.emit({"type": "text", "text": piece}),
+            on_text=on_text,
             on_token=on_token,
             should_stop=job.cancelled.is_set,
             cached=cached,
@@ -201,6 +214,20 @@ class EngineWorker:
                 "stats": gen.stats,
             }
         )
+
+
+TEST_HOLD_ENV = "TOKENWING_TEST_HOLD_REPLY"
+
+
+def _test_hold() -> tuple[int, str] | None:
+    """Tests only: `N:PATH` holds the first reply that reaches N text pieces while PATH does not exist (it is
+    created then), so a test can act on an engine that is mid-reply at a known point, whatever the machine's
+    speed (e.g. kill it there)."""
+    value = os.environ.get(TEST_HOLD_ENV)
+    if not value:
+        return None
+    n, _, path = value.partition(":")
+    return int(n), path
 
 
 def logprob_entry(tok: TextTokenizer, lp: TokenLogprob) -> dict[str, Any]:
