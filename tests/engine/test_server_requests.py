@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -272,34 +273,43 @@ def test_model_with_a_template_says_so(server: Server) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- concurrency
-def test_four_concurrent_clients_get_what_each_gets_alone(server: Server) -> None:
-    """Two streaming and two plain clients at once, one of the streaming ones hanging up after two chunks: each
-    of the others gets exactly its text from alone (temperature 0), the cancelled one a prefix of its own."""
+def test_four_concurrent_clients_get_what_each_gets_alone(
+    server: Server, model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four clients at once, streaming and not, one of them hanging up mid-reply: each of the others gets exactly
+    its text from alone (temperature 0), the one that hung up a prefix of its own. The engine holds the first
+    reply after two pieces (its test-only TOKENWING_TEST_HOLD_REPLY), so that client really hangs up in the
+    middle of a generation while the three others wait in the queue, whatever the machine's speed."""
     prompts = ["Once upon a time", "The fox", "In a land far away", "Tell me about"]
     c = server.client()
     alone = [c.completions.create(model="x", prompt=p, max_tokens=24, temperature=0).choices[0].text for p in prompts]
     assert len(set(alone)) == 4 and all(alone)
+    held = tmp_path / "held"
+    monkeypatch.setenv("TOKENWING_TEST_HOLD_REPLY", f"2:{held}")
+    s = Server(model, "--ram-budget", "30%")
+    monkeypatch.delenv("TOKENWING_TEST_HOLD_REPLY")
     got: dict[int, str] = {}
     errors: list[BaseException] = []
-    start = threading.Barrier(4)
+    holding, hang_up = threading.Event(), threading.Event()
 
     def plain(i: int) -> None:
-        start.wait()
-        r = server.client().completions.create(model="x", prompt=prompts[i], max_tokens=24, temperature=0)
+        r = s.client().completions.create(model="x", prompt=prompts[i], max_tokens=24, temperature=0)
         got[i] = r.choices[0].text
 
     def streamed(i: int, hang_up_after: int | None) -> None:
-        start.wait()
         text = ""
         chunks = 0
         body = {"prompt": prompts[i], "max_tokens": 24, "temperature": 0, "stream": True}
-        with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=120) as r:
+        with httpx.stream("POST", s.url + "/v1/completions", json=body, headers=AUTH, timeout=120) as r:
             for line in r.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 text += json.loads(line[6:])["choices"][0]["text"]
                 chunks += 1
-                if hang_up_after is not None and chunks >= hang_up_after:
+                if chunks == hang_up_after:
+                    assert held.exists()  # the engine is in the middle of this reply
+                    holding.set()
+                    assert hang_up.wait(120)
                     break  # closing the stream mid-reply cancels it in the engine
         got[i] = text
 
@@ -309,21 +319,36 @@ def test_four_concurrent_clients_get_what_each_gets_alone(server: Server) -> Non
         except BaseException as e:  # reported below
             errors.append(e)
 
-    threads = [
-        threading.Thread(target=guard, args=(plain, 0)),
-        threading.Thread(target=guard, args=(streamed, 1, None)),
-        threading.Thread(target=guard, args=(plain, 2)),
-        threading.Thread(target=guard, args=(streamed, 3, 2)),
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not errors, errors
-    assert got[0] == alone[0] and got[1] == alone[1] and got[2] == alone[2]
-    assert got[3] and alone[3].startswith(got[3]) and got[3] != alone[3]
-    # and after all that, alone again gives the same
-    assert c.completions.create(model="x", prompt=prompts[3], max_tokens=24, temperature=0).choices[0].text == alone[3]
+    try:
+        first = threading.Thread(target=guard, args=(streamed, 3, 2))
+        first.start()
+        assert holding.wait(120), errors
+        others = [
+            threading.Thread(target=guard, args=(plain, 0)),
+            threading.Thread(target=guard, args=(streamed, 1, None)),
+            threading.Thread(target=guard, args=(plain, 2)),
+        ]
+        for t in others:
+            t.start()
+        deadline = time.monotonic() + 120
+        while httpx.get(s.url + "/health").json()["queued"] < 3:  # all three wait behind the held reply
+            assert time.monotonic() < deadline and not errors, errors
+            time.sleep(0.02)
+        hang_up.set()
+        for t in [first, *others]:
+            t.join(timeout=300)
+        assert not errors, errors
+        assert got[0] == alone[0] and got[1] == alone[1] and got[2] == alone[2]
+        assert got[3] and alone[3].startswith(got[3]) and got[3] != alone[3]
+        # the hung-up reply was cancelled in the engine: its tokens stopped at the hang-up
+        totals = httpx.get(s.url + "/v1/tokenwing/stats", headers=AUTH).json()["totals"]
+        assert totals["requests"] == 4 and totals["completion_tokens"] < 4 * 24
+        # and after all that, alone again gives the same
+        again = s.client().completions.create(model="x", prompt=prompts[3], max_tokens=24, temperature=0)
+        assert again.choices[0].text == alone[3]
+    finally:
+        hang_up.set()
+        s.stop()
 
 
 # ---------------------------------------------------------------------------------------------- a corrupt expert
