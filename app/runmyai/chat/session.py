@@ -163,10 +163,12 @@ def footer(message: Message) -> str:
         parts.append(f"{message.tokens_per_s:.1f} tok/s")
     if message.tokens:
         parts.append(f"{message.tokens} tokens")
-    if message.finish_reason in ("stopped", "error", "length"):
-        parts.append(
-            {"stopped": "stopped", "error": "cut off by an error", "length": "max tokens reached"}[
-                message.finish_reason
-            ]
-        )
+    ends = {
+        "stopped": "stopped",
+        "error": "cut off by an error",
+        "length": "max tokens reached",
+        "context_full": "the context is full (start a new chat)",
+    }
+    if message.finish_reason in ends:
+        parts.append(ends[message.finish_reason])
     return " · ".join(parts)
