@@ -296,7 +296,11 @@ def test_four_concurrent_clients_get_what_each_gets_alone(
         r = s.client().completions.create(model="x", prompt=prompts[i], max_tokens=24, temperature=0)
         got[i] = r.choices[0].text
 
-    def streamed(i: int, hang_up_after: int | None) -> None:
+    def streamed_openai(i: int) -> None:
+        chunks = s.client().completions.create(model="x", prompt=prompts[i], max_tokens=24, temperature=0, stream=True)
+        got[i] = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+
+    def streamed(i: int, hang_up_after: int) -> None:
         text = ""
         chunks = 0
         body = {"prompt": prompts[i], "max_tokens": 24, "temperature": 0, "stream": True}
@@ -325,7 +329,7 @@ def test_four_concurrent_clients_get_what_each_gets_alone(
         assert holding.wait(120), errors
         others = [
             threading.Thread(target=guard, args=(plain, 0)),
-            threading.Thread(target=guard, args=(streamed, 1, None)),
+            threading.Thread(target=guard, args=(streamed_openai, 1)),
             threading.Thread(target=guard, args=(plain, 2)),
         ]
         for t in others:
