@@ -38,11 +38,13 @@ def test_download_disk_fills_during_the_transfer(tmpfs: Mount) -> None:
             try:
                 id_ = manager.enqueue(REPO, NAME)
                 assert await asyncio.to_thread(hub.faults.held.wait, 60)
+                part = state / f"{id_}.part"
+                while not part.exists() or part.stat().st_size < 1 << 20:  # its first batch is on disk: the
+                    await asyncio.sleep(0.02)  # manager writes nothing more until more data comes
                 filler = fill_disk(disk, 256 << 10)  # another file took the space meanwhile
                 hub.faults.release.set()
                 failed = await manager.wait(id_)
                 assert not models.joinpath(*REPO.split("/"), NAME).exists()  # nothing under the final name
-                part = state / f"{id_}.part"
                 kept = part.read_bytes()
                 assert kept == DATA[: len(kept)]  # what is kept is a true prefix of the file
                 filler.unlink()  # space again: resuming completes it
