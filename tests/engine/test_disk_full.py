@@ -80,9 +80,10 @@ def _read_all(fd: int) -> bytes:
 
 
 def test_usage_table_disk_full_keeps_the_old_table(repacked_factory: ModelFactory, tmpfs: Mount) -> None:
-    # 8 layers × 128 experts: a usage table of over 4 KiB
+    """The usage table is written through fsutil.write_atomic, whose space check (with its 16 MiB margin) now
+    refuses a disk this full before writing; a fill during the write goes the repack's way above (same code)."""
     model = repacked_factory(type="Q8_0", n_layer=8, n_expert=128, n_expert_used=8)
-    disk = tmpfs(model.stat().st_size + (4 << 20))
+    disk = tmpfs(model.stat().st_size + SPACE_MARGIN + (8 << 20))
     on_disk = disk / model.name
     shutil.copyfile(model, on_disk)
     args = ("run", str(on_disk), "--prompt", "Once upon a time", "-n", "4")
@@ -90,11 +91,11 @@ def test_usage_table_disk_full_keeps_the_old_table(repacked_factory: ModelFactor
     assert first.returncode == 0, first.stderr
     table = disk / (model.name + ".usage.json")
     before = table.read_bytes()
-    assert len(before) > 4096 and json.loads(before)["tokens"] > 0  # more than the page left below
+    assert json.loads(before)["tokens"] > 0
     fill_disk(disk, 4096)
     second = run_cli(*args)
     assert second.returncode == 0, second.stderr  # the reply was given: the table is not worth failing for
     notes = [ln for ln in second.stderr.splitlines() if "usage table" in ln]
-    assert notes == [f"tokenwing: the usage table was not saved ({table}: No space left on device)"], second.stderr
+    assert len(notes) == 1 and notes[0].startswith("tokenwing: the usage table was not saved (not enough free space")
     assert table.read_bytes() == before  # the old table, whole
     assert sorted(p.name for p in disk.iterdir()) == sorted(["filler", model.name, table.name])
