@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -81,6 +82,39 @@ def ramfs(tmp_path: Path) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+Mount = Callable[[int], Path]
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Mount]:
+    """mount(size) -> a fresh tmpfs of `size` bytes (as root, as on our machines and CI): a disk that fills up
+    for real, with ENOSPC from the kernel."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting tmpfs needs root")
+    mounted: list[Path] = []
+
+    def mount(size: int) -> Path:
+        mnt = tmp_path / f"tmpfs{len(mounted)}"
+        mnt.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:  # lazily: a file a failed test left open must not leave the mount behind
+        subprocess.run(["umount", "--lazy", str(mnt)], check=False)
+
+
+def fill_disk(directory: Path, leave: int, name: str = "filler") -> Path:
+    """Another file grows until `leave` bytes are free on `directory`'s file system; returns it."""
+    path = directory / name
+    with open(path, "ab") as f:
+        while (free := shutil.disk_usage(directory).free) > leave:
+            f.write(bytes(min(free - leave, 1 << 20)))
+            f.flush()
+    return path
 
 
 @pytest.fixture(scope="session")

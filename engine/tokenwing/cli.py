@@ -58,6 +58,8 @@ def _cmd_testmodel(args: argparse.Namespace) -> int:
         overrides = {k: getattr(args, k) for k in _SHAPE_FLAGS if getattr(args, k) is not None}
         if args.legacy_kv_b:
             overrides["legacy_kv_b"] = True
+        if args.no_chat_template:
+            overrides["chat_template"] = False
         shape = shape.with_(**overrides)
         paths = write_test_model(
             args.output, shape, args.type, args.seed, args.shards, _progress(args), expert_type=args.expert_type
@@ -97,10 +99,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from tokenwing.format.reader import ModelFile
+    from tokenwing.runtime.preflight import preflight
 
     with ModelFile.open(args.file) as mf:
-        r = mf.verify(full=args.full, show_progress=_progress(args), seed=args.seed)
-    what = "all experts and tensors" if args.full else "header, index and a sample of experts"
+        preflight(mf)
+        # the default checks what every engine start checks: the resident tensors (read as the engine loads
+        # them) and the same sample of experts
+        r = mf.verify(full=args.full, show_progress=_progress(args), seed=args.seed, tensors=True)
+    what = "all experts and tensors" if args.full else "what every start checks: metadata, tensors, sampled experts"
     print(
         f"ok: {what} ({r.experts_checked} experts, {r.tensors_checked} tensors, "
         f"{human_bytes(r.bytes_checked)}) in {r.seconds:.2f} s"
@@ -212,14 +218,18 @@ def _open_session(args: argparse.Namespace) -> Any:
 def _cmd_run(args: argparse.Namespace) -> int:
     from tokenwing.runtime.generate import generate
     from tokenwing.runtime.sampler import Sampler, SamplerSettings
+    from tokenwing.text.chat import FALLBACK_NOTICE, chat_format
 
     session = _open_session(args)
     try:
+        stops = list(args.stop or ())
         if args.chat:
-            if session.chat_template is None:
-                raise BadInputError("the model has no chat template (drop --chat)")
-            text = session.chat_template.render([{"role": "user", "content": args.prompt}])
+            fmt = chat_format(session.chat_template)
+            if fmt.fallback:
+                _stderr_line(FALLBACK_NOTICE)
+            text = fmt.template.render([{"role": "user", "content": args.prompt}])
             prompt = session.tokenizer.encode(text, special=True)
+            stops += fmt.stops
         else:
             prompt = session.tokenizer.encode(args.prompt, special=False)
         if not prompt:
@@ -241,10 +251,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         if args.record_trace:
             session.trace = []
-        gen = generate(session, prompt, args.n, sampler, args.stop or (), on_text=show)
+        gen = generate(session, prompt, args.n, sampler, stops, on_text=show)
         if args.record_trace:
             session.recorded_trace().save(args.record_trace)
         sys.stdout.write("\n")
+        if gen.finish_detail == "context_full":
+            _stderr_line(f"stopped: the context is full ({session.n_ctx} tokens; --ctx sets it)")
         st = gen.stats
         print(
             f"tokenwing: prompt {st['prompt_tokens']} tokens at {st['prompt_tokens_per_s']:.1f} tok/s, "
@@ -381,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, kind in _SHAPE_FLAGS.items():
         t.add_argument("--" + name.replace("_", "-"), dest=name, type=kind)
     t.add_argument("--legacy-kv-b", action="store_true", help="deepseek2: the older combined attn_kv_b tensor")
+    t.add_argument("--no-chat-template", action="store_true", help="write no tokenizer.chat_template")
     t.add_argument("-q", "--quiet", action="store_true")
     t.set_defaults(func=_cmd_testmodel)
 
@@ -399,7 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="check a TokenWing model file against its checksums")
     v.add_argument("file")
-    v.add_argument("--full", action="store_true", help="check every expert and tensor (default: a sample)")
+    v.add_argument(
+        "--full", action="store_true", help="check every expert (default: what every start checks: a sample)"
+    )
     v.add_argument("--seed", type=int, help="seed of the expert sample")
     v.add_argument("-q", "--quiet", action="store_true")
     v.set_defaults(func=_cmd_verify)

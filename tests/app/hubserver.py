@@ -32,6 +32,10 @@ class Faults:
     stall_after: int | None = None  # stop sending after this many body bytes ...
     stall_s: float = 5.0  # ... for this long, then close
     stall_times: int = 1
+    hold_after: int | None = None  # after this many body bytes, set `held` and wait for `release` (a point
+    hold_times: int = 1  # ... the test can act at, whatever the machine's speed), for this many requests
+    held: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
     ignore_range: bool = False  # answer 200 with the whole file to Range requests
     corrupt: bool = False  # flip bytes in the body (headers still carry the true sha256)
     status: int | None = None  # answer every resolve/tree/revision request with this status ...
@@ -364,14 +368,23 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 limit, cut = faults.drop_after, True
             elif faults.stall_after is not None and faults.stall_after < limit and hub._take("stall"):
                 limit, stall = faults.stall_after, True
+            hold = faults.hold_after if faults.hold_after is not None and hub._take("hold") else None
             sent = 0
             chunk = 16 * 1024
             began = time.monotonic()
             try:
                 while sent < limit and not hub._stop.is_set():
-                    piece = body[sent : min(limit, sent + chunk)]
+                    end = min(limit, sent + chunk)
+                    if hold is not None and sent < hold:
+                        end = min(end, hold)
+                    piece = body[sent:end]
                     self.wfile.write(piece)
                     sent += len(piece)
+                    if hold is not None and sent == hold:
+                        self.wfile.flush()
+                        faults.held.set()
+                        while not faults.release.wait(0.05) and not hub._stop.is_set():
+                            pass
                     if faults.throttle_bps:
                         ahead = sent / faults.throttle_bps - (time.monotonic() - began)
                         if ahead > 0:

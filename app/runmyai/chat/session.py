@@ -9,7 +9,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import cast
 
-from runmyai.chat.store import ConversationStore, Message
+from runmyai.chat.store import ConversationStore, Message, StoreError
 from runmyai.engine.client import ChatClient, ChatDelta, ChatError
 
 SAVE_EVERY_S = 1.0  # a streaming reply is saved this often, so a crash keeps what had arrived
@@ -19,6 +19,15 @@ TITLE_CHARS = 48
 class NoEngine(ChatError):
     def __init__(self) -> None:
         super().__init__("No model is running: pick one in the library, or connect to an endpoint.")
+
+
+class ReplyCutOff(ChatError):
+    """The reply broke off after some of it arrived (the engine died, the connection dropped): `message` is what
+    arrived, saved and marked cut off."""
+
+    def __init__(self, sentence: str, message: Message, status: int | None = None) -> None:
+        super().__init__(sentence, status)
+        self.message = message
 
 
 @dataclass
@@ -42,16 +51,22 @@ class ChatSession:
     async def send(self, conversation_id: int, text: str, on_delta: Callable[[str], None]) -> Reply:
         """Adds the user's message (or replaces the one being edited, dropping what followed) and replies."""
         editing = self._editing.pop(conversation_id, None)
-        if editing is not None:
-            self.store.edit_and_truncate(editing, text)
-        else:
-            if not self.store.messages(conversation_id):
-                self.store.rename(conversation_id, _title(text))
-            self.store.add_message(conversation_id, "user", text)
+        try:
+            if editing is not None:
+                self.store.edit_and_truncate(editing, text)
+            else:
+                if not self.store.messages(conversation_id):
+                    self.store.rename(conversation_id, _title(text))
+                self.store.add_message(conversation_id, "user", text)
+        except StoreError as e:  # e.g. a full disk: one sentence, like any other failed turn
+            raise ChatError(str(e)) from None
         return await self._reply(conversation_id, on_delta)
 
     async def regenerate(self, conversation_id: int, on_delta: Callable[[str], None]) -> Reply:
-        history = self.store.drop_last_assistant(conversation_id)
+        try:
+            history = self.store.drop_last_assistant(conversation_id)
+        except StoreError as e:
+            raise ChatError(str(e)) from None
         if not history or history[-1].role != "user":
             raise ChatError("There is no question to answer again in this conversation.")
         return await self._reply(conversation_id, on_delta)
@@ -68,6 +83,12 @@ class ChatSession:
         self._editing.pop(conversation_id, None)
 
     async def _reply(self, conversation_id: int, on_delta: Callable[[str], None]) -> Reply:
+        try:
+            return await self._stream_reply(conversation_id, on_delta)
+        except StoreError as e:  # the reply could not be saved (a full disk): the stream is closed, one sentence
+            raise ChatError(str(e)) from None
+
+    async def _stream_reply(self, conversation_id: int, on_delta: Callable[[str], None]) -> Reply:
         client = self._client()
         if client is None:
             raise NoEngine()
@@ -97,9 +118,10 @@ class ChatSession:
         except asyncio.CancelledError:
             self._finish(conversation_id, saved, text, client, "stopped")
             raise
-        except ChatError:
+        except ChatError as e:
             if saved is not None:  # keep what arrived, marked as cut off
-                self._finish(conversation_id, saved, text, client, "error")
+                cut = self._finish(conversation_id, saved, text, client, "error")
+                raise ReplyCutOff(str(e), cut, e.status) from None
             raise
         message = self._finish(conversation_id, saved, text, client, finish or "stop")
         return Reply(message, stopped=False)
@@ -141,10 +163,12 @@ def footer(message: Message) -> str:
         parts.append(f"{message.tokens_per_s:.1f} tok/s")
     if message.tokens:
         parts.append(f"{message.tokens} tokens")
-    if message.finish_reason in ("stopped", "error", "length"):
-        parts.append(
-            {"stopped": "stopped", "error": "cut off by an error", "length": "max tokens reached"}[
-                message.finish_reason
-            ]
-        )
+    ends = {
+        "stopped": "stopped",
+        "error": "cut off by an error",
+        "length": "max tokens reached",
+        "context_full": "the context is full (start a new chat)",
+    }
+    if message.finish_reason in ends:
+        parts.append(ends[message.finish_reason])
     return " · ".join(parts)

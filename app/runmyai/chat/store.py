@@ -119,14 +119,20 @@ class ConversationStore:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One transaction: all of it is committed, or none (a full disk included: SQLite rolls back, and the
+        error becomes one StoreError sentence)."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:  # (SQLite may have rolled back by itself, e.g. on a full disk)
+                        self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as e:
+                raise _store_error(self.path, e) from None
 
     # ------------------------------------------------------------------------------------------ conversations
     def create(
@@ -342,6 +348,12 @@ class ConversationStore:
         if row is None:
             raise StoreError(f"There is no message {message_id} (was it deleted?).")
         return int(row["conversation_id"])
+
+
+def _store_error(path: Path | str, e: sqlite3.Error) -> StoreError:
+    if getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+        return StoreError(f"The disk is full: the conversation could not be saved ({path}); free some space.")
+    return StoreError(f"The conversation store failed ({path}): {e}.")
 
 
 def _settings_json(settings: ChatSettings | None) -> str:

@@ -321,6 +321,9 @@ class ChatClient:
                 text = c["text"]
             if isinstance(c.get("finish_reason"), str):
                 finish = c["finish_reason"]
+            tw = obj.get("tokenwing")
+            if finish == "length" and isinstance(tw, dict) and tw.get("finish_detail") == "context_full":
+                finish = "context_full"  # TokenWing says which "length": the context, not max_tokens
         elif usage is None:
             self.skipped_lines += 1
             return None

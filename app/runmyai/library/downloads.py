@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import importlib
 import json
@@ -689,7 +690,21 @@ class DownloadManager:
         try:
             await self._io(f.write, data)
         except OSError as exc:
+            if exc.errno == errno.ENOSPC:  # another program took the space after the check: keep what arrived
+                done = human_bytes(self._part_size_of(f))
+                raise HubError(
+                    f"The disk is full: {name} could not be written ({self.state_dir}); the {done} downloaded so far "
+                    "are kept: free some space and resume.",
+                    "no_space",
+                ) from None
             raise HubError(f"Could not write {name} to disk ({exc.strerror or exc}).", "no_space") from None
+
+    @staticmethod
+    def _part_size_of(f: IO[bytes]) -> int:
+        try:
+            return os.fstat(f.fileno()).st_size
+        except OSError:
+            return 0
 
     async def _verify_and_install(self, item: _Item, part: Path, dest: Path, *, offline: bool) -> None:
         st = item.status

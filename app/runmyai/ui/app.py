@@ -105,7 +105,7 @@ async def self_test(controller: AppController, args: argparse.Namespace) -> int:
         return 1
     cid = controller.conversation_id
     last = controller.store.messages(cid)[-1] if cid is not None and controller.store.messages(cid) else None
-    if last is None or last.role != "assistant" or last.finish_reason not in ("stop", "length"):
+    if last is None or last.role != "assistant" or last.finish_reason not in ("stop", "length", "context_full"):
         # (an empty but finished reply counts: a random test model may well say end-of-text first)
         print(f"runmyai self-test: no finished reply ({controller.window.chat.status.text()})", file=sys.stderr)
         return 1

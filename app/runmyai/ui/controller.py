@@ -14,7 +14,7 @@ from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QLineEdit
 
 from runmyai import __version__
-from runmyai.chat.session import ChatSession, footer
+from runmyai.chat.session import ChatSession, ReplyCutOff, footer
 from runmyai.chat.store import ConversationStore
 from runmyai.engine.autotune import AutotuneError, AutotuneRunner
 from runmyai.engine.client import ChatClient, ChatError, ChatSettings
@@ -629,7 +629,8 @@ class AppController(QObject):
             transcript.end_reply("stopped")
             chat.set_status("Stopped.")
         except ChatError as e:
-            transcript.end_reply("")
+            # what arrived before a fault stays, marked cut off as it is in the store
+            transcript.end_reply(footer(e.message) if isinstance(e, ReplyCutOff) else "")
             chat.set_status(str(e))
             self.window.log_view.append(f"[chat] {e}")
         finally:

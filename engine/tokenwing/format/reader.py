@@ -169,19 +169,25 @@ class ModelFile:
         show_progress: bool = False,
         label: str = "verifying",
         seed: int | None = None,
+        tensors: bool | None = None,
     ) -> VerifyReport:
-        """Checks experts (a random sample, or all) and, with `full`, every resident and kept tensor."""
+        """Checks experts (a sample, or all with `full`) and, with `tensors` (default: `full`), every resident
+        tensor (`full`: the kept ones too, which no start reads). The sample depends only on the file (its header
+        checksum) unless `seed` picks another: a start (which checks the resident tensors as it loads them) and
+        `tokenwing verify` check the same experts, so the one accepts exactly what the other does."""
         ex = self.index
         pairs = [(el.layer, e) for el in ex.layers for e in range(ex.n_expert)]
         if not full:
-            pairs = _sample(pairs, ex, random.Random(seed))
+            rng = random.Random(seed if seed is not None else int(self.header.get(L.K_HEADER_CHECKSUM) or 0))
+            pairs = _sample(pairs, ex, rng)
+        with_tensors = full if tensors is None else tensors
         total = sum(ex.layer(layer).record_size for layer, _ in pairs)
-        stored = [*self.resident, *self.kept]
-        if full:
+        stored = [*self.resident, *self.kept] if full else self.resident
+        if with_tensors:
             total += sum(t.nbytes for t in stored)
         progress = Progress(label, total, enabled=show_progress)
         n_tensors = 0
-        if full:
+        if with_tensors:
             for info in stored:
                 self._read_resident(info)
                 progress.advance(info.nbytes)

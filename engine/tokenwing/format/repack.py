@@ -163,7 +163,11 @@ class _Output:
         self.pending = 0
 
     def write(self, data: bytes | bytearray, offset: int) -> None:
-        os.pwrite(self.fd, data, offset)
+        view = memoryview(data)
+        while view:  # a write that fills the disk is short first (ENOSPC comes with the next): never lose its rest
+            n = os.pwrite(self.fd, view, offset)
+            offset += n
+            view = view[n:]
         self.pending += len(data)
         if self.pending >= FLUSH_EVERY:
             self.flush()

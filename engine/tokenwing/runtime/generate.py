@@ -9,9 +9,20 @@ from typing import Any
 
 import numpy as np
 
+from tokenwing.errors import BadInputError
 from tokenwing.runtime.sampler import Sampler
 from tokenwing.runtime.session import Session
 from tokenwing.streaming.streamer import COUNTERS
+
+
+@dataclass
+class TokenLogprob:
+    """A generated token's log-probability under the model (log-softmax of the raw logits, before any sampling
+    setting: what llama.cpp's server reports), and the `top` most likely tokens at that step."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
 
 
 @dataclass
@@ -19,6 +30,10 @@ class Generation:
     text: str = ""
     tokens: list[int] = field(default_factory=list)
     finish_reason: str = "length"
+    # why it ended: "eos", "stop" (a stop string), "cancelled", "max_tokens" or "context_full" (finish_reason
+    # is "length" for the last two: OpenAI's one word for both)
+    finish_detail: str = "max_tokens"
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens, already in the KV cache from the previous request
     prompt_seconds: float = 0.0
@@ -84,9 +99,22 @@ def generate(
     on_token: Callable[[int, np.ndarray], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     cached: int = 0,
+    logprobs: int | None = None,
+    on_logprob: Callable[[TokenLogprob], None] | None = None,
 ) -> Generation:
     """Generates after `prompt`, whose first `cached` tokens are already in the session's KV cache
-    (`Session.reuse_prefix`); the whole prompt still counts for repetition penalties."""
+    (`Session.reuse_prefix`); the whole prompt still counts for repetition penalties.
+
+    At most `max_tokens`, and never past the context: prompt and reply together fill it at most (then
+    `finish_detail` is "context_full"). With `logprobs` (a count of alternatives, 0 for none), every token's
+    log-probability goes to `gen.logprobs` and `on_logprob`, before its text goes to `on_text`."""
+    room = session.n_ctx - len(prompt)
+    if room <= 0:
+        raise BadInputError(
+            f"the prompt ({len(prompt)} tokens) does not fit the context ({session.n_ctx} tokens): shorten it"
+            " or use a longer context"
+        )
+    limit = min(max_tokens, room)
     gen = Generation(prompt_tokens=len(prompt), cached_tokens=cached)
     before = session.counters()
     t0 = time.perf_counter()
@@ -96,20 +124,29 @@ def generate(
     stream = TextStream(stops)
     history = list(prompt)
     t1 = time.perf_counter()
-    for _ in range(max_tokens):
+    for _ in range(limit):
         tok = sampler.sample(logits, history)
         if tok in session.tokenizer.eos_ids:
-            gen.finish_reason = "stop"
+            gen.finish_reason, gen.finish_detail = "stop", "eos"
             break
         gen.tokens.append(tok)
         history.append(tok)
+        if logprobs is not None:
+            lp = token_logprob(logits, tok, logprobs)
+            gen.logprobs.append(lp)
+            if on_logprob:
+                on_logprob(lp)
         piece = stream.push(session.tokenizer.token_bytes(tok))
         if piece and on_text:
             on_text(piece)
-        if stream.stopped or (should_stop is not None and should_stop()):
-            gen.finish_reason = "stop"
+        if stream.stopped:
+            gen.finish_reason, gen.finish_detail = "stop", "stop"
             break
-        if session.pos >= session.n_ctx or len(gen.tokens) == max_tokens:
+        if should_stop is not None and should_stop():
+            gen.finish_reason, gen.finish_detail = "stop", "cancelled"
+            break
+        if len(gen.tokens) == limit:
+            gen.finish_detail = "max_tokens" if limit == max_tokens else "context_full"
             break  # the last token needs no forward pass
         before_tok = session.counters()
         logits = session.forward([tok])
@@ -122,6 +159,20 @@ def generate(
     gen.text = stream.text
     gen.stats = run_stats(session, before, after_prompt, session.counters(), gen)
     return gen
+
+
+def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """log-softmax of the logits (in float64) at `token`, and the `top` highest (ties: the lower id first)."""
+    z = np.asarray(logits, dtype=np.float64).reshape(-1)
+    m = float(z.max())
+    lse = m + float(np.log(np.exp(z - m).sum()))
+    best: list[tuple[int, float]] = []
+    if top > 0:
+        k = min(top, z.size)
+        part = np.argpartition(-z, k - 1)[:k]
+        order = part[np.lexsort((part, -z[part]))]
+        best = [(int(i), float(z[i] - lse)) for i in order]
+    return TokenLogprob(token, float(z[token] - lse), best)
 
 
 def run_stats(
@@ -151,4 +202,6 @@ def run_stats(
         "slots_per_layer": s["slots_per_layer"],
         "counters": {name: int(decode[:, i].sum()) for name, i in c.items()},
         "finish_reason": gen.finish_reason,
+        "finish_detail": gen.finish_detail,
+        "n_ctx": session.n_ctx,
     }

@@ -24,21 +24,21 @@ from tokenwing.compute.ggml_lib import Graph, Tensor, to_numpy
 from tokenwing.errors import BadInputError
 from tokenwing.format.reader import ModelFile
 from tokenwing.fsutil import human_bytes
-from tokenwing.models import common, family
+from tokenwing.models import common
 from tokenwing.models.base import MoEModel
-from tokenwing.models.hparams import HParams, read_hparams
+from tokenwing.models.hparams import HParams
 from tokenwing.models.weights import ModelWeights
 from tokenwing.runtime.experts import ExpertCompute, ExpertPools
 from tokenwing.runtime.kvcache import KVCaches, kv_bytes_per_token, kv_element
 from tokenwing.runtime.lookahead import Lookahead
 from tokenwing.runtime.memory_plan import PromptMemory, graph_bytes, plan_context, prompt_bytes_per_token
+from tokenwing.runtime.preflight import preflight
 from tokenwing.runtime.scheduler import ExpertScheduler
 from tokenwing.runtime.token_graph import TokenGraph
 from tokenwing.streaming.memory import HEADROOM, expert_budget, memory_info
 from tokenwing.streaming.settings import StreamSettings
 from tokenwing.streaming.streamer import COUNTERS
-from tokenwing.text.chat import ChatTemplate
-from tokenwing.text.tokenizer import TextTokenizer, tokenizer_from_metadata
+from tokenwing.text.tokenizer import TextTokenizer
 
 
 @dataclass
@@ -72,21 +72,12 @@ class Session:
         self.log = log
         self.mf = ModelFile.open(path)
         self.mf.verify()  # sample experts against their checksums: a corrupt file stops here
-        meta = {k: v.value for k, v in self.mf.header.kv.items()}
-        self.meta = meta
-        model_class = family(self.mf.arch)
-        hp = read_hparams(meta, self.mf.arch, path)
+        pre = preflight(self.mf)  # what `tokenwing verify` checks too (resident tensors: as they load)
+        self.meta, model_class, widths = pre.meta, pre.model_class, pre.widths
+        hp = pre.hp
         self.hp: HParams = hp
-        self.tokenizer: TextTokenizer = tokenizer_from_metadata(meta, path)
-        template = meta.get("tokenizer.chat_template")
-        self.chat_template = ChatTemplate(template) if isinstance(template, str) else None
-        widths = {el.layer: el.shapes[0][0] for el in self.mf.index.layers}
-        if any(layer >= hp.n_layer + hp.n_mtp for layer in widths):
-            raise BadInputError(f"{path}: experts of a layer beyond block_count")
-        # Multi-token-prediction blocks come last: neither their tensors (kept in the file) nor their experts are
-        # read (ExpertScheduler streams the layers that run).
-        shapes = {t.name: t.shape for t in self.mf.resident}
-        model_class.check(hp, shapes, {k: v for k, v in widths.items() if k < hp.n_layer}, path)
+        self.tokenizer: TextTokenizer = pre.tokenizer
+        self.chat_template = pre.chat_template
         streamed = sorted(layer for layer in widths if layer < hp.n_layer)
         n_tensors = 3 * hp.n_layer + 3 * len(streamed)  # KV caches, lookahead routers, slot-pool views
         weights = ModelWeights(self.mf, n_tensors + 64, opts.cpu_repack)

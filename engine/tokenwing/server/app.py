@@ -59,7 +59,7 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
             raise RequestError("the request body is not valid JSON") from None
 
     async def health(request: Request) -> Response:
-        status = 200 if worker.state == "ok" else 503
+        status = 200 if worker.state in ("ok", "degraded") else 503  # degraded: up, but some requests fail
         return JSONResponse(
             {
                 "status": worker.state,
@@ -73,25 +73,33 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         )
 
     async def models(request: Request) -> Response:
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [{"id": model_id, "object": "model", "created": created, "owned_by": "tokenwing"}],
-            }
-        )
+        fmt = worker.chat
+        template = {"kind": "fallback" if fmt and fmt.fallback else "model", "name": fmt.fallback if fmt else None}
+        entry = {"id": model_id, "object": "model", "created": created, "owned_by": "tokenwing"}
+        return JSONResponse({"object": "list", "data": [{**entry, "chat_template": template}]})
 
     async def run(request: Request, req: GenerationRequest, chat: bool) -> Response:
         loop = asyncio.get_running_loop()
         job = Job(req, loop, asyncio.Queue())
         worker.submit(job)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        try:
+            # A request the engine refuses (a prompt longer than the context, a template error) gets its status
+            # before any stream starts.
+            if await _accepted(request, job) is None:
+                job.cancelled.set()
+                return Response(status_code=499)
+        except BaseException:
+            job.cancelled.set()
+            raise
         if req.stream:
             return StreamingResponse(
                 _stream(request, job, rid, model_id, chat),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        text = []
+        text: list[str] = []
+        entries: list[dict[str, Any]] = []
         try:
             while True:
                 ev = await _next_event(request, job)
@@ -99,20 +107,23 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
                     return Response(status_code=499)
                 if ev["type"] == "text":
                     text.append(ev["text"])
+                elif ev["type"] == "logprob":
+                    entries.append(ev["entry"])
                 elif ev["type"] == "error":
-                    raise RequestError(ev["message"], status=400)
+                    raise _event_error(ev)
                 else:
                     break
         finally:
             job.cancelled.set()
         content = "".join(text)
         usage = _usage(ev)
+        logprobs = _logprobs(entries, chat, 0)[0] if req.logprobs is not None else None
         if chat:
             choice: dict[str, Any] = {
                 "index": 0,
                 "message": {"role": "assistant", "content": content},
                 "finish_reason": ev["finish_reason"],
-                "logprobs": None,
+                "logprobs": logprobs,
             }
             body = {
                 "id": rid,
@@ -128,7 +139,7 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
                 "object": "text_completion",
                 "created": int(time.time()),
                 "model": model_id,
-                "choices": [{"index": 0, "text": content, "finish_reason": ev["finish_reason"], "logprobs": None}],
+                "choices": [{"index": 0, "text": content, "finish_reason": ev["finish_reason"], "logprobs": logprobs}],
                 "usage": usage,
             }
         body["tokenwing"] = ev.get("stats", {})
@@ -207,50 +218,87 @@ async def _next_event(request: Request, job: Job) -> dict[str, Any] | None:
                 return None
 
 
+async def _accepted(request: Request, job: Job) -> dict[str, Any] | None:
+    """Waits until the engine takes the job (its "accepted" event); raises its refusal as a RequestError."""
+    ev = await _next_event(request, job)
+    if ev is not None and ev["type"] == "error":
+        raise _event_error(ev)
+    return ev
+
+
+def _event_error(ev: dict[str, Any]) -> RequestError:
+    status = int(ev.get("status", 400))
+    return RequestError(ev["message"], status=status, kind="server_error" if status >= 500 else "invalid_request_error")
+
+
 def _usage(ev: dict[str, Any]) -> dict[str, int]:
     p, c = int(ev.get("prompt_tokens", 0)), int(ev.get("completion_tokens", 0))
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
+def _logprobs(entries: list[dict[str, Any]], chat: bool, offset: int) -> tuple[dict[str, Any], int]:
+    """The tokens' log-probabilities in OpenAI's shapes: chat `{"content": [...]}` (llama.cpp sends this shape
+    for completions too, so completions carry it as well), completions also the legacy lists, whose
+    `text_offset` goes on from `offset`. Returns (object, the offset after these tokens)."""
+    out: dict[str, Any] = {"content": entries}
+    if chat:
+        return out, offset
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+    out.update(
+        tokens=[e["token"] for e in entries],
+        token_logprobs=[e["logprob"] for e in entries],
+        top_logprobs=[{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+        text_offset=offsets,
+    )
+    return out, offset
+
+
 async def _stream(request: Request, job: Job, rid: str, model: str, chat: bool) -> AsyncIterator[bytes]:
     created = int(time.time())
+    want_logprobs = job.request.logprobs is not None
+    pending: list[dict[str, Any]] = []  # log-probabilities of tokens whose text has not gone out yet
+    offset = 0
 
-    def chunk(delta: dict[str, Any] | None, text: str | None, finish: str | None) -> bytes:
+    def chunk(text: str | None, finish: str | None, delta: dict[str, Any] | None = None) -> dict[str, Any]:
+        nonlocal pending, offset
+        logprobs = None
+        if want_logprobs and pending:
+            logprobs, offset = _logprobs(pending, chat, offset)
+            pending = []
         if chat:
-            body = {
-                "id": rid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": None}],
-            }
+            d = delta if delta is not None else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": logprobs}
+            body: dict[str, Any] = {"object": "chat.completion.chunk", "choices": [choice]}
         else:
-            body = {
-                "id": rid,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [{"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}],
-            }
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
+            body = {"object": "text_completion", "choices": [choice]}
+        return {"id": rid, **body, "created": created, "model": model}
+
+    def sse(body: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps(body).encode() + b"\n\n"
 
     try:
         if chat:
-            yield chunk({"role": "assistant", "content": ""}, None, None)
+            yield sse(chunk(None, None, {"role": "assistant", "content": ""}))
         while True:
             ev = await _next_event(request, job)
             if ev is None:
                 return
             if ev["type"] == "text":
-                yield chunk({"content": ev["text"]}, ev["text"], None)
+                yield sse(chunk(ev["text"], None))
+            elif ev["type"] == "logprob":
+                pending.append(ev["entry"])
             elif ev["type"] == "error":
-                err = {
-                    "error": {"message": ev["message"], "type": "invalid_request_error", "param": None, "code": None}
-                }
-                yield b"data: " + json.dumps(err).encode() + b"\n\n"
+                yield sse(_event_error(ev).body())
                 return
             else:
-                yield chunk({}, "", ev["finish_reason"])
+                last = chunk("", ev["finish_reason"], {})
+                stats = ev.get("stats", {})
+                last["tokenwing"] = {"finish_detail": stats.get("finish_detail"), "n_ctx": stats.get("n_ctx")}
+                yield sse(last)
                 if job.request.include_usage:
                     usage: dict[str, Any] = {
                         "id": rid,
@@ -260,7 +308,7 @@ async def _stream(request: Request, job: Job, rid: str, model: str, chat: bool) 
                         "choices": [],
                         "usage": _usage(ev),
                     }
-                    yield b"data: " + json.dumps(usage).encode() + b"\n\n"
+                    yield sse(usage)
                 yield b"data: [DONE]\n\n"
                 return
     finally:

@@ -9,6 +9,7 @@ from tokenwing.runtime.sampler import SamplerSettings
 
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_BODY = 8 << 20
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat (5 for completions; llama.cpp takes any: 20 for both here)
 
 
 class RequestError(Exception):
@@ -31,6 +32,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
     include_usage: bool = False
+    logprobs: int | None = None  # None: off; else how many alternatives per token (top_logprobs)
 
 
 def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
@@ -51,15 +53,24 @@ def _integer(body: dict[str, Any], key: str, default: int | None, lo: int, hi: i
     return v
 
 
+def _text(value: str, where: str, param: str) -> str:
+    """A string that can be tokenized: JSON allows lone UTF-16 surrogates (\\ud800), which are no text."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestError(f"{where} contains a lone UTF-16 surrogate (not valid Unicode text)", param) from None
+    return value
+
+
 def _content(value: Any, where: str) -> str:
     if isinstance(value, str):
-        return value
+        return _text(value, where, "messages")
     if isinstance(value, list):  # [{"type": "text", "text": ...}, ...]
         parts = []
         for part in value:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise RequestError(f"{where}: only text content parts are supported", "messages")
-            parts.append(part["text"])
+            parts.append(_text(part["text"], where, "messages"))
         return "".join(parts)
     if value is None:
         return ""
@@ -85,6 +96,8 @@ def _common(body: dict[str, Any], req: GenerationRequest) -> None:
         req.stop = [s for s in stop if s]
     elif stop is not None:
         raise RequestError("'stop' must be a string or a list of at most 16 strings", "stop")
+    req.stop = [_text(s, "'stop'", "stop") for s in req.stop]
+    _refuse_unsupported(body)
     n = body.get("n", 1)
     if n != 1:
         raise RequestError("only n = 1 is supported", "n")
@@ -101,6 +114,49 @@ def _common(body: dict[str, Any], req: GenerationRequest) -> None:
         s.seed = s.seed & ((1 << 63) - 1)
 
 
+# Fields that would change the answer and that this server does not implement: refused with a 400 rather than
+# silently ignored (a client asking for function calling or JSON output must not get plain text back).
+_UNSUPPORTED: dict[str, str] = {
+    "tools": "tools (function calling) are not supported by this server",
+    "functions": "functions (function calling) are not supported by this server",
+    "function_call": "function calling is not supported by this server",
+    "tool_choice": "tool_choice: tools (function calling) are not supported by this server",
+    "response_format": "response_format: only plain text output is supported",
+    "logit_bias": "logit_bias is not supported by this server",
+    "echo": "echo is not supported by this server",
+    "suffix": "suffix (insertion) is not supported by this server",
+    "best_of": "best_of is not supported (only 1)",
+    "audio": "audio output is not supported",
+    "modalities": "only text output is supported",
+}
+_HARMLESS: dict[str, Any] = {  # values of those fields that ask for nothing beyond plain text
+    "tool_choice": ("none", "auto"),  # (reached only without tools: nothing to choose from)
+    "response_format": ({"type": "text"},),
+    "best_of": (1,),
+    "echo": (False,),
+    "modalities": (["text"],),
+}
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    for key, message in _UNSUPPORTED.items():
+        v = body.get(key)
+        if v is None or v == [] or v == {} or v == "" or v in _HARMLESS.get(key, ()):
+            continue
+        raise RequestError(message, key)
+
+
+def _chat_logprobs(body: dict[str, Any], req: GenerationRequest) -> None:
+    """Chat: `logprobs` (boolean) and `top_logprobs` (0–20, only with logprobs), as OpenAI and llama.cpp."""
+    on = body.get("logprobs")
+    if on is not None and not isinstance(on, bool):
+        raise RequestError("'logprobs' must be a boolean", "logprobs")
+    top = _integer(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
+    if top is not None and not on:
+        raise RequestError("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
+    req.logprobs = (top or 0) if on else None
+
+
 def parse_chat(body: Any) -> GenerationRequest:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
@@ -114,10 +170,13 @@ def parse_chat(body: Any) -> GenerationRequest:
         role = m.get("role")
         if role not in ("system", "user", "assistant", "tool", "developer"):
             raise RequestError(f"messages[{i}].role must be system, user, assistant or tool", "messages")
+        if m.get("tool_calls") or m.get("function_call"):
+            raise RequestError(f"messages[{i}]: tool calls are not supported by this server", "messages")
         req.messages.append(
             {"role": "system" if role == "developer" else role, "content": _content(m.get("content"), f"messages[{i}]")}
         )
     _common(body, req)
+    _chat_logprobs(body, req)
     return req
 
 
@@ -129,7 +188,8 @@ def parse_completion(body: Any) -> GenerationRequest:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise RequestError("'prompt' must be a string", "prompt")
-    req = GenerationRequest(prompt=prompt)
+    req = GenerationRequest(prompt=_text(prompt, "'prompt'", "prompt"))
     _common(body, req)
     req.max_tokens = _integer(body, "max_tokens", 16, 1, MAX_TOKENS_LIMIT) or 16
+    req.logprobs = _integer(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)  # completions: the count itself
     return req

@@ -15,7 +15,7 @@ import uvicorn
 
 from tokenwing.errors import BadInputError, TokenWingError
 from tokenwing.format.reader import ModelFile
-from tokenwing.models import family
+from tokenwing.runtime.preflight import preflight
 from tokenwing.runtime.session import SessionOptions
 from tokenwing.server.app import API_VERSION, create_app
 from tokenwing.server.worker import EngineWorker
@@ -29,7 +29,7 @@ def serve(model: str, options: SessionOptions, host: str, port: int, watch_stdin
     # handshake: the supervisor sees a one-line error and an exit code, not a server that never gets ready.
     with ModelFile.open(model) as mf:
         mf.verify()
-        family(mf.arch)
+        preflight(mf)
     try:
         sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     except OSError as e:
@@ -72,5 +72,6 @@ def serve(model: str, options: SessionOptions, host: str, port: int, watch_stdin
     server.run(sockets=[sock])
     worker.stop()
     if worker.state == "error":
-        raise TokenWingError(f"the model failed to load: {worker.error}")
+        kind = type(worker.load_error) if worker.load_error is not None else TokenWingError
+        raise kind(f"the model failed to load: {worker.error}")
     return 0

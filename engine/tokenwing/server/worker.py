@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import queue
 import threading
 import time
@@ -18,12 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from tokenwing.errors import TokenWingError
-from tokenwing.runtime.generate import generate
+from tokenwing.errors import CorruptModelError, TokenWingError
+from tokenwing.runtime.generate import TokenLogprob, generate
 from tokenwing.runtime.sampler import Sampler
 from tokenwing.runtime.session import Session, SessionOptions
 from tokenwing.server.protocol import GenerationRequest, RequestError
 from tokenwing.streaming.streamer import COUNTERS
+from tokenwing.text.chat import FALLBACK_NOTICE, ChatFormat, chat_format
+from tokenwing.text.tokenizer import TextTokenizer
 
 _C = {name: i for i, name in enumerate(COUNTERS)}
 
@@ -45,8 +48,10 @@ class EngineWorker:
         self.options = options
         self.log = log
         self.session: Session | None = None
-        self.state = "loading"
+        self.chat: ChatFormat | None = None
+        self.state = "loading"  # then "ok", "error" (loading failed), or "degraded" (below)
         self.error: str | None = None
+        self.load_error: TokenWingError | None = None
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue[dict[str, Any]]]] = set()
         self.lock = threading.Lock()
@@ -89,10 +94,14 @@ class EngineWorker:
     def _run(self) -> None:
         try:
             self.session = Session(self.model_path, self.options, log=self.log)
+            self.chat = chat_format(self.session.chat_template)
+            if self.chat.fallback:
+                self.log(FALLBACK_NOTICE)
             self.state = "ok"
             self.log(f"ready: {self.session.describe()}")
         except TokenWingError as e:
             self.state, self.error = "error", str(e)
+            self.load_error = e  # its exit code is the process's: a corrupt file is final, not a crash to retry
             self.on_fatal()
             return
         except MemoryError:
@@ -119,32 +128,43 @@ class EngineWorker:
             try:
                 self._serve(job)
                 self.session.save_usage()  # after each request: a crash later keeps what was learnt
+            except CorruptModelError as e:
+                # The model file went bad under a running server (a flipped bit on the drive, a file rewritten in
+                # place): this request fails, the server stays up and /health says what is wrong.
+                self.totals["errors"] += 1
+                self.state, self.error = "degraded", f"the model file is damaged: {e}"
+                self.log(f"error: {self.error}")
+                self.session.reset()  # the failed pass left the KV cache half-written: no prefix to reuse
+                job.emit({"type": "error", "message": self.error, "status": 500})
             except (TokenWingError, RequestError) as e:
                 self.totals["errors"] += 1
                 job.emit({"type": "error", "message": str(e)})
             except Exception as e:
                 self.totals["errors"] += 1
+                self.session.reset()
                 self.log("internal error:\n" + traceback.format_exc())
-                job.emit({"type": "error", "message": f"internal error: {type(e).__name__}: {e}"})
+                job.emit({"type": "error", "message": f"internal error: {type(e).__name__}: {e}", "status": 500})
         if self.session is not None:
             self.session.close()
 
     def _serve(self, job: Job) -> None:
-        s = self.session
-        assert s is not None
+        s, fmt = self.session, self.chat
+        assert s is not None and fmt is not None
         req = job.request
+        stops = list(req.stop)
         if req.messages:
-            if s.chat_template is None:
-                raise RequestError("this model has no chat template; use /v1/completions")
-            text = s.chat_template.render(req.messages)
+            text = fmt.template.render(req.messages)
             prompt = s.tokenizer.encode(text, special=True)
+            stops += fmt.stops
         else:
             prompt = s.tokenizer.encode(req.prompt or "", special=False)
         if not prompt:
             raise RequestError("the prompt is empty")
-        room = s.n_ctx - len(prompt)
-        if room <= 0:
-            raise RequestError(f"the prompt ({len(prompt)} tokens) does not fit the context ({s.n_ctx} tokens)")
+        if len(prompt) >= s.n_ctx:
+            raise RequestError(
+                f"the prompt ({len(prompt)} tokens) does not fit the context ({s.n_ctx} tokens)", "messages"
+            )
+        job.emit({"type": "accepted"})  # the HTTP status can be sent: nothing below is the request's fault
         if self.options.prompt_cache:
             cached = s.reuse_prefix(prompt)  # a chat's next turn: only the new tokens are computed
         else:
@@ -157,16 +177,30 @@ class EngineWorker:
             n[0] += 1
             self._publish(_token_event(s, delta, n[0], time.perf_counter() - start))
 
+        pieces = [0]
+        hold = _test_hold()
+
+        def on_text(piece: str) -> None:
+            pieces[0] += 1
+            held = hold is not None and pieces[0] == hold[0] and not os.path.exists(hold[1])
+            if held:
+                open(hold[1], "w").close()  # type: ignore[index]  # (an empty marker first: once, across restarts)
+            job.emit({"type": "text", "text": piece})
+            while held and not job.cancelled.wait(0.05):  # held mid-reply until the client goes (or this dies)
+                pass
+
         gen = generate(
             s,
             prompt,
-            min(req.max_tokens, room),
+            req.max_tokens,
             Sampler(req.sampler),
-            req.stop,
-            on_text=lambda piece: job.emit({"type": "text", "text": piece}),
+            stops,
+            on_text=on_text,
             on_token=on_token,
             should_stop=job.cancelled.is_set,
             cached=cached,
+            logprobs=req.logprobs,
+            on_logprob=lambda lp: job.emit({"type": "logprob", "entry": logprob_entry(s.tokenizer, lp)}),
         )
         self.totals["requests"] += 1
         self.totals["prompt_tokens"] += len(prompt)
@@ -180,6 +214,35 @@ class EngineWorker:
                 "stats": gen.stats,
             }
         )
+
+
+TEST_HOLD_ENV = "TOKENWING_TEST_HOLD_REPLY"
+
+
+def _test_hold() -> tuple[int, str] | None:
+    """Tests only: `N:PATH` holds the first reply that reaches N text pieces while PATH does not exist (it is
+    created then), so a test can act on an engine that is mid-reply at a known point, whatever the machine's
+    speed (e.g. kill it there)."""
+    value = os.environ.get(TEST_HOLD_ENV)
+    if not value:
+        return None
+    n, _, path = value.partition(":")
+    return int(n), path
+
+
+def logprob_entry(tok: TextTokenizer, lp: TokenLogprob) -> dict[str, Any]:
+    """One token in llama.cpp's and OpenAI's chat shape: id, text (whole UTF-8 characters only, as llama.cpp
+    sends; `bytes` has every byte), bytes, logprob, and the alternatives in the same shape."""
+
+    def one(token: int, logprob: float) -> dict[str, Any]:
+        data = tok.piece_bytes(token)
+        return {"id": token, "token": _whole_chars(data), "bytes": list(data), "logprob": logprob}
+
+    return {**one(lp.token, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
+
+
+def _whole_chars(data: bytes) -> str:
+    return data.decode("utf-8", errors="ignore")
 
 
 def _offer(q: asyncio.Queue[dict[str, Any]], event: dict[str, Any]) -> None:

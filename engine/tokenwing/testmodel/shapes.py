@@ -50,6 +50,7 @@ class ModelShape:
     yarn_log_mul: float = 0.1  # deepseek2: 0.1 × mscale_all_dim, as llama.cpp's converter writes it
     sliding_window: int = 128  # gpt-oss: the window of its sliding-window layers
     tokenizer: str = "qwen2"  # the vocabulary's family, by llama.cpp's pre-tokenizer name
+    chat_template: bool = True  # False: no tokenizer.chat_template (as some GGUFs on the hub)
 
     def with_(self, **changes: object) -> ModelShape:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -4,13 +4,10 @@ Each renders (in the engine's sandbox) exactly what llama.cpp's built-in handler
 (`llama_chat_apply_template`, src/llama-chat.cpp), and contains the strings by which llama.cpp recognises it.
 """
 
-# ChatML (Qwen): <|im_start|>role\ncontent<|im_end|>\n
-CHATML = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+from tokenwing.text import chat
+
+# ChatML (Qwen): <|im_start|>role\ncontent<|im_end|>\n — the engine's own, its fallback for models without one
+CHATML = chat.CHATML
 
 # DeepSeek-V3: the system prompt first, then <｜User｜>… and <｜Assistant｜>…<｜end▁of▁sentence｜> (the BOS
 # comes from the tokenizer: add_bos_token).

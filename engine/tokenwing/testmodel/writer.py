@@ -55,9 +55,10 @@ def model_metadata(shape: ModelShape, type_name: str, name: str) -> dict[str, KV
             "tokenizer.ggml.padding_token_id": KV.u32(vocab.pad_id),
             "tokenizer.ggml.bos_token_id": KV.u32(vocab.bos_id),
             "tokenizer.ggml.add_bos_token": KV.boolean(vocab.add_bos),
-            "tokenizer.chat_template": KV.string(vocab.chat_template),
         }
     )
+    if shape.chat_template:
+        kv["tokenizer.chat_template"] = KV.string(vocab.chat_template)
     return kv
 
 

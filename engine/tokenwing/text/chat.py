@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -13,6 +14,16 @@ from tokenwing.errors import BadInputError
 
 MAX_TEMPLATE = 256 << 10
 MAX_OUTPUT = 4 << 20
+
+# What llama.cpp's server and the desktop apps use for a model whose file has no chat template: ChatML.
+FALLBACK_NAME = "chatml"
+CHATML = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+FALLBACK_STOP = "<|im_end|>"  # the turn's end, as text when the vocabulary has no such token
 
 
 def _raise(message: str) -> None:
@@ -58,3 +69,26 @@ class ChatTemplate:
         if len(out) > MAX_OUTPUT:
             raise BadInputError("the chat template produced an oversized prompt")
         return out
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """The template a chat is rendered with: the model's own, or the ChatML fallback (`fallback` names it)."""
+
+    template: ChatTemplate
+    fallback: str | None = None
+    stops: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        return f"fallback ({self.fallback})" if self.fallback else "model"
+
+
+def chat_format(own: ChatTemplate | None) -> ChatFormat:
+    """The model's template, or ChatML with its end-of-turn text as a stop string, so any chat client works
+    with any model."""
+    if own is not None:
+        return ChatFormat(own)
+    return ChatFormat(ChatTemplate(CHATML), FALLBACK_NAME, (FALLBACK_STOP,))
+
+
+FALLBACK_NOTICE = "the model has no chat template: chats use the ChatML fallback"

@@ -135,6 +135,13 @@ class TextTokenizer:
             return piece.encode()
         return bytes(_BYTE_DECODER.get(ch, 0) for ch in piece)
 
+    def piece_bytes(self, token_id: int) -> bytes:
+        """What a token shows as in token lists (logprobs): its bytes, or a control token's own name."""
+        if token_id in self.special_ids:
+            piece = self._plain.id_to_token(token_id)
+            return piece.encode("utf-8") if piece is not None else b""
+        return self.token_bytes(token_id)
+
 
 def _bytes_to_unicode() -> dict[int, str]:
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
