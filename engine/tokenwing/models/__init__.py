@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from tokenwing.errors import UnsupportedError
 from tokenwing.models.base import MoEModel
+from tokenwing.models.deepseek2 import DeepSeek2
 from tokenwing.models.ernie4_5_moe import Ernie45MoE
 from tokenwing.models.glm4moe import Glm4MoE
+from tokenwing.models.gpt_oss import GptOss
 from tokenwing.models.qwen2moe import Qwen2MoE
 from tokenwing.models.qwen3moe import Qwen3MoE
 
-FAMILIES: dict[str, type[MoEModel]] = {cls.arch: cls for cls in (Qwen3MoE, Qwen2MoE, Ernie45MoE, Glm4MoE)}
+FAMILIES: dict[str, type[MoEModel]] = {
+    cls.arch: cls for cls in (Qwen3MoE, Qwen2MoE, Ernie45MoE, Glm4MoE, DeepSeek2, GptOss)
+}
 
 
 def supported_architectures() -> list[str]:

@@ -65,10 +65,11 @@ class TensorCheck:
         self.need(p + "ffn_up.weight", (e, ff))
         self.need(p + "ffn_down.weight", (ff, e))
 
-    def router(self, il: int, bias: bool) -> None:
+    def router(self, il: int, bias: bool | None) -> None:
+        """The router, and its selection bias (True: required, None: where the file has it)."""
         p = f"blk.{il}."
         self.need(p + "ffn_gate_inp.weight", (self.hp.n_embd, self.hp.n_expert))
-        if bias:
+        if bias or (bias is None and self.has(p + "exp_probs_b.bias")):
             self.need(p + "exp_probs_b.bias", (self.hp.n_expert,))
 
     def experts(self, il: int, width: int) -> None:
@@ -105,7 +106,8 @@ class MoEModel:
     shared_gated: ClassVar[bool] = False  # shared expert scaled by sigmoid(ffn_gate_inp_shexp · x)
     sigmoid_router: ClassVar[bool] = False  # router probabilities by sigmoid (a file may say otherwise)
     normalize_weights: ClassVar[bool] = True  # renormalise the top-k weights (a file may say otherwise)
-    selection_bias: ClassVar[bool] = False  # top-k on probabilities + exp_probs_b
+    selection_bias: ClassVar[bool | None] = False  # top-k on probabilities + exp_probs_b (None: where the file has it)
+    softmax_selected: ClassVar[bool] = False  # weights: a softmax over the k selected logits (gpt-oss)
 
     def __init__(self, hp: HParams, weights: ModelWeights, streamed: list[int]) -> None:
         self.hp = hp
@@ -117,15 +119,25 @@ class MoEModel:
             parts = name.split(".", 2)
             if parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < hp.n_layer:
                 self.w[int(parts[1])][parts[2].removesuffix(".weight")] = t
-        self.router = self.make_router(hp)
+        self.router = self.make_router(hp, any("exp_probs_b.bias" in w for w in self.w))
         self.rope = common.rope_of(hp, self.rope_mode, hp.rope_yarn_log_mul)
 
     @classmethod
-    def make_router(cls, hp: HParams) -> common.Router:
+    def make_router(cls, hp: HParams, has_bias: bool = True) -> common.Router:
         """The family's routing, where the file does not say otherwise (expert_gating_func, _weights_norm)."""
         sigmoid = cls.sigmoid_router if hp.gating == 0 else hp.gating == 2
         normalize = cls.normalize_weights if hp.expert_weights_norm is None else hp.expert_weights_norm
-        return common.Router(hp.n_expert_used, sigmoid, normalize, hp.expert_weights_scale, cls.selection_bias)
+        bias = bool(cls.selection_bias) or (cls.selection_bias is None and has_bias)
+        return common.Router(
+            hp.n_expert_used,
+            sigmoid,
+            normalize,
+            hp.expert_weights_scale,
+            bias,
+            hp.n_expert_groups,
+            hp.n_group_used,
+            cls.softmax_selected,
+        )
 
     # -------------------------------------------------------------------------------------------- checks
     @classmethod
@@ -174,6 +186,15 @@ class MoEModel:
         logits = ops.ggml_mul_mat(ctx, w["ffn_gate_inp"], cur)
         ids, weights = common.route(ctx, logits, self.router, w["exp_probs_b.bias"] if self.router.bias else None)
         return common.Routed(cur, residual, ids, weights, shared)
+
+    def expert_ffn(self, il: int) -> common.ExpertFFN:
+        """How layer il's routed experts compute (SwiGLU here; a family may add biases or another activation)."""
+        return common.SWIGLU
+
+    @property
+    def window(self) -> int:
+        """The sliding window's span when some layers attend over one (their placement needs its mask)."""
+        return 0
 
     def kv_spec(self, il: int) -> common.KVSpec:
         """Layer il's cache widths: K and V of every KV head."""

@@ -38,10 +38,12 @@ class Placement:
     mask: Tensor  # F32 [n_kv, n]
     k_rows: Tensor  # I64 [n]: the tokens' rows in the K cache
     v_cells: Tensor | None  # I64 [n · v_width]: their elements in the (transposed) V cache; None: no V cache
+    mask_swa: Tensor | None = None  # F32 [n_kv, n]: the mask of sliding-window layers (gpt-oss), if any
 
 
-def placement_arrays(pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int) -> dict[str, np.ndarray]:
-    """The input data of a `Placement` (numpy order)."""
+def placement_arrays(pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int, window: int = 0) -> dict[str, np.ndarray]:
+    """The input data of a `Placement` (numpy order); `window`: the sliding window's span, for its own mask (a
+    key is masked when the query is `window` or more positions after it, as llama.cpp's standard SWA)."""
     mask = np.zeros((n, n_kv), np.float32)
     for i in range(n):
         mask[i, pos0 + i + 1 :] = -np.inf
@@ -49,6 +51,11 @@ def placement_arrays(pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int) -> 
     out: dict[str, np.ndarray] = {"positions": rows.astype(np.int32), "mask": mask, "k_rows": rows}
     if v_width:
         out["v_cells"] = (np.arange(v_width, dtype=np.int64)[None, :] * n_ctx + rows[:, None]).reshape(-1)
+    if window:
+        swa = mask.copy()
+        for i in range(n):
+            swa[i, : max(0, pos0 + i - window + 1)] = -np.inf
+        out["mask_swa"] = swa
     return out
 
 
@@ -56,10 +63,13 @@ def decode_window(pos: int, n_ctx: int) -> int:
     return min(n_ctx, -(-(pos + 1) // DECODE_WINDOW) * DECODE_WINDOW)
 
 
-def placement(g: Graph, pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int) -> Placement:
+def placement(g: Graph, pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int, window: int = 0) -> Placement:
     """A `Placement` whose inputs are filled now (a graph built for one use)."""
-    a = placement_arrays(pos0, n, n_kv, n_ctx, v_width)
-    return Placement(n, n_kv, **{name: g.input(v) for name, v in a.items()}, **({} if v_width else {"v_cells": None}))
+    a = placement_arrays(pos0, n, n_kv, n_ctx, v_width, window)
+    inputs = {name: g.input(v) for name, v in a.items()}
+    return Placement(
+        n, n_kv, inputs["positions"], inputs["mask"], inputs["k_rows"], inputs.get("v_cells"), inputs.get("mask_swa")
+    )
 
 
 @dataclass(frozen=True)
@@ -230,38 +240,74 @@ class Router:
     normalize: bool  # renormalise the top-k weights to sum 1
     scale: float = 1.0  # then multiply them by this
     bias: bool = False  # top-k of probabilities + a per-expert selection bias (weights from the probabilities)
+    groups: int = 1  # expert groups: the top-k is taken within the `groups_used` groups whose two best
+    groups_used: int = 1  # experts score highest (DeepSeek-V3)
+    softmax_selected: bool = False  # weights: softmax over the k selected logits (gpt-oss), no probabilities
 
     def selection_scores(self, logits: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
         """What the router ranks experts by, from its logits (numpy, for the lookahead's predictions): the
-        logits themselves for softmax (same order); the probabilities + the bias for biased routers."""
-        if bias is None:
+        logits themselves for a plain softmax or sigmoid (same order); else the probabilities plus the
+        selection bias, with -inf for the experts of the groups left out."""
+        if bias is None and self.groups == 1:
             return logits
-        if self.sigmoid:
-            probs = 1.0 / (1.0 + np.exp(-logits))
+        if self.softmax_selected:
+            scores = logits.astype(np.float64)
+        elif self.sigmoid:
+            scores = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
         else:
-            probs = np.exp(logits - logits.max())
-            probs /= probs.sum()
-        scores: np.ndarray = probs + bias
-        return scores
+            scores = np.exp(logits - logits.max())
+            scores /= scores.sum()
+        if bias is not None:
+            scores = scores + bias
+        if self.groups > 1:
+            by_group = scores.reshape(self.groups, -1)
+            best2 = np.sort(by_group, axis=1)[:, -2:].sum(axis=1)
+            keep = np.argsort(-best2, kind="stable")[: self.groups_used]
+            masked = np.full_like(by_group, -np.inf)
+            masked[keep] = by_group[keep]
+            scores = masked.reshape(-1)
+        out: np.ndarray = scores
+        return out
 
 
 def route(ctx: Any, logits: Tensor, router: Router, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Router logits [n_expert, n] → the top-k experts I32 [k, n] (highest first) and their weights F32 [k, n]:
     softmax (or sigmoid) probabilities; the top-k of probabilities + `bias` when given (DeepSeek-V3, GLM-4.5:
-    the bias steers the choice only); weights renormalised over the k when asked, then scaled. llama.cpp's ops
-    in llama.cpp's order."""
+    the bias steers the choice only), within the best expert groups where there are groups; weights
+    renormalised over the k when asked, then scaled — or (gpt-oss) a softmax over the k selected logits.
+    llama.cpp's ops in llama.cpp's order (build_moe_ffn)."""
     n_expert, n, k = int(logits.contents.ne[0]), int(logits.contents.ne[1]), router.k
-    probs = ops.ggml_sigmoid(ctx, logits) if router.sigmoid else ops.ggml_soft_max(ctx, logits)
+    if router.softmax_selected:
+        probs = logits
+    else:
+        probs = ops.ggml_sigmoid(ctx, logits) if router.sigmoid else ops.ggml_soft_max(ctx, logits)
     selection = probs if bias is None else ops.ggml_add(ctx, probs, bias)
+    if router.groups > 1:
+        selection = _best_groups(ctx, selection, router.groups, router.groups_used, n)
     ids = ops.ggml_cont(ctx, ops.ggml_argsort_top_k(ctx, selection, k))
     picked = ops.ggml_get_rows(ctx, ops.ggml_reshape_3d(ctx, probs, 1, n_expert, n), ids)
     weights = ops.ggml_reshape_2d(ctx, picked, k, n)
+    if router.softmax_selected:
+        weights = ops.ggml_soft_max(ctx, weights)
     if router.normalize:
         total = ops.ggml_clamp(ctx, ops.ggml_sum_rows(ctx, weights), 6.103515625e-5, math.inf)  # (never 0)
         weights = ops.ggml_div(ctx, weights, total)
     if router.scale not in (0.0, 1.0):
         weights = ops.ggml_scale(ctx, weights, router.scale)
     return ids, weights
+
+
+def _best_groups(ctx: Any, selection: Tensor, groups: int, used: int, n: int) -> Tensor:
+    """Scores of the experts outside the `used` groups whose two best experts score highest set to -inf."""
+    per = int(selection.contents.ne[0]) // groups
+    by_group = ops.ggml_reshape_3d(ctx, selection, per, groups, n)
+    top2 = ops.ggml_argsort_top_k(ctx, by_group, 2)  # [2, groups, n]
+    best2 = ops.ggml_get_rows(ctx, ops.ggml_reshape_4d(ctx, by_group, 1, per, groups, n), top2)  # [1, 2, groups, n]
+    scores = ops.ggml_sum_rows(ctx, ops.ggml_reshape_3d(ctx, best2, 2, groups, n))  # [1, groups, n]
+    chosen = ops.ggml_argsort_top_k(ctx, ops.ggml_reshape_2d(ctx, scores, groups, n), used)  # [used, n]
+    kept = ops.ggml_get_rows(ctx, by_group, chosen)  # [per, used, n]
+    masked = ops.ggml_set_rows(ctx, ops.ggml_fill(ctx, by_group, -math.inf), kept, chosen)
+    return ops.ggml_reshape_2d(ctx, masked, per * groups, n)
 
 
 # ------------------------------------------------------------------------------------------------ FFNs
@@ -323,39 +369,106 @@ def moe_tail_array(experts: np.ndarray, shared: np.ndarray | None, residual: np.
 
 
 # ----------------------------------------------------------------------------------------- routed experts
+@dataclass(frozen=True)
+class ExpertFFN:
+    """How a family's routed experts compute: SwiGLU, or gpt-oss's clamped swiglu_oai; optional per-expert
+    biases of the gate, up and down projections ([n_ff or n_embd, n_expert], indexed by expert id)."""
+
+    oai: bool = False
+    biases: tuple[Tensor, Tensor, Tensor] | None = None
+
+
+SWIGLU = ExpertFFN()
+OAI_ALPHA, OAI_LIMIT = 1.702, 7.0  # llama.cpp hard-codes gpt-oss's swiglu_oai parameters (build_moe_ffn)
+
+
+def _activate(ctx: Any, gate: Tensor, up: Tensor, ffn: ExpertFFN) -> Tensor:
+    if ffn.oai:
+        return ops.ggml_swiglu_oai(ctx, gate, up, OAI_ALPHA, OAI_LIMIT)
+    return ops.ggml_swiglu_split(ctx, gate, up)
+
+
+def expert_ffn(ctx: Any, mats: tuple[Tensor, Tensor, Tensor], x: Tensor, ffn: ExpertFFN, expert: int) -> Tensor:
+    """One expert's FFN on a block of tokens x [n_embd, m] through plain matrix products (a prompt's wave)."""
+    g = ops.ggml_mul_mat(ctx, mats[0], x)
+    u = ops.ggml_mul_mat(ctx, mats[1], x)
+    if ffn.biases is not None:
+        g = ops.ggml_add(ctx, g, _column(ctx, ffn.biases[0], expert))
+        u = ops.ggml_add(ctx, u, _column(ctx, ffn.biases[1], expert))
+    down = ops.ggml_mul_mat(ctx, mats[2], _activate(ctx, g, u, ffn))
+    if ffn.biases is not None:
+        down = ops.ggml_add(ctx, down, _column(ctx, ffn.biases[2], expert))
+    return down
+
+
+def _column(ctx: Any, t: Tensor, i: int) -> Tensor:
+    """Row i of a [n, n_expert] tensor (expert i's bias) as a 1-D view."""
+    n = int(t.contents.ne[0])
+    return ops.ggml_view_1d(ctx, t, n, i * int(t.contents.nb[1]))
+
+
 def routed_experts(
     g: Graph,
     views: tuple[Tensor, Tensor, Tensor],
     rows: np.ndarray,
     slots: np.ndarray,
     weights: np.ndarray,
+    experts: np.ndarray,
+    ffn: ExpertFFN = SWIGLU,
 ) -> Tensor:
-    """w · down(silu(gate x) · up x) for m (token, expert) pairs, one pair per row, read from the slot pool.
+    """w · down(act(gate x, up x)) for m (token, expert) pairs, one pair per row, read from the slot pool.
 
-    rows: [m, n_embd] (each pair's token input), slots, weights: [m]. Returns [n_embd, 1, m]. One selected
-    expert per row: a wave computes exactly its own pairs (no masked entries), and ggml's mul_mat_id never
-    sees one slot twice for one row (its row tables hold at most one entry per expert and row).
+    rows: [m, n_embd] (each pair's token input), slots, weights, experts (ids, for biases): [m]. Returns
+    [n_embd, 1, m]. One selected expert per row: a wave computes exactly its own pairs (no masked entries), and
+    ggml's mul_mat_id never sees one slot twice for one row (its row tables hold at most one entry per expert
+    and row).
     """
     m, n_embd = rows.shape
     ids = g.input(slots.astype(np.int32).reshape(m, 1))
     w = g.input(weights.astype(np.float32).reshape(m, 1, 1))
-    return _weighted_experts(g.ctx, views, ops.ggml_reshape_3d(g.ctx, g.input(rows), n_embd, 1, m), ids, w)
+    eids = g.input(experts.astype(np.int32).reshape(m, 1)) if ffn.biases is not None else None
+    x = ops.ggml_reshape_3d(g.ctx, g.input(rows), n_embd, 1, m)
+    return _weighted_experts(g.ctx, views, x, ids, w, ffn, eids)
 
 
-def token_experts(ctx: Any, views: tuple[Tensor, Tensor, Tensor], x: Tensor, slots: Tensor, weights: Tensor) -> Tensor:
-    """One token's k experts, weighted and summed: x [n_embd], slots I32 [k, 1], weights F32 [k] → [n_embd].
-    The same kernels and additions as `routed_experts` + `sum_rows` (one expert per row of mul_mat_id's table)."""
+def token_experts(
+    ctx: Any,
+    views: tuple[Tensor, Tensor, Tensor],
+    x: Tensor,
+    slots: Tensor,
+    weights: Tensor,
+    ffn: ExpertFFN = SWIGLU,
+    experts: Tensor | None = None,
+) -> Tensor:
+    """One token's k experts, weighted and summed: x [n_embd], slots I32 [k, 1], weights F32 [k] (and their ids
+    I32 [k, 1], for biases) → [n_embd]. The same kernels and additions as `routed_experts` + `sum_rows` (one
+    expert per row of mul_mat_id's table)."""
     n_embd, k = int(x.contents.ne[0]), int(slots.contents.ne[0])
     w = ops.ggml_reshape_3d(ctx, weights, 1, k, 1)
-    weighted = _weighted_experts(ctx, views, ops.ggml_reshape_3d(ctx, x, n_embd, 1, 1), slots, w)
+    weighted = _weighted_experts(ctx, views, ops.ggml_reshape_3d(ctx, x, n_embd, 1, 1), slots, w, ffn, experts)
     return sum_rows(ctx, weighted, k, n_embd)
 
 
-def _weighted_experts(ctx: Any, views: tuple[Tensor, Tensor, Tensor], x: Tensor, ids: Tensor, w: Tensor) -> Tensor:
-    """w · down(silu(gate x) · up x) through mul_mat_id over the slot pool's 3-D views."""
+def _weighted_experts(
+    ctx: Any,
+    views: tuple[Tensor, Tensor, Tensor],
+    x: Tensor,
+    ids: Tensor,
+    w: Tensor,
+    ffn: ExpertFFN,
+    experts: Tensor | None,
+) -> Tensor:
+    """w · down(act(gate x, up x)) through mul_mat_id over the slot pool's 3-D views (biases by expert id)."""
     gate_v, up_v, down_v = views
     gate, up = ops.ggml_mul_mat_id(ctx, gate_v, x, ids), ops.ggml_mul_mat_id(ctx, up_v, x, ids)
-    return ops.ggml_mul(ctx, ops.ggml_mul_mat_id(ctx, down_v, ops.ggml_swiglu_split(ctx, gate, up), ids), w)
+    if ffn.biases is not None:
+        assert experts is not None
+        gate = ops.ggml_add_id(ctx, gate, ffn.biases[0], experts)
+        up = ops.ggml_add_id(ctx, up, ffn.biases[1], experts)
+    down = ops.ggml_mul_mat_id(ctx, down_v, _activate(ctx, gate, up, ffn), ids)
+    if ffn.biases is not None:
+        down = ops.ggml_add_id(ctx, down, ffn.biases[2], experts)
+    return ops.ggml_mul(ctx, down, w)
 
 
 def sum_rows(ctx: Any, weighted: Tensor, k: int, n_embd: int) -> Tensor:

@@ -43,6 +43,7 @@ class HParams:
     rope_yarn_log_mul: float = 0.0  # rope.scaling.yarn_log_multiplier as the file has it
     rope_attn_factor: float = 1.0  # rope.scaling.attn_factor
     sliding_window: int = 0  # attention.sliding_window (gpt-oss: the windowed layers' span)
+    swa_pattern: tuple[bool, ...] | int = 0  # attention.sliding_window_pattern: per layer, or every n-th dense
 
     @property
     def is_mla(self) -> bool:
@@ -96,6 +97,7 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str) -> HParams:
         rope_yarn_log_mul=get("rope.scaling.yarn_log_multiplier", 0.0, kind=float),
         rope_attn_factor=get("rope.scaling.attn_factor", 1.0, kind=float),
         sliding_window=get("attention.sliding_window", 0),
+        swa_pattern=_pattern(meta.get(f"{arch}.attention.sliding_window_pattern", 0), f"{where}: {arch}"),
     )
     if hp.n_mtp < 0:
         raise BadInputError(f"{where}: nextn_predict_layers must not be negative")
@@ -117,6 +119,17 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str) -> HParams:
     if hp.rope_freq_scale <= 0 or hp.sliding_window < 0 or min(hp.q_lora_rank, hp.kv_lora_rank) < 0:
         raise BadInputError(f"{where}: rope.scaling.factor, sliding_window and the MLA ranks must be positive")
     return hp
+
+
+def _pattern(v: Any, what: str) -> tuple[bool, ...] | int:
+    """attention.sliding_window_pattern: a period (int) or one flag per layer."""
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if isinstance(v, list) and all(isinstance(x, (bool, int)) for x in v):
+        return tuple(bool(x) for x in v)
+    raise BadInputError(f"{what}.attention.sliding_window_pattern must be a count or one flag per layer")
 
 
 def _scaling(v: Any, what: str) -> str:

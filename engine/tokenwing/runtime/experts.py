@@ -78,8 +78,17 @@ class ExpertPools:
 
 
 class ExpertCompute:
-    def __init__(self, scheduler: ExpertScheduler, pools: ExpertPools, graph: Graph, max_batch: int) -> None:
+    def __init__(
+        self,
+        scheduler: ExpertScheduler,
+        pools: ExpertPools,
+        graph: Graph,
+        max_batch: int,
+        ffn: dict[int, common.ExpertFFN],
+    ) -> None:
+        """ffn: how each streamed layer's experts compute (the family's activation and biases)."""
         self.scheduler, self.pools, self.graph, self.max_batch = scheduler, pools, graph, max_batch
+        self.ffn = ffn
         self.k = scheduler.k
 
     # ------------------------------------------------------------------------------------------ a prompt
@@ -101,7 +110,7 @@ class ExpertCompute:
             tok, j = tok[order], j[order]
             for group in self._expert_groups(sel[tok, j]):
                 t, jj = tok[group], j[group]
-                out = self._expert_matmuls(block, cur, t, slot_of[sel[t, jj]], weights[t, jj])
+                out = self._expert_matmuls(block, cur, t, slot_of[sel[t, jj]], sel[t, jj], weights[t, jj])
                 # each token adds its outputs in wave order: one row per token per level
                 by_token = np.lexsort((place[sel[t, jj]], t))
                 t, out = t[by_token], out[by_token]
@@ -130,7 +139,13 @@ class ExpertCompute:
         return groups
 
     def _expert_matmuls(
-        self, block: int, cur: np.ndarray, tokens: np.ndarray, slots: np.ndarray, weights: np.ndarray
+        self,
+        block: int,
+        cur: np.ndarray,
+        tokens: np.ndarray,
+        slots: np.ndarray,
+        experts: np.ndarray,
+        weights: np.ndarray,
     ) -> np.ndarray:
         """Weighted outputs [m, n_embd] of m pairs sorted by slot: one plain matrix product per expert block
         (ggml's batched kernels read each expert's weights once for many tokens; mul_mat_id runs one token
@@ -143,15 +158,21 @@ class ExpertCompute:
         for lo, hi in zip(np.r_[0, bounds].tolist(), np.r_[bounds, len(slots)].tolist(), strict=True):
             slot = int(slots[lo])
             x = g.input(cur[tokens[lo:hi]])
-            down = common.swiglu_ffn(ctx, mats[0][slot], mats[1][slot], mats[2][slot], x)
+            down = common.expert_ffn(
+                ctx, (mats[0][slot], mats[1][slot], mats[2][slot]), x, self.ffn[block], int(experts[lo])
+            )
             outs.append(ops.ggml_mul(ctx, down, g.input(weights[lo:hi].astype(np.float32).reshape(hi - lo, 1))))
         g.compute(*outs)
         return np.concatenate([to_numpy(o).reshape(-1, cur.shape[1]) for o in outs], axis=0)
 
     # -------------------------------------------------------------------------------------- a decode token
-    def token(self, ctx: Any, block: int, x: Tensor, slots: Tensor, weights: Tensor) -> Tensor:
-        """A token's experts in a graph, weighted and summed, from the slots they are in (all in RAM)."""
-        return common.token_experts(ctx, self.pools.views[block], x, slots, weights)
+    def token(self, ctx: Any, block: int, x: Tensor, slots: Tensor, weights: Tensor, experts: Tensor | None) -> Tensor:
+        """A token's experts in a graph, weighted and summed, from the slots they are in (all in RAM); `experts`:
+        their ids I32 [k, 1] (needed by families whose experts have biases)."""
+        return common.token_experts(ctx, self.pools.views[block], x, slots, weights, self.ffn[block], experts)
+
+    def needs_ids(self, block: int) -> bool:
+        return self.ffn[block].biases is not None
 
     def decode_partial(
         self, block: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray, wave: list[int], ready: list[bool]
@@ -166,8 +187,9 @@ class ExpertCompute:
             slot_of[part] = self.scheduler.wait_all(block, part)
             tok, j = np.nonzero(np.isin(sel, part))
             self.graph.reset()
+            views, ffn = self.pools.views[block], self.ffn[block]
             moe = common.routed_experts(
-                self.graph, self.pools.views[block], cur[tok], slot_of[sel[tok, j]], weights[tok, j]
+                self.graph, views, cur[tok], slot_of[sel[tok, j]], weights[tok, j], sel[tok, j], ffn
             )
             self.graph.compute(moe)
             weighted[tok, j] = to_numpy(moe).reshape(-1, cur.shape[1])

@@ -112,7 +112,8 @@ class Session:
         self.lookahead = Lookahead(self.model, opts.lookahead)
         n_threads = opts.n_threads or len(os.sched_getaffinity(0))
         self.graph = Graph(graph_mem, n_threads)
-        self.experts = ExpertCompute(self.scheduler, self.pools, self.graph, opts.max_batch)
+        ffn = {il: self.model.expert_ffn(il) for il in streamed}
+        self.experts = ExpertCompute(self.scheduler, self.pools, self.graph, opts.max_batch, ffn)
         shared = any("ffn_gate_shexp" in w for w in self.model.w)
         per_token = prompt_bytes_per_token(hp, shared)
         self.prompt_memory = PromptMemory(
@@ -288,7 +289,8 @@ class Session:
         slot_of[wave] = self.scheduler.wait_all(il, wave)
         ctx = g.reset()
         slots = g.input(slot_of[sel[0]].reshape(1, -1))  # I32 [k, 1]
-        total = self.experts.token(ctx, il, g.input(r["cur"][0]), slots, g.input(r["weights"][0]))
+        ids = g.input(sel[0].astype(np.int32).reshape(-1, 1)) if self.experts.needs_ids(il) else None
+        total = self.experts.token(ctx, il, g.input(r["cur"][0]), slots, g.input(r["weights"][0]), ids)
         shared = g.input(r["shared"]) if "shared" in r else None
         x = common.moe_tail(ctx, total, shared, g.input(r["residual"]))
         out, writes = self._layer_graph(ctx, il + 1, x, self._placement(self.pos, 1, True), True)
@@ -333,7 +335,7 @@ class Session:
 
     def _placement(self, pos0: int, n: int, decode: bool) -> common.Placement:
         n_kv = common.decode_window(pos0, self.n_ctx) if decode else pos0 + n
-        return common.placement(self.graph, pos0, n, n_kv, self.n_ctx, self._v_width)
+        return common.placement(self.graph, pos0, n, n_kv, self.n_ctx, self._v_width, self.model.window)
 
     # ------------------------------------------------------------------------- a decode step as one graph
     def _token_step(self, token: int) -> np.ndarray | None:

@@ -46,7 +46,9 @@ class TokenGraph:
             mask=g.input(F32, (window, 1)),
             k_rows=g.input(I64, (1,)),
             v_cells=g.input(I64, (self.width,)) if self.width else None,
+            mask_swa=g.input(F32, (window, 1)) if model.window else None,
         )
+        self.swa = model.window
         x = model.embed(ctx, self.token)
         self.routed: list[tuple[int, object]] = []  # (layer, its selected experts)
         for il in range(hp.n_layer):
@@ -60,7 +62,7 @@ class TokenGraph:
             r = lo.routed
             table = g.constant(slot_map[il].astype(np.int32).reshape(-1, 1))
             slots = ops.ggml_reshape_2d(ctx, ops.ggml_get_rows(ctx, table, r.ids), hp.n_expert_used, 1)
-            total = experts.token(ctx, il, r.cur, slots, r.weights)
+            total = experts.token(ctx, il, r.cur, slots, r.weights, r.ids)
             x = common.moe_tail(ctx, total, r.shared, r.residual)
             self.routed.append((il, r.ids))
         self.logits = model.head(ctx, x)
@@ -72,7 +74,7 @@ class TokenGraph:
 
     def run(self, token: int, pos: int) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
         """The token at `pos` (within this graph's window): its logits and each routed layer's experts."""
-        a = common.placement_arrays(pos, 1, self.window, self.n_ctx, self.width)
+        a = common.placement_arrays(pos, 1, self.window, self.n_ctx, self.width, self.swa)
         g = self.g
         g.set(self.token, np.array([token], np.int32))
         for name, values in a.items():
