@@ -38,7 +38,6 @@ file = "{file}"
 size_bytes = {size}
 sha256 = "{sha}"
 quant = "Q8_0"
-engine_support = "supported"
 notes = "generated for the tests"
 
 [arch]

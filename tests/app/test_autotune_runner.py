@@ -45,7 +45,7 @@ def test_run_save_load_override_and_serve(model: Path, tmp_path: Path) -> None:
     again = runner.saved(model)
     assert again is not None and again.settings == result.settings and again.drive == result.drive
     assert AutotuneRunner(paths, machine=MachineFingerprint("other", "cpu", 1)).saved(model) is None
-    from runmyai.library.machine import saved_drive_speed  # the library's reader of the same files
+    from runmyai.machine import saved_drive_speed  # the library's reader of the same files
 
     assert saved_drive_speed(paths.settings) == pytest.approx(result.drive.best_mb_per_s * 1e6)
 

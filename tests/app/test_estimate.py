@@ -7,11 +7,24 @@ import json
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from runmyai.library.estimate import DEFAULT_DRIVE_BPS, ENGINE_RESERVE, HEADROOM, estimate, hit_rate
-from runmyai.library.machine import (
+from runmyai.engine.info import EngineInfo, unknown
+from runmyai.library.estimate import (
+    DEFAULT_CALIBRATION,
+    DEFAULT_DRIVE_BPS,
+    ENGINE_RESERVE,
+    Calibration,
+    Footprint,
+    hit_rate,
+)
+from runmyai.library.estimate import (
+    estimate as estimate_with,
+)
+from runmyai.library.presets import ArchFacts, ChatDefaults, Preset, load_catalog
+from runmyai.machine import (
     GpuInfo,
     MachineInfo,
     cgroup_memory_limit,
@@ -19,7 +32,6 @@ from runmyai.library.machine import (
     probe_machine,
     saved_drive_speed,
 )
-from runmyai.library.presets import ArchFacts, ChatDefaults, Preset, load_catalog
 from runmyai.paths import bundled_dir
 
 GIB = 1 << 30
@@ -38,7 +50,6 @@ PRESET = Preset(
     quant="Q8_0",
     facts=FACTS,
     expert_bytes=3_000_000,
-    engine_support="supported",
     chat=ChatDefaults(),
     flags=(),
     source="hub",
@@ -57,6 +68,18 @@ MACHINE = MachineInfo(
     drive_read_bps=1.2e9,
     mem_bandwidth_bps=13e9,
 )
+HEADROOM = 512 << 20
+ENGINE = EngineInfo("test", {"qwen3moe": ("Q8_0",)}, HEADROOM, ())
+# The arithmetic below counts weight reads only: no per-layer or per-token work (see test_engine_work_counts).
+READS_ONLY = Calibration(per_layer_s=0.0, per_token_s=0.0, mem_bps=13e9, source="reads only")
+
+
+def estimate(model: Preset | Footprint, machine: MachineInfo, **kw: Any) -> Any:
+    kw.setdefault("calibration", READS_ONLY)
+    kw.setdefault("context", 0)
+    return estimate_with(model, machine, kw.pop("engine", ENGINE), **kw)
+
+
 # RAM for exactly a 25 % cache: headroom + engine reserve + 1e9 always loaded + 0.75e9 of experts.
 QUARTER = HEADROOM + ENGINE_RESERVE + 1_000_000_000 + 750_000_000
 
@@ -128,19 +151,41 @@ def test_no_disk_space() -> None:
 
 
 def test_unsupported_architecture_wins() -> None:
-    planned = dataclasses.replace(PRESET, engine_support="planned", facts=dataclasses.replace(FACTS, arch="deepseek2"))
+    planned = dataclasses.replace(PRESET, facts=dataclasses.replace(FACTS, arch="deepseek2"))
     e = estimate(planned, dataclasses.replace(MACHINE, disk_free=0))
     assert e.verdict == "unsupported"
-    assert any("deepseek2 architecture is planned" in r for r in e.reasons)
+    assert any("the installed engine runs qwen3moe; not deepseek2" in r for r in e.reasons)
+    # an engine that could not be asked runs nothing, and says why
+    e = estimate(PRESET, MACHINE, engine=unknown("no engine here"))
+    assert e.verdict == "unsupported" and any("no engine here" in r for r in e.reasons)
+
+
+def test_engine_work_and_context_count() -> None:
+    """The engine's own work per layer and per token (the calibration) and the KV cache of the chosen context."""
+    cal = Calibration(per_layer_s=0.001, per_token_s=0.002, mem_bps=13e9, source="test")
+    e = estimate(PRESET, MACHINE, calibration=cal)
+    # 10 ms of reads + 10 layers x 1 ms + 2 ms = 22 ms
+    assert e.compute_seconds == pytest.approx(0.022) and e.tokens_per_s == pytest.approx(1 / 0.022)
+    assert any("10 layers" in r and "test" in r for r in e.reasons)
+    # a context's KV cache comes off the expert cache: 1 MB per token x 750 tokens = 750 MB, from a full cache
+    facts = dataclasses.replace(FACTS, kv_heads=1000, head_dim=25)  # 2 bytes x 10 layers x 2 x 1000 x 25 = 1 MB
+    fp = dataclasses.replace(PRESET, facts=facts)
+    quarter_plus_kv = dataclasses.replace(MACHINE, ram_available=QUARTER + 750_000_000)
+    assert estimate(fp, quarter_plus_kv, context=750).cache_bytes == 750_000_000
+    assert estimate(fp, quarter_plus_kv, context=0).cache_bytes == 1_500_000_000
 
 
 def test_defaults_when_nothing_is_measured() -> None:
     m = dataclasses.replace(MACHINE, ram_available=QUARTER, drive_read_bps=None, mem_bandwidth_bps=None)
-    e = estimate(PRESET, m)
+    e = estimate(PRESET, m, calibration=DEFAULT_CALIBRATION)
     assert e.io_seconds == pytest.approx(6e7 / DEFAULT_DRIVE_BPS)
     assert any("not measured yet" in r for r in e.reasons)
-    assert any("conservative assumption" in r for r in e.reasons)
-    gpu = estimate(PRESET, dataclasses.replace(m, gpus=(GpuInfo(0, "RTX", 16 * GIB, 12 * GIB),)))
+    assert any(DEFAULT_CALIBRATION.source in r for r in e.reasons)
+    work = DEFAULT_CALIBRATION.per_token_s + FACTS.layers * DEFAULT_CALIBRATION.per_layer_s
+    assert e.compute_seconds == pytest.approx(1.3e8 / DEFAULT_CALIBRATION.mem_bps + work)
+    gpu = estimate(
+        PRESET, dataclasses.replace(m, gpus=(GpuInfo(0, "RTX", 16 * GIB, 12 * GIB),)), calibration=DEFAULT_CALIBRATION
+    )
     assert gpu.tokens_per_s == e.tokens_per_s  # VRAM not counted by this engine version
     assert any("VRAM is not counted" in r for r in gpu.reasons)
 
@@ -151,7 +196,7 @@ def test_real_presets_are_sane() -> None:
     for p in catalog.presets:
         e = estimate(p, dataclasses.replace(desktop, disk_free=10**13))
         assert e.tokens_per_s > 0 and 0 < e.hit_rate <= 1
-        assert (e.verdict == "unsupported") == (p.engine_support == "planned")
+        assert (e.verdict == "unsupported") == (p.facts.arch != "qwen3moe")
     q30 = catalog.get("qwen3-30b-a3b")
     q235 = catalog.get("qwen3-235b-a22b")
     assert q30 is not None and q235 is not None

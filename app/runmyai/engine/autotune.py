@@ -21,14 +21,9 @@ from typing import Any
 
 from runmyai.engine.command import FlagValue, check_flag_name, engine_command, flag_args
 from runmyai.engine.faults import classify_exit, engine_error_line
-from runmyai.engine.settings import (
-    MachineFingerprint,
-    SettingsFiles,
-    machine_fingerprint,
-    read_json,
-    write_json_atomic,
-)
-from runmyai.library.machine import GpuInfo, GpuReport, nvidia_vram
+from runmyai.engine.settings import MachineFingerprint, SettingsFiles, machine_fingerprint
+from runmyai.jsonfile import read_json, write_json_atomic
+from runmyai.machine import GpuInfo, GpuReport, nvidia_vram
 from runmyai.paths import AppPaths
 
 # Settings autotune reports that are not `tokenwing serve` flags (they explain the choice).
@@ -249,7 +244,7 @@ class AutotuneRunner:
         except ValueError:
             raw = None
         result = parse_result(raw, str(model), self.files.machine, gpus, time.time())
-        write_json_atomic(self.files.autotune_path(model), result.to_json())
+        await asyncio.to_thread(write_json_atomic, self.files.autotune_path(model), result.to_json())
         return result
 
     @staticmethod
