@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from PySide6.QtWidgets import QApplication
 
 from runmyai.engine.client import ChatClient, ChatSettings
 from runmyai.engine.info import EngineInfo, ask_engine
@@ -31,7 +32,10 @@ from runmyai.library.local import LocalLibrary
 from runmyai.library.quants import QuantError, find_quant, group_quants, quant_name
 from runmyai.machine import MachineInfo, probe_machine
 from runmyai.paths import AppPaths
+from runmyai.ui.controller import AppController
+from runmyai.ui.main_window import MainWindow
 from tests.app.hubserver import Faults, HubServer, RequestLog
+from tests.app.test_app_scenario import run_qt, until
 from tests.conftest import ModelFactory
 
 T = TypeVar("T")
@@ -387,3 +391,46 @@ def test_killed_during_download_and_during_repack_resumes_to_the_same_bytes(
         [sys.executable, "-m", "runmyai", "--home", str(home), "list"], capture_output=True, text=True, timeout=120
     )
     assert listed.returncode == 0 and str(out) in listed.stdout and "tokens/s" in listed.stdout
+
+
+# ---------------------------------------------------------------------------------------------- the window
+def test_the_window_shows_the_quants_and_gets_the_one_picked(
+    qapp: QApplication, hub: HubServer, tmp_path: Path, split_models: dict[str, list[Path]]
+) -> None:
+    """Search, see each quant with its size and verdict (the best preselected), pick one, one click: in the
+    library. The same Acquirer as `runmyai get`."""
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "resources").mkdir()
+    window = MainWindow()
+    c = AppController(
+        window,
+        AppPaths(tmp_path / "home"),
+        hub_endpoint=hub.url,
+        presets_dir=tmp_path / "presets",
+        resources_dir=tmp_path / "resources",
+    )
+    window.show()
+    lib = window.library
+
+    async def flow() -> None:
+        await c.start()
+        lib.search.setText("Tiny")
+        lib.search.returnPressed.emit()
+        key = f"hub:{REPO}"
+        await until(lambda: any(e.key == key and e.choices for e in c._entries()), 60, "quants")
+        lib.select(key)
+        labels = [lib.quant.itemText(i) for i in range(lib.quant.count())]
+        assert [t.split(":")[0] for t in labels] == ["Q8_0", "F16", "F32"] and lib.quant.isVisible()
+        assert "recommended" in lib.quant.currentText() and lib.quant.currentText().startswith("F32")
+        assert "Bits/weight" in lib.details.toHtml()
+        lib.quant.setCurrentIndex(0)  # the user prefers the smallest
+        lib.download_button.click()
+        await until(lambda: any(m.path.name == "Tiny-Q8_0.tw.gguf" for m in c.local_models), 120, "get")
+        assert lib.current_key() == f"local:{c.local_models[0].path}"  # selected, ready to chat
+        await c.shutdown()
+
+    try:
+        run_qt(qapp, flow)
+    finally:
+        window.close()
+    assert files_fetched(hub) == {LAYOUT["Q8_0"].format(i=i) for i in (1, 2, 3)}

@@ -70,6 +70,8 @@ def run_app(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             loop.run_until_complete(controller.shutdown())
             return 130
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())  # as asyncio.run does
     return result["code"]
 
 
