@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import json
 import os
 import re
@@ -402,11 +401,10 @@ class HubClient:
                     # a 206 ends where asked (read to its end: leaving httpcore's stream mid-way leaves it for the
                     # garbage collector); a 200 is the whole file: read only as far as needed
                     partial = response.status_code == 206
-                    async with contextlib.aclosing(response.aiter_bytes()) as chunks:
-                        async for chunk in chunks:
-                            out += chunk
-                            if len(out) > length or (len(out) == length and not partial):
-                                break
+                    async for chunk in response.aiter_bytes():
+                        out += chunk
+                        if len(out) > length or (len(out) == length and not partial):
+                            break
         except asyncio.CancelledError:
             raise
         except Exception as exc:
