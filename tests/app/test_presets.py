@@ -82,9 +82,12 @@ def test_preset_rules(preset_id: str) -> None:
         assert p.repo is None and p.bundled_source == "demo-model/tokenwing-demo-moe.gguf"
     assert 0 <= p.chat.temperature <= 2 and 0 < p.chat.top_p <= 1 and p.chat.top_k >= 0
     # every flag the engine knows, documented defaults, none claimed as measured yet
-    assert p.flags[:2] == ("--lookahead", "2")
-    assert "--moe-stream-io-threads" in p.flags and "--moe-stream-direct" in p.flags
-    assert len([a for a in p.flags if a.startswith("--")]) == len(FLAG_DEFAULTS) - 1  # all but verify
+    if p.source == "bundled":  # the built-in model streams a quarter of its experts from the first screen
+        assert p.flags[:2] == ("--ram-budget", "25%")
+    flags = p.flags[2:] if p.source == "bundled" else p.flags
+    assert flags[:2] == ("--lookahead", "2")
+    assert "--moe-stream-io-threads" in flags and "--moe-stream-direct" in flags
+    assert len([a for a in flags if a.startswith("--")]) == len(FLAG_DEFAULTS) - 1  # all but verify
     assert p.measured_flags == ()
 
 
@@ -142,6 +145,7 @@ def _catalog_with(tmp_path: Path, bad: str, name: str = "bad.toml") -> tuple[tup
         (GOOD + '\n[flags]\ndirect = "yes"\n', "bad.toml: flags.direct: expected true or false"),
         (GOOD + '\n[flags]\nmeasured = ["chunk-kib"]\n', "bad.toml: flags.measured: 'chunk-kib' is not a flag"),
         (GOOD + "\n[flags]\nturbo = 1\n", "bad.toml: flags.turbo: unknown field"),
+        (GOOD + '\n[flags]\nram-budget = "8G"\n', "bad.toml: flags.ram-budget: expected a share of the experts"),
         (GOOD.split("[arch]")[0] + 'arch = "qwen3moe"\n', "bad.toml: [arch]: expected a table, got a string"),
         (GOOD.split("[arch]")[0], "bad.toml: [arch]: missing table"),
         ("name = \n", "bad.toml: not valid TOML: "),

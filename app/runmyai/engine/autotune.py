@@ -1,8 +1,17 @@
 """`tokenwing autotune MODEL --json` for the app: run it (progress, cancel), keep its result per model and machine,
 let an advanced user override any flag, and turn both into `tokenwing serve` flags.
 
+Memory follows the machine: autotune's RAM budget is a byte count measured at tuning time, and memory that was
+free then may not be free at the next start (another program, a smaller container). So the saved result keeps
+the share of the experts the cache held (`expert_cache_share`) and the rule (`memory_rule`: the engine sizes its
+cache at every start from what is free then, which is what it does without `--ram-budget`), never the bytes.
+A user who wants a fixed budget overrides `ram_budget` (a share such as `25%`, or a size).
+
+The context is chosen too (`--ctx`): DEFAULT_CONTEXT for chat, at most the model's own, unless the user
+overrides `ctx`; autotune plans the KV cache of that context, and the engine reserves just that.
+
 The merge: autotune's chosen settings that are engine flags, then the overrides on top (an override with an
-empty value is removed). `serve_flags()` is what EngineSupervisor gets as `flags`.
+empty value is removed), then `--ctx`. `serve_flags()` is what EngineSupervisor gets as `flags`.
 """
 
 from __future__ import annotations
@@ -27,7 +36,9 @@ from runmyai.machine import GpuInfo, GpuReport, nvidia_vram
 from runmyai.paths import AppPaths
 
 # Settings autotune reports that are not `tokenwing serve` flags (they explain the choice).
-INFO_ONLY = frozenset({"expert_cache_share", "gpus"})
+INFO_ONLY = frozenset({"expert_cache_share", "gpus", "memory_rule"})
+DEFAULT_CONTEXT = 8192  # tokens of chat context unless the user asks for more (the KV cache is sized for it)
+MEMORY_RULE = "free memory at each start"
 _TRUE = {"true", "yes", "on"}
 _FALSE = {"false", "no", "off"}
 
@@ -146,6 +157,16 @@ def parse_result(raw: object, model: str, machine: MachineFingerprint, gpus: Gpu
         )
     reasons_raw = raw.get("reasons")
     reasons = {str(k): str(v) for k, v in reasons_raw.items()} if isinstance(reasons_raw, dict) else {}
+    settings = dict(raw["settings"])
+    if "ram_budget" in settings:  # bytes that were free at tuning time: keep the share and the rule instead
+        del settings["ram_budget"]
+        why = reasons.pop("ram_budget", "")
+        reasons["memory_rule"] = (
+            "the engine sizes its expert cache at every start from the memory free then (at tuning time: "
+            + (why or "no reason given")
+            + ")"
+        )
+        settings["memory_rule"] = MEMORY_RULE
     isa = m.get("isa")
     return AutotuneResult(
         model=model,
@@ -160,9 +181,9 @@ def parse_result(raw: object, model: str, machine: MachineFingerprint, gpus: Gpu
         drive=drive,
         gpus=gpus.gpus,
         gpu_note=gpus.note,
-        settings=dict(raw["settings"]),
+        settings=settings,
         reasons=reasons,
-        raw={k: raw[k] for k in ("machine", "settings", "reasons") if k in raw},
+        raw={"machine": raw["machine"], "settings": settings, "reasons": reasons},
     )
 
 
@@ -203,8 +224,7 @@ class AutotuneRunner:
         argv = [*self.command, "autotune", str(model), "--json"]
         if self.probe_bytes:
             argv += ["--probe-bytes", self.probe_bytes]
-        if self.ctx:
-            argv += ["--ctx", str(self.ctx)]
+        argv += ["--ctx", str(self.ctx or self.context(model))]  # the KV cache the model will be served with
         gpu_task = asyncio.ensure_future(asyncio.to_thread(nvidia_vram))
         extra: dict[str, Any] = {"creationflags": 0x00000200} if os.name == "nt" else {"start_new_session": True}
         try:
@@ -339,5 +359,15 @@ class AutotuneRunner:
         values.update(self.overrides(model))
         return values
 
-    def serve_flags(self, model: Path) -> list[str]:
-        return flag_args(self.merged(model))
+    def context(self, model: Path, model_context: int | None = None) -> int:
+        """The chat context for this model: the user's `ctx` override, else DEFAULT_CONTEXT (at most the model's)."""
+        chosen = self.overrides(model).get("ctx")
+        with contextlib.suppress(TypeError, ValueError):
+            if chosen is not None and not isinstance(chosen, bool) and int(chosen) > 0:
+                return int(chosen)
+        return min(DEFAULT_CONTEXT, model_context) if model_context else DEFAULT_CONTEXT
+
+    def serve_flags(self, model: Path, model_context: int | None = None) -> list[str]:
+        values = self.merged(model)
+        values["ctx"] = self.context(model, model_context)
+        return flag_args(values)

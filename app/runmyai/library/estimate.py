@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from runmyai.engine.autotune import DEFAULT_CONTEXT
 from runmyai.engine.info import EngineInfo
 from runmyai.library.presets import Preset
 from runmyai.machine import MachineInfo
@@ -30,7 +31,6 @@ from runmyai.units import human_bytes as hb
 ENGINE_RESERVE = 768 << 20  # compute buffers, the prompt's working memory and the engine process itself
 DISK_MARGIN = 256 << 20  # kept free beyond the file itself
 DEFAULT_DRIVE_BPS = 1.0e9  # unmeasured drive: a modest NVMe (our virtual dev disk measures 1.0-1.3 GB/s)
-DEFAULT_CONTEXT = 8192  # the chat context the app asks the engine for unless the user raises it
 # Hit rate vs cache share: h = f ** 0.5. Measured on the bench model (docs/results.md, engine table): 53 % hits
 # under a 25 % memory cap and 71 % under 40 %, where the cap also holds the rest of the process, so the cache's
 # share was smaller still; sqrt gives 50 % and 63 % at 25 % and 40 %: a little below the measurements on purpose.

@@ -444,7 +444,8 @@ def _engine_error(lines: Sequence[str], rc: int) -> str:
 
 def _facts(info: Mapping[str, Any]) -> dict[str, Any]:
     """The part of `inspect --json` the estimate uses, without the per-layer table (the cache stays small)."""
-    facts = {k: info.get(k) for k in ("architecture", "block_count", "shared_experts", "kv_bytes_per_token")}
+    keys = ("architecture", "block_count", "context_length", "shared_experts", "kv_bytes_per_token")
+    facts = {k: info.get(k) for k in keys}
     experts = info.get("experts")
     if isinstance(experts, dict):
         layers = experts.get("layers") or []

@@ -49,6 +49,9 @@ FLAG_DEFAULTS: dict[str, int | bool | str] = {
     "verify": False,
 }
 _POLICIES = ("decay", "lru")
+# `ram-budget`: a share of the experts ("25%") for a preset that should stream even where it fits in RAM (the
+# built-in model, so that the first screen shows streaming at work); sizes are per machine, so none here.
+_SHARE = re.compile(r"(100|[1-9]?[0-9])(\.[0-9]+)?%")
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -449,8 +452,14 @@ class _Parser:
 
     def flags(self, t: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         p = "flags."
-        self.check_keys(t, set(FLAG_DEFAULTS) | {"measured"}, p)
+        self.check_keys(t, set(FLAG_DEFAULTS) | {"measured", "ram-budget"}, p)
         values: dict[str, int | bool | str] = {}
+        budget: tuple[str, ...] = ()
+        if "ram-budget" in t:
+            share = self.string(t, "ram-budget", p)
+            if not _SHARE.fullmatch(share) or float(share[:-1]) <= 0:
+                raise self.fail(p + "ram-budget", f"expected a share of the experts such as \"25%\" (got {share!r})")
+            budget = ("--ram-budget", share)
         for key, default in FLAG_DEFAULTS.items():
             if key not in t:
                 continue
@@ -473,7 +482,7 @@ class _Parser:
         for m in measured:
             if m not in values:
                 raise self.fail(p + "measured", f"{m!r} is not a flag set in this preset")
-        return flag_arguments(values), tuple(measured)
+        return budget + flag_arguments(values), tuple(measured)
 
 
 def _kind(value: object) -> str:

@@ -119,6 +119,7 @@ async def self_test(controller: AppController, args: argparse.Namespace) -> int:
     version = (controller.supervisor.handshake or {}).get("version") if controller.supervisor else None
     print(
         f"runmyai self-test: ok — engine {version} at {endpoint.base_url}, "
-        f"{len(reply)} characters of reply in {time.monotonic() - started:.1f} s"
+        f"{len(reply)} characters of reply in {time.monotonic() - started:.1f} s; "
+        f"graphs: {controller.window.graphs.summary.text()}"
     )
     return 0

@@ -342,7 +342,7 @@ class AppController(QObject):
         await self.stop_engine()
         local = next((m for m in self.local_models if m.path == path), None)
         preset = self.catalog.get(local.preset_id) if local and local.preset_id else None
-        flags = [*(preset.flags if preset else ()), *self.autotune.serve_flags(path)]
+        flags = [*(preset.flags if preset else ()), *self.autotune.serve_flags(path, _model_context(local, preset))]
         self.model_name = local.name if local else path.name
         sup = EngineSupervisor(
             path, flags, on_state=self._on_engine_state, on_log=self.window.log_view.append, log_dir=self.paths.logs
@@ -661,3 +661,11 @@ class AppController(QObject):
         cid = self.conversation_id
         messages = self.store.messages(cid) if cid is not None else []
         return messages[-1].content if messages and messages[-1].role == "assistant" else ""
+
+
+def _model_context(local: LocalModel | None, preset: Preset | None) -> int | None:
+    """The model's own context length: what its file says, else its preset."""
+    ctx = local.facts.get("context_length") if local is not None and local.facts is not None else None
+    if isinstance(ctx, int) and ctx > 0:
+        return ctx
+    return preset.facts.context if preset is not None else None
