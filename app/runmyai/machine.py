@@ -46,6 +46,18 @@ class GpuInfo:
 
 
 @dataclass(frozen=True)
+class DecodeProbe:
+    """A short decode the autotuner ran here: the engine's compute per token (the drive's wait taken out) for a
+    model of this shape; the estimate scales its per-machine-class costs by it."""
+
+    compute_s: float
+    layers: int
+    active_bytes: int  # weights a token reads
+    streamed: bool  # some experts streamed from the drive (hit rate under 100 %)
+    model: str
+
+
+@dataclass(frozen=True)
 class MachineInfo:
     ram_total: int
     ram_available: int  # free plus reclaimable cache (MemAvailable)
@@ -58,6 +70,7 @@ class MachineInfo:
     drive_read_bps: float | None  # measured expert reads (autotune), None when not measured yet
     ram_limit_used: int = 0  # what the limiting cgroup already charges (0 without a limit)
     mem_bandwidth_bps: float | None = None  # RAM bandwidth when known (none is measured yet)
+    decode_probe: DecodeProbe | None = None  # the newest decode the autotuner measured on this machine
 
     @property
     def ram_usable(self) -> int:
@@ -87,6 +100,7 @@ def probe_machine(
     model, isa = cpu_info(root)
     if drive_read_bps is None and autotune_dir is not None:
         drive_read_bps = saved_drive_speed(autotune_dir)
+    probe = saved_decode_probe(autotune_dir) if autotune_dir is not None else None
     return MachineInfo(
         ram_total=total,
         ram_available=available,
@@ -99,6 +113,7 @@ def probe_machine(
         drive_read_bps=drive_read_bps,
         ram_limit_used=used if limit is not None else 0,
         mem_bandwidth_bps=mem_bandwidth_bps,
+        decode_probe=probe,
     )
 
 
@@ -287,4 +302,24 @@ def saved_drive_speed(directory: Path) -> float | None:
             continue
         if best > 0:
             return best * 1e6
+    return None
+
+
+def saved_decode_probe(directory: Path) -> DecodeProbe | None:
+    """The newest decode measurement in the saved autotune results (`runmyai.decode`); None when there is none."""
+    try:
+        files = sorted(directory.glob("autotune-*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return None
+    for path in files:
+        try:
+            data = json.loads(path.read_text())
+            d = data["runmyai"]["decode"]
+            probe = DecodeProbe(
+                float(d["compute_s"]), int(d["layers"]), int(d["active_bytes"]), bool(d["streamed"]), str(d["model"])
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if probe.compute_s > 0 and probe.layers > 0:
+            return probe
     return None

@@ -17,6 +17,8 @@ import pytest
 from runmyai.engine.autotune import DEFAULT_CONTEXT, MEMORY_RULE, AutotuneError, AutotuneRunner, nvidia_vram
 from runmyai.engine.settings import MachineFingerprint, machine_fingerprint
 from runmyai.engine.supervisor import EngineSupervisor
+from runmyai.library.estimate import calibration_for
+from runmyai.machine import probe_machine
 from runmyai.paths import AppPaths
 from tests.conftest import ModelFactory
 
@@ -44,11 +46,22 @@ def test_run_save_load_override_and_serve(model: Path, tmp_path: Path) -> None:
     assert result.settings["memory_rule"] == MEMORY_RULE and "at every start" in result.reasons["memory_rule"]
     assert any(line.startswith("Drive:") for line in result.machine_lines())
 
+    # a short decode measured after it: the estimate's calibration for this machine
+    assert result.decode is not None and result.decode["tokens"] > 0 and result.decode["compute_s"] > 0
+    assert result.decode["layers"] == 3 and result.decode["active_bytes"] > 0
+    assert any(line.startswith("measuring decode speed") for line in lines)
+    probe = probe_machine(paths.models, autotune_dir=paths.settings).decode_probe
+    assert probe is not None and probe.compute_s == pytest.approx(result.decode["compute_s"])
+    assert (
+        "measured by the autotuner" in calibration_for(probe_machine(paths.models, autotune_dir=paths.settings)).source
+    )
+
     # saved per model and machine, loaded back
     files = list(paths.settings.glob("autotune-*.json"))
     assert len(files) == 1 and result.machine.id in files[0].name and model.name.split(".")[0] in files[0].name
     again = runner.saved(model)
     assert again is not None and again.settings == result.settings and again.drive == result.drive
+    assert again.decode == result.decode
     assert AutotuneRunner(paths, machine=MachineFingerprint("other", "cpu", 1)).saved(model) is None
     from runmyai.machine import saved_drive_speed  # the library's reader of the same files
 

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import re
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +41,8 @@ from runmyai.paths import AppPaths
 INFO_ONLY = frozenset({"expert_cache_share", "gpus", "memory_rule"})
 DEFAULT_CONTEXT = 8192  # tokens of chat context unless the user asks for more (the KV cache is sized for it)
 MEMORY_RULE = "free memory at each start"
+DECODE_PROBE_TOKENS = 32  # a short decode after autotune calibrates the estimate (a few seconds on small models)
+DECODE_PROBE_TIMEOUT_S = 300.0
 _TRUE = {"true", "yes", "on"}
 _FALSE = {"false", "no", "off"}
 
@@ -76,6 +80,7 @@ class AutotuneResult:
     settings: dict[str, Any]  # what autotune chose (flags and informational values)
     reasons: dict[str, str]  # why, per setting
     raw: dict[str, Any] = field(repr=False)  # autotune's JSON as printed
+    decode: dict[str, Any] | None = None  # a short decode measured after autotune (the estimate's calibration)
 
     def flag_values(self) -> dict[str, FlagValue]:
         """The chosen settings that are `tokenwing serve` flags."""
@@ -108,6 +113,12 @@ class AutotuneResult:
             ]
         else:
             lines.append(f"GPU: {self.gpu_note}")
+        if self.decode is not None:
+            d = self.decode
+            lines.append(
+                f"Decode: {d.get('tokens')} tokens at {float(d.get('tokens_per_s', 0)):.1f} tokens/s, "
+                f"{float(d.get('compute_s', 0)) * 1000:.1f} ms of compute each (calibrates \"Will it run here?\")"
+            )
         return lines
 
     def to_json(self) -> dict[str, Any]:
@@ -118,6 +129,7 @@ class AutotuneResult:
             "measured_at": self.measured_at,
             "gpus": [{"index": g.index, "name": g.name, "total": g.vram_total, "free": g.vram_free} for g in self.gpus],
             "gpu_note": self.gpu_note,
+            "decode": self.decode,
         }
         return out
 
@@ -264,8 +276,66 @@ class AutotuneRunner:
         except ValueError:
             raw = None
         result = parse_result(raw, str(model), self.files.machine, gpus, time.time())
+        if on_progress is not None:
+            on_progress(f"measuring decode speed: {DECODE_PROBE_TOKENS} tokens")
+        decode = await self._probe_decode(model, flag_args({**result.flag_values(), "ctx": 256}))
+        result = dataclasses.replace(result, decode=decode)
         await asyncio.to_thread(write_json_atomic, self.files.autotune_path(model), result.to_json())
         return result
+
+    async def _probe_decode(self, model: Path, flags: list[str]) -> dict[str, Any] | None:
+        """A short decode with the chosen flags (`tokenwing run --stats-json`): the engine's compute per token
+        on this machine, the drive's wait taken out, for a model of this shape (`inspect --json`). None when it
+        cannot be measured (the estimate then keeps its defaults)."""
+        with tempfile.TemporaryDirectory(prefix="runmyai-decode-") as tmp:
+            stats_path = Path(tmp) / "stats.json"
+            run = [*self.command, "run", str(model), "--prompt", "The", "-n", str(DECODE_PROBE_TOKENS), "--temp", "0"]
+            code, _ = await self._run_quiet([*run, "--stats-json", str(stats_path), *flags])
+            stats = read_json(stats_path) if code == 0 else None
+        code, out = await self._run_quiet([*self.command, "inspect", "--json", str(model)])
+        try:
+            info = json.loads(out) if code == 0 else None
+            assert stats is not None and isinstance(info, dict)
+            tps = float(stats["decode_tokens_per_s"])
+            wait = float(stats.get("ssd_wait_ms_per_token") or 0.0) / 1000
+            active = int(info["resident"]["read_per_token_bytes"]) + int(info["experts"]["miss_bytes_per_token"])
+            return {
+                "model": model.name,
+                "tokens": int(stats["decode_tokens"]),
+                "tokens_per_s": tps,
+                "compute_s": max(1e-5, 1 / tps - wait),
+                "layers": int(info["block_count"]),
+                "active_bytes": active,
+                "streamed": float(stats.get("hit_rate") or 1.0) < 0.999,
+            }
+        except (AssertionError, KeyError, TypeError, ValueError, ZeroDivisionError):
+            return None
+
+    async def _run_quiet(self, argv: list[str]) -> tuple[int, str]:
+        """An engine command's exit code and stdout; killed with its group when cancelled or past the timeout."""
+        extra: dict[str, Any] = {"creationflags": 0x00000200} if os.name == "nt" else {"start_new_session": True}
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+                **extra,
+            )
+        except OSError:
+            return -1, ""
+        self.pid = proc.pid
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), DECODE_PROBE_TIMEOUT_S)
+        except TimeoutError:
+            await self._kill(proc)
+            return -1, ""
+        except BaseException:
+            await self._kill(proc)
+            raise
+        finally:
+            self.pid = None
+        return proc.returncode or 0, out.decode("utf-8", "replace")
 
     @staticmethod
     async def _progress(
@@ -317,7 +387,7 @@ class AutotuneRunner:
         note = str(meta.get("gpu_note") or ("no NVIDIA GPU" if not gpus else ""))
         when = meta.get("measured_at")
         try:
-            return parse_result(
+            result = parse_result(
                 data,
                 str(meta.get("model") or model),
                 self.files.machine,
@@ -326,6 +396,8 @@ class AutotuneRunner:
             )
         except AutotuneError:
             return None
+        decode = meta.get("decode")
+        return dataclasses.replace(result, decode=decode if isinstance(decode, dict) else None)
 
     def overrides(self, model: Path) -> dict[str, FlagValue]:
         data = read_json(self.files.overrides_path(model)) or {}

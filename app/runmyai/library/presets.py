@@ -133,6 +133,13 @@ class Preset:
     gguf: GgufSource | None = None
 
     @property
+    def budget_share(self) -> float | None:
+        """The share of the experts the preset keeps in RAM (`ram-budget = "25%"`), None when the engine decides."""
+        if "--ram-budget" not in self.flags:
+            return None
+        return float(self.flags[self.flags.index("--ram-budget") + 1].rstrip("%")) / 100
+
+    @property
     def published(self) -> bool:
         """The repacked file is on the hub (its checksum is stated); until then a download uses `gguf`."""
         return self.repo is not None and self.sha256 is not None
@@ -458,7 +465,7 @@ class _Parser:
         if "ram-budget" in t:
             share = self.string(t, "ram-budget", p)
             if not _SHARE.fullmatch(share) or float(share[:-1]) <= 0:
-                raise self.fail(p + "ram-budget", f"expected a share of the experts such as \"25%\" (got {share!r})")
+                raise self.fail(p + "ram-budget", f'expected a share of the experts such as "25%" (got {share!r})')
             budget = ("--ram-budget", share)
         for key, default in FLAG_DEFAULTS.items():
             if key not in t:

@@ -98,7 +98,8 @@ def preset_html(p: Preset, view: View, installed: bool) -> str:
         facts += f"<p><small>{html.escape(p.notes)}</small></p>"
     if view.machine is None:
         return facts
-    return facts + estimate_html(estimate(p, view.machine, view.engine, installed=installed))
+    est = estimate(p, view.machine, view.engine, installed=installed, budget_share=p.budget_share)
+    return facts + estimate_html(est)
 
 
 def estimate_html(est: Estimate) -> str:
