@@ -23,6 +23,9 @@ EXPECTED = {
     "kimi-k2": "deepseek2",
     "gpt-oss-120b": "gpt-oss",
     "glm-4.5-air": "glm4moe",
+    "glm-4.5": "glm4moe",
+    "gpt-oss-20b": "gpt-oss",
+    "qwen3.5-397b-a17b": "qwen35moe",
     "ling-flash-2.0": "bailingmoe2",
     "qwen3-next-80b-a3b": "qwen3next",
     "tokenwing-demo-moe": "qwen3moe",
@@ -76,6 +79,10 @@ def test_preset_rules(preset_id: str) -> None:
     assert p.file.endswith(".tw.gguf")
     assert p.sha256 is None or len(p.sha256) == 64
     assert p.source == ("bundled" if preset_id == "tokenwing-demo-moe" else "hub")
+    assert f.kv_bytes_per_token > 0  # the KV cache of the chosen context is part of the estimate
+    if p.source == "hub":  # downloadable from its GGUF until the repacked file is published
+        assert p.gguf is not None and p.gguf.default in p.gguf.quants and not p.published
+        assert p.gguf.default == p.quant
     if p.source == "hub":
         assert p.repo is not None and p.repo.startswith("runmyai/") and p.repo.endswith("-TW")
     else:
