@@ -117,7 +117,7 @@ class AutotuneResult:
             d = self.decode
             lines.append(
                 f"Decode: {d.get('tokens')} tokens at {float(d.get('tokens_per_s', 0)):.1f} tokens/s, "
-                f"{float(d.get('compute_s', 0)) * 1000:.1f} ms of compute each (calibrates \"Will it run here?\")"
+                f'{float(d.get("compute_s", 0)) * 1000:.1f} ms of compute each (calibrates "Will it run here?")'
             )
         return lines
 
