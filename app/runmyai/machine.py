@@ -13,9 +13,12 @@ import json
 import os
 import platform
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 # CPU features that matter to the engine's kernels, as /proc/cpuinfo names them (x86 "flags", Arm "Features").
 ISA_FLAGS = (
@@ -284,42 +287,43 @@ def disk_free(path: Path) -> int:
         return 0
 
 
+def _newest_saved(directory: Path, pattern: str, read: Callable[[Any], T | None]) -> T | None:
+    """`read(json)` of the newest saved autotune result in `directory` it can read (None: none could)."""
+    try:
+        files = sorted(directory.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return None
+    for path in files:
+        try:
+            value = read(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if value is not None:
+            return value
+    return None
+
+
 def saved_drive_speed(directory: Path) -> float | None:
     """Best measured read speed (bytes/s) in the newest saved `tokenwing autotune --json` result in `directory`.
 
     That JSON holds machine.drive.mb_per_s_by_threads ({threads: MB/s}); files without it are skipped.
     """
-    try:
-        files = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    except OSError:
-        return None
-    for path in files:
-        try:
-            data = json.loads(path.read_text())
-            speeds = data["machine"]["drive"]["mb_per_s_by_threads"]
-            best = max(float(v) for v in speeds.values())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue
-        if best > 0:
-            return best * 1e6
-    return None
+
+    def read(data: Any) -> float | None:
+        best = max(float(v) for v in data["machine"]["drive"]["mb_per_s_by_threads"].values())
+        return best * 1e6 if best > 0 else None
+
+    return _newest_saved(directory, "*.json", read)
 
 
 def saved_decode_probe(directory: Path) -> DecodeProbe | None:
     """The newest decode measurement in the saved autotune results (`runmyai.decode`); None when there is none."""
-    try:
-        files = sorted(directory.glob("autotune-*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    except OSError:
-        return None
-    for path in files:
-        try:
-            data = json.loads(path.read_text())
-            d = data["runmyai"]["decode"]
-            probe = DecodeProbe(
-                float(d["compute_s"]), int(d["layers"]), int(d["active_bytes"]), bool(d["streamed"]), str(d["model"])
-            )
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if probe.compute_s > 0 and probe.layers > 0:
-            return probe
-    return None
+
+    def read(data: Any) -> DecodeProbe | None:
+        d = data["runmyai"]["decode"]
+        probe = DecodeProbe(
+            float(d["compute_s"]), int(d["layers"]), int(d["active_bytes"]), bool(d["streamed"]), str(d["model"])
+        )
+        return probe if probe.compute_s > 0 and probe.layers > 0 else None
+
+    return _newest_saved(directory, "autotune-*.json", read)

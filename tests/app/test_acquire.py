@@ -36,7 +36,7 @@ from runmyai.ui.controller import AppController
 from runmyai.ui.main_window import MainWindow
 from tests.app.hubserver import Faults, HubServer, RequestLog
 from tests.app.test_app_scenario import run_qt, until
-from tests.conftest import ModelFactory
+from tests.conftest import ModelFactory, Mount
 
 T = TypeVar("T")
 REPO = "acme/Tiny-GGUF"
@@ -261,28 +261,8 @@ def test_local_split_import_from_any_shard(split_models: dict[str, list[Path]], 
 
 
 # ---------------------------------------------------------------------------------------------- disk
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mounted: list[Path] = []
-
-    def mount(size: int) -> Path:
-        mnt = tmp_path / f"tmpfs{len(mounted)}"
-        mnt.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
-        mounted.append(mnt)
-        return mnt
-
-    try:
-        yield mount
-    finally:
-        for mnt in mounted:
-            subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 def test_streaming_repack_fits_where_twice_the_model_does_not(
-    model_factory: ModelFactory, tmpfs: Callable[[int], Path], tmp_path: Path, engine_info: EngineInfo
+    model_factory: ModelFactory, tmpfs: Mount, tmp_path: Path, engine_info: EngineInfo
 ) -> None:
     files = shard_files(model_factory(preset="small", type="Q8_0", shards=3, seed=2))
     with HubServer() as server:
@@ -434,3 +414,43 @@ def test_the_window_shows_the_quants_and_gets_the_one_picked(
     finally:
         window.close()
     assert files_fetched(hub) == {LAYOUT["Q8_0"].format(i=i) for i in (1, 2, 3)}
+
+
+def test_the_window_resumes_a_get_killed_midway(
+    qapp: QApplication, hub: HubServer, tmp_path: Path, split_models: dict[str, list[Path]]
+) -> None:
+    """`runmyai get` killed in the middle of shard 2; the window, started on the same home, continues the job by
+    itself and ends with the model in its library (the bytes of an uninterrupted repack)."""
+    home = tmp_path / "home"
+    shard2 = LAYOUT["Q8_0"].format(i=2)
+    hold = hub.faults_for[shard2] = Faults(hold_after=split_models["Q8_0"][1].stat().st_size // 2)
+    proc = _start(_get_cmd(home, hub))
+    try:
+        assert hold.held.wait(120), "the download never reached shard 2"
+    finally:
+        _kill_group(proc)
+    hub.faults_for.clear()
+    hold.release.set()
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "resources").mkdir()
+    window = MainWindow()
+    c = AppController(
+        window,
+        AppPaths(home),
+        hub_endpoint=hub.url,
+        presets_dir=tmp_path / "presets",
+        resources_dir=tmp_path / "resources",
+    )
+
+    async def flow() -> None:
+        await c.start()  # finds the started job and resumes it
+        await until(lambda: any(m.path.name == "Tiny-Q8_0.tw.gguf" for m in c.local_models), 120, "resume")
+        await c.shutdown()
+
+    try:
+        run_qt(qapp, flow)
+    finally:
+        window.close()
+    out = home / "models" / "acme" / "Tiny-GGUF" / "Tiny-Q8_0.tw.gguf"
+    assert sha256(out) == plain_repack_sha(split_models["Q8_0"], tmp_path, LAYOUT["Q8_0"])
+    assert not any((home / "downloads" / "jobs").iterdir())

@@ -134,6 +134,14 @@ class AutotuneResult:
         return out
 
 
+async def _spawn(argv: Sequence[str], stderr: int) -> asyncio.subprocess.Process:
+    """An engine command in its own process group (killed with its children when cancelled)."""
+    extra: dict[str, Any] = {"creationflags": 0x00000200} if os.name == "nt" else {"start_new_session": True}
+    return await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=stderr, **extra
+    )
+
+
 def _is_flag_name(key: str) -> bool:
     try:
         check_flag_name(key)
@@ -238,15 +246,8 @@ class AutotuneRunner:
             argv += ["--probe-bytes", self.probe_bytes]
         argv += ["--ctx", str(self.ctx or self.context(model))]  # the KV cache the model will be served with
         gpu_task = asyncio.ensure_future(asyncio.to_thread(nvidia_vram))
-        extra: dict[str, Any] = {"creationflags": 0x00000200} if os.name == "nt" else {"start_new_session": True}
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                **extra,
-            )
+            proc = await _spawn(argv, asyncio.subprocess.PIPE)
         except OSError as e:
             gpu_task.cancel()
             raise AutotuneError(f"Autotune could not be started: {argv[0]}: {e.strerror or e}.") from None
@@ -313,15 +314,8 @@ class AutotuneRunner:
 
     async def _run_quiet(self, argv: list[str]) -> tuple[int, str]:
         """An engine command's exit code and stdout; killed with its group when cancelled or past the timeout."""
-        extra: dict[str, Any] = {"creationflags": 0x00000200} if os.name == "nt" else {"start_new_session": True}
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL,
-                **extra,
-            )
+            proc = await _spawn(argv, asyncio.subprocess.DEVNULL)
         except OSError:
             return -1, ""
         self.pid = proc.pid
