@@ -139,3 +139,29 @@ def test_bad_shard_arguments_are_one_line(model_factory: ModelFactory, tmp_path:
     assert_clean_error(run_cli("repack", str(gone), "-o", str(tmp_path / "x.tw.gguf"), "--delete-source"), 2)
     (tmp_path / "bad.json").write_text('{"shards": [{"path": "a.gguf", "size": -1}]}')
     assert_clean_error(run_cli("repack", "--shards", str(tmp_path / "bad.json"), "--plan"), 2)
+
+
+def test_ctrl_c_keeps_what_was_verified(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """SIGINT while shard 2 is written (held there by the test hook): exit 130 with one line, shard 1's progress
+    and the shards themselves kept; the same command then finishes with the bytes of a plain repack."""
+    first = model_factory(type="Q8_0", shards=3, seed=9)
+    expected = sha256(plain(first, tmp_path))
+    copies = copy_shards(shards_of(first), tmp_path / "src")
+    out = tmp_path / "out.tw.gguf"
+    marker = tmp_path / "paused"
+    cmd = [sys.executable, "-m", "tokenwing", "repack", str(copies[0]), "-o", str(out), "--delete-source", "-q"]
+    env = {**os.environ, "TOKENWING_TEST_REPACK_PAUSE": "shard:2", "TOKENWING_TEST_REPACK_PAUSE_FILE": str(marker)}
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err
+    assert not out.exists() and not copies[0].exists() and copies[1].exists() and copies[2].exists()
+    r = run_cli(*cmd[3:])
+    assert r.returncode == 0, r.stderr
+    assert sha256(out) == expected
