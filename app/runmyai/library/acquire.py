@@ -241,11 +241,15 @@ class Acquirer:
         if not quants:
             return RepoQuants(repo, revision, (), repacked, None, "no GGUF model files in this repository")
         reference = quants[0]  # the smallest: its plan fetches the least (the model's facts are the same)
-        try:
-            plan = await self._plan(self._job(repo, revision, reference))
+        job = self._job(repo, revision, reference)
+        try:  # a job under way has its plan: never touch its files from here
+            plan = job.plan if job.started and job.plan is not None else await self._plan(job)
         except (HubError, LibraryError, AcquireError) as e:
             choices = tuple(QuantChoice(q, None, None, None, False) for q in quants)
             return RepoQuants(repo, revision, choices, repacked, None, f"no estimate: {e}")
+        finally:
+            if not job.started:  # only looked at: leave no header files behind (a download plans again)
+                await asyncio.to_thread(shutil.rmtree, job.folder, True)
         return RepoQuants(repo, revision, self._choices(quants, reference, plan), repacked, reference.name)
 
     def _choices(self, quants: list[Quant], reference: Quant, plan: dict[str, Any]) -> tuple[QuantChoice, ...]:
