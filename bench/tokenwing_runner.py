@@ -1,7 +1,8 @@
 """Subprocess: TokenWing on a token stream; prints one JSON line of measurements.
 
-usage: python tokenwing_runner.py MODEL.tw.gguf TOKENS.npy N_PROMPT LOOKAHEAD [norepack] [layergraphs]
-The RAM budget comes from the process's own memory limit (the benchmark's cgroup cap), as in real use.
+usage: python tokenwing_runner.py MODEL.tw.gguf TOKENS.npy N_PROMPT LOOKAHEAD [norepack] [layergraphs] [budget=25%]
+The RAM budget comes from the process's own memory limit (the benchmark's cgroup cap), as in real use, or from
+`budget=` (a share of the experts or a size, as `--ram-budget` takes it).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import time
 
 import numpy as np
 
+from tokenwing.cli import parse_size
+from tokenwing.format.reader import ModelFile
 from tokenwing.runtime.session import Session, SessionOptions
 from tokenwing.streaming.streamer import COUNTERS
 from tokenwing.testmodel.oracle import process_read_bytes
@@ -25,7 +28,13 @@ def main() -> int:
     # no usage table: a benchmark must not start from what earlier runs learnt
     repack = "norepack" not in sys.argv[5:]
     one_graph = "layergraphs" not in sys.argv[5:]  # layergraphs: a graph per layer even with every expert in RAM
+    budget = None
+    for arg in sys.argv[5:]:
+        if arg.startswith("budget="):
+            with ModelFile.open(model, announce_fallback=False) as mf:
+                budget = parse_size(arg.removeprefix("budget="), mf.index.total_bytes)
     opts = SessionOptions(
+        ram_budget=budget,
         lookahead=lookahead,
         n_ctx=len(tokens) + 16,
         max_batch=64,

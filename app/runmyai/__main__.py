@@ -18,7 +18,11 @@ def _has_display() -> bool:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="runmyai", description="Run My AI: chat with large MoE models on this machine")
+    p = argparse.ArgumentParser(
+        prog="runmyai",
+        description="Run My AI: chat with large MoE models on this machine. Without a window: "
+        "`runmyai get OWNER/NAME[:QUANT]` adds a model from the hub, `runmyai list` shows the library.",
+    )
     p.add_argument("--version", action="version", version=f"runmyai {__version__}")
     p.add_argument("--home", type=Path, help="where models, downloads and conversations live (env RUNMYAI_HOME)")
     p.add_argument("--model", type=Path, help="start chatting with this model file (.tw.gguf)")
@@ -38,7 +42,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand (`get`, `list`) if the arguments name one after the options they share."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("--home"):
+        i += 1 if "=" in argv[i] else 2
+    return argv[i] if i < len(argv) else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if _command(args_list) in ("get", "list"):  # runmyai.cli: no window, no Qt
+        from runmyai.cli import main as cli_main
+
+        return cli_main(args_list)
     args = parse_args(argv)
     if args.offscreen:
         os.environ["QT_QPA_PLATFORM"] = "offscreen"

@@ -29,6 +29,10 @@ class AppPaths:
         return self.home / "downloads"
 
     @property
+    def jobs(self) -> Path:  # models on their way in: shards, their headers, the engine's manifest
+        return self.home / "downloads" / "jobs"
+
+    @property
     def conversations_db(self) -> Path:
         return self.home / "conversations.sqlite3"
 

@@ -48,7 +48,7 @@ def atomic_output(path: str, needed: int) -> Iterator[str]:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(directory)
+        fsync_dir(directory)
     except OSError as e:
         if e.errno == 28:  # ENOSPC: the space went while we wrote
             raise DiskSpaceError(f"the disk filled up while writing {path}; nothing was kept") from None
@@ -70,7 +70,8 @@ def write_json_atomic(path: str, data: object, indent: int | None = None) -> Non
     write_atomic(path, lambda f: f.write(text), len(text))
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str) -> None:
+    """Makes a rename or an unlink in `directory` survive a power cut (where the OS lets a folder be synced)."""
     with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
         try:

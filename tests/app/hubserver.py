@@ -25,7 +25,9 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 @dataclass
 class Faults:
-    """Switch per test; applies to file bodies (`resolve` GET and `/cdn`)."""
+    """Switch per test; applies to file bodies (`resolve` GET and `/cdn`) of whole-file and resumed downloads
+    (no Range, or `bytes=N-`), not to closed ranges (`bytes=0-N`: a client reading a file's header).
+    `HubServer.faults_for[suffix]` gives the files whose path ends so their own faults."""
 
     drop_after: int | None = None  # close the connection after this many body bytes ...
     drop_times: int = 1  # ... for this many requests
@@ -37,7 +39,8 @@ class Faults:
     held: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
     ignore_range: bool = False  # answer 200 with the whole file to Range requests
-    corrupt: bool = False  # flip bytes in the body (headers still carry the true sha256)
+    corrupt: bool = False  # flip bytes in the body (headers still carry the true sha256) ...
+    corrupt_times: int | None = None  # ... for this many requests (None: every one)
     status: int | None = None  # answer every resolve/tree/revision request with this status ...
     error_code: str | None = None  # ... and this X-Error-Code
     throttle_bps: int | None = None  # send bodies at about this rate
@@ -71,6 +74,7 @@ class HubServer:
     def __init__(self, *, redirect_to_cdn: bool = False) -> None:
         self.repos: dict[str, Repo] = {}
         self.faults = Faults()
+        self.faults_for: dict[str, Faults] = {}  # path suffix → faults of those files (else `faults`)
         self.redirect_to_cdn = redirect_to_cdn
         self.accepted_tokens: set[str] = set()
         self.log: list[RequestLog] = []
@@ -124,13 +128,13 @@ class HubServer:
         with self._lock:
             self.log.append(entry)
 
-    def _take(self, name: str) -> bool:
-        """Consumes one use of a counted fault (`drop`, `stall`)."""
+    def _take(self, faults: Faults, name: str) -> bool:
+        """Consumes one use of a counted fault (`drop`, `stall`, `corrupt`)."""
         with self._lock:
-            times = getattr(self.faults, f"{name}_times")
+            times = getattr(faults, f"{name}_times")
             if times <= 0:
                 return False
-            setattr(self.faults, f"{name}_times", times - 1)
+            setattr(faults, f"{name}_times", times - 1)
             return True
 
     def _find_blob(self, sha: str) -> bytes | None:
@@ -329,10 +333,13 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 headers["Location"] = f"http://localhost:{hub.port}/cdn/{sha}"
                 self._send(302, headers, b"", head=head)
                 return
-            self._file(data, sha, headers, head)
+            self._file(data, sha, headers, head, path)
 
-        def _file(self, data: bytes, sha: str, headers: dict[str, str], head: bool) -> None:
-            faults = hub.faults
+        def _file(self, data: bytes, sha: str, headers: dict[str, str], head: bool, path: str = "") -> None:
+            faults = next((f for suffix, f in hub.faults_for.items() if path.endswith(suffix)), hub.faults)
+            range_text = (self.headers.get("Range") or "").strip()
+            if re.fullmatch(r"bytes=\d+-\d+", range_text):
+                faults = Faults()  # a header read: served as it is
             total = len(data)
             start, end = 0, total - 1
             status = 200
@@ -347,7 +354,7 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                         return
                     status = 206
             body = data[start : end + 1]
-            if faults.corrupt and body:
+            if faults.corrupt and body and (faults.corrupt_times is None or hub._take(faults, "corrupt")):
                 middle = len(body) // 2
                 body = body[:middle] + bytes([body[middle] ^ 0xFF]) + body[middle + 1 :]
             self.send_response(status)
@@ -364,11 +371,11 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             limit = len(body)
             cut = False
             stall = False
-            if faults.drop_after is not None and faults.drop_after < limit and hub._take("drop"):
+            if faults.drop_after is not None and faults.drop_after < limit and hub._take(faults, "drop"):
                 limit, cut = faults.drop_after, True
-            elif faults.stall_after is not None and faults.stall_after < limit and hub._take("stall"):
+            elif faults.stall_after is not None and faults.stall_after < limit and hub._take(faults, "stall"):
                 limit, stall = faults.stall_after, True
-            hold = faults.hold_after if faults.hold_after is not None and hub._take("hold") else None
+            hold = faults.hold_after if faults.hold_after is not None and hub._take(faults, "hold") else None
             sent = 0
             chunk = 16 * 1024
             began = time.monotonic()

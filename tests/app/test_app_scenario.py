@@ -38,7 +38,6 @@ file = "{file}"
 size_bytes = {size}
 sha256 = "{sha}"
 quant = "Q8_0"
-engine_support = "supported"
 notes = "generated for the tests"
 
 [arch]
@@ -73,6 +72,7 @@ def run_qt(qapp: QApplication, make: Callable[[], Awaitable[T]], timeout: float 
     try:
         return loop.run_until_complete(asyncio.wait_for(make(), timeout))
     finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())  # as asyncio.run does: close what streams left open
         loop.close()  # joins qasync's executor threads (QThreads): one left running aborts Python at exit
         asyncio.set_event_loop(None)
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from runmyai.library.presets import (
-    ENGINE_ARCHS,
     FLAG_DEFAULTS,
     QUANT_BITS,
     Preset,
@@ -24,6 +23,9 @@ EXPECTED = {
     "kimi-k2": "deepseek2",
     "gpt-oss-120b": "gpt-oss",
     "glm-4.5-air": "glm4moe",
+    "glm-4.5": "glm4moe",
+    "gpt-oss-20b": "gpt-oss",
+    "qwen3.5-397b-a17b": "qwen35moe",
     "ling-flash-2.0": "bailingmoe2",
     "qwen3-next-80b-a3b": "qwen3next",
     "tokenwing-demo-moe": "qwen3moe",
@@ -36,7 +38,6 @@ file = "Good.tw.gguf"
 size_bytes = 4_000_000_000
 sha256 = ""
 quant = "Q8_0"
-engine_support = "supported"
 
 [arch]
 arch = "qwen3moe"
@@ -77,17 +78,23 @@ def test_preset_rules(preset_id: str) -> None:
     assert p.expert_total_bytes <= p.size_bytes
     assert p.file.endswith(".tw.gguf")
     assert p.sha256 is None or len(p.sha256) == 64
-    assert (p.engine_support == "supported") == (f.arch in ENGINE_ARCHS)
     assert p.source == ("bundled" if preset_id == "tokenwing-demo-moe" else "hub")
+    assert f.kv_bytes_per_token > 0  # the KV cache of the chosen context is part of the estimate
+    if p.source == "hub":  # downloadable from its GGUF until the repacked file is published
+        assert p.gguf is not None and p.gguf.default in p.gguf.quants and not p.published
+        assert p.gguf.default == p.quant
     if p.source == "hub":
         assert p.repo is not None and p.repo.startswith("runmyai/") and p.repo.endswith("-TW")
     else:
         assert p.repo is None and p.bundled_source == "demo-model/tokenwing-demo-moe.gguf"
     assert 0 <= p.chat.temperature <= 2 and 0 < p.chat.top_p <= 1 and p.chat.top_k >= 0
     # every flag the engine knows, documented defaults, none claimed as measured yet
-    assert p.flags[:2] == ("--lookahead", "2")
-    assert "--moe-stream-io-threads" in p.flags and "--moe-stream-direct" in p.flags
-    assert len([a for a in p.flags if a.startswith("--")]) == len(FLAG_DEFAULTS) - 1  # all but verify
+    if p.source == "bundled":  # the built-in model streams a quarter of its experts from the first screen
+        assert p.flags[:2] == ("--ram-budget", "25%")
+    flags = p.flags[2:] if p.source == "bundled" else p.flags
+    assert flags[:2] == ("--lookahead", "2")
+    assert "--moe-stream-io-threads" in flags and "--moe-stream-direct" in flags
+    assert len([a for a in flags if a.startswith("--")]) == len(FLAG_DEFAULTS) - 1  # all but verify
     assert p.measured_flags == ()
 
 
@@ -105,7 +112,7 @@ def test_known_numbers() -> None:
     assert demo.expert_bytes == expert_bytes_for(256, 128, "Q8_0") == 3 * 36_864
     assert demo.facts.experts == 32 and demo.facts.top_k == 4 and demo.facts.layers == 6
     kimi = c.get("kimi-k2")
-    assert kimi is not None and kimi.engine_support == "planned" and kimi.facts.experts == 384
+    assert kimi is not None and kimi.facts.experts == 384
 
 
 def _catalog_with(tmp_path: Path, bad: str, name: str = "bad.toml") -> tuple[tuple[str, ...], list[str]]:
@@ -126,11 +133,14 @@ def _catalog_with(tmp_path: Path, bad: str, name: str = "bad.toml") -> tuple[tup
         (GOOD.replace("active_params = 1e9", "active_params = 5e9"), "bad.toml: arch.active_params: more than"),
         (GOOD.replace("active_params = 1e9", "active_params = 1e8"), "bad.toml: arch.active_params: 1e+08 is less"),
         (GOOD.replace("total_params = 4e9", "total_params = 2e9"), "bad.toml: arch.total_params: 2e+09 is less"),
-        (GOOD.replace('arch = "qwen3moe"', 'arch = "llama"'), "bad.toml: arch.arch: unknown architecture"),
+        (GOOD.replace('arch = "qwen3moe"', 'arch = "Qwen 3"'), "bad.toml: arch.arch: 'Qwen 3' is not a GGUF"),
+        (GOOD + '\n[gguf]\nrepo = "nope"\nquants = ["Q4_K_M"]\n', "bad.toml: gguf.repo: expected 'owner/name'"),
+        (GOOD + '\n[gguf]\nrepo = "a/b"\nquants = []\n', "bad.toml: gguf.quants: expected a list of quant"),
         (
-            GOOD.replace('arch = "qwen3moe"', 'arch = "deepseek2"'),
-            "bad.toml: engine_support: the engine does not run 'deepseek2' yet",
+            GOOD + '\n[gguf]\nrepo = "a/b"\nquants = ["Q4_K_M"]\ndefault = "Q8_0"\n',
+            "bad.toml: gguf.default: 'Q8_0' is not one of gguf.quants",
         ),
+        ('engine_support = "supported"\n' + GOOD, "bad.toml: engine_support: unknown field"),
         (GOOD.replace('quant = "Q8_0"', 'quant = "Q9_9"'), "bad.toml: quant: unknown type 'Q9_9'"),
         (GOOD.replace('file = "Good.tw.gguf"', 'file = "Good.gguf"'), "bad.toml: file: expected a file name"),
         (GOOD.replace('repo = "runmyai/Good-TW"', 'repo = "nope"'), "bad.toml: repo: expected 'owner/name'"),
@@ -142,6 +152,7 @@ def _catalog_with(tmp_path: Path, bad: str, name: str = "bad.toml") -> tuple[tup
         (GOOD + '\n[flags]\ndirect = "yes"\n', "bad.toml: flags.direct: expected true or false"),
         (GOOD + '\n[flags]\nmeasured = ["chunk-kib"]\n', "bad.toml: flags.measured: 'chunk-kib' is not a flag"),
         (GOOD + "\n[flags]\nturbo = 1\n", "bad.toml: flags.turbo: unknown field"),
+        (GOOD + '\n[flags]\nram-budget = "8G"\n', "bad.toml: flags.ram-budget: expected a share of the experts"),
         (GOOD.split("[arch]")[0] + 'arch = "qwen3moe"\n', "bad.toml: [arch]: expected a table, got a string"),
         (GOOD.split("[arch]")[0], "bad.toml: [arch]: missing table"),
         ("name = \n", "bad.toml: not valid TOML: "),

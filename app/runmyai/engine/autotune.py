@@ -1,18 +1,29 @@
 """`tokenwing autotune MODEL --json` for the app: run it (progress, cancel), keep its result per model and machine,
 let an advanced user override any flag, and turn both into `tokenwing serve` flags.
 
+Memory follows the machine: autotune's RAM budget is a byte count measured at tuning time, and memory that was
+free then may not be free at the next start (another program, a smaller container). So the saved result keeps
+the share of the experts the cache held (`expert_cache_share`) and the rule (`memory_rule`: the engine sizes its
+cache at every start from what is free then, which is what it does without `--ram-budget`), never the bytes.
+A user who wants a fixed budget overrides `ram_budget` (a share such as `25%`, or a size).
+
+The context is chosen too (`--ctx`): DEFAULT_CONTEXT for chat, at most the model's own, unless the user
+overrides `ctx`; autotune plans the KV cache of that context, and the engine reserves just that.
+
 The merge: autotune's chosen settings that are engine flags, then the overrides on top (an override with an
-empty value is removed). `serve_flags()` is what EngineSupervisor gets as `flags`.
+empty value is removed), then `--ctx`. `serve_flags()` is what EngineSupervisor gets as `flags`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import re
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,18 +32,17 @@ from typing import Any
 
 from runmyai.engine.command import FlagValue, check_flag_name, engine_command, flag_args
 from runmyai.engine.faults import classify_exit, engine_error_line
-from runmyai.engine.settings import (
-    MachineFingerprint,
-    SettingsFiles,
-    machine_fingerprint,
-    read_json,
-    write_json_atomic,
-)
-from runmyai.library.machine import GpuInfo, GpuReport, nvidia_vram
+from runmyai.engine.settings import MachineFingerprint, SettingsFiles, machine_fingerprint
+from runmyai.jsonfile import read_json, write_json_atomic
+from runmyai.machine import GpuInfo, GpuReport, nvidia_vram
 from runmyai.paths import AppPaths
 
 # Settings autotune reports that are not `tokenwing serve` flags (they explain the choice).
-INFO_ONLY = frozenset({"expert_cache_share", "gpus"})
+INFO_ONLY = frozenset({"expert_cache_share", "gpus", "memory_rule"})
+DEFAULT_CONTEXT = 8192  # tokens of chat context unless the user asks for more (the KV cache is sized for it)
+MEMORY_RULE = "free memory at each start"
+DECODE_PROBE_TOKENS = 32  # a short decode after autotune calibrates the estimate (a few seconds on small models)
+DECODE_PROBE_TIMEOUT_S = 300.0
 _TRUE = {"true", "yes", "on"}
 _FALSE = {"false", "no", "off"}
 
@@ -70,6 +80,7 @@ class AutotuneResult:
     settings: dict[str, Any]  # what autotune chose (flags and informational values)
     reasons: dict[str, str]  # why, per setting
     raw: dict[str, Any] = field(repr=False)  # autotune's JSON as printed
+    decode: dict[str, Any] | None = None  # a short decode measured after autotune (the estimate's calibration)
 
     def flag_values(self) -> dict[str, FlagValue]:
         """The chosen settings that are `tokenwing serve` flags."""
@@ -102,6 +113,12 @@ class AutotuneResult:
             ]
         else:
             lines.append(f"GPU: {self.gpu_note}")
+        if self.decode is not None:
+            d = self.decode
+            lines.append(
+                f"Decode: {d.get('tokens')} tokens at {float(d.get('tokens_per_s', 0)):.1f} tokens/s, "
+                f'{float(d.get("compute_s", 0)) * 1000:.1f} ms of compute each (calibrates "Will it run here?")'
+            )
         return lines
 
     def to_json(self) -> dict[str, Any]:
@@ -112,8 +129,17 @@ class AutotuneResult:
             "measured_at": self.measured_at,
             "gpus": [{"index": g.index, "name": g.name, "total": g.vram_total, "free": g.vram_free} for g in self.gpus],
             "gpu_note": self.gpu_note,
+            "decode": self.decode,
         }
         return out
+
+
+async def _spawn(argv: Sequence[str], stderr: int) -> asyncio.subprocess.Process:
+    """An engine command in its own process group (killed with its children when cancelled)."""
+    extra: dict[str, Any] = {"creationflags": 0x00000200} if os.name == "nt" else {"start_new_session": True}
+    return await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=stderr, **extra
+    )
 
 
 def _is_flag_name(key: str) -> bool:
@@ -151,6 +177,16 @@ def parse_result(raw: object, model: str, machine: MachineFingerprint, gpus: Gpu
         )
     reasons_raw = raw.get("reasons")
     reasons = {str(k): str(v) for k, v in reasons_raw.items()} if isinstance(reasons_raw, dict) else {}
+    settings = dict(raw["settings"])
+    if "ram_budget" in settings:  # bytes that were free at tuning time: keep the share and the rule instead
+        del settings["ram_budget"]
+        why = reasons.pop("ram_budget", "")
+        reasons["memory_rule"] = (
+            "the engine sizes its expert cache at every start from the memory free then (at tuning time: "
+            + (why or "no reason given")
+            + ")"
+        )
+        settings["memory_rule"] = MEMORY_RULE
     isa = m.get("isa")
     return AutotuneResult(
         model=model,
@@ -165,9 +201,9 @@ def parse_result(raw: object, model: str, machine: MachineFingerprint, gpus: Gpu
         drive=drive,
         gpus=gpus.gpus,
         gpu_note=gpus.note,
-        settings=dict(raw["settings"]),
+        settings=settings,
         reasons=reasons,
-        raw={k: raw[k] for k in ("machine", "settings", "reasons") if k in raw},
+        raw={"machine": raw["machine"], "settings": settings, "reasons": reasons},
     )
 
 
@@ -208,18 +244,10 @@ class AutotuneRunner:
         argv = [*self.command, "autotune", str(model), "--json"]
         if self.probe_bytes:
             argv += ["--probe-bytes", self.probe_bytes]
-        if self.ctx:
-            argv += ["--ctx", str(self.ctx)]
+        argv += ["--ctx", str(self.ctx or self.context(model))]  # the KV cache the model will be served with
         gpu_task = asyncio.ensure_future(asyncio.to_thread(nvidia_vram))
-        extra: dict[str, Any] = {"creationflags": 0x00000200} if os.name == "nt" else {"start_new_session": True}
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                **extra,
-            )
+            proc = await _spawn(argv, asyncio.subprocess.PIPE)
         except OSError as e:
             gpu_task.cancel()
             raise AutotuneError(f"Autotune could not be started: {argv[0]}: {e.strerror or e}.") from None
@@ -249,8 +277,59 @@ class AutotuneRunner:
         except ValueError:
             raw = None
         result = parse_result(raw, str(model), self.files.machine, gpus, time.time())
-        write_json_atomic(self.files.autotune_path(model), result.to_json())
+        if on_progress is not None:
+            on_progress(f"measuring decode speed: {DECODE_PROBE_TOKENS} tokens")
+        decode = await self._probe_decode(model, flag_args({**result.flag_values(), "ctx": 256}))
+        result = dataclasses.replace(result, decode=decode)
+        await asyncio.to_thread(write_json_atomic, self.files.autotune_path(model), result.to_json())
         return result
+
+    async def _probe_decode(self, model: Path, flags: list[str]) -> dict[str, Any] | None:
+        """A short decode with the chosen flags (`tokenwing run --stats-json`): the engine's compute per token
+        on this machine, the drive's wait taken out, for a model of this shape (`inspect --json`). None when it
+        cannot be measured (the estimate then keeps its defaults)."""
+        with tempfile.TemporaryDirectory(prefix="runmyai-decode-") as tmp:
+            stats_path = Path(tmp) / "stats.json"
+            run = [*self.command, "run", str(model), "--prompt", "The", "-n", str(DECODE_PROBE_TOKENS), "--temp", "0"]
+            code, _ = await self._run_quiet([*run, "--stats-json", str(stats_path), *flags])
+            stats = read_json(stats_path) if code == 0 else None
+        code, out = await self._run_quiet([*self.command, "inspect", "--json", str(model)])
+        try:
+            info = json.loads(out) if code == 0 else None
+            assert stats is not None and isinstance(info, dict)
+            tps = float(stats["decode_tokens_per_s"])
+            wait = float(stats.get("ssd_wait_ms_per_token") or 0.0) / 1000
+            active = int(info["resident"]["read_per_token_bytes"]) + int(info["experts"]["miss_bytes_per_token"])
+            return {
+                "model": model.name,
+                "tokens": int(stats["decode_tokens"]),
+                "tokens_per_s": tps,
+                "compute_s": max(1e-5, 1 / tps - wait),
+                "layers": int(info["block_count"]),
+                "active_bytes": active,
+                "streamed": float(stats.get("hit_rate") or 1.0) < 0.999,
+            }
+        except (AssertionError, KeyError, TypeError, ValueError, ZeroDivisionError):
+            return None
+
+    async def _run_quiet(self, argv: list[str]) -> tuple[int, str]:
+        """An engine command's exit code and stdout; killed with its group when cancelled or past the timeout."""
+        try:
+            proc = await _spawn(argv, asyncio.subprocess.DEVNULL)
+        except OSError:
+            return -1, ""
+        self.pid = proc.pid
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), DECODE_PROBE_TIMEOUT_S)
+        except TimeoutError:
+            await self._kill(proc)
+            return -1, ""
+        except BaseException:
+            await self._kill(proc)
+            raise
+        finally:
+            self.pid = None
+        return proc.returncode or 0, out.decode("utf-8", "replace")
 
     @staticmethod
     async def _progress(
@@ -302,7 +381,7 @@ class AutotuneRunner:
         note = str(meta.get("gpu_note") or ("no NVIDIA GPU" if not gpus else ""))
         when = meta.get("measured_at")
         try:
-            return parse_result(
+            result = parse_result(
                 data,
                 str(meta.get("model") or model),
                 self.files.machine,
@@ -311,6 +390,8 @@ class AutotuneRunner:
             )
         except AutotuneError:
             return None
+        decode = meta.get("decode")
+        return dataclasses.replace(result, decode=decode if isinstance(decode, dict) else None)
 
     def overrides(self, model: Path) -> dict[str, FlagValue]:
         data = read_json(self.files.overrides_path(model)) or {}
@@ -344,5 +425,15 @@ class AutotuneRunner:
         values.update(self.overrides(model))
         return values
 
-    def serve_flags(self, model: Path) -> list[str]:
-        return flag_args(self.merged(model))
+    def context(self, model: Path, model_context: int | None = None) -> int:
+        """The chat context for this model: the user's `ctx` override, else DEFAULT_CONTEXT (at most the model's)."""
+        chosen = self.overrides(model).get("ctx")
+        with contextlib.suppress(TypeError, ValueError):
+            if chosen is not None and not isinstance(chosen, bool) and int(chosen) > 0:
+                return int(chosen)
+        return min(DEFAULT_CONTEXT, model_context) if model_context else DEFAULT_CONTEXT
+
+    def serve_flags(self, model: Path, model_context: int | None = None) -> list[str]:
+        values = self.merged(model)
+        values["ctx"] = self.context(model, model_context)
+        return flag_args(values)

@@ -14,18 +14,14 @@ a portable install moved to another computer does not reuse another machine's me
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
-import os
 import re
 import socket
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runmyai.library.machine import cpu_info, ram_info
+from runmyai.machine import cpu_info, ram_info
 
 
 @dataclass(frozen=True)
@@ -60,30 +56,6 @@ def model_key(model: Path) -> str:
     name = Path(resolved).name.removesuffix(".gguf").removesuffix(".tw")
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:60] or "model"
     return f"{slug}-{hashlib.sha256(resolved.encode()).hexdigest()[:8]}"
-
-
-def write_json_atomic(path: Path, data: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".partial", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from a file; None when missing, unreadable or not an object (a damaged file is ignored)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 class SettingsFiles:

@@ -34,6 +34,7 @@ from typing import IO, Any, Literal, TypeVar
 
 import httpx
 
+from runmyai.jsonfile import write_json_atomic
 from runmyai.library.hub import (
     HubClient,
     HubError,
@@ -72,6 +73,7 @@ class DownloadStatus:
     eta_s: float | None
     message: str
     dest: Path | None
+    error_kind: str | None = None  # for "failed": the HubError kind (corrupt, network, no_space, …)
 
 
 class _Retry(Exception):
@@ -126,12 +128,6 @@ def _fsync_file(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
-
-
 class DownloadManager:
     """Downloads hub files into `models_dir`, one queue, `max_parallel` at a time; see the module docstring."""
 
@@ -168,18 +164,30 @@ class DownloadManager:
     # --- public API --------------------------------------------------------------------------------------
 
     def dest_for(self, repo: str, path: str) -> Path:
-        """Where a finished file goes: `models_dir/<owner>/<name>/<path in repo>`."""
+        """Where a finished file goes by default: `models_dir/<owner>/<name>/<path in repo>`."""
         _check_repo(repo)
         _check_path(path)
         return self.models_dir.joinpath(*repo.split("/"), *path.split("/"))
 
     def enqueue(
-        self, repo: str, path: str, revision: str = "main", sha256: str | None = None, size: int | None = None
+        self,
+        repo: str,
+        path: str,
+        revision: str = "main",
+        sha256: str | None = None,
+        size: int | None = None,
+        *,
+        dest: Path | None = None,
     ) -> str:
         """Queues a file (raises `HubError` for an invalid name); the same file twice gives the same id.
 
-        Enqueuing a paused or failed download resumes it from its partial file."""
-        dest = self.dest_for(repo, path)
+        `dest`: an absolute path for the finished file instead of `dest_for` (a model's shards go to its job
+        folder, not the models folder). Enqueuing a paused or failed download resumes it from its partial file."""
+        if dest is not None and not dest.is_absolute():
+            raise HubError(f"“{dest}” is not an absolute path for {path}.", "other")
+        dest = dest if dest is not None else self.dest_for(repo, path)
+        _check_repo(repo)
+        _check_path(path)
         expected_sha = normalize_sha256(sha256) if sha256 is not None else None
         if sha256 is not None and expected_sha is None:
             raise HubError(f"“{sha256}” is not a sha256 checksum.", "malformed")
@@ -187,6 +195,7 @@ class DownloadManager:
         id_ = download_id(repo, path, revision)
         item = self._items.get(id_)
         if item is not None and item.status.state not in TERMINAL:
+            item.status.dest = dest
             item.sha256 = expected_sha or item.sha256
             item.size = expected_size if expected_size is not None else item.size
             item.status.total_bytes = item.size
@@ -201,6 +210,7 @@ class DownloadManager:
         else:
             item.sha256, item.size = expected_sha, expected_size
             item.status.total_bytes = expected_size
+            item.status.dest = dest
             item.status.done_bytes = self._part_size(id_)
         self._set(item, "queued", "Waiting…")
         self._save_state_sync(item)
@@ -325,16 +335,27 @@ class DownloadManager:
             "revision": item.revision,
             "sha256": item.sha256,
             "size": item.size,
+            "dest": str(st.dest) if st.dest is not None else None,
         }
 
     def _save_state_sync(self, item: _Item) -> None:
-        try:
-            _write_json_atomic(self._json(item.status.id), self._state_dict(item))
-        except OSError as exc:
-            log.warning("could not save download state for %s: %s", item.status.id, exc)
+        """Saves the state from the loop without waiting on the drive (the write fsyncs): through the I/O thread,
+        which also keeps it in order with the download's own writes; directly before `start()`."""
+        path, data = self._json(item.status.id), self._state_dict(item)
+
+        def write() -> None:
+            try:
+                write_json_atomic(path, data)
+            except OSError as exc:
+                log.warning("could not save download state for %s: %s", path.stem, exc)
+
+        if self._io_pool is not None:
+            self._io_pool.submit(write)
+        else:
+            write()
 
     async def _save_state(self, item: _Item) -> None:
-        await self._io(_write_json_atomic, self._json(item.status.id), self._state_dict(item))
+        await self._io(write_json_atomic, self._json(item.status.id), self._state_dict(item))
 
     def _restore(self) -> None:
         for path in sorted(self.state_dir.glob("*.json")):
@@ -345,7 +366,10 @@ class DownloadManager:
                 repo, rel, revision = data["repo"], data["path"], data["revision"]
                 if not all(isinstance(v, str) for v in (repo, rel, revision)):
                     raise ValueError("bad names")
-                dest = self.dest_for(repo, rel)
+                saved_dest = data.get("dest")
+                if saved_dest is not None and (not isinstance(saved_dest, str) or not Path(saved_dest).is_absolute()):
+                    raise ValueError("bad destination")
+                dest = Path(saved_dest) if saved_dest else self.dest_for(repo, rel)
                 id_ = download_id(repo, rel, revision)
                 if data.get("id") != id_ or path.stem != id_:
                     raise ValueError("id mismatch")
@@ -385,6 +409,8 @@ class DownloadManager:
         st = item.status
         st.state = state
         st.message = message
+        if state != "failed":
+            st.error_kind = None
         if state != "downloading":
             st.speed_bps, st.eta_s = 0.0, None
         if state in TERMINAL:
@@ -446,10 +472,12 @@ class DownloadManager:
                 item.status.done_bytes = 0
             else:
                 item.status.done_bytes = self._part_size(id_)
+            item.status.error_kind = exc.kind
             self._set(item, "failed", str(exc))
         except Exception as exc:
             log.exception("download %s failed", id_)
             item.status.done_bytes = self._part_size(id_)
+            item.status.error_kind = "other"
             self._set(item, "failed", f"Download of {item.status.path} failed unexpectedly ({type(exc).__name__}).")
         finally:
             item.task = None

@@ -1,39 +1,159 @@
 """ "Will it run here?": an estimate of decode speed before any download, from the math of MoE streaming.
 
-Pure functions over a `Preset` and a `MachineInfo`. The model (docs/app-library.md has the derivation):
+Pure functions over a `Footprint` (from a preset's published facts, or from the engine's plan of a GGUF), a
+`MachineInfo` and the installed engine's `EngineInfo`. The model (docs/app-library.md has the derivation):
 
 * A token reads `active bytes` of weights: the always-used part (attention, shared experts, routers, dense
   layers, output head) plus top_k routed experts in every MoE layer.
-* The expert cache gets what memory is left after other apps (HEADROOM), the engine's own buffers and KV cache
-  (ENGINE_RESERVE) and the always-loaded part of the file; never less than top_k slots per layer (the engine's
-  minimum). It holds a share f of all routed experts.
+* The expert cache gets what memory is left after other apps (the engine's own headroom), the engine's buffers
+  and the KV cache of the chosen context (ENGINE_RESERVE + kv) and the always-loaded part of the file; never
+  less than top_k slots per layer (the engine's minimum). It holds a share f of all routed experts.
 * Expected hit rate h = f ** HIT_EXPONENT (an assumption: routing is skewed, so a cache holding a share f of
   the experts serves more than f of the requests; see HIT_EXPONENT).
-* Time per token = misses / drive speed + active bytes / memory bandwidth, added up with no overlap: the
-  engine overlaps them, so this errs on the slow side.
+* Time per token = compute + the wait for the drive. Compute: active bytes / memory bandwidth + the engine's
+  own work per layer and per token, times `stream_factor` while experts stream (streamed experts are computed
+  in the file's layout, and the reads take CPU). Wait: misses / drive speed × (1 − `hidden_io`), the share of
+  the reads the engine does not hide behind compute (lookahead prefetch, reads overlapping compute).
+  All of it is a `Calibration`: fitted on this machine class by bench/estimate_bench.py, rescaled by what the
+  autotuner measures on this machine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from runmyai.library.machine import MachineInfo
-from runmyai.library.presets import ENGINE_ARCHS, Preset
+from runmyai.engine.autotune import DEFAULT_CONTEXT
+from runmyai.engine.info import EngineInfo
+from runmyai.library.presets import Preset
+from runmyai.machine import MachineInfo
+from runmyai.units import human_bytes as hb
 
-GIB = 1 << 30
-HEADROOM = 512 << 20  # left free for other apps (Run My AI's presets' headroom, spec section 4)
-ENGINE_RESERVE = 1 << 30  # KV cache at a 4k context, compute buffers and the engine process itself
+ENGINE_RESERVE = 256 << 20  # the engine process (Python, ggml), compute buffers, prompt working memory
 DISK_MARGIN = 256 << 20  # kept free beyond the file itself
 DEFAULT_DRIVE_BPS = 1.0e9  # unmeasured drive: a modest NVMe (our virtual dev disk measures 1.0-1.3 GB/s)
-DEFAULT_MEM_BPS = 20e9  # unmeasured RAM: effective CPU read bandwidth of dual-channel DDR4, conservatively
-# Hit rate vs cache share: h = f ** 0.5. Measured on the bench model (docs/results.md, engine table): 53 % hits
-# under a 25 % memory cap and 71 % under 40 %, where the cap also holds the rest of the process, so the cache's
-# share was smaller still; sqrt gives 50 % and 63 % at 25 % and 40 %: a little below the measurements on purpose.
-HIT_EXPONENT = 0.5
+# Hit rate vs cache share: h = f ** 0.3. Measured: the built-in model with 25 % and 40 % of its experts in RAM
+# hits 71 % and 81 % (0.25 ** 0.25, 0.40 ** 0.23); the bench model (docs/results.md, engine table) 52 % and 72 %
+# under 25 % and 40 % memory caps, where the caps also hold the process and the resident weights (cache shares
+# of about 15 % and 31 %: 0.15 ** 0.35, 0.31 ** 0.28). 0.3 sits in the middle, slightly low for the small model.
+HIT_EXPONENT = 0.3
 RUNS_WELL_TOKENS_PER_S = 5.0  # about reading speed
 
 Verdict = Literal["runs_well", "runs_slowly", "no_disk_space", "unsupported"]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The engine's own cost per decoded token beyond reading weights, and the memory bandwidth it gets."""
+
+    per_layer_s: float  # graph building, kernel launches and synchronisation per layer of one token
+    per_token_s: float  # sampling, the output head's softmax, the HTTP stream, Python
+    mem_bps: float  # effective bandwidth of the weight reads (a token's active bytes)
+    source: str  # "measured by the autotuner on this machine" / "a default for this machine class"
+    stream_factor: float = 2.0  # compute while experts stream, over compute with every expert in RAM
+    hidden_io: float = 0.7  # share of the drive's read time hidden behind compute
+
+    def scaled(self, k: float, source: str) -> Calibration:
+        """The same shape of costs on a machine k times slower at computing (the autotuner measures k)."""
+        return Calibration(
+            self.per_layer_s * k, self.per_token_s * k, self.mem_bps / k, source, self.stream_factor, self.hidden_io
+        )
+
+
+# Defaults for this machine class (a 2-core x86-64 VM), fitted to the engine's measured decode (docs/results.md,
+# "The estimate"): in RAM the built-in model (6 layers, ~5 MB read a token) at 177-247 tok/s and the bench model
+# (12 layers, ~300 MB a token) at 55.8 tok/s give the per-layer and per-token work with the weights read at
+# ~30 GB/s; under 40 % and 25 % caps the bench model's non-waiting time was 2.1x and 2.0x its time in RAM
+# (stream_factor) and its SSD wait 28 % and 32 % of its misses' read time at the probed drive speed (hidden_io).
+DEFAULT_CALIBRATION = Calibration(
+    per_layer_s=0.55e-3,
+    per_token_s=1.3e-3,
+    mem_bps=30e9,
+    source="a default for this class of machine (the autotuner measures this one)",
+    stream_factor=2.0,
+    hidden_io=0.7,
+)
+
+
+def calibration_for(machine: MachineInfo) -> Calibration:
+    """This machine's costs: the defaults of its class, scaled by the decode the autotuner measured here."""
+    c = DEFAULT_CALIBRATION
+    p = machine.decode_probe
+    if p is None:
+        return c
+    predicted = (c.per_token_s + p.layers * c.per_layer_s + p.active_bytes / c.mem_bps) * (
+        c.stream_factor if p.streamed else 1.0
+    )
+    k = min(20.0, max(0.2, p.compute_s / predicted))
+    return c.scaled(k, f"measured by the autotuner on {p.model}: {k:.2f}x this machine class's default")
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What the estimate needs to know of a model, whether it comes from a preset or from a GGUF's header."""
+
+    arch: str
+    size_bytes: int  # the repacked file
+    layers: int
+    moe_layers: int
+    experts: int  # routed experts per MoE layer
+    top_k: int
+    shared_experts: int
+    expert_bytes: int  # one routed expert as stored in the repacked file
+    dense_bytes_per_token: int  # always-used weights a token reads (attention, shared experts, dense layers, head)
+    kv_bytes_per_token: int  # the KV cache one token of context takes (F16)
+
+    @property
+    def expert_total_bytes(self) -> int:
+        """All routed experts of all MoE layers: what is streamed from the drive."""
+        return self.moe_layers * self.experts * self.expert_bytes
+
+    @property
+    def resident_bytes(self) -> int:
+        """Everything else in the file (attention, shared experts, dense layers, embeddings): always loaded."""
+        return max(0, self.size_bytes - self.expert_total_bytes)
+
+
+def preset_footprint(preset: Preset) -> Footprint:
+    """A preset's published facts as a footprint (the always-used part from its active parameters)."""
+    f = preset.facts
+    bytes_per_param = preset.expert_bytes / f.expert_params
+    dense_params = max(0.0, f.active_params - f.moe_layers * f.top_k * f.expert_params)
+    return Footprint(
+        arch=f.arch,
+        size_bytes=preset.size_bytes,
+        layers=f.layers,
+        moe_layers=f.moe_layers,
+        experts=f.experts,
+        top_k=f.top_k,
+        shared_experts=f.shared_experts,
+        expert_bytes=preset.expert_bytes,
+        dense_bytes_per_token=round(dense_params * bytes_per_param),
+        kv_bytes_per_token=f.kv_bytes_per_token,
+    )
+
+
+def footprint_from_inspect(model: Mapping[str, Any], output_bytes: int) -> Footprint:
+    """What the engine says of a model (`tokenwing inspect --json`, also the `model` part of a repack plan) as
+    a footprint; KeyError/TypeError/ValueError when the answer lacks a part."""
+    ex = model["experts"]
+    layers = ex.get("layers") or []
+    record = round(sum(int(el["record_bytes"]) for el in layers) / max(1, len(layers))) if layers else 0
+    streamed = len(ex["streamed_layers"])
+    block_count = model.get("block_count")
+    return Footprint(
+        arch=str(model["architecture"]),
+        size_bytes=output_bytes,
+        layers=int(block_count) if isinstance(block_count, int) else streamed,
+        moe_layers=streamed,
+        experts=int(ex["count"]),
+        top_k=int(ex["used_per_token"]),
+        shared_experts=int(model.get("shared_experts") or 0),
+        expert_bytes=record,
+        dense_bytes_per_token=int(model["resident"].get("read_per_token_bytes", model["resident"]["bytes"])),
+        kv_bytes_per_token=int(model.get("kv_bytes_per_token") or 0),
+    )
 
 
 @dataclass(frozen=True)
@@ -43,12 +163,12 @@ class Estimate:
     reasons: tuple[str, ...]  # the reasoning, one human line each, starting with "This is an estimate"
     hit_rate: float
     cache_bytes: int
-    # the parts, for the UI's details (added to the contract)
     active_bytes: int = 0
     miss_bytes: float = 0.0
     io_seconds: float = 0.0
     compute_seconds: float = 0.0
     fits_in_memory: bool = True  # the always-loaded part plus the smallest cache fit in usable RAM
+    cache_share: float = 1.0  # the expert cache's share of all routed experts
 
 
 def hit_rate(cache_share: float) -> float:
@@ -60,61 +180,74 @@ def hit_rate(cache_share: float) -> float:
     return float(cache_share**HIT_EXPONENT)
 
 
-def active_bytes(preset: Preset) -> tuple[int, int]:
-    """(always-used bytes a token reads, routed-expert bytes a token reads) at the preset's quant."""
-    f = preset.facts
-    expert_bytes_per_token = f.moe_layers * f.top_k * preset.expert_bytes
-    bytes_per_param = preset.expert_bytes / f.expert_params
-    dense_params = max(0.0, f.active_params - f.moe_layers * f.top_k * f.expert_params)
-    return round(dense_params * bytes_per_param), expert_bytes_per_token
+def active_bytes(fp: Footprint) -> tuple[int, int]:
+    """(always-used bytes a token reads, routed-expert bytes a token reads)."""
+    return fp.dense_bytes_per_token, fp.moe_layers * fp.top_k * fp.expert_bytes
 
 
-def estimate(preset: Preset, machine: MachineInfo, *, installed: bool = False) -> Estimate:
-    """Decode tokens/s of `preset` on `machine`, with the reasoning. `installed`: skip the disk-space check."""
-    f = preset.facts
+def estimate(
+    model: Preset | Footprint,
+    machine: MachineInfo,
+    engine: EngineInfo,
+    *,
+    installed: bool = False,
+    context: int = DEFAULT_CONTEXT,
+    calibration: Calibration | None = None,
+    disk_needed: int | None = None,
+    budget_share: float | None = None,
+) -> Estimate:
+    """Decode tokens/s of a model on `machine`, with the reasoning. `installed`: skip the disk-space check;
+    `disk_needed`: what the download needs at its peak (default: the repacked file); `budget_share`: the
+    engine is told to keep this share of the experts in RAM (`--ram-budget 25%`), when less than fits."""
+    fp = preset_footprint(model) if isinstance(model, Preset) else model
     reasons = ["This is an estimate from the model's shape and this machine, not a measurement."]
 
-    dense_tok, experts_tok = active_bytes(preset)
+    dense_tok, experts_tok = active_bytes(fp)
     active = dense_tok + experts_tok
     reasons.append(
-        f"Each token reads {_gb(active)} of weights: {_gb(dense_tok)} always used (attention, routers, "
-        f"{'shared experts, ' if f.shared_experts else ''}output) + {f.top_k} experts × {f.moe_layers} layers × "
-        f"{_mb(preset.expert_bytes)}."
+        f"Each token reads {hb(active)} of weights: {hb(dense_tok)} always used (attention, routers, "
+        f"{'shared experts, ' if fp.shared_experts else ''}output) + {fp.top_k} experts × {fp.moe_layers} layers × "
+        f"{_mb(fp.expert_bytes)}."
     )
-    experts_all = preset.expert_total_bytes
-    resident = preset.resident_bytes
+    experts_all = fp.expert_total_bytes
+    resident = fp.resident_bytes
     reasons.append(
-        f"The file is {_gb(preset.size_bytes)}: {_gb(experts_all)} of routed experts streamed from the drive "
-        f"({f.experts} per layer), {_gb(resident)} always loaded."
+        f"The file is {hb(fp.size_bytes)}: {hb(experts_all)} of routed experts streamed from the drive "
+        f"({fp.experts} per layer), {hb(resident)} always loaded."
     )
 
     # ---- memory → cache size → hit rate
     # The headroom for other apps comes off free RAM, not off a memory limit (they live outside the group).
-    room = machine.ram_available - HEADROOM
+    headroom = engine.headroom_bytes
+    room = machine.ram_available - headroom
     limit_note = ""
     if machine.ram_limit is not None:
         room = min(room, machine.ram_limit - machine.ram_limit_used)
-        limit_note = f" ({_gb(machine.ram_limit - machine.ram_limit_used)} left under the memory limit)"
-    budget = room - ENGINE_RESERVE - resident
-    minimum = f.moe_layers * f.top_k * preset.expert_bytes
+        limit_note = f" ({hb(machine.ram_limit - machine.ram_limit_used)} left under the memory limit)"
+    kv = fp.kv_bytes_per_token * context
+    budget = room - ENGINE_RESERVE - kv - resident
+    minimum = fp.moe_layers * fp.top_k * fp.expert_bytes
     fits = budget >= minimum
     cache = int(min(max(budget, minimum), experts_all))
+    if budget_share is not None:
+        cache = max(minimum, min(cache, int(budget_share * experts_all)))
     share = cache / experts_all if experts_all else 1.0
     hits = hit_rate(share)
     reasons.append(
-        f"Memory: {_gb(machine.ram_available)} available{limit_note}; after {_gb(HEADROOM)} for other apps, "
-        f"{_gb(ENGINE_RESERVE)} for the context and buffers and {_gb(resident)} always loaded, the expert cache "
-        f"gets {_gb(cache)}: {share:.0%} of the experts."
+        f"Memory: {hb(machine.ram_available)} available{limit_note}; after {hb(headroom)} for other apps, "
+        f"{hb(kv)} for a {context:,}-token context, {hb(ENGINE_RESERVE)} for buffers and {hb(resident)} "
+        f"always loaded, the expert cache gets {hb(cache)}: {share:.0%} of the experts."
     )
     if not fits:
         reasons.append(
-            f"That is less than the engine's smallest cache ({_gb(minimum)}, {f.top_k} experts per layer): the "
+            f"That is less than the engine's smallest cache ({hb(minimum)}, {fp.top_k} experts per layer): the "
             "system will page memory, so expect it to be slower than this estimate."
         )
-    gpu_vram = sum(g.vram_free for g in machine.gpus)
-    if machine.gpus:
+    gpus = [d for d in engine.devices if d.get("kind") not in (None, "cpu")]
+    if machine.gpus and not gpus:
+        vram = sum(g.vram_free for g in machine.gpus)
         reasons.append(
-            f"GPU: {len(machine.gpus)} with {_gb(gpu_vram)} free VRAM; this engine version doesn't use GPUs yet, "
+            f"GPU: {len(machine.gpus)} with {hb(vram)} free VRAM; the installed engine does not use GPUs, "
             "so VRAM is not counted."
         )
     if hits >= 1.0:
@@ -126,42 +259,49 @@ def estimate(preset: Preset, machine: MachineInfo, *, installed: bool = False) -
         )
 
     # ---- time per token
+    cal = calibration if calibration is not None else calibration_for(machine)
     miss = experts_tok * (1.0 - hits)
     drive = machine.drive_read_bps
     drive_bps = drive if drive and drive > 0 else DEFAULT_DRIVE_BPS
-    io_s = miss / drive_bps
+    io_s = miss / drive_bps * (1.0 - cal.hidden_io)
     if miss > 0:
         how = "measured" if drive else "assumed; not measured yet"
         reasons.append(
-            f"Drive: {_gb(miss)} of misses per token at {drive_bps / 1e9:.2f} GB/s ({how}) → "
-            f"{io_s * 1000:.0f} ms per token waiting for reads."
+            f"Drive: {hb(miss)} of misses per token at {drive_bps / 1e9:.2f} GB/s ({how}), "
+            f"{cal.hidden_io:.0%} of it hidden behind compute → {io_s * 1000:.0f} ms per token waiting for reads."
         )
-    mem = machine.mem_bandwidth_bps
-    mem_bps = mem if mem and mem > 0 else DEFAULT_MEM_BPS
-    compute_s = active / mem_bps
+    mem = machine.mem_bandwidth_bps or cal.mem_bps
+    read_s = active / mem
+    work_s = cal.per_token_s + fp.layers * cal.per_layer_s
+    streaming = hits < 1.0
+    compute_s = (read_s + work_s) * (cal.stream_factor if streaming else 1.0)
     reasons.append(
-        f"Compute: {_gb(active)} read from memory at {mem_bps / 1e9:.0f} GB/s "
-        f"({'measured' if mem else 'a conservative assumption'}) → {compute_s * 1000:.0f} ms per token."
+        f"Compute: {hb(active)} read from memory at {mem / 1e9:.0f} GB/s ({read_s * 1000:.1f} ms) + the engine's "
+        f"work for {fp.layers} layers ({work_s * 1000:.1f} ms)"
+        + (f", ×{cal.stream_factor:g} while experts stream" if streaming else "")
+        + f" → {compute_s * 1000:.1f} ms per token ({cal.source})."
     )
     seconds = io_s + compute_s
     tps = 1.0 / seconds if seconds > 0 else 0.0
-    reasons.append(f"About {tps:.1f} tokens/s ({seconds * 1000:.0f} ms per token, reads and compute not overlapped).")
+    reasons.append(f"About {tps:.1f} tokens/s ({seconds * 1000:.0f} ms per token).")
 
     # ---- disk and verdict
-    need = preset.size_bytes + DISK_MARGIN
+    need = (disk_needed if disk_needed is not None else fp.size_bytes) + DISK_MARGIN
     disk_ok = installed or machine.disk_free >= need
     if not installed:
         reasons.append(
-            f"Disk: needs {_gb(preset.size_bytes)}; {_gb(machine.disk_free)} free in the models folder"
-            + ("." if disk_ok else f" — {_gb(need - machine.disk_free)} short.")
+            f"Disk: needs {hb(need - DISK_MARGIN)}; {hb(machine.disk_free)} free in the models folder"
+            + ("." if disk_ok else f" — {hb(need - machine.disk_free)} short.")
         )
     verdict: Verdict
-    if preset.engine_support != "supported":
+    if not engine.runs(fp.arch):
         verdict = "unsupported"
-        reasons.append(
-            f"Not yet: this version of the engine runs {', '.join(sorted(ENGINE_ARCHS))}; the {f.arch} "
-            "architecture is planned."
-        )
+        if engine.known:
+            reasons.append(
+                f"Not yet: the installed engine runs {', '.join(sorted(engine.architectures))}; not {fp.arch}."
+            )
+        else:
+            reasons.append(f"Unknown: {engine.error}.")
     elif not disk_ok:
         verdict = "no_disk_space"
         reasons.append("Won't fit on disk: free some space or choose a models folder on another drive.")
@@ -186,16 +326,9 @@ def estimate(preset: Preset, machine: MachineInfo, *, installed: bool = False) -
         io_seconds=io_s,
         compute_seconds=compute_s,
         fits_in_memory=fits,
+        cache_share=share,
     )
 
 
-def _gb(n: float) -> str:
-    if abs(n) >= 1e9:
-        return f"{n / 1e9:.1f} GB"
-    if abs(n) >= 1e6:
-        return f"{n / 1e6:.0f} MB"
-    return f"{n / 1e3:.0f} kB"
-
-
 def _mb(n: float) -> str:
-    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+    return f"{n / 1e6:.2f} MB" if n >= 1e6 else hb(n)

@@ -380,6 +380,37 @@ class HubClient:
         size = checked_size(getattr(meta, "size", None), path)
         return HubFile(repo, path, revision, size, normalize_sha256(getattr(meta, "etag", None)))
 
+    async def read_prefix(self, repo: str, path: str, length: int, revision: str = "main") -> bytes:
+        """The first `length` bytes of a file (fewer when it is shorter), with an HTTP range request: a GGUF's
+        header without its tensor data. A server that ignores Range is read only that far, then closed."""
+        url = self.url(repo, path, revision)
+        what = f"the start of “{path}” ({repo})"
+        self._require_online(what)
+        headers = await self.download_headers()
+        headers["Range"] = f"bytes=0-{max(0, length - 1)}"
+        out = bytearray()
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                client = await asyncio.to_thread(
+                    httpx.AsyncClient, follow_redirects=True, timeout=HTTP_TIMEOUT, max_redirects=10
+                )
+                async with client, client.stream("GET", url, headers=headers) as response:
+                    if response.status_code >= 400:
+                        code = header_error_code(response.headers)
+                        raise error_from_status(response.status_code, what=what, error_code=code)
+                    # a 206 ends where asked (read to its end: leaving httpcore's stream mid-way leaves it for the
+                    # garbage collector); a 200 is the whole file: read only as far as needed
+                    partial = response.status_code == 206
+                    async for chunk in response.aiter_bytes():
+                        out += chunk
+                        if len(out) > length or (len(out) == length and not partial):
+                            break
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise error_from_exception(exc, what=what, endpoint=self.endpoint) from None
+        return bytes(out[:length])
+
 
 def parse_content_range(value: str | None) -> tuple[int, int, int | None] | None:
     """`bytes START-END/TOTAL` → (start, end, total or None for `*`); None when absent or malformed."""

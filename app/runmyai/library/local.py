@@ -13,13 +13,13 @@ import json
 import os
 import re
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from runmyai.engine.command import engine_command
-from runmyai.engine.settings import write_json_atomic
+from runmyai.jsonfile import write_json_atomic
 from runmyai.library.presets import Preset
 from runmyai.units import human_bytes
 
@@ -56,6 +56,7 @@ class LocalModel:
     arch: str | None
     bundled: bool
     error: str | None = None  # the file is listed but can't be used: why (one sentence)
+    facts: Mapping[str, Any] | None = None  # what `tokenwing inspect --json` said (the estimate's input)
 
 
 def repacked_name(source: Path) -> str:
@@ -89,7 +90,7 @@ class LocalLibrary:
         cache = self._load_cache()
         models = await asyncio.gather(*(self._describe(p, cache) for p in paths))
         keys = [self._key(p) for p in paths]
-        self._save_cache({k: cache[k] for k in keys if k in cache})
+        await asyncio.to_thread(self._save_cache, {k: cache[k] for k in keys if k in cache})
         return sorted((m for m in models if m is not None), key=lambda m: (not m.bundled, m.name.lower()))
 
     def _model_paths(self) -> list[Path]:
@@ -119,6 +120,7 @@ class LocalLibrary:
                     entry["error"] = "not a TokenWing model file (import the GGUF instead of copying it)"
                 entry["arch"] = info.get("architecture")
                 entry["name"] = info.get("name")
+                entry["facts"] = _facts(info)
             except LibraryError as e:
                 entry["error"] = str(e)
                 if e.exit_code is None:  # the engine didn't run (not the file's fault): ask again next scan
@@ -137,18 +139,26 @@ class LocalLibrary:
             arch=entry.get("arch"),
             bundled=(preset is not None and preset.source == "bundled") or path.name == DEMO_FILE,
             error=entry.get("error"),
+            facts=entry.get("facts") if isinstance(entry.get("facts"), dict) else None,
         )
 
     async def _match_preset(self, path: Path, size: int, entry: dict[str, Any]) -> Preset | None:
         by_name = next((p for p in self.presets if p.file == path.name), None)
         if by_name is not None:
             return by_name
+        # repacked here from the preset's GGUF source: models/<owner>/<name>/ of that repository
+        by_source = next((p for p in self.presets if p.gguf and path.parent == self._repo_dir(p.gguf.repo)), None)
+        if by_source is not None:
+            return by_source
         candidates = [p for p in self.presets if p.sha256 and p.size_bytes == size]
         if not candidates:
             return None
         if "sha256" not in entry:
             entry["sha256"] = await asyncio.to_thread(_sha256, path)
         return next((p for p in candidates if p.sha256 == entry["sha256"]), None)
+
+    def _repo_dir(self, repo: str) -> Path:
+        return self.models_dir.joinpath(*repo.split("/"))
 
     async def inspect(self, path: Path) -> dict[str, Any]:
         """`tokenwing inspect --json PATH`, parsed; the engine's error as a LibraryError."""
@@ -196,7 +206,7 @@ class LocalLibrary:
     async def _describe_one(self, path: Path) -> LocalModel:
         cache = self._load_cache()
         model = await self._describe(path, cache)
-        self._save_cache(cache)
+        await asyncio.to_thread(self._save_cache, cache)
         if model is None:
             raise LibraryError(f"{path.name} disappeared from the models folder.")
         return model
@@ -230,6 +240,62 @@ class LocalLibrary:
             )
         report(1.0, "Done")
 
+    # ------------------------------------------------------------------------------------------ split models
+    async def plan_shards(self, manifest: Path) -> dict[str, Any]:
+        """`tokenwing repack --shards MANIFEST --plan --json`: the repacked size, the disk either path needs and
+        what `inspect` says of the model, from the shards' headers alone (or `{"headers_incomplete": [i, …]}`)."""
+        rc, out, lines = await self._run(["repack", "--shards", str(manifest), "--plan", "--json"])
+        if rc != 0:
+            raise LibraryError(f"The engine could not plan this model: {_engine_error(lines, rc)}.", rc)
+        try:
+            data = json.loads(out)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise LibraryError("The engine's plan of this model could not be read.")
+        return data
+
+    async def repack_shards(
+        self,
+        manifest: Path,
+        dest: Path,
+        on_progress: ProgressCallback | None = None,
+        *,
+        cancel: asyncio.Event | None = None,
+    ) -> dict[str, Any]:
+        """Repacks the manifest's shards that are there now into `dest`, deleting each once its data is written
+        and verified (`tokenwing repack --shards M --delete-source`). Resumable: the engine keeps its progress
+        beside `dest` (also when cancelled here), and the run that repacks the last shard renames `dest` into
+        place. Returns the engine's answer: `{"shards": N, "done": [i, …], "complete": bool}`."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        report = on_progress or (lambda fraction, message: None)
+
+        def on_line(line: str) -> None:
+            if not line.startswith("{"):
+                return
+            try:
+                rec = json.loads(line)
+                done, total = int(rec["done"]), max(int(rec["total"]), 1)
+            except (ValueError, KeyError, TypeError):
+                return
+            report(min(done / total, 1.0), f"{human_bytes(done)} of {human_bytes(total)}")
+
+        args = ["repack", "--shards", str(manifest), "-o", str(dest), "--delete-source", "--progress-json", "--json"]
+        rc, out, lines = await self._run(args, on_line, cancel)
+        if rc != 0:
+            raise LibraryError(f"Couldn't repack {dest.name}: {_engine_error(lines, rc)} (engine exit code {rc}).", rc)
+        try:
+            data = json.loads(out.strip().splitlines()[-1])
+            done = [int(i) for i in data["done"]]
+            complete = bool(data["complete"])
+        except (ValueError, KeyError, TypeError, IndexError):
+            raise LibraryError(f"The engine's answer about {dest.name} could not be read.") from None
+        return {"shards": data.get("shards"), "done": done, "complete": complete}
+
+    async def describe(self, path: Path) -> LocalModel:
+        """One model file as `scan` lists it (inspected, matched to a preset)."""
+        return await self._describe_one(path)
+
     # ------------------------------------------------------------------------------------------ demo
     def bundled_demo_source(self) -> Path | None:
         if self.bundled_dir is None:
@@ -261,7 +327,9 @@ class LocalLibrary:
         with contextlib.suppress(FileNotFoundError):
             dest.unlink()  # an older or unverified demo: ours to replace
         await self._repack([source], dest, on_progress, None)
-        write_json_atomic(stamp_path, {"source_sha256": source_sha, "size": dest.stat().st_size})
+        await asyncio.to_thread(
+            write_json_atomic, stamp_path, {"source_sha256": source_sha, "size": dest.stat().st_size}
+        )
         return await self._describe_one(dest)
 
     # ------------------------------------------------------------------------------------------ engine
@@ -372,6 +440,26 @@ def _engine_error(lines: Sequence[str], rc: int) -> str:
         if text and not text.startswith("{"):
             return text.removeprefix("tokenwing: ").rstrip(".")
     return f"the engine stopped with exit code {rc}"
+
+
+def _facts(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of `inspect --json` the estimate uses, without the per-layer table (the cache stays small)."""
+    keys = ("architecture", "block_count", "context_length", "shared_experts", "kv_bytes_per_token")
+    facts = {k: info.get(k) for k in keys}
+    experts = info.get("experts")
+    if isinstance(experts, dict):
+        layers = experts.get("layers") or []
+        records = [
+            int(el["record_bytes"]) for el in layers if isinstance(el, dict) and isinstance(el.get("record_bytes"), int)
+        ]
+        facts["experts"] = {
+            "count": experts.get("count"),
+            "used_per_token": experts.get("used_per_token"),
+            "streamed_layers": experts.get("streamed_layers"),
+            "layers": [{"record_bytes": round(sum(records) / len(records))}] if records else [],
+        }
+    facts["resident"] = info.get("resident")
+    return facts
 
 
 def _sha256(path: Path) -> str:

@@ -14,10 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
-# GGUF architecture ids of the presets; the engine runs the first three today (docs/engine.md).
-ENGINE_ARCHS = frozenset({"qwen3moe", "qwen2moe", "ernie4_5-moe"})
-KNOWN_ARCHS = ENGINE_ARCHS | {"deepseek2", "gpt-oss", "glm4moe", "bailingmoe2", "qwen3next"}
-
 # Average bits per weight of one routed expert (gate, up and down) at each quant type. Exact for the uniform
 # types; for llama.cpp's _M mixes, gate/up use the base K-quant and ffn_down uses the next type up in about
 # half the layers (llama.cpp's `use_more_bits`), so down is averaged over the two.
@@ -53,10 +49,15 @@ FLAG_DEFAULTS: dict[str, int | bool | str] = {
     "verify": False,
 }
 _POLICIES = ("decay", "lru")
+# `ram-budget`: a share of the experts ("25%") for a preset that should stream even where it fits in RAM (the
+# built-in model, so that the first screen shows streaming at work); sizes are per machine, so none here.
+_SHARE = re.compile(r"(100|[1-9]?[0-9])(\.[0-9]+)?%")
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _ID = re.compile(r"[a-z0-9][a-z0-9._-]*")
+_ARCH = re.compile(r"[a-z0-9][a-z0-9._-]*")  # a GGUF architecture id; whether the engine runs it, it says itself
+_QUANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,9 @@ class ArchFacts:
     hidden: int
     expert_ffn: int  # width of one routed expert's FFN
     context: int
+    kv_heads: int = 0  # key/value heads (0: not stated)
+    head_dim: int = 0  # width of one head
+    kv_latent: int = 0  # multi-head latent attention (DeepSeek-V3, Kimi K2): kv_lora_rank + rope dims per token
 
     @property
     def moe_layers(self) -> int:
@@ -82,6 +86,12 @@ class ArchFacts:
         """Weights of one routed expert: gate, up and down."""
         return 3 * self.hidden * self.expert_ffn
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """The F16 KV cache one token of context takes in every layer (0 when the preset does not say)."""
+        per_layer = self.kv_latent if self.kv_latent else 2 * self.kv_heads * self.head_dim
+        return 2 * self.layers * per_layer
+
 
 @dataclass(frozen=True)
 class ChatDefaults:
@@ -90,6 +100,16 @@ class ChatDefaults:
     top_k: int = 0  # 0: off
     min_p: float = 0.0
     system_prompt: str = ""
+
+
+@dataclass(frozen=True)
+class GgufSource:
+    """Where the GGUF this model is repacked from is published, and its quants (downloaded by the app itself
+    until a repacked file is published)."""
+
+    repo: str
+    quants: tuple[str, ...]
+    default: str  # the quant the repacked file is made from, and the one a download picks first
 
 
 @dataclass(frozen=True)
@@ -103,7 +123,6 @@ class Preset:
     quant: str
     facts: ArchFacts
     expert_bytes: int  # one routed expert as stored in the repacked file (4 KiB-aligned projections)
-    engine_support: Literal["supported", "planned"]
     chat: ChatDefaults
     flags: tuple[str, ...]  # engine arguments, e.g. ("--lookahead", "2", "--moe-stream-io-threads", "8", …)
     source: Literal["hub", "bundled"]
@@ -111,10 +130,19 @@ class Preset:
     measured_flags: tuple[str, ...] = ()  # the flag names whose value was measured (others: documented defaults)
     bundled_source: str | None = None  # for source = "bundled": the source GGUF, relative to resources/
     expert_bytes_stated: bool = False  # True: the preset states expert_bytes; False: computed from the quant
+    gguf: GgufSource | None = None
 
     @property
-    def supported(self) -> bool:
-        return self.engine_support == "supported"
+    def budget_share(self) -> float | None:
+        """The share of the experts the preset keeps in RAM (`ram-budget = "25%"`), None when the engine decides."""
+        if "--ram-budget" not in self.flags:
+            return None
+        return float(self.flags[self.flags.index("--ram-budget") + 1].rstrip("%")) / 100
+
+    @property
+    def published(self) -> bool:
+        """The repacked file is on the hub (its checksum is stated); until then a download uses `gguf`."""
+        return self.repo is not None and self.sha256 is not None
 
     @property
     def expert_total_bytes(self) -> int:
@@ -264,7 +292,7 @@ class _Parser:
     # ------------------------------------------------------------------------------------------ preset
     def preset(self, data: Mapping[str, Any], default_id: str) -> Preset:
         top = {"id", "name", "source", "repo", "file", "bundled_source", "size_bytes", "sha256", "quant"}
-        top |= {"engine_support", "notes", "arch", "chat", "flags"}
+        top |= {"notes", "arch", "chat", "flags", "gguf"}
         self.check_keys(data, top, "")
         preset_id = self.string(data, "id", default=default_id)
         if not _ID.fullmatch(preset_id):
@@ -295,18 +323,10 @@ class _Parser:
         if sha and not _SHA256.fullmatch(sha):
             raise self.fail("sha256", 'expected 64 hexadecimal digits, or "" until published')
         quant = self.string(data, "quant")
-        support = self.string(data, "engine_support")
-        if support not in ("supported", "planned"):
-            raise self.fail("engine_support", f"must be 'supported' or 'planned' (got {support!r})")
         notes = self.string(data, "notes", default="")
 
         facts, stated_expert_bytes = self.facts(self.table(data, "arch"))
-        if support == "supported" and facts.arch not in ENGINE_ARCHS:
-            raise self.fail(
-                "engine_support",
-                f"the engine does not run {facts.arch!r} yet (it runs {', '.join(sorted(ENGINE_ARCHS))}): "
-                "use 'planned'",
-            )
+        gguf = self.gguf(self.table(data, "gguf", required=False))
         if stated_expert_bytes is not None:
             expert_bytes = stated_expert_bytes
         elif quant in QUANT_BITS:
@@ -333,7 +353,6 @@ class _Parser:
             quant=quant,
             facts=facts,
             expert_bytes=expert_bytes,
-            engine_support=cast(Literal["supported", "planned"], support),
             chat=chat,
             flags=flags,
             source=cast(Literal["hub", "bundled"], source),
@@ -341,16 +360,36 @@ class _Parser:
             measured_flags=measured,
             bundled_source=bundled_source,
             expert_bytes_stated=stated_expert_bytes is not None,
+            gguf=gguf,
         )
+
+    def gguf(self, t: Mapping[str, Any]) -> GgufSource | None:
+        p = "gguf."
+        if not t:
+            return None
+        self.check_keys(t, {"repo", "quants", "default"}, p)
+        repo = self.string(t, "repo", p)
+        if not _REPO.fullmatch(repo):
+            raise self.fail(p + "repo", f"expected 'owner/name' (got {repo!r})")
+        quants = t.get("quants")
+        if not isinstance(quants, list) or not quants or not all(isinstance(q, str) for q in quants):
+            raise self.fail(p + "quants", "expected a list of quant names")
+        for q in quants:
+            if not _QUANT_NAME.fullmatch(q):
+                raise self.fail(p + "quants", f"{q!r} is not a quant name")
+        default = self.string(t, "default", p, default=quants[0])
+        if default not in quants:
+            raise self.fail(p + "default", f"{default!r} is not one of gguf.quants")
+        return GgufSource(repo, tuple(quants), default)
 
     def facts(self, t: Mapping[str, Any]) -> tuple[ArchFacts, int | None]:
         p = "arch."
         keys = {"arch", "total_params", "active_params", "layers", "dense_layers", "experts", "shared_experts"}
-        keys |= {"top_k", "hidden", "expert_ffn", "context", "expert_bytes"}
+        keys |= {"top_k", "hidden", "expert_ffn", "context", "expert_bytes", "kv_heads", "head_dim", "kv_latent"}
         self.check_keys(t, keys, p)
         arch = self.string(t, "arch", p)
-        if arch not in KNOWN_ARCHS:
-            raise self.fail(p + "arch", f"unknown architecture {arch!r} (known: {', '.join(sorted(KNOWN_ARCHS))})")
+        if not _ARCH.fullmatch(arch):
+            raise self.fail(p + "arch", f"{arch!r} is not a GGUF architecture id")
         total = self.number(t, "total_params", p, low=1)
         active = self.number(t, "active_params", p, low=1)
         if active > total:
@@ -368,7 +407,27 @@ class _Parser:
         ffn = self.integer(t, "expert_ffn", p, minimum=1)
         context = self.integer(t, "context", p, minimum=1)
         stated = self.integer(t, "expert_bytes", p, minimum=1) if "expert_bytes" in t else None
-        facts = ArchFacts(arch, total, active, layers, dense, experts, shared, top_k, hidden, ffn, context)
+        kv_heads = self.integer(t, "kv_heads", p, minimum=1, default=0) if "kv_heads" in t else 0
+        head_dim = self.integer(t, "head_dim", p, minimum=1, default=0) if "head_dim" in t else 0
+        kv_latent = self.integer(t, "kv_latent", p, minimum=1) if "kv_latent" in t else 0
+        if bool(kv_heads) != bool(head_dim):
+            raise self.fail(p + "kv_heads", "state arch.kv_heads and arch.head_dim together")
+        facts = ArchFacts(
+            arch,
+            total,
+            active,
+            layers,
+            dense,
+            experts,
+            shared,
+            top_k,
+            hidden,
+            ffn,
+            context,
+            kv_heads,
+            head_dim,
+            kv_latent,
+        )
         # Cross-checks of the published numbers against the shape (1 % for the rounding of "30.5B").
         if facts.moe_layers * experts * facts.expert_params > total * 1.01:
             raise self.fail(
@@ -400,8 +459,14 @@ class _Parser:
 
     def flags(self, t: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         p = "flags."
-        self.check_keys(t, set(FLAG_DEFAULTS) | {"measured"}, p)
+        self.check_keys(t, set(FLAG_DEFAULTS) | {"measured", "ram-budget"}, p)
         values: dict[str, int | bool | str] = {}
+        budget: tuple[str, ...] = ()
+        if "ram-budget" in t:
+            share = self.string(t, "ram-budget", p)
+            if not _SHARE.fullmatch(share) or float(share[:-1]) <= 0:
+                raise self.fail(p + "ram-budget", f'expected a share of the experts such as "25%" (got {share!r})')
+            budget = ("--ram-budget", share)
         for key, default in FLAG_DEFAULTS.items():
             if key not in t:
                 continue
@@ -424,7 +489,7 @@ class _Parser:
         for m in measured:
             if m not in values:
                 raise self.fail(p + "measured", f"{m!r} is not a flag set in this preset")
-        return flag_arguments(values), tuple(measured)
+        return budget + flag_arguments(values), tuple(measured)
 
 
 def _kind(value: object) -> str:

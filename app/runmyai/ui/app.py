@@ -70,6 +70,8 @@ def run_app(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             loop.run_until_complete(controller.shutdown())
             return 130
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())  # as asyncio.run does
     return result["code"]
 
 
@@ -117,6 +119,7 @@ async def self_test(controller: AppController, args: argparse.Namespace) -> int:
     version = (controller.supervisor.handshake or {}).get("version") if controller.supervisor else None
     print(
         f"runmyai self-test: ok — engine {version} at {endpoint.base_url}, "
-        f"{len(reply)} characters of reply in {time.monotonic() - started:.1f} s"
+        f"{len(reply)} characters of reply in {time.monotonic() - started:.1f} s; "
+        f"graphs: {controller.window.graphs.summary.text()}"
     )
     return 0

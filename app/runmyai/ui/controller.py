@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import html
 import os
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -20,19 +19,22 @@ from runmyai.engine.autotune import AutotuneError, AutotuneRunner
 from runmyai.engine.client import ChatClient, ChatError, ChatSettings
 from runmyai.engine.endpoint import Endpoint
 from runmyai.engine.faults import EngineError, Fault
+from runmyai.engine.info import EngineInfo, ask_engine, unknown
 from runmyai.engine.stats import StatsClient
 from runmyai.engine.supervisor import EngineState, EngineSupervisor
+from runmyai.library.acquire import AcquireError, Acquirer, Job, RepoQuants
 from runmyai.library.downloads import DownloadManager, DownloadStatus
-from runmyai.library.estimate import estimate
 from runmyai.library.hub import HubClient, HubError, HubModel
+from runmyai.library.keys import HubKey, LocalKey, PresetKey, parse_key
 from runmyai.library.local import ImportCancelled, LibraryError, LocalLibrary, LocalModel
-from runmyai.library.machine import MachineInfo, probe_machine_async
 from runmyai.library.presets import Catalog, Preset, load_catalog
+from runmyai.machine import MachineInfo, probe_machine_async
 from runmyai.paths import AppPaths, bundled_dir
+from runmyai.ui import render
 from runmyai.ui.autotune_dialog import AutotuneDialog
 from runmyai.ui.chat_panel import SamplingValues
-from runmyai.ui.library_panel import LibraryEntry, human_bytes
 from runmyai.ui.main_window import MainWindow
+from runmyai.ui.render import LibraryEntry, View
 
 STATE_WORDS: dict[EngineState, str] = {
     "stopped": "stopped",
@@ -65,12 +67,23 @@ class AppController(QObject):
         )
         self.hub = HubClient(endpoint=hub_endpoint, offline=offline or os.environ.get("HF_HUB_OFFLINE") == "1")
         self.downloads = DownloadManager(self.hub, paths.downloads, paths.models, on_change=self._on_download)
+        self.engine_info: EngineInfo = unknown("not asked yet")
+        self.acquirer = Acquirer(
+            self.hub,
+            self.downloads,
+            self.library,
+            paths.jobs,
+            engine=lambda: self.engine_info,
+            machine=lambda: self.machine,
+        )
         self.store = ConversationStore(paths.conversations_db)
         self.autotune = AutotuneRunner(paths)
         self.session = ChatSession(self.store, lambda: self.chat_client, lambda: self.model_name)
         self.machine: MachineInfo | None = None
         self.local_models: list[LocalModel] = []
         self.hub_results: list[HubModel] = []
+        self.hub_quants: dict[str, RepoQuants] = {}
+        self._quants_loading: set[str] = set()
         self.supervisor: EngineSupervisor | None = None
         self.endpoint: Endpoint | None = None  # the engine in use (local or remote)
         self.chat_client: ChatClient | None = None
@@ -78,7 +91,8 @@ class AppController(QObject):
         self.conversation_id: int | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reply_task: asyncio.Task[Any] | None = None
-        self._job: asyncio.Task[Any] | None = None  # the library's one long job (import, first-start repack)
+        self._job: asyncio.Task[Any] | None = None  # the library's one long job (import, get, first-start repack)
+        self._job_lock = asyncio.Lock()
         self._stats_task: asyncio.Task[None] | None = None
         self._engine_task: asyncio.Task[Any] | None = None
         self.ready = asyncio.Event()  # set when a model can be chatted with
@@ -91,6 +105,7 @@ class AppController(QObject):
         lib, chat = w.library, w.chat
         lib.use_requested.connect(lambda key: self.spawn(self.use_model(key)))
         lib.download_requested.connect(self._download)
+        lib.selected.connect(self._selected)
         lib.import_requested.connect(self._choose_import)
         lib.autotune_requested.connect(self._open_autotune)
         lib.search_requested.connect(lambda q: self.spawn(self.search(q)))
@@ -139,13 +154,18 @@ class AppController(QObject):
         for status in self.downloads.items():
             self._on_download(status)
         self.machine = await probe_machine_async(self.paths.models, autotune_dir=self.paths.settings)
+        self.engine_info = await ask_engine(self.paths.settings)
+        if not self.engine_info.known:
+            self.report(f"Could not ask the engine what it runs: {self.engine_info.error}.")
         await self.refresh_library()
         await self.run_job("Preparing the built-in model", self._ensure_demo)
+        if self.acquirer.unfinished():
+            self.spawn(self._resume_jobs())
 
     async def _ensure_demo(self, progress: Callable[[float, str], None]) -> None:
         demo = await self.library.ensure_bundled_demo(progress)
         if demo is not None:
-            await self.refresh_library(select=f"local:{demo.path}")
+            await self.refresh_library(select=str(LocalKey(demo.path)))
 
     async def shutdown(self) -> None:
         self.stop_reply()
@@ -163,64 +183,19 @@ class AppController(QObject):
         self.local_models = await self.library.scan()
         self.window.library.set_entries(self._entries(), select)
 
+    def _view(self) -> View:
+        return View(self.machine, self.engine_info)
+
     def _entries(self) -> list[LibraryEntry]:
-        entries = [self._local_entry(m) for m in self.local_models]
+        view = self._view()
+        entries = [
+            render.local_entry(m, self.catalog.get(m.preset_id) if m.preset_id else None, view)
+            for m in self.local_models
+        ]
         installed = {m.preset_id for m in self.local_models if m.preset_id}
-        entries += [self._preset_entry(p) for p in self.catalog.presets if p.id not in installed]
-        entries += [self._hub_entry(h) for h in self.hub_results]
+        entries += [render.preset_entry(p, view) for p in self.catalog.presets if p.id not in installed]
+        entries += [render.hub_entry(h, self.hub_quants.get(h.repo)) for h in self.hub_results]
         return entries
-
-    def _local_entry(self, m: LocalModel) -> LibraryEntry:
-        preset = self.catalog.get(m.preset_id) if m.preset_id else None
-        lines = [f"<h3>{html.escape(m.name)}</h3>", f"<p>{html.escape(str(m.path))}<br>{human_bytes(m.size_bytes)}"]
-        lines.append(f", architecture {html.escape(m.arch or '?')}</p>")
-        if m.error:
-            lines.append(f"<p style='color:#b52b27'>{html.escape(m.error)}</p>")
-        if preset is not None:
-            lines.append(self._preset_html(preset, installed=True))
-        badge = "built-in" if m.bundled else ("cannot be used" if m.error else "installed")
-        return LibraryEntry(f"local:{m.path}", m.name, badge, "".join(lines), can_use=m.error is None)
-
-    def _preset_entry(self, p: Preset) -> LibraryEntry:
-        badge = "not supported yet" if not p.supported else ("on the hub" if p.repo else "built-in (not prepared)")
-        html_text = f"<h3>{html.escape(p.name)}</h3>" + self._preset_html(p, installed=False)
-        return LibraryEntry(f"preset:{p.id}", p.name, badge, html_text, can_download=bool(p.repo and p.supported))
-
-    def _preset_html(self, p: Preset, installed: bool) -> str:
-        f = p.facts
-        facts = (
-            f"<p>{html.escape(f.arch)} · {_count(f.total_params)} parameters, {_count(f.active_params)} "
-            f"active · {f.layers} layers · {f.experts} experts, top-{f.top_k}"
-            f"{f', {f.shared_experts} shared' if f.shared_experts else ''} · expert {human_bytes(p.expert_bytes)}"
-            f" ({p.quant}) · file {human_bytes(p.size_bytes)}</p>"
-        )
-        if not p.supported:
-            facts += "<p><b>TokenWing cannot run this architecture yet.</b></p>"
-        if p.notes:
-            facts += f"<p><small>{html.escape(p.notes)}</small></p>"
-        if self.machine is None:
-            return facts
-        est = estimate(p, self.machine, installed=installed)
-        verdict = {
-            "runs_well": "Runs well here",
-            "runs_slowly": "Runs slowly here",
-            "no_disk_space": "Not enough disk space",
-            "unsupported": "Not supported yet",
-        }[est.verdict]
-        reasons = "".join(f"<li>{html.escape(r)}</li>" for r in est.reasons)
-        return facts + (
-            f"<h4>Will it run here? {verdict}: about {est.tokens_per_s:.1f} tokens/s (an estimate)</h4>"
-            f"<ul>{reasons}</ul>"
-        )
-
-    def _hub_entry(self, h: HubModel) -> LibraryEntry:
-        files = [f for f in h.files if f.path.endswith(".gguf")]
-        rows = "".join(f"<li>{html.escape(f.path)} ({human_bytes(f.size)})</li>" for f in files)
-        text = (
-            f"<h3>{html.escape(h.repo)}</h3><p>{h.downloads} downloads · {h.likes} likes · "
-            f"{html.escape(', '.join(h.tags[:8]))}</p><ul>{rows}</ul>"
-        )
-        return LibraryEntry(f"hub:{h.repo}", h.repo, "on the hub", text, can_download=bool(files))
 
     async def search(self, query: str) -> None:
         if not query:
@@ -232,48 +207,79 @@ class AppController(QObject):
             except HubError as e:
                 self.report(str(e))
                 return
-            self.hub_results = [await self._with_files(m) for m in found[:20]]
+            self.hub_results = found[:20]
         self.window.library.set_entries(self._entries())
+        if self.hub_results:
+            self.spawn(self.load_quants(self.hub_results[0].repo))
 
-    async def _with_files(self, m: HubModel) -> HubModel:
-        if m.files:
-            return m
+    async def load_quants(self, repo: str) -> RepoQuants | None:
+        """A hub repository's quants with their estimates (header bytes and the engine's plan; cached)."""
+        if repo in self.hub_quants:
+            return self.hub_quants[repo]
+        if repo in self._quants_loading:
+            return None
+        self._quants_loading.add(repo)
         try:
-            files = await self.hub.list_files(m.repo)
-        except HubError:
-            return m
-        return HubModel(m.repo, m.downloads, m.likes, m.tags, tuple(files))
-
-    def _download(self, key: str) -> None:
-        kind, _, rest = key.partition(":")
-        try:
-            if kind == "preset":
-                p = self.catalog.get(rest)
-                if p is None or p.repo is None:
-                    return
-                self.downloads.enqueue(p.repo, p.file, sha256=p.sha256, size=p.size_bytes or None)
-            elif kind == "hub":
-                model = next((h for h in self.hub_results if h.repo == rest), None)
-                if model is None:
-                    return
-                # the repacked file when there is one, else every GGUF (imported when it lands)
-                repacked = [f for f in model.files if f.path.endswith(".tw.gguf")]
-                for f in repacked or [f for f in model.files if f.path.endswith(".gguf")]:
-                    self.downloads.enqueue(f.repo, f.path, f.revision, f.sha256, f.size)
+            quants = await self.acquirer.quants(repo)
         except HubError as e:
             self.report(str(e))
+            return None
+        finally:
+            self._quants_loading.discard(repo)
+        self.hub_quants[repo] = quants
+        self.window.library.set_entries(self._entries())
+        return quants
+
+    def _selected(self, text: str) -> None:
+        key = parse_key(text)
+        if isinstance(key, HubKey) and any(h.repo == key.repo for h in self.hub_results):
+            self.spawn(self.load_quants(key.repo))
+
+    def _download(self, text: str) -> None:
+        key = parse_key(text)
+        if isinstance(key, PresetKey):
+            p = self.catalog.get(key.id)
+            if p is None:
+                return
+            if p.published and p.repo is not None:
+                try:
+                    self.downloads.enqueue(p.repo, p.file, sha256=p.sha256, size=p.size_bytes or None)
+                except HubError as e:
+                    self.report(str(e))
+                return
+            if p.gguf is None:
+                return
+            key = HubKey(p.gguf.repo, p.gguf.default)
+        if isinstance(key, HubKey):
+            self.spawn(self.get_model(key))
+
+    async def get_model(self, key: HubKey) -> LocalModel | None:
+        """One quant of a hub repository into the library (`runmyai get` does the same, without the window)."""
+        result: list[LocalModel] = []
+
+        async def work(progress: Callable[[float, str], None]) -> None:
+            result.append(await self.acquirer.get(key, lambda p: progress(p.fraction, p.message)))
+
+        await self.run_job(f"Getting {key.repo}" + (f" ({key.quant})" if key.quant else ""), work)
+        await self.refresh_library(select=str(LocalKey(result[0].path)) if result else None)
+        return result[0] if result else None
+
+    async def _resume_jobs(self) -> None:
+        """Downloads and repacks an earlier run left unfinished continue where they stopped."""
+        for job in self.acquirer.unfinished():
+
+            async def work(progress: Callable[[float, str], None], job: Job = job) -> None:
+                await self.acquirer.run(job, lambda p: progress(p.fraction, p.message))
+
+            await self.run_job(f"Resuming {job.repo} ({job.quant})", work)
+        await self.refresh_library()
 
     def _on_download(self, s: DownloadStatus) -> None:
         self.window.library.downloads.update_item(
             s.id, f"{s.repo}/{s.path}", s.state, s.done_bytes, s.total_bytes, s.speed_bps, s.eta_s, s.message
         )
-        if s.state == "done" and s.dest is not None:
-            self.spawn(self._downloaded(s.dest))
-
-    async def _downloaded(self, dest: Path) -> None:
-        if not dest.name.endswith(".tw.gguf"):  # a plain GGUF from the hub: make it a TokenWing model
-            await self.run_job(f"Importing {dest.name}", lambda p: self.library.import_gguf([dest], p))
-        await self.refresh_library()
+        if s.state == "done" and s.dest is not None and s.dest.name.endswith(".tw.gguf"):
+            self.spawn(self.refresh_library())
 
     def _choose_import(self) -> None:
         dialog = QFileDialog(self.window, "Import GGUF", str(Path.home()), "GGUF models (*.gguf)")
@@ -288,43 +294,43 @@ class AppController(QObject):
             result.append(await self.library.import_gguf(files, progress))
 
         await self.run_job(f"Importing {files[0].name}", job)
-        await self.refresh_library(select=f"local:{result[0].path}" if result else None)
+        await self.refresh_library(select=str(LocalKey(result[0].path)) if result else None)
         return result[0] if result else None
 
     async def run_job(self, label: str, work: Callable[[Callable[[float, str], None]], Awaitable[object]]) -> bool:
-        """One long library job with progress and Cancel; False if it failed or was cancelled."""
+        """One long library job with progress and Cancel, one at a time; False if it failed or was cancelled."""
         panel = self.window.library
 
         def progress(fraction: float, message: str) -> None:
             panel.set_task(f"{label}: {message}" if message else label, fraction)
 
-        panel.set_task(label, None)
-        self._job = asyncio.current_task()
-        try:
-            await work(progress)
-            return True
-        except (asyncio.CancelledError, ImportCancelled):
-            self.report(f"{label}: cancelled.")
-            return False
-        except LibraryError as e:
-            self.report(f"{label} failed: {e}")
-            return False
-        finally:
-            self._job = None
-            panel.set_task(None)
+        async with self._job_lock:
+            panel.set_task(label, None)
+            self._job = asyncio.current_task()
+            try:
+                await work(progress)
+                return True
+            except (asyncio.CancelledError, ImportCancelled):
+                self.report(f"{label}: stopped.")
+                return False
+            except (LibraryError, AcquireError, HubError) as e:
+                self.report(f"{label} failed: {e}")
+                return False
+            finally:
+                self._job = None
+                panel.set_task(None)
 
     def _cancel_job(self) -> None:
         if self._job is not None and not self._job.done():
             self._job.cancel()
 
     # ------------------------------------------------------------------------------------------ engine
-    def model_path(self, key: str) -> Path | None:
-        kind, _, rest = key.partition(":")
-        if kind == "local":
-            return Path(rest)
-        if kind == "preset":
-            p = self.catalog.get(rest)
-            match = next((m for m in self.local_models if p and m.preset_id == p.id), None)
+    def model_path(self, text: str) -> Path | None:
+        key = parse_key(text)
+        if isinstance(key, LocalKey):
+            return key.path
+        if isinstance(key, PresetKey):
+            match = next((m for m in self.local_models if m.preset_id == key.id), None)
             return match.path if match else None
         return None
 
@@ -336,7 +342,7 @@ class AppController(QObject):
         await self.stop_engine()
         local = next((m for m in self.local_models if m.path == path), None)
         preset = self.catalog.get(local.preset_id) if local and local.preset_id else None
-        flags = [*(preset.flags if preset else ()), *self.autotune.serve_flags(path)]
+        flags = [*(preset.flags if preset else ()), *self.autotune.serve_flags(path, _model_context(local, preset))]
         self.model_name = local.name if local else path.name
         sup = EngineSupervisor(
             path, flags, on_state=self._on_engine_state, on_log=self.window.log_view.append, log_dir=self.paths.logs
@@ -372,7 +378,7 @@ class AppController(QObject):
         choice = next((m for m in usable if str(m.path) == last), None) or next((m for m in usable if m.bundled), None)
         if choice is None:
             return None
-        return await self.use_model(f"local:{choice.path}")
+        return await self.use_model(str(LocalKey(choice.path)))
 
     def _last_model_file(self) -> Path:
         return self.paths.settings / "last-model.txt"
@@ -430,7 +436,7 @@ class AppController(QObject):
     async def _restart_engine(self) -> None:
         sup = self.supervisor
         if sup is not None:
-            await self.use_model(f"local:{sup.model}")
+            await self.use_model(str(LocalKey(sup.model)))
 
     def _ask_endpoint(self) -> None:
         dialog = QDialog(self.window)
@@ -657,9 +663,9 @@ class AppController(QObject):
         return messages[-1].content if messages and messages[-1].role == "assistant" else ""
 
 
-def _count(n: float) -> str:
-    """Parameters as people say them: 22 M, 3.3 B, 1.0 T."""
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}".replace(".0 ", " ")
-    return f"{n:.0f}"
+def _model_context(local: LocalModel | None, preset: Preset | None) -> int | None:
+    """The model's own context length: what its file says, else its preset."""
+    ctx = local.facts.get("context_length") if local is not None and local.facts is not None else None
+    if isinstance(ctx, int) and ctx > 0:
+        return ctx
+    return preset.facts.context if preset is not None else None

@@ -8,6 +8,11 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVB
 
 from runmyai.monitor import StatsSeries, TokenEvent
 
+EXPLANATION = (
+    "Only part of the model's experts fit in the memory given to it; each token, the experts its router picks "
+    "are read from the drive unless they are already in RAM. Bars: the share found in RAM per layer; below: "
+    "the time spent waiting for the drive and the bytes it read, per token."
+)
 REDRAW_MS = 250  # events are batched: a redraw costs ~9 ms, so one per token at 20 tokens/s would cost 18 % of a core
 
 
@@ -47,6 +52,8 @@ class GraphsPanel(QWidget):
             plot.hideButtons()
             plot.setMenuEnabled(False)
 
+        self.explain = QLabel(EXPLANATION)  # what a newcomer is looking at, in one line
+        self.explain.setWordWrap(True)
         self.summary = QLabel("no tokens yet")
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.hover = QLabel("")
@@ -65,6 +72,7 @@ class GraphsPanel(QWidget):
         buttons.addStretch(1)
         layout = QVBoxLayout(self)
         layout.addLayout(buttons)
+        layout.addWidget(self.explain)
         layout.addWidget(self.summary)
         for plot in (self.hits_plot, self.wait_plot, self.bytes_plot, self.vram_plot):
             layout.addWidget(plot, 1)
@@ -117,6 +125,8 @@ class GraphsPanel(QWidget):
         parts = [f"{s.tokens} tokens"]
         if overall is not None:
             parts.append(f"hit rate {overall:.0%}")
+        if s.bytes_read:
+            parts.append(f"{sum(s.bytes_read) / 2**20:.1f} MiB read, SSD wait {sum(s.ssd_wait_ms):.0f} ms")
         if s.tokens_per_s and s.tokens_per_s[-1]:
             parts.append(f"{s.tokens_per_s[-1]:.1f} tok/s")
         parts.append(f"VRAM swaps {int(sum(s.vram_swaps))}")

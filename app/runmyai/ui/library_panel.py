@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import html
-from dataclasses import dataclass
-
 from PySide6.QtCore import Qt, Signal, SignalInstance
 from PySide6.QtWidgets import (
+    QComboBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -23,27 +21,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-
-@dataclass(frozen=True)
-class LibraryEntry:
-    """One row of the library as the controller describes it (the widget knows nothing of presets)."""
-
-    key: str  # "preset:<id>", "local:<path>" or "hub:<repo>/<file>"
-    title: str
-    badge: str  # "installed", "downloadable", "not supported yet", "on the hub", …
-    details_html: str
-    can_download: bool = False
-    can_use: bool = False
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
+from runmyai.ui.render import LibraryEntry
+from runmyai.units import human_bytes
 
 
 def human_eta(seconds: float | None) -> str:
@@ -136,7 +115,8 @@ class DownloadsTable(QTableWidget):
 
 
 class LibraryPanel(QWidget):
-    download_requested = Signal(str)
+    download_requested = Signal(str)  # the entry's key, or the key of the quant chosen in the combo box
+    selected = Signal(str)
     use_requested = Signal(str)
     import_requested = Signal()
     autotune_requested = Signal(str)
@@ -152,12 +132,14 @@ class LibraryPanel(QWidget):
         self.models.currentItemChanged.connect(self._on_current)
         self.details = QTextBrowser()
         self.details.setOpenExternalLinks(False)
+        self.quant = QComboBox()  # a GGUF repository's quants: the preselected one first
+        self.quant.setToolTip("Which quant to download (size, and whether it runs well here)")
         self.use_button = QPushButton("Chat with this model")
         self.download_button = QPushButton("Download")
         self.autotune_button = QPushButton("Autotune…")
         self.import_button = QPushButton("Import GGUF…")
         self.use_button.clicked.connect(lambda: self._emit_current(self.use_requested))
-        self.download_button.clicked.connect(lambda: self._emit_current(self.download_requested))
+        self.download_button.clicked.connect(self._download)
         self.autotune_button.clicked.connect(lambda: self._emit_current(self.autotune_requested))
         self.import_button.clicked.connect(self.import_requested)
         self.task_label = QLabel("")
@@ -181,6 +163,7 @@ class LibraryPanel(QWidget):
         top_layout.addWidget(self.search)
         top_layout.addWidget(self.models, 2)
         top_layout.addWidget(self.details, 3)
+        top_layout.addWidget(self.quant)
         top_layout.addLayout(buttons)
         top_layout.addLayout(task)
         splitter = QSplitter(Qt.Orientation.Vertical)
@@ -236,7 +219,24 @@ class LibraryPanel(QWidget):
     def _show(self, key: str | None) -> None:
         entry = self._entries.get(key or "")
         self.details.setHtml(entry.details_html if entry else "<p>Pick a model.</p>")
+        self.quant.clear()
+        if entry is not None and entry.choices:
+            for choice_key, label in entry.choices:
+                self.quant.addItem(label, choice_key)
+            index = self.quant.findData(entry.choice) if entry.choice else 0
+            self.quant.setCurrentIndex(max(0, index))
+        self.quant.setVisible(bool(entry and entry.choices))
         self._update_buttons(entry)
+        if key:
+            self.selected.emit(key)
+
+    def _download(self) -> None:
+        key = self.current_key()
+        if key is None:
+            return
+        entry = self._entries.get(key)
+        chosen = self.quant.currentData() if entry is not None and entry.choices else None
+        self.download_requested.emit(str(chosen) if chosen else key)
 
     def _update_buttons(self, entry: LibraryEntry | None) -> None:
         self.use_button.setEnabled(bool(entry and entry.can_use))
@@ -247,7 +247,3 @@ class LibraryPanel(QWidget):
         key = self.current_key()
         if key is not None:
             signal.emit(key)
-
-
-def escape(text: str) -> str:
-    return html.escape(text)

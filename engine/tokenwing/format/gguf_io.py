@@ -175,17 +175,18 @@ def align_up(n: int, alignment: int) -> int:
 class _Cursor:
     """Bounded sequential reader over the header of an open file."""
 
-    def __init__(self, f: BinaryIO, path: str, file_size: int) -> None:
+    def __init__(self, f: BinaryIO, path: str, file_size: int, truncated: bool = False) -> None:
         self.f = f
         self.path = path
         self.size = file_size
         self.pos = 0
         self._buf = b""
         self._buf_start = 0
+        self._error = TruncatedHeaderError if truncated else BadInputError  # a short prefix, or a short file
 
     def take(self, n: int) -> bytes:
         if n < 0 or self.pos + n > self.size:
-            raise BadInputError(f"{self.path}: truncated GGUF header (needs {n} bytes at offset {self.pos})")
+            raise self._error(f"{self.path}: truncated GGUF header (needs {n} bytes at offset {self.pos})")
         rel = self.pos - self._buf_start
         if rel + n > len(self._buf):
             self.f.seek(self.pos)
@@ -193,7 +194,7 @@ class _Cursor:
             self._buf_start = self.pos
             rel = 0
             if len(self._buf) < n:
-                raise BadInputError(f"{self.path}: truncated GGUF header")
+                raise self._error(f"{self.path}: truncated GGUF header")
         out = self._buf[rel : rel + n]
         self.pos += n
         return out
@@ -238,8 +239,16 @@ def _read_value(cur: _Cursor, vtype: int, key: str) -> KV:
     return KV(vt, value)
 
 
-def read_header(path: str) -> GGUFHeader:
-    """Parses and validates a GGUF file's header and tensor table. Reads no tensor data."""
+class TruncatedHeaderError(BadInputError):
+    """The bytes end inside the header: a header prefix (`declared_size`) that was cut too short."""
+
+
+def read_header(path: str, declared_size: int | None = None) -> GGUFHeader:
+    """Parses and validates a GGUF file's header and tensor table. Reads no tensor data.
+
+    `declared_size`: `path` holds only the first bytes of a file of that size (its header, fetched with a range
+    request before the file itself); tensors are checked against the declared size, and a prefix that ends
+    inside the header raises TruncatedHeaderError."""
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below; must map OSError to a clean message
     except OSError as e:
@@ -247,13 +256,17 @@ def read_header(path: str) -> GGUFHeader:
     with f:
         try:
             size = os.fstat(f.fileno()).st_size
-            return _parse(f, path, size)
+            if declared_size is None:
+                return _parse(f, path, size, size)
+            if size > declared_size:
+                raise BadInputError(f"{path}: {size} bytes, more than the declared {declared_size}")
+            return _parse(f, path, declared_size, size)
         except OSError as e:
             raise BadInputError(f"cannot read {path}: {e.strerror or e}") from None
 
 
-def _parse(f: BinaryIO, path: str, size: int) -> GGUFHeader:
-    cur = _Cursor(f, path, min(size, MAX_HEADER))
+def _parse(f: BinaryIO, path: str, size: int, readable: int) -> GGUFHeader:
+    cur = _Cursor(f, path, min(readable, MAX_HEADER), truncated=readable < size)
     if size < 24:
         raise BadInputError(f"{path}: not a GGUF file (only {size} bytes)")
     magic = cur.take(4)

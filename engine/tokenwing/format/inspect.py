@@ -5,18 +5,25 @@ Works on TokenWing model files and on plain GGUFs (showing what a repack would p
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from tokenwing.format import layout as L
 from tokenwing.format.gguf_io import ggml_type_name
-from tokenwing.format.source import open_source
+from tokenwing.format.source import SourceModel, open_source
 from tokenwing.fsutil import human_bytes
 
 
 def inspect_model(paths: list[str]) -> dict[str, Any]:
-    source = open_source(paths)
+    return inspect_source(open_source(paths))
+
+
+def inspect_source(source: SourceModel) -> dict[str, Any]:
+    """What `inspect_model` says, for a source already opened (a manifest's shards may not all be there yet)."""
     header = source.header
+    paths = source.paths
     if header.get(L.K_MAJOR) is not None:
         from tokenwing.format.reader import ModelFile
 
@@ -31,6 +38,8 @@ def inspect_model(paths: list[str]) -> dict[str, Any]:
         resident, kept = L.split_kept([info for info, _ in plan.resident], header)
         kind = "gguf"
     arch = L.arch_of(header)
+    params = sum(math.prod(t.shape) for t in resident)
+    params += sum(math.prod(shape) for el in index.layers for shape in el.shapes) * index.n_expert
 
     def meta(key: str) -> Any:
         value = header.get(f"{arch}.{key}")
@@ -38,6 +47,8 @@ def inspect_model(paths: list[str]) -> dict[str, Any]:
 
     types = Counter(ggml_type_name(t) for el in index.layers for t in el.types)
     resident_bytes = sum(t.nbytes for t in resident)
+    # a token reads one row of the token embedding, and every other resident weight
+    embedding = next((t.nbytes for t in resident if t.name == "token_embd.weight"), 0)
     return {
         "file": paths[0] if len(paths) == 1 else paths,
         "kind": kind,
@@ -45,6 +56,7 @@ def inspect_model(paths: list[str]) -> dict[str, Any]:
         "file_bytes": source.size,
         "architecture": arch,
         "name": header.get("general.name"),
+        "parameters": params,
         "block_count": meta("block_count"),
         "embedding_length": meta("embedding_length"),
         "context_length": meta("context_length"),
@@ -52,6 +64,8 @@ def inspect_model(paths: list[str]) -> dict[str, Any]:
         "head_count_kv": meta("attention.head_count_kv"),
         "vocab_size": len(header.get("tokenizer.ggml.tokens") or []),
         "has_chat_template": header.get("tokenizer.chat_template") is not None,
+        "shared_experts": meta("expert_shared_count") or 0,
+        "kv_bytes_per_token": _kv_bytes_per_token(meta),
         "experts": {
             "count": index.n_expert,
             "used_per_token": index.n_used,
@@ -75,6 +89,7 @@ def inspect_model(paths: list[str]) -> dict[str, Any]:
         "resident": {
             "tensors": len(resident),
             "bytes": resident_bytes,
+            "read_per_token_bytes": resident_bytes - embedding,
             "quant_types": dict(Counter(t.type_name for t in resident)),
         },
         # next-token-prediction blocks: in the file, never loaded, streamed or run
@@ -84,6 +99,29 @@ def inspect_model(paths: list[str]) -> dict[str, Any]:
             "blocks": sorted({b for t in kept if (b := L.block_of(t.name)) is not None}),
         },
     }
+
+
+def _kv_bytes_per_token(meta: Callable[[str], Any]) -> int | None:
+    """An F16 KV cache's bytes per token of context over all layers: the latent and rope part with multi-head
+    latent attention (DeepSeek-V3), keys and values of every KV head otherwise; None when the metadata is
+    incomplete."""
+    layers, heads, width = meta("block_count"), meta("attention.head_count"), meta("embedding_length")
+    if not isinstance(layers, int):
+        return None
+    latent = meta("attention.kv_lora_rank")
+    if isinstance(latent, int) and latent > 0:
+        rope = meta("rope.dimension_count")
+        return 2 * layers * (latent + (rope if isinstance(rope, int) else 64))
+    kv_heads = meta("attention.head_count_kv")
+    kv_heads = kv_heads if isinstance(kv_heads, int) else heads
+    key = meta("attention.key_length")
+    if not isinstance(key, int):
+        key = width // heads if isinstance(width, int) and isinstance(heads, int) and heads else None
+    value = meta("attention.value_length")
+    value = value if isinstance(value, int) else key
+    if not isinstance(kv_heads, int) or not isinstance(key, int) or not isinstance(value, int):
+        return None
+    return int(2 * layers * kv_heads * (key + value))
 
 
 def format_report(r: dict[str, Any]) -> str:

@@ -179,17 +179,23 @@ class _Output:
         self.pending = 0
 
 
+def copy_resident(plan: Plan, i: int, src: _Sources, out: _Output, progress: Progress) -> int:
+    """Copies resident tensor i to its place in the output; returns the xxh3 of its bytes (its checksum)."""
+    info, st = plan.resident[i]
+    h = xxhash.xxh3_64()
+    pos = plan.data_start + info.offset
+    for chunk in src.chunks(st):
+        h.update(chunk)
+        out.write(chunk, pos)
+        pos += len(chunk)
+        progress.advance(len(chunk))
+    return h.intdigest()
+
+
 def _write_data(plan: Plan, out: _Output, src: _Sources, progress: Progress) -> np.ndarray:
     resident_sums = np.zeros(len(plan.resident), np.uint64)
-    for i, (info, st) in enumerate(plan.resident):
-        h = xxhash.xxh3_64()
-        pos = plan.data_start + info.offset
-        for chunk in src.chunks(st):
-            h.update(chunk)
-            out.write(chunk, pos)
-            pos += len(chunk)
-            progress.advance(len(chunk))
-        resident_sums[i] = h.intdigest()
+    for i in range(len(plan.resident)):
+        resident_sums[i] = copy_resident(plan, i, src, out, progress)
     ex = plan.experts
     ex.checksums = np.zeros((len(ex.layers), ex.n_expert), np.uint64)
     for li, el in enumerate(ex.layers):

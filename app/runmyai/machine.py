@@ -13,9 +13,12 @@ import json
 import os
 import platform
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 # CPU features that matter to the engine's kernels, as /proc/cpuinfo names them (x86 "flags", Arm "Features").
 ISA_FLAGS = (
@@ -46,6 +49,18 @@ class GpuInfo:
 
 
 @dataclass(frozen=True)
+class DecodeProbe:
+    """A short decode the autotuner ran here: the engine's compute per token (the drive's wait taken out) for a
+    model of this shape; the estimate scales its per-machine-class costs by it."""
+
+    compute_s: float
+    layers: int
+    active_bytes: int  # weights a token reads
+    streamed: bool  # some experts streamed from the drive (hit rate under 100 %)
+    model: str
+
+
+@dataclass(frozen=True)
 class MachineInfo:
     ram_total: int
     ram_available: int  # free plus reclaimable cache (MemAvailable)
@@ -58,6 +73,7 @@ class MachineInfo:
     drive_read_bps: float | None  # measured expert reads (autotune), None when not measured yet
     ram_limit_used: int = 0  # what the limiting cgroup already charges (0 without a limit)
     mem_bandwidth_bps: float | None = None  # RAM bandwidth when known (none is measured yet)
+    decode_probe: DecodeProbe | None = None  # the newest decode the autotuner measured on this machine
 
     @property
     def ram_usable(self) -> int:
@@ -87,6 +103,7 @@ def probe_machine(
     model, isa = cpu_info(root)
     if drive_read_bps is None and autotune_dir is not None:
         drive_read_bps = saved_drive_speed(autotune_dir)
+    probe = saved_decode_probe(autotune_dir) if autotune_dir is not None else None
     return MachineInfo(
         ram_total=total,
         ram_available=available,
@@ -99,6 +116,7 @@ def probe_machine(
         drive_read_bps=drive_read_bps,
         ram_limit_used=used if limit is not None else 0,
         mem_bandwidth_bps=mem_bandwidth_bps,
+        decode_probe=probe,
     )
 
 
@@ -269,22 +287,43 @@ def disk_free(path: Path) -> int:
         return 0
 
 
+def _newest_saved(directory: Path, pattern: str, read: Callable[[Any], T | None]) -> T | None:
+    """`read(json)` of the newest saved autotune result in `directory` it can read (None: none could)."""
+    try:
+        files = sorted(directory.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return None
+    for path in files:
+        try:
+            value = read(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if value is not None:
+            return value
+    return None
+
+
 def saved_drive_speed(directory: Path) -> float | None:
     """Best measured read speed (bytes/s) in the newest saved `tokenwing autotune --json` result in `directory`.
 
     That JSON holds machine.drive.mb_per_s_by_threads ({threads: MB/s}); files without it are skipped.
     """
-    try:
-        files = sorted(directory.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    except OSError:
-        return None
-    for path in files:
-        try:
-            data = json.loads(path.read_text())
-            speeds = data["machine"]["drive"]["mb_per_s_by_threads"]
-            best = max(float(v) for v in speeds.values())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue
-        if best > 0:
-            return best * 1e6
-    return None
+
+    def read(data: Any) -> float | None:
+        best = max(float(v) for v in data["machine"]["drive"]["mb_per_s_by_threads"].values())
+        return best * 1e6 if best > 0 else None
+
+    return _newest_saved(directory, "*.json", read)
+
+
+def saved_decode_probe(directory: Path) -> DecodeProbe | None:
+    """The newest decode measurement in the saved autotune results (`runmyai.decode`); None when there is none."""
+
+    def read(data: Any) -> DecodeProbe | None:
+        d = data["runmyai"]["decode"]
+        probe = DecodeProbe(
+            float(d["compute_s"]), int(d["layers"]), int(d["active_bytes"]), bool(d["streamed"]), str(d["model"])
+        )
+        return probe if probe.compute_s > 0 and probe.layers > 0 else None
+
+    return _newest_saved(directory, "autotune-*.json", read)

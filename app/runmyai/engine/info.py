@@ -1,0 +1,112 @@
+"""What the installed engine runs, asked from it (`tokenwing info --json`) instead of kept as copies in the app.
+
+The answer that does not change while the engine stays the same (its version, the architectures it runs with
+their weight types, the memory headroom it keeps, its devices) is cached per engine version in the settings
+folder, so the engine runs once per version, not once per app start. Memory is not cached: the machine probe
+reads it fresh (`runmyai/machine.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from runmyai import __version__
+from runmyai.engine.command import engine_command
+from runmyai.jsonfile import read_json, write_json_atomic
+
+INFO_TIMEOUT_S = 120.0  # the engine's first start on a cold disk imports numpy and ggml: seconds, not minutes
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    version: str
+    architectures: dict[str, tuple[str, ...]]  # GGUF architecture id → the weight types the engine computes
+    headroom_bytes: int  # what the engine leaves free for other programs when it sizes its caches
+    devices: tuple[dict[str, object], ...]
+    error: str | None = None  # the engine could not be asked: why (then `architectures` is empty)
+
+    def runs(self, arch: str) -> bool:
+        return arch in self.architectures
+
+    @property
+    def known(self) -> bool:
+        return self.error is None
+
+
+def unknown(reason: str) -> EngineInfo:
+    """What the app assumes when the engine cannot be asked: nothing runs, no headroom is known, and the reason
+    says why (every estimate then says it too)."""
+    return EngineInfo(__version__, {}, 0, (), reason)
+
+
+def parse_info(raw: object) -> EngineInfo:
+    """`tokenwing info --json`'s answer, checked field by field; ValueError when it is not one."""
+    if not isinstance(raw, dict):
+        raise ValueError("not a JSON object")
+    version, archs, headroom = raw.get("version"), raw.get("architectures"), raw.get("headroom_bytes")
+    if not isinstance(version, str) or not isinstance(archs, dict):
+        raise ValueError("no version or architectures")
+    if isinstance(headroom, bool) or not isinstance(headroom, int) or headroom < 0:
+        raise ValueError("no headroom_bytes")
+    architectures: dict[str, tuple[str, ...]] = {}
+    for arch, facts in archs.items():
+        types = facts.get("weight_types") if isinstance(facts, dict) else None
+        if isinstance(arch, str) and isinstance(types, list):
+            architectures[arch] = tuple(t for t in types if isinstance(t, str))
+    devices_raw = raw.get("devices")
+    devices = tuple(d for d in devices_raw if isinstance(d, dict)) if isinstance(devices_raw, list) else ()
+    return EngineInfo(version, architectures, headroom, devices)
+
+
+def cache_path(folder: Path, version: str = __version__) -> Path:
+    return folder / f"engine-info-{version}.json"
+
+
+async def ask_engine(folder: Path, command: Sequence[str] | None = None, *, refresh: bool = False) -> EngineInfo:
+    """The engine's facts: from the cache for this version, else from `tokenwing info --json` (then cached).
+    Never raises: an engine that cannot be asked gives `unknown(reason)` (and nothing is cached)."""
+    path = cache_path(folder)
+    if not refresh:
+        cached = read_json(path)
+        if cached is not None:
+            try:
+                info = parse_info(cached)
+            except ValueError:
+                info = None
+            if info is not None and info.version == __version__:
+                return info
+    argv = [*(command if command is not None else engine_command()), "info", "--json"]
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=dict(os.environ, PYTHONIOENCODING="utf-8"),
+        )
+    except OSError as e:
+        return unknown(f"the engine could not be started ({e.strerror or e})")
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), INFO_TIMEOUT_S)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return unknown(f"the engine did not answer `tokenwing info` within {INFO_TIMEOUT_S:.0f} s")
+    if proc.returncode != 0:
+        last = next((ln for ln in reversed(err.decode(errors="replace").splitlines()) if ln.strip()), "")
+        return unknown(f"`tokenwing info` failed (exit code {proc.returncode}): {last.strip()}")
+    try:
+        raw = json.loads(out)
+        info = parse_info(raw)
+    except ValueError:
+        return unknown("the engine's `tokenwing info --json` answer could not be read")
+    if info.version == __version__:  # another version is refused at chat time; never cache its facts
+        with contextlib.suppress(OSError):  # a read-only settings folder: ask again next time
+            await asyncio.to_thread(write_json_atomic, path, raw)
+    return info

@@ -1,0 +1,587 @@
+"""From a hub repository to a model in the library: one quant, every shard, repacked within the disk a user has.
+
+The one code path behind the window's Download button and `runmyai get REPO[:QUANT]`:
+
+1. **Quants.** The repository's GGUFs grouped into quants (`quants.py`); one quant's shard headers are fetched
+   with HTTP range requests and planned by the engine (`tokenwing repack --shards M --plan --json`), which gives
+   the model's facts for "Will it run here?" on every quant (the other quants scaled by their size) and the
+   best one: the largest that runs well and fits the disk.
+2. **Plan.** Every shard header of the chosen quant is fetched the same way, so the repacked file is planned
+   before any tensor data arrives: its size and the disk at the peak of either path, checked against the free
+   space before a byte of data is fetched.
+3. **Download and repack together.** Shards are downloaded in order (resumable, sha256-checked against the
+   hub's LFS checksum, refetched when corrupt) into the job's folder; as each completes, the engine repacks the
+   shards that are there (`--delete-source`: each is deleted once its data is written and verified), so the
+   drive holds the repacked file so far plus at most two shards (one repacking, one downloading): under the
+   repacked file + the largest shard at any moment.
+4. **Restart anywhere.** The job (`downloads/jobs/<id>/job.json`, the header files and the engine's manifest)
+   survives the app; partial downloads resume; the engine resumes from its last verified shard and reports which
+   shards it holds. The repacked file appears in the models folder only once complete and verified.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from runmyai.engine.info import EngineInfo
+from runmyai.jsonfile import read_json, write_json_atomic
+from runmyai.library.downloads import DownloadManager, DownloadStatus, download_id
+from runmyai.library.estimate import DISK_MARGIN, Estimate, Footprint, estimate, footprint_from_inspect
+from runmyai.library.hub import REPACKED_SUFFIX, HubClient, HubError, HubFile
+from runmyai.library.keys import HubKey
+from runmyai.library.local import LibraryError, LocalLibrary, LocalModel, repacked_name
+from runmyai.library.quants import Quant, QuantError, find_quant, group_quants
+from runmyai.machine import MachineInfo, disk_free
+from runmyai.units import human_bytes
+
+log = logging.getLogger(__name__)
+
+JOB_VERSION = 1
+FIRST_HEADER_BYTES = 8 << 20  # the first shard carries the tokenizer: Qwen3's GGUF header is about 6 MB
+OTHER_HEADER_BYTES = 1 << 20  # later shards carry the split keys and their part of the tensor table
+MAX_HEADER_BYTES = 1 << 30
+CORRUPT_RETRIES = 3  # a shard whose sha256 does not match is fetched again this many times
+SOURCE_WINDOW = 2  # shards on disk at once in their downloaded form (one repacking, one downloading)
+
+Phase = Literal["listing", "planning", "downloading", "repacking", "done"]
+
+
+class AcquireError(Exception):
+    """One sentence for the user (the job is kept: run it again to resume)."""
+
+
+@dataclass(frozen=True)
+class GetProgress:
+    phase: Phase
+    fraction: float  # of the whole job: downloading and repacking count half each
+    message: str
+
+
+ProgressFn = Callable[[GetProgress], None]
+
+
+@dataclass(frozen=True)
+class QuantChoice:
+    quant: Quant
+    estimate: Estimate | None
+    bits_per_weight: float | None
+    disk_needed: int | None  # at the peak, repacking while downloading
+    exact: bool  # planned from this quant's own headers (else scaled from the reference quant)
+
+    @property
+    def fits_disk(self) -> bool:
+        return self.estimate is None or self.estimate.verdict != "no_disk_space"
+
+
+@dataclass(frozen=True)
+class RepoQuants:
+    repo: str
+    revision: str
+    choices: tuple[QuantChoice, ...]
+    repacked: tuple[HubFile, ...]  # already-repacked files in the repository (downloaded as they are)
+    reference: str | None  # the quant whose headers gave the model's facts
+    note: str = ""  # why there are no estimates, when there are none
+
+    def best(self) -> QuantChoice | None:
+        """The largest quant that runs well and fits the disk; else the fastest that fits; else the smallest."""
+        if not self.choices:
+            return None
+        good = [c for c in self.choices if c.estimate is not None and c.estimate.verdict == "runs_well"]
+        if good:
+            return max(good, key=lambda c: c.quant.size or 0)
+        fits = [c for c in self.choices if c.estimate is not None and c.estimate.verdict == "runs_slowly"]
+        if fits:
+            return max(fits, key=lambda c: (c.estimate.tokens_per_s if c.estimate else 0, c.quant.size or 0))
+        return self.choices[0]
+
+    def get(self, name: str) -> QuantChoice:
+        quant = find_quant([c.quant for c in self.choices], name)
+        return next(c for c in self.choices if c.quant is quant)
+
+
+@dataclass
+class ShardSpec:
+    path: str  # in the repository
+    size: int
+    sha256: str | None
+    header_bytes: int = 0  # how much of its start is in the job's header file
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+
+@dataclass
+class Job:
+    """One quant on its way into the library; saved in its folder after every step."""
+
+    folder: Path
+    repo: str
+    revision: str
+    quant: str
+    shards: list[ShardSpec]
+    output: str  # the repacked file, relative to the models folder
+    plan: dict[str, Any] | None = None
+    done: list[int] = dataclasses.field(default_factory=list)  # shards the engine has repacked (and deleted)
+    started: bool = False  # False: only planned (to show the quants); True: the user asked for this model
+
+    @property
+    def id(self) -> str:
+        return self.folder.name
+
+    def shard_file(self, i: int) -> Path:
+        return self.folder / "shards" / self.shards[i].name
+
+    def header_file(self, i: int) -> Path:
+        return self.folder / "headers" / self.shards[i].name
+
+    @property
+    def manifest(self) -> Path:
+        return self.folder / "manifest.json"
+
+    def save(self) -> None:
+        data = {
+            "version": JOB_VERSION,
+            "repo": self.repo,
+            "revision": self.revision,
+            "quant": self.quant,
+            "output": self.output,
+            "shards": [dataclasses.asdict(s) for s in self.shards],
+            "plan": self.plan,
+            "done": sorted(set(self.done)),
+            "started": self.started,
+        }
+        write_json_atomic(self.folder / "job.json", data)
+
+    def write_manifest(self) -> None:
+        """The engine's view of the shards: where each lands, its size, and its header file."""
+        shards = [{"path": f"shards/{s.name}", "size": s.size, "header": f"headers/{s.name}"} for s in self.shards]
+        write_json_atomic(self.manifest, {"shards": shards})
+
+    @classmethod
+    def load(cls, folder: Path) -> Job | None:
+        data = read_json(folder / "job.json")
+        if data is None or data.get("version") != JOB_VERSION:
+            return None
+        try:
+            shards = [
+                ShardSpec(str(s["path"]), int(s["size"]), s.get("sha256"), int(s.get("header_bytes", 0)))
+                for s in data["shards"]
+            ]
+            plan = data.get("plan")
+            return cls(
+                folder,
+                str(data["repo"]),
+                str(data["revision"]),
+                str(data["quant"]),
+                shards,
+                str(data["output"]),
+                plan if isinstance(plan, dict) else None,
+                [int(i) for i in data.get("done", [])],
+                bool(data.get("started", False)),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def _scaled(fp: Footprint, ratio: float) -> Footprint:
+    """Another quant of the same model: its weights scale with its size (the alignment padding does not)."""
+    return dataclasses.replace(
+        fp,
+        size_bytes=round(fp.size_bytes * ratio),
+        expert_bytes=max(1, round(fp.expert_bytes * ratio)),
+        dense_bytes_per_token=round(fp.dense_bytes_per_token * ratio),
+    )
+
+
+def job_id(repo: str, revision: str, quant: str) -> str:
+    return hashlib.sha256(f"{repo}\n{revision}\n{quant}".encode()).hexdigest()[:16]
+
+
+class Acquirer:
+    """Gets models from the hub into the library; see the module docstring."""
+
+    def __init__(
+        self,
+        hub: HubClient,
+        downloads: DownloadManager,
+        library: LocalLibrary,
+        jobs_dir: Path,
+        *,
+        engine: Callable[[], EngineInfo],
+        machine: Callable[[], MachineInfo | None],
+        disk_margin: int = DISK_MARGIN,
+    ) -> None:
+        """`engine`, `machine`: the current engine facts and machine probe (they change while the app runs);
+        `disk_margin`: free space kept beyond a job's peak."""
+        self.hub = hub
+        self.downloads = downloads
+        self.library = library
+        self.jobs_dir = jobs_dir
+        self.engine = engine
+        self.machine = machine
+        self.disk_margin = disk_margin
+
+    # ------------------------------------------------------------------------------------------ quants
+    async def quants(self, repo: str, revision: str = "main", files: list[HubFile] | None = None) -> RepoQuants:
+        """The repository's quants, each with its size, bits per weight and "Will it run here?"."""
+        files = files if files is not None else await self.hub.list_files(repo, revision)
+        quants = group_quants(files)
+        repacked = tuple(f for f in files if f.path.endswith(REPACKED_SUFFIX))
+        if not quants:
+            return RepoQuants(repo, revision, (), repacked, None, "no GGUF model files in this repository")
+        reference = quants[0]  # the smallest: its plan fetches the least (the model's facts are the same)
+        job = self._job(repo, revision, reference)
+        try:  # a job under way has its plan: never touch its files from here
+            plan = job.plan if job.started and job.plan is not None else await self._plan(job)
+        except (HubError, LibraryError, AcquireError) as e:
+            choices = tuple(QuantChoice(q, None, None, None, False) for q in quants)
+            return RepoQuants(repo, revision, choices, repacked, None, f"no estimate: {e}")
+        finally:
+            if not job.started:  # only looked at: leave no header files behind (a download plans again)
+                await asyncio.to_thread(shutil.rmtree, job.folder, True)
+        return RepoQuants(repo, revision, self._choices(quants, reference, plan), repacked, reference.name)
+
+    def _choices(self, quants: list[Quant], reference: Quant, plan: dict[str, Any]) -> tuple[QuantChoice, ...]:
+        model = plan["model"]
+        base = footprint_from_inspect(model, int(plan["output_bytes"]))
+        params = model.get("parameters")
+        machine, engine = self.machine(), self.engine()
+        ref_size = reference.size or 1
+        out: list[QuantChoice] = []
+        for q in quants:
+            exact = q is reference
+            ratio = (q.size or ref_size) / ref_size
+            fp = base if exact else _scaled(base, ratio)
+            peak = fp.size_bytes + q.largest_shard
+            bpw = (q.size or 0) * 8 / params if isinstance(params, int) and params > 0 and q.size else None
+            est = estimate(fp, machine, engine, disk_needed=peak) if machine is not None else None
+            out.append(QuantChoice(q, est, bpw, peak, exact))
+        return tuple(out)
+
+    # ------------------------------------------------------------------------------------------ jobs
+    def _job(self, repo: str, revision: str, quant: Quant) -> Job:
+        """The job of this quant: the one saved by an earlier run, else a new one (saved once it starts)."""
+        folder = self.jobs_dir / job_id(repo, revision, quant.name)
+        job = Job.load(folder)
+        if job is not None:
+            return job
+        shards = [ShardSpec(f.path, f.size or 0, f.sha256) for f in quant.files]
+        if any(s.size <= 0 for s in shards):
+            raise AcquireError(f"The hub did not say how big the shards of {quant.name} are; try again later.")
+        output = "/".join([*repo.split("/"), repacked_name(Path(quant.first.path))])
+        return Job(folder, repo, revision, quant.name, shards, output)
+
+    def unfinished(self) -> list[Job]:
+        """Jobs left by an earlier run (interrupted downloads or repacks), oldest first."""
+        try:
+            folders = sorted(self.jobs_dir.iterdir(), key=lambda p: p.stat().st_mtime)
+        except OSError:
+            return []
+        jobs = (Job.load(f) for f in folders if f.is_dir())
+        return [job for job in jobs if job is not None and job.started]
+
+    def forget(self, job: Job) -> None:
+        """Removes a job's folder (its shards, headers, manifest); the engine's partial output stays resumable."""
+        for i in range(len(job.shards)):
+            with contextlib.suppress(KeyError):
+                self.downloads.cancel(self.downloads_id(job, i))
+        shutil.rmtree(job.folder, ignore_errors=True)
+
+    def downloads_id(self, job: Job, i: int) -> str:
+        return download_id(job.repo, job.shards[i].path, job.revision)
+
+    # ------------------------------------------------------------------------------------------ get
+    async def get(self, key: HubKey, on_progress: ProgressFn | None = None) -> LocalModel:
+        """Gets `key.repo` (at `key.quant`, else the best quant for this machine) into the library."""
+        report = on_progress or (lambda p: None)
+        report(GetProgress("listing", 0.0, f"Reading {key.repo} on the hub…"))
+        files = await self.hub.list_files(key.repo)
+        quants = group_quants(files)
+        if key.quant is None and not quants:
+            repacked = [f for f in files if f.path.endswith(REPACKED_SUFFIX)]
+            if repacked:
+                return await self._download_repacked(repacked[0], report)
+        if not quants:
+            raise AcquireError(f"{key.repo} holds no GGUF model files.")
+        try:
+            if key.quant is not None:
+                quant = find_quant(quants, key.quant)
+            else:
+                report(GetProgress("planning", 0.0, "Choosing the quant that suits this machine…"))
+                best = (await self.quants(key.repo, files=files)).best()
+                assert best is not None
+                quant = best.quant
+        except QuantError as e:
+            raise AcquireError(str(e)) from None
+        return await self.run(self._job(key.repo, "main", quant), report)
+
+    async def run(self, job: Job, on_progress: ProgressFn | None = None) -> LocalModel:
+        """Runs (or resumes) a job to the end: the model in the library, the job's folder gone."""
+        report = on_progress or (lambda p: None)
+        dest = self.library.models_dir / job.output
+        if dest.is_file():
+            self.forget(job)
+            return await self.library.describe(dest)
+        report(GetProgress("planning", 0.0, f"Planning {job.quant} from its shards' headers…"))
+        if not job.started:
+            job.started = True
+            await asyncio.to_thread(job.save)
+        if job.plan is None:
+            job.plan = await self._plan(job)
+            await asyncio.to_thread(job.save)
+        self._check_disk(job, dest)
+        model = await _Transfer(self, job, dest, report).run()
+        self.forget(job)
+        report(GetProgress("done", 1.0, f"{dest.name} is in your library."))
+        return model
+
+    async def _download_repacked(self, f: HubFile, report: ProgressFn) -> LocalModel:
+        """A repository of already-repacked files: the file itself, straight into the models folder."""
+        id_ = self.downloads.enqueue(f.repo, f.path, f.revision, f.sha256, f.size)
+        report(GetProgress("downloading", 0.0, f"Downloading {f.path}…"))
+        status = await self.downloads.wait(id_)
+        if status.state != "done" or status.dest is None:
+            raise AcquireError(status.message)
+        return await self.library.describe(status.dest)
+
+    async def _plan(self, job: Job) -> dict[str, Any]:
+        """The engine's plan from the shards' headers, fetching more of a header while it is cut too short."""
+        await asyncio.to_thread(lambda: (job.folder / "headers").mkdir(parents=True, exist_ok=True))
+        want = {
+            i: min(s.size, FIRST_HEADER_BYTES if i == 0 else OTHER_HEADER_BYTES)
+            for i, s in enumerate(job.shards)
+            if s.header_bytes == 0 or not job.header_file(i).is_file()
+        }
+        while True:
+            for i, length in want.items():
+                s = job.shards[i]
+                data = await self.hub.read_prefix(job.repo, s.path, length, job.revision)
+                await asyncio.to_thread(_write_file, job.header_file(i), data)
+                s.header_bytes = len(data)
+            await asyncio.to_thread(job.write_manifest)
+            await asyncio.to_thread(job.save)
+            plan = await self.library.plan_shards(job.manifest)
+            short = plan.get("headers_incomplete")
+            if not short:
+                break
+            want = {}
+            for i in short:
+                s = job.shards[int(i)]
+                if s.header_bytes >= min(s.size, MAX_HEADER_BYTES):
+                    raise AcquireError(f"The header of {s.name} is larger than {human_bytes(MAX_HEADER_BYTES)}.")
+                want[int(i)] = min(s.size, 4 * s.header_bytes)
+        for key in ("output_bytes", "peak_bytes", "model", "largest_shard_bytes", "shards"):
+            if key not in plan:
+                raise AcquireError("The engine's plan of this model could not be read.")
+        # keep only each header (what was fetched beyond it is tensor data: no use, and disk taken)
+        by_name = {str(e.get("file")): e.get("header_bytes") for e in plan["shards"] if isinstance(e, dict)}
+        for i, s in enumerate(job.shards):
+            keep = by_name.get(s.name)
+            if isinstance(keep, int) and 0 < keep < s.header_bytes:
+                await asyncio.to_thread(os.truncate, job.header_file(i), keep)
+                s.header_bytes = keep
+        await asyncio.to_thread(job.save)
+        return plan
+
+    def _check_disk(self, job: Job, dest: Path) -> None:
+        """Enough free space for the rest of the job at its peak, said with both paths' numbers, or an error."""
+        assert job.plan is not None
+        out = int(job.plan["output_bytes"])
+        largest = int(job.plan["largest_shard_bytes"])
+        copy_peak = int(job.plan["peak_bytes"]["copy"])
+        stream_peak = int(job.plan["peak_bytes"]["streaming"])
+        parts = [self.downloads.state_dir / f"{self.downloads_id(job, i)}.part" for i in range(len(job.shards))]
+        already = _allocated_under(_engine_state(dest)) + sum(
+            _size(p) for p in [*parts, *(job.shard_file(i) for i in range(len(job.shards)))]
+        )
+        need = max(0, stream_peak - already) + self.disk_margin
+        free = disk_free(dest.parent)
+        if free < need:
+            raise AcquireError(
+                f"Not enough free space for {job.quant} of {job.repo}: repacking while downloading needs "
+                f"{human_bytes(need)} more at its peak (the repacked file {human_bytes(out)} + the largest shard "
+                f"{human_bytes(largest)}; {human_bytes(copy_peak)} if it were repacked after the download), but "
+                f"{human_bytes(free)} is free in {dest.parent}."
+            )
+
+
+class _Transfer:
+    """The download and repack loop of one job (see the module docstring, step 3)."""
+
+    def __init__(self, owner: Acquirer, job: Job, dest: Path, report: ProgressFn) -> None:
+        self.a = owner
+        self.job = job
+        self.dest = dest
+        self.report = report
+        self.n = len(job.shards)
+        self.total = sum(s.size for s in job.shards)
+        self.corrupt: dict[int, int] = {}
+        self.waiting: dict[int, asyncio.Task[DownloadStatus]] = {}  # shard → its download's end
+        self.repack: asyncio.Task[dict[str, Any]] | None = None
+        self.repack_fraction = 0.0
+        self.downloaded: set[int] = set()  # finished downloads not yet repacked (their file is in shards/)
+
+    def _present(self, i: int) -> bool:
+        return _size(self.job.shard_file(i)) == self.job.shards[i].size
+
+    async def run(self) -> LocalModel:
+        job = self.job
+        await asyncio.to_thread(lambda: (job.folder / "shards").mkdir(parents=True, exist_ok=True))
+        await asyncio.to_thread(job.write_manifest)
+        try:
+            # the engine first: it knows which shards an earlier run repacked and deleted, and takes any
+            # downloaded shard that is waiting
+            if any(self._present(i) for i in range(self.n)) or _engine_state(self.dest).exists():
+                self._start_repack()
+                assert self.repack is not None
+                await asyncio.wait({self.repack})
+                if await self._repack_done():
+                    return await self.a.library.describe(self.dest)
+            while True:
+                self._fill_window()
+                waiters: set[asyncio.Future[Any]] = set(self.waiting.values())
+                if self.repack is not None:
+                    waiters.add(self.repack)
+                if not waiters:
+                    raise AcquireError(f"Nothing left to do for {job.quant} of {job.repo}, but no repacked file.")
+                done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                for i, task in list(self.waiting.items()):
+                    if task in done:
+                        del self.waiting[i]
+                        self._downloaded(i, task.result())
+                if self.repack is not None and self.repack in done and await self._repack_done():
+                    return await self.a.library.describe(self.dest)
+                if self.repack is None and self.downloaded:
+                    self._start_repack()
+        except BaseException:
+            await self._stop()
+            raise
+
+    def _fill_window(self) -> None:
+        """Starts the next downloads while fewer than SOURCE_WINDOW shards are on disk or arriving."""
+        pending = [i for i in range(self.n) if i not in self.job.done]
+        busy = len(self.waiting) + len(self.downloaded)
+        for i in pending:
+            if busy >= SOURCE_WINDOW:
+                break
+            if i in self.waiting or i in self.downloaded:
+                continue
+            if self._present(i):
+                self.downloaded.add(i)
+                busy += 1
+                continue
+            s = self.job.shards[i]
+            id_ = self.a.downloads.enqueue(
+                self.job.repo, s.path, self.job.revision, s.sha256, s.size, dest=self.job.shard_file(i)
+            )
+            self.waiting[i] = asyncio.ensure_future(self._wait(id_))
+            busy += 1
+        if self.repack is None and self.downloaded:
+            self._start_repack()
+
+    async def _wait(self, id_: str) -> DownloadStatus:
+        return await self.a.downloads.wait(id_)
+
+    def _downloaded(self, i: int, status: DownloadStatus) -> None:
+        name = self.job.shards[i].name
+        if status.state == "done":
+            self.downloaded.add(i)
+            self._progress()
+            return
+        if status.state == "failed" and status.error_kind == "corrupt":
+            tries = self.corrupt[i] = self.corrupt.get(i, 0) + 1
+            if tries <= CORRUPT_RETRIES:
+                log.warning("%s failed its sha256 check; fetching it again (%d)", name, tries)
+                self.report(GetProgress("downloading", self._fraction(), f"{name} was corrupt; fetching it again…"))
+                return  # the next _fill_window enqueues it again
+        raise AcquireError(status.message if status.state == "failed" else f"The download of {name} was cancelled.")
+
+    def _start_repack(self) -> None:
+        def on_progress(fraction: float, message: str) -> None:
+            self.repack_fraction = fraction
+            self._progress()
+
+        self.repack = asyncio.ensure_future(self.a.library.repack_shards(self.job.manifest, self.dest, on_progress))
+
+    async def _repack_done(self) -> bool:
+        """Takes a finished engine run's answer; True when the repacked file is complete."""
+        task, self.repack = self.repack, None
+        assert task is not None
+        result = task.result()  # LibraryError propagates: the job stays, resumable
+        self.job.done = sorted(set(result["done"]))
+        await asyncio.to_thread(self.job.save)
+        self.downloaded -= set(self.job.done)
+        self._progress()
+        return bool(result["complete"]) and self.dest.is_file()
+
+    def _fraction(self) -> float:
+        got = sum(self.job.shards[i].size for i in set(self.job.done) | self.downloaded)
+        for st in self.a.downloads.items():
+            if st.dest is not None and st.dest.parent == self.job.folder / "shards" and st.state != "done":
+                got += st.done_bytes
+        return 0.5 * min(1.0, got / max(1, self.total)) + 0.5 * self.repack_fraction
+
+    def _progress(self) -> None:
+        done = len(self.job.done)
+        arriving = ", ".join(self.job.shards[i].name for i in sorted(self.waiting)) or "none"
+        phase: Phase = "repacking" if self.repack is not None and not self.waiting else "downloading"
+        self.report(
+            GetProgress(
+                phase,
+                self._fraction(),
+                f"{self.job.quant}: {done} of {self.n} shards repacked; downloading {arriving}",
+            )
+        )
+
+    async def _stop(self) -> None:
+        """Pauses the job's downloads and interrupts the engine (which keeps what it verified)."""
+        for i, task in self.waiting.items():
+            with contextlib.suppress(KeyError):
+                self.a.downloads.pause(self.a.downloads_id(self.job, i))
+            task.cancel()
+        tasks: list[asyncio.Future[Any]] = list(self.waiting.values())
+        if self.repack is not None:
+            self.repack.cancel()
+            tasks.append(self.repack)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _engine_state(dest: Path) -> Path:
+    """Where the engine keeps a resumable repack's progress beside its output (docs/model-format.md)."""
+    return dest.parent / f".{dest.name}.repack"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _allocated_under(folder: Path) -> int:
+    """Bytes the files in a folder take on the drive (the engine's partial output is sparse until written)."""
+    total = 0
+    try:
+        for p in folder.rglob("*"):
+            with contextlib.suppress(OSError, AttributeError):
+                total += p.stat().st_blocks * 512
+    except OSError:
+        pass
+    return total
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_bytes(data)
+    tmp.replace(path)

@@ -1,0 +1,179 @@
+"""What the library panel shows for each model: its row, its details (HTML) and its choices. Qt-free and pure, so
+the controller only wires, and these are tested without a window."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from runmyai.engine.info import EngineInfo
+from runmyai.library.acquire import QuantChoice, RepoQuants
+from runmyai.library.estimate import Estimate, estimate
+from runmyai.library.hub import HubModel
+from runmyai.library.keys import HubKey, LocalKey, PresetKey
+from runmyai.library.local import LocalModel
+from runmyai.library.presets import Preset
+from runmyai.machine import MachineInfo
+from runmyai.units import human_bytes
+
+VERDICT_WORDS = {
+    "runs_well": "Runs well here",
+    "runs_slowly": "Runs slowly here",
+    "no_disk_space": "Not enough disk space",
+    "unsupported": "Not supported by this engine",
+}
+
+
+@dataclass(frozen=True)
+class LibraryEntry:
+    """One row of the library as the controller describes it (the widget knows nothing of presets)."""
+
+    key: str  # a LibraryKey as text (runmyai.library.keys)
+    title: str
+    badge: str  # "installed", "on the hub", "not supported yet", …
+    details_html: str
+    can_download: bool = False
+    can_use: bool = False
+    choices: tuple[tuple[str, str], ...] = ()  # (key, label): the quants a download may pick
+    choice: str | None = None  # the preselected one
+
+
+@dataclass(frozen=True)
+class View:
+    """What every entry is rendered against."""
+
+    machine: MachineInfo | None
+    engine: EngineInfo
+
+
+def local_entry(m: LocalModel, preset: Preset | None, view: View) -> LibraryEntry:
+    lines = [f"<h3>{html.escape(m.name)}</h3>", f"<p>{html.escape(str(m.path))}<br>{human_bytes(m.size_bytes)}"]
+    lines.append(f", architecture {html.escape(m.arch or '?')}</p>")
+    runs = m.arch is not None and view.engine.runs(m.arch)
+    if m.error:
+        lines.append(f"<p style='color:#b52b27'>{html.escape(m.error)}</p>")
+    elif not runs:
+        lines.append(f"<p><b>{_unsupported(m.arch or '?', view.engine)}</b></p>")
+    if preset is not None:
+        lines.append(preset_html(preset, view, installed=True))
+    badge = "built-in" if m.bundled else ("cannot be used" if m.error or not runs else "installed")
+    return LibraryEntry(str(LocalKey(m.path)), m.name, badge, "".join(lines), can_use=m.error is None and runs)
+
+
+def preset_entry(p: Preset, view: View) -> LibraryEntry:
+    runs = view.engine.runs(p.facts.arch)
+    downloadable = runs and (p.published or p.gguf is not None)
+    if not runs:
+        badge = "not supported yet"
+    elif p.repo or p.gguf:
+        badge = "on the hub"
+    else:
+        badge = "built-in (not prepared)"
+    choices: tuple[tuple[str, str], ...] = ()
+    choice = None
+    if p.gguf is not None and not p.published:
+        choices = tuple((str(HubKey(p.gguf.repo, q)), f"{q} (from {p.gguf.repo})") for q in p.gguf.quants)
+        choice = str(HubKey(p.gguf.repo, p.gguf.default))
+    text = f"<h3>{html.escape(p.name)}</h3>" + preset_html(p, view, installed=False)
+    return LibraryEntry(str(PresetKey(p.id)), p.name, badge, text, downloadable, False, choices, choice)
+
+
+def preset_html(p: Preset, view: View, installed: bool) -> str:
+    f = p.facts
+    facts = (
+        f"<p>{html.escape(f.arch)} · {count(f.total_params)} parameters, {count(f.active_params)} "
+        f"active · {f.layers} layers · {f.experts} experts, top-{f.top_k}"
+        f"{f', {f.shared_experts} shared' if f.shared_experts else ''} · expert {human_bytes(p.expert_bytes)}"
+        f" ({p.quant}) · file {human_bytes(p.size_bytes)}</p>"
+    )
+    if p.gguf is not None:
+        facts += (
+            f"<p>Source: {html.escape(p.gguf.repo)} ({', '.join(html.escape(q) for q in p.gguf.quants)})"
+            + ("" if p.published else "; the app repacks it while it downloads")
+            + "</p>"
+        )
+    if not view.engine.runs(f.arch):
+        facts += f"<p><b>{_unsupported(f.arch, view.engine)}</b></p>"
+    if p.notes:
+        facts += f"<p><small>{html.escape(p.notes)}</small></p>"
+    if view.machine is None:
+        return facts
+    est = estimate(p, view.machine, view.engine, installed=installed, budget_share=p.budget_share)
+    return facts + estimate_html(est)
+
+
+def estimate_html(est: Estimate) -> str:
+    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in est.reasons)
+    return (
+        f"<h4>Will it run here? {VERDICT_WORDS[est.verdict]}: about {est.tokens_per_s:.1f} tokens/s "
+        f"(an estimate)</h4><ul>{reasons}</ul>"
+    )
+
+
+def hub_entry(h: HubModel, quants: RepoQuants | None) -> LibraryEntry:
+    """A hub search result: a repacked repository, or a GGUF repository with its quants once they are known."""
+    key = str(HubKey(h.repo))
+    head = (
+        f"<h3>{html.escape(h.repo)}</h3><p>{h.downloads} downloads · {h.likes} likes · "
+        f"{html.escape(', '.join(h.tags[:8]))}</p>"
+    )
+    if quants is None or not quants.choices:
+        files = [f for f in h.files if f.path.endswith(".gguf")]
+        rows = "".join(f"<li>{html.escape(f.path)} ({human_bytes(f.size)})</li>" for f in files)
+        note = f"<p>{html.escape(quants.note)}</p>" if quants is not None and quants.note else ""
+        wait = "" if quants is not None else "<p><i>Reading its quants…</i></p>"
+        return LibraryEntry(
+            key, h.repo, "on the hub", head + note + wait + f"<ul>{rows}</ul>", can_download=bool(files)
+        )
+    best = quants.best()
+    table = quant_table_html(quants, best)
+    choices = tuple((str(HubKey(h.repo, c.quant.name)), quant_label(c, c is best)) for c in quants.choices)
+    choice = str(HubKey(h.repo, best.quant.name)) if best is not None else None
+    detail = estimate_html(best.estimate) if best is not None and best.estimate is not None else ""
+    return LibraryEntry(key, h.repo, "on the hub", head + table + detail, True, False, choices, choice)
+
+
+def quant_label(c: QuantChoice, recommended: bool) -> str:
+    verdict = VERDICT_WORDS[c.estimate.verdict].lower() if c.estimate is not None else "no estimate"
+    shards = f", {len(c.quant.files)} shards" if c.quant.split else ""
+    star = " — recommended" if recommended else ""
+    return f"{c.quant.name}: {human_bytes(c.quant.size)}{shards}, {verdict}{star}"
+
+
+def quant_table_html(q: RepoQuants, best: QuantChoice | None) -> str:
+    rows = []
+    for c in q.choices:
+        est = c.estimate
+        bpw = f"{c.bits_per_weight:.2f}" if c.bits_per_weight is not None else "?"
+        speed = f"~{est.tokens_per_s:.1f} tok/s" if est is not None else "?"
+        verdict = VERDICT_WORDS[est.verdict] if est is not None else "?"
+        mark = " ★" if c is best else ""
+        rows.append(
+            f"<tr><td>{html.escape(c.quant.name)}{mark}</td><td>{human_bytes(c.quant.size)}</td>"
+            f"<td>{len(c.quant.files)}</td><td>{bpw}</td><td>{speed}</td><td>{verdict}</td>"
+            f"<td>{human_bytes(c.disk_needed)}</td></tr>"
+        )
+    basis = (
+        f"<p><small>Facts from the headers of {html.escape(q.reference)}; other quants scaled by size. The disk "
+        "column is the peak while repacking as it downloads (the repacked file + the largest shard).</small></p>"
+        if q.reference
+        else ""
+    )
+    return (
+        "<table cellspacing='6'><tr><th>Quant</th><th>Size</th><th>Shards</th><th>Bits/weight</th>"
+        "<th>Speed</th><th>Here</th><th>Disk at peak</th></tr>" + "".join(rows) + "</table>" + basis
+    )
+
+
+def count(n: float) -> str:
+    """Parameters as people say them: 22 M, 3.3 B, 1.0 T."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}".replace(".0 ", " ")
+    return f"{n:.0f}"
+
+
+def _unsupported(arch: str, engine: EngineInfo) -> str:
+    if not engine.known:
+        return f"Could not ask the engine what it runs: {html.escape(engine.error or '')}."
+    return f"This engine cannot run the {html.escape(arch)} architecture yet."
