@@ -289,7 +289,7 @@ class Session:
         slot_of[wave] = self.scheduler.wait_all(il, wave)
         ctx = g.reset()
         slots = g.input(slot_of[sel[0]].reshape(1, -1))  # I32 [k, 1]
-        ids = g.input(sel[0].astype(np.int32).reshape(-1, 1)) if self.experts.needs_ids(il) else None
+        ids = g.input(sel[0].astype(np.int32).reshape(1, -1)) if self.experts.needs_ids(il) else None
         total = self.experts.token(ctx, il, g.input(r["cur"][0]), slots, g.input(r["weights"][0]), ids)
         shared = g.input(r["shared"]) if "shared" in r else None
         x = common.moe_tail(ctx, total, shared, g.input(r["residual"]))
