@@ -93,6 +93,18 @@ def test_inconsistent_shapes_stop_cleanly(model_factory: ModelFactory, tmp_path:
     assert "attn_q.weight has shape" in r.stderr
 
 
+def test_variants_llama_cpp_computes_unlike_the_model_are_refused(repacked_factory: ModelFactory) -> None:
+    """A GLM-4.5 file without shared experts loads in llama.cpp, which then adds silu(FFN input) where the shared
+    expert's output should be (KL 0.07 against our reading): there is no reference for such a file, so the
+    engine refuses it with one line instead of running something else."""
+    model = repacked_factory(arch="glm4moe", type="Q8_0", n_layer=3, n_dense_lead=1, n_shared_exp=0)
+    r = run_cli("run", str(model), "--prompt", "hello")
+    assert_clean_error(r, 4)
+    assert "glm4moe model without shared experts is not run" in r.stderr
+    ok = repacked_factory(arch="glm4moe", type="Q8_0", n_layer=3, n_dense_lead=1, n_shared_exp=1)
+    assert run_cli("run", str(ok), "--prompt", "hello", "-n", "2").returncode == 0
+
+
 def test_prefill_reads_each_expert_at_most_once(repacked_factory: ModelFactory) -> None:
     """Layer-major prefill: a 300-token prompt (5 batches) with the smallest cache reads each distinct
     expert of each layer exactly once, in waves."""

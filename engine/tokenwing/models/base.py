@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from tokenwing.compute.ggml_lib import ROPE_NEOX, Tensor, ops
-from tokenwing.errors import BadInputError
+from tokenwing.errors import BadInputError, UnsupportedError
 from tokenwing.models import common
 from tokenwing.models.hparams import HParams
 from tokenwing.models.weights import ModelWeights
@@ -104,8 +104,12 @@ class MoEModel:
     qk_norm: ClassVar[bool | None] = False  # per-head q/k RMSNorm (None: where the file has it)
     qkv_bias: ClassVar[bool] = False
     shared_gated: ClassVar[bool] = False  # shared expert scaled by sigmoid(ffn_gate_inp_shexp · x)
-    sigmoid_router: ClassVar[bool] = False  # router probabilities by sigmoid (a file may say otherwise)
-    normalize_weights: ClassVar[bool] = True  # renormalise the top-k weights (a file may say otherwise)
+    # Shared experts: "required", "optional" or "none". Where llama.cpp computes a file without them (or with
+    # them) differently from the model the file claims to be, the engine refuses it instead of guessing.
+    shared_experts: ClassVar[str] = "none"
+    sigmoid_router: ClassVar[bool] = False  # router probabilities by sigmoid (else softmax)
+    normalize_weights: ClassVar[bool] = True  # renormalise the top-k weights
+    routing_keys: ClassVar[bool] = False  # the file's expert_gating_func / _weights_norm / _weights_scale apply
     selection_bias: ClassVar[bool | None] = False  # top-k on probabilities + exp_probs_b (None: where the file has it)
     softmax_selected: ClassVar[bool] = False  # weights: a softmax over the k selected logits (gpt-oss)
 
@@ -124,15 +128,20 @@ class MoEModel:
 
     @classmethod
     def make_router(cls, hp: HParams, has_bias: bool = True) -> common.Router:
-        """The family's routing, where the file does not say otherwise (expert_gating_func, _weights_norm)."""
-        sigmoid = cls.sigmoid_router if hp.gating == 0 else hp.gating == 2
-        normalize = cls.normalize_weights if hp.expert_weights_norm is None else hp.expert_weights_norm
+        """The family's routing; for families whose routing keys llama.cpp reads (`routing_keys`), the file's
+        expert_gating_func, expert_weights_norm and expert_weights_scale where it has them — the others' files
+        are computed as llama.cpp computes them, whatever such keys say."""
+        sigmoid, normalize, scale = cls.sigmoid_router, cls.normalize_weights, 1.0
+        if cls.routing_keys:
+            sigmoid = sigmoid if hp.gating == 0 else hp.gating == 2
+            normalize = normalize if hp.expert_weights_norm is None else hp.expert_weights_norm
+            scale = hp.expert_weights_scale
         bias = bool(cls.selection_bias) or (cls.selection_bias is None and has_bias)
         return common.Router(
             hp.n_expert_used,
             sigmoid,
             normalize,
-            hp.expert_weights_scale,
+            scale,
             bias,
             hp.n_expert_groups,
             hp.n_group_used,
@@ -153,7 +162,13 @@ class MoEModel:
                 continue
             c.router(il, cls.selection_bias)
             c.experts(il, streamed[il])
-            c.shared_expert(il, cls.shared_gated)
+            has = c.shared_expert(il, cls.shared_gated)
+            if has != (cls.shared_experts == "required") and cls.shared_experts != "optional":
+                what = "without shared experts" if not has else "with shared experts"
+                raise UnsupportedError(
+                    f"{where}: a {cls.arch} model {what} is not run: llama.cpp computes such a file unlike the "
+                    "model it claims to be, so there is no reference for its output"
+                )
 
     @classmethod
     def check_attention(cls, c: TensorCheck, il: int) -> None:

@@ -30,6 +30,9 @@ from tokenwing.models.weights import ModelWeights
 
 class DeepSeek2(MoEModel):
     arch = "deepseek2"
+    shared_experts = "required"
+    normalize_weights = False  # llama.cpp's default where the file has no expert_weights_norm
+    routing_keys = True
     rope_mode = ROPE_NORM
     selection_bias = None  # DeepSeek-V3 has exp_probs_b, V2 has not
 

@@ -12,4 +12,5 @@ from tokenwing.models.base import MoEModel
 
 class Ernie45MoE(MoEModel):
     arch = "ernie4_5-moe"
+    shared_experts = "optional"
     rope_mode = ROPE_NORM

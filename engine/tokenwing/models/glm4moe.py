@@ -13,6 +13,9 @@ from tokenwing.models.base import MoEModel
 
 class Glm4MoE(MoEModel):
     arch = "glm4moe"
+    shared_experts = "required"
+    normalize_weights = False  # llama.cpp's default where the file has no expert_weights_norm
+    routing_keys = True
     qk_norm = None
     qkv_bias = True
     ffn_norm = "post_attention_norm"

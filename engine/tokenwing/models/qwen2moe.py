@@ -11,6 +11,7 @@ from tokenwing.models.base import MoEModel
 
 class Qwen2MoE(MoEModel):
     arch = "qwen2moe"
+    shared_experts = "required"
     qkv_bias = True
     shared_gated = True
     normalize_weights = False
