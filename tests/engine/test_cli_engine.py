@@ -254,3 +254,31 @@ def test_info_json_reports_engine_facts(repacked_factory: ModelFactory) -> None:
     assert info["drive"]["mb_per_s_by_threads"]["8"] > 0
     text = run_cli("info")
     assert text.returncode == 0 and "qwen3moe" in text.stdout and "headroom" in text.stdout
+
+
+def test_first_streamed_layer_is_predicted_from_the_dense_layers(repacked_factory: ModelFactory) -> None:
+    """The layers before the first streamed one are dense (no router of their own): they still apply the next
+    streamed layers' routers to their output, so the first streamed layer's experts are predicted too."""
+    from tokenwing.runtime.session import Session, SessionOptions
+
+    model = repacked_factory(
+        arch="glm4moe", type="Q8_0", n_layer=4, n_dense_lead=1, n_shared_exp=1, n_expert=16, n_expert_used=4
+    )
+    tokens = np.random.default_rng(5).integers(0, 500, 40).tolist()
+    s = Session(str(model), SessionOptions(n_ctx=256, ram_budget=1, lookahead=2), log=lambda line: None)
+    try:
+        s.trace = []
+        s.forward(tokens[:20])
+        for t in tokens[20:]:
+            s.forward([t])
+        trace = s.recorded_trace()
+        recall = s.stats()["prediction_recall"]
+    finally:
+        s.close()
+    assert s.streamed[0] == 1
+    decode = trace.prompt_tokens == 0
+    first = trace.predicted[decode, 0]  # [tokens, distance, k] for the first streamed layer
+    assert (first[:, 0] >= 0).all()  # predicted one layer ahead, by the dense layer 0
+    assert (first[:, 1] == -1).all()  # nothing two layers before it
+    assert (trace.predicted[decode, 1, 1] >= 0).all()  # layer 2, two ahead of the dense layer
+    assert recall[0] is not None and recall[0] > 0

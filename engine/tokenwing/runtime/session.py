@@ -244,7 +244,9 @@ class Session:
         if not decode:
             self.scheduler.read_ahead(il, n)
         r = carry if carry is not None else self._layer_parts(il, h, decode)
-        if "out" in r:  # a dense layer
+        if "out" in r:  # a dense layer: it predicts the streamed layers after it, as a MoE layer does
+            for target, top, distance in self.lookahead.predict(il, r["ahead"]) if "ahead" in r else []:
+                self.scheduler.predict(target, top, distance)
             return r["out"], None, None, None
         sel, weights = r["ids"], r["weights"]
         self.scheduler.observe(il, sel)
@@ -305,9 +307,10 @@ class Session:
         lo = self.model.layer(ctx, il, x, at, self.kv[il])
         if lo.routed is None:
             assert lo.out is not None
-            return {"out": lo.out}, lo.writes
-        out = lo.routed.outputs()
-        ahead = self.lookahead.graph(ctx, il, lo.routed) if lookahead else None
+            out = {"out": lo.out}
+        else:
+            out = lo.routed.outputs()
+        ahead = self.lookahead.graph(ctx, il, lo) if lookahead else None
         if ahead is not None:
             out["ahead"] = ahead
         return out, lo.writes
