@@ -6,6 +6,7 @@ import glob
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -54,6 +55,24 @@ def run_cli(*args: str, timeout: float = 300, cwd: str | None = None) -> CliResu
         check=False,
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _as_a_terminal_starts_it() -> None:
+    """SIGINT at its default in the child, as in a terminal's foreground job, whatever this process inherited
+    (a shell runs background jobs with SIGINT ignored, and an ignored signal stays ignored across exec)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Starts `python -m tokenwing ARGS` (stdout and stderr piped) for a test that signals it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tokenwing", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_as_a_terminal_starts_it,  # no threads run in the tests that use it
+    )
 
 
 def assert_clean_error(r: CliResult, code: int | None = None) -> None:
