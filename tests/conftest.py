@@ -89,18 +89,29 @@ def assert_clean_error(r: CliResult, code: int | None = None) -> None:
 ModelFactory = Callable[..., Path]
 
 
+def _mount(mnt: Path, fstype: str, options: str | None = None) -> Path:
+    """A real file system of `fstype` at `mnt` (created). Mounting needs root, as on our machines and CI; where it
+    cannot be done the test is skipped with the reason, never run against a stand-in."""
+    if os.geteuid() != 0:
+        pytest.skip(f"mounting a {fstype} needs root")
+    mnt.mkdir(parents=True, exist_ok=True)
+    cmd = ["mount", "-t", fstype, *(["-o", options] if options else []), fstype, str(mnt)]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a {fstype} here: {r.stderr.strip() or f'mount exited {r.returncode}'}")
+    return mnt
+
+
+def _unmount(mnt: Path) -> None:
+    subprocess.run(["umount", "--lazy", str(mnt)], check=False)  # lazily: a file a failed test left open stays
+
+
 @pytest.fixture
 def ramfs(tmp_path: Path) -> Iterator[Path]:
-    """A real file system that refuses O_DIRECT (ramfs), mounted as root as on our machines and CI."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting ramfs needs root")
-    mnt = tmp_path / "ramfs"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "ramfs", "ramfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+    """A real file system that refuses O_DIRECT (ramfs)."""
+    mnt = _mount(tmp_path / "ramfs", "ramfs")
+    yield mnt
+    _unmount(mnt)
 
 
 Mount = Callable[[int], Path]
@@ -110,20 +121,16 @@ Mount = Callable[[int], Path]
 def tmpfs(tmp_path: Path) -> Iterator[Mount]:
     """mount(size) -> a fresh tmpfs of `size` bytes (as root, as on our machines and CI): a disk that fills up
     for real, with ENOSPC from the kernel."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting tmpfs needs root")
-    mounted: list[Path] = []
+    done: list[Path] = []
 
     def mount(size: int) -> Path:
-        mnt = tmp_path / f"tmpfs{len(mounted)}"
-        mnt.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
-        mounted.append(mnt)
+        mnt = _mount(tmp_path / f"tmpfs{len(done)}", "tmpfs", f"size={size}")
+        done.append(mnt)
         return mnt
 
     yield mount
-    for mnt in mounted:  # lazily: a file a failed test left open must not leave the mount behind
-        subprocess.run(["umount", "--lazy", str(mnt)], check=False)
+    for mnt in done:
+        _unmount(mnt)
 
 
 def fill_disk(directory: Path, leave: int, name: str = "filler") -> Path:

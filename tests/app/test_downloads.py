@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import json
 import os
-import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 from runmyai.library.downloads import EMIT_INTERVAL_S, DownloadManager, DownloadStatus
 from runmyai.library.hub import HubClient, HubError
 from tests.app.hubserver import HubServer
+from tests.conftest import Mount
 
 T = TypeVar("T")
 REPO = "acme/qwen-tw"
@@ -256,30 +256,15 @@ def test_queue_runs_one_at_a_time_and_pause_of_queued(env: Env) -> None:
     assert [s.state for s in run(go)] == ["done", "done"]
 
 
-def _mount_tmpfs(path: Path) -> bool:
-    path.mkdir()
-    if os.geteuid() != 0:
-        return False
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], capture_output=True)
-    return result.returncode == 0
-
-
-def test_not_enough_free_space(env: Env) -> None:
-    small = env.root / "small"
-    mounted = _mount_tmpfs(small)
-    try:
-        if mounted:  # a real 1 MiB filesystem
-            manager = DownloadManager(HubClient(endpoint=env.hub.url), small, env.models_dir, env.events.append)
-        else:  # mock: no root to mount a tmpfs, so the free-space probe reports 1 MiB
-            manager = env.manager(disk_free=lambda _path: 1 << 20)
-        status = run(lambda: download(manager, REPO, NAME))
-        print("tmpfs mounted:", mounted, status.message)
-        assert status.state == "failed"
-        assert "Not enough free space" in status.message and "MB" in status.message
-        assert env.hub.gets(NAME) == []  # checked before downloading anything
-    finally:
-        if mounted:
-            subprocess.run(["umount", str(small)], check=False)
+def test_not_enough_free_space(env: Env, tmpfs: Mount) -> None:
+    """A real 1 MiB file system for the partial downloads: the 3 MB file is refused before any byte is fetched."""
+    small = tmpfs(1 << 20)
+    manager = DownloadManager(HubClient(endpoint=env.hub.url), small, env.models_dir, env.events.append)
+    status = run(lambda: download(manager, REPO, NAME))
+    assert status.state == "failed"
+    assert "Not enough free space" in status.message and "MB" in status.message and str(small) in status.message
+    assert env.hub.gets(NAME) == []  # checked before downloading anything
+    assert [p.suffix for p in small.iterdir()] == [".json"]  # the failed item's state (to retry), no partial
 
 
 def test_gated_repo_message_then_token(env: Env) -> None:
