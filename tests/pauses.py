@@ -11,6 +11,17 @@ from pathlib import Path
 from tokenwing.testpause import DIR_ENV, GO, POINTS_ENV, REACHED
 
 TIMEOUT_S = 300.0  # only a broken engine waits this long: reaching a step is awaited, never raced
+# Every step of a repack, in order: reading the source, writing the output, the data's write-back, verifying,
+# the output's fsync, just before its rename and just after it.
+REPACK_STEPS = [
+    "repack.read",
+    "repack.write",
+    "repack.flush",
+    "verify",
+    "output.fsync",
+    "output.rename",
+    "output.renamed",
+]
 
 
 class Pauses:

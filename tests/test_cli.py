@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ModelFactory, assert_clean_error, run_cli, start_cli
-from tests.pauses import Pauses
+from tests.pauses import REPACK_STEPS, Pauses
 
 
 def test_demo_flow(tmp_path: Path) -> None:
@@ -57,19 +57,6 @@ def test_bad_arguments_are_one_line(tmp_path: Path) -> None:
     assert_clean_error(r, 2)
     assert "ernie4_5-moe" in r.stderr
     assert not list(tmp_path.iterdir())
-
-
-# Every step of a repack, in order (tokenwing/testpause.py): reading the source, writing the output, the data's
-# write-back, verifying, the output's fsync, just before its rename and just after it.
-REPACK_STEPS = [
-    "repack.read",
-    "repack.write",
-    "repack.flush",
-    "verify",
-    "output.fsync",
-    "output.rename",
-    "output.renamed",
-]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -20,7 +20,7 @@ from runmyai.library.local import ImportCancelled, LibraryError, LocalLibrary, L
 from runmyai.library.presets import load_catalog
 from runmyai.paths import bundled_dir
 from tests.conftest import ModelFactory
-from tests.pauses import Pauses
+from tests.pauses import REPACK_STEPS, Pauses
 
 CATALOG = load_catalog(bundled_dir("presets"))
 
@@ -139,9 +139,8 @@ def _cancel_at(step: str, how: str, src: Path, folder: Path, pauses: Pauses) -> 
     asyncio.run(asyncio.wait_for(go(), 120))
 
 
-# The engine's steps (tokenwing/testpause.py): converting, checking, just before and after the rename.
 @pytest.mark.parametrize("how", ["task", "event"])
-@pytest.mark.parametrize("step", ["repack.write", "verify", "output.rename", "output.renamed"])
+@pytest.mark.parametrize("step", REPACK_STEPS)
 def test_cancel_at_every_step_leaves_nothing(
     model_factory: ModelFactory,
     tmp_path: Path,
