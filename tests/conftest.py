@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 
 def _use_core_from(path: str) -> None:
@@ -35,6 +36,12 @@ from tokenwing.format.repack import repack  # noqa: E402
 from tokenwing.testmodel import ModelShape, preset_shape, write_test_model  # noqa: E402
 
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+
+# Property tests draw the same inputs on every run and machine, with no per-example deadline (a busy machine made
+# examples "too slow"): a red run is a real failure that reproduces. HYPOTHESIS_PROFILE=explore draws new ones.
+settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True)
+settings.register_profile("explore", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @dataclass
