@@ -6,6 +6,7 @@ import glob
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 
 def _use_core_from(path: str) -> None:
@@ -35,6 +37,12 @@ from tokenwing.testmodel import ModelShape, preset_shape, write_test_model  # no
 
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 
+# Property tests draw the same inputs on every run and machine, with no per-example deadline (a busy machine made
+# examples "too slow"): a red run is a real failure that reproduces. HYPOTHESIS_PROFILE=explore draws new ones.
+settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True)
+settings.register_profile("explore", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 
 @dataclass
 class CliResult:
@@ -56,6 +64,24 @@ def run_cli(*args: str, timeout: float = 300, cwd: str | None = None) -> CliResu
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
 
+def _as_a_terminal_starts_it() -> None:
+    """SIGINT at its default in the child, as in a terminal's foreground job, whatever this process inherited
+    (a shell runs background jobs with SIGINT ignored, and an ignored signal stays ignored across exec)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Starts `python -m tokenwing ARGS` (stdout and stderr piped) for a test that signals it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tokenwing", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_as_a_terminal_starts_it,  # no threads run in the tests that use it
+    )
+
+
 def assert_clean_error(r: CliResult, code: int | None = None) -> None:
     """A failure is one line on stderr, a non-zero exit and no traceback."""
     assert r.returncode != 0, r.stdout
@@ -70,18 +96,29 @@ def assert_clean_error(r: CliResult, code: int | None = None) -> None:
 ModelFactory = Callable[..., Path]
 
 
+def _mount(mnt: Path, fstype: str, options: str | None = None) -> Path:
+    """A real file system of `fstype` at `mnt` (created). Mounting needs root, as on our machines and CI; where it
+    cannot be done the test is skipped with the reason, never run against a stand-in."""
+    if os.geteuid() != 0:
+        pytest.skip(f"mounting a {fstype} needs root")
+    mnt.mkdir(parents=True, exist_ok=True)
+    cmd = ["mount", "-t", fstype, *(["-o", options] if options else []), fstype, str(mnt)]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a {fstype} here: {r.stderr.strip() or f'mount exited {r.returncode}'}")
+    return mnt
+
+
+def _unmount(mnt: Path) -> None:
+    subprocess.run(["umount", "--lazy", str(mnt)], check=False)  # lazily: a file a failed test left open stays
+
+
 @pytest.fixture
 def ramfs(tmp_path: Path) -> Iterator[Path]:
-    """A real file system that refuses O_DIRECT (ramfs), mounted as root as on our machines and CI."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting ramfs needs root")
-    mnt = tmp_path / "ramfs"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "ramfs", "ramfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+    """A real file system that refuses O_DIRECT (ramfs)."""
+    mnt = _mount(tmp_path / "ramfs", "ramfs")
+    yield mnt
+    _unmount(mnt)
 
 
 Mount = Callable[[int], Path]
@@ -91,20 +128,16 @@ Mount = Callable[[int], Path]
 def tmpfs(tmp_path: Path) -> Iterator[Mount]:
     """mount(size) -> a fresh tmpfs of `size` bytes (as root, as on our machines and CI): a disk that fills up
     for real, with ENOSPC from the kernel."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting tmpfs needs root")
-    mounted: list[Path] = []
+    done: list[Path] = []
 
     def mount(size: int) -> Path:
-        mnt = tmp_path / f"tmpfs{len(mounted)}"
-        mnt.mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
-        mounted.append(mnt)
+        mnt = _mount(tmp_path / f"tmpfs{len(done)}", "tmpfs", f"size={size}")
+        done.append(mnt)
         return mnt
 
     yield mount
-    for mnt in mounted:  # lazily: a file a failed test left open must not leave the mount behind
-        subprocess.run(["umount", "--lazy", str(mnt)], check=False)
+    for mnt in done:
+        _unmount(mnt)
 
 
 def fill_disk(directory: Path, leave: int, name: str = "filler") -> Path:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from tests.conftest import ModelFactory, assert_clean_error, run_cli
+import pytest
+
+from tests.conftest import ModelFactory, assert_clean_error, run_cli, start_cli
+from tests.pauses import REPACK_STEPS, Pauses
 
 
 def test_demo_flow(tmp_path: Path) -> None:
@@ -59,21 +59,53 @@ def test_bad_arguments_are_one_line(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())
 
 
-def test_interrupt_leaves_no_output(model_factory: ModelFactory, tmp_path: Path) -> None:
-    src = model_factory(type="Q4_0", n_layer=4, n_embd=1024, n_ff_exp=512, n_expert=64)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("step", REPACK_STEPS)
+def test_interrupt_at_every_step_leaves_no_output(
+    model_factory: ModelFactory, tmp_path: Path, step: str, sig: signal.Signals
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    pauses = Pauses(tmp_path / "pauses", step)
+    proc = start_cli("repack", str(model_factory(type="Q4_0")), "-o", str(out / "x.tw.gguf"), "-q", env=pauses.env())
+    assert pauses.wait(step, alive=lambda: proc.poll() is None) == proc.pid
+    written = [p.name for p in out.iterdir()]
+    assert written == (["x.tw.gguf"] if step == "output.renamed" else [f".x.tw.gguf.partial-{proc.pid}"])
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, stderr
+    by = "" if sig == signal.SIGINT else " by SIGTERM"
+    assert stderr.splitlines() == [f"tokenwing: interrupted{by}; nothing partial was kept"] and stdout == ""
+    assert list(out.iterdir()) == []
+
+
+def test_an_interrupt_after_the_outcome_changes_nothing(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """Ctrl-C once the output is in place (the summary line still to print, the interpreter still to exit) is too
+    late: the exit code and the output stand (before, such a signal could end the process by SIGINT)."""
+    pauses = Pauses(tmp_path / "pauses", "cli.decided")
     out = tmp_path / "x.tw.gguf"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tokenwing", "repack", str(src), "-o", str(out), "-q"], stderr=subprocess.PIPE, text=True
-    )
-    deadline = time.monotonic() + 60
-    while not any(p.name.startswith(".x.tw.gguf.partial") for p in tmp_path.iterdir()):
-        assert proc.poll() is None and time.monotonic() < deadline, "repack ended before it could be interrupted"
-        time.sleep(0.01)
+    proc = start_cli("repack", str(model_factory(type="Q4_0")), "-o", str(out), "-q", env=pauses.env())
+    pauses.wait("cli.decided", alive=lambda: proc.poll() is None)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert "interrupted" in err and "Traceback" not in err
-    assert list(tmp_path.iterdir()) == []
+    proc.send_signal(signal.SIGTERM)
+    pauses.release("cli.decided")
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and stdout.startswith(f"wrote {out}") and stderr == ""
+    assert run_cli("verify", "--full", str(out), "-q").returncode == 0
+
+
+def test_repack_steps_come_in_order_and_a_pause_changes_nothing(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """The control for the test above: every step is reached, in this order, and released the repack succeeds."""
+    pauses = Pauses(tmp_path / "pauses", *REPACK_STEPS)
+    out = tmp_path / "x.tw.gguf"
+    proc = start_cli("repack", str(model_factory(type="Q4_0")), "-o", str(out), "-q", env=pauses.env())
+    for step in REPACK_STEPS:
+        pauses.wait(step, alive=lambda: proc.poll() is None)
+        assert [s for s in REPACK_STEPS if pauses.reached(s)] == REPACK_STEPS[: REPACK_STEPS.index(step) + 1]
+        pauses.release(step)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and stdout.startswith(f"wrote {out}"), stderr
+    assert run_cli("verify", "--full", str(out), "-q").returncode == 0
 
 
 def test_direct_read_fallback_is_one_line(repacked_factory: ModelFactory, ramfs: Path) -> None:

@@ -6,13 +6,16 @@ import argparse
 import json
 import os
 import resource
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tokenwing import interrupts
 from tokenwing.errors import BadInputError, TokenWingError
 from tokenwing.fsutil import human_bytes, write_atomic, write_json_atomic
 from tokenwing.progress import use_json_lines
+from tokenwing.testpause import pause
 from tokenwing.version import __version__
 
 # `tokenwing testmodel` shape flags: dest → type (each overrides the preset's value when given).
@@ -563,17 +566,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `tokenwing` process's entry point (it takes over SIGINT and SIGTERM: see interrupts.py)."""
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
+    interrupts.install()
     try:
-        return func(args)
+        try:
+            return func(args)
+        finally:
+            interrupts.settle()
+            pause("cli.decided")
     except TokenWingError as e:
         print(f"tokenwing: error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("tokenwing: interrupted; nothing partial was kept", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        by = f" by {e.args[0]}" if isinstance(e, interrupts.Interrupted) and e.signum != signal.SIGINT else ""
+        print(f"tokenwing: interrupted{by}; nothing partial was kept", file=sys.stderr)
+        return interrupts.exit_code(e)
     except MemoryError:
         print("tokenwing: error: out of memory", file=sys.stderr)
         return 1

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from tokenwing.errors import BadInputError, DiskSpaceError
+from tokenwing.testpause import pause
 
 SPACE_MARGIN = 16 << 20
 
@@ -34,7 +35,9 @@ def partial_name(path: str) -> str:
 def atomic_output(path: str, needed: int) -> Iterator[str]:
     """Yields a temporary path beside `path`; renames it into place only if the block completes.
 
-    Ctrl-C, an error or a crash leaves no file under the final name (a crash may leave a `.partial-PID`).
+    Ctrl-C, SIGTERM (through `interrupts`) or an error leaves no partial file and no new file under `path`, even
+    one that lands between the rename and the end of the block (a file that replaced an older one stays: it is
+    complete, and the older one is gone); a crash (SIGKILL, power loss) may leave a `.partial-PID`.
     """
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
@@ -45,10 +48,20 @@ def atomic_output(path: str, needed: int) -> Iterator[str]:
     tmp = partial_name(path)
     try:
         yield tmp
+        pause("output.fsync")
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        pause("output.rename")
+        replacing = os.path.lexists(path)
         os.replace(tmp, path)
-        fsync_dir(directory)
+        try:
+            pause("output.renamed")
+            fsync_dir(directory)
+        except BaseException:  # interrupted before the block ended: the caller never learnt of a new output
+            if not replacing:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            raise
     except OSError as e:
         if e.errno == 28:  # ENOSPC: the space went while we wrote
             raise DiskSpaceError(f"the disk filled up while writing {path}; nothing was kept") from None

@@ -66,9 +66,18 @@ def test_screenshot_of_the_window_under_xvfb(tmp_path: Path) -> None:
     """A real X server (Xvfb) and Qt's xcb platform: the window opens on the built-in model, which streams a
     quarter of its experts from the drive, chats, and the screen shows the graphs at work. With
     RUNMYAI_UPDATE_SCREENSHOT=1 the picture replaces docs/screenshots/main-window.png."""
-    display = f":{90 + os.getpid() % 100}"
-    xvfb = subprocess.Popen(["Xvfb", display, "-screen", "0", "1440x900x24", "-nolisten", "tcp"])
+    # -displayfd: Xvfb picks a free display and writes its number once it accepts connections (a fixed number
+    # could be taken, and an app started before the server listens fails to connect)
+    ready_r, ready_w = os.pipe()
+    xvfb = subprocess.Popen(
+        ["Xvfb", "-displayfd", str(ready_w), "-screen", "0", "1440x900x24", "-nolisten", "tcp"], pass_fds=(ready_w,)
+    )
+    os.close(ready_w)
     try:
+        with os.fdopen(ready_r) as ready:
+            number = ready.readline().strip()
+        assert number.isdigit(), f"Xvfb did not start (exit code {xvfb.poll()})"
+        display = f":{number}"
         env = {k: v for k, v in os.environ.items() if k != "QT_QPA_PLATFORM"}
         env.update(DISPLAY=display, QT_QPA_PLATFORM="xcb")
         shot = tmp_path / "window.png"

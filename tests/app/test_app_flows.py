@@ -53,8 +53,9 @@ def test_search_import_endpoint_and_download_buttons(
         assert any(m.path == imported.path for m in c.local_models)
         assert any(label.startswith("Importing") for label in seen) and seen[-1] == ""
 
-        # the download row's buttons drive the queue
-        server.faults.throttle_bps = len(data) // 4
+        # the download row's buttons drive the queue; the hub holds every body until the pause is done, so the
+        # download cannot finish before the click, however slow this machine is
+        server.faults.hold_after, server.faults.hold_times = 1000, 1000
         window.library.select("preset:tiny")
         window.library.download_button.click()
         table = window.library.downloads
@@ -62,6 +63,8 @@ def test_search_import_endpoint_and_download_buttons(
         table.cellWidget(0, 5).findChild(QPushButton, "pause").click()
         await until(lambda: c.downloads.items()[0].state == "paused", 30, "pause")
         assert table.item(0, 4).text()  # the state is shown
+        server.faults.hold_after = None
+        server.faults.release.set()
         table.cellWidget(0, 5).findChild(QPushButton, "resume").click()
         await until(lambda: c.downloads.items()[0].state == "done", 60, "resume")
 

@@ -114,7 +114,7 @@ def test_damaged_settings_files_are_ignored(model: Path, tmp_path: Path) -> None
 def test_progress_lines_and_cancel_kills_the_process(model: Path) -> None:
     # The real autotune prints no progress on stderr yet; this wrapper prints some, then waits, so that there is
     # a live process group to cancel (sh and its sleep).
-    wrapper = ["sh", "-c", 'echo "probing the drive" >&2; printf "50%%\\r60%%\\n" >&2; sleep 30; exec "$0" "$@"']
+    wrapper = ["sh", "-c", 'echo "probing the drive" >&2; printf "50%%\\r60%%\\n" >&2; sleep 3600; exec "$0" "$@"']
     runner = AutotuneRunner(Path("/nonexistent-settings"), command=[*wrapper, sys.executable, "-m", "tokenwing"])
     progress: list[str] = []
 
@@ -126,14 +126,12 @@ def test_progress_lines_and_cancel_kills_the_process(model: Path) -> None:
             await asyncio.sleep(0.05)
         pid = runner.pid
         assert pid is not None
-        t0 = time.monotonic()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await task
-        assert time.monotonic() - t0 < 5
+            await task  # the hour-long sleep was killed, not waited for (or the guard below fails the test)
         return pid
 
-    pid = asyncio.run(main())
+    pid = asyncio.run(asyncio.wait_for(main(), 120))
     assert progress == ["probing the drive", "50%", "60%"]  # \r-updated progress becomes lines too
     assert runner.pid is None
     with contextlib.suppress(psutil.NoSuchProcess):

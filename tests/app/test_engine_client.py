@@ -133,9 +133,7 @@ def test_closing_the_iterator_cancels_the_generation(engine: Engine) -> None:
             first += d.text
             if first:
                 break
-        t0 = time.monotonic()
-        await stream.aclose()  # closes the HTTP stream; the engine stops at its next token
-        assert time.monotonic() - t0 < 2
+        await stream.aclose()  # closes the HTTP stream; the engine stops at its next token (counted below)
         assert client.last_stats is not None and client.last_stats.ttft_s is not None
         again = await collect(client, HELLO, ChatSettings(temperature=0, max_tokens=3))  # the queue is free
         assert any(d.finish_reason for d in again)
@@ -161,10 +159,8 @@ def test_cancelling_the_task_closes_the_stream(engine: Engine) -> None:
         task = asyncio.create_task(consume())
         await asyncio.wait_for(got_first.wait(), 60)
         task.cancel()
-        t0 = time.monotonic()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        assert time.monotonic() - t0 < 2
         again = await collect(client, HELLO, ChatSettings(temperature=0, max_tokens=2))
         short = [d.usage for d in again if d.usage][-1]["completion_tokens"]
         await client.aclose()
@@ -365,7 +361,7 @@ def test_stats_stream_yields_typed_events(engine: Engine) -> None:
     assert all(layer.hits + layer.misses > 0 for layer in ev.layers)
     assert ev.vram_swaps == 0 and isinstance(ev.bytes_read, int) and ev.ssd_wait_ms >= 0
     assert isinstance(ev.prediction_recall, list) and all(isinstance(r, float) for r in ev.prediction_recall)
-    assert got[-1].token > ev.token or got[-1].token >= 0
+    assert [e.token for e in got] == [1, 2, 3]  # subscribed before the request: its tokens from the first, in order
 
 
 def test_stats_parsing_ignores_unknown_fields_and_bad_events() -> None:

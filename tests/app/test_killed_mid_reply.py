@@ -1,7 +1,7 @@
 """The engine killed in the middle of a reply, in the whole app (offscreen, real engine, real supervisor): what
 arrived is kept and marked cut off, in the window and in the store; the engine restarts; the next message works;
-nothing in the SQLite store is lost. The engine holds the reply at a known point (its test-only
-TOKENWING_TEST_HOLD_REPLY) and is killed there, so the test never races the reply."""
+nothing in the SQLite store is lost. The engine holds the reply at a known point (its test-only pause
+serve.pieceN, tokenwing/testpause.py) and is killed there, so the test never races the reply."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from runmyai.paths import AppPaths
 from tests.app.hubserver import HubServer
 from tests.app.test_app_scenario import make_controller, run_qt, until
 from tests.conftest import ModelFactory
+from tests.pauses import Pauses
 
 N = 3  # text pieces that reach the app before the engine dies
 
@@ -34,8 +35,8 @@ def test_engine_killed_mid_reply(
     model = tmp_path / "home" / "models" / "local.tw.gguf"
     model.parent.mkdir(parents=True)
     model.write_bytes(repacked_factory(type="Q8_0").read_bytes())
-    held = tmp_path / "held"
-    monkeypatch.setenv("TOKENWING_TEST_HOLD_REPLY", f"{N}:{held}")  # the engine inherits it, restarts too
+    pauses = Pauses(tmp_path / "pauses", f"serve.piece{N}")
+    pauses.arm(monkeypatch)  # the engine inherits it, restarts too (which pass: it holds once)
     window, c = make_controller(tmp_path, server, data)
     received: list[str] = []
 
@@ -57,7 +58,7 @@ def test_engine_killed_mid_reply(
             append(delta)
             received.append(delta)
             if len(received) == N:
-                assert held.exists()  # the engine is really holding there, mid-reply
+                assert pauses.reached(f"serve.piece{N}") == pid  # the engine is really holding there, mid-reply
                 os.kill(pid, signal.SIGKILL)
 
         transcript.append_reply = append_then_kill  # type: ignore[method-assign]

@@ -7,16 +7,20 @@ import dataclasses
 import hashlib
 import json
 import shutil
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from runmyai.library import local
 from runmyai.library.local import ImportCancelled, LibraryError, LocalLibrary, LocalModel, repacked_name
 from runmyai.library.presets import load_catalog
 from runmyai.paths import bundled_dir
 from tests.conftest import ModelFactory
+from tests.pauses import REPACK_STEPS, Pauses
 
 CATALOG = load_catalog(bundled_dir("presets"))
 
@@ -99,36 +103,70 @@ def test_scan_uses_its_cache_and_shows_broken_files(repacked_factory: ModelFacto
     assert again == listed
 
 
-@pytest.mark.parametrize("how", ["task", "event"])
-def test_cancel_leaves_nothing(model_factory: ModelFactory, tmp_path: Path, how: str) -> None:
-    src = model_factory(type="Q4_0", n_layer=4, n_embd=1024, n_ff_exp=512, n_expert=64)
-    models = tmp_path / "models"
-    lib = LocalLibrary(models)
-    saw_partial: list[bool] = []
+@pytest.fixture
+def sigint_ignored() -> Iterator[None]:
+    """As a shell starts a background job (`runmyai &` in a script): SIGINT ignored, and so in the engine too."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _cancel_at(step: str, how: str, src: Path, folder: Path, pauses: Pauses) -> None:
+    """Starts an import, cancels it (the task, or the `cancel` event) once the engine waits at `step`."""
+    lib = LocalLibrary(folder)
 
     async def go() -> None:
-        started = asyncio.Event()
         cancel = asyncio.Event()
-
-        def progress(fraction: float, message: str) -> None:
-            if message.startswith("Converting") and not started.is_set():
-                saw_partial.append(any(".partial-" in p.name for p in models.iterdir()))
-                started.set()
-
-        task = asyncio.ensure_future(lib.import_gguf([src], progress, cancel=cancel))
-        await asyncio.wait_for(started.wait(), 120)
-        assert not task.done(), "the import ended before it could be cancelled"
+        task = asyncio.ensure_future(lib.import_gguf([src], cancel=cancel))
+        await pauses.wait_async(step, alive=lambda: not task.done())
+        if step == "output.renamed":
+            assert _visible(folder) == [src.name.replace(".gguf", ".tw.gguf")]  # the output was in place
         if how == "task":
             task.cancel()
+        else:
+            cancel.set()
+        if step == "cli.decided":  # a stop signal no longer counts: let the engine finish
+            pauses.release(step)
+        if how == "task":
             with pytest.raises(asyncio.CancelledError):
                 await task
         else:
-            cancel.set()
             with pytest.raises(ImportCancelled, match="cancelled; nothing was kept"):
                 await task
 
-    asyncio.run(go())
-    assert saw_partial == [True]  # the engine was writing when it was stopped
+    asyncio.run(asyncio.wait_for(go(), 120))
+
+
+@pytest.mark.parametrize("how", ["task", "event"])
+@pytest.mark.parametrize("step", REPACK_STEPS)
+def test_cancel_at_every_step_leaves_nothing(
+    model_factory: ModelFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    sigint_ignored: None,
+    step: str,
+    how: str,
+) -> None:
+    """The engine stops at once on the app's stop signal, even when the app was started with SIGINT ignored:
+    with the kill after the grace period out of reach, a cancel that the engine ignored would hang here."""
+    monkeypatch.setattr(local, "_STOP_GRACE_S", 3600.0)
+    pauses = Pauses(tmp_path / "pauses", step)
+    pauses.arm(monkeypatch)
+    models = tmp_path / "models"
+    _cancel_at(step, how, model_factory(type="Q4_0"), models, pauses)
+    assert _visible(models) == []
+
+
+def test_a_cancel_after_the_engine_finished_keeps_nothing(
+    model_factory: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's outcome was decided (the file complete and in place) when the cancel came: the app removes it."""
+    pauses = Pauses(tmp_path / "pauses", "cli.decided")
+    pauses.arm(monkeypatch)
+    models = tmp_path / "models"
+    _cancel_at("cli.decided", "task", model_factory(type="Q4_0"), models, pauses)
     assert _visible(models) == []
 
 

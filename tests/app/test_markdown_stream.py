@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from PySide6.QtGui import QTextDocument, QTextFormat
+from PySide6.QtWidgets import QApplication
 
 from runmyai.chat.markdown_stream import code_blocks, has_open_fence, safe_commit_point
 
@@ -37,10 +39,32 @@ def test_code_blocks() -> None:
     assert code_blocks(text) == ["ls -l\n", "x\n\ny\n"]
 
 
-@given(st.lists(st.sampled_from(["word ", "\n", "\n\n", "```\n", "~~~\n", "  ```py\n", "x"]), max_size=40))
-def test_commit_point_never_splits_a_fence(parts: list[str]) -> None:
+def rendered_blocks(text: str) -> list[tuple[str, bool]]:
+    """What Qt's markdown renderer (the transcript's) makes of `text`: each non-empty block, and whether it is code."""
+    doc = QTextDocument()
+    doc.setMarkdown(text, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+    blocks = []
+    block = doc.begin()
+    while block.isValid():
+        fmt = block.blockFormat()
+        if block.text().strip():
+            blocks.append(
+                (block.text(), fmt.hasProperty(QTextFormat.Property.BlockCodeFence) or fmt.nonBreakableLines())
+            )
+        block = block.next()
+    return blocks
+
+
+PIECES = ["word ", "x", "`", "\n", "\n\n", "```\n", "````\n", "```py\n", "  ```py\n", "~~~\n", "~~~~ \n", "    ```\n"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=40))
+def test_commit_point_renders_as_the_whole(qapp: QApplication, parts: list[str]) -> None:
+    """The promise, checked against the renderer itself: the committed part rendered alone, then the rest, give
+    the blocks of the whole reply (a "```py" line inside a ``` block was taken for its end)."""
     text = "".join(parts)
     point = safe_commit_point(text)
-    assert 0 <= point <= len(text)
-    assert point == 0 or text[point - 1] == "\n"
-    assert not has_open_fence(text[:point]) or "~~~" in text[:point]
+    assert 0 <= point <= len(text) and (point == 0 or text[point - 1] == "\n")
+    assert rendered_blocks(text[:point]) + rendered_blocks(text[point:]) == rendered_blocks(text)
+    assert not has_open_fence(text[:point])

@@ -65,7 +65,7 @@ class LoopLag:
         return self.worst
 
 
-def _gone(pid: int, timeout: float = 15) -> bool:
+def _gone(pid: int, timeout: float = 60) -> bool:  # a guard: gone at once when all is well
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -132,12 +132,11 @@ def test_start_chat_and_staged_stop(model: Path) -> None:
         assert r.status_code == 401  # the key is really required
         assert await sup.start() == ep  # already running: the same endpoint
         assert isinstance(await _chat(ep), str)
-        t0 = time.monotonic()
         await sup.stop()
-        assert time.monotonic() - t0 < 5  # closing stdin was enough: no SIGTERM wait
-        assert _gone(pid, 1) and sup.state == "stopped" and sup.endpoint is None
-        # nothing blocked the loop for long (a generous bound: this machine is shared; typical is < 20 ms)
-        assert await lag.stop() < 0.25
+        assert not any("SIGTERM" in line for line in rec.lines)  # closing stdin was enough: no escalation
+        assert _gone(pid) and sup.state == "stopped" and sup.endpoint is None
+        # nothing blocked the loop for long: 5x the worst seen here under load (211 ms; idle: bench/app_bench.py)
+        assert await lag.stop() < 1.5
 
     asyncio.run(main())
     assert rec.names() == ["starting", "loading", "ready", "stopped"]
@@ -145,20 +144,25 @@ def test_start_chat_and_staged_stop(model: Path) -> None:
     assert any(line.startswith('{"port"') for line in rec.lines)  # the handshake is in the log too
 
 
-def test_stop_during_start_leaves_nothing(model: Path) -> None:
+@pytest.mark.parametrize("at", ["starting", "loading"])
+def test_stop_during_start_leaves_nothing(model: Path, at: str) -> None:
+    """stop() called as the supervisor enters `at` (before the engine is spawned; after its handshake, while it
+    loads): start() gives up, whatever the engine does meanwhile, and no engine is left."""
+
     async def main() -> None:
-        for delay in (0.0, 0.3):  # before the engine is spawned, and while it starts or loads
-            sup = EngineSupervisor(model, ["--ctx", "512"], **FAST)
-            started = asyncio.create_task(sup.start())
-            await asyncio.sleep(delay)
-            await sup.stop()
-            with pytest.raises(EngineError, match="stopped before it was ready"):
-                await started
-            assert sup.state == "stopped" and sup.pid is None
-            engines = [
-                c for c in psutil.Process().children(recursive=True) if c.is_running() and "serve" in c.cmdline()
-            ]
-            assert all(c.status() == psutil.STATUS_ZOMBIE for c in engines), engines
+        stopping: list[asyncio.Task[None]] = []
+
+        def on_state(state: EngineState, fault: Fault | None) -> None:
+            if state == at and not stopping:
+                stopping.append(asyncio.get_running_loop().create_task(sup.stop()))
+
+        sup = EngineSupervisor(model, ["--ctx", "512"], on_state=on_state, **FAST)
+        with pytest.raises(EngineError, match="stopped before it was ready"):
+            await sup.start()
+        await stopping[0]
+        assert sup.state == "stopped" and sup.pid is None
+        engines = [c for c in psutil.Process().children(recursive=True) if c.is_running() and "serve" in c.cmdline()]
+        assert all(c.status() == psutil.STATUS_ZOMBIE for c in engines), engines
 
     asyncio.run(main())
 
@@ -351,7 +355,7 @@ def test_stalled_engine_is_detected_and_replaced(model: Path) -> None:
         assert time.monotonic() - t0 >= 3
         assert sup.last_fault is not None and sup.last_fault.kind == "stalled"
         assert "stopped responding" in sup.last_fault.sentence
-        assert _gone(pid, 5)  # the stopped engine was killed, not left behind
+        assert _gone(pid)  # the stopped engine was killed, not left behind
         await sup.stop()
 
     asyncio.run(main())
@@ -388,7 +392,7 @@ def test_no_orphan_engine_when_the_app_is_killed(model: Path, tmp_path: Path) ->
         assert psutil.Process(engine).is_running()
         app.kill()  # SIGKILL: no cleanup code runs in the app
         app.wait(10)
-        assert _gone(engine, 15), "the engine outlived the app"
+        assert _gone(engine), "the engine outlived the app"
     finally:
         app.kill()
         app.communicate(timeout=10)

@@ -54,7 +54,9 @@ def test_graphs_draw_and_pause(qtbot: QtBot) -> None:
     qtbot.addWidget(g)
     for t in range(5):
         g.add(Event(t, [Layer(i, 6, 2) for i in range(4)], ssd_wait_ms=2.5))
-    qtbot.waitUntil(lambda: g.summary.text().startswith("5 tokens"), timeout=2000)
+    qtbot.waitUntil(
+        lambda: g.summary.text().startswith("5 tokens"), timeout=60_000
+    )  # a guard: redraws come every 250 ms
     assert "hit rate 75%" in g.summary.text()
     assert "VRAM swaps 0" in g.summary.text()
     _x, y = g.wait_line.getData()

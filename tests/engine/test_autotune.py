@@ -6,10 +6,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from bench.memcap import cap_support, memory_cap
 from tests.conftest import ModelFactory, run_cli
 
 
@@ -28,36 +28,15 @@ def test_autotune_json(repacked_factory: ModelFactory) -> None:
 
 
 def test_autotune_follows_the_memory_limit(repacked_factory: ModelFactory) -> None:
-    base = "/sys/fs/cgroup/memory"
-    if os.geteuid() != 0 or not os.access(base, os.W_OK):
-        pytest.skip("needs root and the cgroup v1 memory controller")
+    version, why = cap_support()
+    if version is None:
+        pytest.skip(why)
     model = repacked_factory(type="F32", n_layer=2, n_embd=512, n_ff_exp=512, n_expert=64, n_expert_used=4)
-    group = f"{base}/tw-autotune-{os.getpid()}"
-    os.mkdir(group)
-    try:
-        cap = 500 << 20
-        Path(group, "memory.limit_in_bytes").write_text(str(cap))
-        cmd = [
-            sys.executable,
-            "-m",
-            "tokenwing",
-            "autotune",
-            str(model),
-            "--json",
-            "--probe-bytes",
-            "4M",
-            "--ctx",
-            "256",
-        ]
-        out = subprocess.run(
-            ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", *cmd],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        s = json.loads(out.stdout)
-        assert s["machine"]["memory"]["limit"] == cap
-        assert s["settings"]["ram_budget"] < cap
-        assert s["settings"]["expert_cache_share"] < 1.0  # 384 MiB of experts do not fit beside the rest
-    finally:
-        os.rmdir(group)
+    cap = 500 << 20
+    cmd = [sys.executable, "-m", "tokenwing", "autotune", str(model), "--json", "--probe-bytes", "4M", "--ctx", "256"]
+    with memory_cap(cap, f"tw-autotune-{os.getpid()}") as group:
+        out = subprocess.run(group.argv(cmd), capture_output=True, text=True, check=True)
+    s = json.loads(out.stdout)
+    assert s["machine"]["memory"]["limit"] == cap
+    assert s["settings"]["ram_budget"] < cap
+    assert s["settings"]["expert_cache_share"] < 1.0  # 384 MiB of experts do not fit beside the rest

@@ -181,9 +181,11 @@ def test_disconnect_cancels(server: Server) -> None:
 def test_stats_stream_and_metrics(server: Server) -> None:
     headers = {"Authorization": f"Bearer {KEY}"}
     events: list[dict[str, object]] = []
+    subscribed = threading.Event()
 
     def listen() -> None:
-        with httpx.stream("GET", server.url + "/v1/tokenwing/stats/stream", headers=headers, timeout=30) as r:
+        with httpx.stream("GET", server.url + "/v1/tokenwing/stats/stream", headers=headers, timeout=60) as r:
+            subscribed.set()  # the server subscribes before it answers: every later token is ours
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     events.append(json.loads(line[6:]))
@@ -192,10 +194,10 @@ def test_stats_stream_and_metrics(server: Server) -> None:
 
     t = threading.Thread(target=listen)
     t.start()
-    time.sleep(0.5)
+    assert subscribed.wait(60)
     server.client().completions.create(model="x", prompt="Stats", max_tokens=6, temperature=0)
-    t.join(timeout=30)
-    assert len(events) >= 3
+    t.join(timeout=60)
+    assert [e["token"] for e in events] == [1, 2, 3]
     ev = events[0]
     assert {"layers", "ssd_wait_ms", "bytes_read", "vram_swaps", "prediction_recall", "tokens_per_s"} <= set(ev)
     assert len(ev["layers"]) == 3 and ev["vram_swaps"] == 0  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import ModelFactory, assert_clean_error, run_cli
 from tests.engine.test_server import KEY, Server
+from tests.pauses import Pauses
 from tokenwing.format.reader import ModelFile
 from tokenwing.text.chat import ChatTemplate, chat_format
 from tokenwing.text.tokenizer import TextTokenizer, tokenizer_from_metadata
@@ -278,16 +279,17 @@ def test_four_concurrent_clients_get_what_each_gets_alone(
 ) -> None:
     """Four clients at once, streaming and not, one of them hanging up mid-reply: each of the others gets exactly
     its text from alone (temperature 0), the one that hung up a prefix of its own. The engine holds the first
-    reply after two pieces (its test-only TOKENWING_TEST_HOLD_REPLY), so that client really hangs up in the
+    reply after two pieces (its test-only pause serve.piece2), so that client really hangs up in the
     middle of a generation while the three others wait in the queue, whatever the machine's speed."""
     prompts = ["Once upon a time", "The fox", "In a land far away", "Tell me about"]
     c = server.client()
     alone = [c.completions.create(model="x", prompt=p, max_tokens=24, temperature=0).choices[0].text for p in prompts]
     assert len(set(alone)) == 4 and all(alone)
-    held = tmp_path / "held"
-    monkeypatch.setenv("TOKENWING_TEST_HOLD_REPLY", f"2:{held}")
+    pauses = Pauses(tmp_path / "pauses", "serve.piece2")
+    pauses.arm(monkeypatch)
     s = Server(model, "--ram-budget", "30%")
-    monkeypatch.delenv("TOKENWING_TEST_HOLD_REPLY")
+    for key in pauses.env({}):
+        monkeypatch.delenv(key)
     got: dict[int, str] = {}
     errors: list[BaseException] = []
     holding, hang_up = threading.Event(), threading.Event()
@@ -311,7 +313,7 @@ def test_four_concurrent_clients_get_what_each_gets_alone(
                 text += json.loads(line[6:])["choices"][0]["text"]
                 chunks += 1
                 if chunks == hang_up_after:
-                    assert held.exists()  # the engine is in the middle of this reply
+                    assert pauses.reached("serve.piece2") is not None  # the engine is in the middle of this reply
                     holding.set()
                     assert hang_up.wait(120)
                     break  # closing the stream mid-reply cancels it in the engine

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
-import pytest
 import xxhash
 
-from tests.conftest import ModelFactory, assert_clean_error, run_cli
+from tests.conftest import ModelFactory, Mount, assert_clean_error, run_cli
 from tests.ggufs import expert_tensors, f32, moe_kv, write_gguf
 from tokenwing.format import layout as L
 from tokenwing.format.gguf_io import KV, read_header
@@ -243,21 +240,14 @@ def test_truncated_repacked_file(repacked_factory: ModelFactory, tmp_path: Path)
         assert_clean_error(r)
 
 
-def test_full_disk_leaves_nothing(model_factory: ModelFactory, tmp_path: Path) -> None:
-    """A real full disk: a 1 MiB tmpfs (needs root, as on our machines and CI)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
-    try:
-        src = model_factory(type="F32", n_layer=4)  # ~1.3 MB: does not fit
-        r = run_cli("repack", str(src), "-o", str(mnt / "x.tw.gguf"), "-q")
-        assert_clean_error(r, 5)
-        assert "not enough free space" in r.stderr
-        assert _outputs(mnt) == []
-        r = run_cli("testmodel", str(mnt / "big.gguf"), "--n-layer", "8", "-q")
-        assert_clean_error(r, 5)
-        assert _outputs(mnt) == []
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+def test_full_disk_leaves_nothing(model_factory: ModelFactory, tmpfs: Mount) -> None:
+    """A real full disk: a 1 MiB tmpfs."""
+    mnt = tmpfs(1 << 20)
+    src = model_factory(type="F32", n_layer=4)  # ~1.3 MB: does not fit
+    r = run_cli("repack", str(src), "-o", str(mnt / "x.tw.gguf"), "-q")
+    assert_clean_error(r, 5)
+    assert "not enough free space" in r.stderr
+    assert _outputs(mnt) == []
+    r = run_cli("testmodel", str(mnt / "big.gguf"), "--n-layer", "8", "-q")
+    assert_clean_error(r, 5)
+    assert _outputs(mnt) == []

@@ -58,6 +58,15 @@ def _user_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="module", autouse=True)
+def record_timings() -> Iterator[None]:
+    """Writes what the tests of this module measured, once they all ran (a record, not a check: no test)."""
+    yield
+    SMOKE.parent.mkdir(parents=True, exist_ok=True)
+    SMOKE.write_text(json.dumps(timings, indent=1) + "\n")
+    print(f"\ninstaller smoke timings: {json.dumps(timings)}")
+
+
 @pytest.fixture(scope="module")
 def artifacts() -> tuple[Path, Path]:
     started = time.monotonic()
@@ -271,9 +280,3 @@ def test_frozen_app_self_test_from_the_deb_through_a_link(deb_root: Path, model:
     link.parent.mkdir()
     link.symlink_to(deb_root / "opt/runmyai/runmyai")
     _self_test(link, model, tmp_path / "home")
-
-
-def test_record_timings() -> None:
-    SMOKE.parent.mkdir(parents=True, exist_ok=True)
-    SMOKE.write_text(json.dumps(timings, indent=1) + "\n")
-    print(f"\ninstaller smoke timings: {json.dumps(timings)}")

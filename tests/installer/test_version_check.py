@@ -7,7 +7,10 @@ it speaks the start-up protocol (handshake line, /health) with a version of our 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -23,7 +26,7 @@ from runmyai.engine import supervisor as supervisor_module
 from runmyai.paths import AppPaths
 from runmyai.ui.controller import AppController
 from runmyai.ui.main_window import MainWindow
-from tokenwing.version import __version__ as engine_version
+from tests.conftest import ModelFactory
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -54,8 +57,24 @@ def make_controller(tmp_path: Path) -> AppController:
     )
 
 
-def test_one_version_for_app_and_engine() -> None:
-    assert __version__ == engine_version  # both read engine/tokenwing/version.py
+def test_one_version_for_app_and_engine(repacked_factory: ModelFactory) -> None:
+    """The version the build stamps (read from version.py as installer/build-linux.sh reads it) is what the app
+    reports and what the real engine reports: on its command line, and in the handshake the app checks."""
+    text = (Path(__file__).resolve().parents[2] / "engine" / "tokenwing" / "version.py").read_text()
+    found = re.search(r'__version__ = "(.+?)"', text)
+    assert found is not None
+    stamped = found[1]
+    assert __version__ == stamped
+    r = subprocess.run([sys.executable, "-m", "tokenwing", "--version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == f"tokenwing {stamped}"
+    serve = [sys.executable, "-m", "tokenwing", "serve", str(repacked_factory()), "--port", "0", "--watch-stdin"]
+    engine = subprocess.Popen(serve, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert engine.stdout is not None
+        handshake = json.loads(engine.stdout.readline())
+    finally:
+        engine.communicate(timeout=60)  # stdin closed: the engine stops
+    assert handshake["version"] == stamped
 
 
 def _with_stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str) -> tuple[AppController, Path]:

@@ -505,8 +505,10 @@ class EngineSupervisor:
             if proc.stdin is not None:
                 proc.stdin.close()  # --watch-stdin: the engine stops by itself
             if not await self._wait(proc, self.stop_grace_s):
+                self._emit(f"{_APP}the engine did not stop within {self.stop_grace_s:g} s: SIGTERM")
                 self._signal(proc, signal.SIGTERM)
                 if not await self._wait(proc, self.stop_grace_s):
+                    self._emit(f"{_APP}the engine did not stop within {self.stop_grace_s:g} s after SIGTERM: SIGKILL")
                     await self._kill(proc)
         self._signal(proc, signal.SIGKILL if hasattr(signal, "SIGKILL") else signal.SIGTERM)  # stragglers
         if self._drains:

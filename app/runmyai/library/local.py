@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import re
-import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ ProgressCallback = Callable[[float, str], None]
 DEMO_FILE = "tokenwing-demo-moe.tw.gguf"  # the demo model in the models folder
 DEMO_SOURCE = "demo-model/tokenwing-demo-moe.gguf"  # the shipped GGUF, relative to resources/
 _CACHE_FILE = ".library.json"  # per file: size, mtime and what `inspect` said (and sha256 once computed)
-_STOP_GRACE_S = 10.0  # after SIGINT, the engine removes its partial output and exits; then it is killed
+_STOP_GRACE_S = 10.0  # after SIGTERM, the engine removes its partial output and exits; then it is killed
 _SHARD = re.compile(r"-\d{5}-of-\d{5}$")
 # How a repack's two passes share the progress bar (repack reads and writes, verify only reads: ~2:1 in
 # docs/results.md).
@@ -232,8 +231,14 @@ class LocalLibrary:
         args = ["repack", *(str(s) for s in sources), "-o", str(dest), "--progress-json"]
         try:
             rc, _, lines = await self._run(args, on_line, cancel, cleanup=dest)
-        except ImportCancelled:
-            raise ImportCancelled(f"The import of {sources[0].name} was cancelled; nothing was kept.") from None
+        except (ImportCancelled, asyncio.CancelledError) as e:
+            # A cancel can come after the engine finished (its outcome decided, a stop signal no longer changes
+            # it): the caller is told nothing was kept, so nothing is.
+            with contextlib.suppress(OSError):
+                dest.unlink()
+            if isinstance(e, ImportCancelled):
+                raise ImportCancelled(f"The import of {sources[0].name} was cancelled; nothing was kept.") from None
+            raise
         if rc != 0:
             raise LibraryError(
                 f"Couldn't import {sources[0].name}: {_engine_error(lines, rc)} (engine exit code {rc}).", rc
@@ -340,8 +345,8 @@ class LocalLibrary:
         cancel: asyncio.Event | None = None,
         cleanup: Path | None = None,
     ) -> tuple[int, str, list[str]]:
-        """Runs the engine CLI: (exit code, stdout, stderr lines). Cancelling (the task or `cancel`) interrupts
-        it as Ctrl-C would, so that it removes its partial output; `cleanup` is that output's final path (a
+        """Runs the engine CLI: (exit code, stdout, stderr lines). Cancelling (the task or `cancel`) stops it with
+        SIGTERM, on which it removes its partial output; `cleanup` is that output's final path (a
         `.NAME.partial-PID` the engine could not remove, if it had to be killed, is removed here)."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8")
         try:
@@ -409,14 +414,15 @@ class LocalLibrary:
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
-    """Ctrl-C (the engine then removes its partial output and exits 130); killed if it doesn't within 10 s."""
+    """SIGTERM (the engine then removes its partial output and exits 143); killed if it doesn't within 10 s.
+
+    Not SIGINT: an app started with SIGINT ignored (a shell's background job) passes that on to the engine,
+    which then never saw the cancel and finished the import (measured: the output of a cancelled import stayed).
+    """
     if proc.returncode is not None:
         return
     with contextlib.suppress(ProcessLookupError):
-        if os.name == "nt":
-            proc.terminate()
-        else:
-            proc.send_signal(signal.SIGINT)
+        proc.terminate()  # TerminateProcess on Windows
     try:
         await asyncio.wait_for(proc.wait(), _STOP_GRACE_S)
     except TimeoutError:

@@ -183,6 +183,8 @@ NB_MODULE(_core, m) {
            })
       .def("scheduler_marks", &tw::StreamCore::scheduler_marks, Release())
       .def("resident_experts", &tw::StreamCore::resident_experts, nb::arg("layer"))
+      .def("hold_io_after", &tw::StreamCore::hold_io_after, nb::arg("chunks"),
+           "Test-only: the I/O threads start this many more reads, then none until called with -1.")
       .def("close", &tw::StreamCore::close, Release());
 
   m.def(

@@ -413,6 +413,16 @@ void StreamCore::assign_pending(int li) {
 }
 
 bool StreamCore::take_work(Chunk& out) {
+  if (io_allowance_ >= 0) {
+    if (io_allowance_ == 0) return false;
+    bool taken = take_any(out);
+    if (taken) io_allowance_--;
+    return taken;
+  }
+  return take_any(out);
+}
+
+bool StreamCore::take_any(Chunk& out) {
   if (!demand_q_.empty()) {
     out = demand_q_.front();
     demand_q_.pop_front();
@@ -742,6 +752,12 @@ std::array<std::uint64_t, 5> StreamCore::queue_depths() const {
   std::lock_guard<std::mutex> lock(mu_);
   return {demand_q_.size(), prefetch_q_.size(), waiting_.size(), static_cast<std::uint64_t>(demand_busy_),
           static_cast<std::uint64_t>(prefetch_busy_)};
+}
+
+void StreamCore::hold_io_after(std::int64_t chunks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  io_allowance_ = chunks < 0 ? -1 : chunks;
+  io_cv_.notify_all();
 }
 
 std::array<std::uint64_t, 3> StreamCore::scheduler_marks() const {

@@ -119,6 +119,9 @@ class StreamCore {
   // and while none was; demand reads in service. The first two never exceed the caps.
   std::array<std::uint64_t, 3> scheduler_marks() const;
   std::vector<int> resident_experts(int li) const;    // expert in each slot (-1 empty/loading)
+  // Test-only: the I/O threads start `chunks` more reads, then none until called with -1 (the default), so a
+  // test can look at a read that is under way however fast the drive is. One comparison per read otherwise.
+  void hold_io_after(std::int64_t chunks);
 
   void close();
 
@@ -168,7 +171,8 @@ class StreamCore {
 
   void io_loop();
   void idle_loop();
-  bool take_work(Chunk& out);
+  bool take_work(Chunk& out);  // take_any, within hold_io_after's allowance
+  bool take_any(Chunk& out);
   void note_prefetch_start();
   bool bind_prediction(Chunk& out);
   // Bookkeeping of a finished read; the projections it completed that need a transform go to `transforms`.
@@ -200,6 +204,7 @@ class StreamCore {
   std::vector<Prediction> waiting_;  // kept sorted: distance, rank, seq
   std::uint64_t pred_seq_ = 0;
   int demand_busy_ = 0, prefetch_busy_ = 0;
+  std::int64_t io_allowance_ = -1;  // hold_io_after: reads the I/O threads may still start (-1: no limit)
   bool stop_ = false;
   std::chrono::steady_clock::time_point last_activity_;
   bool filled_ = true;

@@ -21,6 +21,7 @@ from tokenwing.errors import BadInputError, CorruptModelError, UnsupportedError
 from tokenwing.format import layout as L
 from tokenwing.format.gguf_io import GGUFHeader, TensorInfo, read_header
 from tokenwing.progress import Progress
+from tokenwing.testpause import pause
 
 READ_CHUNK = 8 << 20
 SAMPLE_EXPERTS = 24
@@ -194,6 +195,7 @@ class ModelFile:
                 n_tensors += 1
         for layer, e in pairs:
             self.read_expert(layer, e)
+            pause("verify")
             progress.advance(ex.layer(layer).record_size)
         seconds = progress.finish()
         return VerifyReport(len(pairs), n_tensors, progress.done, seconds)

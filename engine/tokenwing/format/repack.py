@@ -17,6 +17,7 @@ from tokenwing.format.gguf_io import KV, TensorInfo, ValueType, encode_header
 from tokenwing.format.source import SourceModel, SourceTensor, open_source
 from tokenwing.fsutil import atomic_output
 from tokenwing.progress import Progress
+from tokenwing.testpause import pause
 
 COPY_CHUNK = 8 << 20
 FLUSH_EVERY = 256 << 20  # write back and drop from the page cache this often, so dirty pages stay bounded
@@ -137,6 +138,7 @@ class _Sources:
         data = os.pread(fd, n, offset)
         if len(data) != n:
             raise BadInputError(f"{path}: unexpected end of file at offset {offset + len(data)}")
+        pause("repack.read")
         with contextlib.suppress(OSError):
             os.posix_fadvise(fd, offset, n, os.POSIX_FADV_DONTNEED)
         return data
@@ -168,11 +170,13 @@ class _Output:
             n = os.pwrite(self.fd, view, offset)
             offset += n
             view = view[n:]
+        pause("repack.write")
         self.pending += len(data)
         if self.pending >= FLUSH_EVERY:
             self.flush()
 
     def flush(self) -> None:
+        pause("repack.flush")
         os.fdatasync(self.fd)
         with contextlib.suppress(OSError):
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)

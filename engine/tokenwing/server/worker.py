@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import os
 import queue
 import threading
 import time
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenwing import testpause
 from tokenwing.errors import CorruptModelError, TokenWingError
 from tokenwing.runtime.generate import TokenLogprob, generate
 from tokenwing.runtime.sampler import Sampler
@@ -178,16 +178,14 @@ class EngineWorker:
             self._publish(_token_event(s, delta, n[0], time.perf_counter() - start))
 
         pieces = [0]
-        hold = _test_hold()
 
         def on_text(piece: str) -> None:
             pieces[0] += 1
-            held = hold is not None and pieces[0] == hold[0] and not os.path.exists(hold[1])
-            if held:
-                open(hold[1], "w").close()  # type: ignore[index]  # (an empty marker first: once, across restarts)
+            point = f"serve.piece{pieces[0]}" if testpause.armed else ""
+            holding = testpause.arrive(point)  # tests: marked before the client can see the piece ...
             job.emit({"type": "text", "text": piece})
-            while held and not job.cancelled.wait(0.05):  # held mid-reply until the client goes (or this dies)
-                pass
+            if holding:  # ... then held mid-reply until the client goes (or this process dies)
+                testpause.hold(point, until=job.cancelled.is_set)
 
         gen = generate(
             s,
@@ -214,20 +212,6 @@ class EngineWorker:
                 "stats": gen.stats,
             }
         )
-
-
-TEST_HOLD_ENV = "TOKENWING_TEST_HOLD_REPLY"
-
-
-def _test_hold() -> tuple[int, str] | None:
-    """Tests only: `N:PATH` holds the first reply that reaches N text pieces while PATH does not exist (it is
-    created then), so a test can act on an engine that is mid-reply at a known point, whatever the machine's
-    speed (e.g. kill it there)."""
-    value = os.environ.get(TEST_HOLD_ENV)
-    if not value:
-        return None
-    n, _, path = value.partition(":")
-    return int(n), path
 
 
 def logprob_entry(tok: TextTokenizer, lp: TokenLogprob) -> dict[str, Any]:
