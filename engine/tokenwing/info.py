@@ -26,6 +26,26 @@ def weight_types() -> list[str]:
     return out
 
 
+def devices(isa: list[str]) -> list[dict[str, Any]]:
+    """Every compute device ggml sees (kind, name, description, type, free and total memory), the CPU with its
+    cores and instruction sets; a registry that cannot be listed leaves the CPU alone, with the reason."""
+    from tokenwing.compute.devices import list_devices
+
+    cpu: dict[str, Any] = {"kind": "cpu", "name": "CPU", "cores": len(os.sched_getaffinity(0)), "isa": isa}
+    try:
+        found = list_devices()
+    except Exception as e:  # never fail `info` over a device: it is what the app asks when something is wrong
+        return [{**cpu, "error": f"listing devices failed: {e}"}]
+    out = []
+    for d in found:
+        entry = d.as_dict()
+        if d.kind == "cpu":
+            entry.update(cpu)
+        out.append(entry)
+    out.sort(key=lambda e: e["kind"] != "cpu")  # the CPU first: the app and older readers look there
+    return out
+
+
 def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20) -> dict[str, Any]:
     from tokenwing.autotune.probe import cpu_isa, probe_drive
     from tokenwing.models import supported_architectures
@@ -43,7 +63,7 @@ def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20) -> d
             "used_in_group": mem.used_in_group,
             "usable": mem.usable,
         },
-        "devices": [{"kind": "cpu", "name": "CPU", "cores": len(os.sched_getaffinity(0)), "isa": cpu_isa()}],
+        "devices": devices(cpu_isa()),
         "drive": None,
     }
     if drive_file is not None:
