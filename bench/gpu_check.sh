@@ -14,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/build/gpu-out}
-CARRY=$ROOT/build/gpu-carry
+CARRY=${GPU_CARRY:-$ROOT/build/gpu-carry}
 SITE=$ROOT/build/gpu-site  # the ggml package goes here (PYTHONPATH), nothing is installed system-wide
 PY=${PYTHON:-python3}
 mkdir -p "$OUT" "$SITE"
@@ -40,8 +40,9 @@ machine() {
 }
 
 # Libraries the carried ggml needs at run time: the Vulkan loader (carried) and cuBLAS/cudart (the machine's).
-cuda_libs=$(dirname "$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib /usr/lib/x86_64-linux-gnu \
-  -name 'libcublas.so.13*' 2>/dev/null | head -1)" 2>/dev/null || true)
+cublas=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib /usr/lib/x86_64-linux-gnu -name 'libcublas.so.13*' \
+  2>/dev/null | head -1)
+cuda_libs=${CUDA_LIBS:-${cublas:+$(dirname "$cublas")}}
 export LD_LIBRARY_PATH=$CARRY/vulkan${cuda_libs:+:$cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONPATH=$SITE:$ROOT/engine${PYTHONPATH:+:$PYTHONPATH}
 export GGML_NO_BACKTRACE=1
