@@ -240,13 +240,21 @@ def _cmd_trace_synth(args: argparse.Namespace) -> int:
 
 
 def _device_choice(args: argparse.Namespace) -> Any:
-    """The device this run computes on (`--device`, `--vram-budget`), said in one line on stderr."""
+    """The device this run computes on (`--device`, `--vram-budget`); its one line waits in `args.device_line` for
+    `_announce_device`, so that a bad model or prompt still gets exactly one line: its error."""
     from tokenwing.compute.devices import DeviceOptions, choose
 
     choice = choose(DeviceOptions.from_args(args))
     note = "" if choice.on_cpu else "; the VRAM tier is not wired into the forward pass yet: the CPU computes"
-    _stderr_line(choice.reason + note)
+    args.device_line = choice.reason + note
     return choice
+
+
+def _announce_device(args: argparse.Namespace) -> None:
+    line = getattr(args, "device_line", None)
+    if line:
+        _stderr_line(line)
+        args.device_line = None
 
 
 def _session_options(args: argparse.Namespace) -> Any:
@@ -314,6 +322,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             sys.stdout.write(piece)
             sys.stdout.flush()
 
+        _announce_device(args)  # after every check of the input: an error stays the only line
         if args.record_trace:
             session.trace = []
         gen = generate(session, prompt, args.n, sampler, stops, on_text=show)
@@ -347,6 +356,7 @@ def _cmd_logits(args: argparse.Namespace) -> int:
     session = _open_session(args)
     try:
         logits = session.forward(tokens, all_logits=True)
+        _announce_device(args)  # after the tokens were checked: an error stays the only line
         if args.stats_json:
             _write_json(args.stats_json, session.stats())
     finally:
@@ -358,7 +368,8 @@ def _cmd_logits(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from tokenwing.server.serve import serve
 
-    return serve(args.model, _session_options(args), args.host, args.port, args.watch_stdin)
+    options = _session_options(args)
+    return serve(args.model, options, args.host, args.port, args.watch_stdin, notes=[args.device_line])
 
 
 def _cmd_autotune(args: argparse.Namespace) -> int:

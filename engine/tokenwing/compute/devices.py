@@ -67,7 +67,7 @@ def list_devices() -> list[Device]:
     from tokenwing.compute import ggml_lib
 
     ggml = ggml_lib.ops
-    ggml_lib.quiet_debug_log()
+    ggml_lib.start_registry_quietly()
     out = []
     for i in range(ggml.ggml_backend_dev_count()):
         d = _dev(i)

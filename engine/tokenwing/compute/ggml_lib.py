@@ -290,6 +290,26 @@ def quiet_debug_log() -> None:
         _installed_log_filter = True
 
 
+_registry_started = False
+
+
+def start_registry_quietly() -> None:
+    """Starts ggml's backend registry (the first device query does) with its log silenced: the Vulkan backend
+    prints "No devices found" and the like on every machine without a GPU, and the engine says in one line of its
+    own which device it uses and why. Later messages go through `quiet_debug_log`'s filter."""
+    global _registry_started, _installed_log_filter
+    if _registry_started:
+        return
+    silent = ggml.ggml_log_callback(lambda level, text, user: None)
+    ggml.ggml_log_set(silent, None)
+    try:
+        ggml.ggml_backend_dev_count()
+    finally:
+        _installed_log_filter = False
+        quiet_debug_log()
+    _registry_started = True
+
+
 def to_numpy(t: Tensor) -> np.ndarray:
     """A copy of a contiguous F32 or I32 tensor's data, in numpy order (reversed GGUF shape). (Called ~50 times
     per decode token: one copy straight from ggml's memory, no intermediate bytes object.)"""
