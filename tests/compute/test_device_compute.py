@@ -93,7 +93,7 @@ def test_mul_mat_matches_the_cpu_backend(gpu: Backend, cpu: Backend, gtype: int)
     # The CPU backend quantizes activations (Q8_K/Q8_0) for quantized weights: ~1e-3; a device may do the same
     # (CUDA's q8_1) or compute in float (lavapipe: 1e-6). Either way no worse than 4× the CPU's own rounding.
     assert worst(on_gpu, exact) <= 4 * worst(on_cpu, exact) + 1e-5
-    assert worst(on_gpu, on_cpu) < 2e-2
+    assert worst(on_gpu, on_cpu) < 3e-2  # lavapipe 7.5e-3 (Q4_K): the CPU side alone; CUDA adds its q8_1
 
 
 def test_expert_pool_in_vram_filled_from_a_ram_pool(gpu: Backend, cpu: Backend) -> None:
@@ -140,14 +140,14 @@ def test_expert_pool_in_vram_filled_from_a_ram_pool(gpu: Backend, cpu: Backend) 
     g.compute()
     want = reference(chosen)
     assert g.get(out).shape == want.shape == (n_tok, n_used, n)
-    assert worst(g.get(out), want) < 2e-2
+    assert worst(g.get(out), want) < 3e-2
 
     resident[1] = 1  # a swap: expert 1 replaces expert 2 in slot 1; the graph stays as it was built
     vram.set_slot(pool, 1, ram.address + 1 * expert_bytes)
     chosen = np.array([[1, 5], [0, 3], [1, 0]], np.int32)
     g.set(ids, np.vectorize(resident.index)(chosen).astype(np.int32))
     g.compute()
-    assert worst(g.get(out), reference(chosen)) < 2e-2
+    assert worst(g.get(out), reference(chosen)) < 3e-2
     g.close()
     vram.close()
     ram.close()
@@ -282,7 +282,7 @@ def split_case(name: str) -> None:
 
     want = run(cpu, {"dense": dense}, {"x": x, "vid": on_gpu_ids + 2, "cid": on_cpu_ids}, build)
     assert got.shape == want.shape == (n_tok, 1, n)
-    assert worst(got, want) < 2e-2
+    assert worst(got, want) < 3e-2
     g.close()
     tensors.close()
     ram.close()
