@@ -104,6 +104,7 @@ def test_expert_pool_in_vram_filled_from_a_ram_pool(gpu: Backend, cpu: Backend) 
     experts = [quantized(rng, Q4_K, n, k)[0].data for _ in range(n_expert)]
     expert_bytes = experts[0].nbytes
     ram = HostBuffer(gpu, n_expert * expert_bytes)
+    assert ram.address % 4096 == 0  # page-aligned: the streaming core's direct reads can land in it
     for e, raw in enumerate(experts):
         ram.array[e * expert_bytes : (e + 1) * expert_bytes] = raw
     ram_pool = ram.tensor(Q4_K, (k, n, n_expert), 0)

@@ -183,7 +183,8 @@ class DeviceTensors:
 
 class HostBuffer:
     """Host memory for the RAM side of the tier (slot pools, router outputs the CPU reads): pinned when the device
-    offers a host buffer type (`pinned`), else page-aligned memory of ours. Either way a ggml CPU buffer, so tensors
+    offers a host buffer type (`pinned`), else memory of ours; page-aligned either way (tested on each device), so
+    the streaming core's direct reads can land in it. Either way a ggml CPU buffer, so tensors
     placed in it (`tensor`) are computed by the CPU backend in split graphs and copied to the device at full speed.
     """
 

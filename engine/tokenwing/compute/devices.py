@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -146,7 +147,7 @@ def resolve_budget(text: str | None, dev: Device) -> tuple[int, str]:
 def choose(
     options: DeviceOptions,
     devices: list[Device] | None = None,
-    probe: Any = None,
+    probe: Callable[[Device], str | None] | None = None,
 ) -> DeviceChoice:
     """The device for this run: CUDA, else Vulkan, else the CPU (`auto`), or the one asked for. Never fails: no
     such device, a device that fails its probe, or too little VRAM all give the CPU, with the reason.
