@@ -8,7 +8,8 @@
 # Steps, each timed in $OUT/timings.txt: the machine (nvidia-smi, Vulkan drivers); ggml from the carried package
 # (CUDA sm_90 + Vulkan + CPU), or — if it does not load there — built from the carried sdist with CUDA only on all
 # cores; the native core; `tokenwing info --json`; the device tests (tests/compute) on every CUDA and Vulkan device
-# ggml shows; a host→device copy benchmark (pinned and plain memory). Never stops at the first failure: each step's
+# ggml shows; a host→device copy benchmark (pinned and plain memory); the split-graph crash check
+# (bench/split_stress.py). Never stops at the first failure: each step's
 # exit code is in $OUT/summary.txt. Later steps (the engine's benchmarks) are added by the VRAM tier's issue.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -88,4 +89,5 @@ step info "$PY" -m tokenwing info --json
 cp "$OUT/info.txt" "$OUT/info.json" 2>/dev/null
 step device_tests timeout 420 "$PY" -m pytest -q -p no:cacheprovider --junitxml="$OUT/device_tests.xml" tests/compute
 step copy_bench timeout 120 "$PY" bench/device_copy_bench.py --json "$OUT/copy_bench.json"
+step split_stress timeout 240 "$PY" bench/split_stress.py --runs 4  # lavapipe crashes in ~half: a real driver?
 echo "total: $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
