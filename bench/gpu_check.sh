@@ -71,10 +71,18 @@ unpack() {  # unpack TARBALL SITE
 
 build_cuda() {  # ggml with CUDA from the sdist, every core; no Vulkan (no glslc here)
   local b=$ROOT/build/ggml-cuda-here site=$ROOT/build/gpu-site-cuda
+  local extra=() nv
   rm -rf "$b" && mkdir -p "$b" && tar xzf "$CARRY"/ggml_python-*.tar.gz -C "$b" || return 1
+  if ! ls /usr/local/cuda/include/cublas_v2.h /usr/local/cuda/targets/*/include/cublas_v2.h >/dev/null 2>&1; then
+    # cuBLAS from pip's nvidia-cublas wheel instead of the toolkit (the toolkit's own dirs are searched otherwise)
+    nv=$("$PY" -c "import site, glob; h = [g for p in site.getsitepackages() for g in glob.glob(p + '/nvidia/cu13')]
+print(h[0] if h else '')" 2>/dev/null)
+    [ -n "$nv" ] && export LD_LIBRARY_PATH=$nv/lib:$LD_LIBRARY_PATH && extra=(-DCUDA_cublas_LIBRARY="$nv/lib/libcublas.so.13" -DCUDA_cublasLt_LIBRARY="$nv/lib/libcublasLt.so.13"
+      -DCMAKE_CUDA_FLAGS="-I$nv/include" -DCMAKE_CXX_FLAGS="-I$nv/include")
+  fi
   cmake -S "$b"/ggml_python-* -B "$b/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSKBUILD_PROJECT_NAME=ggml_python \
     -DSKBUILD_PROJECT_VERSION=0.0.45 -DSKBUILD_STATE=wheel -DSKBUILD_PLATLIB_DIR="$b/install" -DGGML_NATIVE=ON \
-    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 || return 1
+    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 "${extra[@]}" || return 1
   time cmake --build "$b/cmake" -j "$(nproc)" || return 1
   cmake --install "$b/cmake" >/dev/null || return 1
   rm -rf "$site" && mkdir -p "$site" && cp -r "$b"/ggml_python-*/ggml "$site/ggml" && rm -rf "$site/ggml/lib" \
