@@ -35,6 +35,7 @@ package() {  # package NAME LIBDIR: the `ggml` package as pip would install it (
   rm -rf "$stage" && mkdir -p "$stage/ggml/lib"
   (cd "$src/ggml_python-$GGML_PY_VERSION/ggml" && tar cf - --exclude=__pycache__ .) | tar xf - -C "$stage/ggml"
   cp -L "$2"/*.so "$stage/ggml/lib/"
+  bench/ggml_python_fix.sh "$stage/ggml/ggml.py"  # `import ggml` fails on CUDA builds otherwise
   tar cJf "$CARRY/$1.tar.xz.partial" -C "$stage" ggml && mv "$CARRY/$1.tar.xz.partial" "$CARRY/$1.tar.xz"
 }
 

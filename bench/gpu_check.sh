@@ -66,7 +66,8 @@ ggml_loads() {
 }
 
 unpack() {  # unpack TARBALL SITE
-  rm -rf "$2" && mkdir -p "$2" && tar xJf "$1" -C "$2" && ls -la "$2/ggml/lib" && ggml_loads "$2"
+  rm -rf "$2" && mkdir -p "$2" && tar xJf "$1" -C "$2" && bench/ggml_python_fix.sh "$2/ggml/ggml.py" \
+    && ls -la "$2/ggml/lib" && ggml_loads "$2"
 }
 
 build_cuda() {  # ggml with CUDA from the sdist, every core; no Vulkan (no glslc here)
@@ -86,7 +87,8 @@ print(h[0] if h else '')" 2>/dev/null)
   time cmake --build "$b/cmake" -j "$(nproc)" || return 1
   cmake --install "$b/cmake" >/dev/null || return 1
   rm -rf "$site" && mkdir -p "$site" && cp -r "$b"/ggml_python-*/ggml "$site/ggml" && rm -rf "$site/ggml/lib" \
-    && cp -r "$b/install/ggml/lib" "$site/ggml/lib" && ls -la "$site/ggml/lib" && ggml_loads "$site"
+    && cp -r "$b/install/ggml/lib" "$site/ggml/lib" && bench/ggml_python_fix.sh "$site/ggml/ggml.py" \
+    && ls -la "$site/ggml/lib" && ggml_loads "$site"
 }
 
 python_deps() {
