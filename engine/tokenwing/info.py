@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from tokenwing.errors import BadInputError
-from tokenwing.streaming.memory import HEADROOM, memory_info
+from tokenwing.streaming.memory import HEADROOM, MemoryInfo, memory_info
 from tokenwing.version import __version__
 
 
@@ -26,12 +26,20 @@ def weight_types() -> list[str]:
     return out
 
 
-def devices(isa: list[str]) -> list[dict[str, Any]]:
+def devices(isa: list[str], mem: MemoryInfo) -> list[dict[str, Any]]:
     """Every compute device ggml sees (kind, name, description, type, free and total memory), the CPU with its
-    cores and instruction sets; a registry that cannot be listed leaves the CPU alone, with the reason."""
+    cores, instruction sets and RAM (ggml counts all of it free); a registry that cannot be listed leaves the CPU
+    alone, with the reason."""
     from tokenwing.compute.devices import list_devices
 
-    cpu: dict[str, Any] = {"kind": "cpu", "name": "CPU", "cores": len(os.sched_getaffinity(0)), "isa": isa}
+    cpu: dict[str, Any] = {
+        "kind": "cpu",
+        "name": "CPU",
+        "cores": len(os.sched_getaffinity(0)),
+        "isa": isa,
+        "free": mem.usable,
+        "total": mem.total,
+    }
     try:
         found = list_devices()
     except Exception as e:  # never fail `info` over a device: it is what the app asks when something is wrong
@@ -63,7 +71,7 @@ def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20) -> d
             "used_in_group": mem.used_in_group,
             "usable": mem.usable,
         },
-        "devices": devices(cpu_isa()),
+        "devices": devices(cpu_isa(), mem),
         "drive": None,
     }
     if drive_file is not None:
