@@ -30,7 +30,7 @@ VERSION=$(python -c 'import re; print(re.search(r"__version__ = \"(.+?)\"", open
 TARBALL=$OUT/runmyai-$VERSION-linux-x86_64.tar.gz
 DEB=$OUT/runmyai_${VERSION}_amd64.deb
 
-installer/build-ggml-variants.sh avx2 avx512
+installer/build-ggml-variants.sh  # avx2, avx512 and their Vulkan twins where they can be built
 
 # The native core, built for the bundle from this checkout: Release, the compiler's x86-64 baseline (no
 # -march=native, whatever CFLAGS/CXXFLAGS/CMAKE_ARGS say), incremental in build/installer/core.
@@ -64,9 +64,11 @@ rm -f "$WORK/inputs.key"
 if objdump -d "$CORE" | grep -qE '%[yz]mm|%k[0-7]'; then
   log "the native core $CORE uses AVX/AVX-512 instructions"; exit 1
 fi
-if objdump -d build/ggml-variants/avx2/lib/libggml-cpu.so | grep -q '%zmm'; then
-  log "the avx2 variant of ggml uses AVX-512 instructions"; exit 1
-fi
+for v in build/ggml-variants/avx2 build/ggml-variants/avx2-vulkan; do
+  if [ -d "$v" ] && objdump -d "$v/lib/libggml-cpu.so" | grep -q '%zmm'; then
+    log "the $(basename "$v") variant of ggml uses AVX-512 instructions"; exit 1
+  fi
+done
 
 log "PyInstaller bundle"
 s=$SECONDS
@@ -87,6 +89,8 @@ done
 [ -d "$I/resources/demo-model" ] || log "warning: no resources/demo-model in this checkout (the built-in model)"
 stray=$(find "$BUNDLE" -name 'libggml*' -not -path "$I/ggml-cpu/*")
 [ -z "$stray" ] || fail "ggml libraries outside ggml-cpu/ (a second libggml-cpu could load): $stray"
+loader=$(find "$BUNDLE" -name 'libvulkan.so*')
+[ -z "$loader" ] || fail "a Vulkan loader in the bundle (the user's system provides it, with its drivers): $loader"
 for mod in llama_cpp torch pytest _pytest hypothesis openai PyInstaller; do
   [ ! -e "$I/$mod" ] || fail "$mod must not be bundled"
 done

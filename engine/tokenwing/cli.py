@@ -13,7 +13,7 @@ from typing import Any
 
 from tokenwing import interrupts
 from tokenwing.errors import BadInputError, TokenWingError
-from tokenwing.fsutil import human_bytes, write_atomic, write_json_atomic
+from tokenwing.fsutil import human_bytes, parse_size, write_atomic, write_json_atomic
 from tokenwing.progress import use_json_lines
 from tokenwing.testpause import pause
 from tokenwing.version import __version__
@@ -198,7 +198,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
         f"headroom kept {human_bytes(info['headroom_bytes'])}"
     )
     for d in info["devices"]:
-        print(f"device: {d['name']} ({d['kind']})" + (f", {d['cores']} cores" if "cores" in d else ""))
+        extra = f", {d['cores']} cores" if "cores" in d else ""
+        if d["kind"] != "cpu":
+            extra = f", {d.get('description', '')}, {human_bytes(d['free'])} free of {human_bytes(d['total'])}"
+        print(f"device: {d['name']} ({d['kind']}){extra}")
     if info["drive"]:
         speeds = ", ".join(f"{t}: {v:.0f}" for t, v in info["drive"]["mb_per_s_by_threads"].items())
         print(f"drive ({'direct' if info['drive']['direct'] else 'cached'} reads, MB/s by threads): {speeds}")
@@ -239,18 +242,22 @@ def _cmd_trace_synth(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_size(text: str, percent_of: int | None = None) -> int:
-    """`2G`, `512M`, `1.5GiB`, `123456` (bytes) or `10%` (of `percent_of`)."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    try:
-        if t.endswith("%"):
-            if percent_of is None:
-                raise ValueError
-            return int(float(t[:-1]) / 100 * percent_of)
-        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
-        return int(float(t[:-1] if mult > 1 else t) * mult)
-    except (ValueError, IndexError):
-        raise BadInputError(f"not a size: {text!r} (examples: 2G, 512M, 10%)") from None
+def _device_choice(args: argparse.Namespace) -> Any:
+    """The device this run computes on (`--device`, `--vram-budget`); its one line waits in `args.device_line` for
+    `_announce_device`, so that a bad model or prompt still gets exactly one line: its error."""
+    from tokenwing.compute.devices import DeviceOptions, choose
+
+    choice = choose(DeviceOptions.from_args(args))
+    note = "" if choice.on_cpu else "; the VRAM tier is not wired into the forward pass yet: the CPU computes"
+    args.device_line = choice.reason + note
+    return choice
+
+
+def _announce_device(args: argparse.Namespace) -> None:
+    line = getattr(args, "device_line", None)
+    if line:
+        _stderr_line(line)
+        args.device_line = None
 
 
 def _session_options(args: argparse.Namespace) -> Any:
@@ -258,6 +265,7 @@ def _session_options(args: argparse.Namespace) -> Any:
     from tokenwing.runtime.session import SessionOptions
     from tokenwing.streaming.settings import settings_from_args
 
+    _device_choice(args)
     budget = None
     if args.ram_budget:
         with ModelFile.open(args.model, announce_fallback=False) as mf:
@@ -317,6 +325,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             sys.stdout.write(piece)
             sys.stdout.flush()
 
+        _announce_device(args)  # after every check of the input: an error stays the only line
         if args.record_trace:
             session.trace = []
         gen = generate(session, prompt, args.n, sampler, stops, on_text=show)
@@ -350,6 +359,7 @@ def _cmd_logits(args: argparse.Namespace) -> int:
     session = _open_session(args)
     try:
         logits = session.forward(tokens, all_logits=True)
+        _announce_device(args)  # after the tokens were checked: an error stays the only line
         if args.stats_json:
             _write_json(args.stats_json, session.stats())
     finally:
@@ -361,7 +371,8 @@ def _cmd_logits(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from tokenwing.server.serve import serve
 
-    return serve(args.model, _session_options(args), args.host, args.port, args.watch_stdin)
+    options = _session_options(args)
+    return serve(args.model, options, args.host, args.port, args.watch_stdin, notes=[args.device_line])
 
 
 def _cmd_autotune(args: argparse.Namespace) -> int:
@@ -418,6 +429,17 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
     _switch(p, "--cpu-repack", True, "matrix weights and experts in ggml's repacked layouts where this CPU has one")
     _switch(p, "--preload", None, "read every expert that fits at start (default: when the cache holds all of them)")
     _switch(p, "--token-graph", True, "with every expert in RAM, run a decode step as one graph, not one per layer")
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "vulkan", "cuda"],
+        help="where to compute: auto picks CUDA, else a Vulkan GPU, else the CPU (default: auto)",
+    )
+    p.add_argument(
+        "--vram-budget",
+        help="VRAM the engine may use: a size (8G) or a share of the VRAM free at start (80%%) "
+        "(default: the free VRAM less a headroom of 1/16 of the device, 256 MiB to 1 GiB)",
+    )
     add_stream_arguments(p)
 
 
@@ -568,6 +590,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """The `tokenwing` process's entry point (it takes over SIGINT and SIGTERM: see interrupts.py)."""
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["__device_probe"] and len(argv) == 2:  # the child compute/probe.py starts (not for users)
+        from tokenwing.compute.probe import run_probe
+
+        return run_probe(argv[1])
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     interrupts.install()

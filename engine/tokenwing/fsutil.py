@@ -99,3 +99,23 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     return f"{n:.2f} TiB"
+
+
+def parse_size(text: str, percent_of: int | None = None) -> int:
+    """`2G`, `512M`, `1.5GiB`, `123456` (bytes) or `10%` (of `percent_of`)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    try:
+        if t.endswith("%"):
+            if percent_of is None:
+                raise ValueError
+            share = float(t[:-1])
+            if not 0 <= share <= 100:
+                raise ValueError
+            return int(share / 100 * percent_of)
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
+        n = int(float(t[:-1] if mult > 1 else t) * mult)
+        if n < 0:
+            raise ValueError
+        return n
+    except (ValueError, IndexError, OverflowError):
+        raise BadInputError(f"not a size: {text!r} (examples: 2G, 512M, 10%)") from None

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from tokenwing.errors import BadInputError
-from tokenwing.streaming.memory import HEADROOM, memory_info
+from tokenwing.streaming.memory import HEADROOM, MemoryInfo, memory_info
 from tokenwing.version import __version__
 
 
@@ -23,6 +23,34 @@ def weight_types() -> list[str]:
         name = ggml.ggml_type_name(t)
         if traits and traits.contents.vec_dot and name and b" " not in name:
             out.append(name.decode().upper())
+    return out
+
+
+def devices(isa: list[str], mem: MemoryInfo) -> list[dict[str, Any]]:
+    """Every compute device ggml sees (kind, name, description, type, free and total memory), the CPU with its
+    cores, instruction sets and RAM (ggml counts all of it free); a registry that cannot be listed leaves the CPU
+    alone, with the reason."""
+    from tokenwing.compute.devices import list_devices
+
+    cpu: dict[str, Any] = {
+        "kind": "cpu",
+        "name": "CPU",
+        "cores": len(os.sched_getaffinity(0)),
+        "isa": isa,
+        "free": mem.usable,
+        "total": mem.total,
+    }
+    try:
+        found = list_devices()
+    except Exception as e:  # never fail `info` over a device: it is what the app asks when something is wrong
+        return [{**cpu, "error": f"listing devices failed: {e}"}]
+    out = []
+    for d in found:
+        entry = d.as_dict()
+        if d.kind == "cpu":
+            entry.update(cpu)
+        out.append(entry)
+    out.sort(key=lambda e: e["kind"] != "cpu")  # the CPU first: the app and older readers look there
     return out
 
 
@@ -43,7 +71,7 @@ def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20) -> d
             "used_in_group": mem.used_in_group,
             "usable": mem.usable,
         },
-        "devices": [{"kind": "cpu", "name": "CPU", "cores": len(os.sched_getaffinity(0)), "isa": cpu_isa()}],
+        "devices": devices(cpu_isa(), mem),
         "drive": None,
     }
     if drive_file is not None:

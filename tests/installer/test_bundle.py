@@ -40,6 +40,15 @@ KEY = "smoke-test-key"
 timings: dict[str, float] = {}
 
 
+def _vulkan() -> str:
+    """The variant suffix the engine's runtime hook adds here: "-vulkan" where the bundle has Vulkan builds and
+    this system the Vulkan loader (./dev installs it as root; the bundle never carries one)."""
+    import ctypes.util
+
+    built = (ROOT / "build" / "ggml-variants" / "avx2-vulkan" / "lib").is_dir()
+    return "-vulkan" if built and ctypes.util.find_library("vulkan") else ""
+
+
 def _cpu_flags() -> set[str]:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("flags"):
@@ -136,6 +145,10 @@ def test_tarball_layout(unpacked: Path) -> None:
         assert not (internal / unwanted).exists(), unwanted
     ggml_libs = [p for p in unpacked.rglob("libggml*") if "ggml-cpu" not in p.relative_to(unpacked).parts]
     assert ggml_libs == []  # one copy per variant, nowhere else
+    if _vulkan():
+        for v in ("avx2-vulkan", "avx512-vulkan"):
+            assert (internal / f"ggml-cpu/{v}/ggml/lib/libggml-vulkan.so").exists(), v
+    assert list(unpacked.rglob("libvulkan.so*")) == []  # the user's system provides the loader
 
 
 def test_deb_layout(artifacts: tuple[Path, Path], deb_root: Path) -> None:
@@ -223,7 +236,7 @@ def test_frozen_engine_serves_a_chat_completion_on_the_portable_variant(
     timings["engine_handshake_s"] = round(e.handshake_s, 2)
     timings["engine_ready_s"] = round(e.wait_ready(), 2)
     # exactly one libggml-cpu, the portable one (a second copy would mean two ggml CPU backends in one process)
-    assert e.ggml_cpu_libs() == {str(unpacked / "_internal/ggml-cpu/avx2/ggml/lib/libggml-cpu.so")}
+    assert e.ggml_cpu_libs() == {str(unpacked / f"_internal/ggml-cpu/avx2{_vulkan()}/ggml/lib/libggml-cpu.so")}
     client = OpenAI(base_url=f"{e.base}/v1", api_key=KEY, timeout=120)
     reply = client.chat.completions.create(
         model=str(e.handshake.get("model") or "model"),
@@ -241,6 +254,7 @@ def test_deb_engine_picks_the_best_variant_for_this_cpu(deb_root: Path, model: P
     try:
         engine.wait_ready()
         want = "avx512" if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"} <= _cpu_flags() else "avx2"
+        want += _vulkan()
         libs = engine.ggml_cpu_libs()
         assert libs == {str(deb_root / f"opt/runmyai/_internal/ggml-cpu/{want}/ggml/lib/libggml-cpu.so")}
         assert engine.stop() == 0
@@ -280,3 +294,20 @@ def test_frozen_app_self_test_from_the_deb_through_a_link(deb_root: Path, model:
     link.parent.mkdir()
     link.symlink_to(deb_root / "opt/runmyai/runmyai")
     _self_test(link, model, tmp_path / "home")
+
+
+@pytest.mark.skipif(not _vulkan(), reason="no Vulkan variants in this build (./dev setup as root builds them)")
+def test_frozen_engine_on_lavapipe(unpacked: Path, model: Path) -> None:
+    """The Vulkan variant in the bundle sees Mesa's lavapipe, and its device probe (a child of the frozen
+    executable itself) passes; without a loader's drivers it computes on the CPU."""
+    env = _user_env(GGML_VK_VISIBLE_DEVICES="0", GGML_VK_DISABLE_F16="1")
+    exe = str(unpacked / "tokenwing")
+    r = subprocess.run([exe, "info", "--json"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "Vulkan0" in [d["name"] for d in json.loads(r.stdout)["devices"]]
+    run = [exe, "run", str(model), "--prompt", "Hi", "-n", "2", "--device", "vulkan"]
+    r = subprocess.run(run, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0 and "computing on Vulkan0 (llvmpipe" in r.stderr, r.stderr
+    env["VK_DRIVER_FILES"] = env["VK_ICD_FILENAMES"] = "/nonexistent"
+    r = subprocess.run(run, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0 and "computing on the CPU: --device vulkan" in r.stderr, r.stderr

@@ -54,3 +54,21 @@ def test_reads_this_machines_flags(hook: ModuleType, tmp_path: Path) -> None:
     info.write_text("processor\t: 0\nflags\t\t: fpu avx avx2 fma f16c bmi2\n\nprocessor\t: 1\nflags\t\t: fpu\n")
     assert hook.cpu_flags(str(info)) == frozenset({"fpu", "avx", "avx2", "fma", "f16c", "bmi2"})
     assert hook.cpu_flags(str(tmp_path / "missing")) is None
+
+
+def test_vulkan_twin_only_with_a_loader(hook: ModuleType) -> None:
+    bundle = ["avx2", "avx512", "avx2-vulkan", "avx512-vulkan"]
+    assert hook.with_vulkan("avx512", bundle, True, None) == ("avx512-vulkan", "with Vulkan")
+    assert hook.with_vulkan("avx2", bundle, True, None)[0] == "avx2-vulkan"
+    folder, note = hook.with_vulkan("avx512", bundle, False, None)
+    assert folder == "avx512" and "libvulkan.so.1" in note
+    assert hook.with_vulkan("avx512", bundle, True, "0") == ("avx512", "TOKENWING_VULKAN=0")
+    assert hook.with_vulkan("avx512", BOTH, True, None)[0] == "avx512"  # a bundle without Vulkan builds
+    # the CPU choice itself never lands on a Vulkan twin
+    assert hook.choose(bundle, SKYLAKE_X, None)[0] == "avx512"
+
+
+def test_vulkan_loader_is_looked_up_on_this_system(hook: ModuleType) -> None:
+    import ctypes.util
+
+    assert hook.vulkan_loader() == (ctypes.util.find_library("vulkan") is not None)

@@ -19,11 +19,15 @@ import numpy as np
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 import ggml
 
+# ggml-python declares these pointer results through a 32-bit type (checked against ggml 0.15.3's headers: every
+# other pointer result and argument is declared right); the Vulkan ones exist only in a Vulkan build.
 for _name in (
     "ggml_backend_cpu_buffer_from_ptr",
     "ggml_backend_cpu_buffer_type",
     "ggml_backend_alloc_buffer",
     "ggml_backend_sched_get_tensor_backend",
+    "ggml_backend_vk_buffer_type",
+    "ggml_backend_vk_host_buffer_type",
 ):
     getattr(ggml, _name).restype = ctypes.c_void_p
 
@@ -286,6 +290,26 @@ def quiet_debug_log() -> None:
         _installed_log_filter = True
 
 
+_registry_started = False
+
+
+def start_registry_quietly() -> None:
+    """Starts ggml's backend registry (the first device query does) with its log silenced: the Vulkan backend
+    prints "No devices found" and the like on every machine without a GPU, and the engine says in one line of its
+    own which device it uses and why. Later messages go through `quiet_debug_log`'s filter."""
+    global _registry_started, _installed_log_filter
+    if _registry_started:
+        return
+    silent = ggml.ggml_log_callback(lambda level, text, user: None)
+    ggml.ggml_log_set(silent, None)
+    try:
+        ggml.ggml_backend_dev_count()
+    finally:
+        _installed_log_filter = False
+        quiet_debug_log()
+    _registry_started = True
+
+
 def to_numpy(t: Tensor) -> np.ndarray:
     """A copy of a contiguous F32 or I32 tensor's data, in numpy order (reversed GGUF shape). (Called ~50 times
     per decode token: one copy straight from ggml's memory, no intermediate bytes object.)"""
@@ -302,3 +326,23 @@ def to_numpy(t: Tensor) -> np.ndarray:
 
 
 ops = ggml
+
+
+def quantize(rows: np.ndarray, gtype: int) -> np.ndarray:
+    """Rows of float32 (numpy shape (n_rows, n_per_row)) in ggml type `gtype`, as ggml's own quantizer writes them."""
+    a = np.ascontiguousarray(rows, dtype=np.float32)
+    n_rows, n_per_row = a.shape
+    out = np.zeros(ggml.ggml_row_size(gtype, n_per_row) * n_rows, np.uint8)
+    src = a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    ggml.ggml_quantize_chunk(gtype, src, out.ctypes.data, 0, n_rows, n_per_row, None)
+    return out
+
+
+def dequantize(raw: np.ndarray, gtype: int, n_rows: int, n_per_row: int) -> np.ndarray:
+    """The float32 values ggml computes with for `raw` bytes of type `gtype`: numpy shape (n_rows, n_per_row)."""
+    out = np.empty((n_rows, n_per_row), np.float32)
+    src = np.ascontiguousarray(raw)
+    ggml.ggml_get_type_traits(gtype).contents.to_float(
+        src.ctypes.data, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n_rows * n_per_row
+    )
+    return out

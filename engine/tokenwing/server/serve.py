@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 import threading
+from collections.abc import Sequence
 
 import uvicorn
 
@@ -24,7 +25,10 @@ from tokenwing.version import __version__
 API_KEY_ENV = "TOKENWING_API_KEY"
 
 
-def serve(model: str, options: SessionOptions, host: str, port: int, watch_stdin: bool) -> int:
+def serve(
+    model: str, options: SessionOptions, host: str, port: int, watch_stdin: bool, notes: Sequence[str] = ()
+) -> int:
+    """Serves until stopped; `notes` (the device line) are logged once the model and the port are known good."""
     # A file that is not a model, corrupt or of an architecture we cannot run stops here, before the
     # handshake: the supervisor sees a one-line error and an exit code, not a server that never gets ready.
     with ModelFile.open(model) as mf:
@@ -39,6 +43,8 @@ def serve(model: str, options: SessionOptions, host: str, port: int, watch_stdin
     def log(line: str) -> None:
         print(f"tokenwing: {line}", file=sys.stderr, flush=True)
 
+    for note in notes:
+        log(note)
     worker = EngineWorker(model, options, log)
     model_id = os.path.basename(model).removesuffix(".gguf").removesuffix(".tw")
     app = create_app(worker, model_id, os.environ.get(API_KEY_ENV) or None)
