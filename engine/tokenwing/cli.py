@@ -248,13 +248,16 @@ def _device_choice(args: argparse.Namespace) -> Any:
     from tokenwing.compute.devices import DeviceOptions, choose
 
     choice = choose(DeviceOptions.from_args(args))
-    note = "" if choice.on_cpu else "; the VRAM tier is not wired into the forward pass yet: the CPU computes"
-    args.device_line = choice.reason + note
+    args.device_line = choice.reason
     return choice
 
 
-def _announce_device(args: argparse.Namespace) -> None:
+def _announce_device(args: argparse.Namespace, session: Any = None) -> None:
+    """The device line, once the input is known good: the session's (the GPU's share, or why the CPU after all)
+    when it placed anything on a device, else the choice's."""
     line = getattr(args, "device_line", None)
+    if session is not None and getattr(session, "device_line", None):
+        line = session.device_line
     if line:
         _stderr_line(line)
         args.device_line = None
@@ -263,9 +266,12 @@ def _announce_device(args: argparse.Namespace) -> None:
 def _session_options(args: argparse.Namespace) -> Any:
     from tokenwing.format.reader import ModelFile
     from tokenwing.runtime.session import SessionOptions
+    from tokenwing.runtime.vram import VramOptions
     from tokenwing.streaming.settings import settings_from_args
 
-    _device_choice(args)
+    choice = _device_choice(args)
+    if args.vram_layers is not None and args.vram_layers < 0:
+        raise BadInputError("--vram-layers must be 0 or more")
     budget = None
     if args.ram_budget:
         with ModelFile.open(args.model, announce_fallback=False) as mf:
@@ -282,6 +288,8 @@ def _session_options(args: argparse.Namespace) -> Any:
         preload=args.preload,
         token_graph=args.token_graph,
         stream=settings_from_args(args),
+        device=None if choice.on_cpu else choice,
+        vram=VramOptions(max_layers=args.vram_layers),
     )
 
 
@@ -325,7 +333,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             sys.stdout.write(piece)
             sys.stdout.flush()
 
-        _announce_device(args)  # after every check of the input: an error stays the only line
+        _announce_device(args, session)  # after every check of the input: an error stays the only line
         if args.record_trace:
             session.trace = []
         gen = generate(session, prompt, args.n, sampler, stops, on_text=show)
@@ -359,7 +367,7 @@ def _cmd_logits(args: argparse.Namespace) -> int:
     session = _open_session(args)
     try:
         logits = session.forward(tokens, all_logits=True)
-        _announce_device(args)  # after the tokens were checked: an error stays the only line
+        _announce_device(args, session)  # after the tokens were checked: an error stays the only line
         if args.stats_json:
             _write_json(args.stats_json, session.stats())
     finally:
@@ -372,7 +380,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from tokenwing.server.serve import serve
 
     options = _session_options(args)
-    return serve(args.model, options, args.host, args.port, args.watch_stdin, notes=[args.device_line])
+    # (with a device, the session says where it computes once it is loaded: the GPU's share, or why the CPU)
+    notes = [args.device_line] if options.device is None else []
+    return serve(args.model, options, args.host, args.port, args.watch_stdin, notes=notes)
 
 
 def _cmd_autotune(args: argparse.Namespace) -> int:
@@ -439,6 +449,14 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
         "--vram-budget",
         help="VRAM the engine may use: a size (8G) or a share of the VRAM free at start (80%%) "
         "(default: the free VRAM less a headroom of 1/16 of the device, 256 MiB to 1 GiB)",
+    )
+    p.add_argument(
+        "--vram-layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most N layers' attention and always-used weights in VRAM, the rest of the budget for experts "
+        "(default: as many as fit, layer by layer, then the output head, then experts)",
     )
     add_stream_arguments(p)
 

@@ -172,6 +172,11 @@ class DeviceTensors:
         else:
             ggml.ggml_backend_tensor_set_async(self.backend.handle, pool, _address(data), slot * stride, stride)
 
+    def clear(self) -> None:
+        """Zeroes the whole buffer (a KV cache: masked positions are multiplied by 0, which a NaN would survive)."""
+        if self.buffer:
+            ggml.ggml_backend_buffer_clear(self.buffer, 0)
+
     def close(self) -> None:
         if self.buffer:
             ggml.ggml_backend_buffer_free(self.buffer)
@@ -221,6 +226,57 @@ class HostBuffer:
         self._keep = None
 
 
+class GraphAllocator:
+    """One compute buffer for device graphs that run one after another (their intermediate tensors share it), and
+    a buffer is never freed while the allocator lives.
+
+    ggml's graph allocator frees its buffer when a graph needs a bigger one; a graph computed on the freed buffer
+    left ggml-vulkan on lavapipe writing into freed memory at a later graph (measured: heap corruption after a
+    layer graph, an expert graph whose buffer was then freed, and the output head; none when the free came one
+    graph later). So the size a graph needs is measured first (`ggml_gallocr_reserve_n_size`, nothing
+    allocated), and a graph that needs more gets a new buffer: the old one stays until `close`, and every graph
+    placed in it stays valid. Reserve the largest graphs first (`finish` them once) and none grows later.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._probe = ggml.ggml_gallocr_new(backend.buft)
+        self.handle: int | None = None
+        self._size = 0
+        self._kept: list[int] = []
+        self.grown = 0  # new buffers after the first
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of compute memory held (the current buffer and the ones kept)."""
+        return sum(int(ggml.ggml_gallocr_get_buffer_size(h, 0)) for h in [*self._kept, self.handle] if h)
+
+    def place(self, gf: Any) -> int:
+        """The allocator to place graph `gf` with: the current one when its buffer is large enough."""
+        size = ctypes.c_size_t(0)
+        ggml.ggml_gallocr_reserve_n_size(self._probe, gf, None, None, ctypes.byref(size))
+        if self.handle is None or size.value > self._size:
+            fresh = ggml.ggml_gallocr_new(self.backend.buft)
+            if not ggml.ggml_gallocr_reserve(fresh, gf):
+                ggml.ggml_gallocr_free(fresh)
+                mib = size.value / (1 << 20)
+                raise DeviceMemoryError(
+                    f"{self.backend.device.name} could not allocate a compute buffer of {mib:.1f} MiB"
+                )
+            if self.handle is not None:
+                self._kept.append(self.handle)
+                self.grown += 1
+            self.handle = fresh
+            self._size = int(ggml.ggml_gallocr_get_buffer_size(fresh, 0))
+        return self.handle
+
+    def close(self) -> None:
+        for h in [*self._kept, self.handle, self._probe]:
+            if h:
+                ggml.ggml_gallocr_free(h)
+        self._kept, self.handle, self._probe = [], None, None
+
+
 class DeviceGraph:
     """One compute graph on a `Backend`: build it with ggml ops on `ctx` (weights from `DeviceTensors` or
     `HostBuffer`, inputs from `input`), `finish` it once, then `set` inputs / `compute` / `get` outputs as often as
@@ -228,8 +284,18 @@ class DeviceGraph:
     weights live (device buffers on the device, host buffers on the CPU) and copies between them.
     """
 
-    def __init__(self, backend: Backend, max_nodes: int = 2048, split: bool = False, op_offload: bool = False) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        max_nodes: int = 2048,
+        split: bool = False,
+        op_offload: bool = False,
+        allocator: GraphAllocator | None = None,
+    ) -> None:
+        """`allocator`: a compute buffer shared with other graphs that are computed and read one after another
+        (each `finish` re-plans it; it grows when a graph needs more); by default the graph has its own."""
         self.backend = backend
+        self._shared = allocator
         self.split = split
         self.op_offload = op_offload  # let the scheduler move big batches of CPU-weight products to the device
         self.max_nodes = max_nodes
@@ -260,13 +326,18 @@ class DeviceGraph:
         self._on_cpu.append(t)
         return t
 
-    def finish(self, *outputs: Tensor) -> None:
-        """Adds the outputs and places every node's memory; the graph cannot change after this."""
+    def finish(self, *outputs: Tensor, check: bool = False) -> None:
+        """Adds the outputs and places every node's memory; the graph cannot change after this. `check`: first
+        makes sure the device can run every node and every weight lives in a backend buffer (`placement_error`)."""
         if self._ready:
             raise RuntimeError("a graph is finished once: build a new DeviceGraph (ggml issue 892)")
         for out in outputs:
             ggml.ggml_set_output(out)
             self.expand(out)
+        if check:
+            error = self.placement_error()
+            if error:
+                raise DeviceError(error)
         if self.split and not self.backend.is_cpu:
             backends = (ctypes.c_void_p * 2)(self.backend.handle, self.backend.cpu)
             self._sched = ggml.ggml_backend_sched_new(backends, None, 2, self.max_nodes, False, self.op_offload)
@@ -275,10 +346,32 @@ class DeviceGraph:
             if not self._sched or not ggml.ggml_backend_sched_alloc_graph(self._sched, self.gf):
                 raise DeviceMemoryError(f"{self.backend.device.name}: the scheduler could not place a graph")
         else:
-            self._galloc = ggml.ggml_gallocr_new(self.backend.buft)
+            self._galloc = (
+                self._shared.place(self.gf) if self._shared is not None else ggml.ggml_gallocr_new(self.backend.buft)
+            )
             if not ggml.ggml_gallocr_alloc_graph(self._galloc, self.gf):
                 raise DeviceMemoryError(f"{self.backend.device.name} could not allocate a graph's compute buffer")
         self._ready = True
+
+    def placement_error(self) -> str | None:
+        """Why this graph cannot run wholly on the device, or None: a node the device has no kernel for, or a
+        weight outside every backend buffer (memory of ours that only the CPU can read: a tensor a device graph
+        must not use, such as a host-side state a family keeps beside its KV cache)."""
+        seen: set[int] = set()
+        for i in range(ggml.ggml_graph_n_nodes(self.gf)):
+            node = ggml.ggml_graph_node(self.gf, i)
+            if not self.backend.supports(node):
+                return f"{self.backend.device.name} has no kernel for {ggml.ggml_op_desc(node).decode()}"
+            for src in node.contents.src:
+                if not src or ctypes.addressof(src.contents) in seen:
+                    continue
+                seen.add(ctypes.addressof(src.contents))
+                c = src.contents
+                leaf = int(c.op) == ggml.GGML_OP_NONE and not c.view_src
+                if leaf and c.data and not c.buffer:
+                    name = c.name.decode(errors="replace")
+                    return f"tensor {name} is in host memory, not on {self.backend.device.name}"
+        return None
 
     @property
     def n_splits(self) -> int:
@@ -300,13 +393,17 @@ class DeviceGraph:
     def get(t: Tensor) -> np.ndarray:
         return get_tensor(t)
 
-    def compute(self) -> None:
+    def compute(self, wait: bool = True) -> None:
+        """Runs the graph; `wait=False` only queues it on the device (the CPU goes on: `Backend.synchronize`, or
+        reading an output, waits for it)."""
         if not self._ready:
             raise RuntimeError("finish() the graph before computing it")
         if self._sched:
             status = ggml.ggml_backend_sched_graph_compute(self._sched, self.gf)
-        else:
+        elif wait:
             status = ggml.ggml_backend_graph_compute(self.backend.handle, self.gf)
+        else:
+            status = ggml.ggml_backend_graph_compute_async(self.backend.handle, self.gf)
         if status != 0:
             raise DeviceError(f"{self.backend.device.name}: graph compute failed (ggml status {status})")
 
@@ -314,9 +411,9 @@ class DeviceGraph:
         if self._sched:
             ggml.ggml_backend_sched_free(self._sched)
             self._sched = None
-        if self._galloc:
+        if self._galloc and self._shared is None:
             ggml.ggml_gallocr_free(self._galloc)
-            self._galloc = None
+        self._galloc = None
         if self.ctx:
             ggml.ggml_free(self.ctx)
             self.ctx = None

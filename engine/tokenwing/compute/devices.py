@@ -183,7 +183,8 @@ def choose(
     failures = []
     for dev in candidates:  # the first that works; most machines have one
         budget, how = resolve_budget(options.vram_budget, dev)
-        if budget < MIN_BUDGET:
+        # (a budget given on the command line is taken as it is: the tier's plan says whether it holds anything)
+        if budget < (MIN_BUDGET if options.vram_budget is None else 1):
             failures.append(f"{dev.name} has too little VRAM ({how}; the tier needs {human_bytes(MIN_BUDGET)})")
             continue
         error = probe(dev)

@@ -428,7 +428,7 @@ def routed_experts(
     w = g.input(weights.astype(np.float32).reshape(m, 1, 1))
     eids = g.input(experts.astype(np.int32).reshape(m, 1)) if ffn.biases is not None else None
     x = ops.ggml_reshape_3d(g.ctx, g.input(rows), n_embd, 1, m)
-    return _weighted_experts(g.ctx, views, x, ids, w, ffn, eids)
+    return weighted_experts(g.ctx, views, x, ids, w, ffn, eids)
 
 
 def token_experts(
@@ -445,11 +445,11 @@ def token_experts(
     expert per row of mul_mat_id's table)."""
     n_embd, k = int(x.contents.ne[0]), int(slots.contents.ne[0])
     w = ops.ggml_reshape_3d(ctx, weights, 1, k, 1)
-    weighted = _weighted_experts(ctx, views, ops.ggml_reshape_3d(ctx, x, n_embd, 1, 1), slots, w, ffn, experts)
+    weighted = weighted_experts(ctx, views, ops.ggml_reshape_3d(ctx, x, n_embd, 1, 1), slots, w, ffn, experts)
     return sum_rows(ctx, weighted, k, n_embd)
 
 
-def _weighted_experts(
+def weighted_experts(
     ctx: Any,
     views: tuple[Tensor, Tensor, Tensor],
     x: Tensor,

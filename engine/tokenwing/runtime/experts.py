@@ -6,7 +6,8 @@ RAM; otherwise the resident ones first, while the others land).
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -16,6 +17,30 @@ from tokenwing.models import common
 from tokenwing.runtime.scheduler import ExpertScheduler
 
 Views = tuple[Tensor, Tensor, Tensor]
+
+
+class DeviceExperts(Protocol):
+    """What a prompt's experts need of the VRAM tier (runtime/vram.py)."""
+
+    def held(self, block: int, experts: list[int]) -> list[int]: ...
+
+    def count_prompt_hits(self, block: int, n: int) -> None: ...
+
+    def from_vram(
+        self, block: int, cur: np.ndarray, tokens: np.ndarray, experts: np.ndarray, weights: np.ndarray
+    ) -> np.ndarray: ...
+
+    def wave_on_gpu(self, n_pairs: int, n_experts: int) -> bool: ...
+
+    def from_ram(
+        self,
+        block: int,
+        cur: np.ndarray,
+        tokens: np.ndarray,
+        experts: np.ndarray,
+        weights: np.ndarray,
+        slot_of: np.ndarray,
+    ) -> np.ndarray: ...
 
 
 def _block(gtype: int) -> int:
@@ -92,33 +117,74 @@ class ExpertCompute:
         self.k = scheduler.k
 
     # ------------------------------------------------------------------------------------------ a prompt
-    def prompt(self, block: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    def prompt(
+        self, block: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray, device: DeviceExperts | None = None
+    ) -> np.ndarray:
         """A prompt's experts in waves (recency order, `ExpertScheduler.prompt_order`), summed as they come.
 
         Each token adds its experts' outputs in the waves' order whatever the number of waves, so the result
         does not depend on the budget, and the working memory is one running sum per token (not every token's k
         outputs). llama.cpp adds in rank order: the difference is rounding.
+
+        With a `device` (the VRAM tier): the experts it holds come first, computed there and never read into RAM;
+        a wave of the others whose experts serve enough tokens each runs on the GPU too (copied up from RAM).
         """
         n_expert = self.scheduler.n_expert
         unique = self.scheduler.prompt_order(sel, n_expert)
+        held = device.held(block, unique) if device is not None else []
+        if held:
+            in_vram = set(held)
+            unique = held + [e for e in unique if e not in in_vram]
         place = np.zeros(n_expert, np.int64)
         place[unique] = np.arange(len(unique))
         acc = np.zeros((sel.shape[0], cur.shape[1]), np.float32)
-        for wave, slot_of in self.scheduler.waves(block, unique):
-            tok, j = np.nonzero(np.isin(sel, wave))
-            order = np.lexsort((tok, place[sel[tok, j]]))  # by expert in wave order, then by token
-            tok, j = tok[order], j[order]
-            for group in self._expert_groups(sel[tok, j]):
-                t, jj = tok[group], j[group]
-                out = self._expert_matmuls(block, cur, t, slot_of[sel[t, jj]], sel[t, jj], weights[t, jj])
-                # each token adds its outputs in wave order: one row per token per level
-                by_token = np.lexsort((place[sel[t, jj]], t))
-                t, out = t[by_token], out[by_token]
-                occurrence = np.arange(len(t)) - np.searchsorted(t, t)
-                for level in range(int(occurrence.max()) + 1 if len(t) else 0):
-                    m = occurrence == level
-                    acc[t[m]] += out[m]
+        if device is not None and held:
+            device.count_prompt_hits(block, len(held))
+            self._add_wave(acc, sel, weights, held, place, lambda t, e, w: device.from_vram(block, cur, t, e, w), False)
+        for wave, slot_of in self.scheduler.waves(block, unique[len(held) :]):
+            pairs = int(np.isin(sel, wave).sum())
+            if device is not None and device.wave_on_gpu(pairs, len(wave)):
+
+                def on_gpu(
+                    t: np.ndarray, e: np.ndarray, w: np.ndarray, so: np.ndarray = slot_of, dev: DeviceExperts = device
+                ) -> np.ndarray:
+                    return dev.from_ram(block, cur, t, e, w, so)
+
+                self._add_wave(acc, sel, weights, wave, place, on_gpu, False)
+            else:
+
+                def on_cpu(t: np.ndarray, e: np.ndarray, w: np.ndarray, so: np.ndarray = slot_of) -> np.ndarray:
+                    return self._expert_matmuls(block, cur, t, so[e], e, w)
+
+                self._add_wave(acc, sel, weights, wave, place, on_cpu, True)
         return acc
+
+    def _add_wave(
+        self,
+        acc: np.ndarray,
+        sel: np.ndarray,
+        weights: np.ndarray,
+        wave: list[int],
+        place: np.ndarray,
+        compute: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+        grouped: bool,
+    ) -> None:
+        """Adds a wave's weighted outputs to each token's running sum, in wave order. `compute(tokens, experts,
+        weights)` gives the weighted outputs of (token, expert) pairs sorted by expert; `grouped`: called per
+        block of at most a graph's rows (the CPU's), else once for the whole wave."""
+        tok, j = np.nonzero(np.isin(sel, wave))
+        order = np.lexsort((tok, place[sel[tok, j]]))  # by expert in wave order, then by token
+        tok, j = tok[order], j[order]
+        for group in self._expert_groups(sel[tok, j]) if grouped else [slice(0, len(tok))]:
+            t, jj = tok[group], j[group]
+            out = compute(t, sel[t, jj], weights[t, jj])
+            # each token adds its outputs in wave order: one row per token per level
+            by_token = np.lexsort((place[sel[t, jj]], t))
+            t, out = t[by_token], out[by_token]
+            occurrence = np.arange(len(t)) - np.searchsorted(t, t)
+            for level in range(int(occurrence.max()) + 1 if len(t) else 0):
+                m = occurrence == level
+                acc[t[m]] += out[m]
 
     def _expert_groups(self, experts: np.ndarray) -> list[slice]:
         """Pairs sorted by expert → slices of whole experts (an expert's rows split into fixed blocks when it
@@ -179,10 +245,19 @@ class ExpertCompute:
     ) -> np.ndarray:
         """A token's experts when some are still on their way: the ready ones first, then the others as they
         land; their weighted outputs summed in rank order (the same additions as in one graph)."""
+        return common.sum_experts(self.decode_weighted(block, cur, sel, weights, wave, ready))
+
+    def decode_weighted(
+        self, block: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray, wave: list[int], ready: list[bool]
+    ) -> np.ndarray:
+        """The weighted outputs [1, k, n_embd] of the token's experts in `wave` (in RAM or on their way; the
+        ready ones first), zero at the other ranks (experts computed elsewhere: the GPU's)."""
         weighted = np.zeros((1, sel.shape[1], cur.shape[1]), np.float32)
         first = [e for e, ok in zip(wave, ready, strict=True) if ok]
         rest = [e for e, ok in zip(wave, ready, strict=True) if not ok]
         for part in (first, rest) if first and rest else (wave,):
+            if not part:
+                continue
             slot_of = np.zeros(self.scheduler.n_expert, np.int32)
             slot_of[part] = self.scheduler.wait_all(block, part)
             tok, j = np.nonzero(np.isin(sel, part))
@@ -193,4 +268,4 @@ class ExpertCompute:
             )
             self.graph.compute(moe)
             weighted[tok, j] = to_numpy(moe).reshape(-1, cur.shape[1])
-        return common.sum_experts(weighted)
+        return weighted

@@ -40,22 +40,27 @@ class Lookahead:
                 out[il] = (m.weights.stacked(names, half=True), targets)
         return out
 
-    def graph(self, ctx: Any, il: int, lo: common.LayerOut) -> Tensor | None:
+    def graph(
+        self, ctx: Any, il: int, lo: common.LayerOut, model: MoEModel | None = None, routers: Tensor | None = None
+    ) -> Tensor | None:
         """The next layers' router logits [n_expert · targets, n] from layer il's hidden state plus its shared
         expert's output (adding the shared expert cut misses by 11 % on Ling, spec §6) — for a dense layer, its
         output (its FFN plays the shared expert's part), so that the first streamed layer after the dense ones
-        is predicted too (on Ling this halved its demand reads, spec §6)."""
+        is predicted too (on Ling this halved its demand reads, spec §6). `model` and `routers`: a device's view
+        of the model and its copy of the stacked routers (a device graph takes nothing from RAM)."""
         la = self.fused.get(il)
         if la is None:
             return None
+        m = model if model is not None else self.model
+        stacked = routers if model is not None else la[0]
         r = lo.routed
         if r is None:
             assert lo.out is not None
             pred_in = lo.out
         else:
             pred_in = r.residual if r.shared is None else ops.ggml_add(ctx, r.residual, r.shared)
-        norm = self.model.norm(ctx, pred_in, self.model.router_norm(la[1][0]))
-        return ops.ggml_mul_mat(ctx, la[0], norm)
+        norm = m.norm(ctx, pred_in, m.router_norm(la[1][0]))
+        return ops.ggml_mul_mat(ctx, stacked, norm)
 
     def predict(self, il: int, ahead: np.ndarray) -> list[tuple[int, list[int], int]]:
         """Each target's top-k (the model's own selection width) from the last token's lookahead logits:

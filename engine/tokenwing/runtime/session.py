@@ -12,6 +12,7 @@ The session knows no family by name: `models/<arch>.py` builds the layer graphs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -20,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from tokenwing.compute.backend import DeviceError
+from tokenwing.compute.devices import DeviceChoice
 from tokenwing.compute.ggml_lib import Graph, Tensor, to_numpy
 from tokenwing.errors import BadInputError
 from tokenwing.format.reader import ModelFile
@@ -35,6 +38,8 @@ from tokenwing.runtime.memory_plan import PromptMemory, graph_bytes, plan_contex
 from tokenwing.runtime.preflight import preflight
 from tokenwing.runtime.scheduler import ExpertScheduler
 from tokenwing.runtime.token_graph import TokenGraph
+from tokenwing.runtime.vram import Place, VramOptions, VramTier
+from tokenwing.runtime.vram_experts import COUNTERS as VRAM_COUNTERS
 from tokenwing.streaming.memory import HEADROOM, expert_budget, memory_info
 from tokenwing.streaming.settings import StreamSettings
 from tokenwing.streaming.streamer import COUNTERS
@@ -56,7 +61,12 @@ class SessionOptions:
     cpu_repack: bool = True  # matrix weights and experts in ggml's repacked layouts, as llama.cpp runs them
     token_graph: bool = True  # with every expert in RAM, a decode step is one graph (runtime/token_graph.py)
     stream: StreamSettings = field(default_factory=StreamSettings)
+    device: DeviceChoice | None = None  # where to compute (compute/devices.py `choose`); None: the CPU
+    vram: VramOptions = field(default_factory=VramOptions)
 
+
+# The session's counters per streamed layer: the streaming core's (RAM and drive), then the VRAM tier's.
+SESSION_COUNTERS: list[str] = [*COUNTERS, *VRAM_COUNTERS]
 
 Log = Callable[[str], None]
 Parts = dict[str, np.ndarray]  # a layer graph's results by name (common.Routed's fields, "ahead", or "out")
@@ -100,16 +110,24 @@ class Session:
         self.scheduler = ExpertScheduler(
             self.mf, streamed, hp.n_expert_used, budget, opts.stream, opts.preload, opts.usage_table, log
         )
+        self.lookahead = Lookahead(self.model, opts.lookahead)
+        self.vram: VramTier | None = None
+        self.device_line: str | None = None  # where this session computes, when a device was chosen (one line)
+        self._vram_final: np.ndarray | None = None  # the tier's counters when it was dropped
+        self._specs = specs
         # Experts are repacked only when they are all read at start: repacking each streamed expert as it lands
         # costs ~0.9 ms of CPU per expert, which took 40 % of capped decode speed on a 2-core machine
-        # (docs/results.md). (The debug mode that checksums delivered experts needs them as in the file.)
-        repack_experts = opts.cpu_repack and self.scheduler.preloaded and not opts.stream.verify
+        # (docs/results.md). (The debug mode that checksums delivered experts needs them as in the file; the
+        # VRAM tier copies them from RAM to the GPU as the file has them.)
+        gpu = opts.device is not None and opts.device.device is not None
+        repack_experts = opts.cpu_repack and self.scheduler.preloaded and not opts.stream.verify and not gpu
         self.pools = ExpertPools(self.scheduler, weights.arena, repack_experts)
         self._token_graph: TokenGraph | None = None
         self._token_graph_on = opts.token_graph
         self.scheduler.on_slot_map_change = self._drop_token_graph
         self.scheduler.start()
-        self.lookahead = Lookahead(self.model, opts.lookahead)
+        if gpu:
+            self._start_vram()
         n_threads = opts.n_threads or len(os.sched_getaffinity(0))
         self.graph = Graph(graph_mem, n_threads)
         ffn = {il: self.model.expert_ffn(il) for il in streamed}
@@ -131,6 +149,48 @@ class Session:
         self.trace: list[tuple[np.ndarray, np.ndarray, int]] | None = None
         self._warned_prompt = False
 
+    def _start_vram(self) -> None:
+        """The VRAM tier on the chosen device; a device that fails or a budget that holds nothing: the CPU path,
+        with one line saying why."""
+        choice = self.options.device
+        assert choice is not None
+        try:
+            self.vram = VramTier(
+                choice,
+                self.mf,
+                self.model,
+                self.model.weights,
+                self.lookahead,
+                self.scheduler,
+                self._specs,
+                self.n_ctx,
+                self.options.kv_type,
+                self.options.max_batch,
+                self._layer_graph,
+                self.log,
+                self.options.vram,
+            )
+        except DeviceError as e:
+            self.device_line = f"computing on the CPU: {e}"
+            return
+        self.device_line = f"{choice.reason}; in VRAM: {self.vram.plan.describe()}"
+        self._token_graph_on = False  # (a decode step as one graph is the CPU's: the tier places its own parts)
+
+    def _drop_vram(self, error: Exception) -> None:
+        """The device failed mid-run: the CPU computes from here on. Its KV cache positions were on the device,
+        so the tokens already seen are computed again on the CPU (the result is the same: rounding aside)."""
+        assert self.vram is not None
+        self.log(f"the GPU failed ({error}): computing on the CPU from here on")
+        got = self.vram.counters()
+        self._vram_final = None if got is None else got.copy()
+        with contextlib.suppress(Exception):  # a failed device may fail to free too; the CPU needs nothing of it
+            self.vram.close()
+        self.vram = None
+        self._token_graph_on = self.options.token_graph
+        seen, self.pos, self.history = self.history, 0, []
+        if seen:
+            self._forward(seen)
+
     # ---------------------------------------------------------------------------------------- what it holds
     @property
     def streamed(self) -> list[int]:
@@ -142,8 +202,13 @@ class Session:
         return self.scheduler.slots_per_layer
 
     def counters(self) -> np.ndarray:
-        """The streaming core's cumulative counters, shape (streamed layers, len(COUNTERS))."""
-        return self.scheduler.counters()
+        """Cumulative counters, shape (streamed layers, len(SESSION_COUNTERS)): the streaming core's (RAM and
+        drive), then the VRAM tier's (zero without one)."""
+        core = self.scheduler.counters()
+        vram = self.vram.counters() if self.vram is not None else None
+        if vram is None:
+            vram = self._vram_final if self._vram_final is not None else np.zeros((core.shape[0], len(VRAM_COUNTERS)))
+        return np.concatenate([core, vram.astype(core.dtype)], axis=1)
 
     def save_usage(self) -> None:
         """Adds this session's expert counts to the usage table next to the model (the server: after each request)."""
@@ -152,6 +217,9 @@ class Session:
     def close(self) -> None:
         self.save_usage()
         self._drop_token_graph()
+        if self.vram is not None:
+            self.vram.close()
+            self.vram = None
         self.scheduler.close()
         self.graph.close()
         self.mf.close()
@@ -181,8 +249,18 @@ class Session:
 
         Layer-major: the whole prompt passes one layer before the next, so each layer's experts are read at
         most once per prompt (in waves that fit the slots); attention and expert graphs run in chunks of
-        `max_batch` tokens, so a long prompt is split, never refused.
+        `max_batch` tokens, so a long prompt is split, never refused. A GPU that fails on the way leaves the
+        CPU to compute (`_drop_vram`), never the run failing.
         """
+        if self.vram is None:
+            return self._forward(tokens, all_logits)
+        try:
+            return self._forward(tokens, all_logits)
+        except DeviceError as e:
+            self._drop_vram(e)
+            return self._forward(tokens, all_logits)
+
+    def _forward(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
         hp, n = self.hp, len(tokens)
         if not tokens:
             raise BadInputError("nothing to evaluate")
@@ -198,9 +276,11 @@ class Session:
             if not self._warned_prompt:
                 self._warned_prompt = True
                 self.log(f"a {n}-token prompt does not fit in memory in one pass: running it {span} tokens at a time")
-            outs = [self.forward(tokens[i : i + span], all_logits) for i in range(0, n, span)]
+            outs = [self._forward(tokens[i : i + span], all_logits) for i in range(0, n, span)]
             return np.concatenate(outs, axis=0) if all_logits else outs[-1]
         decode = n == 1
+        if decode and self.vram is not None and self.vram.experts is not None:
+            self.vram.experts.between_steps()  # swaps move in here, between two steps, never inside one
         if decode:
             self.scheduler.after_prompt()
         else:
@@ -256,7 +336,7 @@ class Session:
         if decode:
             out, fused = self._decode_experts(il, r, self.lookahead.predict(il, r["ahead"]) if "ahead" in r else [])
         else:
-            out = self.experts.prompt(il, r["cur"], sel, weights)
+            out = self.experts.prompt(il, r["cur"], sel, weights, self.vram)
         if out is not None:
             out = common.moe_tail_array(out, r.get("shared"), r["residual"])
         preds[-1] = self.lookahead.row(il)
@@ -274,16 +354,28 @@ class Session:
         """
         sel, weights = r["ids"], r["weights"]
         wave = list(dict.fromkeys(sel[0].tolist()))  # k ≤ the usable slots: a loan keeps k per layer
+        vram = self.vram
+        held = vram.held(il, wave) if vram is not None else []
+        if held:  # in VRAM: computed there, never read into RAM
+            wave = [e for e in wave if e not in set(held)]
         ready = self.scheduler.begin_layer(il, wave)
-        for target, top, distance in ahead:
-            self.scheduler.predict(target, top, distance)
-        if all(ready) and il + 1 < self.hp.n_layer:
+        for target, top, distance in ahead:  # (experts in VRAM are never read into RAM)
+            in_vram = set(vram.held(target, top)) if vram is not None else set()
+            self.scheduler.predict(target, [e for e in top if e not in in_vram], distance)
+        if vram is not None and vram.experts is not None:
+            vram.experts.observe(il, [*held, *wave], len(held))
+        next_on_cpu = vram is None or not vram.has_layer(il + 1)
+        if not held and all(ready) and il + 1 < self.hp.n_layer and next_on_cpu:
             fused = self._fused_step(il, r, wave)
             self.scheduler.end_layer(il)
             return None, fused
-        out = self.experts.decode_partial(il, r["cur"], sel, weights, wave, ready)
+        launch = vram.launch(il, r["cur"], sel, weights, held) if vram is not None and held else None
+        weighted = self.experts.decode_weighted(il, r["cur"], sel, weights, wave, ready)  # GPU ‖ CPU
+        if launch is not None:
+            assert vram is not None
+            vram.collect(launch, weighted)
         self.scheduler.end_layer(il)
-        return out, None
+        return common.sum_experts(weighted), None
 
     def _fused_step(self, il: int, r: Parts, wave: list[int]) -> Parts:
         g, sel = self.graph, r["ids"]
@@ -300,17 +392,20 @@ class Session:
         return {name: to_numpy(t).reshape(1, -1) for name, t in out.items()}
 
     def _layer_graph(
-        self, ctx: Any, il: int, x: Tensor, at: common.Placement, lookahead: bool
+        self, ctx: Any, il: int, x: Tensor, at: common.Placement, lookahead: bool, place: Place | None = None
     ) -> tuple[dict[str, Tensor], list[Tensor]]:
         """The family's layer graph on x (an input, or the previous layer's output when a decode step computes a
-        layer's experts and the next layer in one graph), with the lookahead's router logits in decode."""
-        lo = self.model.layer(ctx, il, x, at, self.kv[il])
+        layer's experts and the next layer in one graph), with the lookahead's router logits in decode; `place`:
+        the device's weights and cache (the VRAM tier builds its graphs here too)."""
+        model, kv = (self.model, self.kv[il]) if place is None else (place.model, place.kv[il])
+        lo = model.layer(ctx, il, x, at, kv)
         if lo.routed is None:
             assert lo.out is not None
             out = {"out": lo.out}
         else:
             out = lo.routed.outputs()
-        ahead = self.lookahead.graph(ctx, il, lo) if lookahead else None
+        routers = place.routers.get(il) if place is not None and place.routers is not None else None
+        ahead = self.lookahead.graph(ctx, il, lo, None if place is None else model, routers) if lookahead else None
         if ahead is not None:
             out["ahead"] = ahead
         return out, lo.writes
@@ -322,19 +417,25 @@ class Session:
         not into per-chunk lists that are then joined."""
         n = h.shape[0]
         r: Parts = {}
+        on_device = self.vram is not None and self.vram.has_layer(il)
         for c in self._chunks(n):
-            g, m = self.graph, c.stop - c.start
-            g.reset()
-            out, writes = self._layer_graph(
-                g.ctx, il, g.input(h[c]), self._placement(self.pos + c.start, m, decode), decode
-            )
-            g.compute(*writes, *out.values())
-            for key, t in out.items():
-                v = to_numpy(t).reshape(m, -1)
+            if on_device:
+                assert self.vram is not None
+                got = self.vram.layer_chunk(il, h[c], self.pos + c.start, decode)
+            else:
+                got = self._layer_chunk(il, h[c], self.pos + c.start, decode)
+            for key, v in got.items():
                 if key not in r:
                     r[key] = h if key in ("residual", "out") else np.empty((n, v.shape[1]), v.dtype)
                 r[key][c] = v
         return r
+
+    def _layer_chunk(self, il: int, rows: np.ndarray, pos0: int, decode: bool) -> Parts:
+        g, m = self.graph, rows.shape[0]
+        g.reset()
+        out, writes = self._layer_graph(g.ctx, il, g.input(rows), self._placement(pos0, m, decode), decode)
+        g.compute(*writes, *out.values())
+        return {key: to_numpy(t).reshape(m, -1) for key, t in out.items()}
 
     def _placement(self, pos0: int, n: int, decode: bool) -> common.Placement:
         n_kv = common.decode_window(pos0, self.n_ctx) if decode else pos0 + n
@@ -402,6 +503,8 @@ class Session:
         return to_numpy(x).reshape(len(tokens), self.hp.n_embd)
 
     def _logits(self, h: np.ndarray) -> np.ndarray:
+        if self.vram is not None and self.vram.head:
+            return self.vram.logits(h)
         g = self.graph
         ctx = g.reset()
         logits = self.model.head(ctx, g.input(h))
@@ -428,10 +531,11 @@ class Session:
         return Trace(sel, pred, prompt, np.array(self.streamed, np.int32), self.hp.n_expert)
 
     def stats(self) -> dict[str, Any]:
-        c = self.scheduler.counters()
-        per_layer = {name: c[:, i].tolist() for i, name in enumerate(COUNTERS)}
+        c = self.counters()
+        per_layer = {name: c[:, i].tolist() for i, name in enumerate(SESSION_COUNTERS)}
         return {
             "per_layer": per_layer,
+            "vram": self.vram.describe() if self.vram is not None else None,
             "prediction_recall": self.lookahead.recall(),
             "slots_per_layer": self.slots_per_layer,
             "expert_cache_bytes": self.scheduler.capacity,

@@ -94,6 +94,8 @@ class EngineWorker:
     def _run(self) -> None:
         try:
             self.session = Session(self.model_path, self.options, log=self.log)
+            if self.session.device_line:
+                self.log(self.session.device_line)  # where it computes: the GPU's share, or why the CPU
             self.chat = chat_format(self.session.chat_template)
             if self.chat.fallback:
                 self.log(FALLBACK_NOTICE)

@@ -1,0 +1,343 @@
+"""The VRAM expert cache (spec §5): per streamed layer, a pool of device slots holding the hottest experts, seeded
+from the usage table at start and kept hot by swaps during decode.
+
+Swaps: recent use counts per expert (halved every 64 tokens); every 8 decode tokens at most 64 experts come in,
+each only if its recent count beats 1.25 × the leaver's + 4 (an empty slot takes any used expert). The copy
+comes from the expert's RAM slot: a helper thread copies the slot into pinned staging memory and checks it
+against the expert's checksum (the RAM slot is protected that way: an eviction during the copy fails the check
+and the swap is dropped), and between two decode steps the main thread moves staged experts into their device
+slots (a copy from pinned memory) and updates the map. A token never waits for a swap: one not staged yet is
+moved at a later step boundary (`pending` counts them), and the leaver serves until its newcomer is in.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import xxhash
+
+from tokenwing import testpause
+from tokenwing.compute.backend import Backend, DeviceTensors, HostBuffer
+from tokenwing.compute.ggml_lib import Tensor
+from tokenwing.format.layout import ExpertLayer
+from tokenwing.runtime.placement import padded
+
+SWAP_EVERY = 8  # decode tokens between swap decisions
+SWAP_MAX = 64  # experts moved in per decision, all layers together
+SWAP_RATIO, SWAP_MARGIN = 1.25, 4.0  # a newcomer's recent count must beat ratio × the leaver's + margin
+HALF_LIFE = 64  # tokens: recent counts halve
+STAGING = 8  # experts in pinned staging memory at once
+PAUSE_STAGE = "vram.stage"  # test-only: the helper thread waits before staging its first swap
+
+# Per streamed layer, cumulative: selected experts computed from VRAM, experts swapped in and out, and the
+# bytes copied to the device (seeds, swaps, a prompt's GPU waves).
+COUNTERS = ["vram_hits", "vram_swaps_in", "vram_swaps_out", "vram_bytes_up"]
+HITS, SWAPS_IN, SWAPS_OUT, BYTES_UP = range(4)
+
+
+@dataclass(frozen=True)
+class Swap:
+    row: int  # streamed layer (row of the counters)
+    expert: int  # comes in
+    slot: int  # device slot it takes
+    leaver: int  # expert leaving that slot (-1: the slot is empty)
+    count: float  # the newcomer's recent count when decided
+    leaver_count: float
+
+
+def plan_swaps(
+    recent: np.ndarray,
+    expert_in: np.ndarray,
+    in_ram: Callable[[int, list[int]], list[bool]],
+    limit: int = SWAP_MAX,
+    ratio: float = SWAP_RATIO,
+    margin: float = SWAP_MARGIN,
+) -> list[Swap]:
+    """Swaps for every layer: recent [layers, n_expert] counts, expert_in [layers, slots] (-1 empty);
+    `in_ram(row, experts)` tells which candidates are in RAM (a swap copies from the RAM slot).
+
+    Per layer the hottest outsiders (in RAM) meet the coldest residents (empty slots first) in order while the
+    rule holds; then the best gains over all layers, at most `limit`. Ties go to the lower id: the plan is a
+    function of the counts alone (results never depend on timing)."""
+    proposals: list[Swap] = []
+    n_expert = recent.shape[1]
+    for row in range(recent.shape[0]):
+        resident = expert_in[row]
+        held = np.zeros(n_expert, bool)
+        held[resident[resident >= 0]] = True
+        c = recent[row]
+        out = np.flatnonzero(~held & (c > 0))
+        if out.size == 0:
+            continue
+        out = out[np.lexsort((out, -c[out]))]
+        ok = in_ram(row, out.tolist())
+        out = out[np.array(ok, bool)]
+        slots = np.arange(resident.size)
+        leaver_count = np.where(resident >= 0, c[np.maximum(resident, 0)], -1.0)
+        slots = slots[np.lexsort((np.maximum(resident, 0), leaver_count))]  # empty first, then the coldest
+        for e, s in zip(out.tolist(), slots.tolist(), strict=False):
+            lv = int(resident[s])
+            lc = float(c[lv]) if lv >= 0 else 0.0
+            if lv >= 0 and not c[e] > ratio * lc + margin:
+                break
+            proposals.append(Swap(row, int(e), int(s), lv, float(c[e]), lc))
+    proposals.sort(key=lambda p: (-(p.count - p.leaver_count), p.row, p.expert))
+    return proposals[:limit]
+
+
+@dataclass
+class _Staged:
+    swap: Swap
+    place: int  # staging place holding its bytes
+
+
+@dataclass
+class _Geometry:
+    types: tuple[int, int, int]
+    shapes: tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
+    proj_offset: tuple[int, int, int]
+    proj_size: tuple[int, int, int]
+    record_size: int
+
+    @classmethod
+    def of(cls, el: ExpertLayer) -> _Geometry:
+        return cls(el.types, el.shapes, el.proj_offset, el.proj_size, el.record_size)
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(padded(n) for n in self.proj_size)
+
+
+@dataclass
+class ExpertPool:
+    """One layer's device slots: gate, up and down as [cols, rows, slots] tensors (views for mul_mat_id)."""
+
+    tensors: DeviceTensors
+    views: tuple[Tensor, Tensor, Tensor]
+    geometry: _Geometry
+
+    def upload(self, slot: int, record: np.ndarray | int, wait: bool = True) -> int:
+        """Copies an expert record (its bytes as the file lays them out, an array or an address) into `slot`."""
+        base = record if isinstance(record, int) else int(record.ctypes.data)
+        g = self.geometry
+        for p in range(3):
+            self.tensors.set_slot(self.views[p], slot, base + g.proj_offset[p], wait)
+        return sum(g.proj_size)
+
+    def close(self) -> None:
+        self.tensors.close()
+
+
+def new_pool(backend: Backend, el: ExpertLayer, n_slots: int) -> ExpertPool:
+    tensors = DeviceTensors(backend, 3)
+    g = _Geometry.of(el)
+    views = tuple(
+        tensors.new(g.types[p], (g.shapes[p][0], g.shapes[p][1], n_slots), f"vram.{el.layer}.{p}") for p in range(3)
+    )
+    tensors.allocate()
+    pool = ExpertPool(tensors, (views[0], views[1], views[2]), g)
+    for p in range(3):  # an expert's projection is one slot of its pool: the file's bytes, nothing between
+        stride = int(views[p].contents.nb[2])
+        if stride != g.proj_size[p]:
+            pool.close()
+            raise ValueError(f"layer {el.layer}: a projection of {g.proj_size[p]} bytes in a slot of {stride}")
+    return pool
+
+
+@dataclass
+class VramExperts:
+    """The VRAM expert cache of every streamed layer: pools, which expert each slot holds, recent counts, the
+    swap helper thread and the counters."""
+
+    backend: Backend
+    layers: list[ExpertLayer]  # streamed layers, in row order
+    n_expert: int
+    n_slots: int
+    ram_slot: Callable[[int, int], np.ndarray | None]  # (row, expert) → its RAM record now, None if not there
+    in_ram: Callable[[int, list[int]], list[bool]]
+    checksums: np.ndarray  # [rows, n_expert]
+    pools: list[ExpertPool] = field(default_factory=list)
+    expert_in: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int32))  # [rows, slots]
+    slot_of: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int32))  # [rows, n_expert]
+    recent: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    counters: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
+    decode_tokens: int = 0
+    pending: int = 0  # swaps decided but not yet moved in (their copy is not staged yet)
+    swap_log: list[tuple[int, Swap]] = field(default_factory=list)  # (decode token, swap) as moved in
+    decisions: list[tuple[int, int]] = field(default_factory=list)  # (decode token, swaps decided)
+    dropped: int = 0  # swaps whose RAM copy changed while it was copied (checksum), or left RAM first
+
+    def __post_init__(self) -> None:
+        rows = len(self.layers)
+        self.expert_in = np.full((rows, self.n_slots), -1, np.int32)
+        self.slot_of = np.full((rows, self.n_expert), -1, np.int32)
+        self.recent = np.zeros((rows, self.n_expert))
+        self.counters = np.zeros((rows, len(COUNTERS)), np.int64)
+        self.row_of = {el.layer: r for r, el in enumerate(self.layers)}
+        self._todo: deque[Swap] = deque()
+        self._staged: deque[_Staged] = deque()
+        self._free_places: deque[int] = deque(range(STAGING))
+        self._lock = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._staging: HostBuffer | None = None
+        self._place_bytes = 0
+
+    # -------------------------------------------------------------------------------------------- set-up
+    def allocate(self) -> None:
+        """The device pools (one buffer per layer) and the pinned staging memory of the swaps."""
+        if not self.n_slots:
+            return
+        try:
+            for el in self.layers:
+                self.pools.append(new_pool(self.backend, el, self.n_slots))
+        except Exception:
+            self.close()
+            raise
+        if self.n_slots < self.n_expert:
+            self._place_bytes = max(el.record_size for el in self.layers)
+            self._staging = HostBuffer(self.backend, STAGING * self._place_bytes)
+
+    def seed(self, row: int, experts: list[int], read: Callable[[int], np.ndarray]) -> None:
+        """Fills the first slots of layer `row` with `experts` (at start: `read(expert)` gives each record)."""
+        for slot, e in enumerate(experts[: self.n_slots]):
+            n = self.pools[row].upload(slot, read(e))
+            self._place(row, e, slot)
+            self.counters[row, BYTES_UP] += n
+
+    def _place(self, row: int, expert: int, slot: int) -> None:
+        old = int(self.expert_in[row, slot])
+        if old >= 0:
+            self.slot_of[row, old] = -1
+        self.expert_in[row, slot] = expert
+        self.slot_of[row, expert] = slot
+
+    @property
+    def full(self) -> bool:
+        """Every expert of every layer in VRAM: nothing to swap."""
+        return self.n_slots >= self.n_expert
+
+    # ----------------------------------------------------------------------------------------- per token
+    def held(self, block: int, experts: list[int]) -> list[int]:
+        """Which of these experts (a layer's selection) are in VRAM, in the order given."""
+        row = self.row_of[block]
+        return [e for e in experts if self.slot_of[row, e] >= 0]
+
+    def slots(self, block: int, experts: np.ndarray) -> np.ndarray:
+        out: np.ndarray = self.slot_of[self.row_of[block]][experts]
+        return out
+
+    def observe(self, block: int, experts: list[int], hits: int) -> None:
+        """A decode token's selection in layer `block` (distinct experts), `hits` of them from VRAM."""
+        row = self.row_of[block]
+        self.recent[row, experts] += 1.0
+        self.counters[row, HITS] += hits
+
+    def count_prompt_hits(self, block: int, hits: int) -> None:
+        self.counters[self.row_of[block], HITS] += hits
+
+    def between_steps(self) -> None:
+        """Between two decode steps: moves staged newcomers into their slots; every SWAP_EVERY tokens, decides
+        the next swaps and hands them to the helper thread. Never waits for the helper."""
+        self._commit()
+        if self.full or not self.n_slots:
+            return
+        self.decode_tokens += 1
+        if self.decode_tokens % SWAP_EVERY:
+            return
+        self.recent *= 0.5 ** (SWAP_EVERY / HALF_LIFE)
+        with self._lock:
+            busy = {(s.row, s.slot) for s in self._todo} | {(st.swap.row, st.swap.slot) for st in self._staged}
+            waiting = {(s.row, s.expert) for s in self._todo} | {(st.swap.row, st.swap.expert) for st in self._staged}
+        swaps = [
+            s
+            for s in plan_swaps(self.recent, self.expert_in, self.in_ram, SWAP_MAX - len(busy))
+            if (s.row, s.slot) not in busy and (s.row, s.expert) not in waiting
+        ]
+        self.decisions.append((self.decode_tokens, len(swaps)))
+        if not swaps:
+            return
+        with self._lock:
+            self._todo.extend(swaps)
+            self.pending = len(self._todo) + len(self._staged)
+            self._lock.notify_all()
+        self._start_helper()
+
+    def _commit(self) -> None:
+        with self._lock:
+            ready = list(self._staged)
+            self._staged.clear()
+        if not ready:
+            return
+        assert self._staging is not None
+        for st in ready:
+            s = st.swap
+            if self.expert_in[s.row, s.slot] == s.leaver and self.slot_of[s.row, s.expert] < 0:
+                n = self.pools[s.row].upload(s.slot, self._staging.address + st.place * self._place_bytes)
+                self._place(s.row, s.expert, s.slot)
+                self.counters[s.row, SWAPS_IN] += 1
+                self.counters[s.row, SWAPS_OUT] += s.leaver >= 0
+                self.counters[s.row, BYTES_UP] += n
+                self.swap_log.append((self.decode_tokens, s))
+            else:
+                self.dropped += 1
+        with self._lock:
+            self._free_places.extend(st.place for st in ready)  # the copies above were synchronous
+            self.pending = len(self._todo) + len(self._staged)
+            self._lock.notify_all()
+
+    # ---------------------------------------------------------------------------------- the helper thread
+    def _start_helper(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._helper, name="tokenwing-vram-swaps", daemon=True)
+            self._thread.start()
+
+    def _helper(self) -> None:
+        testpause.pause(PAUSE_STAGE, lambda: self._stop)
+        assert self._staging is not None
+        while True:
+            with self._lock:
+                while not self._stop and not (self._todo and self._free_places):
+                    self._lock.wait()
+                if self._stop:
+                    return
+                swap = self._todo.popleft()
+                place = self._free_places.popleft()
+            ok = self._stage(swap, place)
+            with self._lock:
+                if ok:
+                    self._staged.append(_Staged(swap, place))
+                else:
+                    self.dropped += 1
+                    self._free_places.append(place)
+                self.pending = len(self._todo) + len(self._staged)
+
+    def _stage(self, swap: Swap, place: int) -> bool:
+        """Copies the newcomer's RAM record into staging place `place` and checks it: an I/O thread may evict
+        and refill that RAM slot meanwhile, and then the checksum fails."""
+        assert self._staging is not None
+        record = self.ram_slot(swap.row, swap.expert)
+        if record is None:
+            return False
+        dst = self._staging.array[place * self._place_bytes : place * self._place_bytes + record.size]
+        np.copyto(dst, record)
+        return bool(xxhash.xxh3_64_intdigest(dst.data) == int(self.checksums[swap.row, swap.expert]))
+
+    # ------------------------------------------------------------------------------------------- the end
+    def close(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        for pool in self.pools:
+            pool.close()
+        self.pools = []
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None

@@ -1,0 +1,167 @@
+"""The VRAM tier on each device ggml shows (lavapipe here, F16 path off; the GPU on the GPU machine) against
+llama.cpp on the same GGUF: a prompt, then decode steps, with VRAM budgets that hold every layer and expert, no
+layer and some experts, or some layers and some experts with the experts streamed from the drive.
+
+Which device computes an expert changes its rounding (ggml's CPU backend rounds activations to 8 bits for
+quantized weights, lavapipe computes in float), so distributions are compared: mean KL ≤ 1e-4 against
+llama.cpp, and the same top-1 token wherever llama.cpp's top-1 leads its second by more than 0.1 logit. Weights at
+half the usual scale (as in tests/oracle/test_families.py: random deep MoEs are chaotic at full scale).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.compute.conftest import DEVICES, device
+from tests.compute.references import model, reference
+from tests.conftest import ModelFactory
+from tests.oracle.test_families import clear_top1
+from tests.oracle.test_logits import _repacked, _tokens, kl_per_position
+from tokenwing.compute.devices import DeviceOptions, choose
+from tokenwing.format.layout import K_HEADER_CHECKSUM
+from tokenwing.format.reader import ModelFile
+from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
+from tokenwing.runtime.vram import VramOptions
+from tokenwing.streaming.usage import UsageTable, save_usage, usage_path
+
+pytestmark = pytest.mark.oracle
+
+N_PROMPT, N_DECODE = 48, 16
+MiB = 1 << 20
+
+
+@dataclass
+class Run:
+    logits: np.ndarray
+    stats: dict[str, Any]
+    counters: dict[str, np.ndarray]
+    costs: Any = None
+
+
+@pytest.fixture(params=DEVICES or ["none"])
+def kind(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "none":
+        pytest.skip("no device (ggml built for the CPU only)")
+    yield device(request.param).kind
+
+
+def seed_usage(path: Path) -> None:
+    """A usage table that ranks experts 0, 1, 2… first in every layer (what the VRAM cache is seeded with)."""
+    with ModelFile.open(str(path)) as mf:
+        layers = [el.layer for el in mf.index.layers if el.layer < int(mf.header.get(f"{mf.arch}.block_count") or 0)]
+        table = UsageTable(layers, mf.index.n_expert, int(mf.header.get(K_HEADER_CHECKSUM) or 0))
+    table.counts[:] = np.arange(table.n_expert, 0, -1, dtype=np.float64)
+    table.tokens = 1
+    save_usage(usage_path(str(path)), table)
+
+
+def run(path: Path, tokens: np.ndarray, kind: str | None, budget: int = 0, **opts: Any) -> Run:
+    vram = VramOptions(**opts.pop("vram", {}))
+    choice = choose(DeviceOptions(kind, str(budget))) if kind else None
+    if kind:
+        assert choice is not None and not choice.on_cpu, choice.reason
+    options = SessionOptions(kv_type="f32", n_ctx=512, device=choice, vram=vram, **opts)
+    s = Session(str(path), options, log=lambda line: None)
+    try:
+        first = s.forward(tokens[:N_PROMPT].tolist(), all_logits=True)
+        rest = [s.forward([int(t)]).reshape(1, -1) for t in tokens[N_PROMPT:]]
+        c = s.counters()
+        counters = {name: c[:, i] for i, name in enumerate(SESSION_COUNTERS)}
+        costs = None
+        if s.vram is not None:
+            costs = (s.vram.plan, s.vram.costs, s.vram.head_bytes, s.vram.expert_row)
+        return Run(np.concatenate([first, *rest]), s.stats(), counters, costs)
+    finally:
+        s.close()
+
+
+def check(ref: np.ndarray, got: np.ndarray) -> None:
+    kl = kl_per_position(ref, got)
+    assert kl.mean() <= 1e-4, kl.mean()
+    assert clear_top1(ref, got) >= 0.99, clear_top1(ref, got)
+
+
+def budgets(all_in: Run) -> dict[str, tuple[int, dict[str, Any]]]:
+    """Budgets (and options) from the sizes of the run with everything in VRAM."""
+    plan, costs, head, row = all_in.costs
+    half = plan.n_expert // 2
+    return {
+        # no layer, half of every layer's experts (and the output head, which fits beside them)
+        "no layers, some experts": (plan.reserve + head + half * row, {"vram": {"max_layers": 0}}),
+        # the first layer, the head, a quarter of the experts; the drive streams the experts RAM cannot hold
+        "some layers, some experts, streamed": (
+            plan.reserve + costs[0].total + head + plan.n_expert // 4 * row,
+            {"ram_budget": 1, "vram": {"max_layers": 1, "wave_min_tokens": 4}},
+        ),
+    }
+
+
+def _tier_use(r: Run, n_layer: int) -> tuple[int, int, int]:
+    v = r.stats["vram"]
+    assert v is not None
+    return len(v["layers"]), v["expert_slots"], int(r.counters["vram_hits"].sum())
+
+
+QWEN3 = {"arch": "qwen3moe", "n_layer": 3, "weight_std": 0.03}
+
+
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K_M"])
+def test_qwen3moe_on_the_device_matches_llama_cpp(
+    kind: str, model_factory: ModelFactory, tmp_path: Path, type_name: str
+) -> None:
+    shape = dict(QWEN3, preset="kquant") if type_name == "Q4_K_M" else QWEN3
+    key = f"vram-qwen3moe-{type_name}"
+    src = model(key, lambda: model_factory(type=type_name, **shape))  # type: ignore[arg-type]
+    path = _repacked(src, tmp_path)
+    seed_usage(path)
+    tokens = _tokens(N_PROMPT + N_DECODE, 512, seed=21)
+    ref = reference(key, src, tokens, tmp_path)
+    cpu = run(path, tokens, None)
+    check(ref, cpu.logits)
+    everything = run(path, tokens, kind, 256 * MiB)
+    n_layer = len(everything.costs[1])
+    assert _tier_use(everything, n_layer)[:2] == (n_layer, everything.costs[0].n_expert)
+    check(ref, everything.logits)
+    for name, (budget, opts) in budgets(everything).items():
+        r = run(path, tokens, kind, budget, **opts)
+        layers, slots, hits = _tier_use(r, n_layer)
+        assert 0 < slots < everything.costs[0].n_expert and hits > 0, (name, slots, hits)
+        assert layers == (0 if name.startswith("no layers") else 1), (name, layers)
+        if "streamed" in name:
+            assert r.stats["slots_per_layer"] < everything.costs[0].n_expert
+        check(ref, r.logits)
+
+
+FAMILIES: dict[str, dict[str, object]] = {
+    "qwen2moe": {"arch": "qwen2moe", "n_layer": 3, "n_shared_exp": 1},
+    "ernie4_5-moe": {"arch": "ernie4_5-moe", "n_layer": 3, "n_dense_lead": 1, "n_shared_exp": 1},
+    "glm4moe": {"arch": "glm4moe", "n_layer": 3, "n_dense_lead": 1, "n_shared_exp": 1},
+    "deepseek2": {"arch": "deepseek2", "n_layer": 4, "n_expert": 16, "n_expert_used": 4},
+    "gpt-oss": {"arch": "gpt-oss", "n_layer": 4},
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_family_on_the_device_matches_llama_cpp(
+    kind: str, model_factory: ModelFactory, tmp_path: Path, family: str
+) -> None:
+    """Every family through the same device pieces: all of it in VRAM, and part of it with streamed experts."""
+    key = f"vram-{family}-Q8_0"
+    src = model(key, lambda: model_factory(type="Q8_0", weight_std=0.03, **FAMILIES[family]))  # type: ignore[arg-type]
+    path = _repacked(src, tmp_path)
+    seed_usage(path)
+    tokens = _tokens(N_PROMPT + N_DECODE, 512, seed=22)
+    ref = reference(key, src, tokens, tmp_path)
+    everything = run(path, tokens, kind, 256 * MiB)
+    assert _tier_use(everything, 0)[0] == len(everything.costs[1])
+    check(ref, everything.logits)
+    budget, opts = budgets(everything)["some layers, some experts, streamed"]
+    part = run(path, tokens, kind, budget, **opts)
+    assert _tier_use(part, 0)[0] == 1 and _tier_use(part, 0)[2] > 0
+    check(ref, part.logits)
