@@ -88,7 +88,7 @@ def test_engine_runs_on_the_cpu_with_one_line(
     r = run_cli("run", model, "--prompt", "Hi", "-n", "2", "--device", "vulkan", "--vram-budget", "1M")
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if "computing on" in ln]
-    assert len(lines) == 1 and "computing on the CPU: Vulkan0 has too little VRAM" in lines[0], r.stderr
+    assert len(lines) == 1 and "computing on the CPU: the VRAM budget 1.00 MiB holds not even one layer" in lines[0]
     empty = tmp_path / "empty"
     empty.mkdir()
     _point_loader_at(monkeypatch, empty)

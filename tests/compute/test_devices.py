@@ -70,8 +70,12 @@ def test_vram_budget() -> None:
 
 
 def test_too_little_vram_gives_the_cpu() -> None:
-    c = choose(DeviceOptions("auto", "100M"), [CUDA, CPU], works)
+    """Below MIN_BUDGET free the device is left alone; a budget given on the command line is the VRAM tier's plan
+    to judge (it knows what the model needs), except nothing at all."""
+    c = choose(DeviceOptions("auto", "0"), [CUDA, CPU], works)
     assert c.on_cpu and "too little VRAM" in c.reason
+    c = choose(DeviceOptions("auto", "100M"), [CUDA, CPU], works)
+    assert not c.on_cpu and c.vram_budget == 100 << 20
     small = Device(0, "cuda", "CUDA0", "NVIDIA GeForce GT 710", "gpu", 300 << 20, 1 * GiB)
     c = choose(DeviceOptions(), [small, CPU], works)  # 300 MiB free less 256 MiB kept
     assert c.on_cpu and "too little VRAM" in c.reason
