@@ -254,9 +254,12 @@ class Session:
         """
         if self.vram is None:
             return self._forward(tokens, all_logits)
+        kept = self.pos  # (a long prompt runs in parts: those done already are computed again too)
         try:
             return self._forward(tokens, all_logits)
         except DeviceError as e:
+            self.pos = kept
+            del self.history[kept:]
             self._drop_vram(e)
             return self._forward(tokens, all_logits)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import functools
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,9 @@ from tokenwing.streaming.usage import load_usage, usage_path
 
 Log = Callable[[str], None]
 Parts = dict[str, np.ndarray]
+# Test-only (a mock: a driver cannot be made to run out of memory at a chosen moment): the N-th device graph
+# built after the tier started fails to allocate, as a device that runs out of memory mid-run would.
+FAIL_ENV = "TOKENWING_TEST_VRAM_FAIL"
 WAVE_MIN_TOKENS = 32  # a prompt wave's experts go to the GPU from this many tokens per expert (ggml's own bar)
 MAX_NODES = 4096
 
@@ -178,6 +182,9 @@ class VramTier:
         self._expert_steps: dict[tuple[int, int], _ExpertStep] = {}
         self.device_chunk = max_batch  # prompt tokens per device graph
         self._split_note = False
+        self._graphs_built = 0
+        self._fail_at = int(os.environ.get(FAIL_ENV) or 0)  # (test-only)
+        self._started = False
         try:
             self.plan = self._plan(choice.vram_budget)
             if self.plan.empty:
@@ -186,6 +193,7 @@ class VramTier:
         except Exception:
             self.close()
             raise
+        self._started = True
 
     # ------------------------------------------------------------------------------------------ planning
     def _layer_names(self) -> dict[int, list[str]]:
@@ -369,6 +377,10 @@ class VramTier:
         return out
 
     def _graph(self, max_nodes: int) -> DeviceGraph:
+        if self._started and self._fail_at:
+            self._graphs_built += 1
+            if self._graphs_built == self._fail_at:
+                raise DeviceMemoryError(f"{self.backend.device.name} could not allocate a graph ({FAIL_ENV})")
         return DeviceGraph(self.backend, max_nodes, allocator=self._alloc)
 
     def _fill_experts(self, n_slots: int) -> None:
