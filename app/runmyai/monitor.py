@@ -10,8 +10,9 @@ from typing import Protocol
 
 class LayerCounts(Protocol):
     layer: int
-    hits: int
-    misses: int
+    hits: int  # from RAM
+    misses: int  # from the drive
+    vram_hits: int  # from VRAM
 
 
 class TokenEvent(Protocol):
@@ -30,14 +31,19 @@ class TokenEvent(Protocol):
 
 @dataclass
 class StatsSeries:
-    """Per-layer hit rates (last token and running mean), and rolling per-token series."""
+    """Per-layer shares of the selected experts by where they came from — VRAM, RAM, the drive — for the last token,
+    and the running share found in memory (VRAM or RAM); rolling per-token series."""
 
     window: int = 256  # tokens kept for the rolling lines
     paused: bool = False
     tokens: int = 0
     layer_ids: list[int] = field(default_factory=list)
-    last_hit_rate: list[float] = field(default_factory=list)
-    total_hits: list[int] = field(default_factory=list)
+    last_hit_rate: list[float] = field(default_factory=list)  # found in memory: VRAM or RAM
+    last_vram: list[float] = field(default_factory=list)  # of the last token's selected experts: from VRAM
+    last_ram: list[float] = field(default_factory=list)
+    last_drive: list[float] = field(default_factory=list)
+    total_vram: list[int] = field(default_factory=list)
+    total_hits: list[int] = field(default_factory=list)  # in memory (VRAM or RAM)
     total_lookups: list[int] = field(default_factory=list)
     ssd_wait_ms: deque[float] = field(default_factory=deque)
     bytes_read: deque[float] = field(default_factory=deque)
@@ -55,9 +61,13 @@ class StatsSeries:
         if ids != self.layer_ids:  # first event, or another model: start over
             self._reset_layers(ids)
         for i, s in enumerate(layers):
-            lookups = s.hits + s.misses
-            self.last_hit_rate[i] = s.hits / lookups if lookups else 0.0
-            self.total_hits[i] += s.hits
+            vram = getattr(s, "vram_hits", 0)
+            lookups = vram + s.hits + s.misses
+            shares = [n / lookups if lookups else 0.0 for n in (vram, s.hits, s.misses)]
+            self.last_vram[i], self.last_ram[i], self.last_drive[i] = shares
+            self.last_hit_rate[i] = (vram + s.hits) / lookups if lookups else 0.0
+            self.total_vram[i] += vram
+            self.total_hits[i] += vram + s.hits
             self.total_lookups[i] += lookups
         self.tokens += 1
         for series, value in (
@@ -74,6 +84,9 @@ class StatsSeries:
             self.token_index.popleft()
         self.recall = list(event.prediction_recall)
         return True
+
+    def mean_vram_share(self) -> list[float]:
+        return [v / n if n else 0.0 for v, n in zip(self.total_vram, self.total_lookups, strict=True)]
 
     def mean_hit_rate(self) -> list[float]:
         return [h / n if n else 0.0 for h, n in zip(self.total_hits, self.total_lookups, strict=True)]
@@ -92,5 +105,21 @@ class StatsSeries:
     def _reset_layers(self, ids: list[int]) -> None:
         self.layer_ids = ids
         self.last_hit_rate = [0.0] * len(ids)
+        self.last_vram = [0.0] * len(ids)
+        self.last_ram = [0.0] * len(ids)
+        self.last_drive = [0.0] * len(ids)
+        self.total_vram = [0] * len(ids)
         self.total_hits = [0] * len(ids)
         self.total_lookups = [0] * len(ids)
+
+
+_DEVICE_LINES = ("computing on ", "the GPU failed")
+
+
+def device_note(line: str) -> str | None:
+    """The engine's line saying where it computes (the GPU and its share of the model, or the CPU and why), or
+    that its GPU failed mid-run: shown beside the graphs. None for any other log line."""
+    text = line.strip().removeprefix("tokenwing: ")
+    if text.startswith(_DEVICE_LINES):
+        return text[0].upper() + text[1:]
+    return None

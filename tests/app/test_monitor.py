@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runmyai.monitor import StatsSeries
+from runmyai.monitor import StatsSeries, device_note
 from tests.app.stats_events import Event, Layer
 
 
@@ -43,3 +43,21 @@ def test_another_model_starts_over() -> None:
     s.add(Event(1, [Layer(0, 1, 0)]))
     s.add(Event(1, [Layer(0, 1, 0), Layer(1, 0, 1)]))
     assert s.total_lookups == [1, 1]
+
+
+def test_three_tiers_per_layer() -> None:
+    """Every selected expert came from VRAM, RAM or the drive: the shares per layer, and memory = VRAM + RAM."""
+    s = StatsSeries()
+    s.add(Event(1, [Layer(0, 2, 1, vram_hits=5), Layer(1, 0, 0, vram_hits=8)]))
+    assert s.last_vram == [5 / 8, 1.0] and s.last_ram == [2 / 8, 0.0] and s.last_drive == [1 / 8, 0.0]
+    assert s.last_hit_rate == [7 / 8, 1.0]
+    s.add(Event(2, [Layer(0, 4, 4, vram_hits=0), Layer(1, 0, 8, vram_hits=0)]))
+    assert s.mean_vram_share() == [5 / 16, 0.5] and s.mean_hit_rate() == [11 / 16, 0.5]
+
+
+def test_device_note_picks_the_engines_device_line() -> None:
+    gpu = "tokenwing: computing on CUDA0 (NVIDIA H200), VRAM budget 130 GiB; in VRAM: 48 layers' attention"
+    assert device_note(gpu) == gpu.removeprefix("tokenwing: c").join(["C", ""])
+    assert device_note("tokenwing: computing on the CPU: no GPU found") == "Computing on the CPU: no GPU found"
+    assert device_note("tokenwing: the GPU failed (x): computing on the CPU from here on") is not None
+    assert device_note("tokenwing: ready: qwen3moe: 48 layers") is None

@@ -22,8 +22,9 @@ from runmyai.engine.endpoint import EndpointSource, http_client, resolve
 @dataclass
 class LayerStats:
     layer: int
-    hits: int
-    misses: int
+    hits: int  # selected experts found in RAM
+    misses: int  # read from the drive
+    vram_hits: int = 0  # computed from VRAM (engines without a GPU path do not send it)
 
 
 @dataclass
@@ -68,7 +69,7 @@ def parse_token_stats(data: str) -> TokenStats | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("layers"), list):
         return None
     layers = [
-        LayerStats(_num(e.get("layer"), int), _num(e.get("hits"), int), _num(e.get("misses"), int))
+        LayerStats(*(_num(e.get(k), int) for k in ("layer", "hits", "misses", "vram_hits")))
         for e in obj["layers"]
         if isinstance(e, dict)
     ]

@@ -29,6 +29,7 @@ from runmyai.library.keys import HubKey, LocalKey, PresetKey, parse_key
 from runmyai.library.local import ImportCancelled, LibraryError, LocalLibrary, LocalModel
 from runmyai.library.presets import Catalog, Preset, load_catalog
 from runmyai.machine import MachineInfo, probe_machine_async
+from runmyai.monitor import device_note
 from runmyai.paths import AppPaths, bundled_dir
 from runmyai.ui import render
 from runmyai.ui.autotune_dialog import AutotuneDialog
@@ -345,7 +346,7 @@ class AppController(QObject):
         flags = [*(preset.flags if preset else ()), *self.autotune.serve_flags(path, _model_context(local, preset))]
         self.model_name = local.name if local else path.name
         sup = EngineSupervisor(
-            path, flags, on_state=self._on_engine_state, on_log=self.window.log_view.append, log_dir=self.paths.logs
+            path, flags, on_state=self._on_engine_state, on_log=self._on_engine_log, log_dir=self.paths.logs
         )
         self.supervisor = sup
         self._engine_task = asyncio.current_task()
@@ -408,6 +409,12 @@ class AppController(QObject):
     async def _follow_stats(self, client: StatsClient) -> None:
         async for event in client.events():
             self.window.graphs.add(event)
+
+    def _on_engine_log(self, line: str) -> None:
+        self.window.log_view.append(line)
+        note = device_note(line)
+        if note is not None:  # where it computes (a GPU and its share, or the CPU and why) beside the graphs
+            self.window.graphs.set_device(note)
 
     def _on_engine_state(self, state: EngineState, fault: Fault | None) -> None:
         sentence = fault.sentence if fault else None

@@ -10,9 +10,11 @@ from runmyai.monitor import StatsSeries, TokenEvent
 
 EXPLANATION = (
     "Only part of the model's experts fit in the memory given to it; each token, the experts its router picks "
-    "are read from the drive unless they are already in RAM. Bars: the share found in RAM per layer; below: "
-    "the time spent waiting for the drive and the bytes it read, per token."
+    "come from the GPU's memory (VRAM), from RAM, or are read from the drive. Bars: those three shares per layer "
+    "for the last token, the line the mean share found in memory; below: the time spent waiting for the drive, "
+    "the bytes it read, and the experts moved into VRAM, per token."
 )
+TIER_COLOURS = {"VRAM": "#8e44ad", "RAM": "#4a90d9", "drive": "#e08e0b"}
 REDRAW_MS = 250  # events are batched: a redraw costs ~9 ms, so one per token at 20 tokens/s would cost 18 % of a core
 
 
@@ -26,12 +28,15 @@ class GraphsPanel(QWidget):
         self._layer_span: tuple[int, int] | None = None
         pg.setConfigOptions(antialias=False, background="w", foreground="k")
 
-        self.hits_plot = pg.PlotWidget(title="Expert-cache hit rate per layer")
+        self.hits_plot = pg.PlotWidget(title="Where each layer's experts came from: VRAM · RAM · drive")
         self.hits_plot.setYRange(0, 1.0, padding=0.02)
         self.hits_plot.setLabel("bottom", "layer")
-        self.hits_bars = pg.BarGraphItem(x=[], height=[], width=0.8, brush="#4a90d9")
+        # stacked: VRAM at the bottom, RAM above it, the drive on top (each bar sums to 1)
+        self.tier_bars = {t: pg.BarGraphItem(x=[], height=[], width=0.8, brush=c) for t, c in TIER_COLOURS.items()}
+        self.hits_bars = self.tier_bars["RAM"]
         self.hits_mean = pg.PlotDataItem(pen=pg.mkPen("#d9534f", width=2), name="mean")  # symbols cost 3x the paint
-        self.hits_plot.addItem(self.hits_bars)
+        for bars in self.tier_bars.values():
+            self.hits_plot.addItem(bars)
         self.hits_plot.addItem(self.hits_mean)
 
         self.wait_plot = pg.PlotWidget(title="SSD wait per token (ms)")
@@ -40,7 +45,7 @@ class GraphsPanel(QWidget):
         self.bytes_line = self.bytes_plot.plot(pen=pg.mkPen("#5cb85c", width=1.5))
         self.vram_plot = pg.PlotWidget(title="VRAM expert swaps per token")
         self.vram_line = self.vram_plot.plot(pen=pg.mkPen("#8e44ad", width=1.5))
-        self.vram_plot.setYRange(0, 1, padding=0)  # zero is drawn as zero until there is a GPU path
+        self.vram_plot.setYRange(0, 1, padding=0)  # (zero is drawn as zero: no GPU, or nothing to swap)
         # Fixed x ranges (tokens ago, layers) let the axes keep their cached pictures between redraws; no grid:
         # its alpha-blended lines were 3/4 of the paint time (bench/graphs_bench.py).
         for plot in (self.wait_plot, self.bytes_plot, self.vram_plot):
@@ -54,6 +59,9 @@ class GraphsPanel(QWidget):
 
         self.explain = QLabel(EXPLANATION)  # what a newcomer is looking at, in one line
         self.explain.setWordWrap(True)
+        self.device = QLabel("")  # the engine's line: where it computes (the GPU and its share, or the CPU and why)
+        self.device.setWordWrap(True)
+        self.device.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.summary = QLabel("no tokens yet")
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.hover = QLabel("")
@@ -73,6 +81,7 @@ class GraphsPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.addLayout(buttons)
         layout.addWidget(self.explain)
+        layout.addWidget(self.device)
         layout.addWidget(self.summary)
         for plot in (self.hits_plot, self.wait_plot, self.bytes_plot, self.vram_plot):
             layout.addWidget(plot, 1)
@@ -90,6 +99,10 @@ class GraphsPanel(QWidget):
         if self.series.add(event):
             self._dirty = True
 
+    def set_device(self, text: str) -> None:
+        """The engine's device line (runmyai.monitor.device_note picks it out of the engine's log)."""
+        self.device.setText(text)
+
     def set_paused(self, paused: bool) -> None:
         self.series.paused = paused
         self.pause_button.setText("Resume" if paused else "Pause")
@@ -104,7 +117,10 @@ class GraphsPanel(QWidget):
             return
         self._dirty = False
         s = self.series
-        self.hits_bars.setOpts(x=s.layer_ids, height=s.last_hit_rate, width=0.8)
+        bottom = [0.0] * len(s.layer_ids)
+        for tier, share in (("VRAM", s.last_vram), ("RAM", s.last_ram), ("drive", s.last_drive)):
+            self.tier_bars[tier].setOpts(x=s.layer_ids, y0=bottom, height=share, width=0.8)
+            bottom = [b + h for b, h in zip(bottom, share, strict=True)]
         self.hits_mean.setData(s.layer_ids, s.mean_hit_rate())
         if s.layer_ids and self._layer_span != (s.layer_ids[0], s.layer_ids[-1]):
             self._layer_span = (s.layer_ids[0], s.layer_ids[-1])
@@ -125,6 +141,8 @@ class GraphsPanel(QWidget):
         parts = [f"{s.tokens} tokens"]
         if overall is not None:
             parts.append(f"hit rate {overall:.0%}")
+            if sum(s.total_vram):
+                parts.append(f"from VRAM {sum(s.total_vram) / sum(s.total_lookups):.0%}")
         if s.bytes_read:
             parts.append(f"{sum(s.bytes_read) / 2**20:.1f} MiB read, SSD wait {sum(s.ssd_wait_ms):.0f} ms")
         if s.tokens_per_s and s.tokens_per_s[-1]:
@@ -145,7 +163,9 @@ class GraphsPanel(QWidget):
             if x in s.layer_ids:
                 i = s.layer_ids.index(x)
                 self.hover.setText(
-                    f"layer {x}: hit rate {s.last_hit_rate[i]:.0%} (last token), {s.mean_hit_rate()[i]:.0%} (mean)"
+                    f"layer {x}, last token: VRAM {s.last_vram[i]:.0%}, RAM {s.last_ram[i]:.0%}, drive "
+                    f"{s.last_drive[i]:.0%}; mean in memory {s.mean_hit_rate()[i]:.0%} (VRAM "
+                    f"{s.mean_vram_share()[i]:.0%})"
                 )
             return
         values = {self.wait_plot: s.ssd_wait_ms, self.bytes_plot: s.bytes_read, self.vram_plot: s.vram_swaps}[plot]

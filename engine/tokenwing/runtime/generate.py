@@ -11,8 +11,7 @@ import numpy as np
 
 from tokenwing.errors import BadInputError
 from tokenwing.runtime.sampler import Sampler
-from tokenwing.runtime.session import Session
-from tokenwing.streaming.streamer import COUNTERS
+from tokenwing.runtime.session import SESSION_COUNTERS, Session
 
 
 @dataclass
@@ -178,11 +177,13 @@ def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
 def run_stats(
     session: Session, before: np.ndarray, mid: np.ndarray, end: np.ndarray, gen: Generation
 ) -> dict[str, Any]:
-    c = {name: i for i, name in enumerate(COUNTERS)}
+    c = {name: i for i, name in enumerate(SESSION_COUNTERS)}
     decode = end - mid
     n_dec = max(len(gen.tokens) - 1, 1) if gen.tokens else 1
     hits, misses = decode[:, c["hits"]], decode[:, c["misses"]]
     total = hits + misses
+    vram = decode[:, c["vram_hits"]]
+    selected = vram + total  # every selected expert of a decode step: from VRAM, from RAM, or read from the drive
     s = session.stats()
     return {
         "prompt_tokens": gen.prompt_tokens,
@@ -198,6 +199,15 @@ def run_stats(
         "hit_rate": float(hits.sum() / total.sum()) if total.sum() else None,
         "hit_rate_per_layer": [float(h / t) if t else None for h, t in zip(hits, total, strict=True)],
         "prediction_recall": s["prediction_recall"],
+        "vram": s["vram"],
+        "vram_hit_rate": float(vram.sum() / selected.sum()) if selected.sum() else None,
+        "vram_swaps_per_token": float(decode[:, c["vram_swaps_in"]].sum()) / n_dec,
+        "vram_bytes_up_per_token": float(decode[:, c["vram_bytes_up"]].sum()) / n_dec,
+        "prompt_vram_bytes_up": int((mid - before)[:, c["vram_bytes_up"]].sum()),
+        "tiers_per_layer": {
+            tier: [float(x / t) if t else None for x, t in zip(part, selected, strict=True)]
+            for tier, part in (("vram", vram), ("ram", hits), ("drive", misses))
+        },
         "expert_cache_bytes": s["expert_cache_bytes"],
         "slots_per_layer": s["slots_per_layer"],
         "counters": {name: int(decode[:, i].sum()) for name, i in c.items()},

@@ -188,9 +188,9 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
             lines.append(f"tokenwing_{k}_total {v}")
         if worker.session is not None:
             c = worker.session.counters()
-            from tokenwing.streaming.streamer import COUNTERS
+            from tokenwing.runtime.session import SESSION_COUNTERS
 
-            for i, name in enumerate(COUNTERS):
+            for i, name in enumerate(SESSION_COUNTERS):
                 for li, layer in enumerate(worker.session.streamed):
                     lines.append(f'tokenwing_expert_{name}_total{{layer="{layer}"}} {int(c[li, i])}')
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")

@@ -22,13 +22,12 @@ from tokenwing import testpause
 from tokenwing.errors import CorruptModelError, TokenWingError
 from tokenwing.runtime.generate import TokenLogprob, generate
 from tokenwing.runtime.sampler import Sampler
-from tokenwing.runtime.session import Session, SessionOptions
+from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
 from tokenwing.server.protocol import GenerationRequest, RequestError
-from tokenwing.streaming.streamer import COUNTERS
 from tokenwing.text.chat import FALLBACK_NOTICE, ChatFormat, chat_format
 from tokenwing.text.tokenizer import TextTokenizer
 
-_C = {name: i for i, name in enumerate(COUNTERS)}
+_C = {name: i for i, name in enumerate(SESSION_COUNTERS)}
 
 
 @dataclass
@@ -238,19 +237,20 @@ def _offer(q: asyncio.Queue[dict[str, Any]], event: dict[str, Any]) -> None:
 
 
 def _token_event(s: Session, delta: np.ndarray, index: int, elapsed: float) -> dict[str, Any]:
-    hits, misses = delta[:, _C["hits"]], delta[:, _C["misses"]]
+    hits, misses, vram = delta[:, _C["hits"]], delta[:, _C["misses"]], delta[:, _C["vram_hits"]]
     recall = s.stats()["prediction_recall"]
     return {
         "token": index,
         "layers": [
-            {"layer": layer, "hits": int(h), "misses": int(m)}
-            for layer, h, m in zip(s.streamed, hits, misses, strict=True)
+            {"layer": layer, "hits": int(h), "misses": int(m), "vram_hits": int(v)}
+            for layer, h, m, v in zip(s.streamed, hits, misses, vram, strict=True)
         ],
         "ssd_wait_ms": float(delta[:, _C["wait_ns"]].sum()) / 1e6,
         "bytes_read": int(delta[:, _C["bytes_read"]].sum()),
         "prefetch_issued": int(delta[:, _C["prefetch_issued"]].sum()),
         "prefetch_used": int(delta[:, _C["prefetch_used"]].sum()),
-        "vram_swaps": 0,  # no GPU path yet: zero, shown as zero
+        "vram_swaps": int(delta[:, _C["vram_swaps_in"]].sum()),  # experts moved into VRAM before this token
+        "vram_bytes_up": int(delta[:, _C["vram_bytes_up"]].sum()),
         "prediction_recall": recall,
         "tokens_per_s": index / elapsed if elapsed > 0 else 0.0,
     }
