@@ -388,11 +388,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_autotune(args: argparse.Namespace) -> int:
     from tokenwing.autotune.probe import probe_machine
     from tokenwing.autotune.solver import choose
+    from tokenwing.compute.devices import DeviceOptions
     from tokenwing.format.reader import ModelFile
 
     with ModelFile.open(args.model) as mf:
         record = max(el.record_size for el in mf.index.layers)
-        machine = probe_machine(args.model, record, parse_size(args.probe_bytes), progress=_stderr_line)
+        device = DeviceOptions.from_args(args)
+        machine = probe_machine(args.model, record, parse_size(args.probe_bytes), _stderr_line, device)
         choice = choose(mf, machine, args.ctx)
     if args.json:
         print(
@@ -439,6 +441,19 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
     _switch(p, "--cpu-repack", True, "matrix weights and experts in ggml's repacked layouts where this CPU has one")
     _switch(p, "--preload", None, "read every expert that fits at start (default: when the cache holds all of them)")
     _switch(p, "--token-graph", True, "with every expert in RAM, run a decode step as one graph, not one per layer")
+    _add_device_arguments(p)
+    p.add_argument(
+        "--vram-layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most N layers' attention and always-used weights in VRAM, the rest of the budget for experts "
+        "(default: as many as fit, layer by layer, then the output head, then experts)",
+    )
+    add_stream_arguments(p)
+
+
+def _add_device_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device",
         default="auto",
@@ -450,15 +465,6 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
         help="VRAM the engine may use: a size (8G) or a share of the VRAM free at start (80%%) "
         "(default: the free VRAM less a headroom of 1/16 of the device, 256 MiB to 1 GiB)",
     )
-    p.add_argument(
-        "--vram-layers",
-        type=int,
-        default=None,
-        metavar="N",
-        help="at most N layers' attention and always-used weights in VRAM, the rest of the budget for experts "
-        "(default: as many as fit, layer by layer, then the output head, then experts)",
-    )
-    add_stream_arguments(p)
 
 
 def _switch(p: argparse.ArgumentParser, flag: str, default: bool | None, help: str) -> None:
@@ -574,6 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--ctx", type=int, default=4096, help="context length to plan the KV cache for")
     at.add_argument("--probe-bytes", default="256M", help="bytes to read per drive measurement")
     at.add_argument("--json", action="store_true")
+    _add_device_arguments(at)
     at.set_defaults(func=_cmd_autotune)
 
     inf = sub.add_parser("info", help="version, architectures, memory, devices (what the app asks the engine)")

@@ -333,3 +333,25 @@ def test_gpus_through_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=no_driver))
     assert nvidia_gpus() == ()
+
+
+def test_a_gpu_the_engine_can_use_counts() -> None:
+    """An engine that lists a GPU (not a CPU-type Vulkan driver): the always-used weights and the KV cache go to
+    VRAM first, then experts; with NVML's free VRAM where NVML knows the card. Checked by hand: 3 GiB free, less
+    the engine's 256 MiB kept and ENGINE_RESERVE, holds the 1e9 always-loaded bytes and the KV cache, and the
+    rest is that share of the 3e9 bytes of experts."""
+    m = dataclasses.replace(MACHINE, ram_available=QUARTER, gpus=(GpuInfo(0, "RTX 3050", 4 * GIB, 3 * GIB),))
+    cpu_only = estimate(PRESET, m, context=4096)
+    dev = {"kind": "vulkan", "name": "Vulkan0", "description": "NVIDIA GeForce RTX 3050", "free": 7 * GIB // 2,
+           "total": 4 * GIB, "software": False}  # fmt: skip
+    engine = dataclasses.replace(ENGINE, devices=({"kind": "cpu", "name": "CPU"}, dev))
+    e = estimate(PRESET, m, engine=engine, context=4096)
+    kv = 4096 * FACTS.kv_bytes_per_token
+    vram = 3 * GIB - (256 << 20) - ENGINE_RESERVE  # NVML's 3 GiB free, not the engine's cached 3.5
+    share = (vram - 1e9 - kv) / 3e9
+    assert any(f"{share:.0%} of the experts" in r and "all fit" in r for r in e.reasons), e.reasons
+    assert e.hit_rate == pytest.approx(hit_rate(min(1.0, cpu_only.cache_share + share)))
+    assert e.tokens_per_s > 1.5 * cpu_only.tokens_per_s
+    lavapipe = dict(dev, description="llvmpipe (LLVM 15.0.6, 256 bits)", software=True)
+    soft = estimate(PRESET, m, engine=dataclasses.replace(ENGINE, devices=(lavapipe,)), context=4096)
+    assert soft.tokens_per_s == cpu_only.tokens_per_s and any("VRAM is not counted" in r for r in soft.reasons)

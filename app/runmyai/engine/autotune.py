@@ -38,7 +38,9 @@ from runmyai.machine import GpuInfo, GpuReport, nvidia_vram
 from runmyai.paths import AppPaths
 
 # Settings autotune reports that are not `tokenwing serve` flags (they explain the choice).
-INFO_ONLY = frozenset({"expert_cache_share", "gpus", "memory_rule"})
+INFO_ONLY = frozenset(
+    {"expert_cache_share", "gpus", "memory_rule", "vram_plan", "vram_expert_share", "gpu_copy_gb_per_s"}
+)
 DEFAULT_CONTEXT = 8192  # tokens of chat context unless the user asks for more (the KV cache is sized for it)
 MEMORY_RULE = "free memory at each start"
 DECODE_PROBE_TOKENS = 32  # a short decode after autotune calibrates the estimate (a few seconds on small models)
@@ -113,6 +115,15 @@ class AutotuneResult:
             ]
         else:
             lines.append(f"GPU: {self.gpu_note}")
+        g = self.raw.get("machine", {}).get("gpu")
+        if isinstance(g, dict):  # the device the engine computes on, as the engine measured it
+            lines.append(
+                f"Engine's GPU: {g.get('name')} ({g.get('description')}), {_int(g.get('free')) / gib:.1f} GiB free of "
+                f"{_int(g.get('total')) / gib:.1f} GiB ({g.get('memory_source')}); copies from RAM "
+                f"{float(g.get('up_gb_per_s') or 0):.1f} GB/s, back {float(g.get('down_gb_per_s') or 0):.1f} GB/s"
+            )
+        if isinstance(self.settings.get("vram_plan"), str):
+            lines.append(f"In VRAM: {self.settings['vram_plan']}")
         if self.decode is not None:
             d = self.decode
             lines.append(

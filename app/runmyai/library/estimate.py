@@ -171,6 +171,58 @@ class Estimate:
     cache_share: float = 1.0  # the expert cache's share of all routed experts
 
 
+# A GPU's own memory bandwidth is not measured (NVML does not report it): this is a conservative figure for the 8-24 GB
+# cards the app is for (an RTX 3060 has 360 GB/s, a 4090 1 TB/s).
+GPU_BPS = 300e9
+GPU_HEADROOM_MIN, GPU_HEADROOM_MAX = 256 << 20, 1 << 30  # what the engine keeps free on a device (1/16 of it)
+
+
+@dataclass(frozen=True)
+class GpuPart:
+    """What the engine's VRAM tier would hold: the share of the always-used weights (with their KV cache), the
+    share of all routed experts, and the line saying so (empty: no GPU to speak of)."""
+
+    dense_share: float = 0.0
+    expert_share: float = 0.0
+    line: str = ""
+
+
+def gpu_part(fp: Footprint, machine: MachineInfo, engine: EngineInfo, kv: int) -> GpuPart:
+    """The engine's placement in VRAM (layers' always-used weights and KV cache first, then experts), on the GPU
+    it would compute on: one it lists that is not a CPU-type driver, with NVML's free VRAM where NVML knows it."""
+    usable = [d for d in engine.devices if d.get("kind") not in (None, "cpu") and not d.get("software")]
+    if not usable:
+        if not machine.gpus:
+            return GpuPart()
+        vram = sum(g.vram_free for g in machine.gpus)
+        return GpuPart(
+            line=f"GPU: {len(machine.gpus)} with {hb(vram)} free VRAM; the installed engine sees no GPU it can use "
+            "(no Vulkan or CUDA driver for it), so VRAM is not counted."
+        )
+    d = next((x for x in usable if x.get("kind") == "cuda"), usable[0])
+    name = str(d.get("description") or d.get("name"))
+    nvml = [g for g in machine.gpus if g.name and g.name in name]
+    free = nvml[0].vram_free if nvml else _as_int(d.get("free"))
+    total = nvml[0].vram_total if nvml else _as_int(d.get("total"))
+    vram = max(0, free - min(GPU_HEADROOM_MAX, max(GPU_HEADROOM_MIN, total // 16)) - ENGINE_RESERVE)
+    dense = fp.resident_bytes + kv
+    dense_share = min(1.0, vram / dense) if dense else 1.0
+    left = max(0, vram - dense)
+    expert_share = min(1.0, left / fp.expert_total_bytes) if fp.expert_total_bytes else 0.0
+    placed = "all fit" if dense_share >= 1 else f"{dense_share:.0%} fit"
+    return GpuPart(
+        dense_share,
+        expert_share,
+        f"GPU: {name} with {hb(free)} free VRAM: of the always-used weights and the KV cache ({hb(dense)}) "
+        f"{placed} there, and {expert_share:.0%} of the experts (the most used, swapped as the text moves on); "
+        "it computes those while the CPU computes the rest.",
+    )
+
+
+def _as_int(v: object) -> int:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
+
+
 def hit_rate(cache_share: float) -> float:
     """Expected share of expert requests served from the cache, for a cache holding `cache_share` of them."""
     if cache_share >= 1.0:
@@ -232,7 +284,8 @@ def estimate(
     if budget_share is not None:
         cache = max(minimum, min(cache, int(budget_share * experts_all)))
     share = cache / experts_all if experts_all else 1.0
-    hits = hit_rate(share)
+    gpu = gpu_part(fp, machine, engine, kv)
+    hits = hit_rate(min(1.0, share + gpu.expert_share))  # (the RAM cache may hold some of the VRAM's experts too)
     reasons.append(
         f"Memory: {hb(machine.ram_available)} available{limit_note}; after {hb(headroom)} for other apps, "
         f"{hb(kv)} for a {context:,}-token context, {hb(ENGINE_RESERVE)} for buffers and {hb(resident)} "
@@ -243,13 +296,8 @@ def estimate(
             f"That is less than the engine's smallest cache ({hb(minimum)}, {fp.top_k} experts per layer): the "
             "system will page memory, so expect it to be slower than this estimate."
         )
-    gpus = [d for d in engine.devices if d.get("kind") not in (None, "cpu")]
-    if machine.gpus and not gpus:
-        vram = sum(g.vram_free for g in machine.gpus)
-        reasons.append(
-            f"GPU: {len(machine.gpus)} with {hb(vram)} free VRAM; the installed engine does not use GPUs, "
-            "so VRAM is not counted."
-        )
+    if gpu.line:
+        reasons.append(gpu.line)
     if hits >= 1.0:
         reasons.append("Every expert fits in the cache: after warming up, the drive is no longer read.")
     else:
@@ -271,13 +319,23 @@ def estimate(
             f"{cal.hidden_io:.0%} of it hidden behind compute → {io_s * 1000:.0f} ms per token waiting for reads."
         )
     mem = machine.mem_bandwidth_bps or cal.mem_bps
-    read_s = active / mem
+    # the GPU reads its share of the dense part and the experts it holds (in parallel with the CPU's experts)
+    vram_hits = hit_rate(gpu.expert_share) if gpu.expert_share > 0 else 0.0
+    gpu_dense, gpu_experts = dense_tok * gpu.dense_share, experts_tok * vram_hits
+    cpu_dense, cpu_experts = dense_tok - gpu_dense, experts_tok - gpu_experts
+    read_s = (cpu_dense + gpu_dense * mem / GPU_BPS + max(cpu_experts, gpu_experts * mem / GPU_BPS)) / mem
     work_s = cal.per_token_s + fp.layers * cal.per_layer_s
     streaming = hits < 1.0
     compute_s = (read_s + work_s) * (cal.stream_factor if streaming else 1.0)
+    where = f"{hb(active)} read from memory at {mem / 1e9:.0f} GB/s"
+    if gpu.line:
+        where = (
+            f"{hb(cpu_dense + cpu_experts)} read from RAM at {mem / 1e9:.0f} GB/s and {hb(gpu_dense + gpu_experts)} "
+            f"from VRAM at {GPU_BPS / 1e9:.0f} GB/s (assumed)"
+        )
     reasons.append(
-        f"Compute: {hb(active)} read from memory at {mem / 1e9:.0f} GB/s ({read_s * 1000:.1f} ms) + the engine's "
-        f"work for {fp.layers} layers ({work_s * 1000:.1f} ms)"
+        f"Compute: {where} ({read_s * 1000:.1f} ms) + the engine's work for {fp.layers} layers "
+        f"({work_s * 1000:.1f} ms)"
         + (f", ×{cal.stream_factor:g} while experts stream" if streaming else "")
         + f" → {compute_s * 1000:.1f} ms per token ({cal.source})."
     )

@@ -1,13 +1,15 @@
-"""What this machine has: memory and the process's limit, cores and ISA, NVIDIA GPUs, the drive's read speed."""
+"""What this machine has: memory and the process's limit, cores and ISA, GPUs (NVML on NVIDIA; the device the
+engine would compute on, its VRAM and host↔device copy speed), the drive's read speed."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tokenwing import _core
+from tokenwing.compute.devices import DeviceOptions
 from tokenwing.streaming.memory import MemoryInfo, memory_info
 
 
@@ -33,8 +35,11 @@ class MachineProbe:
     memory: MemoryInfo
     cores: int
     isa: list[str]
-    gpus: list[dict[str, Any]]
+    gpus: list[dict[str, Any]]  # NVIDIA GPUs as NVML sees them
     drive: DriveProbe | None
+    devices: list[dict[str, Any]] = field(default_factory=list)  # ggml's devices, with their free memory
+    gpu: dict[str, Any] | None = None  # the device `--device auto` takes: VRAM, budget, copy speeds
+    gpu_reason: str = ""  # the engine's line about it (or why the CPU)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -96,12 +101,52 @@ def probe_drive(
     return probe
 
 
+def probe_gpu(
+    nvml: list[dict[str, Any]], options: DeviceOptions | None = None, progress: Callable[[str], None] = lambda _: None
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str]:
+    """(the device `options` take (`--device auto`: CUDA, else a Vulkan GPU), with its VRAM — NVML's on NVIDIA,
+    else what ggml reports: CUDA's free
+    memory, the Vulkan memory budget — its budget and measured copy speeds; ggml's devices; the choice's line)."""
+    from tokenwing.compute.backend import Backend, DeviceError
+    from tokenwing.compute.bandwidth import copy_speed
+    from tokenwing.compute.devices import choose, list_devices, resolve_budget
+
+    try:
+        found = list_devices()
+    except Exception as e:  # (a registry that cannot be listed: the CPU)
+        return None, [], f"computing on the CPU: listing devices failed ({e})"
+    devices = [d.as_dict() for d in found]
+    choice = choose(options or DeviceOptions(), found)
+    if choice.device is None:
+        return None, devices, choice.reason
+    dev, source = choice.device, ("CUDA" if choice.device.kind == "cuda" else "the Vulkan memory budget")
+    same = [g for g in nvml if "NVIDIA" in dev.description and str(g["name"]) in dev.description]
+    if same:  # NVML's count of an NVIDIA GPU's memory
+        dev = replace(dev, free=int(same[0]["free"]), total=int(same[0]["total"]))
+        source = "NVML"
+    budget, how = resolve_budget((options or DeviceOptions()).vram_budget, dev)
+    progress(f"measuring copies between RAM and {dev.name}")
+    try:
+        backend = Backend(dev)
+        try:
+            speed = copy_speed(backend).as_dict()
+        finally:
+            backend.close()
+    except DeviceError as e:
+        return None, devices, f"computing on the CPU: {dev.name} failed ({e})"
+    gpu = {**dev.as_dict(), "memory_source": source, "budget": budget, "budget_reason": how, **speed}
+    return gpu, devices, choice.reason
+
+
 def probe_machine(
     model_path: str | None,
     record_size: int = 0,
     drive_bytes: int = 256 << 20,
     progress: Callable[[str], None] = lambda line: None,
+    device: DeviceOptions | None = None,
 ) -> MachineProbe:
     progress("probing memory, cores and GPUs")
     drive = probe_drive(model_path, record_size, drive_bytes, progress=progress) if model_path and record_size else None
-    return MachineProbe(memory_info(), len(os.sched_getaffinity(0)), cpu_isa(), nvidia_gpus(), drive)
+    nvml = nvidia_gpus()
+    gpu, devices, reason = probe_gpu(nvml, device, progress)
+    return MachineProbe(memory_info(), len(os.sched_getaffinity(0)), cpu_isa(), nvml, drive, devices, gpu, reason)

@@ -69,5 +69,38 @@ def choose(mf: ModelFile, m: MachineProbe, n_ctx: int = 4096) -> Choice:
         else "the rest is read from the drive when needed or predicted",
     )
     if m.gpus:
-        c.set("gpus", [g["name"] for g in m.gpus], "found, but the GPU path is not built yet: CPU only")
+        c.set("gpus", [g["name"] for g in m.gpus], "NVIDIA GPUs as NVML sees them")
+    _gpu(c, mf, m, n_ctx)
     return c
+
+
+def _gpu(c: Choice, mf: ModelFile, m: MachineProbe, n_ctx: int) -> None:
+    """The device, and what the VRAM tier would hold there (the engine plans again at each start, from the VRAM
+    free then: nothing here is a byte count to keep)."""
+    g = m.gpu
+    if g is None:
+        c.set("device", "cpu", m.gpu_reason.removeprefix("computing on the CPU: ") or "no GPU")
+        return
+    from tokenwing.runtime.placement import plan_for_file
+    from tokenwing.runtime.preflight import preflight
+
+    plan = plan_for_file(mf, preflight(mf).hp, int(g["budget"]), n_ctx)
+    c.set(
+        "device",
+        g["kind"],
+        f"{m.gpu_reason.removeprefix('computing on ')}; {human_bytes(int(g['free']))} free of "
+        f"{human_bytes(int(g['total']))} VRAM ({g['memory_source']})",
+    )
+    c.set("vram_plan", plan.describe(), f"a budget of {g['budget_reason']}, for a {n_ctx}-token context")
+    c.set(
+        "vram_expert_share",
+        round(plan.expert_slots / max(plan.n_expert, 1), 3),
+        "the share of every layer's experts the VRAM holds: the hottest, swapped as decode moves on",
+    )
+    c.set(
+        "gpu_copy_gb_per_s",
+        {"up": round(float(g["up_gb_per_s"]), 2), "down": round(float(g["down_gb_per_s"]), 2)},
+        "measured: 64 MiB in 4 MiB blocks between "
+        + ("pinned" if g["pinned"] else "ordinary")
+        + " RAM and the device, what a VRAM swap or a prompt's GPU wave copies",
+    )

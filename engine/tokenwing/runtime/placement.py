@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tokenwing.format.reader import ModelFile
 from tokenwing.fsutil import human_bytes
 from tokenwing.models.hparams import HParams
 
@@ -117,3 +118,24 @@ def plan_vram(
         head_bytes=head if head_on else 0,
         expert_bytes=int(slots) * row,
     )
+
+
+def plan_for_file(mf: ModelFile, hp: HParams, budget: int, n_ctx: int, max_batch: int = 64) -> VramPlan:
+    """The plan a run of this model file would make for `budget` (before loading it: `tokenwing autotune`), from
+    the file's tensor sizes; the KV cache as an F16 cache of every KV head (MLA's smaller cache is overcounted)."""
+    kv_row = 2 * hp.n_head_kv * max(hp.head_dim, hp.head_dim_v) * 2  # K and V, F16, per position and layer
+    weights = [0] * hp.n_layer
+    for t in mf.resident:
+        parts = t.name.split(".", 2)
+        if parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < hp.n_layer:
+            weights[int(parts[1])] += padded(t.nbytes)
+    decode = 4 * (2 * hp.n_head * n_ctx + 16 * hp.n_embd + 4 * hp.n_expert + 4 * hp.n_head * hp.head_dim)
+    costs = [LayerCost(w, padded(kv_row * n_ctx) + decode) for w in weights]
+    sizes = {t.name: t.nbytes for t in mf.resident}
+    out = sizes.get("output.weight", sizes.get("token_embd.weight", 0))
+    head = padded(sizes.get("output_norm.weight", 0)) + padded(out)
+    layers = [el for el in mf.index.layers if el.layer < hp.n_layer]
+    expert_bytes = [sum(padded(n) for n in el.proj_size) for el in layers]
+    geometries = {(el.types, el.shapes): sum(padded(n) for n in el.proj_size) for el in layers}
+    reserve = device_reserve(hp, max_batch, n_ctx, sum(geometries.values()))
+    return plan_vram(budget, reserve, costs, head, expert_bytes, mf.index.n_expert)
