@@ -289,7 +289,7 @@ def _session_options(args: argparse.Namespace) -> Any:
         token_graph=args.token_graph,
         stream=settings_from_args(args),
         device=None if choice.on_cpu else choice,
-        vram=VramOptions(max_layers=args.vram_layers),
+        vram=VramOptions(max_layers=args.vram_layers, lend=args.vram_lend),
     )
 
 
@@ -449,6 +449,13 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="at most N layers' attention and always-used weights in VRAM, the rest of the budget for experts "
         "(default: as many as fit, layer by layer, then the output head, then experts)",
+    )
+    _switch(
+        p,
+        "--vram-lend",
+        False,
+        "a prompt's GPU waves borrow the coldest slots of the VRAM expert cache (refilled after the prompt) instead "
+        "of VRAM kept apart for them, which decode then uses for more experts",
     )
     add_stream_arguments(p)
 

@@ -108,7 +108,7 @@ def _tier_use(r: Run, n_layer: int) -> tuple[int, int, int]:
     return len(v["layers"]), v["expert_slots"], int(r.counters["vram_hits"].sum())
 
 
-QWEN3 = {"arch": "qwen3moe", "n_layer": 3, "weight_std": 0.03}
+QWEN3: dict[str, object] = {"arch": "qwen3moe", "n_layer": 3, "weight_std": 0.03}
 
 
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K_M"])
@@ -165,3 +165,27 @@ def test_each_family_on_the_device_matches_llama_cpp(
     part = run(path, tokens, kind, budget, **opts)
     assert _tier_use(part, 0)[0] == 1 and _tier_use(part, 0)[2] > 0
     check(ref, part.logits)
+
+
+def test_lending_the_vram_cache_to_a_prompt(kind: str, model_factory: ModelFactory, tmp_path: Path) -> None:
+    """`--vram-lend`: no VRAM kept apart for a prompt's GPU waves, so the same budget holds more experts; the waves
+    borrow the cache's coldest slots, refilled at the first decode step (a swap decision there, not at the 8th);
+    the logits are llama.cpp's as before."""
+    key = "vram-qwen3moe-Q8_0"
+    src = model(key, lambda: model_factory(type="Q8_0", **QWEN3))  # type: ignore[arg-type]
+    path = _repacked(src, tmp_path)
+    seed_usage(path)
+    tokens = _tokens(N_PROMPT + N_DECODE, 512, seed=21)
+    ref = reference(key, src, tokens, tmp_path)
+    everything = run(path, tokens, kind, 256 * MiB)
+    plan, _, head, row = everything.costs
+    budget = plan.reserve + head + plan.n_expert // 4 * row
+    opts = {"max_layers": 0, "wave_min_tokens": 1}
+    kept = run(path, tokens, kind, budget, vram=opts)
+    lent = run(path, tokens, kind, budget, vram={**opts, "lend": True})
+    assert kept.stats["vram"]["expert_slots"] < lent.stats["vram"]["expert_slots"] < plan.n_expert
+    assert lent.stats["vram"]["decisions"][0][0] == 1  # refilled at the first decode step
+    assert kept.stats["vram"]["decisions"][0][0] == 8
+    for r in (kept, lent):  # the prompt's waves went up to the GPU beside the seeded experts
+        assert r.counters["vram_bytes_up"].sum() > r.stats["vram"]["expert_slots"] * row
+    check(ref, lent.logits)

@@ -11,6 +11,8 @@ from tokenwing.fsutil import human_bytes
 from tokenwing.streaming.memory import HEADROOM, expert_budget
 from tokenwing.streaming.streamer import plan_slots
 
+LEND_FROM = 16 << 30  # VRAM budget from which a prompt borrows the expert cache (`--vram-lend`)
+
 
 @dataclass
 class Choice:
@@ -96,6 +98,18 @@ def _gpu(c: Choice, mf: ModelFile, m: MachineProbe, n_ctx: int) -> None:
         "vram_expert_share",
         round(plan.expert_slots / max(plan.n_expert, 1), 3),
         "the share of every layer's experts the VRAM holds: the hottest, swapped as decode moves on",
+    )
+    # Lending pays where the cache is large and still short of every expert (spec §11: on small GPUs it made long
+    # prompts slower); a rule of thumb, not measured on this machine.
+    lend = plan.expert_slots < plan.n_expert and int(g["budget"]) >= LEND_FROM
+    c.set(
+        "vram_lend",
+        lend,
+        f"prompts borrow the VRAM expert cache's coldest slots for their GPU waves: on from a "
+        f"{human_bytes(LEND_FROM)} budget when the cache cannot hold every expert (a rule of thumb)"
+        if lend
+        else "prompts keep VRAM of their own for their GPU waves: "
+        + ("every expert fits in VRAM" if plan.expert_slots >= plan.n_expert else "the VRAM is small"),
     )
     c.set(
         "gpu_copy_gb_per_s",

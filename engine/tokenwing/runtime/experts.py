@@ -32,6 +32,8 @@ class DeviceExperts(Protocol):
 
     def wave_on_gpu(self, n_pairs: int, n_experts: int) -> bool: ...
 
+    def observe_prompt(self, block: int, sel: np.ndarray) -> None: ...
+
     def from_ram(
         self,
         block: int,
@@ -138,6 +140,8 @@ class ExpertCompute:
         place = np.zeros(n_expert, np.int64)
         place[unique] = np.arange(len(unique))
         acc = np.zeros((sel.shape[0], cur.shape[1]), np.float32)
+        if device is not None:
+            device.observe_prompt(block, sel)
         if device is not None and held:
             device.count_prompt_hits(block, len(held))
             self._add_wave(acc, sel, weights, held, place, lambda t, e, w: device.from_vram(block, cur, t, e, w), False)

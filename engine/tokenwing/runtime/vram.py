@@ -69,6 +69,9 @@ MAX_NODES = 4096
 class VramOptions:
     max_layers: int | None = None  # at most this many layers' always-used weights in VRAM (None: all that fit)
     wave_min_tokens: int = WAVE_MIN_TOKENS  # tokens per expert from which a prompt wave runs on the GPU
+    # A prompt's GPU waves borrow the coldest slots of the VRAM expert cache for their places (refilled after the
+    # prompt), instead of VRAM kept apart for them: decode keeps those bytes for experts (spec §11: a setting)
+    lend: bool = False
 
 
 @dataclass
@@ -176,7 +179,9 @@ class VramTier:
         self.layers: set[int] = set()
         self.head = False
         self.experts: VramExperts | None = None
-        self._staging: dict[str, ExpertPool] = {}
+        self._staging: dict[str, ExpertPool] = {}  # the prompt waves' places (none when they borrow cache slots)
+        self._spare: list[ExpertPool] = []
+        self._wave_places = WAVE_PLACES
         self._decode: dict[int, _Step] = {}
         self._head_step: _Step | None = None
         self._expert_steps: dict[tuple[int, int], _ExpertStep] = {}
@@ -241,7 +246,7 @@ class VramTier:
     def _plan(self, budget: int) -> VramPlan:
         costs, head = self._costs()
         geos = {_key(_Geometry.of(el)): _Geometry.of(el) for el in self.scheduler.streamer.layers}
-        wave = sum(g.device_bytes for g in geos.values())
+        wave = 0 if self.options.lend else sum(g.device_bytes for g in geos.values())
         reserve = device_reserve(self.hp, self.max_batch, self.n_ctx, wave)
         expert_bytes = [_Geometry.of(el).device_bytes for el in self.scheduler.streamer.layers]
         self.costs, self.head_bytes, self.expert_row = costs, head, sum(expert_bytes)  # (what tests size budgets by)
@@ -373,7 +378,8 @@ class VramTier:
         el = self.scheduler.streamer.layers[self.scheduler.streamer.li(block)]
         if self.experts is not None and self.experts.pools:
             out.append((self.experts.pools[self.experts.row_of[block]].views, rows))
-        out.append((self._staging[_key(_Geometry.of(el))].views, rows))
+        if self._staging:
+            out.append((self._staging[_key(_Geometry.of(el))].views, rows))
         return out
 
     def _graph(self, max_nodes: int) -> DeviceGraph:
@@ -392,7 +398,7 @@ class VramTier:
             for el in streamer.layers:
                 key = _key(_Geometry.of(el))
                 if key not in self._staging:
-                    self._staging[key] = new_pool(self.backend, el, 2 * WAVE_PLACES)
+                    self._staging[key] = new_pool(self.backend, el, 2 * WAVE_PLACES if not self.options.lend else 1)
                 g = self._graph(64)
                 try:
                     *_, out = self._expert_graph(g, el.layer, self._staging[key].views, 1)
@@ -405,6 +411,10 @@ class VramTier:
                 pool.close()
             self._staging.clear()
             return
+        if self.options.lend:  # (one place per geometry, for the check above: the waves borrow cache slots)
+            self._spare.extend(self._staging.values())
+            self._staging.clear()
+            self._wave_places = min(WAVE_PLACES, n_slots // 2)
         self.experts = VramExperts(
             self.backend,
             list(streamer.layers),
@@ -646,7 +656,12 @@ class VramTier:
 
     def wave_on_gpu(self, n_pairs: int, n_experts: int) -> bool:
         """A prompt wave runs on the GPU when its experts serve enough tokens each to pay for their copies."""
-        return self.experts is not None and n_pairs >= self.options.wave_min_tokens * max(n_experts, 1)
+        places = bool(self._staging) or self._wave_places > 0
+        return self.experts is not None and places and n_pairs >= self.options.wave_min_tokens * max(n_experts, 1)
+
+    def observe_prompt(self, block: int, sel: np.ndarray) -> None:
+        if self.experts is not None:
+            self.experts.observe_prompt(block, sel)
 
     def from_ram(
         self,
@@ -661,19 +676,25 @@ class VramTier:
         VRAM places, WAVE_PLACES at a time in two alternating sets (the next set's copies are queued before the
         current set computes: the host never waits for a copy), and computed there. Weighted outputs [m, n_embd]
         in pair order."""
+        assert self.experts is not None
         streamer = self.scheduler.streamer
         row = streamer.li(block)
-        stage = self._staging[_key(_Geometry.of(streamer.layers[row]))]
+        n = self._wave_places
+        if self._staging:
+            stage = self._staging[_key(_Geometry.of(streamer.layers[row]))]
+            slot_at = list(range(2 * n))
+        else:  # lent by the VRAM expert cache: its coldest slots, refilled after the prompt
+            stage = self.experts.pools[self.experts.row_of[block]]
+            slot_at = self.experts.borrow(block, 2 * n)
         bounds = np.r_[0, np.flatnonzero(np.diff(experts)) + 1, len(experts)].tolist()
-        groups = [
-            (bounds[i], bounds[min(i + WAVE_PLACES, len(bounds) - 1)]) for i in range(0, len(bounds) - 1, WAVE_PLACES)
-        ]
+        groups = [(bounds[i], bounds[min(i + n, len(bounds) - 1)]) for i in range(0, len(bounds) - 1, n)]
         out = np.empty((len(experts), self.hp.n_embd), np.float32)
         places: list[dict[int, int]] = []
 
         def copy_up(i: int) -> None:
             lo, hi = groups[i]
-            place = {e: (i % 2) * WAVE_PLACES + p for p, e in enumerate(dict.fromkeys(experts[lo:hi].tolist()))}
+            distinct = dict.fromkeys(experts[lo:hi].tolist())
+            place = {e: slot_at[(i % 2) * n + p] for p, e in enumerate(distinct)}
             for e, p in place.items():
                 self.experts_counters_add(block, stage.upload(p, streamer.pools[row][int(slot_of[e])], wait=False))
             places.append(place)
@@ -749,6 +770,7 @@ class VramTier:
             "expert_slots": self.plan.expert_slots if e is not None else 0,
             "bytes": self.plan.used,
             "swaps_pending": e.pending if e is not None else 0,
+            "decisions": e.decisions[:16] if e is not None else [],  # (decode token, swaps decided): the first
             "swaps_dropped": e.dropped if e is not None else 0,
         }
 
@@ -765,9 +787,10 @@ class VramTier:
         if self.experts is not None:
             self.experts.close()
             self.experts = None
-        for pool in self._staging.values():
+        for pool in [*self._staging.values(), *self._spare]:
             pool.close()
         self._staging.clear()
+        self._spare.clear()
         self._alloc.close()
         for dt in self._buffers:
             dt.close()

@@ -186,6 +186,7 @@ class VramExperts:
         self._thread: threading.Thread | None = None
         self._staging: HostBuffer | None = None
         self._place_bytes = 0
+        self._refill = False  # slots lent to a prompt: decide at the next step, not the next 8th
 
     # -------------------------------------------------------------------------------------------- set-up
     def allocate(self) -> None:
@@ -240,6 +241,28 @@ class VramExperts:
     def count_prompt_hits(self, block: int, hits: int) -> None:
         self.counters[self.row_of[block], HITS] += hits
 
+    def observe_prompt(self, block: int, sel: np.ndarray) -> None:
+        """A prompt's selections [n, k] count too, its last tokens most (halving every HALF_LIFE tokens back, as
+        decode's counts fade): the first swaps after a prompt bring in what its end used."""
+        n = sel.shape[0]
+        recency = 0.5 ** ((n - 1 - np.arange(n)) / HALF_LIFE)
+        np.add.at(self.recent[self.row_of[block]], sel, np.broadcast_to(recency[:, None], sel.shape))
+
+    def borrow(self, block: int, n: int) -> list[int]:
+        """`n` slots of layer `block` for a prompt's GPU wave (`--vram-lend`): the coldest (empty ones first);
+        their experts leave VRAM, and the next step boundary refills the slots by the swap rule."""
+        row = self.row_of[block]
+        resident = self.expert_in[row]
+        count = np.where(resident >= 0, self.recent[row][np.maximum(resident, 0)], -1.0)
+        slots = np.lexsort((np.maximum(resident, 0), count))[:n].tolist()
+        for s in slots:
+            e = int(self.expert_in[row, s])
+            if e >= 0:
+                self.slot_of[row, e] = -1
+            self.expert_in[row, s] = -1
+        self._refill = True
+        return [int(s) for s in slots]
+
     def between_steps(self) -> None:
         """Between two decode steps: moves staged newcomers into their slots; every SWAP_EVERY tokens, decides
         the next swaps and hands them to the helper thread. Never waits for the helper."""
@@ -247,8 +270,9 @@ class VramExperts:
         if self.full or not self.n_slots:
             return
         self.decode_tokens += 1
-        if self.decode_tokens % SWAP_EVERY:
+        if self.decode_tokens % SWAP_EVERY and not self._refill:
             return
+        self._refill = False
         self.recent *= 0.5 ** (SWAP_EVERY / HALF_LIFE)
         with self._lock:
             busy = {(s.row, s.slot) for s in self._todo} | {(st.swap.row, st.swap.slot) for st in self._staged}
