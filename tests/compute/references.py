@@ -3,8 +3,8 @@ beforehand where llama.cpp is not installed (the GPU machine: `bench/gpu_refs.py
 carries them). A file names the GGUF it belongs to by its checksum: a model generated differently there is an
 error, never a silent comparison with another model's logits.
 
-TOKENWING_TEST_REFS=DIR reads references and models from DIR (when llama.cpp is missing); TOKENWING_TEST_REFS_SAVE=DIR
-also writes every reference computed here, and its model, into DIR.
+TOKENWING_TEST_REFS=DIR reads references and models from DIR (whether or not llama.cpp is here: a dry run of the GPU
+machine's check); TOKENWING_TEST_REFS_SAVE=DIR also writes every reference computed here, and its model, into DIR.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ READ_ENV, SAVE_ENV = "TOKENWING_TEST_REFS", "TOKENWING_TEST_REFS_SAVE"
 
 
 def have_llama() -> bool:
-    return importlib.util.find_spec("llama_cpp") is not None
+    """Whether references are computed here: llama.cpp is installed and no carried references are named."""
+    return importlib.util.find_spec("llama_cpp") is not None and not os.environ.get(READ_ENV)
 
 
 def model(key: str, make: Callable[[], Path]) -> Path:
     """A test model: made here (and saved beside the references when asked), or, without llama.cpp (which makes
     the K-quant ones), the one saved with the references."""
-    if have_llama() or not os.environ.get(READ_ENV):
+    if not os.environ.get(READ_ENV):
         path = make()
         save = os.environ.get(SAVE_ENV)
         if save:

@@ -109,19 +109,37 @@ def _tier_use(r: Run, n_layer: int) -> tuple[int, int, int]:
 
 
 QWEN3: dict[str, object] = {"arch": "qwen3moe", "n_layer": 3, "weight_std": 0.03}
+FAMILIES: dict[str, dict[str, object]] = {
+    "qwen2moe": {"arch": "qwen2moe", "n_layer": 3, "n_shared_exp": 1},
+    "ernie4_5-moe": {"arch": "ernie4_5-moe", "n_layer": 3, "n_dense_lead": 1, "n_shared_exp": 1},
+    "glm4moe": {"arch": "glm4moe", "n_layer": 3, "n_dense_lead": 1, "n_shared_exp": 1},
+    "deepseek2": {"arch": "deepseek2", "n_layer": 4, "n_expert": 16, "n_expert_used": 4},
+    "gpt-oss": {"arch": "gpt-oss", "n_layer": 4},
+}
+# Every model the device tests compare with llama.cpp: key → (type, model_factory's arguments, the tokens' seed).
+# bench/gpu_refs.py makes their references from this table for the GPU machine, which has no llama.cpp.
+CASES: dict[str, tuple[str, dict[str, object], int]] = {
+    "vram-qwen3moe-Q8_0": ("Q8_0", QWEN3, 21),
+    "vram-qwen3moe-Q4_K_M": ("Q4_K_M", {**QWEN3, "preset": "kquant"}, 21),
+    **{f"vram-{f}-Q8_0": ("Q8_0", {**shape, "weight_std": 0.03}, 22) for f, shape in FAMILIES.items()},
+}
+
+
+def case(key: str, model_factory: ModelFactory, tmp_path: Path) -> tuple[Path, np.ndarray, np.ndarray]:
+    """A case's repacked model (with a usage table), its tokens and llama.cpp's logits of them."""
+    type_name, shape, seed = CASES[key]
+    src = model(key, lambda: model_factory(type=type_name, **shape))  # type: ignore[arg-type]
+    path = _repacked(src, tmp_path)
+    seed_usage(path)
+    tokens = _tokens(N_PROMPT + N_DECODE, 512, seed=seed)
+    return path, tokens, reference(key, src, tokens, tmp_path)
 
 
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K_M"])
 def test_qwen3moe_on_the_device_matches_llama_cpp(
     kind: str, model_factory: ModelFactory, tmp_path: Path, type_name: str
 ) -> None:
-    shape = dict(QWEN3, preset="kquant") if type_name == "Q4_K_M" else QWEN3
-    key = f"vram-qwen3moe-{type_name}"
-    src = model(key, lambda: model_factory(type=type_name, **shape))  # type: ignore[arg-type]
-    path = _repacked(src, tmp_path)
-    seed_usage(path)
-    tokens = _tokens(N_PROMPT + N_DECODE, 512, seed=21)
-    ref = reference(key, src, tokens, tmp_path)
+    path, tokens, ref = case(f"vram-qwen3moe-{type_name}", model_factory, tmp_path)
     cpu = run(path, tokens, None)
     check(ref, cpu.logits)
     everything = run(path, tokens, kind, 256 * MiB)
@@ -138,26 +156,12 @@ def test_qwen3moe_on_the_device_matches_llama_cpp(
         check(ref, r.logits)
 
 
-FAMILIES: dict[str, dict[str, object]] = {
-    "qwen2moe": {"arch": "qwen2moe", "n_layer": 3, "n_shared_exp": 1},
-    "ernie4_5-moe": {"arch": "ernie4_5-moe", "n_layer": 3, "n_dense_lead": 1, "n_shared_exp": 1},
-    "glm4moe": {"arch": "glm4moe", "n_layer": 3, "n_dense_lead": 1, "n_shared_exp": 1},
-    "deepseek2": {"arch": "deepseek2", "n_layer": 4, "n_expert": 16, "n_expert_used": 4},
-    "gpt-oss": {"arch": "gpt-oss", "n_layer": 4},
-}
-
-
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_each_family_on_the_device_matches_llama_cpp(
     kind: str, model_factory: ModelFactory, tmp_path: Path, family: str
 ) -> None:
     """Every family through the same device pieces: all of it in VRAM, and part of it with streamed experts."""
-    key = f"vram-{family}-Q8_0"
-    src = model(key, lambda: model_factory(type="Q8_0", weight_std=0.03, **FAMILIES[family]))  # type: ignore[arg-type]
-    path = _repacked(src, tmp_path)
-    seed_usage(path)
-    tokens = _tokens(N_PROMPT + N_DECODE, 512, seed=22)
-    ref = reference(key, src, tokens, tmp_path)
+    path, tokens, ref = case(f"vram-{family}-Q8_0", model_factory, tmp_path)
     everything = run(path, tokens, kind, 256 * MiB)
     assert _tier_use(everything, 0)[0] == len(everything.costs[1])
     check(ref, everything.logits)
@@ -171,12 +175,7 @@ def test_lending_the_vram_cache_to_a_prompt(kind: str, model_factory: ModelFacto
     """`--vram-lend`: no VRAM kept apart for a prompt's GPU waves, so the same budget holds more experts; the waves
     borrow the cache's coldest slots, refilled at the first decode step (a swap decision there, not at the 8th);
     the logits are llama.cpp's as before."""
-    key = "vram-qwen3moe-Q8_0"
-    src = model(key, lambda: model_factory(type="Q8_0", **QWEN3))  # type: ignore[arg-type]
-    path = _repacked(src, tmp_path)
-    seed_usage(path)
-    tokens = _tokens(N_PROMPT + N_DECODE, 512, seed=21)
-    ref = reference(key, src, tokens, tmp_path)
+    path, tokens, ref = case("vram-qwen3moe-Q8_0", model_factory, tmp_path)
     everything = run(path, tokens, kind, 256 * MiB)
     plan, _, head, row = everything.costs
     budget = plan.reserve + head + plan.n_expert // 4 * row

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.compute.conftest import DEVICES
+from tests.compute.conftest import DEVICES, device
 from tests.compute.test_device_faults import _point_loader_at, needs_vulkan
 from tests.conftest import ModelFactory, run_cli
 from tests.oracle.test_logits import kl_per_position
@@ -55,13 +55,15 @@ def test_a_device_allocation_failing_mid_run(repacked_factory: ModelFactory, mon
     model = str(repacked_factory(type="Q8_0", n_layer=2))
     on_cpu, _ = _generate(model, "--device", "cpu")
     monkeypatch.setenv(FAIL_ENV, "2")
-    out, lines = _generate(model, "--device", "vulkan")
+    out, lines = _generate(model, "--device", device(DEVICES[0]).kind)
     failed = [ln for ln in lines if "GPU failed" in ln]
     assert len(failed) == 1 and "computing on the CPU from here on" in failed[0], lines
     assert out == on_cpu
 
 
-@pytest.mark.skipif(not DEVICES, reason="no device")
+@pytest.mark.skipif(
+    not DEVICES or device(DEVICES[0]).kind != "vulkan", reason="GGML_VK_FORCE_MAX_BUFFER_SIZE is ggml-vulkan's"
+)
 def test_a_prompt_whose_gpu_tensors_do_not_fit_is_split(
     repacked_factory: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
