@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Prepares, on this (GPU-less) machine, what bench/gpu_check.sh needs on the NVIDIA machine, which has no internet,
-# no ggml and no gguf, and takes at most 64 MiB of working tree (~25 MB, the demo model most of it) and carried
-# files together. Into build/gpu-carry/ (~8 MB; carry that folder):
+# no ggml, no gguf and no llama.cpp, and takes at most 64 MiB of working tree (~25 MB, the demo model most of it) and
+# carried files together. Into build/gpu-carry/ (~15 MB; carry that folder):
 #
 #   ggml-vulkan.tar.xz          the `ggml` Python package (ggml-python 0.0.45) with Vulkan and the portable AVX2 CPU
 #                               backend: the installer's avx2-vulkan variant (3.5 MB compressed)
 #   ggml_python-0.0.45.tar.gz   the sdist: gpu_check.sh builds the CUDA variant from it there, on 16 cores
 #   gguf-*.whl                  the engine's GGUF dependency (pure Python)
 #   vulkan/libvulkan.so.1       the Vulkan loader (the machine has NVIDIA's Vulkan driver, not the loader)
+#   refs/                       llama.cpp's logits of the device tests' models, with the models (bench/gpu_refs.py;
+#                               6.4 MB): the GPU machine has no llama.cpp
 #
 # CUDA=1 also builds ggml with CUDA (sm_90) + Vulkan here (nvcc 13; cuBLAS to link against from PyPI's nvidia-cublas
 # wheel, 420 MB download, none of it carried) into ggml-cuda.tar.xz — 42 MB compressed (libggml-cuda.so is 67 MB),
@@ -77,5 +79,7 @@ fi
 gguf=$(python -c "import importlib.metadata as m; print(m.version('gguf'))")
 ls "$CARRY"/gguf-"$gguf"-*.whl >/dev/null 2>&1 || python -m pip download -q --no-deps "gguf==$gguf" -d "$CARRY"
 cp -L /usr/lib/x86_64-linux-gnu/libvulkan.so.1 "$CARRY/vulkan/libvulkan.so.1"
+rm -rf "$CARRY/refs.partial" && python bench/gpu_refs.py "$CARRY/refs.partial" >/dev/null \
+  && rm -rf "$CARRY/refs" && mv "$CARRY/refs.partial" "$CARRY/refs"
 du -b "$CARRY"/* "$CARRY"/vulkan/* >&2
-echo "carry: $(du -cb "$CARRY"/*.* "$CARRY"/vulkan/* | tail -1 | cut -f1) bytes in $CARRY" >&2
+echo "carry: $(du -cb "$CARRY"/*.* "$CARRY"/vulkan/* "$CARRY"/refs | tail -1 | cut -f1) bytes in $CARRY" >&2

@@ -30,7 +30,7 @@ from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
 from tokenwing.runtime.vram import VramOptions
 from tokenwing.streaming.usage import UsageTable, save_usage, usage_path
 
-pytestmark = pytest.mark.oracle
+pytestmark = [pytest.mark.oracle, pytest.mark.own_process]
 
 N_PROMPT, N_DECODE = 48, 16
 MiB = 1 << 20

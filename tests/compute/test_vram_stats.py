@@ -7,16 +7,17 @@ import json
 import threading
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.compute.conftest import DEVICES, device
 from tests.conftest import ModelFactory, run_cli
-from tests.engine.test_server import KEY, Server
 from tokenwing.compute.devices import DeviceOptions, choose
 from tokenwing.runtime.session import Session, SessionOptions
 
-pytestmark = pytest.mark.skipif(not DEVICES, reason="no device (ggml built for the CPU only)")
+pytestmark = [
+    pytest.mark.skipif(not DEVICES, reason="no device (ggml built for the CPU only)"),
+    pytest.mark.own_process,
+]
 SHAPE = {"arch": "qwen3moe", "n_layer": 3, "n_expert": 16, "n_expert_used": 2}
 
 
@@ -36,6 +37,10 @@ def _kind() -> str:
 
 
 def test_stats_stream_and_metrics_show_the_vram_tier(repacked_factory: ModelFactory) -> None:
+    pytest.importorskip("uvicorn", reason="the server's dependencies are not installed (the GPU machine)")
+    httpx = pytest.importorskip("httpx")
+    from tests.engine.test_server import KEY, Server
+
     model = repacked_factory(type="Q8_0", **SHAPE)
     budget = quarter_of_the_experts(model)
     server = Server(model, "--device", _kind(), "--vram-budget", budget, "--vram-layers", "0", "--no-usage-table")

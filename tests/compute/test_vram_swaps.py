@@ -79,6 +79,7 @@ def decode(s: Session, text: list[int], n: int) -> None:
         s.forward([text[i % len(text)]])
 
 
+@pytest.mark.own_process
 def test_a_routing_shift_moves_experts_into_vram(kind: str, model_factory: ModelFactory, tmp_path: Path) -> None:
     path = _repacked(model_factory(type="Q8_0", **SHAPE), tmp_path)  # type: ignore[arg-type]
     s = session(path, kind, [])
@@ -111,6 +112,7 @@ def test_a_routing_shift_moves_experts_into_vram(kind: str, model_factory: Model
     assert vram_hits.sum() > 0
 
 
+@pytest.mark.own_process
 def test_a_swap_never_holds_up_a_token(
     kind: str, model_factory: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
