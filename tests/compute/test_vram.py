@@ -5,7 +5,7 @@ layer and some experts, or some layers and some experts with the experts streame
 Which device computes an expert changes its rounding (ggml's CPU backend rounds activations to 8 bits for
 quantized weights, lavapipe computes in float), so distributions are compared: mean KL ≤ 1e-4 against
 llama.cpp, and the same top-1 token wherever llama.cpp's top-1 leads its second by more than 0.1 logit. Weights at
-half the usual scale (as in tests/oracle/test_families.py: random deep MoEs are chaotic at full scale).
+a reduced scale (random deep MoEs are chaotic at full scale: tests/oracle/test_families.py), see QWEN3.
 """
 
 from __future__ import annotations
@@ -108,7 +108,12 @@ def _tier_use(r: Run, n_layer: int) -> tuple[int, int, int]:
     return len(v["layers"]), v["expert_slots"], int(r.counters["vram_hits"].sum())
 
 
-QWEN3: dict[str, object] = {"arch": "qwen3moe", "n_layer": 3, "weight_std": 0.03}
+# qwen3moe's Q8_0 weights at 0.1: at the 0.03 of the K-quant tests a routed expert moves the logits so little that a
+# wrong one (every VRAM expert read from the next slot) stayed at KL 1e-6, under the bar; at 0.1 the device's KL is
+# 1.4e-5 and that mistake 9e-3. Q4_K_M and the other families keep 0.03: there routing near-ties flip with the
+# device's rounding (at 0.1: KL up to 4e-4 on four families; Q4_K_M at 0.06: our CPU path alone 3e-4 from
+# llama.cpp), and test_vram_experts.py checks their experts on the device against the CPU's directly.
+QWEN3: dict[str, object] = {"arch": "qwen3moe", "n_layer": 3, "weight_std": 0.1}
 FAMILIES: dict[str, dict[str, object]] = {
     "qwen2moe": {"arch": "qwen2moe", "n_layer": 3, "n_shared_exp": 1},
     "ernie4_5-moe": {"arch": "ernie4_5-moe", "n_layer": 3, "n_dense_lead": 1, "n_shared_exp": 1},
@@ -120,7 +125,7 @@ FAMILIES: dict[str, dict[str, object]] = {
 # bench/gpu_refs.py makes their references from this table for the GPU machine, which has no llama.cpp.
 CASES: dict[str, tuple[str, dict[str, object], int]] = {
     "vram-qwen3moe-Q8_0": ("Q8_0", QWEN3, 21),
-    "vram-qwen3moe-Q4_K_M": ("Q4_K_M", {**QWEN3, "preset": "kquant"}, 21),
+    "vram-qwen3moe-Q4_K_M": ("Q4_K_M", {**QWEN3, "preset": "kquant", "weight_std": 0.03}, 21),
     **{f"vram-{f}-Q8_0": ("Q8_0", {**shape, "weight_std": 0.03}, 22) for f, shape in FAMILIES.items()},
 }
 
