@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenwing import testpause
 from tokenwing.errors import BadInputError
 from tokenwing.runtime.sampler import Sampler
 from tokenwing.runtime.session import Session
@@ -123,9 +124,10 @@ def generate(
     after_prompt = session.counters()
     stream = TextStream(stops)
     history = list(prompt)
+    script = testpause.scripted_tokens()  # tests only: a reply of known tokens through the real pipeline
     t1 = time.perf_counter()
     for _ in range(limit):
-        tok = sampler.sample(logits, history)
+        tok = sampler.sample(logits, history) if script is None else script[min(len(gen.tokens), len(script) - 1)]
         if tok in session.tokenizer.eos_ids:
             gen.finish_reason, gen.finish_detail = "stop", "eos"
             break
