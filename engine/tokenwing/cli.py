@@ -322,13 +322,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
 
         def show(piece: str) -> None:
+            _announce_device(args)  # with the first output: a prompt the context refuses gets one line, its error
             sys.stdout.write(piece)
             sys.stdout.flush()
 
-        _announce_device(args)  # after every check of the input: an error stays the only line
         if args.record_trace:
             session.trace = []
         gen = generate(session, prompt, args.n, sampler, stops, on_text=show)
+        _announce_device(args)  # (a reply with no text)
         if args.record_trace:
             session.recorded_trace().save(args.record_trace)
         sys.stdout.write("\n")
