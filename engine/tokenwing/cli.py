@@ -45,10 +45,26 @@ _SHAPE_FLAGS: dict[str, type] = {
             "yarn_orig_ctx",
             "sliding_window",
             "context_length",
+            "ssm_d_conv",
+            "ssm_d_state",
+            "ssm_n_group",
+            "ssm_dt_rank",
+            "full_attention_interval",
         ),
         int,
     ),
-    **dict.fromkeys(("embd_std", "expert_weights_scale", "yarn_factor", "yarn_beta_fast", "yarn_beta_slow"), float),
+    **dict.fromkeys(
+        (
+            "embd_std",
+            "expert_weights_scale",
+            "yarn_factor",
+            "yarn_beta_fast",
+            "yarn_beta_slow",
+            "kda_gate_lower_bound",
+            "swiglu_limit",
+        ),
+        float,
+    ),
     "tokenizer": str,
 }
 
@@ -61,6 +77,8 @@ def _cmd_testmodel(args: argparse.Namespace) -> int:
         overrides = {k: getattr(args, k) for k in _SHAPE_FLAGS if getattr(args, k) is not None}
         if args.legacy_kv_b:
             overrides["legacy_kv_b"] = True
+        if args.legacy_ssm_in:
+            overrides["legacy_ssm_in"] = True
         if args.no_chat_template:
             overrides["chat_template"] = False
         shape = shape.with_(**overrides)
@@ -473,9 +491,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("testmodel", help="write a random-weight GGUF of a real MoE architecture")
     t.add_argument("output", help="GGUF path to write")
-    t.add_argument("--arch", help="qwen3moe (the default), qwen2moe, ernie4_5-moe, glm4moe, deepseek2 or gpt-oss")
     t.add_argument(
-        "--preset", default="tiny", help="tiny, kquant, small, bench (any architecture); kimi-tiny, ds-bench, oss-bench"
+        "--arch",
+        help="qwen3moe (the default), qwen2moe, ernie4_5-moe, glm4moe, deepseek2, gpt-oss, qwen3next, qwen35moe "
+        "or bailingmoe3",
+    )
+    t.add_argument(
+        "--preset",
+        default="tiny",
+        help="tiny, kquant, small, bench (any architecture); kimi-tiny, ds-bench, oss-bench, ling-bench",
     )
     t.add_argument("--type", default="F32", help="F32 F16 BF16 Q8_0 Q4_0, MXFP4_MOE, or a K-quant such as Q4_K_M")
     t.add_argument("--expert-type", help="MXFP4: the routed experts in this type, the rest in --type")
@@ -484,6 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, kind in _SHAPE_FLAGS.items():
         t.add_argument("--" + name.replace("_", "-"), dest=name, type=kind)
     t.add_argument("--legacy-kv-b", action="store_true", help="deepseek2: the older combined attn_kv_b tensor")
+    t.add_argument("--legacy-ssm-in", action="store_true", help="qwen3next: the older joint ssm_in projection")
     t.add_argument("--no-chat-template", action="store_true", help="write no tokenizer.chat_template")
     t.add_argument("-q", "--quiet", action="store_true")
     t.set_defaults(func=_cmd_testmodel)

@@ -8,6 +8,7 @@ do; nothing here knows a family by name.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass, fields
 from typing import Any
@@ -34,21 +35,27 @@ class Placement:
 
     n: int
     n_kv: int
-    positions: Tensor  # I32 [n]
+    positions: Tensor  # I32 [n] (multi-axis RoPE: [4 n], the text positions on three axes and 0 on the fourth)
     mask: Tensor  # F32 [n_kv, n]
     k_rows: Tensor  # I64 [n]: the tokens' rows in the K cache
     v_cells: Tensor | None  # I64 [n · v_width]: their elements in the (transposed) V cache; None: no V cache
     mask_swa: Tensor | None = None  # F32 [n_kv, n]: the mask of sliding-window layers (gpt-oss), if any
 
 
-def placement_arrays(pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int, window: int = 0) -> dict[str, np.ndarray]:
+def placement_arrays(
+    pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int, window: int = 0, axes: int = 1
+) -> dict[str, np.ndarray]:
     """The input data of a `Placement` (numpy order); `window`: the sliding window's span, for its own mask (a
-    key is masked when the query is `window` or more positions after it, as llama.cpp's standard SWA)."""
+    key is masked when the query is `window` or more positions after it, as llama.cpp's standard SWA); `axes`:
+    4 for multi-axis RoPE (a text token's position on the first three axes, 0 on the fourth, as llama.cpp)."""
     mask = np.zeros((n, n_kv), np.float32)
     for i in range(n):
         mask[i, pos0 + i + 1 :] = -np.inf
     rows = np.arange(pos0, pos0 + n, dtype=np.int64)
-    out: dict[str, np.ndarray] = {"positions": rows.astype(np.int32), "mask": mask, "k_rows": rows}
+    positions = rows.astype(np.int32)
+    if axes > 1:
+        positions = np.concatenate([np.tile(positions, 3), np.zeros(n * (axes - 3), np.int32)])
+    out: dict[str, np.ndarray] = {"positions": positions, "mask": mask, "k_rows": rows}
     if v_width:
         out["v_cells"] = (np.arange(v_width, dtype=np.int64)[None, :] * n_ctx + rows[:, None]).reshape(-1)
     if window:
@@ -63,9 +70,11 @@ def decode_window(pos: int, n_ctx: int) -> int:
     return min(n_ctx, -(-(pos + 1) // DECODE_WINDOW) * DECODE_WINDOW)
 
 
-def placement(g: Graph, pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int, window: int = 0) -> Placement:
+def placement(
+    g: Graph, pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int, window: int = 0, axes: int = 1
+) -> Placement:
     """A `Placement` whose inputs are filled now (a graph built for one use)."""
-    a = placement_arrays(pos0, n, n_kv, n_ctx, v_width, window)
+    a = placement_arrays(pos0, n, n_kv, n_ctx, v_width, window, axes)
     inputs = {name: g.input(v) for name, v in a.items()}
     return Placement(
         n, n_kv, inputs["positions"], inputs["mask"], inputs["k_rows"], inputs.get("v_cells"), inputs.get("mask_swa")
@@ -98,6 +107,47 @@ class KVCache:
     v_width: int
 
 
+@dataclass(frozen=True)
+class StateSpec:
+    """A linear-attention layer's recurrent state (F32, GGUF shape order): the last inputs of its short
+    convolution, and the delta rule's state matrices, one per value head."""
+
+    conv: tuple[int, ...]
+    state: tuple[int, ...]
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.conv) + math.prod(self.state)
+
+
+@dataclass(frozen=True)
+class RecurrentCache:
+    """One linear-attention layer's state, updated in place by each graph that runs the layer (a prompt's
+    chunks one after the other, then each decode step): there is one state, that of the last position.
+
+    `snapshot`: where the graph also writes the state as it was one token before its last (a prompt's end,
+    kept as a checkpoint: a request that repeats the prompt resumes there and computes its last token); the
+    graph must have at least two tokens then."""
+
+    conv: Tensor
+    state: Tensor
+    snapshot: RecurrentCache | None = None
+
+
+LayerCache = KVCache | RecurrentCache
+
+
+def kv_cache(cache: LayerCache) -> KVCache:
+    """The cache of an attention layer (a family asks for the kind its layer has)."""
+    assert isinstance(cache, KVCache), "an attention layer was given a recurrent state"
+    return cache
+
+
+def recurrent_cache(cache: LayerCache) -> RecurrentCache:
+    assert isinstance(cache, RecurrentCache), "a linear-attention layer was given a KV cache"
+    return cache
+
+
 # ------------------------------------------------------------------------------------------- attention
 @dataclass(frozen=True)
 class Rope:
@@ -110,6 +160,7 @@ class Rope:
     attn_factor: float = 1.0
     beta_fast: float = 32.0  # llama.cpp's defaults; it does not read the file's
     beta_slow: float = 1.0
+    sections: tuple[int, ...] = ()  # multi-axis RoPE (ggml_rope_multi): rotary pairs per axis
 
 
 def rope_of(hp: HParams, mode: int, yarn_log_mul: float, mscale_from_all_dims: bool = False) -> Rope:
@@ -136,6 +187,24 @@ def rope_of(hp: HParams, mode: int, yarn_log_mul: float, mscale_from_all_dims: b
 
 
 def rope(ctx: Any, x: Tensor, positions: Tensor, r: Rope) -> Tensor:
+    if r.sections:
+        sections = (ctypes.c_int * 4)(*r.sections[:4], *([0] * (4 - len(r.sections[:4]))))
+        return ops.ggml_rope_multi(
+            ctx,
+            x,
+            positions,
+            None,
+            r.n_rot,
+            sections,
+            r.mode,
+            r.n_ctx_orig,
+            r.base,
+            r.freq_scale,
+            r.ext_factor,
+            r.attn_factor,
+            r.beta_fast,
+            r.beta_slow,
+        )
     return ops.ggml_rope_ext(
         ctx,
         x,
@@ -311,19 +380,28 @@ def _best_groups(ctx: Any, selection: Tensor, groups: int, used: int, n: int) ->
 
 
 # ------------------------------------------------------------------------------------------------ FFNs
-def swiglu_ffn(ctx: Any, gate: Tensor, up: Tensor, down: Tensor, x: Tensor) -> Tensor:
+def swiglu(ctx: Any, g: Tensor, u: Tensor, limit: float = 0.0) -> Tensor:
+    """silu(g) · u; with a `limit` (Ling 3.0's swiglu_clamp_*), min(silu(g), limit) · clamp(u, ±limit), in
+    llama.cpp's ops (it takes a limit above 1e-6 as set)."""
+    if limit > 1e-6:
+        u = ops.ggml_clamp(ctx, u, -limit, limit)
+        return ops.ggml_mul(ctx, ops.ggml_clamp(ctx, ops.ggml_silu(ctx, g), -math.inf, limit), u)
+    return ops.ggml_swiglu_split(ctx, g, u)
+
+
+def swiglu_ffn(ctx: Any, gate: Tensor, up: Tensor, down: Tensor, x: Tensor, limit: float = 0.0) -> Tensor:
     g = ops.ggml_mul_mat(ctx, gate, x)
     u = ops.ggml_mul_mat(ctx, up, x)
-    return ops.ggml_mul_mat(ctx, down, ops.ggml_swiglu_split(ctx, g, u))
+    return ops.ggml_mul_mat(ctx, down, swiglu(ctx, g, u, limit))
 
 
-def dense_ffn(ctx: Any, w: dict[str, Tensor], x: Tensor) -> Tensor:
-    return swiglu_ffn(ctx, w["ffn_gate"], w["ffn_up"], w["ffn_down"], x)
+def dense_ffn(ctx: Any, w: dict[str, Tensor], x: Tensor, limit: float = 0.0) -> Tensor:
+    return swiglu_ffn(ctx, w["ffn_gate"], w["ffn_up"], w["ffn_down"], x, limit)
 
 
-def shared_expert(ctx: Any, w: dict[str, Tensor], x: Tensor, gated: bool) -> Tensor:
+def shared_expert(ctx: Any, w: dict[str, Tensor], x: Tensor, gated: bool, limit: float = 0.0) -> Tensor:
     """The shared expert(s) of a MoE layer; `gated`: scaled by sigmoid(ffn_gate_inp_shexp · x) (qwen2moe)."""
-    out = swiglu_ffn(ctx, w["ffn_gate_shexp"], w["ffn_up_shexp"], w["ffn_down_shexp"], x)
+    out = swiglu_ffn(ctx, w["ffn_gate_shexp"], w["ffn_up_shexp"], w["ffn_down_shexp"], x, limit)
     if gated:
         out = ops.ggml_mul(ctx, out, ops.ggml_sigmoid(ctx, ops.ggml_mul_mat(ctx, w["ffn_gate_inp_shexp"], x)))
     return out
@@ -376,6 +454,7 @@ class ExpertFFN:
 
     oai: bool = False
     biases: tuple[Tensor, Tensor, Tensor] | None = None
+    limit: float = 0.0  # a SwiGLU limit (`swiglu`)
 
 
 SWIGLU = ExpertFFN()
@@ -385,7 +464,7 @@ OAI_ALPHA, OAI_LIMIT = 1.702, 7.0  # llama.cpp hard-codes gpt-oss's swiglu_oai p
 def _activate(ctx: Any, gate: Tensor, up: Tensor, ffn: ExpertFFN) -> Tensor:
     if ffn.oai:
         return ops.ggml_swiglu_oai(ctx, gate, up, OAI_ALPHA, OAI_LIMIT)
-    return ops.ggml_swiglu_split(ctx, gate, up)
+    return swiglu(ctx, gate, up, ffn.limit)
 
 
 def expert_ffn(ctx: Any, mats: tuple[Tensor, Tensor, Tensor], x: Tensor, ffn: ExpertFFN, expert: int) -> Tensor:

@@ -12,6 +12,7 @@ The session knows no family by name: `models/<arch>.py` builds the layer graphs.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -29,10 +30,11 @@ from tokenwing.models.base import MoEModel
 from tokenwing.models.hparams import HParams
 from tokenwing.models.weights import ModelWeights
 from tokenwing.runtime.experts import ExpertCompute, ExpertPools
-from tokenwing.runtime.kvcache import KVCaches, kv_bytes_per_token, kv_element
+from tokenwing.runtime.kvcache import KVCaches, kv_bytes_per_token, kv_element, v_width
 from tokenwing.runtime.lookahead import Lookahead
-from tokenwing.runtime.memory_plan import PromptMemory, graph_bytes, plan_context, prompt_bytes_per_token
+from tokenwing.runtime.memory_plan import PromptMemory, StatePlan, graph_bytes, plan_context, prompt_bytes_per_token
 from tokenwing.runtime.preflight import preflight
+from tokenwing.runtime.recurrent import Checkpoints, StateBuffers
 from tokenwing.runtime.scheduler import ExpertScheduler
 from tokenwing.runtime.token_graph import TokenGraph
 from tokenwing.streaming.memory import HEADROOM, expert_budget, memory_info
@@ -51,6 +53,8 @@ class SessionOptions:
     max_batch: int = 64  # prompt tokens per graph (longer prompts are split, never refused)
     prompt_memory: int | None = None  # free memory a prompt pass may take beyond the cache (None: measured)
     prompt_cache: bool = True  # the server keeps the previous request's KV cache for a shared prefix
+    state_checkpoints: int = 8  # linear-attention models: recurrent-state checkpoints kept for prompt caching
+    checkpoint_interval: int = 1024  # ... one every this many prompt tokens (rounded to max_batch), and one per prompt
     usage_table: bool = True  # seed idle fill from MODEL.usage.json and add this session's counts to it
     preload: bool | None = None  # read every expert at start (None: when the cache holds them all)
     cpu_repack: bool = True  # matrix weights and experts in ggml's repacked layouts, as llama.cpp runs them
@@ -79,24 +83,39 @@ class Session:
         self.tokenizer: TextTokenizer = pre.tokenizer
         self.chat_template = pre.chat_template
         streamed = sorted(layer for layer in widths if layer < hp.n_layer)
-        n_tensors = 3 * hp.n_layer + 3 * len(streamed)  # KV caches, lookahead routers, slot-pool views
+        # KV caches or recurrent states (live and prompt-end snapshot), lookahead routers, slot-pool views
+        n_tensors = 5 * hp.n_layer + 3 * len(streamed)
         weights = ModelWeights(self.mf, n_tensors + 64, opts.cpu_repack)
         self.model: MoEModel = model_class(hp, weights, streamed)
 
         _, elt = kv_element(opts.kv_type)
         specs = [self.model.kv_spec(il) for il in range(hp.n_layer)]
+        state_specs = [self.model.state_spec(il) for il in range(hp.n_layer)]
         kv_per_token = kv_bytes_per_token(specs, elt)
-        graph_mem = graph_bytes(hp, opts.max_batch, opts.n_ctx or hp.n_ctx_train)
+        graph_mem = graph_bytes(hp, opts.max_batch, opts.n_ctx or hp.n_ctx_train, state_specs)
         info = memory_info()
-        ctx_plan = plan_context(opts.n_ctx, hp.n_ctx_train, kv_per_token, weights.bytes, graph_mem, info)
+        states = StatePlan.of(state_specs, opts.state_checkpoints if opts.prompt_cache else 0, info)
+        if states.note:
+            log(states.note)
+        fixed = weights.bytes + states.reserved
+        ctx_plan = plan_context(opts.n_ctx, hp.n_ctx_train, kv_per_token, fixed, graph_mem, info)
         if ctx_plan.note:
             log(ctx_plan.note)
         self.n_ctx = ctx_plan.n_ctx
-        self.kv = KVCaches(weights.arena, specs, self.n_ctx, opts.kv_type)
-        self._v_width = specs[0].v_stored  # the V elements a placement writes (every layer's are alike)
+        live = StateBuffers(weights.arena, state_specs) if states.per_copy else None
+        snapshot = StateBuffers(weights.arena, state_specs) if live is not None and states.checkpoints else None
+        self.kv = KVCaches(weights.arena, specs, self.n_ctx, opts.kv_type, live)
+        interval = -(-max(opts.checkpoint_interval, 1) // opts.max_batch) * opts.max_batch  # chunks end there
+        self.checkpoints = Checkpoints(
+            live or StateBuffers(weights.arena, []),
+            snapshot or StateBuffers(weights.arena, []),
+            states.checkpoints,
+            interval,
+        )
+        self._v_width = v_width(specs)
         budget = opts.ram_budget
         if budget is None:
-            budget = expert_budget(info, HEADROOM, ctx_plan.kv_bytes + graph_mem)
+            budget = expert_budget(info, HEADROOM, ctx_plan.kv_bytes + graph_mem + states.reserved)
         self.scheduler = ExpertScheduler(
             self.mf, streamed, hp.n_expert_used, budget, opts.stream, opts.preload, opts.usage_table, log
         )
@@ -124,7 +143,11 @@ class Session:
             graph_mem,
             self.scheduler.capacity,
             opts.prompt_memory,
+            states,
         )
+        self._cuts: list[int] = []  # a prompt pass's checkpoint positions (chunks end there)
+        self._snap_at: int | None = None  # the position a prompt's last chunk also keeps the state of
+        self._state_dirty = False  # a failed pass left the recurrent state half-updated
         self.pos = 0
         self._kv_high = 0  # KV positions ever written (their memory is touched, hence charged)
         self.history: list[int] = []  # the tokens whose keys and values are in the cache, positions 0..pos-1
@@ -157,20 +180,36 @@ class Session:
         self.mf.close()
 
     def reset(self) -> None:
-        self.pos = 0
-        self.history = []
+        self._rewind(0)
 
     def reuse_prefix(self, tokens: list[int]) -> int:
         """Prompt caching: keeps the cached tokens this prompt starts with and forgets the rest. Returns how many
         are kept (at most all but the last token, which must run to give logits); evaluate `tokens[kept:]`.
 
         A chat's next turn repeats the whole conversation: only the new part is computed. The cache holds
-        exactly what a fresh pass would have put there (attention reads positions < pos only).
+        exactly what a fresh pass would have put there (attention reads positions < pos only). A linear-attention
+        layer's state cannot be cut back: the prompt resumes from the live state if it continues the history,
+        else from the longest checkpoint it starts with (runtime/recurrent.py).
         """
         limit = min(len(tokens) - 1, len(self.history))
         kept = 0
         while kept < limit and self.history[kept] == tokens[kept]:
             kept += 1
+        return self._rewind(kept)
+
+    def _rewind(self, kept: int) -> int:
+        """Keeps the first `kept` tokens of the history, or fewer where the recurrent state has no checkpoint;
+        returns how many."""
+        if self.kv.states is not None and (kept < len(self.history) or self._state_dirty):
+            self._state_dirty = False
+            cp = self.checkpoints.best(kept)
+            if cp is None:
+                kept = 0
+                self.kv.states.zero()
+            else:
+                kept = cp.pos
+                self.checkpoints.restore(cp)
+        self.checkpoints.drop_after(kept)
         self.pos = kept
         del self.history[kept:]
         return kept
@@ -198,9 +237,48 @@ class Session:
             if not self._warned_prompt:
                 self._warned_prompt = True
                 self.log(f"a {n}-token prompt does not fit in memory in one pass: running it {span} tokens at a time")
-            outs = [self.forward(tokens[i : i + span], all_logits) for i in range(0, n, span)]
+            outs = [
+                self._forward(tokens[start:stop], all_logits, snapshot=stop == n)
+                for start, stop in self._passes(n, span)
+            ]
             return np.concatenate(outs, axis=0) if all_logits else outs[-1]
+        return self._forward(tokens, all_logits, snapshot=n > 1)
+
+    def _passes(self, n: int, span: int) -> list[tuple[int, int]]:
+        """A prompt's passes of at most `span` tokens, ending where chunks end (multiples of max_batch): the
+        chunks, and so every number, are those of one pass."""
+        b = self.options.max_batch
+        span = max(b, span // b * b)
+        out, start = [], 0
+        while start < n:
+            stop = min(n, (self.pos + start) // b * b + span - self.pos)
+            out.append((start, stop))
+            start = stop
+        return out
+
+    def _forward(self, tokens: list[int], all_logits: bool, snapshot: bool) -> np.ndarray:
+        """One pass; `snapshot`: the request's prompt ends with it (its state one token before the end is kept
+        as a checkpoint). A pass that fails leaves no half-updated recurrent state behind."""
+        try:
+            out = self._pass(tokens, all_logits, snapshot)
+        except BaseException:
+            if self.kv.states is not None:
+                self.checkpoints.abandon()
+                self._state_dirty = True
+            raise
+        self.checkpoints.commit()
+        return out
+
+    def _pass(self, tokens: list[int], all_logits: bool, snapshot: bool) -> np.ndarray:
+        hp, n, pos0 = self.hp, len(tokens), self.pos
         decode = n == 1
+        self._cuts = self.checkpoints.boundaries(pos0, n) if not decode else []
+        self._snap_at = pos0 + n - 1 if snapshot and self.checkpoints.enabled else None
+        if self._snap_at is not None and (self.checkpoints.has(self._snap_at) or self._snap_at == 0):
+            self._snap_at = None
+        if decode and self._snap_at is not None:  # the last pass of a prompt is one token: the state before it
+            for il in self.kv.states.layers if self.kv.states is not None else []:
+                self.checkpoints.record(il, self._snap_at)
         if decode:
             self.scheduler.after_prompt()
         else:
@@ -211,7 +289,7 @@ class Session:
             self._advance(tokens)
             return logits.reshape(1, -1) if all_logits else logits
         self.lookahead.made.clear()
-        h = np.concatenate([self._embed(tokens[c]) for c in self._chunks(n)], axis=0)
+        h = np.concatenate([self._embed(tokens[c]) for c in self._chunks(n, pos0)], axis=0)
         sel_rows: list[np.ndarray] = []
         pred_rows: list[np.ndarray] = []
         carry: Parts | None = None  # layer il's graph results, computed with the layer before's experts
@@ -227,7 +305,7 @@ class Session:
         if not all_logits:
             last: np.ndarray = self._logits(h[-1:])[-1]
             return last
-        return np.concatenate([self._logits(h[c]) for c in self._chunks(n)], axis=0)
+        return np.concatenate([self._logits(h[c]) for c in self._chunks(n, pos0)], axis=0)
 
     def _advance(self, tokens: list[int]) -> None:
         self.pos += len(tokens)
@@ -300,11 +378,17 @@ class Session:
         return {name: to_numpy(t).reshape(1, -1) for name, t in out.items()}
 
     def _layer_graph(
-        self, ctx: Any, il: int, x: Tensor, at: common.Placement, lookahead: bool
+        self,
+        ctx: Any,
+        il: int,
+        x: Tensor,
+        at: common.Placement,
+        lookahead: bool,
+        cache: common.LayerCache | None = None,
     ) -> tuple[dict[str, Tensor], list[Tensor]]:
         """The family's layer graph on x (an input, or the previous layer's output when a decode step computes a
         layer's experts and the next layer in one graph), with the lookahead's router logits in decode."""
-        lo = self.model.layer(ctx, il, x, at, self.kv[il])
+        lo = self.model.layer(ctx, il, x, at, self.kv[il] if cache is None else cache)
         if lo.routed is None:
             assert lo.out is not None
             out = {"out": lo.out}
@@ -322,13 +406,26 @@ class Session:
         not into per-chunk lists that are then joined."""
         n = h.shape[0]
         r: Parts = {}
-        for c in self._chunks(n):
+        states = self.kv.states
+        tracked = not decode and states is not None and il in states.layers and self.checkpoints.enabled
+        for c in self._chunks(n, self.pos):
             g, m = self.graph, c.stop - c.start
+            end, cache = self.pos + c.stop, self.kv[il]
+            snap = tracked and end - 1 == self._snap_at
+            if snap and m == 1:  # the state before this chunk is the one a token before the prompt's end
+                self.checkpoints.record(il, end - 1)
+            elif snap:  # the graph writes it too
+                assert isinstance(cache, common.RecurrentCache)
+                cache = dataclasses.replace(cache, snapshot=self.checkpoints.snapshot.layers[il])
             g.reset()
             out, writes = self._layer_graph(
-                g.ctx, il, g.input(h[c]), self._placement(self.pos + c.start, m, decode), decode
+                g.ctx, il, g.input(h[c]), self._placement(self.pos + c.start, m, decode), decode, cache
             )
             g.compute(*writes, *out.values())
+            if snap and m > 1:
+                self.checkpoints.record_snapshot(il, end - 1)
+            if tracked and end in self._cuts:
+                self.checkpoints.record(il, end)
             for key, t in out.items():
                 v = to_numpy(t).reshape(m, -1)
                 if key not in r:
@@ -338,7 +435,8 @@ class Session:
 
     def _placement(self, pos0: int, n: int, decode: bool) -> common.Placement:
         n_kv = common.decode_window(pos0, self.n_ctx) if decode else pos0 + n
-        return common.placement(self.graph, pos0, n, n_kv, self.n_ctx, self._v_width, self.model.window)
+        axes = self.model.position_axes
+        return common.placement(self.graph, pos0, n, n_kv, self.n_ctx, self._v_width, self.model.window, axes)
 
     # ------------------------------------------------------------------------- a decode step as one graph
     def _token_step(self, token: int) -> np.ndarray | None:
@@ -382,16 +480,26 @@ class Session:
 
     # ------------------------------------------------------------------------------------ a prompt's memory
     def _free_room(self) -> int:
-        return self.prompt_memory.free_room(self._kv_high, self.scheduler.cache_filled(), self.scheduler.loaned)
+        s = self.scheduler
+        return self.prompt_memory.free_room(self._kv_high, s.cache_filled(), s.loaned, self.checkpoints.held)
 
     def _prompt_span(self) -> int:
         """The longest prompt pass whose working memory fits: free memory plus what the cache can lend."""
         s = self.scheduler
         return self.prompt_memory.span(self._free_room(), s.lendable, s.loaned, self.options.max_batch)
 
-    def _chunks(self, n: int) -> list[slice]:
-        b = self.options.max_batch
-        return [slice(i, min(i + b, n)) for i in range(0, n, b)]
+    def _chunks(self, n: int, pos0: int) -> list[slice]:
+        """A pass of n tokens from pos0 in chunks of at most max_batch that end at multiples of it (and at the
+        pass's checkpoint positions): a token lands in the same chunk, so its attention sums over the same span
+        and rounds the same, whether the prompt runs in one pass, several, or after a cached prefix."""
+        b, out, i = self.options.max_batch, [], 0
+        cuts = sorted(p - pos0 for p in self._cuts if 0 < p - pos0 < n)
+        while i < n:
+            stop = min(n, (pos0 + i) // b * b + b - pos0)
+            stop = next((cut for cut in cuts if i < cut < stop), stop)
+            out.append(slice(i, stop))
+            i = stop
+        return out
 
     # ----------------------------------------------------------------------------------- embedding, head
     def _embed(self, tokens: list[int]) -> np.ndarray:
