@@ -4,6 +4,7 @@ fresh engine would have given."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tests.conftest import ModelFactory
 from tests.engine.test_server import Server
@@ -61,6 +62,105 @@ def test_server_reuses_the_previous_conversation(repacked_factory: ModelFactory)
         assert a2.usage is not None and 0 < cached < a2.usage.prompt_tokens
         assert b2.model_extra["tokenwing"]["prompt_cached_tokens"] == 0
         assert a1.model_extra["tokenwing"]["prompt_cached_tokens"] == 0
+    finally:
+        with_cache.stop()
+        without.stop()
+
+
+HYBRIDS = {
+    "qwen35moe": {"arch": "qwen35moe", "n_layer": 4},  # gated DeltaNet ×3, gated attention
+    "ling": {"arch": "bailingmoe3", "n_layer": 4},  # KDA ×2, MLA ×2
+}
+
+
+@pytest.mark.parametrize("variant", HYBRIDS)
+def test_recurrent_state_resumes_from_checkpoints(repacked_factory: ModelFactory, variant: str) -> None:
+    """A linear-attention layer's state cannot be cut back: a prompt that shares part of the last one resumes from
+    the longest checkpoint within the shared part (every 32 tokens here, and one token before each prompt's end);
+    one that continues the conversation, from the live state. Either way the logits of a fresh pass, to the bit."""
+    model = str(repacked_factory(**HYBRIDS[variant]))  # F32 weights: differences would show
+    rng = np.random.default_rng(5)
+    first = [int(t) for t in rng.integers(0, 500, 120)]
+    second = first[:70] + [int(t) for t in rng.integers(0, 500, 50)]
+    third = second + [int(t) for t in rng.integers(0, 500, 30)]
+    cached, fresh = _hybrid_session(model), _hybrid_session(model)
+    try:
+        cached.forward(first)
+        assert [c.pos for c in cached.checkpoints.saved] == [32, 64, 96, 119]
+        kept = cached.reuse_prefix(second)
+        assert kept == 64 and cached.history == second[:64]  # 70 shared: the checkpoint at 64
+        assert [c.pos for c in cached.checkpoints.saved] == [32, 64]  # the later ones held the old tokens
+        got = cached.forward(second[kept:], all_logits=True)
+        assert np.array_equal(got, fresh.forward(second, all_logits=True)[kept:])
+        # the next turn continues the conversation: from the live state, nothing recomputed
+        assert cached.reuse_prefix(third) == len(second)
+        new = third[len(second) :]
+        assert np.array_equal(cached.forward(new, all_logits=True), fresh.forward(new, all_logits=True))
+        # the same prompt again: from the checkpoint one token before its end (its last token as a decode step:
+        # the same numbers up to the rounding of a one-token graph, as for every family)
+        assert cached.reuse_prefix(third) == len(third) - 1
+        np.testing.assert_allclose(cached.forward(third[-1:]), _fresh_last(model, third), rtol=0, atol=1e-5)
+        # a prompt that shares nothing: a fresh state
+        other = [third[0] + 1, *third[1:40]]
+        assert cached.reuse_prefix(other) == 0 and not cached.checkpoints.saved
+        assert np.array_equal(cached.forward(other, all_logits=True), _hybrid_session(model).forward(other, True))
+    finally:
+        cached.close()
+        fresh.close()
+
+
+def _hybrid_session(model: str) -> Session:
+    return Session(
+        model, SessionOptions(kv_type="f32", n_ctx=256, max_batch=16, checkpoint_interval=32), log=lambda line: None
+    )
+
+
+def _fresh_last(model: str, tokens: list[int]) -> np.ndarray:
+    s = _hybrid_session(model)
+    try:
+        return s.forward(tokens)
+    finally:
+        s.close()
+
+
+def test_checkpoints_stay_spread_out() -> None:
+    """Past its capacity, the store drops the checkpoint closest to the one before it, never the newest."""
+    from tokenwing.compute.ggml_lib import TensorArena
+    from tokenwing.runtime.recurrent import Checkpoint, Checkpoints, StateBuffers
+
+    empty = StateBuffers(TensorArena(4), [])
+    store = Checkpoints(empty, empty, capacity=3, interval=0)
+    for pos in (100, 110, 400, 900):
+        store._pending[pos] = Checkpoint(pos)
+        store.commit()
+    assert [c.pos for c in store.saved] == [100, 400, 900]
+    assert store.best(399) is not None and store.best(399).pos == 100 and store.best(99) is None
+    store.drop_after(400)
+    assert [c.pos for c in store.saved] == [100, 400]
+
+
+def test_server_reuses_the_conversation_of_a_hybrid_model(repacked_factory: ModelFactory) -> None:
+    """Ling 3.0's layers through the server: the next turn starts from the state the first one left (its
+    prompt is the conversation so far), and the replies are those of a server without prompt caching."""
+    model = repacked_factory(type="Q8_0", **HYBRIDS["ling"])
+    turn1 = [{"role": "user", "content": "Tell me something about the weather today."}]
+    with_cache = Server(model)
+    without = Server(model, "--no-prompt-cache")
+    try:
+        for server in (with_cache, without):
+            c = server.client()
+            r1 = c.chat.completions.create(model="x", messages=turn1, max_tokens=8, temperature=0)
+            turn2 = [*turn1, {"role": "assistant", "content": r1.choices[0].message.content or ""}]
+            turn2.append({"role": "user", "content": "And tomorrow?"})
+            r2 = c.chat.completions.create(model="x", messages=turn2, max_tokens=8, temperature=0)
+            r3 = c.chat.completions.create(model="x", messages=turn2, max_tokens=8, temperature=0)  # regenerate
+            server.replies = (r1, r2, r3)  # type: ignore[attr-defined]
+        got = [r.choices[0].message.content for r in with_cache.replies]  # type: ignore[attr-defined]
+        want = [r.choices[0].message.content for r in without.replies]  # type: ignore[attr-defined]
+        assert got == want
+        _, r2, r3 = with_cache.replies  # type: ignore[attr-defined]
+        assert r2.usage is not None and 0 < r2.model_extra["tokenwing"]["prompt_cached_tokens"] < r2.usage.prompt_tokens
+        assert r3.model_extra["tokenwing"]["prompt_cached_tokens"] == r3.usage.prompt_tokens - 1
     finally:
         with_cache.stop()
         without.stop()

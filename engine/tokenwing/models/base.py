@@ -32,7 +32,7 @@ class TensorCheck:
         got = self.shapes.get(name)
         if got is None:
             raise BadInputError(f"{self.where}: tensor {name} is missing")
-        if tuple(got) != shape:
+        if _squeezed(tuple(got)) != _squeezed(shape):  # (llama.cpp's quantizer drops trailing 1s, as ggml may)
             raise BadInputError(f"{self.where}: tensor {name} has shape {tuple(got)}, the metadata implies {shape}")
 
     def head(self) -> None:
@@ -88,6 +88,12 @@ class TensorCheck:
         if gated:
             self.need(p + "ffn_gate_inp_shexp.weight", (e,))
         return True
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    while len(shape) > 1 and shape[-1] == 1:
+        shape = shape[:-1]
+    return shape
 
 
 class MoEModel:

@@ -273,7 +273,7 @@ def _family_defaults(s: ModelShape, size: str) -> ModelShape:
             **_MLA.get(size, _MLA["small"]),
             n_head_kv=1,
             n_shared_exp=s.n_shared_exp or 1,
-            n_dense_lead=s.n_dense_lead or (1 if s.n_layer > 2 else 0),
+            n_dense_lead=s.n_dense_lead or 1,
             full_attention_interval=3,
             ssm_d_state=s.head_dim,  # KDA heads as wide as the preset's attention heads
             expert_weights_scale=2.5,
