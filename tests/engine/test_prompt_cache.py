@@ -92,18 +92,19 @@ def test_recurrent_state_resumes_from_checkpoints(repacked_factory: ModelFactory
         assert [c.pos for c in cached.checkpoints.saved] == [32, 64]  # the later ones held the old tokens
         got = cached.forward(second[kept:], all_logits=True)
         assert np.array_equal(got, fresh.forward(second, all_logits=True)[kept:])
-        # the next turn continues the conversation: from the live state, nothing recomputed
+        # the next turn continues the conversation: from the live state, nothing recomputed (from position 120,
+        # inside a chunk of a fresh pass: its chunk ends where the fresh pass's does)
         assert cached.reuse_prefix(third) == len(second)
-        new = third[len(second) :]
-        assert np.array_equal(cached.forward(new, all_logits=True), fresh.forward(new, all_logits=True))
+        got = cached.forward(third[len(second) :], all_logits=True)
+        assert np.array_equal(got, _fresh(model, third)[len(second) :])
         # the same prompt again: from the checkpoint one token before its end (its last token as a decode step:
         # the same numbers up to the rounding of a one-token graph, as for every family)
         assert cached.reuse_prefix(third) == len(third) - 1
-        np.testing.assert_allclose(cached.forward(third[-1:]), _fresh_last(model, third), rtol=0, atol=1e-5)
+        np.testing.assert_allclose(cached.forward(third[-1:]), _fresh(model, third)[-1], rtol=0, atol=1e-5)
         # a prompt that shares nothing: a fresh state
         other = [third[0] + 1, *third[1:40]]
         assert cached.reuse_prefix(other) == 0 and not cached.checkpoints.saved
-        assert np.array_equal(cached.forward(other, all_logits=True), _hybrid_session(model).forward(other, True))
+        assert np.array_equal(cached.forward(other, all_logits=True), _fresh(model, other))
     finally:
         cached.close()
         fresh.close()
@@ -115,10 +116,11 @@ def _hybrid_session(model: str) -> Session:
     )
 
 
-def _fresh_last(model: str, tokens: list[int]) -> np.ndarray:
+def _fresh(model: str, tokens: list[int]) -> np.ndarray:
+    """Every position's logits from one pass of a new session."""
     s = _hybrid_session(model)
     try:
-        return s.forward(tokens)
+        return s.forward(tokens, all_logits=True)
     finally:
         s.close()
 

@@ -434,7 +434,11 @@ class Session:
         return r
 
     def _placement(self, pos0: int, n: int, decode: bool) -> common.Placement:
-        n_kv = common.decode_window(pos0, self.n_ctx) if decode else pos0 + n
+        """Where a graph's tokens go. A prompt chunk attends over the cache up to the end of its chunk (a multiple
+        of max_batch, the positions past the pass masked), so a token's attention sums the same terms in the same
+        order wherever its prompt pass ended: resumed, split and fresh passes round alike."""
+        b = self.options.max_batch
+        n_kv = common.decode_window(pos0, self.n_ctx) if decode else min(self.n_ctx, -(-(pos0 + n) // b) * b)
         axes = self.model.position_axes
         return common.placement(self.graph, pos0, n, n_kv, self.n_ctx, self._v_width, self.model.window, axes)
 
