@@ -25,7 +25,9 @@ VARIANTS: dict[str, dict[str, object]] = {
     # 3 linear layers (2 key heads shared by 4 value heads) and 1 gated full-attention layer
     "qwen3next": {"arch": "qwen3next", "n_layer": 4},
     "qwen3next-ssm-in": {"arch": "qwen3next", "n_layer": 4, "legacy_ssm_in": True},  # the older converter's files
-    "qwen35moe": {"arch": "qwen35moe", "n_layer": 4},
+    # IMRoPE with a fourth-axis section: one of every three rotary pairs takes position 0 (unrotated), so that text
+    # positions on three axes differ from plain NEOX RoPE (Qwen3.5's own sections cover every pair)
+    "qwen35moe": {"arch": "qwen35moe", "n_layer": 4, "n_rot": 8, "rope_sections": (1, 1, 0, 1)},
     # KDA, KDA, MLA, MLA (layer_group_size 3), a leading dense layer
     "ling": {"arch": "bailingmoe3", "n_layer": 4},
     # + expert groups, SwiGLU limits in the last layer, an MTP block (neither loaded nor run)

@@ -237,24 +237,10 @@ class Session:
             if not self._warned_prompt:
                 self._warned_prompt = True
                 self.log(f"a {n}-token prompt does not fit in memory in one pass: running it {span} tokens at a time")
-            outs = [
-                self._forward(tokens[start:stop], all_logits, snapshot=stop == n)
-                for start, stop in self._passes(n, span)
-            ]
+            # (chunks end at multiples of max_batch whatever the passes: the numbers are those of one pass)
+            outs = [self._forward(tokens[i : i + span], all_logits, snapshot=i + span >= n) for i in range(0, n, span)]
             return np.concatenate(outs, axis=0) if all_logits else outs[-1]
         return self._forward(tokens, all_logits, snapshot=n > 1)
-
-    def _passes(self, n: int, span: int) -> list[tuple[int, int]]:
-        """A prompt's passes of at most `span` tokens, ending where chunks end (multiples of max_batch): the
-        chunks, and so every number, are those of one pass."""
-        b = self.options.max_batch
-        span = max(b, span // b * b)
-        out, start = [], 0
-        while start < n:
-            stop = min(n, (self.pos + start) // b * b + span - self.pos)
-            out.append((start, stop))
-            start = stop
-        return out
 
     def _forward(self, tokens: list[int], all_logits: bool, snapshot: bool) -> np.ndarray:
         """One pass; `snapshot`: the request's prompt ends with it (its state one token before the end is kept
