@@ -295,6 +295,7 @@ def _session_options(args: argparse.Namespace) -> Any:
         kv_type=args.kv_type,
         n_threads=args.threads,
         prompt_cache=args.prompt_cache,
+        state_checkpoints=args.state_checkpoints,
         usage_table=args.usage_table,
         cpu_repack=args.cpu_repack,
         preload=args.preload,
@@ -444,6 +445,12 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, help="compute threads (default: all this process may use)")
     p.add_argument("--stats-json", help="write statistics to this file")
     _switch(p, "--prompt-cache", True, "serve: reuse the previous request's KV cache for the prompt prefix they share")
+    p.add_argument(
+        "--state-checkpoints",
+        type=_count,
+        default=8,
+        help="linear-attention models: recurrent-state checkpoints kept for the prompt cache (0: none)",
+    )
     _switch(p, "--usage-table", True, "fill idle cache slots from MODEL.usage.json and add this run's expert counts")
     _switch(p, "--cpu-repack", True, "matrix weights and experts in ggml's repacked layouts where this CPU has one")
     _switch(p, "--preload", None, "read every expert that fits at start (default: when the cache holds all of them)")
@@ -460,6 +467,17 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
         "(default: the free VRAM less a headroom of 1/16 of the device, 256 MiB to 1 GiB)",
     )
     add_stream_arguments(p)
+
+
+def _count(text: str) -> int:
+    """A count of zero or more (argparse then says which flag, in one line)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return n
 
 
 def _switch(p: argparse.ArgumentParser, flag: str, default: bool | None, help: str) -> None:
