@@ -110,10 +110,49 @@ def test_recurrent_state_resumes_from_checkpoints(repacked_factory: ModelFactory
         fresh.close()
 
 
-def _hybrid_session(model: str) -> Session:
-    return Session(
-        model, SessionOptions(kv_type="f32", n_ctx=256, max_batch=16, checkpoint_interval=32), log=lambda line: None
-    )
+def test_failed_pass_leaves_no_half_updated_state(
+    repacked_factory: ModelFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mock (a pass that fails in its middle layer — a read error, an interrupt — is not reproducible on demand
+    here): the layers before it have advanced their state; the next request restores a checkpoint instead of
+    trusting the live state, and gets a fresh pass's logits. Without checkpoints (`--state-checkpoints 0`), only a
+    continued conversation resumes."""
+    model = str(repacked_factory(**HYBRIDS["ling"]))
+    rng = np.random.default_rng(6)
+    first = [int(t) for t in rng.integers(0, 500, 50)]
+    more = first + [int(t) for t in rng.integers(0, 500, 20)]
+    s = _hybrid_session(model)
+    try:
+        s.forward(first)
+        real_layer = Session._layer
+
+        def failing(self: Session, il: int, *args: object) -> object:
+            if il == 2:
+                raise OSError("mock: the drive went away")
+            return real_layer(self, il, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(Session, "_layer", failing)
+        with pytest.raises(OSError):
+            s.forward(more[len(first) :])
+        monkeypatch.undo()
+        assert s.history == first  # nothing was added ...
+        assert s.reuse_prefix(more) == 49  # ... but the live state is not trusted: the checkpoint before the end
+        assert np.array_equal(s.forward(more[49:], all_logits=True), _fresh(model, more)[49:])
+    finally:
+        s.close()
+    none = _hybrid_session(model, state_checkpoints=0)
+    try:
+        none.forward(first)
+        assert none.reuse_prefix(more) == len(first)  # the live state continues
+        none.forward(more[len(first) :])
+        assert none.reuse_prefix([*first, 1, 2]) == 0 and not none.checkpoints.saved  # nothing to go back to
+    finally:
+        none.close()
+
+
+def _hybrid_session(model: str, **opts: object) -> Session:
+    options = SessionOptions(kv_type="f32", n_ctx=256, max_batch=16, checkpoint_interval=32, **opts)  # type: ignore[arg-type]
+    return Session(model, options, log=lambda line: None)
 
 
 def _fresh(model: str, tokens: list[int]) -> np.ndarray:
