@@ -145,7 +145,7 @@ class Session:
             opts.prompt_memory,
             states,
         )
-        self._cuts: list[int] = []  # a prompt pass's checkpoint positions (chunks end there)
+        self._cuts: list[int] = []  # a prompt pass's checkpoint positions (where chunks end)
         self._snap_at: int | None = None  # the position a prompt's last chunk also keeps the state of
         self._state_dirty = False  # a failed pass left the recurrent state half-updated
         self.pos = 0
@@ -479,14 +479,12 @@ class Session:
         return self.prompt_memory.span(self._free_room(), s.lendable, s.loaned, self.options.max_batch)
 
     def _chunks(self, n: int, pos0: int) -> list[slice]:
-        """A pass of n tokens from pos0 in chunks of at most max_batch that end at multiples of it (and at the
-        pass's checkpoint positions): a token lands in the same chunk, so its attention sums over the same span
-        and rounds the same, whether the prompt runs in one pass, several, or after a cached prefix."""
+        """A pass of n tokens from pos0 in chunks of at most max_batch that end at multiples of it (checkpoint
+        positions are such multiples too): a token lands in the same chunk, so its attention sums over the same
+        span and rounds the same, whether the prompt runs in one pass, several, or after a cached prefix."""
         b, out, i = self.options.max_batch, [], 0
-        cuts = sorted(p - pos0 for p in self._cuts if 0 < p - pos0 < n)
         while i < n:
             stop = min(n, (pos0 + i) // b * b + b - pos0)
-            stop = next((cut for cut in cuts if i < cut < stop), stop)
             out.append(slice(i, stop))
             i = stop
         return out
