@@ -41,8 +41,12 @@ def test_reused_prefix_gives_the_logits_of_a_fresh_pass(repacked_factory: ModelF
         s.close()
 
 
-def test_server_reuses_the_previous_conversation(repacked_factory: ModelFactory) -> None:
-    model = repacked_factory(type="Q8_0")
+@pytest.mark.parametrize("shape", [{}, {"arch": "bailingmoe3", "n_layer": 4}], ids=["qwen3moe", "ling"])
+def test_server_reuses_the_previous_conversation(repacked_factory: ModelFactory, shape: dict[str, object]) -> None:
+    """The next turn starts from what the first one left (its prompt is the conversation so far: Ling 3.0's
+    recurrent layers from their live state), a regenerated reply from all but the prompt's last token (Ling:
+    from the checkpoint one token before its end); the replies are those of a server without prompt caching."""
+    model = repacked_factory(type="Q8_0", **shape)
     turn1 = [{"role": "user", "content": "Tell me something about the weather today."}]
     with_cache = Server(model)
     without = Server(model, "--no-prompt-cache")
@@ -53,15 +57,15 @@ def test_server_reuses_the_previous_conversation(repacked_factory: ModelFactory)
             turn2 = [*turn1, {"role": "assistant", "content": r1.choices[0].message.content or ""}]
             turn2.append({"role": "user", "content": "And tomorrow?"})
             r2 = c.chat.completions.create(model="x", messages=turn2, max_tokens=8, temperature=0)
-            server.replies = (r1, r2)  # type: ignore[attr-defined]
-        a1, a2 = with_cache.replies  # type: ignore[attr-defined]
-        b1, b2 = without.replies  # type: ignore[attr-defined]
-        assert a1.choices[0].message.content == b1.choices[0].message.content
-        assert a2.choices[0].message.content == b2.choices[0].message.content
-        cached = a2.model_extra["tokenwing"]["prompt_cached_tokens"]
-        assert a2.usage is not None and 0 < cached < a2.usage.prompt_tokens
-        assert b2.model_extra["tokenwing"]["prompt_cached_tokens"] == 0
-        assert a1.model_extra["tokenwing"]["prompt_cached_tokens"] == 0
+            r3 = c.chat.completions.create(model="x", messages=turn2, max_tokens=8, temperature=0)  # regenerate
+            server.replies = (r1, r2, r3)  # type: ignore[attr-defined]
+        got = [r.choices[0].message.content for r in with_cache.replies]  # type: ignore[attr-defined]
+        assert got == [r.choices[0].message.content for r in without.replies]  # type: ignore[attr-defined]
+        a1, a2, a3 = (r.model_extra["tokenwing"]["prompt_cached_tokens"] for r in with_cache.replies)  # type: ignore[attr-defined]
+        assert with_cache.replies[1].usage is not None  # type: ignore[attr-defined]
+        prompt2 = with_cache.replies[1].usage.prompt_tokens  # type: ignore[attr-defined]
+        assert a1 == 0 and 0 < a2 < prompt2 and a3 == prompt2 - 1
+        assert all(r.model_extra["tokenwing"]["prompt_cached_tokens"] == 0 for r in without.replies)  # type: ignore[attr-defined]
     finally:
         with_cache.stop()
         without.stop()
@@ -178,30 +182,3 @@ def test_checkpoints_stay_spread_out() -> None:
     assert store.best(399) is not None and store.best(399).pos == 100 and store.best(99) is None
     store.drop_after(400)
     assert [c.pos for c in store.saved] == [100, 400]
-
-
-def test_server_reuses_the_conversation_of_a_hybrid_model(repacked_factory: ModelFactory) -> None:
-    """Ling 3.0's layers through the server: the next turn starts from the state the first one left (its
-    prompt is the conversation so far), and the replies are those of a server without prompt caching."""
-    model = repacked_factory(type="Q8_0", **HYBRIDS["ling"])
-    turn1 = [{"role": "user", "content": "Tell me something about the weather today."}]
-    with_cache = Server(model)
-    without = Server(model, "--no-prompt-cache")
-    try:
-        for server in (with_cache, without):
-            c = server.client()
-            r1 = c.chat.completions.create(model="x", messages=turn1, max_tokens=8, temperature=0)
-            turn2 = [*turn1, {"role": "assistant", "content": r1.choices[0].message.content or ""}]
-            turn2.append({"role": "user", "content": "And tomorrow?"})
-            r2 = c.chat.completions.create(model="x", messages=turn2, max_tokens=8, temperature=0)
-            r3 = c.chat.completions.create(model="x", messages=turn2, max_tokens=8, temperature=0)  # regenerate
-            server.replies = (r1, r2, r3)  # type: ignore[attr-defined]
-        got = [r.choices[0].message.content for r in with_cache.replies]  # type: ignore[attr-defined]
-        want = [r.choices[0].message.content for r in without.replies]  # type: ignore[attr-defined]
-        assert got == want
-        _, r2, r3 = with_cache.replies  # type: ignore[attr-defined]
-        assert r2.usage is not None and 0 < r2.model_extra["tokenwing"]["prompt_cached_tokens"] < r2.usage.prompt_tokens
-        assert r3.model_extra["tokenwing"]["prompt_cached_tokens"] == r3.usage.prompt_tokens - 1
-    finally:
-        with_cache.stop()
-        without.stop()

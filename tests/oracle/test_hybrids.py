@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ModelFactory
-from tests.oracle.test_families import clear_top1, steps
+from tests.oracle.test_families import clear_top1, steps, streamed_matches_resident
 from tests.oracle.test_logits import _repacked, _tokens, kl_per_position, llama_logits
 from tokenwing.format.reader import ModelFile
 from tokenwing.runtime.session import Session, SessionOptions
@@ -81,17 +81,7 @@ def test_streamed_is_bit_identical_to_resident(model_factory: ModelFactory, tmp_
     routers of the next layers applied to every layer's output whatever its attention), lookahead 0 and 2: the
     same logits as every expert in RAM (decode as one graph per token there)."""
     model = _repacked(model_factory(type="Q8_0", **VARIANTS[variant]), tmp_path)  # type: ignore[arg-type]
-    with ModelFile.open(str(model)) as mf:
-        budget = mf.index.total_bytes // 10
-    tokens = _tokens(160, 512, seed=23)
-    resident, s = steps(model, tokens, 100, cpu_repack=False)
-    assert s.slots_per_layer == s.hp.n_expert and s.one_graph_steps  # type: ignore[attr-defined]
-    for lookahead in (0, 2):
-        streamed, s = steps(model, tokens, 100, cpu_repack=False, ram_budget=budget, lookahead=lookahead)
-        assert s.slots_per_layer < s.hp.n_expert
-        assert np.array_equal(resident, streamed), lookahead
-        if lookahead:
-            assert s.lookahead.recall()[0] is not None  # predictions were made and scored
+    streamed_matches_resident(model, _tokens(160, 512, seed=23))
 
 
 def _session(model: Path, **opts: object) -> Session:

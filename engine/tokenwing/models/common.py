@@ -187,39 +187,11 @@ def rope_of(hp: HParams, mode: int, yarn_log_mul: float, mscale_from_all_dims: b
 
 
 def rope(ctx: Any, x: Tensor, positions: Tensor, r: Rope) -> Tensor:
+    scaling = (r.n_ctx_orig, r.base, r.freq_scale, r.ext_factor, r.attn_factor, r.beta_fast, r.beta_slow)
     if r.sections:
         sections = (ctypes.c_int * 4)(*r.sections[:4], *([0] * (4 - len(r.sections[:4]))))
-        return ops.ggml_rope_multi(
-            ctx,
-            x,
-            positions,
-            None,
-            r.n_rot,
-            sections,
-            r.mode,
-            r.n_ctx_orig,
-            r.base,
-            r.freq_scale,
-            r.ext_factor,
-            r.attn_factor,
-            r.beta_fast,
-            r.beta_slow,
-        )
-    return ops.ggml_rope_ext(
-        ctx,
-        x,
-        positions,
-        None,
-        r.n_rot,
-        r.mode,
-        r.n_ctx_orig,
-        r.base,
-        r.freq_scale,
-        r.ext_factor,
-        r.attn_factor,
-        r.beta_fast,
-        r.beta_slow,
-    )
+        return ops.ggml_rope_multi(ctx, x, positions, None, r.n_rot, sections, r.mode, *scaling)
+    return ops.ggml_rope_ext(ctx, x, positions, None, r.n_rot, r.mode, *scaling)
 
 
 def attend(

@@ -429,6 +429,23 @@ def _yarn_kv(s: ModelShape, a: str) -> dict[str, KV]:
     }
 
 
+def _mla_kv(s: ModelShape, a: str) -> dict[str, KV]:
+    """MLA's keys (deepseek2, bailingmoe3), expert groups and the vocabulary size, as the converter writes them."""
+    kv = {f"{a}.vocab_size": KV.u32(s.vocab_size), f"{a}.rope.dimension_count": KV.u32(s.rot)}
+    if s.q_lora_rank:
+        kv[f"{a}.attention.q_lora_rank"] = KV.u32(s.q_lora_rank)
+    kv[f"{a}.attention.kv_lora_rank"] = KV.u32(s.kv_lora_rank)
+    if not s.legacy_kv_b:
+        kv[f"{a}.attention.key_length"] = KV.u32(s.kv_lora_rank + s.rot)
+        kv[f"{a}.attention.value_length"] = KV.u32(s.kv_lora_rank)
+        kv[f"{a}.attention.key_length_mla"] = KV.u32(s.head_dim)
+        kv[f"{a}.attention.value_length_mla"] = KV.u32(s.v_dim)
+    if s.n_expert_group:
+        kv[f"{a}.expert_group_count"] = KV.u32(s.n_expert_group)
+        kv[f"{a}.expert_group_used_count"] = KV.u32(s.n_group_used)
+    return kv
+
+
 def _deepseek2_kv(s: ModelShape) -> dict[str, KV]:
     """DeepSeek-V3's keys: with the split attn_k_b/attn_v_b, MLA is MQA over the latent (one KV head of
     kv_lora_rank + rope dims) and the per-head sizes move to *_mla; older files describe the MHA form."""
@@ -439,19 +456,8 @@ def _deepseek2_kv(s: ModelShape) -> dict[str, KV]:
         kv[f"{a}.attention.value_length"] = KV.u32(s.v_dim)
     else:
         kv[f"{a}.attention.head_count_kv"] = KV.u32(1)
-        kv[f"{a}.attention.key_length"] = KV.u32(s.kv_lora_rank + s.rot)
-        kv[f"{a}.attention.value_length"] = KV.u32(s.kv_lora_rank)
-        kv[f"{a}.attention.key_length_mla"] = KV.u32(s.head_dim)
-        kv[f"{a}.attention.value_length_mla"] = KV.u32(s.v_dim)
+    kv.update(_mla_kv(s, a))
     kv.update(_sigmoid_routed_kv(s, a))
-    kv[f"{a}.vocab_size"] = KV.u32(s.vocab_size)
-    if s.q_lora_rank:
-        kv[f"{a}.attention.q_lora_rank"] = KV.u32(s.q_lora_rank)
-    kv[f"{a}.attention.kv_lora_rank"] = KV.u32(s.kv_lora_rank)
-    if s.n_expert_group:
-        kv[f"{a}.expert_group_count"] = KV.u32(s.n_expert_group)
-        kv[f"{a}.expert_group_used_count"] = KV.u32(s.n_group_used)
-    kv[f"{a}.rope.dimension_count"] = KV.u32(s.rot)
     kv.update(_yarn_kv(s, a))
     if s.yarn_factor:
         kv[f"{a}.rope.scaling.yarn_log_multiplier"] = KV.f32(s.yarn_log_mul)
@@ -501,22 +507,11 @@ def _bailingmoe3_kv(s: ModelShape) -> dict[str, KV]:
     kv[f"{a}.expert_shared_feed_forward_length"] = KV.u32(shared_ff(s))
     heads_kv = [1 if ling_full_attention(s, i) else 0 for i in range(s.n_block)]
     kv[f"{a}.attention.head_count_kv"] = KV.array(ValueType.UINT32, heads_kv)
-    kv[f"{a}.attention.key_length"] = KV.u32(s.kv_lora_rank + s.rot)
-    kv[f"{a}.attention.value_length"] = KV.u32(s.kv_lora_rank)
-    kv[f"{a}.attention.key_length_mla"] = KV.u32(s.head_dim)
-    kv[f"{a}.attention.value_length_mla"] = KV.u32(s.v_dim)
-    if s.q_lora_rank:
-        kv[f"{a}.attention.q_lora_rank"] = KV.u32(s.q_lora_rank)
-    kv[f"{a}.attention.kv_lora_rank"] = KV.u32(s.kv_lora_rank)
-    kv[f"{a}.rope.dimension_count"] = KV.u32(s.rot)
-    kv[f"{a}.vocab_size"] = KV.u32(s.vocab_size)
+    kv.update(_mla_kv(s, a))
     kv[f"{a}.ssm.conv_kernel"] = KV.u32(s.ssm_d_conv)
     kv[f"{a}.kda.head_dim"] = KV.u32(s.ssm_d_state)
     kv[f"{a}.kda.safe_gate"] = KV.boolean(True)
     kv[f"{a}.kda.gate_lower_bound"] = KV.f32(s.kda_gate_lower_bound)
-    if s.n_expert_group:
-        kv[f"{a}.expert_group_count"] = KV.u32(s.n_expert_group)
-        kv[f"{a}.expert_group_used_count"] = KV.u32(s.n_group_used)
     if s.swiglu_limit:
         limits = [s.swiglu_limit if i == s.n_layer - 1 else 0.0 for i in range(s.n_block)]
         kv[f"{a}.swiglu_clamp_exp"] = KV.array(ValueType.FLOAT32, limits)
