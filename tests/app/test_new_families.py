@@ -1,6 +1,7 @@
-"""DeepSeek-V3, Kimi K2 and gpt-oss as a user gets them (issue 13's "done when"): a split GGUF imported from any
-of its shards becomes a library entry the installed engine says it runs, which chats through the supervised
-engine with its experts streamed under a RAM budget — and, at temperature 0, answers with llama.cpp's tokens."""
+"""DeepSeek-V3, Kimi K2 and gpt-oss (issue 13's "done when"), Qwen3-Next, Qwen3.5 and Ling 3.0 (issue 14's) as a
+user gets them: a split GGUF imported from any of its shards becomes a library entry the installed engine says it
+runs, which chats through the supervised engine with its experts streamed under a RAM budget — and, at
+temperature 0, answers with llama.cpp's tokens."""
 
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ FAMILIES = {
     "deepseek-v3": ({"arch": "deepseek2", "n_layer": 4, "n_expert": 16, "n_expert_used": 4}, "deepseek2"),
     "kimi-k2": ({"preset": "kimi-tiny"}, "deepseek2"),
     "gpt-oss": ({"arch": "gpt-oss", "n_layer": 4}, "gpt-oss"),
+    # issue 14: the hybrid linear-attention families
+    "qwen3next": ({"arch": "qwen3next", "n_layer": 4}, "qwen3next"),
+    "qwen35moe": ({"arch": "qwen35moe", "n_layer": 4}, "qwen35moe"),
+    "ling-3.0": ({"arch": "bailingmoe3", "n_layer": 4}, "bailingmoe3"),
 }
 GREEDY = Path(__file__).parents[1] / "demomodel" / "llama_greedy.py"
 
