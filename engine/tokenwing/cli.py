@@ -232,7 +232,10 @@ def _cmd_trace_simulate(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace)
     slots = parse_slots(args.slots, trace.n_expert)
     policies = POLICIES if args.policy == "all" else (args.policy,)
-    results = [simulate(trace, slots, p, args.prefetch and p != "belady", args.decay_tokens) for p in policies]
+    results = [
+        simulate(trace, slots, p, args.prefetch and p != "belady", args.decay_tokens, args.prefetch_votes)
+        for p in policies
+    ]
     recall = prediction_recall(trace)
     if args.json:
         print(json.dumps({"results": results, "prediction_recall": recall}, indent=2))
@@ -246,7 +249,10 @@ def _cmd_trace_simulate(args: argparse.Namespace) -> int:
     best = next((r["misses"] for r in results if r["policy"] == "belady"), None)
     for r in results:
         ratio = f"  {r['misses'] / best:.2f}x Belady" if best else ""
-        extra = f", prefetch reads {r['prefetch_reads']}, wasted {r['prefetch_wasted']}" if r["prefetch"] else ""
+        extra = ""
+        if r["prefetch"]:  # every read costs drive time: Belady's misses are also the fewest reads possible
+            reads = f" ({r['reads'] / best:.2f}x Belady)" if best else ""
+            extra = f"; reads {r['reads']}{reads}: prefetches {r['prefetch_reads']}, wasted {r['prefetch_wasted']}"
         print(f"  {r['policy']:<7} misses {r['misses']:>8}  miss rate {r['miss_rate']:.3f}{ratio}{extra}")
     return 0
 
@@ -613,9 +619,15 @@ def build_parser() -> argparse.ArgumentParser:
     sim = trs.add_parser("simulate", help="misses of decay, LRU and Belady on a recorded routing trace")
     sim.add_argument("trace")
     sim.add_argument("--slots", required=True, help="slots per layer: a count, or a percentage of the experts")
-    sim.add_argument("--policy", default="all", choices=["decay", "lru", "belady", "all"])
+    sim.add_argument("--policy", default="all", choices=["decay", "history", "lru", "belady", "all"])
     sim.add_argument("--prefetch", action="store_true", help="load the trace's predictions ahead (instantly)")
-    sim.add_argument("--decay-tokens", type=int, default=64)
+    sim.add_argument("--decay-tokens", type=int, default=0, help="half-life in tokens (0: each policy's own)")
+    sim.add_argument(
+        "--prefetch-votes",
+        type=int,
+        default=2,
+        help="with --prefetch: read a prediction once this many distances name it",
+    )
     sim.add_argument("--json", action="store_true")
     sim.set_defaults(func=_cmd_trace_simulate)
     syn = trs.add_parser("synth", help="write a synthetic Zipf-skewed, temporally local routing trace")

@@ -40,7 +40,7 @@ def expected(model: Path) -> dict[tuple[int, int], bytes]:
 
 
 def streamer(model: Path, slots: int, **kw: object) -> ExpertStreamer:
-    settings = StreamSettings(verify=True, chunk_kib=16, idle_fill_ms=-1)
+    settings = StreamSettings(verify=True, chunk_kib=16, idle_fill_ms=-1, prefetch_votes=1)
     for k, v in kw.items():
         setattr(settings, k, v)
     with ModelFile.open(str(model)) as mf:
@@ -208,7 +208,7 @@ def test_cancel_and_promote(repacked_factory: ModelFactory, io_threads: int) -> 
     big = repacked_factory(type="F32", n_layer=2, n_embd=1024, n_ff_exp=256, n_expert=8, n_expert_used=2)
     with ModelFile.open(str(big)) as mf:
         want = {e: mf.read_expert(1, e) for e in range(8)}
-        settings = StreamSettings(verify=True, chunk_kib=4, io_threads=io_threads, idle_fill_ms=-1)
+        settings = StreamSettings(verify=True, chunk_kib=4, io_threads=io_threads, idle_fill_ms=-1, prefetch_votes=1)
         with ExpertStreamer(mf, 4, settings) as s:
             s.core.hold_io_after(1)
             s.begin_token()
@@ -229,7 +229,7 @@ def test_cancel_of_a_prefetch_under_way(repacked_factory: ModelFactory) -> None:
     big = repacked_factory(type="F32", n_layer=2, n_embd=1024, n_ff_exp=256, n_expert=8, n_expert_used=2)
     with ModelFile.open(str(big)) as mf:
         want = mf.read_expert(1, 5)
-        settings = StreamSettings(verify=True, chunk_kib=4, io_threads=1, idle_fill_ms=-1)
+        settings = StreamSettings(verify=True, chunk_kib=4, io_threads=1, idle_fill_ms=-1, prefetch_votes=1)
         with ExpertStreamer(mf, 4, settings) as s:
             s.core.hold_io_after(1)
             s.begin_token()

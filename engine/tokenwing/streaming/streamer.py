@@ -111,8 +111,8 @@ class ExpertStreamer:
     def end_layer(self, block: int) -> None:
         self.core.end_layer(self.li(block))
 
-    def predict(self, block: int, experts: Sequence[int], distance: int) -> None:
-        self.core.predict(self.li(block), list(experts), distance)
+    def predict(self, block: int, experts: Sequence[int], distance: int, probs: Sequence[float] = ()) -> None:
+        self.core.predict(self.li(block), list(experts), distance, list(probs))
 
     def ready(self, block: int, experts: Sequence[int]) -> list[bool]:
         return self.core.ready(self.li(block), list(experts))
