@@ -31,7 +31,7 @@ from tokenwing.models.hparams import HParams
 from tokenwing.models.weights import ModelWeights
 from tokenwing.runtime.experts import ExpertCompute, ExpertPools
 from tokenwing.runtime.kvcache import KVCaches, kv_bytes_per_token, kv_element, v_width
-from tokenwing.runtime.lookahead import Lookahead
+from tokenwing.runtime.lookahead import Ahead, Lookahead
 from tokenwing.runtime.memory_plan import PromptMemory, StatePlan, graph_bytes, plan_context, prompt_bytes_per_token
 from tokenwing.runtime.preflight import preflight
 from tokenwing.runtime.recurrent import Checkpoints, StateBuffers
@@ -309,8 +309,8 @@ class Session:
             self.scheduler.read_ahead(il, n)
         r = carry if carry is not None else self._layer_parts(il, h, decode)
         if "out" in r:  # a dense layer: it predicts the streamed layers after it, as a MoE layer does
-            for target, top, distance in self.lookahead.predict(il, r["ahead"]) if "ahead" in r else []:
-                self.scheduler.predict(target, top, distance)
+            for a in self.lookahead.predict(il, r["ahead"]) if "ahead" in r else []:
+                self.scheduler.predict(a.target, a.experts, a.distance, a.probs)
             return r["out"], None, None, None
         sel, weights = r["ids"], r["weights"]
         self.scheduler.observe(il, sel)
@@ -326,9 +326,7 @@ class Session:
         preds[-1] = self.lookahead.row(il)
         return out, sel, preds, fused
 
-    def _decode_experts(
-        self, il: int, r: Parts, ahead: list[tuple[int, list[int], int]]
-    ) -> tuple[np.ndarray | None, Parts | None]:
+    def _decode_experts(self, il: int, r: Parts, ahead: list[Ahead]) -> tuple[np.ndarray | None, Parts | None]:
         """One token's experts: handed to the scheduler (demand reads), then the lookahead's predictions.
 
         All in RAM: the experts, their sum, the residual and the next layer's graph in one graph (one graph per
@@ -339,8 +337,8 @@ class Session:
         sel, weights = r["ids"], r["weights"]
         wave = list(dict.fromkeys(sel[0].tolist()))  # k ≤ the usable slots: a loan keeps k per layer
         ready = self.scheduler.begin_layer(il, wave)
-        for target, top, distance in ahead:
-            self.scheduler.predict(target, top, distance)
+        for a in ahead:
+            self.scheduler.predict(a.target, a.experts, a.distance, a.probs)
         if all(ready) and il + 1 < self.hp.n_layer:
             fused = self._fused_step(il, r, wave)
             self.scheduler.end_layer(il)
