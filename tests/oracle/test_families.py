@@ -16,6 +16,7 @@ from tests.conftest import ModelFactory
 from tests.oracle.test_logits import _repacked, _tokens, kl_per_position, llama_logits
 from tokenwing.format.reader import ModelFile
 from tokenwing.runtime.session import Session, SessionOptions
+from tokenwing.streaming.settings import StreamSettings
 
 pytestmark = pytest.mark.oracle
 
@@ -111,10 +112,11 @@ def streamed_matches_resident(model: Path, tokens: np.ndarray) -> None:
         budget = mf.index.total_bytes // 10
     resident, s = steps(model, tokens, 100, cpu_repack=False)
     assert s.slots_per_layer == s.hp.n_expert and s.one_graph_steps  # type: ignore[attr-defined]
-    for lookahead in (0, 2):
-        streamed, s = steps(model, tokens, 100, cpu_repack=False, ram_budget=budget, lookahead=lookahead)
+    split = StreamSettings(split_demand=True)  # gate/up (and their biases) computed before down lands
+    for lookahead, stream in ((0, StreamSettings()), (2, StreamSettings()), (2, split)):
+        streamed, s = steps(model, tokens, 100, cpu_repack=False, ram_budget=budget, lookahead=lookahead, stream=stream)
         assert s.slots_per_layer < s.hp.n_expert
-        assert np.array_equal(resident, streamed), lookahead
+        assert np.array_equal(resident, streamed), (lookahead, stream)
         assert (s.lookahead.recall()[0] is not None) == bool(lookahead)
 
 

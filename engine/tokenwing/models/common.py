@@ -510,14 +510,36 @@ def _weighted_experts(
     experts: Tensor | None,
 ) -> Tensor:
     """w · down(act(gate x, up x)) through mul_mat_id over the slot pool's 3-D views (biases by expert id)."""
-    gate_v, up_v, down_v = views
+    return weighted_down(ctx, views, expert_activations(ctx, views, x, ids, ffn, experts), ids, w, ffn, experts)
+
+
+def expert_activations(
+    ctx: Any, views: tuple[Tensor, Tensor, Tensor], x: Tensor, ids: Tensor, ffn: ExpertFFN, experts: Tensor | None
+) -> Tensor:
+    """act(gate x, up x) of each (token, expert) row [n_ff, 1, m]: the half of an expert that needs only its gate
+    and up projections (a decode step computes it while down is still being read)."""
+    gate_v, up_v, _ = views
     gate, up = ops.ggml_mul_mat_id(ctx, gate_v, x, ids), ops.ggml_mul_mat_id(ctx, up_v, x, ids)
     if ffn.biases is not None:
         assert experts is not None
         gate = ops.ggml_add_id(ctx, gate, ffn.biases[0], experts)
         up = ops.ggml_add_id(ctx, up, ffn.biases[1], experts)
-    down = ops.ggml_mul_mat_id(ctx, down_v, _activate(ctx, gate, up, ffn), ids)
+    return _activate(ctx, gate, up, ffn)
+
+
+def weighted_down(
+    ctx: Any,
+    views: tuple[Tensor, Tensor, Tensor],
+    act: Tensor,
+    ids: Tensor,
+    w: Tensor,
+    ffn: ExpertFFN,
+    experts: Tensor | None,
+) -> Tensor:
+    """w · down(act): the other half (the same ops as in one graph, so the same bits)."""
+    down = ops.ggml_mul_mat_id(ctx, views[2], act, ids)
     if ffn.biases is not None:
+        assert experts is not None
         down = ops.ggml_add_id(ctx, down, ffn.biases[2], experts)
     return ops.ggml_mul(ctx, down, w)
 

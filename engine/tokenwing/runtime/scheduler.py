@@ -132,6 +132,12 @@ class ExpertScheduler:
     def wait_all(self, block: int, experts: Sequence[int]) -> list[int]:
         return self.streamer.wait_all(block, experts)
 
+    def wait_gate_up(self, block: int, experts: Sequence[int]) -> list[int]:
+        """Blocks until each expert's gate and up projections are in RAM (down may still be on its way)."""
+        for e in experts:
+            self.streamer.wait(block, e, 0)
+        return [self.streamer.wait(block, e, 1) for e in experts]
+
     def predict(self, block: int, experts: Sequence[int], distance: int, probs: Sequence[float] = ()) -> None:
         """Predictions for a later layer (rank order), with the router's probability of each where known: the
         core reads the likeliest first."""
