@@ -114,7 +114,7 @@ def main() -> int:
         else sum(2 * int(t.contents.ne[0]) * int(t.contents.ne[1]) for t, _ in s.lookahead.fused.values())
     )
     cpu = delta(cpu1, cpu0)
-    io_cpu = sum(v for k, v in cpu.items() if k.startswith(("tw-io", "tw-reap")))
+    io_cpu = sum(v for k, v in cpu.items() if k.startswith(("tw-io", "tw-reap", "iou-")))
     sw = delta(sw1, sw0)  # type: ignore[arg-type]
     print(
         json.dumps(

@@ -120,7 +120,15 @@ def test_a_prefetch_that_cannot_land_in_time_is_not_read(big: Path, engine: str,
         assert (t["prefetch_late"], t["prefetch_issued"]) == ((1, 0) if skip else (0, 1))
 
 
-def test_io_uring_is_used_or_falls_back_with_a_reason(big: Path) -> None:
+def test_io_uring_is_used_or_falls_back_with_a_reason(big: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with open_streamer(big, 2, io_engine="io_uring") as s:
         engine, why = s.core.io_engine, s.core.io_fallback_reason
         assert engine == "io_uring" or ("io_uring" in why and engine == "threads")
+    monkeypatch.setenv("TOKENWING_NO_IO_URING", "1")  # where io_uring is missing: I/O threads, and one reason
+    with ModelFile.open(str(big)) as mf:
+        want = mf.read_expert(0, 3)
+    with open_streamer(big, 2, io_engine="io_uring") as s:
+        assert s.core.io_engine == "threads" and "TOKENWING_NO_IO_URING" in s.core.io_fallback_reason
+        s.begin_token()
+        s.begin_layer(0, [3])
+        assert s.expert_bytes(0, s.wait(0, 3)).tobytes() == want

@@ -48,7 +48,7 @@ struct StreamConfig {
   int idle_fill_ms = 500;     // < 0: off
   bool direct = true;
   Policy policy = Policy::History;
-  IoEngine io_engine = IoEngine::Threads;
+  IoEngine io_engine = IoEngine::Uring;
   bool split_demand = false;  // a demand read as two requests: gate+up first, then down (compute starts sooner)
   bool skip_late = false;     // a prediction whose read cannot land before its layer starts is not read
   // A prediction is read once this many of the token's predictions for its layer (at different distances)

@@ -23,7 +23,7 @@ class StreamSettings:
     idle_fill_ms: int = 500
     direct: bool = True
     policy: str = "history"
-    io_engine: str = "threads"
+    io_engine: str = "io_uring"
     split_demand: bool = False
     skip_late: bool = False
     prefetch_votes: int = 2
