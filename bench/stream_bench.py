@@ -176,7 +176,9 @@ def io_engines(mf: ModelFile, tokens: int, rounds: int) -> None:
     """CPU per MB and context switches per read of each I/O engine on the same decode-like replay: a synthetic
     trace at 25 % of the experts with its two-distance predictions (votes 1: every prediction read)."""
     print("\n### I/O engines: CPU and wake-ups per read (decode-like replay, 25 % of the experts, lookahead 2)\n")
-    print("| round | engine | MB read | CPU ms per 100 MB: I/O threads | caller | switches per read: I/O | caller | MB/s |")
+    print(
+        "| round | engine | MB read | CPU ms per 100 MB: I/O threads | caller | switches per read: I/O | caller | MB/s |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     idx = mf.index
     layers = [el.layer for el in idx.layers]

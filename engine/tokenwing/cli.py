@@ -402,13 +402,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_autotune(args: argparse.Namespace) -> int:
-    from tokenwing.autotune.probe import probe_machine
-    from tokenwing.autotune.solver import choose
+    from tokenwing.autotune.probe import probe_machine, probe_replay
+    from tokenwing.autotune.solver import choose, plan_for
     from tokenwing.format.reader import ModelFile
 
     with ModelFile.open(args.model) as mf:
         record = max(el.record_size for el in mf.index.layers)
         machine = probe_machine(args.model, record, parse_size(args.probe_bytes), progress=_stderr_line)
+        slots = plan_for(mf, machine, args.ctx).slots_per_layer
+        if slots < mf.index.n_expert and args.replay_tokens > 0:  # streaming: its settings are chosen by replay
+            machine.replay = probe_replay(mf, slots, machine.cores, args.replay_tokens, progress=_stderr_line)
         choice = choose(mf, machine, args.ctx)
     if args.json:
         print(
@@ -427,6 +430,9 @@ def _cmd_autotune(args: argparse.Namespace) -> int:
             f"drive ({'direct' if m.drive.direct else 'cached'} reads of {human_bytes(m.drive.block_bytes)}"
             f" experts, MB/s by threads): {speeds}"
         )
+    if m.replay:
+        speeds = ", ".join(f"{label}: {v:.1f}" for label, v in m.replay.tok_s.items())
+        print(f"decode replayed through the core (tok/s): {speeds}")
     for key, value in choice.settings.items():
         print(f"  {key} = {value}\n      because {choice.reasons[key]}")
     return 0
@@ -605,6 +611,9 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("model")
     at.add_argument("--ctx", type=int, default=4096, help="context length to plan the KV cache for")
     at.add_argument("--probe-bytes", default="256M", help="bytes to read per drive measurement")
+    at.add_argument(
+        "--replay-tokens", type=int, default=24, help="decode tokens replayed through the core per setting (0: none)"
+    )
     at.add_argument("--json", action="store_true")
     at.set_defaults(func=_cmd_autotune)
 
