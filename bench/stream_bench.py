@@ -35,7 +35,7 @@ from tokenwing.streaming.streamer import COUNTERS, ExpertStreamer
 from tokenwing.streaming.trace import Trace, simulate, synthetic_trace
 
 sys.path.insert(0, os.path.dirname(__file__))
-from limits import switches, thread_cpu  # noqa: E402
+from limits import switches, thread_cpu
 
 MB = 1e6
 
