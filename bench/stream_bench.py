@@ -30,6 +30,7 @@ from memcap import evict_from_page_cache
 
 from tokenwing import _core
 from tokenwing.format.reader import ModelFile
+from tokenwing.streaming.replay import replay
 from tokenwing.streaming.settings import StreamSettings
 from tokenwing.streaming.streamer import COUNTERS, ExpertStreamer
 from tokenwing.streaming.trace import Trace, simulate, synthetic_trace
@@ -176,43 +177,27 @@ def io_engines(mf: ModelFile, tokens: int, rounds: int) -> None:
     """CPU per MB and context switches per read of each I/O engine on the same decode-like replay: a synthetic
     trace at 25 % of the experts with its two-distance predictions (votes 1: every prediction read)."""
     print("\n### I/O engines: CPU and wake-ups per read (decode-like replay, 25 % of the experts, lookahead 2)\n")
-    print(
-        "| round | engine | MB read | CPU ms per 100 MB: I/O threads | caller | switches per read: I/O | caller | MB/s |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
+    print("| round | engine | MB read | CPU ms per 100 MB: I/O threads | caller | switches per read: I/O | caller |")
+    print("|---|---|---|---|---|---|---|")
     idx = mf.index
-    layers = [el.layer for el in idx.layers]
-    trace = synthetic_trace(tokens, len(layers), idx.n_expert, idx.n_used, seed=3)
+    trace = synthetic_trace(tokens, len(idx.layers), idx.n_expert, idx.n_used, seed=3)
     slots = max(idx.n_used, idx.n_expert // 4)
+    mine = ("tw-io", "tw-reap", "iou-")  # (iou-wrk: the kernel's io_uring workers, where it needs them)
     for rnd in range(rounds):
         for engine in ("threads", "io_uring"):
             settings = StreamSettings(io_engine=engine, idle_fill_ms=-1, prefetch_votes=1)
-            with ExpertStreamer(mf, slots, settings) as s:
-                cpu0, sw0, c0, t0 = thread_cpu(), switches(), time.thread_time(), time.perf_counter()
-                for tok in range(tokens):
-                    s.begin_token()
-                    for row, layer in enumerate(layers):
-                        sel = [int(e) for e in trace.selected[tok, row] if e >= 0]
-                        s.begin_layer(layer, sel)
-                        for d in range(trace.predicted.shape[2]):
-                            if row + d + 1 < len(layers):
-                                pred = [int(e) for e in trace.predicted[tok, row + d + 1, d] if e >= 0]
-                                s.predict(layers[row + d + 1], pred, d + 1)
-                        s.wait_all(layer, sel)
-                        s.end_layer(layer)
-                secs = time.perf_counter() - t0
-                caller = time.thread_time() - c0
-                cpu1, sw1 = thread_cpu(), switches()
-                c = dict(zip(COUNTERS, s.counters().sum(axis=0), strict=True))
-            mine = ("tw-io", "tw-reap", "iou-")  # (iou-wrk: the kernel's io_uring workers, where it needs them)
+            cpu0, sw0, c0 = thread_cpu(), switches(), time.thread_time()
+            after: list[dict[str, float]] = []
+            r = replay(mf, slots, settings, trace, before_close=lambda: after.extend((thread_cpu(), switches())))  # noqa: B023
+            caller = time.thread_time() - c0
+            cpu1, sw1 = after
             io = sum(cpu1.get(k, 0) - cpu0.get(k, 0) for k in cpu1 if k.startswith(mine))
             io_sw = sum(sw1.get(k, 0) - sw0.get(k, 0) for k in sw1 if k.startswith(mine))
             main_sw = sw1.get("main", 0) - sw0.get("main", 0)
-            reads = c["demand_reads"] + c["prefetch_issued"]
-            mb = c["bytes_read"] / MB
+            mb = r.bytes_read / MB
             print(
-                f"| {rnd + 1} | {engine} | {mb:.0f} | {io * 1e3 / mb * 100:.1f} | {caller * 1e3 / mb * 100:.1f} | "
-                f"{io_sw / max(reads, 1):.2f} | {main_sw / max(reads, 1):.2f} | {mb / secs:.0f} |"
+                f"| {rnd + 1} | {r.io_engine} | {mb:.0f} | {io * 1e3 / mb * 100:.1f} | {caller * 1e3 / mb * 100:.1f} | "
+                f"{io_sw / max(r.reads, 1):.2f} | {main_sw / max(r.reads, 1):.2f} |"
             )
 
 

@@ -9,6 +9,7 @@ autotuner chooses I/O settings by the tokens per second this reaches; the benchm
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tokenwing.format.reader import ModelFile
@@ -39,9 +40,11 @@ def replay(
     compute_s: float = 0.0,
     lookahead: int = 2,
     warmup: int = 0,
+    before_close: Callable[[], None] = lambda: None,
 ) -> ReplayResult:
     """Replays `trace` (its layers in the order of the file's streamed layers) through a fresh core with `slots`
-    per layer; the first `warmup` tokens fill the cache and are not counted."""
+    per layer; the first `warmup` tokens fill the cache and are not counted. `before_close` runs while the core's
+    threads are still there (to read their CPU time)."""
     layers = [el.layer for el in mf.index.layers][: trace.selected.shape[1]]
     n_dist = min(lookahead, trace.predicted.shape[2])
     with ExpertStreamer(mf, slots, settings, layers) as s:
@@ -63,6 +66,7 @@ def replay(
         secs = time.perf_counter() - t0
         c = dict(zip(COUNTERS, (s.counters() - c0).sum(axis=0), strict=True))
         engine = s.core.io_engine
+        before_close()
     return ReplayResult(
         trace.n_tokens - warmup,
         secs,
