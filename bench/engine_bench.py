@@ -83,6 +83,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; rows show the median run")
     ap.add_argument("--ram-only", action="store_true", help="only the in-RAM rows (no memory caps)")
     ap.add_argument("--caps", default="0.40,0.25", help="memory caps as shares of the model file")
+    ap.add_argument(
+        "--budget-caps",
+        action="store_true",
+        help="no cgroup: a --ram-budget of that share of the experts instead (models too small for a cgroup cap, "
+        "such as the demo model; llama.cpp then only runs in RAM)",
+    )
     ap.add_argument("--lookaheads", default="0,1,2,3", help="lookahead distances to run under the caps")
     ap.add_argument("--tw-extra", default="", help="more runner options for every TokenWing run (io_engine=…)")
     ap.add_argument("--no-llama", action="store_true", help="TokenWing and the limits only")
@@ -136,6 +142,11 @@ def main() -> int:
                 (f"floor-{la}", f"TokenWing capped path, every expert in RAM, lookahead {la}", "in RAM", floor, None)
             )
     for frac in caps:
+        if args.budget_caps:
+            label = f"budget {frac:.0%} of the experts"
+            for la in lookaheads:
+                configs.append((f"{frac}-tw-{la}", f"TokenWing lookahead {la}", label, tw(la, f"budget={frac:.0%}"), 0))
+            continue
         cap = int(size * frac)
         label = f"cap {frac:.0%} ({cap / 2**30:.2f} GiB)"
         if not args.no_llama:
@@ -148,10 +159,11 @@ def main() -> int:
         for key, _, _, cmd, cap in configs:
             if rnd and key.endswith("llama-default") and cap and all("failed" in r for r in runs[key]):
                 continue  # OOM-killed under this cap: once is enough
-            if "-tw-" in key and cap:
+            capped = cap is not None  # (0: a RAM budget instead of a cgroup cap)
+            if "-tw-" in key and capped:
                 cmd = [*cmd, f"trace={os.path.join(work, f'{key}-{rnd}.npz')}"]
-            r = run(cmd, cap, args.timeout, files)
-            if "-tw-" in key and cap and "failed" not in r:
+            r = run(cmd, cap or None, args.timeout, files)
+            if "-tw-" in key and capped and "failed" not in r:
                 _add_belady(r, os.path.join(work, f"{key}-{rnd}.npz"))
             for rate_key, label in (("expert_mb_per_s", "TokenWing's own reads"),):
                 if "failed" not in r and rate_key in r:
@@ -208,7 +220,7 @@ def main() -> int:
     for la, secs in sorted(floors.items()):
         print(f"compute floor, lookahead {la}: {secs * 1e3:.1f} ms per token ({1 / secs:.1f} tok/s)")
     for frac in caps:
-        print(f"\ncap {frac:.0%}:")
+        print(f"\n{'budget' if args.budget_caps else 'cap'} {frac:.0%}:")
         for la in lookaheads:
             best = results.get(f"{frac}-tw-{la}", {"failed": ""})
             if "failed" in best:

@@ -3,7 +3,7 @@ its limits.
 
 python bench/prefill_bench.py [--model models/bench/bench-q4_k_m.tw.gguf] [--tokens 1024] [--cap 0.25]
                               [--llama plain,random] [--llama-timeout 600] [--read-ahead-from N] [--rounds 1]
-                              [--reply 0]
+                              [--reply 0] [--prompt-attention products|flash]
 
 With --llama, llama.cpp (llama-cpp-python, the same GGUF before repacking) runs the same prompt under the same
 cap in each named mode (see llama_runner.py; its default mode is OOM-killed under these caps).
@@ -37,14 +37,15 @@ from tokenwing.streaming.streamer import COUNTERS
 import tokenwing.runtime.scheduler as scheduler_module
 import tokenwing.runtime.session as session_module
 model, n, read_ahead = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-in_ram, reply = sys.argv[4] == "1", int(sys.argv[5])
+in_ram, reply, attention = sys.argv[4] == "1", int(sys.argv[5]), sys.argv[6]
 if read_ahead >= 0:
     scheduler_module.READ_AHEAD_TOKENS = read_ahead  # --read-ahead-from
 budget = None
 if in_ram:  # the compute floor: every expert in RAM, in the file's layout (as streamed experts compute)
     session_module.ExpertPools = lambda sched, arena, _repack: ExpertPools(sched, arena, False)
     budget = 1 << 62
-opts = SessionOptions(n_ctx=n + reply + 16, lookahead=0, usage_table=False, ram_budget=budget)
+opts = SessionOptions(n_ctx=n + reply + 16, lookahead=0, usage_table=False, ram_budget=budget,
+                      prompt_attention=attention)
 s = Session(model, opts, log=lambda l: None)
 s.trace = []
 toks = np.random.default_rng(0).integers(0, s.hp.vocab_size - 16, n + reply).tolist()
@@ -83,13 +84,15 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds (medians)")
     ap.add_argument("--reply", type=int, default=0, help="reply tokens after the prompt (≥ 232: first 32 vs 200–232)")
     ap.add_argument("--quick", action="store_true", help="a short drive probe (a dry run)")
+    ap.add_argument("--prompt-attention", default="products", choices=["products", "flash"])
     args = ap.parse_args()
     cap = int(os.path.getsize(args.model) * args.cap)
     ceiling = probe_drive(args.model, budget=(256 if args.quick else 1024) << 20, quick=args.quick)
     child = [sys.executable, "-c", CHILD, args.model, str(args.tokens), str(args.read_ahead_from)]
     runs: dict[str, list[dict[str, object]]] = {"capped": [], "floor": []}
     for _ in range(args.rounds):
-        for key, extra, limit in (("capped", ["0", str(args.reply)], cap), ("floor", ["1", "0"], None)):
+        att = args.prompt_attention
+        for key, extra, limit in (("capped", ["0", str(args.reply), att], cap), ("floor", ["1", "0", att], None)):
             evict_from_page_cache(args.model)
             watch = DiskWatch(args.model).start()
             r = run_capped([*child, *extra], limit, 3600)

@@ -306,6 +306,7 @@ def _session_options(args: argparse.Namespace) -> Any:
         cpu_repack=args.cpu_repack,
         preload=args.preload,
         token_graph=args.token_graph,
+        prompt_attention=args.prompt_attention,
         stream=settings_from_args(args),
     )
 
@@ -454,6 +455,12 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lookahead", type=int, default=2, help="router lookahead distance in layers (0: off)")
     p.add_argument("--ctx", type=int, default=0, help="context length (default: the model's, capped by memory)")
     p.add_argument("--kv-type", default="f16", choices=["f16", "f32"])
+    p.add_argument(
+        "--prompt-attention",
+        default="products",
+        choices=["products", "flash"],
+        help="a prompt's attention: two matrix products (llama.cpp's numbers) or F32 tiled flash attention (less CPU)",
+    )
     p.add_argument("--threads", type=int, default=0, help="compute threads (default: all this process may use)")
     p.add_argument("--stats-json", help="write statistics to this file")
     _switch(p, "--prompt-cache", True, "serve: reuse the previous request's KV cache for the prompt prefix they share")

@@ -40,14 +40,24 @@ class Placement:
     k_rows: Tensor  # I64 [n]: the tokens' rows in the K cache
     v_cells: Tensor | None  # I64 [n · v_width]: their elements in the (transposed) V cache; None: no V cache
     mask_swa: Tensor | None = None  # F32 [n_kv, n]: the mask of sliding-window layers (gpt-oss), if any
+    # A prompt's chunks attend through F32 tiled flash attention: these masks in F16, padded to FLASH_ROWS queries
+    # (see `attend`); None: the two matrix products
+    flash_mask: Tensor | None = None
+    flash_mask_swa: Tensor | None = None
+
+
+FLASH_ROWS = 64  # ggml's CPU flash attention runs its F32 tiled kernel for 64 queries or more (GGML_FA_TILE_Q)
+FLASH_ALIGN = 16  # ... and value rows of a multiple of the widest SIMD vector (16 floats)
 
 
 def placement_arrays(
-    pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int, window: int = 0, axes: int = 1
+    pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int, window: int = 0, axes: int = 1, flash: bool = False
 ) -> dict[str, np.ndarray]:
     """The input data of a `Placement` (numpy order); `window`: the sliding window's span, for its own mask (a
     key is masked when the query is `window` or more positions after it, as llama.cpp's standard SWA); `axes`:
-    4 for multi-axis RoPE (a text token's position on the first three axes, 0 on the fourth, as llama.cpp)."""
+    4 for multi-axis RoPE (a text token's position on the first three axes, 0 on the fourth, as llama.cpp);
+    `flash`: the F16 masks of flash attention too, each padded to FLASH_ROWS rows with copies of its last
+    (padding queries then need no key tile the real ones do not)."""
     mask = np.zeros((n, n_kv), np.float32)
     for i in range(n):
         mask[i, pos0 + i + 1 :] = -np.inf
@@ -63,6 +73,11 @@ def placement_arrays(
         for i in range(n):
             swa[i, : max(0, pos0 + i - window + 1)] = -np.inf
         out["mask_swa"] = swa
+    if flash:
+        for name in ("mask", "mask_swa") if window else ("mask",):
+            m = out[name]
+            pad = np.repeat(m[-1:], max(0, FLASH_ROWS - n), axis=0)
+            out["flash_" + name] = np.concatenate([m, pad], axis=0).astype(np.float16)
     return out
 
 
@@ -71,13 +86,30 @@ def decode_window(pos: int, n_ctx: int) -> int:
 
 
 def placement(
-    g: Graph, pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int, window: int = 0, axes: int = 1
+    g: Graph,
+    pos0: int,
+    n: int,
+    n_kv: int,
+    n_ctx: int,
+    v_width: int,
+    window: int = 0,
+    axes: int = 1,
+    flash: bool = False,
 ) -> Placement:
-    """A `Placement` whose inputs are filled now (a graph built for one use)."""
-    a = placement_arrays(pos0, n, n_kv, n_ctx, v_width, window, axes)
+    """A `Placement` whose inputs are filled now (a graph built for one use); `flash`: a prompt's, which attends
+    through flash attention."""
+    a = placement_arrays(pos0, n, n_kv, n_ctx, v_width, window, axes, flash)
     inputs = {name: g.input(v) for name, v in a.items()}
     return Placement(
-        n, n_kv, inputs["positions"], inputs["mask"], inputs["k_rows"], inputs.get("v_cells"), inputs.get("mask_swa")
+        n,
+        n_kv,
+        inputs["positions"],
+        inputs["mask"],
+        inputs["k_rows"],
+        inputs.get("v_cells"),
+        inputs.get("mask_swa"),
+        inputs.get("flash_mask"),
+        inputs.get("flash_mask_swa"),
     )
 
 
@@ -219,12 +251,17 @@ def attend(
     elt, kc = kv.elt, kv.k
     row = hd * nkv * elt
     writes = [ops.ggml_set_rows(ctx, kc, ops.ggml_reshape_2d(ctx, k, hd * nkv, n), at.k_rows)]
-    k_all = ops.ggml_view_3d(ctx, kc, hd, nkv, at.n_kv, hd * elt, row, 0)
     if kv.v is not None:
         assert v is not None and at.v_cells is not None
-        hd_v, n_ctx = kv.v_width // nkv, int(kv.v.contents.ne[0])
+        n_ctx = int(kv.v.contents.ne[0])
         v_flat = ops.ggml_view_2d(ctx, kv.v, 1, n_ctx * kv.v_width, elt, 0)  # one row per element
         writes.append(ops.ggml_set_rows(ctx, v_flat, ops.ggml_reshape_2d(ctx, v, 1, kv.v_width * n), at.v_cells))
+    flash_mask = at.flash_mask if mask is None else at.flash_mask_swa if mask is at.mask_swa else None
+    if flash_mask is not None and (kv.v_width // nkv) % FLASH_ALIGN == 0:
+        return _flash(ctx, q, nkv, at, kv, scale, flash_mask, sinks, v_up), writes
+    k_all = ops.ggml_view_3d(ctx, kc, hd, nkv, at.n_kv, hd * elt, row, 0)
+    if kv.v is not None:
+        hd_v, n_ctx = kv.v_width // nkv, int(kv.v.contents.ne[0])
         v_all = ops.ggml_view_3d(ctx, kv.v, at.n_kv, hd_v, nkv, n_ctx * elt, n_ctx * elt * hd_v, 0)
     else:  # V is the start of each K row: a transposed copy of the window, as llama.cpp makes it
         v_view = ops.ggml_view_3d(ctx, kc, kv.v_width, nkv, at.n_kv, hd * elt, row, 0)
@@ -237,6 +274,49 @@ def attend(
     if v_up is not None:
         kqv = ops.ggml_mul_mat(ctx, v_up, kqv)
     return ops.ggml_cont_2d(ctx, ops.ggml_permute(ctx, kqv, 0, 2, 1, 3), int(kqv.contents.ne[0]) * nh, n), writes
+
+
+def _flash(
+    ctx: Any,
+    q: Tensor,
+    nkv: int,
+    at: Placement,
+    kv: KVCache,
+    scale: float,
+    mask: Tensor,
+    sinks: Tensor | None,
+    v_up: Tensor | None,
+) -> Tensor:
+    """A prompt chunk's attention through ggml's flash attention, in the form whose CPU kernel accumulates in F32:
+    its tiled kernel, which needs ≥ 64 queries (a chunk is padded with zero queries; their rows are dropped), K and
+    V of one type, and value rows of a multiple of 16. Each query's keys are then visited in 64-key tiles from
+    position 0, masked keys adding exact zeros: a token's result does not depend on how its prompt was chunked
+    (tested). The flash attention rejected earlier (docs/results.md) ran ggml's other kernel, which accumulates V in
+    F16, for chunks of fewer than 64 tokens."""
+    hd, nh, n = int(q.contents.ne[0]), int(q.contents.ne[1]), at.n
+    elt, kc = kv.elt, kv.k
+    row = hd * nkv * elt
+    k_all = ops.ggml_view_3d(ctx, kc, hd, at.n_kv, nkv, row, hd * elt, 0)  # [hd, n_kv, heads]: rows contiguous
+    if kv.v is not None:  # the transposed V cache: its window copied out row by row
+        hd_v, n_ctx = kv.v_width // nkv, int(kv.v.contents.ne[0])
+        v_t = ops.ggml_view_3d(ctx, kv.v, at.n_kv, hd_v, nkv, n_ctx * elt, n_ctx * elt * hd_v, 0)
+        v_all = ops.ggml_cont(ctx, ops.ggml_transpose(ctx, v_t))
+    else:  # V is the start of each K row (MLA's latent): already rows
+        v_all = ops.ggml_view_3d(ctx, kc, kv.v_width, at.n_kv, nkv, row, hd * elt, 0)
+    q_rows = ops.ggml_permute(ctx, q, 0, 2, 1, 3)  # [hd, n, heads]
+    pad = int(mask.contents.ne[1]) - n
+    if pad > 0:
+        q_rows = ops.ggml_pad(ctx, ops.ggml_cont(ctx, q_rows), 0, pad, 0, 0)
+    out = ops.ggml_flash_attn_ext(ctx, q_rows, k_all, v_all, mask, scale, 0.0, 0.0)
+    ops.ggml_flash_attn_ext_set_prec(out, ops.GGML_PREC_F32)  # (GPU backends: F32 accumulation too)
+    if sinks is not None:
+        ops.ggml_flash_attn_ext_add_sinks(out, sinks)
+    hd_v = int(v_all.contents.ne[0])
+    out = ops.ggml_view_3d(ctx, out, hd_v, nh, n, hd_v * 4, hd_v * nh * 4, 0)  # [hd_v, heads, n]: the real queries
+    if v_up is not None:  # MLA: each head's latent result up to its value head
+        up = ops.ggml_mul_mat(ctx, v_up, ops.ggml_permute(ctx, out, 0, 2, 1, 3))  # [hd_out, n, heads]
+        return ops.ggml_cont_2d(ctx, ops.ggml_permute(ctx, up, 0, 2, 1, 3), int(up.contents.ne[0]) * nh, n)
+    return ops.ggml_cont_2d(ctx, out, hd_v * nh, n)
 
 
 def attention(

@@ -119,7 +119,7 @@ def generate(
     gen = Generation(prompt_tokens=len(prompt), cached_tokens=cached)
     before = session.counters()
     t0 = time.perf_counter()
-    logits = session.forward(prompt[cached:])
+    logits = session.forward(prompt[cached:], prompt=True)
     gen.prompt_seconds = time.perf_counter() - t0
     after_prompt = session.counters()
     stream = TextStream(stops)

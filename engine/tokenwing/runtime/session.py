@@ -59,6 +59,7 @@ class SessionOptions:
     preload: bool | None = None  # read every expert at start (None: when the cache holds them all)
     cpu_repack: bool = True  # matrix weights and experts in ggml's repacked layouts, as llama.cpp runs them
     token_graph: bool = True  # with every expert in RAM, a decode step is one graph (runtime/token_graph.py)
+    prompt_attention: str = "products"  # or "flash": F32 tiled flash attention for prompts (models/common.attend)
     stream: StreamSettings = field(default_factory=StreamSettings)
 
 
@@ -215,8 +216,10 @@ class Session:
         return kept
 
     # ------------------------------------------------------------------------------------------- forward
-    def forward(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
-        """Runs `tokens` from the current position; returns logits of the last token (or of every token).
+    def forward(self, tokens: list[int], all_logits: bool = False, prompt: bool = False) -> np.ndarray:
+        """Runs `tokens` from the current position; returns logits of the last token (or of every token). One token
+        is a decode step unless `prompt` says it is (the rest of a prompt whose start was cached): prompt tokens
+        attend the same way however the prompt is split.
 
         Layer-major: the whole prompt passes one layer before the next, so each layer's experts are read at
         most once per prompt (in waves that fit the slots); attention and expert graphs run in chunks of
@@ -238,15 +241,18 @@ class Session:
                 self._warned_prompt = True
                 self.log(f"a {n}-token prompt does not fit in memory in one pass: running it {span} tokens at a time")
             # (chunks end at multiples of max_batch whatever the passes: the numbers are those of one pass)
-            outs = [self._forward(tokens[i : i + span], all_logits, snapshot=i + span >= n) for i in range(0, n, span)]
+            outs = [
+                self._forward(tokens[i : i + span], all_logits, snapshot=i + span >= n, prompt=True)
+                for i in range(0, n, span)
+            ]
             return np.concatenate(outs, axis=0) if all_logits else outs[-1]
-        return self._forward(tokens, all_logits, snapshot=n > 1)
+        return self._forward(tokens, all_logits, snapshot=n > 1 or prompt, prompt=prompt)
 
-    def _forward(self, tokens: list[int], all_logits: bool, snapshot: bool) -> np.ndarray:
+    def _forward(self, tokens: list[int], all_logits: bool, snapshot: bool, prompt: bool) -> np.ndarray:
         """One pass; `snapshot`: the request's prompt ends with it (its state one token before the end is kept
         as a checkpoint). A pass that fails leaves no half-updated recurrent state behind."""
         try:
-            out = self._pass(tokens, all_logits, snapshot)
+            out = self._pass(tokens, all_logits, snapshot, prompt)
         except BaseException:
             if self.kv.states is not None:
                 self.checkpoints.abandon()
@@ -255,14 +261,14 @@ class Session:
         self.checkpoints.commit()
         return out
 
-    def _pass(self, tokens: list[int], all_logits: bool, snapshot: bool) -> np.ndarray:
+    def _pass(self, tokens: list[int], all_logits: bool, snapshot: bool, prompt: bool) -> np.ndarray:
         hp, n, pos0 = self.hp, len(tokens), self.pos
-        decode = n == 1
+        decode = n == 1 and not prompt
         self._cuts = self.checkpoints.boundaries(pos0, n) if not decode else []
         self._snap_at = pos0 + n - 1 if snapshot and self.checkpoints.enabled else None
         if self._snap_at is not None and (self.checkpoints.has(self._snap_at) or self._snap_at == 0):
             self._snap_at = None
-        if decode and self._snap_at is not None:  # the last pass of a prompt is one token: the state before it
+        if n == 1 and self._snap_at is not None:  # the last pass of a prompt is one token: the state before it
             for il in self.kv.states.layers if self.kv.states is not None else []:
                 self.checkpoints.record(il, self._snap_at)
         if decode:
@@ -418,13 +424,17 @@ class Session:
         return r
 
     def _placement(self, pos0: int, n: int, decode: bool) -> common.Placement:
-        """Where a graph's tokens go. A prompt chunk attends over the cache up to the end of its chunk (a multiple
-        of max_batch, the positions past the pass masked), so a token's attention sums the same terms in the same
-        order wherever its prompt pass ended: resumed, split and fresh passes round alike."""
-        b = self.options.max_batch
-        n_kv = common.decode_window(pos0, self.n_ctx) if decode else min(self.n_ctx, -(-(pos0 + n) // b) * b)
+        """Where a graph's tokens go and what they attend over: the KV cache rounded up to DECODE_WINDOW positions
+        and masked, for decode and prompt chunks alike (as llama.cpp pads its KV view). Every sum over keys then
+        has the same length pattern whatever chunk, pass or cached prefix a token came in (masked keys add exact
+        zeros): a token's numbers do not depend on how its prompt was split (tested). `--prompt-attention flash`:
+        prompt chunks through F32 tiled flash attention."""
+        n_kv = common.decode_window(pos0 + n - 1, self.n_ctx)
+        flash = not decode and self.options.prompt_attention == "flash"
         axes = self.model.position_axes
-        return common.placement(self.graph, pos0, n, n_kv, self.n_ctx, self._v_width, self.model.window, axes)
+        return common.placement(
+            self.graph, pos0, n, n_kv, self.n_ctx, self._v_width, self.model.window, axes, flash
+        )
 
     # ------------------------------------------------------------------------- a decode step as one graph
     def _token_step(self, token: int) -> np.ndarray | None:
