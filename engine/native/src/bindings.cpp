@@ -254,30 +254,33 @@ NB_MODULE(_core, m) {
       "returns per-layer (hits, misses, demand_reads, prefetch_reads, prefetch_used, prefetch_wasted, "
       "prefetch_dropped).");
 
+  auto bench_result = [](const tw::ReadBenchResult& r) {
+    return nb::make_tuple(r.seconds, r.bytes, to_numpy(r.latencies_ns, {r.latencies_ns.size()}));
+  };
   m.def(
       "read_benchmark",
-      [](const std::string& path, std::uint64_t block, int threads, std::uint64_t total, std::uint64_t seed,
-         bool direct) {
+      [bench_result](const std::string& path, std::uint64_t block, int threads, std::uint64_t total,
+                     std::uint64_t seed, bool direct) {
         tw::ReadBenchResult r;
         {
           nb::gil_scoped_release release;
           r = tw::read_benchmark(path, block, threads, total, seed, direct);
         }
-        return nb::make_tuple(r.seconds, r.bytes, to_numpy(r.latencies_ns, {r.latencies_ns.size()}));
+        return bench_result(r);
       },
       nb::arg("path"), nb::arg("block"), nb::arg("threads"), nb::arg("total"), nb::arg("seed") = 0,
       nb::arg("direct") = true, "Random direct reads: returns (seconds, bytes, per-read latencies in ns).");
 
   m.def(
       "read_benchmark_uring",
-      [](const std::string& path, std::uint64_t block, int depth, std::uint64_t total, std::uint64_t seed,
-         bool direct) {
+      [bench_result](const std::string& path, std::uint64_t block, int depth, std::uint64_t total,
+                     std::uint64_t seed, bool direct) {
         tw::ReadBenchResult r;
         {
           nb::gil_scoped_release release;
           r = tw::read_benchmark_uring(path, block, depth, total, seed, direct);
         }
-        return nb::make_tuple(r.seconds, r.bytes, to_numpy(r.latencies_ns, {r.latencies_ns.size()}));
+        return bench_result(r);
       },
       nb::arg("path"), nb::arg("block"), nb::arg("depth"), nb::arg("total"), nb::arg("seed") = 0,
       nb::arg("direct") = true,

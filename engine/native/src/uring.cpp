@@ -81,35 +81,35 @@ void Uring::release() {
   fd_ = -1;
 }
 
-bool Uring::prepare_read(int fd, void* dst, std::uint32_t len, std::uint64_t offset, std::uint64_t user_data) {
+io_uring_sqe* Uring::next_sqe() {
   unsigned head = load_acquire(sq_head_);
-  if (local_tail_ - head >= sq_entries_) return false;
+  if (local_tail_ - head >= sq_entries_) return nullptr;
   unsigned idx = local_tail_ & *sq_mask_;
   auto* sqe = static_cast<io_uring_sqe*>(sqes_) + idx;
   std::memset(sqe, 0, sizeof(*sqe));
+  sq_array_[idx] = idx;
+  ++local_tail_;
+  ++to_submit_;
+  return sqe;
+}
+
+bool Uring::prepare_read(int fd, void* dst, std::uint32_t len, std::uint64_t offset, std::uint64_t user_data) {
+  io_uring_sqe* sqe = next_sqe();
+  if (!sqe) return false;
   sqe->opcode = IORING_OP_READ;
   sqe->fd = fd;
   sqe->addr = reinterpret_cast<std::uint64_t>(dst);
   sqe->len = len;
   sqe->off = offset;
   sqe->user_data = user_data;
-  sq_array_[idx] = idx;
-  ++local_tail_;
-  ++to_submit_;
   return true;
 }
 
 bool Uring::prepare_wake() {
-  unsigned head = load_acquire(sq_head_);
-  if (local_tail_ - head >= sq_entries_) return false;
-  unsigned idx = local_tail_ & *sq_mask_;
-  auto* sqe = static_cast<io_uring_sqe*>(sqes_) + idx;
-  std::memset(sqe, 0, sizeof(*sqe));
+  io_uring_sqe* sqe = next_sqe();
+  if (!sqe) return false;
   sqe->opcode = IORING_OP_NOP;
   sqe->user_data = kUringWakeTag;
-  sq_array_[idx] = idx;
-  ++local_tail_;
-  ++to_submit_;
   return true;
 }
 

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string>
 
+struct io_uring_sqe;
+
 namespace tw {
 
 struct UringCompletion {
@@ -38,6 +40,7 @@ class Uring {
 
  private:
   unsigned reap(UringCompletion* out, unsigned max);
+  io_uring_sqe* next_sqe();  // the next free submission entry, zeroed (nullptr when the ring is full)
   void release();
   int fd_ = -1;
   void* sq_ring_ = nullptr;
