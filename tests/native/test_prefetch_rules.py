@@ -63,6 +63,25 @@ def test_votes_wait_for_the_nearer_prediction(big: Path, engine: str, votes: int
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize(("max_votes", "read"), [(1, True), (0, False)])
+def test_a_layer_only_one_layer_predicts_is_still_read_ahead(
+    big: Path, engine: str, max_votes: int, read: bool
+) -> None:
+    """Layer 1 has a single predictor (layer 0, nothing before it): with 2 votes needed a prediction could never be
+    confirmed, so the votes needed are capped by the predictors the caller says the layer has."""
+    with open_streamer(big, 4, io_engine=engine, prefetch_votes=2) as s:
+        s.core.hold_io_after(0)
+        s.begin_token()
+        s.predict(1, [6], 1, [0.5], max_votes)
+        s.core.hold_io_after(1)
+        if read:
+            _wait_for(lambda: totals(s)["prefetch_issued"] == 1)
+        else:
+            assert s.core.queue_depths()[2] == 1 and totals(s)["prefetch_issued"] == 0
+        s.core.hold_io_after(-1)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_likeliest_prediction_first(big: Path, engine: str) -> None:
     """With the router's probabilities, the waiting list is read likeliest first, across layers and distances:
     layer 2's 0.9 before layer 1's 0.4 and 0.3, though layer 1 is nearer."""

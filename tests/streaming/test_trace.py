@@ -120,6 +120,9 @@ def test_prefetch_votes_read_only_confirmed_predictions() -> None:
     two = simulate(t, 4, "history", prefetch=True, prefetch_votes=2)
     assert (one["prefetch_reads"], one["prefetch_used"]) == (3, 1)  # 1 and 2 read for nothing
     assert (two["prefetch_reads"], two["prefetch_used"], two["misses"]) == (1, 1, 1)  # 0 read ahead; 5 missed
+    pred[0, 1, 1] = -1  # a layer with a single predictor: its predictions need one vote only (as in the core)
+    t = Trace(sel, pred, np.zeros(1, np.int64), np.arange(2, dtype=np.int32), 8)
+    assert simulate(t, 4, "history", prefetch=True, prefetch_votes=2)["prefetch_reads"] == 2
 
 
 def test_history_beats_decay_on_synthetic_routing() -> None:

@@ -167,7 +167,7 @@ NB_MODULE(_core, m) {
       .def("holding", &tw::StreamCore::holding, nb::arg("layer"), nb::arg("experts"), Release())
       .def("end_layer", &tw::StreamCore::end_layer, nb::arg("layer"), Release())
       .def("predict", &tw::StreamCore::predict, nb::arg("layer"), nb::arg("experts"), nb::arg("distance"),
-           nb::arg("probs") = std::vector<double>{}, Release())
+           nb::arg("probs") = std::vector<double>{}, nb::arg("max_votes") = 0, Release())
       .def("ready", &tw::StreamCore::ready, nb::arg("layer"), nb::arg("experts"), Release())
       .def("wait", &tw::StreamCore::wait, nb::arg("layer"), nb::arg("expert"), nb::arg("proj") = -1, Release())
       .def("wait_all", &tw::StreamCore::wait_all, nb::arg("layer"), nb::arg("experts"), Release())

@@ -107,7 +107,7 @@ class Replay {
         L.slots[static_cast<std::size_t>(s)].protect_token = clock_.token_id;
         continue;
       }
-      if (!clock_.prompt && votes(tok, li, d, e) < std::min(c_.prefetch_votes, t_.n_dist)) continue;  // unconfirmed
+      if (!clock_.prompt && votes(tok, li, d, e) < std::min(c_.prefetch_votes, predictors(tok, li))) continue;
       s = choose_victim(L.slots, clock_, Requester::Prefetch, started);
       if (s < 0) {
         st.prefetch_dropped++;
@@ -128,6 +128,13 @@ class Replay {
           break;
         }
     }
+    return n;
+  }
+
+  // How many distances predict layer li in this token at all (the votes needed are capped by it, as the core does).
+  int predictors(int tok, int li) const {
+    int n = 0;
+    for (int d = 0; d < t_.n_dist; ++d) n += t_.predicted_at(tok, li, d, 0) >= 0;
     return n;
   }
 

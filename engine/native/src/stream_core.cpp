@@ -281,7 +281,8 @@ void StreamCore::end_layer(int li) {
   for (auto& s : layer(li).slots) s->meta.pins = 0;
 }
 
-void StreamCore::predict(int li, const std::vector<int>& experts, int distance, const std::vector<double>& probs) {
+void StreamCore::predict(int li, const std::vector<int>& experts, int distance, const std::vector<double>& probs,
+                         int max_votes) {
   std::unique_lock<std::mutex> lock(mu_);
   if (stop_) throw IoError("the streaming core is closed");
   Layer& L = layer(li);
@@ -307,11 +308,12 @@ void StreamCore::predict(int li, const std::vector<int>& experts, int distance, 
     }
     auto it = std::find_if(waiting_.begin(), waiting_.end(),
                            [&](const Prediction& p) { return p.li == li && p.expert == e; });
-    Prediction p{li, e, distance, rank++, pred_seq_++, false, i < probs.size() ? probs[i] : 0.0, 1, deadline};
+    Prediction p{li, e, distance, rank++, pred_seq_++, false, i < probs.size() ? probs[i] : 0.0, 1, max_votes, deadline};
     if (it != waiting_.end()) {
       if (!it->fill) p.votes = it->votes + 1;
       Prediction keep = (it->fill || before(p, *it)) ? p : *it;
       keep.votes = p.votes;
+      keep.max_votes = std::max(p.max_votes, it->fill ? 0 : it->max_votes);
       keep.deadline = std::max(keep.deadline, it->fill ? 0 : it->deadline);
       waiting_.erase(it);
       p = keep;
@@ -531,7 +533,8 @@ void StreamCore::note_prefetch_start() {
 // Late binding: a prediction gets a slot only now, when this thread has nothing more urgent to do.
 bool StreamCore::bind_prediction(Chunk& out) {
   for (auto it = waiting_.begin(); it != waiting_.end();) {
-    if (!it->fill && !clock_.prompt && it->votes < cfg_.prefetch_votes) {  // waits for a nearer one to confirm it
+    int need = it->max_votes > 0 ? std::min(cfg_.prefetch_votes, it->max_votes) : cfg_.prefetch_votes;
+    if (!it->fill && !clock_.prompt && it->votes < need) {  // waits for a nearer one to confirm it
       ++it;
       continue;
     }
@@ -847,7 +850,7 @@ void StreamCore::idle_loop() {
         if (std::any_of(waiting_.begin(), waiting_.end(),
                         [&](const Prediction& p) { return p.li == li && p.expert == e; }))
           continue;
-        waiting_.push_back(Prediction{li, e, 1 << 20, rank++, pred_seq_++, true, 0.0, 1, 0});
+        waiting_.push_back(Prediction{li, e, 1 << 20, rank++, pred_seq_++, true, 0.0, 1, 0, 0});
         --empty;
         added = true;
       }

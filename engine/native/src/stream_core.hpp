@@ -99,7 +99,10 @@ class StreamCore {
   void end_layer(int li);
   // Predictions for a later layer (distance 1, 2, ...), in rank order, with the router's probability of each
   // (optional): the waiting list is read likeliest first, then by distance and rank.
-  void predict(int li, const std::vector<int>& experts, int distance, const std::vector<double>& probs = {});
+  // `max_votes`: how many distances predict this layer at all (0: unknown); the votes needed are capped by it, so
+  // a layer only one earlier layer predicts is still read ahead.
+  void predict(int li, const std::vector<int>& experts, int distance, const std::vector<double>& probs = {},
+               int max_votes = 0);
   // Which of these experts are ready now (compute those first).
   std::vector<bool> ready(int li, const std::vector<int>& experts);
   // Which of these experts have a slot (in RAM, or on their way).
@@ -190,6 +193,7 @@ class StreamCore {
     bool fill = false;  // idle fill: only into empty slots
     double prob = 0;    // the router's probability (0: unknown)
     int votes = 1;      // how many of this token's predictions (distances) named it
+    int max_votes = 0;  // how many distances predict its layer (0: unknown)
     std::int64_t deadline = 0;  // steady-clock ns when its layer is expected to start (0: unknown)
   };
   static bool before(const Prediction& a, const Prediction& b) {

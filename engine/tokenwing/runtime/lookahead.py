@@ -22,6 +22,7 @@ class Ahead(NamedTuple):
     experts: list[int]
     distance: int
     probs: list[float]
+    predictors: int  # how many layers predict the target (a prediction's votes can reach no more)
 
 
 class Lookahead:
@@ -29,6 +30,10 @@ class Lookahead:
         self.model, self.distance = model, distance
         self.n_expert, self.k = model.hp.n_expert, model.hp.n_expert_used
         self.fused = self._fused_routers(distance)
+        self.predictors: dict[int, int] = {}
+        for _, targets in self.fused.values():
+            for t in targets:
+                self.predictors[t] = self.predictors.get(t, 0) + 1
         self._biases: dict[int, np.ndarray] = {}
         self.made: dict[tuple[int, int], list[int]] = {}  # (target layer, distance - 1) → predicted experts
         self.recall_hits = np.zeros(max(distance, 1), np.int64)
@@ -91,7 +96,7 @@ class Lookahead:
             top = np.argsort(-scores, kind="stable")[: self.k]
             probs = self._probabilities(logits)[top]
             self.made[(target, d)] = top.tolist()
-            out.append(Ahead(target, top.tolist(), d + 1, probs.tolist()))
+            out.append(Ahead(target, top.tolist(), d + 1, probs.tolist(), self.predictors[target]))
         return out
 
     def _probabilities(self, logits: np.ndarray) -> np.ndarray:

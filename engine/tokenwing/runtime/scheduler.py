@@ -138,10 +138,13 @@ class ExpertScheduler:
             self.streamer.wait(block, e, 0)
         return [self.streamer.wait(block, e, 1) for e in experts]
 
-    def predict(self, block: int, experts: Sequence[int], distance: int, probs: Sequence[float] = ()) -> None:
-        """Predictions for a later layer (rank order), with the router's probability of each where known: the
-        core reads the likeliest first."""
-        self.streamer.predict(block, experts, distance, probs)
+    def predict(
+        self, block: int, experts: Sequence[int], distance: int, probs: Sequence[float] = (), predictors: int = 0
+    ) -> None:
+        """Predictions for a later layer (rank order), with the router's probability of each where known (the core
+        reads the likeliest first) and how many layers predict that layer (the votes a prediction needs are capped
+        by it)."""
+        self.streamer.predict(block, experts, distance, probs, predictors)
 
     def touch(self, block: int, experts: Sequence[int]) -> None:
         """A layer computed elsewhere (a whole decode step in one graph): the core still sees its experts."""

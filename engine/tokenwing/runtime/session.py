@@ -316,7 +316,7 @@ class Session:
         r = carry if carry is not None else self._layer_parts(il, h, decode)
         if "out" in r:  # a dense layer: it predicts the streamed layers after it, as a MoE layer does
             for a in self.lookahead.predict(il, r["ahead"]) if "ahead" in r else []:
-                self.scheduler.predict(a.target, a.experts, a.distance, a.probs)
+                self.scheduler.predict(a.target, a.experts, a.distance, a.probs, a.predictors)
             return r["out"], None, None, None
         sel, weights = r["ids"], r["weights"]
         self.scheduler.observe(il, sel)
@@ -344,7 +344,7 @@ class Session:
         wave = list(dict.fromkeys(sel[0].tolist()))  # k ≤ the usable slots: a loan keeps k per layer
         ready = self.scheduler.begin_layer(il, wave)
         for a in ahead:
-            self.scheduler.predict(a.target, a.experts, a.distance, a.probs)
+            self.scheduler.predict(a.target, a.experts, a.distance, a.probs, a.predictors)
         if all(ready) and il + 1 < self.hp.n_layer:
             fused = self._fused_step(il, r, wave)
             self.scheduler.end_layer(il)
