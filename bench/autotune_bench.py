@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -45,6 +46,14 @@ def runner_args(settings: dict[str, object]) -> tuple[int, list[str]]:
 
 
 def main() -> int:
+    work = tempfile.mkdtemp(prefix="tw-bench-")  # token streams and traces; removed at the end
+    try:
+        return _main(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _main(work: str) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="models/bench/bench-q4_k_m.tw.gguf")
     ap.add_argument("--cap", type=float, default=0.25, help="memory cap as a share of the model file")
@@ -54,7 +63,6 @@ def main() -> int:
     ap.add_argument("--replay-tokens", type=int, default=24)
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="tw-autotune-bench-")
     py = sys.executable
     print(
         "| model | cap | autotuned settings | defaults tok/s | autotuned tok/s | autotuned ÷ defaults | runs (d / a) |"

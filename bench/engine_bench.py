@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -74,6 +75,14 @@ def row(label: str, cap: str, r: Result, runs: str, limit: float | None, belady_
 
 
 def main() -> int:
+    work = tempfile.mkdtemp(prefix="tw-bench-")  # token streams and traces; removed at the end
+    try:
+        return _main(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _main(work: str) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="models/bench/bench-q4_k_m.gguf")
     ap.add_argument("--prompt", type=int, default=32)
@@ -101,7 +110,6 @@ def main() -> int:
     with ModelFile.open(tw_model) as mf:
         vocab = len(mf.header.get("tokenizer.ggml.tokens"))
     tokens = np.random.default_rng(0).integers(0, vocab - 16, args.prompt + args.decode)
-    work = tempfile.mkdtemp(prefix="tw-engine-bench-")
     tok_path = os.path.join(work, "bench-tokens.npy")
     np.save(tok_path, tokens)
     py = sys.executable
