@@ -432,9 +432,7 @@ class Session:
         n_kv = common.decode_window(pos0 + n - 1, self.n_ctx)
         flash = not decode and self.options.prompt_attention == "flash"
         axes = self.model.position_axes
-        return common.placement(
-            self.graph, pos0, n, n_kv, self.n_ctx, self._v_width, self.model.window, axes, flash
-        )
+        return common.placement(self.graph, pos0, n, n_kv, self.n_ctx, self._v_width, self.model.window, axes, flash)
 
     # ------------------------------------------------------------------------- a decode step as one graph
     def _token_step(self, token: int) -> np.ndarray | None:
