@@ -1,10 +1,19 @@
-"""Prefill under a memory cap: reads per distinct expert and prompt tokens/s (layer-major, expert waves).
+"""Prefill under a memory cap: reads per distinct expert and prompt tokens/s (layer-major, expert waves), against
+its limits.
 
 python bench/prefill_bench.py [--model models/bench/bench-q4_k_m.tw.gguf] [--tokens 1024] [--cap 0.25]
-                              [--llama plain,random] [--llama-timeout 600] [--read-ahead-from N]
+                              [--llama plain,random] [--llama-timeout 600] [--read-ahead-from N] [--rounds 1]
+                              [--reply 0] [--prompt-attention products|flash]
 
 With --llama, llama.cpp (llama-cpp-python, the same GGUF before repacking) runs the same prompt under the same
 cap in each named mode (see llama_runner.py; its default mode is OOM-killed under these caps).
+
+Limits (bench/limits.py): the fewest bytes a prompt can read are its distinct experts, once each; the compute floor
+is the same prompt through the same path with every expert already in RAM (no cap, experts in the file's layout,
+as streamed ones are); the drive ceiling is the best of the deep-queue probe, fio and the engine's own rate.
+Limit = min(ceiling ÷ distinct bytes per token, 1 ÷ floor per token). With --reply N, N reply tokens follow the
+prompt and the first 32 are timed against tokens 200–232 (seed §15: after a long prompt, are the first reply tokens
+slower while the cache moves from the prompt's experts to the reply's?).
 """
 
 from __future__ import annotations
@@ -13,33 +22,54 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
+from limits import DiskWatch, capped_limit, probe_drive
 from memcap import evict_from_page_cache, run_capped
 
 CHILD = r"""
 import json, sys, time
 import numpy as np
 from tokenwing.runtime.session import Session, SessionOptions
+from tokenwing.runtime.experts import ExpertPools
 from tokenwing.streaming.streamer import COUNTERS
+import tokenwing.runtime.scheduler as scheduler_module
 import tokenwing.runtime.session as session_module
-if len(sys.argv) > 3:
-    session_module.READ_AHEAD_TOKENS = int(sys.argv[3])  # --read-ahead-from
-opts = SessionOptions(n_ctx=int(sys.argv[2]) + 16, lookahead=0, usage_table=False)
-s = Session(sys.argv[1], opts, log=lambda l: None)
+model, n, read_ahead = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+in_ram, reply, attention = sys.argv[4] == "1", int(sys.argv[5]), sys.argv[6]
+if read_ahead >= 0:
+    scheduler_module.READ_AHEAD_TOKENS = read_ahead  # --read-ahead-from
+budget = None
+if in_ram:  # the compute floor: every expert in RAM, in the file's layout (as streamed experts compute)
+    session_module.ExpertPools = lambda sched, arena, _repack: ExpertPools(sched, arena, False)
+    budget = 1 << 62
+opts = SessionOptions(n_ctx=n + reply + 16, lookahead=0, usage_table=False, ram_budget=budget,
+                      prompt_attention=attention)
+s = Session(model, opts, log=lambda l: None)
 s.trace = []
-toks = np.random.default_rng(0).integers(0, s.hp.vocab_size - 16, int(sys.argv[2])).tolist()
-t = time.perf_counter(); s.forward(toks); secs = time.perf_counter() - t
+toks = np.random.default_rng(0).integers(0, s.hp.vocab_size - 16, n + reply).tolist()
+t = time.perf_counter(); s.forward(toks[:n], prompt=True); secs = time.perf_counter() - t
 c = s.counters()
 ahead = c[:, COUNTERS.index("prefetch_issued")]
 reads = c[:, COUNTERS.index("demand_reads")] + ahead  # every read: on demand or read ahead
 sel = s.trace[0][0]
 distinct = [len(np.unique(sel[:, li])) for li in range(sel.shape[1])]
-print(json.dumps({"tokens": len(toks), "prompt_tok_s": len(toks) / secs, "slots_per_layer": s.slots_per_layer,
-                  "reads": int(reads.sum()), "distinct": int(sum(distinct)),
-                  "reads_per_distinct": float(reads.sum() / sum(distinct)),
-                  "read_ahead": int(ahead.sum()), "read_ahead_used": int(c[:, COUNTERS.index("prefetch_used")].sum()),
-                  "ssd_wait_s": float(c[:, COUNTERS.index("wait_ns")].sum() / 1e9)}))
+records = [el.record_size for el in s.scheduler.streamer.layers]
+times = []
+for tok in toks[n:]:
+    t1 = time.perf_counter(); s.forward([tok]); times.append(time.perf_counter() - t1)
+out = {"tokens": n, "prompt_tok_s": n / secs, "slots_per_layer": s.slots_per_layer,
+       "reads": int(reads.sum()), "distinct": int(sum(distinct)),
+       "distinct_bytes": int(sum(d * r for d, r in zip(distinct, records))),
+       "reads_per_distinct": float(reads.sum() / sum(distinct)),
+       "expert_bytes": int(c[:, COUNTERS.index("bytes_read")].sum()),
+       "read_ahead": int(ahead.sum()), "read_ahead_used": int(c[:, COUNTERS.index("prefetch_used")].sum()),
+       "ssd_wait_s": float(c[:, COUNTERS.index("wait_ns")].sum() / 1e9)}
+if len(times) >= 232:
+    out["reply_first_32_tok_s"] = 32 / sum(times[:32])
+    out["reply_200_232_tok_s"] = 32 / sum(times[200:232])
+print(json.dumps(out))
 """
 
 
@@ -50,23 +80,63 @@ def main() -> int:
     ap.add_argument("--cap", type=float, default=0.25, help="memory cap as a share of the model file")
     ap.add_argument("--llama", default="", help="llama.cpp modes to run the same prompt in (plain, random)")
     ap.add_argument("--llama-timeout", type=float, default=600)
-    ap.add_argument("--read-ahead-from", type=int, default=None, help="prompt length from which the window runs")
+    ap.add_argument("--read-ahead-from", type=int, default=-1, help="prompt length from which the window runs")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds (medians)")
+    ap.add_argument("--reply", type=int, default=0, help="reply tokens after the prompt (≥ 232: first 32 vs 200–232)")
+    ap.add_argument("--quick", action="store_true", help="a short drive probe (a dry run)")
+    ap.add_argument("--prompt-attention", default="products", choices=["products", "flash"])
     args = ap.parse_args()
     cap = int(os.path.getsize(args.model) * args.cap)
-    evict_from_page_cache(args.model)
-    child = [sys.executable, "-c", CHILD, args.model, str(args.tokens)]
-    if args.read_ahead_from is not None:
-        child.append(str(args.read_ahead_from))
-    r = run_capped(child, cap, 3600)
-    if r.returncode:
-        print(r.stderr[-1000:], file=sys.stderr)
-        return 1
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    out["cap_bytes"] = cap
-    print(json.dumps(out))
+    ceiling = probe_drive(args.model, budget=(256 if args.quick else 1024) << 20, quick=args.quick)
+    child = [sys.executable, "-c", CHILD, args.model, str(args.tokens), str(args.read_ahead_from)]
+    runs: dict[str, list[dict[str, object]]] = {"capped": [], "floor": []}
+    for _ in range(args.rounds):
+        att = args.prompt_attention
+        for key, extra, limit in (("capped", ["0", str(args.reply), att], cap), ("floor", ["1", "0", att], None)):
+            evict_from_page_cache(args.model)
+            watch = DiskWatch(args.model).start()
+            r = run_capped([*child, *extra], limit, 3600)
+            dev = watch.stop()
+            if r.returncode:
+                print(r.stderr[-1000:], file=sys.stderr)
+                return 1
+            out = json.loads(r.stdout.strip().splitlines()[-1])
+            out["cap_bytes"] = limit
+            if dev is not None and key == "capped":
+                out["device_mb_per_s"] = dev["mb_per_s"]
+            runs[key].append(out)
+            if key == "capped":
+                secs = out["tokens"] / out["prompt_tok_s"]
+                ceiling.add("TokenWing's own reads (prompt average)", out["expert_bytes"] / secs / 1e6)
+    capped, floor = _median(runs["capped"]), _median(runs["floor"])
+    each = " / ".join(f"{float(r['prompt_tok_s']):.1f}" for r in runs["capped"])  # type: ignore[arg-type]
+    per_token = capped["distinct_bytes"] / capped["tokens"]
+    lim = capped_limit(ceiling.mb_per_s, per_token, 1 / floor["prompt_tok_s"])
+    print(json.dumps(capped))
+    print(
+        f"drive ceiling {ceiling.mb_per_s:.0f} MB/s ({ceiling.best}); fewest bytes: the prompt's distinct experts "
+        f"once, {capped['distinct_bytes'] / 1e9:.2f} GB; compute floor (every expert in RAM): "
+        f"{floor['prompt_tok_s']:.1f} tok/s\n"
+        f"limit {lim['limit_tok_s']:.1f} tok/s (drive {lim['drive_tok_s']:.1f}, compute {lim['compute_tok_s']:.1f}); "
+        f"TokenWing under the {args.cap:.0%} cap: {capped['prompt_tok_s']:.1f} tok/s = "
+        f"{capped['prompt_tok_s'] / lim['limit_tok_s']:.0%} of it, {capped['reads_per_distinct']:.2f} reads per "
+        f"distinct expert (runs: {each})"
+    )
+    if "reply_first_32_tok_s" in capped:
+        print(
+            f"reply after the prompt: first 32 tokens {capped['reply_first_32_tok_s']:.2f} tok/s, tokens 200–232 "
+            f"{capped['reply_200_232_tok_s']:.2f} tok/s"
+        )
     for mode in filter(None, args.llama.split(",")):
-        print(json.dumps(_llama(args.model, args.tokens, mode, cap, args.llama_timeout)))
+        res = _llama(args.model, args.tokens, mode, cap, args.llama_timeout)
+        print(json.dumps(res))
+        if "prompt_tok_s" in res:
+            print(f"TokenWing / llama.cpp {mode}: {capped['prompt_tok_s'] / float(res['prompt_tok_s']):.2f}x")  # type: ignore[arg-type]
     return 0
+
+
+def _median(rs: list[dict[str, object]]) -> dict[str, Any]:
+    return sorted(rs, key=lambda r: float(r["prompt_tok_s"]))[(len(rs) - 1) // 2]  # type: ignore[arg-type]
 
 
 def _llama(tw_model: str, n: int, mode: str, cap: int, timeout: float) -> dict[str, object]:

@@ -1,13 +1,17 @@
 """Streaming-core benchmarks on a repacked model file (results go to docs/results.md).
 
-    python bench/stream_bench.py [--model models/bench/bench-q4_0.tw.gguf] [--quick]
+    python bench/stream_bench.py [--model models/bench/bench-q4_0.tw.gguf] [--quick] [--only io,policy,...]
 
 1. Raw drive: direct-read bandwidth with 512 KiB and whole-expert requests at 1…16 threads (fio-style, the
    same DirectFile reads the core uses, random aligned offsets over the whole file).
 2. Scheduler throughput on a demand-heavy replay: every layer's top-k are demand reads (tiny cache), all
    layers of a token issued before waiting; compared with the best raw bandwidth measured in the same run.
 3. Demand latency (issue → ready) p50/p99 with and without a full prefetch queue.
-4. Policy: misses of decay vs LRU vs Belady on synthetic Zipf-skewed, temporally local traces.
+4. Policy: misses of decay, history and LRU against Belady on synthetic Zipf-skewed, temporally local traces, with
+   a rule that knows how the trace was generated (it evicts the expert least likely to be selected next), and
+   reads with the lookahead's predictions (votes 1 and 2).
+5. I/O engines (threads, io_uring): the CPU time the reads cost (the core's threads and the caller) per MB and
+   the context switches per read, on a decode-like replay: both depend little on the machine's load.
 Runs are interleaved where they are compared; the drive varies up to 2× between runs.
 """
 
@@ -26,9 +30,13 @@ from memcap import evict_from_page_cache
 
 from tokenwing import _core
 from tokenwing.format.reader import ModelFile
+from tokenwing.streaming.replay import replay
 from tokenwing.streaming.settings import StreamSettings
 from tokenwing.streaming.streamer import COUNTERS, ExpertStreamer
-from tokenwing.streaming.trace import simulate, synthetic_trace
+from tokenwing.streaming.trace import Trace, simulate, synthetic_trace
+
+sys.path.insert(0, os.path.dirname(__file__))
+from limits import switches, thread_cpu
 
 MB = 1e6
 
@@ -108,17 +116,88 @@ def demand_latency(mf: ModelFile, samples: int, loaded: bool, seed: int) -> np.n
 
 def policy_table(quick: bool) -> None:
     print("\n### Policy on synthetic traces (12 layers, 128 experts, top-8; `tokenwing trace simulate`)\n")
-    print("| trace | cache | decay | LRU | Belady | decay / Belady | LRU / Belady |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| trace | cache | decay | history | LRU | Belady | decay / B | history / B | knows the generator / B "
+        "| reads / B: history + prefetch, 1 vote | 2 votes |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     n = 500 if quick else 2000
     for zipf, loc in ((0.8, 0.2), (1.0, 0.3), (1.2, 0.4)):
-        t = synthetic_trace(n, 12, 128, 8, zipf=zipf, locality=loc, seed=7)
+        t, pop = synthetic_trace(n, 12, 128, 8, zipf=zipf, locality=loc, seed=7), _popularity(n, zipf, loc)
         for frac in (0.25, 0.40):
             slots = round(128 * frac)
-            m = {p: simulate(t, slots, p)["misses"] for p in ("decay", "lru", "belady")}
+            m = {p: simulate(t, slots, p)["misses"] for p in ("decay", "history", "lru", "belady")}
+            bound = oracle_misses(t, slots, pop, loc)
+            b = m["belady"]
+            v1, v2 = (simulate(t, slots, "history", prefetch=True, prefetch_votes=v)["reads"] for v in (1, 2))
             print(
-                f"| zipf {zipf}, locality {loc} | {frac:.0%} | {m['decay']} | {m['lru']} | {m['belady']} | "
-                f"{m['decay'] / m['belady']:.2f} | {m['lru'] / m['belady']:.2f} |"
+                f"| zipf {zipf}, locality {loc} | {frac:.0%} | {m['decay']} | {m['history']} | {m['lru']} | {b} | "
+                f"{m['decay'] / b:.2f} | {m['history'] / b:.2f} | {bound / b:.2f} | {v1 / b:.2f} | {v2 / b:.2f} |"
+            )
+
+
+def _popularity(n: int, zipf: float, loc: float) -> list[np.ndarray]:
+    """The generator's per-layer popularity for `synthetic_trace(n, 12, 128, 8, zipf, loc, seed=7)` (its first
+    draws from the same seed)."""
+    rng = np.random.default_rng(7)
+    out = []
+    for _ in range(12):
+        w = 1.0 / np.arange(1, 129) ** zipf
+        out.append(rng.permutation(w / w.sum()))
+    return out
+
+
+def oracle_misses(t: Trace, slots: int, pop: list[np.ndarray], loc: float) -> int:
+    """An eviction rule that knows how the synthetic trace was made: it evicts the expert least likely to be
+    selected by the next token (kept from the last one with probability `loc`, else drawn by popularity). It is
+    not an exact bound (a greedy rule; a lucky one can beat it on a sample) but shows how far knowing the
+    generator gets an eviction rule without hindsight: what Belady gains beyond it needs the future."""
+    k = t.k
+    misses = 0
+    for li in range(t.selected.shape[1]):
+        p = np.minimum(1.0, k * (1 - loc) * pop[li])
+        resident: set[int] = set()
+        prev: set[int] = set()
+        for row in t.selected[:, li]:
+            cur = [int(e) for e in row if e >= 0]
+            for e in cur:
+                if e in resident:
+                    continue
+                misses += 1
+                if len(resident) >= slots:
+                    pool = [r for r in resident if r not in cur]
+                    score = [(loc + (1 - loc) * p[r]) if r in prev else p[r] for r in pool]
+                    resident.remove(pool[int(np.argmin(score))])
+                resident.add(e)
+            prev = set(cur)
+    return misses
+
+
+def io_engines(mf: ModelFile, tokens: int, rounds: int) -> None:
+    """CPU per MB and context switches per read of each I/O engine on the same decode-like replay: a synthetic
+    trace at 25 % of the experts with its two-distance predictions (votes 1: every prediction read)."""
+    print("\n### I/O engines: CPU and wake-ups per read (decode-like replay, 25 % of the experts, lookahead 2)\n")
+    print("| round | engine | MB read | CPU ms per 100 MB: I/O threads | caller | switches per read: I/O | caller |")
+    print("|---|---|---|---|---|---|---|")
+    idx = mf.index
+    trace = synthetic_trace(tokens, len(idx.layers), idx.n_expert, idx.n_used, seed=3)
+    slots = max(idx.n_used, idx.n_expert // 4)
+    mine = ("tw-io", "tw-reap", "iou-")  # (iou-wrk: the kernel's io_uring workers, where it needs them)
+    for rnd in range(rounds):
+        for engine in ("threads", "io_uring"):
+            settings = StreamSettings(io_engine=engine, idle_fill_ms=-1, prefetch_votes=1)
+            cpu0, sw0, c0 = thread_cpu(), switches(), time.thread_time()
+            after: list[dict[str, float]] = []
+            r = replay(mf, slots, settings, trace, before_close=lambda: after.extend((thread_cpu(), switches())))  # noqa: B023
+            caller = time.thread_time() - c0
+            cpu1, sw1 = after
+            io = sum(cpu1.get(k, 0) - cpu0.get(k, 0) for k in cpu1 if k.startswith(mine))
+            io_sw = sum(sw1.get(k, 0) - sw0.get(k, 0) for k in sw1 if k.startswith(mine))
+            main_sw = sw1.get("main", 0) - sw0.get("main", 0)
+            mb = r.bytes_read / MB
+            print(
+                f"| {rnd + 1} | {r.io_engine} | {mb:.0f} | {io * 1e3 / mb * 100:.1f} | {caller * 1e3 / mb * 100:.1f} | "
+                f"{io_sw / max(r.reads, 1):.2f} | {main_sw / max(r.reads, 1):.2f} |"
             )
 
 
@@ -126,7 +205,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="models/bench/bench-q4_0.tw.gguf")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated sections: drive,scheduler,latency,policy,io")
     args = ap.parse_args()
+    only = set(filter(None, args.only.split(",")))
+    if only == {"policy"}:
+        policy_table(args.quick)
+        return 0
     if not os.path.exists(args.model):
         print(f"{args.model} missing: run `python bench/repack_bench.py` first", file=sys.stderr)
         return 1
@@ -137,6 +221,9 @@ def main() -> int:
             f"model {args.model}: {len(mf.index.layers)} streamed layers, {mf.index.n_expert} experts of "
             f"{record / 1024:.0f} KiB, top-{mf.index.n_used}; direct reads: {mf.direct}"
         )
+        if only == {"io"}:
+            io_engines(mf, 20 if args.quick else 100, 3)
+            return 0
         total = (256 if args.quick else 1024) << 20
         raw = raw_drive(args.model, record, total)
         best_raw = max(raw.values())
@@ -172,6 +259,7 @@ def main() -> int:
         p99_without = np.median([p for loaded, _, p in rows if not loaded])
         p99_with = np.median([p for loaded, _, p in rows if loaded])
         print(f"\np99 with prefetch load / without: {p99_with / p99_without:.2f}")
+        io_engines(mf, 20 if args.quick else 100, 3)
     policy_table(args.quick)
     return 0
 

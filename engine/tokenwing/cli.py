@@ -45,10 +45,26 @@ _SHAPE_FLAGS: dict[str, type] = {
             "yarn_orig_ctx",
             "sliding_window",
             "context_length",
+            "ssm_d_conv",
+            "ssm_d_state",
+            "ssm_n_group",
+            "ssm_dt_rank",
+            "full_attention_interval",
         ),
         int,
     ),
-    **dict.fromkeys(("embd_std", "expert_weights_scale", "yarn_factor", "yarn_beta_fast", "yarn_beta_slow"), float),
+    **dict.fromkeys(
+        (
+            "embd_std",
+            "expert_weights_scale",
+            "yarn_factor",
+            "yarn_beta_fast",
+            "yarn_beta_slow",
+            "kda_gate_lower_bound",
+            "swiglu_limit",
+        ),
+        float,
+    ),
     "tokenizer": str,
 }
 
@@ -61,6 +77,8 @@ def _cmd_testmodel(args: argparse.Namespace) -> int:
         overrides = {k: getattr(args, k) for k in _SHAPE_FLAGS if getattr(args, k) is not None}
         if args.legacy_kv_b:
             overrides["legacy_kv_b"] = True
+        if args.legacy_ssm_in:
+            overrides["legacy_ssm_in"] = True
         if args.no_chat_template:
             overrides["chat_template"] = False
         shape = shape.with_(**overrides)
@@ -214,7 +232,10 @@ def _cmd_trace_simulate(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace)
     slots = parse_slots(args.slots, trace.n_expert)
     policies = POLICIES if args.policy == "all" else (args.policy,)
-    results = [simulate(trace, slots, p, args.prefetch and p != "belady", args.decay_tokens) for p in policies]
+    results = [
+        simulate(trace, slots, p, args.prefetch and p != "belady", args.decay_tokens, args.prefetch_votes)
+        for p in policies
+    ]
     recall = prediction_recall(trace)
     if args.json:
         print(json.dumps({"results": results, "prediction_recall": recall}, indent=2))
@@ -228,7 +249,10 @@ def _cmd_trace_simulate(args: argparse.Namespace) -> int:
     best = next((r["misses"] for r in results if r["policy"] == "belady"), None)
     for r in results:
         ratio = f"  {r['misses'] / best:.2f}x Belady" if best else ""
-        extra = f", prefetch reads {r['prefetch_reads']}, wasted {r['prefetch_wasted']}" if r["prefetch"] else ""
+        extra = ""
+        if r["prefetch"]:  # every read costs drive time: Belady's misses are also the fewest reads possible
+            reads = f" ({r['reads'] / best:.2f}x Belady)" if best else ""
+            extra = f"; reads {r['reads']}{reads}: prefetches {r['prefetch_reads']}, wasted {r['prefetch_wasted']}"
         print(f"  {r['policy']:<7} misses {r['misses']:>8}  miss rate {r['miss_rate']:.3f}{ratio}{extra}")
     return 0
 
@@ -283,10 +307,12 @@ def _session_options(args: argparse.Namespace) -> Any:
         kv_type=args.kv_type,
         n_threads=args.threads,
         prompt_cache=args.prompt_cache,
+        state_checkpoints=args.state_checkpoints,
         usage_table=args.usage_table,
         cpu_repack=args.cpu_repack,
         preload=args.preload,
         token_graph=args.token_graph,
+        prompt_attention=args.prompt_attention,
         stream=settings_from_args(args),
         device=None if choice.on_cpu else choice,
         vram=VramOptions(max_layers=args.vram_layers, lend=args.vram_lend),
@@ -330,13 +356,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
 
         def show(piece: str) -> None:
+            _announce_device(args, session)  # with the first output: a prompt the context refuses gets one line
             sys.stdout.write(piece)
             sys.stdout.flush()
 
-        _announce_device(args, session)  # after every check of the input: an error stays the only line
         if args.record_trace:
             session.trace = []
         gen = generate(session, prompt, args.n, sampler, stops, on_text=show)
+        _announce_device(args, session)  # (a reply with no text)
         if args.record_trace:
             session.recorded_trace().save(args.record_trace)
         sys.stdout.write("\n")
@@ -386,8 +413,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_autotune(args: argparse.Namespace) -> int:
-    from tokenwing.autotune.probe import probe_machine
-    from tokenwing.autotune.solver import choose
+    from tokenwing.autotune.probe import probe_machine, probe_replay
+    from tokenwing.autotune.solver import choose, plan_for
     from tokenwing.compute.devices import DeviceOptions
     from tokenwing.format.reader import ModelFile
 
@@ -395,6 +422,9 @@ def _cmd_autotune(args: argparse.Namespace) -> int:
         record = max(el.record_size for el in mf.index.layers)
         device = DeviceOptions.from_args(args)
         machine = probe_machine(args.model, record, parse_size(args.probe_bytes), _stderr_line, device)
+        slots = plan_for(mf, machine, args.ctx).slots_per_layer
+        if slots < mf.index.n_expert and args.replay_tokens > 0:  # streaming: its settings are chosen by replay
+            machine.replay = probe_replay(mf, slots, machine.cores, args.replay_tokens, progress=_stderr_line)
         choice = choose(mf, machine, args.ctx)
     if args.json:
         print(
@@ -413,6 +443,9 @@ def _cmd_autotune(args: argparse.Namespace) -> int:
             f"drive ({'direct' if m.drive.direct else 'cached'} reads of {human_bytes(m.drive.block_bytes)}"
             f" experts, MB/s by threads): {speeds}"
         )
+    if m.replay:
+        speeds = ", ".join(f"{label}: {v:.1f}" for label, v in m.replay.tok_s.items())
+        print(f"decode replayed through the core (tok/s): {speeds}")
     for key, value in choice.settings.items():
         print(f"  {key} = {value}\n      because {choice.reasons[key]}")
     return 0
@@ -434,9 +467,21 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lookahead", type=int, default=2, help="router lookahead distance in layers (0: off)")
     p.add_argument("--ctx", type=int, default=0, help="context length (default: the model's, capped by memory)")
     p.add_argument("--kv-type", default="f16", choices=["f16", "f32"])
+    p.add_argument(
+        "--prompt-attention",
+        default="products",
+        choices=["products", "flash"],
+        help="a prompt's attention: two matrix products (llama.cpp's numbers) or F32 tiled flash attention (less CPU)",
+    )
     p.add_argument("--threads", type=int, default=0, help="compute threads (default: all this process may use)")
     p.add_argument("--stats-json", help="write statistics to this file")
     _switch(p, "--prompt-cache", True, "serve: reuse the previous request's KV cache for the prompt prefix they share")
+    p.add_argument(
+        "--state-checkpoints",
+        type=_count,
+        default=8,
+        help="linear-attention models: recurrent-state checkpoints kept for the prompt cache (0: none)",
+    )
     _switch(p, "--usage-table", True, "fill idle cache slots from MODEL.usage.json and add this run's expert counts")
     _switch(p, "--cpu-repack", True, "matrix weights and experts in ggml's repacked layouts where this CPU has one")
     _switch(p, "--preload", None, "read every expert that fits at start (default: when the cache holds all of them)")
@@ -474,6 +519,17 @@ def _add_device_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _count(text: str) -> int:
+    """A count of zero or more (argparse then says which flag, in one line)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return n
+
+
 def _switch(p: argparse.ArgumentParser, flag: str, default: bool | None, help: str) -> None:
     """--flag / --no-flag."""
     on = " (default: on)" if default else ""
@@ -503,9 +559,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("testmodel", help="write a random-weight GGUF of a real MoE architecture")
     t.add_argument("output", help="GGUF path to write")
-    t.add_argument("--arch", help="qwen3moe (the default), qwen2moe, ernie4_5-moe, glm4moe, deepseek2 or gpt-oss")
     t.add_argument(
-        "--preset", default="tiny", help="tiny, kquant, small, bench (any architecture); kimi-tiny, ds-bench, oss-bench"
+        "--arch",
+        help="qwen3moe (the default), qwen2moe, ernie4_5-moe, glm4moe, deepseek2, gpt-oss, qwen3next, qwen35moe "
+        "or bailingmoe3",
+    )
+    t.add_argument(
+        "--preset",
+        default="tiny",
+        help="tiny, kquant, small, bench (any architecture); kimi-tiny, ds-bench, oss-bench, ling-bench",
     )
     t.add_argument("--type", default="F32", help="F32 F16 BF16 Q8_0 Q4_0, MXFP4_MOE, or a K-quant such as Q4_K_M")
     t.add_argument("--expert-type", help="MXFP4: the routed experts in this type, the rest in --type")
@@ -514,6 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, kind in _SHAPE_FLAGS.items():
         t.add_argument("--" + name.replace("_", "-"), dest=name, type=kind)
     t.add_argument("--legacy-kv-b", action="store_true", help="deepseek2: the older combined attn_kv_b tensor")
+    t.add_argument("--legacy-ssm-in", action="store_true", help="qwen3next: the older joint ssm_in projection")
     t.add_argument("--no-chat-template", action="store_true", help="write no tokenizer.chat_template")
     t.add_argument("-q", "--quiet", action="store_true")
     t.set_defaults(func=_cmd_testmodel)
@@ -586,6 +649,9 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("model")
     at.add_argument("--ctx", type=int, default=4096, help="context length to plan the KV cache for")
     at.add_argument("--probe-bytes", default="256M", help="bytes to read per drive measurement")
+    at.add_argument(
+        "--replay-tokens", type=int, default=24, help="decode tokens replayed through the core per setting (0: none)"
+    )
     at.add_argument("--json", action="store_true")
     _add_device_arguments(at)
     at.set_defaults(func=_cmd_autotune)
@@ -601,9 +667,15 @@ def build_parser() -> argparse.ArgumentParser:
     sim = trs.add_parser("simulate", help="misses of decay, LRU and Belady on a recorded routing trace")
     sim.add_argument("trace")
     sim.add_argument("--slots", required=True, help="slots per layer: a count, or a percentage of the experts")
-    sim.add_argument("--policy", default="all", choices=["decay", "lru", "belady", "all"])
+    sim.add_argument("--policy", default="all", choices=["decay", "history", "lru", "belady", "all"])
     sim.add_argument("--prefetch", action="store_true", help="load the trace's predictions ahead (instantly)")
-    sim.add_argument("--decay-tokens", type=int, default=64)
+    sim.add_argument("--decay-tokens", type=int, default=0, help="half-life in tokens (0: each policy's own)")
+    sim.add_argument(
+        "--prefetch-votes",
+        type=int,
+        default=2,
+        help="with --prefetch: read a prediction once this many distances name it",
+    )
     sim.add_argument("--json", action="store_true")
     sim.set_defaults(func=_cmd_trace_simulate)
     syn = trs.add_parser("synth", help="write a synthetic Zipf-skewed, temporally local routing trace")

@@ -6,6 +6,10 @@ pid) and waits until DIR/POINT.go exists (or the caller's own condition holds); 
 too, pass. Signals are handled while it waits, so a SIGINT sent to a paused process acts exactly where that step
 is. Without the variable, `pause` is one set lookup.
 
+`TOKENWING_TEST_TOKENS=ID[,ID…]` (tests only) makes every reply those tokens instead of what the model samples
+(the last one repeats), so a test can drive the real server with a reply of known form (gpt-oss's harmony
+channels) from a random-weight model.
+
 The points: repack.read, repack.write, repack.flush (the periodic write-back), verify (after the first expert
 is checked), output.fsync, output.rename and output.renamed (fsutil.atomic_output), cli.decided (the command's
 outcome is known), serve.pieceN (a reply's N-th text piece was sent; it waits until the client goes).
@@ -25,6 +29,15 @@ _POLL_S = 0.005
 
 _armed = frozenset(p for p in os.environ.get(POINTS_ENV, "").split(",") if p)
 armed = bool(_armed)  # for callers that would otherwise build a point's name for nothing
+
+
+TOKENS_ENV = "TOKENWING_TEST_TOKENS"
+_script = [int(t) for t in os.environ.get(TOKENS_ENV, "").split(",") if t.strip()]
+
+
+def scripted_tokens() -> list[int] | None:
+    """Test-only: the reply's tokens when the environment scripts them (see the module's docstring)."""
+    return _script or None
 
 
 def pause(point: str, until: Callable[[], bool] | None = None) -> None:

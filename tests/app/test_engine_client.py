@@ -27,8 +27,9 @@ HELLO = [{"role": "user", "content": "Hello"}]
 
 
 class Engine:
-    def __init__(self, model: Path) -> None:
-        env = dict(os.environ, TOKENWING_API_KEY=KEY)
+    def __init__(self, model: Path, **env_extra: str) -> None:
+        self.model = model
+        env = dict(os.environ, TOKENWING_API_KEY=KEY, **env_extra)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tokenwing", "serve", str(model), "--ctx", "512", "--port", "0", "--watch-stdin"],
             stdin=subprocess.PIPE,

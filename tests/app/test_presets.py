@@ -27,6 +27,7 @@ EXPECTED = {
     "gpt-oss-20b": "gpt-oss",
     "qwen3.5-397b-a17b": "qwen35moe",
     "ling-flash-2.0": "bailingmoe2",
+    "ling-3.0-flash": "bailingmoe3",
     "qwen3-next-80b-a3b": "qwen3next",
     "tokenwing-demo-moe": "qwen3moe",
 }

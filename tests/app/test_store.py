@@ -163,3 +163,71 @@ def test_usable_from_another_thread(store: ConversationStore) -> None:
     for t in threads:
         t.join()
     assert not errors and len(store.messages(conv.id)) == 60
+
+
+# the schema the app wrote before reasoning was kept (SCHEMA_VERSION 1), frozen here as it was shipped
+SCHEMA_1 = """
+CREATE TABLE conversations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL, system_prompt TEXT NOT NULL DEFAULT '',
+    settings TEXT NOT NULL DEFAULT '{}', model TEXT, created_at REAL NOT NULL, updated_at REAL NOT NULL
+);
+CREATE TABLE messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')), content TEXT NOT NULL,
+    created_at REAL NOT NULL, ttft_s REAL, tokens_per_s REAL, tokens INTEGER, finish_reason TEXT, model TEXT
+);
+CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
+CREATE INDEX conversations_by_activity ON conversations(updated_at DESC, id DESC);
+PRAGMA user_version=1;
+"""
+
+
+def test_an_old_database_is_upgraded_in_place_and_keeps_everything(tmp_path: Path) -> None:
+    path = tmp_path / "conversations.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.executescript(SCHEMA_1)
+        db.execute(
+            "INSERT INTO conversations (title, system_prompt, settings, model, created_at, updated_at) "
+            "VALUES ('old chat', 'be brief', '{\"temperature\": 0.2}', 'm', 1.0, 2.0)"
+        )
+        db.executemany(
+            "INSERT INTO messages (conversation_id, role, content, created_at, ttft_s, tokens_per_s, tokens, "
+            "finish_reason, model) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                ("user", "question", 1.5, None, None, None, None, None),
+                ("assistant", "answer", 2.0, 0.5, 9.0, 7, "stop", "m"),
+            ],
+        )
+    db.close()
+
+    s = ConversationStore(path)
+    (conv,) = s.list()
+    assert (conv.title, conv.system_prompt, conv.settings.temperature, conv.model) == ("old chat", "be brief", 0.2, "m")
+    old = s.messages(conv.id)
+    assert [(m.role, m.content, m.reasoning) for m in old] == [("user", "question", ""), ("assistant", "answer", "")]
+    assert (old[1].ttft_s, old[1].tokens_per_s, old[1].tokens, old[1].finish_reason) == (0.5, 9.0, 7, "stop")
+    new = s.add_message(conv.id, "assistant", "Hello", reasoning="The user greets.")
+    s.update_message(new.id, reasoning="The user greets; answer briefly.")
+    s.close()
+
+    s = ConversationStore(path)  # opened again: the upgraded file, as any new one
+    assert [m.reasoning for m in s.messages(conv.id)] == ["", "", "The user greets; answer briefly."]
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (2,)
+    s.close()
+
+
+def test_reasoning_is_kept_but_never_sent_back(store: ConversationStore) -> None:
+    conv = store.create(system_prompt="sys")
+    store.add_message(conv.id, "user", "Hi")
+    store.add_message(conv.id, "assistant", "Hello", reasoning="secret plan")
+    again = store.replace_last_assistant(conv.id, "Hello again", reasoning="another plan")
+    assert again.reasoning == "another plan" and store.messages(conv.id)[-1].reasoning == "another plan"
+    payload = store.chat_payload(conv.id)
+    assert payload == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello again"},
+    ]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QUrl
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QGuiApplication, QTextCursor
 from pytestqt.qtbot import QtBot
 
 from runmyai.ui.chat_panel import ChatPanel, SamplingValues
 from runmyai.ui.graphs import GraphsPanel
-from runmyai.ui.transcript import Transcript, markdown_fragment
+from runmyai.ui.transcript import MUTED, Transcript, markdown_fragment
 from tests.app.stats_events import Event, Layer
 
 REPLY = "# Plan\n\nFirst **bold** point.\n\n```python\nprint('hi')\n\nprint('there')\n```\n\nLast line."
@@ -47,6 +47,94 @@ def test_copy_links(qtbot: QtBot) -> None:
     assert QGuiApplication.clipboard().text() == REPLY
     t.anchorClicked.emit(QUrl("copycode:7:9"))  # stale link: ignored, no exception
     assert QGuiApplication.clipboard().text() == REPLY
+
+
+THOUGHT = "The user asks for a plan; give one with code."
+
+
+def click_text(t: Transcript, qtbot: QtBot, text: str) -> None:
+    """A real left click on the first occurrence of `text` (a link's words)."""
+    found = t.document().find(text)
+    assert not found.isNull(), text
+    cursor = QTextCursor(t.document())
+    cursor.setPosition(found.selectionStart() + 1)
+    t.ensureCursorVisible()
+    qtbot.mouseClick(t.viewport(), Qt.MouseButton.LeftButton, pos=t.cursorRect(cursor).center())
+
+
+def color_at(t: Transcript, text: str) -> str:
+    found = t.document().find(text)
+    assert not found.isNull(), text
+    return found.charFormat().foreground().color().name()
+
+
+def test_reasoning_is_folded_above_the_reply_and_its_link_toggles_it(qtbot: QtBot) -> None:
+    t = Transcript()
+    qtbot.addWidget(t)
+    t.resize(600, 600)
+    t.show()
+    t.add_message("user", "question")
+    t.add_message("assistant", REPLY, "5 tok/s", reasoning=THOUGHT)
+    folded = t.toPlainText()
+    assert THOUGHT not in folded and t.reasoning_shown(1) is False and t.reasoning_shown(0) is None
+    assert folded.index("Thought for 10 words — show") < folded.index("First bold point")  # above the reply
+
+    click_text(t, qtbot, "Thought for")
+    shown = t.toPlainText()
+    assert t.reasoning_shown(1) is True and "Thought for 10 words — hide" in shown
+    assert shown.index("— hide") < shown.index(THOUGHT) < shown.index("First bold point")
+    assert color_at(t, THOUGHT) == MUTED and color_at(t, "First") != MUTED  # the reasoning is muted, the reply not
+
+    click_text(t, qtbot, "Thought for")
+    assert t.reasoning_shown(1) is False and t.toPlainText() == folded
+
+
+def test_streamed_reasoning_shows_live_then_folds_when_the_reply_starts(qtbot: QtBot) -> None:
+    t = Transcript()
+    qtbot.addWidget(t)
+    t.add_message("user", "question")
+    t.add_message("assistant", "Earlier answer.", reasoning="Earlier thought.")
+    t.add_message("user", "again")
+    t.begin_reply()
+    for i in range(0, len(THOUGHT), 4):
+        t.append_reasoning(THOUGHT[i : i + 4])
+    assert THOUGHT in t.toPlainText() and t.reasoning_shown(3) is True  # live, as it comes
+    assert color_at(t, THOUGHT) == MUTED
+    t.append_reply(REPLY[:5])
+    assert THOUGHT not in t.toPlainText() and "Thought for 10 words — show" in t.toPlainText()  # folded
+    t.toggle_reasoning(1)  # an earlier reply's reasoning opens while this one streams
+    for i in range(5, len(REPLY), 3):
+        t.append_reply(REPLY[i : i + 3])
+    t.toggle_reasoning(3)
+    assert t.end_reply("5 tok/s") == REPLY
+
+    whole = Transcript()
+    qtbot.addWidget(whole)
+    whole.add_message("user", "question")
+    whole.add_message("assistant", "Earlier answer.", reasoning="Earlier thought.")
+    whole.add_message("user", "again")
+    whole.add_message("assistant", REPLY, "5 tok/s", reasoning=THOUGHT)
+    whole.toggle_reasoning(1)
+    whole.toggle_reasoning(3)
+    assert t.toPlainText().split() == whole.toPlainText().split()
+    assert "Earlier thought." in t.toPlainText() and THOUGHT in t.toPlainText()
+
+
+def test_reasoning_that_comes_after_the_text_starts_is_folded_above_it(qtbot: QtBot) -> None:
+    """Servers other than the engine may send reasoning between pieces of text: it joins the fold above."""
+    t = Transcript()
+    qtbot.addWidget(t)
+    t.begin_reply()
+    t.append_reply(REPLY[:20])
+    t.append_reasoning("late ")
+    t.append_reply(REPLY[20:40])
+    t.append_reasoning("thought")
+    t.append_reply(REPLY[40:])
+    assert t.end_reply() == REPLY and t.reasoning_shown(0) is False
+    whole = Transcript()
+    qtbot.addWidget(whole)
+    whole.add_message("assistant", REPLY, reasoning="late thought")
+    assert t.toPlainText() == whole.toPlainText()
 
 
 def test_graphs_draw_and_pause(qtbot: QtBot) -> None:

@@ -2,7 +2,8 @@
 
 usage: python llama_greedy.py MODEL.gguf REQUEST.json OUT.json
 
-REQUEST: {"prompts": [{"text": str, "n": max new tokens}, ...]}. OUT: [{"prompt_tokens": [...], "tokens": [...]}, ...];
+REQUEST: {"prompts": [{"text": str, "n": max new tokens}, ...]} ("tokens": [ids] instead of "text": those ids).
+OUT: [{"prompt_tokens": [...], "tokens": [...]}, ...];
 generation stops after a token llama.cpp itself counts as end of generation (EOG), which is included.
 F32 KV cache, no flash attention, as the project's other llama.cpp oracles.
 """
@@ -27,7 +28,7 @@ def main() -> int:
     vocab = llama_cpp.llama_model_get_vocab(llm.model)
     results = []
     for prompt in request["prompts"]:
-        ids = llm.tokenize(prompt["text"].encode(), add_bos=False, special=True)
+        ids = prompt.get("tokens") or llm.tokenize(prompt["text"].encode(), add_bos=False, special=True)
         llm.reset()
         llm.eval(ids)
         out: list[int] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tokenwing.errors import BadInputError
@@ -64,3 +65,39 @@ def test_glm_keys() -> None:
 def test_bad_values_are_clean_errors(key: str, value: Any) -> None:
     with pytest.raises(BadInputError, match=r"m\.gguf"):
         read_hparams(glm_meta(**{key: value}), "glm4moe", "m.gguf")
+
+
+def test_linear_attention_layers_as_each_family_marks_them() -> None:
+    """Qwen3-Next / Qwen3.5: a recurrent_layers list, else every layer but each full_attention_interval-th (4 by
+    default); Ling 3.0: head_count_kv 0 in a per-layer list. The MTP block is never one of them."""
+    meta = glm_meta(block_count=9, nextn_predict_layers=1)
+    qwen = {k.replace("glm4moe", "qwen3next"): v for k, v in meta.items()}
+    hp = read_hparams(qwen, "qwen3next", "m", FAMILIES["qwen3next"].recurrence)
+    assert hp.recurrent == (True, True, True, False, True, True, True, False)
+    hp = read_hparams({**qwen, "qwen3next.full_attention_interval": 2}, "qwen3next", "m", "interval")
+    assert hp.recurrent == (True, False) * 4
+    listed = [False, True] * 4 + [False]
+    hp = read_hparams({**qwen, "qwen3next.attention.recurrent_layers": listed}, "qwen3next", "m", "interval")
+    assert hp.recurrent == tuple(listed[:8])
+    ling = {k.replace("glm4moe", "bailingmoe3"): v for k, v in meta.items()}
+    ling["bailingmoe3.attention.head_count_kv"] = np.array([0, 0, 1, 0, 0, 1, 0, 1, 1], np.uint32)
+    hp = read_hparams(ling, "bailingmoe3", "m", FAMILIES["bailingmoe3"].recurrence)
+    assert hp.recurrent == (True, True, False, True, True, False, True, False) and hp.n_head_kv == 1
+    assert read_hparams(meta, "glm4moe", "m", FAMILIES["glm4moe"].recurrence).recurrent == ()
+
+
+@pytest.mark.parametrize(
+    ("arch", "recurrence", "key", "value"),
+    [
+        ("qwen3next", "interval", "full_attention_interval", 0),
+        ("qwen3next", "interval", "attention.recurrent_layers", [True, False]),  # fewer flags than layers
+        ("qwen3next", "interval", "rope.dimension_sections", [1, -1, 0, 0]),
+        ("bailingmoe3", "kv_heads", "attention.head_count_kv", 1),  # one count: no layer is marked
+        ("bailingmoe3", "kv_heads", "attention.head_count_kv", [0] * 47),  # no attention layer at all
+        ("bailingmoe3", "kv_heads", "swiglu_clamp_exp", ["x"]),
+    ],
+)
+def test_bad_linear_attention_values_are_clean_errors(arch: str, recurrence: str, key: str, value: Any) -> None:
+    meta = {k.replace("glm4moe", arch): v for k, v in glm_meta(**{key: value}).items()}
+    with pytest.raises(BadInputError, match=r"m\.gguf"):
+        read_hparams(meta, arch, "m.gguf", recurrence)

@@ -40,7 +40,7 @@ def expected(model: Path) -> dict[tuple[int, int], bytes]:
 
 
 def streamer(model: Path, slots: int, **kw: object) -> ExpertStreamer:
-    settings = StreamSettings(verify=True, chunk_kib=16, idle_fill_ms=-1)
+    settings = StreamSettings(verify=True, chunk_kib=16, idle_fill_ms=-1, prefetch_votes=1)
     for k, v in kw.items():
         setattr(settings, k, v)
     with ModelFile.open(str(model)) as mf:
@@ -62,8 +62,13 @@ def random_steps(s: ExpertStreamer, seed: int, tokens: int) -> Iterator[tuple[in
                 yield layer, e
 
 
-def test_exact_bytes_under_eviction(model: Path, expected: dict[tuple[int, int], bytes]) -> None:
-    with streamer(model, 5) as s:
+ENGINES = ["threads", "io_uring"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_exact_bytes_under_eviction(model: Path, expected: dict[tuple[int, int], bytes], engine: str) -> None:
+    with streamer(model, 5, io_engine=engine) as s:
+        assert s.core.io_engine == engine
         for layer, e in random_steps(s, 1, 40):
             for proj in (0, 1, 2):  # each projection's ready flag, then the whole expert
                 s.wait(layer, e, proj)
@@ -116,7 +121,7 @@ def _replay_in_core(model: Path, trace: Trace, slots: int, policy: str) -> np.nd
         return s.counters()
 
 
-@pytest.mark.parametrize("policy", ["decay", "lru"])
+@pytest.mark.parametrize("policy", ["history", "decay", "lru"])
 def test_core_and_simulator_share_the_policy(model: Path, policy: str) -> None:
     """The trace simulator runs the core's own eviction code: identical hits and misses per layer."""
     trace = synthetic_trace(120, 4, 16, 4, zipf=1.1, locality=0.4, seed=3)
@@ -127,7 +132,9 @@ def test_core_and_simulator_share_the_policy(model: Path, policy: str) -> None:
     assert int(counters[:, C["hits"]].sum()) == sim["hits"]
 
 
-@pytest.mark.parametrize(("policy", "kept"), [("decay", {0, 2, 3, 4}), ("lru", {1, 2, 3, 4})])
+@pytest.mark.parametrize(
+    ("policy", "kept"), [("decay", {0, 2, 3, 4}), ("history", {0, 2, 3, 4}), ("lru", {1, 2, 3, 4})]
+)
 def test_eviction_order(model: Path, policy: str, kept: set[int]) -> None:
     # 4 slots, one expert per token: 0 0 0 1 2 3, then 4 forces an eviction. LRU evicts 0 (least recent);
     # decay evicts 1 (used once, like 2 and 3: the tie goes to the least recently used).
@@ -139,7 +146,20 @@ def test_eviction_order(model: Path, policy: str, kept: set[int]) -> None:
         assert set(s.core.resident_experts(0)) == kept
 
 
-@pytest.mark.parametrize("policy", ["decay", "lru"])
+@pytest.mark.parametrize(("policy", "kept"), [("decay", {1, 3}), ("history", {0, 3})])
+def test_history_keeps_the_count_of_an_expert_that_left(model: Path, policy: str, kept: set[int]) -> None:
+    """2 slots, one expert per token: 0 ×3, 1 ×4; 2 evicts 0 (3 uses < 4); 0 comes back and evicts 2. Then 3
+    needs a slot: decay forgot 0's uses (it restarted at 1) and evicts it; history remembers 3 + 1 = 4, ties with
+    1's 4 and evicts 1, the less recent."""
+    with streamer(model, 2, policy=policy) as s:
+        for e in (0, 0, 0, 1, 1, 1, 1, 2, 0, 3):
+            s.begin_token()
+            s.begin_layer(0, [e])
+            s.wait(0, e)
+        assert set(s.core.resident_experts(0)) == kept
+
+
+@pytest.mark.parametrize("policy", ["decay", "history", "lru"])
 def test_a_miss_never_evicts_an_expert_selected_with_it(model: Path, policy: str) -> None:
     """4 slots hold 0 1 2 3 (0 least recent); the layer selects [9, 0]: the miss on 9, first in the list, must
     evict one of 1 2 3, not 0, which the same step needs (and which LRU and decay would pick first)."""
@@ -208,7 +228,7 @@ def test_cancel_and_promote(repacked_factory: ModelFactory, io_threads: int) -> 
     big = repacked_factory(type="F32", n_layer=2, n_embd=1024, n_ff_exp=256, n_expert=8, n_expert_used=2)
     with ModelFile.open(str(big)) as mf:
         want = {e: mf.read_expert(1, e) for e in range(8)}
-        settings = StreamSettings(verify=True, chunk_kib=4, io_threads=io_threads, idle_fill_ms=-1)
+        settings = StreamSettings(verify=True, chunk_kib=4, io_threads=io_threads, idle_fill_ms=-1, prefetch_votes=1)
         with ExpertStreamer(mf, 4, settings) as s:
             s.core.hold_io_after(1)
             s.begin_token()
@@ -229,7 +249,7 @@ def test_cancel_of_a_prefetch_under_way(repacked_factory: ModelFactory) -> None:
     big = repacked_factory(type="F32", n_layer=2, n_embd=1024, n_ff_exp=256, n_expert=8, n_expert_used=2)
     with ModelFile.open(str(big)) as mf:
         want = mf.read_expert(1, 5)
-        settings = StreamSettings(verify=True, chunk_kib=4, io_threads=1, idle_fill_ms=-1)
+        settings = StreamSettings(verify=True, chunk_kib=4, io_threads=1, idle_fill_ms=-1, prefetch_votes=1)
         with ExpertStreamer(mf, 4, settings) as s:
             s.core.hold_io_after(1)
             s.begin_token()
@@ -303,10 +323,11 @@ def test_idle_fill(model: Path) -> None:
         assert all(e == -1 for e in s.core.resident_experts(1))  # no usage table there: nothing filled
 
 
-def test_errors_are_clean(model: Path, tmp_path: Path, expected: dict[tuple[int, int], bytes]) -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_errors_are_clean(model: Path, tmp_path: Path, expected: dict[tuple[int, int], bytes], engine: str) -> None:
     with pytest.raises(BadInputError, match="zero slots"):
         streamer(model, 0)
-    with streamer(model, 4) as s:
+    with streamer(model, 4, io_engine=engine) as s:
         s.begin_token()
         with pytest.raises(IndexError, match="no expert 16"):
             s.begin_layer(0, [16])
@@ -321,7 +342,7 @@ def test_errors_are_clean(model: Path, tmp_path: Path, expected: dict[tuple[int,
     shutil.copyfile(model, copy)
     with ModelFile.open(str(copy)) as mf:
         last = mf.index.layers[-1]
-        s = ExpertStreamer(mf, 4, StreamSettings(verify=True, idle_fill_ms=-1))
+        s = ExpertStreamer(mf, 4, StreamSettings(verify=True, idle_fill_ms=-1, io_engine=engine))
     with s:
         os.truncate(copy, last.offset)
         s.begin_token()
@@ -334,7 +355,7 @@ def test_errors_are_clean(model: Path, tmp_path: Path, expected: dict[tuple[int,
     # A file replaced after open: the open file is still read, never the new bytes.
     shutil.copyfile(model, copy)
     with ModelFile.open(str(copy)) as mf:
-        s = ExpertStreamer(mf, 4, StreamSettings(verify=True, idle_fill_ms=-1))
+        s = ExpertStreamer(mf, 4, StreamSettings(verify=True, idle_fill_ms=-1, io_engine=engine))
     with s:
         (tmp_path / "junk").write_bytes(os.urandom(copy.stat().st_size))
         os.replace(tmp_path / "junk", copy)
@@ -351,11 +372,12 @@ def test_closed_core_refuses(model: Path) -> None:
     s.close()  # twice is fine
 
 
-def test_stress_many_threads(model: Path, expected: dict[tuple[int, int], bytes]) -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_stress_many_threads(model: Path, expected: dict[tuple[int, int], bytes], engine: str) -> None:
     """Requesting, predicting, waiting, loaning and evicting from several threads at once."""
     errors: list[BaseException] = []
     stop = time.monotonic() + 3.0
-    with streamer(model, 6, io_threads=8, chunk_kib=4, idle_fill_ms=5) as s:
+    with streamer(model, 6, io_threads=8, chunk_kib=4, idle_fill_ms=5, io_engine=engine, split_demand=True) as s:
         for layer in range(4):
             s.core.set_usage(s.li(layer), list(range(16)))
 

@@ -1,8 +1,9 @@
 """Subprocess: llama.cpp's logits for a token sequence, F32 KV cache, no flash attention (exact comparisons).
 
-usage: python llama_logits.py MODEL.gguf TOKENS.npy OUT.npy [n_batch] [plain]
+usage: python llama_logits.py MODEL.gguf TOKENS.npy OUT.npy [n_batch] [plain] [flash]
 
-`plain` turns off llama.cpp's repacked weight layouts (use_extra_bufts), so it runs ggml's plain kernels.
+`plain` turns off llama.cpp's repacked weight layouts (use_extra_bufts), so it runs ggml's plain kernels; `flash`
+turns on flash attention (llama.cpp's own default on the CPU; the Python binding's is off).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def main() -> int:
     tokens = np.load(tokens_path).astype(np.int64).tolist()
     from tokenwing.testmodel.oracle import oracle_llama
 
-    llm = oracle_llama(llama_cpp, model, n_ctx=max(256, len(tokens) + 8), n_batch=n_batch)
+    flash = "flash" in sys.argv[5:]
+    llm = oracle_llama(llama_cpp, model, n_ctx=max(256, len(tokens) + 8), n_batch=n_batch, flash=flash)
     llm.eval(tokens)
     np.save(out_path, np.asarray(llm.scores[: len(tokens)], dtype=np.float32))
     return 0

@@ -16,6 +16,7 @@ from tests.conftest import ModelFactory
 from tests.oracle.test_logits import _repacked, _tokens, kl_per_position, llama_logits
 from tokenwing.format.reader import ModelFile
 from tokenwing.runtime.session import Session, SessionOptions
+from tokenwing.streaming.settings import StreamSettings
 
 pytestmark = pytest.mark.oracle
 
@@ -101,15 +102,22 @@ def test_streamed_is_bit_identical_to_resident(model_factory: ModelFactory, tmp_
     """A 10 % expert budget (prompt experts in waves, decode experts read as they are selected or predicted),
     lookahead 0 and 2: the same logits as every expert in RAM (decode as one graph per token there)."""
     model = _repacked(model_factory(type="Q8_0", **VARIANTS[variant]), tmp_path)  # type: ignore[arg-type]
+    streamed_matches_resident(model, _tokens(160, 512, seed=13))
+
+
+def streamed_matches_resident(model: Path, tokens: np.ndarray) -> None:
+    """10 % of the expert bytes, lookahead 0 and 2, against every expert in RAM (a 100-token prompt, then decode
+    steps): bit-identical, and the lookahead's predictions made and scored."""
     with ModelFile.open(str(model)) as mf:
         budget = mf.index.total_bytes // 10
-    tokens = _tokens(160, 512, seed=13)
     resident, s = steps(model, tokens, 100, cpu_repack=False)
     assert s.slots_per_layer == s.hp.n_expert and s.one_graph_steps  # type: ignore[attr-defined]
-    for lookahead in (0, 2):
-        streamed, s = steps(model, tokens, 100, cpu_repack=False, ram_budget=budget, lookahead=lookahead)
+    split = StreamSettings(split_demand=True)  # gate/up (and their biases) computed before down lands
+    for lookahead, stream in ((0, StreamSettings()), (2, StreamSettings()), (2, split)):
+        streamed, s = steps(model, tokens, 100, cpu_repack=False, ram_budget=budget, lookahead=lookahead, stream=stream)
         assert s.slots_per_layer < s.hp.n_expert
-        assert np.array_equal(resident, streamed), lookahead
+        assert np.array_equal(resident, streamed), (lookahead, stream)
+        assert (s.lookahead.recall()[0] is not None) == bool(lookahead)
 
 
 def test_mtp_block_is_neither_loaded_nor_streamed(model_factory: ModelFactory, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import ModelFactory
 from tokenwing.format.repack import repack
 from tokenwing.runtime.session import Session, SessionOptions
+from tokenwing.streaming.settings import StreamSettings
 
 pytestmark = pytest.mark.oracle
 
@@ -127,6 +128,9 @@ def test_decode_steps_do_not_depend_on_the_cache(
     one_graph = steps()
     assert np.array_equal(one_graph, steps(token_graph=False))
     assert np.array_equal(one_graph, steps(ram_budget=1, lookahead=2))
+    # gate/up computed before down has landed (split demand reads), reads through io_uring: the same bits
+    split = StreamSettings(split_demand=True, io_engine="io_uring", prefetch_votes=1)
+    assert np.array_equal(one_graph, steps(ram_budget=1, lookahead=2, stream=split))
 
 
 def test_one_graph_step_that_cannot_be_allocated_falls_back(

@@ -60,6 +60,7 @@ def test_belady_is_the_optimum(seq: list[int], slots: int) -> None:
     assert b == brute_force_min_misses(seq, slots)
     assert b <= simulate(t, slots, "lru")["misses"]
     assert b <= simulate(t, slots, "decay")["misses"]
+    assert b <= simulate(t, slots, "history")["misses"]
 
 
 @settings(max_examples=50, deadline=None)
@@ -67,7 +68,7 @@ def test_belady_is_the_optimum(seq: list[int], slots: int) -> None:
 def test_belady_bounds_every_policy_with_top_k(seed: int, slots: int) -> None:
     t = synthetic_trace(60, 2, 12, 2, zipf=1.0, locality=0.3, seed=seed)
     b = simulate(t, slots, "belady")
-    for p in ("decay", "lru"):
+    for p in ("decay", "history", "lru"):
         r = simulate(t, slots, p)
         assert b["misses"] <= r["misses"]
         assert r["hits"] + r["misses"] == b["hits"] + b["misses"] == 60 * 2 * 2
@@ -94,6 +95,40 @@ def test_prefetch_replay_cuts_misses() -> None:
     pre = simulate(t, 16, "decay", prefetch=True)
     assert pre["misses"] < plain["misses"]
     assert pre["prefetch_reads"] > 0 and pre["prefetch_used"] > 0
+
+
+def test_a_warm_cache_is_where_the_replay_starts() -> None:
+    """Belady and the policies start from the experts the cache held when decoding began (the engine's own
+    state after its prompt), not from an empty cache."""
+    t = make_trace([[1], [2], [1], [2], [3]], 4)
+    warm = np.array([[1, 2]], np.int32)
+    assert simulate(t, 2, "belady")["misses"] == 3
+    assert simulate(t, 2, "belady", initial=warm)["misses"] == 1  # only 3
+    assert simulate(t, 2, "history", initial=warm)["misses"] == 1
+    assert simulate(t, 2, "belady", initial=np.array([[0, 1]], np.int32))["misses"] == 2
+
+
+def test_prefetch_votes_read_only_confirmed_predictions() -> None:
+    """Layer 1 is predicted from 2 layers away (0 and 1) and from 1 layer away (0 and 2): with 2 votes only 0,
+    named by both, is read ahead; with 1 vote, all three."""
+    sel = np.array([[[5, -1], [0, -1]]], np.int32)  # one token, 2 layers: layer 0 selects 5, layer 1 selects 0
+    pred = np.full((1, 2, 2, 2), -1, np.int32)
+    pred[0, 1, 0] = [0, 2]  # for layer 1, 1 layer ahead (made by layer 0)
+    pred[0, 1, 1] = [0, 1]  # 2 layers ahead (before the token)
+    t = Trace(sel, pred, np.zeros(1, np.int64), np.arange(2, dtype=np.int32), 8)
+    one = simulate(t, 4, "history", prefetch=True, prefetch_votes=1)
+    two = simulate(t, 4, "history", prefetch=True, prefetch_votes=2)
+    assert (one["prefetch_reads"], one["prefetch_used"]) == (3, 1)  # 1 and 2 read for nothing
+    assert (two["prefetch_reads"], two["prefetch_used"], two["misses"]) == (1, 1, 1)  # 0 read ahead; 5 missed
+    pred[0, 1, 1] = -1  # a layer with a single predictor: its predictions need one vote only (as in the core)
+    t = Trace(sel, pred, np.zeros(1, np.int64), np.arange(2, dtype=np.int32), 8)
+    assert simulate(t, 4, "history", prefetch=True, prefetch_votes=2)["prefetch_reads"] == 2
+
+
+def test_history_beats_decay_on_synthetic_routing() -> None:
+    """The counts kept through evictions cut misses on Zipf-skewed routing (docs/results.md has the table)."""
+    t = synthetic_trace(1500, 2, 64, 4, zipf=1.0, locality=0.3, seed=4)
+    assert simulate(t, 16, "history")["misses"] < simulate(t, 16, "decay")["misses"]
 
 
 def test_cli(tmp_path: Path) -> None:

@@ -218,6 +218,13 @@ def test_mxfp4_experts_have_the_intended_spread(model_factory: ModelFactory) -> 
         ({"arch": "gpt-oss", "head_dim": 15}, "even"),
         ({"arch": "gpt-oss", "yarn_factor": 0.5}, "--yarn-factor"),
         ({"arch": "gpt-oss", "tokenizer": "bert"}, "unknown tokenizer"),
+        ({"arch": "qwen3next", "ssm_dt_rank": 3}, "multiple of their key heads"),
+        ({"arch": "qwen3next", "ssm_d_conv": 1}, "convolution of 2"),
+        ({"arch": "qwen35moe", "rope_sections": (4, 4, 4, 0)}, "IMRoPE"),
+        ({"arch": "qwen35moe", "legacy_ssm_in": True}, "ssm_in"),
+        ({"arch": "qwen35moe", "n_mtp": 1}, "bailingmoe3"),
+        ({"arch": "bailingmoe3", "kda_gate_lower_bound": 0.0}, "negative"),
+        ({"arch": "bailingmoe3", "n_shared_exp": 0}, "shared expert"),
     ],
 )
 def test_check_shape_refuses_what_llama_cpp_would(changes: dict[str, object], words: str) -> None:
@@ -243,6 +250,40 @@ def test_presets_for_issue_13() -> None:
     assert (kimi.n_expert, kimi.n_expert_group, kimi.tokenizer) == (384, 1, "kimi-k2")
     with pytest.raises(ValueError, match="is a deepseek2 model"):
         preset_shape("ds-bench", "gpt-oss")
+
+
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe", "bailingmoe3"])
+def test_hybrid_metadata_and_tensors(model_factory: ModelFactory, arch: str) -> None:
+    """The linear-attention families: llama.cpp's keys and, per layer, linear or full attention in its pattern."""
+    path = model_factory(arch=arch, type="Q8_0", n_layer=4, n_mtp=1 if arch == "bailingmoe3" else 0)
+    f = _fields(path)
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    if arch == "bailingmoe3":
+        assert list(f["bailingmoe3.attention.head_count_kv"]) == [0, 0, 1, 1, 1]  # KDA, KDA, MLA, MLA, MTP (MLA)
+        assert f["bailingmoe3.kda.head_dim"] == 16 and f["bailingmoe3.kda.gate_lower_bound"] == -5.0
+        assert types["blk.0.ssm_conv1d_q.weight"] == types["blk.0.ssm_a"] == "F32"
+        assert types["blk.0.ssm_f_a.weight"] == types["blk.2.attn_gate.weight"] == "Q8_0"
+        assert "blk.4.nextn.eh_proj.weight" in types and "blk.0.ffn_gate.weight" in types  # MTP, dense layer
+    else:
+        assert f[f"{arch}.full_attention_interval"] == 4 and f[f"{arch}.ssm.inner_size"] == 64
+        assert ("blk.0.attn_qkv.weight" in types) and ("blk.3.attn_qkv.weight" not in types)
+        assert types["blk.0.ssm_conv1d.weight"] == types["blk.0.ssm_a"] == "F32"
+        assert ("blk.0.ssm_alpha.weight" in types) == (arch == "qwen35moe")
+        assert (f.get(f"{arch}.rope.dimension_sections") is not None) == (arch == "qwen35moe")
+    a = gguf.GGUFReader(str(path))
+    ssm_a = next(t for t in a.tensors if t.name == "blk.0.ssm_a")
+    assert (np.sign(ssm_a.data) == (1 if arch == "bailingmoe3" else -1)).all()  # exp(A_log) or -exp(A_log)
+
+
+def test_ling_bench_preset() -> None:
+    """Ling 3.0 Flash's pattern at ~4.4 GB: 512 experts top-8, MLA in every 6th layer, KDA in the others."""
+    from tokenwing.testmodel.architectures import ling_full_attention
+
+    ling = preset_shape("ling-bench")
+    check_shape(ling)
+    assert (ling.arch, ling.n_expert, ling.n_expert_used, ling.n_layer) == ("bailingmoe3", 512, 8, 18)
+    assert [i for i in range(ling.n_layer) if ling_full_attention(ling, i)] == [5, 11, 17]
+    assert 4.0e9 < ling.n_params() * 4.7 / 8 < 5.0e9
 
 
 def test_cli_refuses_bad_geometry_in_one_line(tmp_path: Path) -> None:

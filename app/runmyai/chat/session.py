@@ -12,6 +12,8 @@ from typing import cast
 from runmyai.chat.store import ConversationStore, Message, StoreError
 from runmyai.engine.client import ChatClient, ChatDelta, ChatError
 
+Sink = Callable[[str], None]  # receives each new piece of a streaming reply (its text, or its reasoning)
+
 SAVE_EVERY_S = 1.0  # a streaming reply is saved this often, so a crash keeps what had arrived
 TITLE_CHARS = 48
 
@@ -28,6 +30,14 @@ class ReplyCutOff(ChatError):
     def __init__(self, sentence: str, message: Message, status: int | None = None) -> None:
         super().__init__(sentence, status)
         self.message = message
+
+
+@dataclass
+class _Partial:
+    """What has arrived of a streaming reply."""
+
+    text: str = ""
+    reasoning: str = ""
 
 
 @dataclass
@@ -48,8 +58,9 @@ class ChatSession:
         self._model_name = model_name
         self._editing: dict[int, int] = {}  # conversation → the user message being edited
 
-    async def send(self, conversation_id: int, text: str, on_delta: Callable[[str], None]) -> Reply:
-        """Adds the user's message (or replaces the one being edited, dropping what followed) and replies."""
+    async def send(self, conversation_id: int, text: str, on_delta: Sink, on_reasoning: Sink | None = None) -> Reply:
+        """Adds the user's message (or replaces the one being edited, dropping what followed) and replies;
+        `on_reasoning` gets the model's thinking as it comes (it is saved either way)."""
         editing = self._editing.pop(conversation_id, None)
         try:
             if editing is not None:
@@ -60,16 +71,16 @@ class ChatSession:
                 self.store.add_message(conversation_id, "user", text)
         except StoreError as e:  # e.g. a full disk: one sentence, like any other failed turn
             raise ChatError(str(e)) from None
-        return await self._reply(conversation_id, on_delta)
+        return await self._reply(conversation_id, on_delta, on_reasoning)
 
-    async def regenerate(self, conversation_id: int, on_delta: Callable[[str], None]) -> Reply:
+    async def regenerate(self, conversation_id: int, on_delta: Sink, on_reasoning: Sink | None = None) -> Reply:
         try:
             history = self.store.drop_last_assistant(conversation_id)
         except StoreError as e:
             raise ChatError(str(e)) from None
         if not history or history[-1].role != "user":
             raise ChatError("There is no question to answer again in this conversation.")
-        return await self._reply(conversation_id, on_delta)
+        return await self._reply(conversation_id, on_delta, on_reasoning)
 
     def begin_edit(self, conversation_id: int) -> str | None:
         """Edit-and-resend, step one: the last user message's text (the next send replaces it)."""
@@ -82,21 +93,21 @@ class ChatSession:
     def cancel_edit(self, conversation_id: int) -> None:
         self._editing.pop(conversation_id, None)
 
-    async def _reply(self, conversation_id: int, on_delta: Callable[[str], None]) -> Reply:
+    async def _reply(self, conversation_id: int, on_delta: Sink, on_reasoning: Sink | None) -> Reply:
         try:
-            return await self._stream_reply(conversation_id, on_delta)
+            return await self._stream_reply(conversation_id, on_delta, on_reasoning)
         except StoreError as e:  # the reply could not be saved (a full disk): the stream is closed, one sentence
             raise ChatError(str(e)) from None
 
-    async def _stream_reply(self, conversation_id: int, on_delta: Callable[[str], None]) -> Reply:
+    async def _stream_reply(self, conversation_id: int, on_delta: Sink, on_reasoning: Sink | None) -> Reply:
         client = self._client()
         if client is None:
             raise NoEngine()
         conv = self.store.get(conversation_id)
         if conv is None:
             raise ChatError("That conversation no longer exists.")
-        payload = self.store.chat_payload(conversation_id)
-        text = ""
+        payload = self.store.chat_payload(conversation_id)  # content only: earlier replies' reasoning stays here
+        reply = _Partial()
         saved: Message | None = None
         last_save = time.monotonic()
         finish: str | None = None
@@ -105,29 +116,40 @@ class ChatSession:
             stream_gen = cast(AsyncGenerator[ChatDelta, None], client.stream_chat(payload, conv.settings))
             async with aclosing(stream_gen) as stream:
                 async for delta in stream:
+                    if delta.reasoning:
+                        reply.reasoning += delta.reasoning
+                        if on_reasoning is not None:
+                            on_reasoning(delta.reasoning)
                     if delta.text:
-                        text += delta.text
+                        reply.text += delta.text
                         on_delta(delta.text)
+                    if delta.text or delta.reasoning:
                         if saved is None:
-                            saved = self.store.add_message(conversation_id, "assistant", text, model=self._model_name())
+                            saved = self.store.add_message(
+                                conversation_id,
+                                "assistant",
+                                reply.text,
+                                model=self._model_name(),
+                                reasoning=reply.reasoning,
+                            )
                         elif time.monotonic() - last_save > SAVE_EVERY_S:
-                            self.store.update_message(saved.id, text)
+                            self.store.update_message(saved.id, reply.text, reasoning=reply.reasoning)
                             last_save = time.monotonic()
                     if delta.finish_reason:
                         finish = delta.finish_reason
         except asyncio.CancelledError:
-            self._finish(conversation_id, saved, text, client, "stopped")
+            self._finish(conversation_id, saved, reply, client, "stopped")
             raise
         except ChatError as e:
             if saved is not None:  # keep what arrived, marked as cut off
-                cut = self._finish(conversation_id, saved, text, client, "error")
+                cut = self._finish(conversation_id, saved, reply, client, "error")
                 raise ReplyCutOff(str(e), cut, e.status) from None
             raise
-        message = self._finish(conversation_id, saved, text, client, finish or "stop")
+        message = self._finish(conversation_id, saved, reply, client, finish or "stop")
         return Reply(message, stopped=False)
 
     def _finish(
-        self, conversation_id: int, saved: Message | None, text: str, client: ChatClient, finish: str
+        self, conversation_id: int, saved: Message | None, reply: _Partial, client: ChatClient, finish: str
     ) -> Message:
         stats = client.last_stats
         ttft = stats.ttft_s if stats else None
@@ -137,15 +159,22 @@ class ChatSession:
             return self.store.add_message(
                 conversation_id,
                 "assistant",
-                text,
+                reply.text,
                 model=self._model_name(),
                 ttft_s=ttft,
                 tokens_per_s=rate,
                 tokens=tokens,
                 finish_reason=finish,
+                reasoning=reply.reasoning,
             )
         return self.store.update_message(
-            saved.id, text, ttft_s=ttft, tokens_per_s=rate, tokens=tokens, finish_reason=finish
+            saved.id,
+            reply.text,
+            ttft_s=ttft,
+            tokens_per_s=rate,
+            tokens=tokens,
+            finish_reason=finish,
+            reasoning=reply.reasoning,
         )
 
 

@@ -8,6 +8,9 @@
 * Edit-and-resend: `edit_and_truncate(message_id, text)`; regenerate: `drop_last_assistant(cid)`, then
   `add_message(...)` (or `replace_last_assistant`).
 * `list()` orders by last activity: creating a conversation, and adding, editing or removing its messages.
+* Schema changes are migrations run on open (`user_version`): a database of an older app is upgraded in place,
+  in one transaction, keeping every message. 2 added `messages.reasoning` (a thinking model's reasoning, shown
+  folded and never sent back).
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from runmyai.engine.client import ChatSettings
 Role = Literal["system", "user", "assistant"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant"})
 DEFAULT_TITLE = "New chat"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
+# the latest schema, for a new file; an older file gets the same through _MIGRATIONS
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -50,11 +54,18 @@ CREATE TABLE IF NOT EXISTS messages (
     tokens_per_s REAL,
     tokens INTEGER,
     finish_reason TEXT,
-    model TEXT
+    model TEXT,
+    reasoning TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 CREATE INDEX IF NOT EXISTS conversations_by_activity ON conversations(updated_at DESC, id DESC);
 """
+
+
+# version -> the statements that bring a file of the version before it there (the tables exist at version 1)
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    2: ("ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''",),
+}
 
 
 @dataclass(frozen=True)
@@ -80,6 +91,7 @@ class Message:
     tokens: int | None = None
     finish_reason: str | None = None
     model: str | None = None
+    reasoning: str = ""  # the model's thinking before `content`: shown folded, never sent back to it
 
 
 class StoreError(Exception):
@@ -99,12 +111,17 @@ class ConversationStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         with self._tx():
-            for stmt in _SCHEMA.split(";"):
-                if stmt.strip():
-                    self._db.execute(stmt)
             (version,) = self._db.execute("PRAGMA user_version").fetchone()
             if version > SCHEMA_VERSION:
                 raise StoreError(f"{path} was written by a newer Run My AI (schema {version}); update the app.")
+            fresh = self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'messages'").fetchone() is None
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    self._db.execute(stmt)
+            if not fresh:  # an older file: its missing steps, in order, in this same transaction
+                for step in range(max(version, 1) + 1, SCHEMA_VERSION + 1):
+                    for stmt in _MIGRATIONS[step]:
+                        self._db.execute(stmt)
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -202,11 +219,14 @@ class ConversationStore:
         tokens: int | None = None,
         finish_reason: str | None = None,
         model: str | None = None,
+        reasoning: str = "",
     ) -> Message:
         if role not in ROLES:
             raise StoreError(f"{role!r} is not a message role (system, user or assistant).")
         with self._tx() as db:
-            mid = self._insert(db, conversation_id, role, content, (ttft_s, tokens_per_s, tokens, finish_reason, model))
+            mid = self._insert(
+                db, conversation_id, role, content, (ttft_s, tokens_per_s, tokens, finish_reason, model, reasoning)
+            )
         return self._message(mid)
 
     def _insert(
@@ -216,7 +236,7 @@ class ConversationStore:
         self._touch(db, conversation_id, now)
         cur = db.execute(
             "INSERT INTO messages (conversation_id, role, content, created_at, ttft_s, tokens_per_s, tokens, "
-            "finish_reason, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "finish_reason, model, reasoning) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (conversation_id, role, content, now, *stats),
         )
         return int(cur.lastrowid or 0)
@@ -230,13 +250,15 @@ class ConversationStore:
         tokens_per_s: float | None = None,
         tokens: int | None = None,
         finish_reason: str | None = None,
+        reasoning: str | None = None,
     ) -> Message:
-        """Changes a message's text and/or stats (None keeps a value): a streamed reply can be saved as it
-        grows, so a crash mid-reply keeps what had arrived."""
+        """Changes a message's text, reasoning and/or stats (None keeps a value): a streamed reply can be saved as
+        it grows, so a crash mid-reply keeps what had arrived."""
         changes: dict[str, Any] = {
             k: v
             for k, v in (
                 ("content", content),
+                ("reasoning", reasoning),
                 ("ttft_s", ttft_s),
                 ("tokens_per_s", tokens_per_s),
                 ("tokens", tokens),
@@ -292,9 +314,10 @@ class ConversationStore:
         tokens: int | None = None,
         finish_reason: str | None = None,
         model: str | None = None,
+        reasoning: str = "",
     ) -> Message:
         """Regenerate in one step: the last assistant message (if the conversation ends with one) is replaced by
-        a new one with this text and these stats."""
+        a new one with this text, reasoning and stats."""
         with self._tx() as db:
             self._touch(db, conversation_id, time.time())
             row = db.execute(
@@ -302,13 +325,13 @@ class ConversationStore:
             ).fetchone()
             if row is not None and row["role"] == "assistant":
                 db.execute("DELETE FROM messages WHERE id = ?", (row["id"],))
-            mid = self._insert(
-                db, conversation_id, "assistant", content, (ttft_s, tokens_per_s, tokens, finish_reason, model)
-            )
+            stats = (ttft_s, tokens_per_s, tokens, finish_reason, model, reasoning)
+            mid = self._insert(db, conversation_id, "assistant", content, stats)
         return self._message(mid)
 
     def chat_payload(self, conversation_id: int) -> builtins.list[dict[str, str]]:
-        """The messages to send (OpenAI format): the system prompt first when there is one."""
+        """The messages to send (OpenAI format): the system prompt first when there is one. Content only: a reply's
+        reasoning is never sent back (llama.cpp's server and OpenAI's API expect it dropped from the history)."""
         conv = self._conversation(conversation_id)
         out = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
         out += [{"role": m.role, "content": m.content} for m in self.messages(conversation_id)]
@@ -389,4 +412,5 @@ def _to_message(row: sqlite3.Row) -> Message:
         tokens=row["tokens"],
         finish_reason=row["finish_reason"],
         model=row["model"],
+        reasoning=str(row["reasoning"]),
     )

@@ -1,4 +1,5 @@
-"""OpenAI-compatible streaming chat over httpx: text deltas, finish reason, usage, time to first token, tokens/s.
+"""OpenAI-compatible streaming chat over httpx: text and reasoning deltas, finish reason, usage, time to first token,
+tokens/s.
 
 Works against the local engine (docs/api.md) or any OpenAI-compatible server. Every error is a ChatError whose
 str() is one sentence for the user. Cancelling the consuming task, or closing the iterator (`aclose()`, or
@@ -75,11 +76,17 @@ class ChatDelta:
     text: str
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
+    reasoning: str = ""  # the model's thinking (gpt-oss's analysis channel, a DeepSeek-R1 style <think>), if any
+
+
+# where servers put the thinking: `reasoning_content` (llama.cpp's server, TokenWing, DeepSeek's API), `reasoning`
+# (vLLM, OpenRouter, Ollama); the first one a delta carries wins (some send both with the same text)
+REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
 @dataclass
 class ReplyStats:
-    ttft_s: float | None  # request sent -> first text
+    ttft_s: float | None  # request sent -> first text or reasoning (a thinking model's first token is thinking)
     tokens: int  # completion tokens (the server's usage when it sent one, else the text chunks)
     tokens_per_s: float | None  # decode speed: tokens after the first over the time since the first
 
@@ -222,8 +229,9 @@ class ChatClient:
             raise ChatError("The server's model list is not in the OpenAI format.") from None
 
     async def stream_chat(self, messages: list[dict[str, str]], settings: ChatSettings) -> AsyncIterator[ChatDelta]:
-        """Streams one reply. Yields text deltas (possibly empty) and, last, one with the finish reason and the
-        usage when the server sends them. `last_stats` is set when the reply ends (also when it is cancelled)."""
+        """Streams one reply. Yields text and reasoning deltas (possibly empty) and, last, one with the finish reason
+        and the usage when the server sends them. `last_stats` is set when the reply ends (also when it is
+        cancelled)."""
         ep = self._endpoint()
         body: dict[str, Any] = {
             "model": ep.model or "default",
@@ -265,18 +273,18 @@ class ChatClient:
                     parsed = self._parse_chunk(data)
                     if parsed is None:
                         continue
-                    text, fr, u = parsed
+                    text, reasoning, fr, u = parsed
                     if u is not None:
                         usage = u
                     if fr is not None:
                         finish = fr
-                    if text:
+                    if text or reasoning:
                         now = time.monotonic()
                         first = first if first is not None else now
                         last = now
                         chunks += 1
-                    if text or fr is not None or u is not None:
-                        yield ChatDelta(text, fr, u)
+                    if text or reasoning or fr is not None or u is not None:
+                        yield ChatDelta(text, fr, u, reasoning)
                     if line is None:
                         break
         except httpx.TransportError as e:
@@ -294,9 +302,9 @@ class ChatClient:
         if not done and finish is None:
             raise ChatError("The reply ended before it was finished (the connection closed without an end marker).")
 
-    def _parse_chunk(self, data: str) -> tuple[str, str | None, dict[str, Any] | None] | None:
-        """(text, finish reason, usage) of one chunk; None for a malformed one (skipped); ChatError for an error
-        object in the stream."""
+    def _parse_chunk(self, data: str) -> tuple[str, str, str | None, dict[str, Any] | None] | None:
+        """(text, reasoning, finish reason, usage) of one chunk; None for a malformed one (skipped); ChatError for an
+        error object in the stream."""
         try:
             obj = json.loads(data)
         except ValueError:
@@ -309,7 +317,7 @@ class ChatClient:
             msg = _error_message(data.encode()) or "unknown error"
             raise ChatError(f"The reply failed: {_one_line(msg)}.")
         usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
-        text = ""
+        text = reasoning = ""
         finish: str | None = None
         choices = obj.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
@@ -319,6 +327,8 @@ class ChatClient:
                 text = delta["content"]
             elif isinstance(c.get("text"), str):  # a completions-style chunk
                 text = c["text"]
+            if isinstance(delta, dict):
+                reasoning = next((r for f in REASONING_FIELDS if isinstance(r := delta.get(f), str) and r), "")
             if isinstance(c.get("finish_reason"), str):
                 finish = c["finish_reason"]
             tw = obj.get("tokenwing")
@@ -327,4 +337,4 @@ class ChatClient:
         elif usage is None:
             self.skipped_lines += 1
             return None
-        return text, finish, usage
+        return text, reasoning, finish, usage

@@ -13,7 +13,7 @@ from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QLineEdit
 
 from runmyai import __version__
-from runmyai.chat.session import ChatSession, ReplyCutOff, footer
+from runmyai.chat.session import ChatSession, ReplyCutOff, Sink, footer
 from runmyai.chat.store import ConversationStore
 from runmyai.engine.autotune import AutotuneError, AutotuneRunner
 from runmyai.engine.client import ChatClient, ChatError, ChatSettings
@@ -532,7 +532,7 @@ class AppController(QObject):
         t = self.window.chat.transcript
         t.clear_messages()
         for m in self.store.messages(conversation_id):
-            t.add_message(m.role, m.content, footer(m) if m.role == "assistant" else "")
+            t.add_message(m.role, m.content, footer(m) if m.role == "assistant" else "", m.reasoning)
         s = conv.settings
         self.window.chat.settings.set_values(
             SamplingValues(
@@ -602,15 +602,17 @@ class AppController(QObject):
         if cid is None:
             return
         self.window.chat.transcript.add_message("user", text)
-        self._reply_task = self.spawn(self._stream(lambda on_delta: self.session.send(cid, text, on_delta)))
+        self._reply_task = self.spawn(
+            self._stream(lambda text_to, reasoning_to: self.session.send(cid, text, text_to, reasoning_to))
+        )
 
     def _regenerate(self) -> None:
         cid = self.conversation_id
         if cid is None:
             return
 
-        async def again(on_delta: Callable[[str], None]) -> Any:
-            reply = self.session.regenerate(cid, on_delta)
+        async def again(text_to: Sink, reasoning_to: Sink) -> Any:
+            reply = self.session.regenerate(cid, text_to, reasoning_to)
             self.open_conversation(cid)  # the dropped reply leaves the transcript
             self.window.chat.transcript.begin_reply()
             return await reply
@@ -627,7 +629,7 @@ class AppController(QObject):
             self.window.chat.input.setFocus()
             self.window.chat.set_status("Editing your last message: sending replaces it and what followed.")
 
-    async def _stream(self, turn: Callable[[Callable[[str], None]], Awaitable[Any]], begin: bool = True) -> None:
+    async def _stream(self, turn: Callable[[Sink, Sink], Awaitable[Any]], begin: bool = True) -> None:
         chat = self.window.chat
         transcript = chat.transcript
         chat.set_busy(True)
@@ -635,7 +637,7 @@ class AppController(QObject):
             transcript.begin_reply()
         chat.set_status("Thinking…")
         try:
-            reply = await turn(transcript.append_reply)
+            reply = await turn(transcript.append_reply, transcript.append_reasoning)
             transcript.end_reply(footer(reply.message))
             chat.set_status(footer(reply.message))
         except asyncio.CancelledError:

@@ -1,16 +1,46 @@
-"""The chat transcript: rendered markdown, streamed replies appended without re-rendering per token."""
+"""The chat transcript: rendered markdown, streamed replies appended without re-rendering per token, a thinking
+model's reasoning folded above its reply."""
 
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from PySide6.QtCore import QUrl, Signal
-from PySide6.QtGui import QGuiApplication, QTextCursor, QTextDocument, QTextDocumentFragment
+from PySide6.QtGui import (
+    QColor,
+    QGuiApplication,
+    QTextCharFormat,
+    QTextCursor,
+    QTextDocument,
+    QTextDocumentFragment,
+    QTextFrame,
+    QTextFrameFormat,
+)
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
 from runmyai.chat.markdown_stream import code_blocks, safe_commit_point
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
+MUTED = "#777777"
+
+
+@dataclass
+class _Thought:
+    """A reply's reasoning: a frame of the document (Qt keeps its place as text around it changes)."""
+
+    index: int  # the message's
+    text: str
+    frame: QTextFrame
+    live: bool = False  # still arriving, shown as it comes
+    expanded: bool = False
+
+
+def thought_label(text: str, expanded: bool) -> str:
+    """The folded reasoning's one line."""
+    n = len(text.split())
+    return f"{'▾' if expanded else '▸'} Thought for {n} word{'' if n == 1 else 's'} — {'hide' if expanded else 'show'}"
 
 
 def markdown_fragment(text: str) -> QTextDocumentFragment:
@@ -23,7 +53,8 @@ class Transcript(QTextBrowser):
     """Shows one conversation. Messages are appended; the last one may be streaming.
 
     While a reply streams, everything up to its last complete markdown block is rendered once, and only the
-    tail is plain text, so a long reply costs the size of its tail per token.
+    tail is plain text, so a long reply costs the size of its tail per token. Its reasoning, if any, shows live
+    (muted) until the reply's text starts, then folds into one line whose link shows or hides it.
     """
 
     copy_requested = Signal(str)
@@ -37,19 +68,25 @@ class Transcript(QTextBrowser):
         self._stream_text = ""
         self._stream_committed = 0  # chars of the streaming reply already rendered as markdown
         self._stream_tail_start = -1  # document position where the plain tail begins
+        self._stream_body_start = -1  # document position where the streaming reply's body begins
+        self._thoughts: dict[int, _Thought] = {}  # message index → its reasoning
         self.renders = 0  # markdown renders (tests check they stay per block, not per token)
 
     # -- whole messages ------------------------------------------------------------------------------
     def clear_messages(self) -> None:
         self.clear()
         self._messages = []
+        self._thoughts = {}
         self._stream_tail_start = -1
 
-    def add_message(self, role: str, text: str, footer: str = "") -> None:
+    def add_message(self, role: str, text: str, footer: str = "", reasoning: str = "") -> None:
         index = len(self._messages)
         self._messages.append(text)
         cursor = self._end_cursor()
         self._insert_header(cursor, role)
+        if reasoning:
+            self._insert_thought(_Thought(index, reasoning, self._new_frame(cursor)))
+            cursor = self._end_cursor()
         cursor.insertFragment(markdown_fragment(text) if role == "assistant" else self._plain_fragment(text))
         self.renders += 1
         self._insert_footer(cursor, index, text, footer)
@@ -61,11 +98,33 @@ class Transcript(QTextBrowser):
         self._insert_header(cursor, "assistant")
         self._stream_text = ""
         self._stream_committed = 0
-        self._stream_tail_start = cursor.position()
+        self._stream_tail_start = self._stream_body_start = cursor.position()
+
+    def append_reasoning(self, delta: str) -> None:
+        """More of the streaming reply's reasoning: shown as it comes while the reply's text has not started,
+        else added to the folded block (some servers send reasoning between pieces of text)."""
+        if self._stream_tail_start < 0 or not delta:
+            return
+        index = len(self._messages) - 1
+        thought = self._thoughts.get(index)
+        if thought is None:
+            cursor = self._end_cursor()
+            cursor.setPosition(self._stream_body_start)
+            before = self.document().characterCount()
+            self._insert_thought(_Thought(index, delta, self._new_frame(cursor), live=not self._stream_text))
+            self._stream_tail_start += self.document().characterCount() - before
+        elif thought.live:
+            thought.text += delta
+            self._edit_thought(thought, lambda t: t.frame.lastCursorPosition().insertText(delta, _muted()))
+        else:
+            thought.text += delta
+            self._edit_thought(thought, self._fill_thought)
+        self._follow()
 
     def append_reply(self, delta: str) -> None:
         if self._stream_tail_start < 0 or not delta:
             return
+        self._fold_live_thought()
         self._stream_text += delta
         commit = safe_commit_point(self._stream_text, self._stream_committed)
         cursor = self._end_cursor()
@@ -88,6 +147,7 @@ class Transcript(QTextBrowser):
         text = self._stream_text
         if self._stream_tail_start < 0:
             return text
+        self._fold_live_thought()
         cursor = self._end_cursor()
         cursor.setPosition(self._stream_tail_start, QTextCursor.MoveMode.KeepAnchor)
         cursor.removeSelectedText()
@@ -107,6 +167,82 @@ class Transcript(QTextBrowser):
 
     def message_text(self, index: int) -> str:
         return self._messages[index]
+
+    def reasoning_shown(self, index: int) -> bool | None:
+        """Whether message `index`'s reasoning is unfolded (live counts as shown); None when it has none."""
+        t = self._thoughts.get(index)
+        return None if t is None else t.live or t.expanded
+
+    def toggle_reasoning(self, index: int) -> None:
+        """Shows or hides a message's folded reasoning (its "show"/"hide" link)."""
+        t = self._thoughts.get(index)
+        if t is None or t.live:
+            return
+        t.expanded = not t.expanded
+        self._edit_thought(t, self._fill_thought)
+
+    # -- reasoning -----------------------------------------------------------------------------------
+    @staticmethod
+    def _new_frame(cursor: QTextCursor) -> QTextFrame:
+        """A frame for reasoning where `cursor` is, at the start of a block, laid out as the blocks around it."""
+        blocks = cursor.blockFormat()
+        fmt = QTextFrameFormat()
+        fmt.setBorder(0)
+        fmt.setTopMargin(2)
+        fmt.setBottomMargin(6)
+        frame = cursor.insertFrame(fmt)
+        # the split leaves an empty block above the frame (a blank line): merge it into the header's
+        above = QTextCursor(frame.document())
+        above.setPosition(frame.firstPosition() - 1)
+        if above.block().length() == 1 and above.block().previous().isValid():
+            above.deletePreviousChar()
+        # the block after a frame starts with a default format; the transcript's spacing is inherited from it
+        below = QTextCursor(frame.document())
+        below.setPosition(frame.lastPosition() + 1)
+        below.setBlockFormat(blocks)
+        return frame
+
+    def _insert_thought(self, thought: _Thought) -> None:
+        self._thoughts[thought.index] = thought
+        self._fill_thought(thought)
+
+    def _fill_thought(self, thought: _Thought) -> None:
+        """Writes a reasoning frame's content: live text, or the fold line (and the text when unfolded)."""
+        cursor = thought.frame.firstCursorPosition()
+        cursor.setPosition(thought.frame.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
+        cursor.removeSelectedText()
+        if thought.live:
+            italic = _muted()
+            italic.setFontItalic(True)
+            cursor.insertText("Thinking…", italic)
+            cursor.insertBlock()
+            cursor.insertText(thought.text, _muted())
+            return
+        link = _muted()
+        link.setAnchor(True)
+        link.setAnchorHref(f"think:{thought.index}")
+        cursor.insertText(thought_label(thought.text, thought.expanded), link)
+        if thought.expanded:
+            cursor.insertBlock()
+            cursor.insertText(thought.text, _muted())
+
+    def _edit_thought(self, thought: _Thought, edit: Callable[[_Thought], None]) -> None:
+        """Changes a reasoning frame; the streaming reply's positions after it move with the text."""
+        at = thought.frame.firstPosition()
+        before = self.document().characterCount()
+        edit(thought)
+        shift = self.document().characterCount() - before
+        if self._stream_tail_start > at:
+            self._stream_tail_start += shift
+        if self._stream_body_start > at:
+            self._stream_body_start += shift
+
+    def _fold_live_thought(self) -> None:
+        index = len(self._messages) - 1
+        thought = self._thoughts.get(index)
+        if thought is not None and thought.live:
+            thought.live = False
+            self._edit_thought(thought, self._fill_thought)
 
     # -- helpers -------------------------------------------------------------------------------------
     def _end_cursor(self) -> QTextCursor:
@@ -140,6 +276,9 @@ class Transcript(QTextBrowser):
         target = url.toString()
         kind, _, rest = target.partition(":")
         try:
+            if kind == "think":
+                self.toggle_reasoning(int(rest))
+                return
             if kind == "copy":
                 text = self._messages[int(rest)]
             elif kind == "copycode":
@@ -151,3 +290,9 @@ class Transcript(QTextBrowser):
             return
         QGuiApplication.clipboard().setText(text)
         self.copy_requested.emit(text)
+
+
+def _muted() -> QTextCharFormat:
+    fmt = QTextCharFormat()
+    fmt.setForeground(QColor(MUTED))
+    return fmt

@@ -3,6 +3,8 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/array.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -13,6 +15,7 @@
 #include "read_bench.hpp"
 #include "simulate.hpp"
 #include "stream_core.hpp"
+#include "uring.hpp"
 
 namespace nb = nanobind;
 using ByteArray = nb::ndarray<std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
@@ -117,11 +120,18 @@ NB_MODULE(_core, m) {
       .def_rw("decay_tokens", &tw::StreamConfig::decay_tokens)
       .def_rw("idle_fill_ms", &tw::StreamConfig::idle_fill_ms)
       .def_rw("direct", &tw::StreamConfig::direct)
+      .def_rw("split_demand", &tw::StreamConfig::split_demand)
+      .def_rw("skip_late", &tw::StreamConfig::skip_late)
+      .def_rw("prefetch_votes", &tw::StreamConfig::prefetch_votes)
       .def_prop_rw(
-          "policy", [](const tw::StreamConfig& c) { return c.policy == tw::Policy::Lru ? "lru" : "decay"; },
-          [](tw::StreamConfig& c, const std::string& p) {
-            if (p != "lru" && p != "decay") throw std::invalid_argument("policy must be decay or lru");
-            c.policy = p == "lru" ? tw::Policy::Lru : tw::Policy::Decay;
+          "policy", [](const tw::StreamConfig& c) { return std::string(tw::policy_name(c.policy)); },
+          [](tw::StreamConfig& c, const std::string& p) { c.policy = tw::parse_policy(p); })
+      .def_prop_rw(
+          "io_engine",
+          [](const tw::StreamConfig& c) { return c.io_engine == tw::IoEngine::Uring ? "io_uring" : "threads"; },
+          [](tw::StreamConfig& c, const std::string& e) {
+            if (e != "threads" && e != "io_uring") throw std::invalid_argument("io engine must be threads or io_uring");
+            c.io_engine = e == "io_uring" ? tw::IoEngine::Uring : tw::IoEngine::Threads;
           });
 
   std::vector<std::string> names;
@@ -135,6 +145,10 @@ NB_MODULE(_core, m) {
            nb::arg("n_expert"), nb::arg("layers"), nb::arg("config"), Release())
       .def_prop_ro("direct", &tw::StreamCore::direct)
       .def_prop_ro("fallback_reason", &tw::StreamCore::fallback_reason)
+      .def_prop_ro("io_engine", [](const tw::StreamCore& c) { return std::string(c.io_engine()); })
+      .def_prop_ro("io_fallback_reason", &tw::StreamCore::io_fallback_reason)
+      .def("estimates", &tw::StreamCore::estimates, Release(),
+           "(read throughput while reads were in flight in bytes/s, decode layer interval in ns); 0 until measured")
       .def_prop_ro("n_layers", &tw::StreamCore::n_layers)
       .def_prop_ro("n_expert", &tw::StreamCore::n_expert)
       .def("n_slots", &tw::StreamCore::n_slots)
@@ -152,7 +166,8 @@ NB_MODULE(_core, m) {
            nb::arg("keep") = std::vector<int>{}, Release())
       .def("holding", &tw::StreamCore::holding, nb::arg("layer"), nb::arg("experts"), Release())
       .def("end_layer", &tw::StreamCore::end_layer, nb::arg("layer"), Release())
-      .def("predict", &tw::StreamCore::predict, nb::arg("layer"), nb::arg("experts"), nb::arg("distance"), Release())
+      .def("predict", &tw::StreamCore::predict, nb::arg("layer"), nb::arg("experts"), nb::arg("distance"),
+           nb::arg("probs") = std::vector<double>{}, nb::arg("max_votes") = 0, Release())
       .def("ready", &tw::StreamCore::ready, nb::arg("layer"), nb::arg("experts"), Release())
       .def("wait", &tw::StreamCore::wait, nb::arg("layer"), nb::arg("expert"), nb::arg("proj") = -1, Release())
       .def("wait_all", &tw::StreamCore::wait_all, nb::arg("layer"), nb::arg("experts"), Release())
@@ -201,42 +216,86 @@ NB_MODULE(_core, m) {
       [](nb::ndarray<const std::int32_t, nb::ndim<3>, nb::c_contig, nb::device::cpu> selected,
          nb::ndarray<const std::int32_t, nb::ndim<4>, nb::c_contig, nb::device::cpu> predicted,
          nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> prompt_tokens, int n_expert,
-         int n_slots, const std::string& policy, bool prefetch, std::uint64_t decay_tokens) {
+         int n_slots, const std::string& policy, bool prefetch, std::uint64_t decay_tokens,
+         std::optional<nb::ndarray<const std::int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>> initial,
+         int prefetch_votes) {
         tw::Trace t = make_trace(selected, predicted, prompt_tokens, n_expert);
+        std::vector<std::int32_t> warm;
+        int width = 0;
+        if (initial) {
+          if (initial->shape(0) != static_cast<std::size_t>(t.n_layers))
+            throw std::invalid_argument("the initial cache needs one row per layer");
+          warm.assign(initial->data(), initial->data() + initial->size());
+          width = static_cast<int>(initial->shape(1));
+        }
         std::vector<tw::LayerSimStats> st;
         {
           nb::gil_scoped_release release;
           if (policy == "belady") {
-            st = tw::simulate_belady(t, n_slots);
-          } else if (policy == "decay" || policy == "lru") {
+            st = tw::simulate_belady(t, n_slots, warm, width);
+          } else {
             tw::SimConfig c;
             c.n_slots = n_slots;
-            c.policy = policy == "lru" ? tw::Policy::Lru : tw::Policy::Decay;
+            c.policy = tw::parse_policy(policy);
             c.prefetch = prefetch;
             c.decay_tokens = decay_tokens;
+            c.prefetch_votes = prefetch_votes;
+            c.initial = warm;
+            c.initial_width = width;
             st = tw::simulate_policy(t, c);
-          } else {
-            throw std::invalid_argument("policy must be decay, lru or belady");
           }
         }
         return stats_array(st);
       },
       nb::arg("selected"), nb::arg("predicted"), nb::arg("prompt_tokens"), nb::arg("n_expert"), nb::arg("n_slots"),
-      nb::arg("policy"), nb::arg("prefetch") = false, nb::arg("decay_tokens") = 64,
-      "Replays a routing trace; returns per-layer (hits, misses, demand_reads, prefetch_reads, prefetch_used, "
-      "prefetch_wasted, prefetch_dropped).");
+      nb::arg("policy"), nb::arg("prefetch") = false, nb::arg("decay_tokens") = 64, nb::arg("initial") = nb::none(),
+      nb::arg("prefetch_votes") = 1,
+      "Replays a routing trace (from `initial`, [layers, width] experts in the cache at the start, -1 empty); "
+      "returns per-layer (hits, misses, demand_reads, prefetch_reads, prefetch_used, prefetch_wasted, "
+      "prefetch_dropped).");
 
+  auto bench_result = [](const tw::ReadBenchResult& r) {
+    return nb::make_tuple(r.seconds, r.bytes, to_numpy(r.latencies_ns, {r.latencies_ns.size()}));
+  };
   m.def(
       "read_benchmark",
-      [](const std::string& path, std::uint64_t block, int threads, std::uint64_t total, std::uint64_t seed,
-         bool direct) {
+      [bench_result](const std::string& path, std::uint64_t block, int threads, std::uint64_t total,
+                     std::uint64_t seed, bool direct) {
         tw::ReadBenchResult r;
         {
           nb::gil_scoped_release release;
           r = tw::read_benchmark(path, block, threads, total, seed, direct);
         }
-        return nb::make_tuple(r.seconds, r.bytes, to_numpy(r.latencies_ns, {r.latencies_ns.size()}));
+        return bench_result(r);
       },
       nb::arg("path"), nb::arg("block"), nb::arg("threads"), nb::arg("total"), nb::arg("seed") = 0,
       nb::arg("direct") = true, "Random direct reads: returns (seconds, bytes, per-read latencies in ns).");
+
+  m.def(
+      "read_benchmark_uring",
+      [bench_result](const std::string& path, std::uint64_t block, int depth, std::uint64_t total,
+                     std::uint64_t seed, bool direct) {
+        tw::ReadBenchResult r;
+        {
+          nb::gil_scoped_release release;
+          r = tw::read_benchmark_uring(path, block, depth, total, seed, direct);
+        }
+        return bench_result(r);
+      },
+      nb::arg("path"), nb::arg("block"), nb::arg("depth"), nb::arg("total"), nb::arg("seed") = 0,
+      nb::arg("direct") = true,
+      "Random direct reads, `depth` in flight through one io_uring: (seconds, bytes, per-read latencies in ns).");
+
+  m.def(
+      "uring_available",
+      [] {
+        std::string why;
+        bool ok = tw::uring_available(&why);
+        return nb::make_tuple(ok, why);
+      },
+      "(whether io_uring works here, why not)");
+
+  m.def("memory_read_bandwidth", &tw::memory_read_bandwidth, nb::arg("bytes"), nb::arg("threads"),
+        nb::arg("passes") = 3, Release(),
+        "STREAM-style: bytes per second that `threads` threads read from a `bytes` buffer (best pass).");
 }

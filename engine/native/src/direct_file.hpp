@@ -33,6 +33,7 @@ class DirectFile {
   std::uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
   const std::string& fallback_reason() const { return fallback_reason_; }
+  int fd() const { return fd_; }  // for io_uring reads (same alignment rules as read_exact)
 
   // Reads exactly `len` bytes at `offset` into `dst`. With direct I/O, offset, len and dst must be
   // 4 KiB-aligned (the model file guarantees it for experts). Short reads are retried; a read past the

@@ -13,6 +13,7 @@ namespace {
 struct SimLayer {
   std::vector<SlotMeta> slots;
   std::vector<int> where;  // expert → slot
+  UseHistory history;
   std::uint64_t started_token = kNoToken;
 };
 
@@ -25,6 +26,19 @@ class Replay {
     for (auto& L : layers_) {
       L.slots.resize(static_cast<std::size_t>(c.n_slots));
       L.where.assign(static_cast<std::size_t>(t.n_expert), -1);
+      L.history = UseHistory(static_cast<std::size_t>(t.n_expert));
+    }
+    for (int li = 0; li < t.n_layers && !c.initial.empty(); ++li) {  // a warm start: loaded in this order
+      for (int j = 0; j < c.initial_width && j < c.n_slots; ++j) {
+        int e = c.initial[static_cast<std::size_t>(li) * static_cast<std::size_t>(c.initial_width) + j];
+        SimLayer& L = layers_[static_cast<std::size_t>(li)];
+        if (e < 0 || e >= t.n_expert || L.where[static_cast<std::size_t>(e)] >= 0) continue;
+        SlotMeta& m = L.slots[static_cast<std::size_t>(j)];
+        record_load(m, clock_, e, true);
+        m.prefetched_unused = false;
+        m.state = SlotState::Ready;
+        L.where[static_cast<std::size_t>(e)] = j;
+      }
     }
   }
 
@@ -93,6 +107,7 @@ class Replay {
         L.slots[static_cast<std::size_t>(s)].protect_token = clock_.token_id;
         continue;
       }
+      if (!clock_.prompt && votes(tok, li, d, e) < std::min(c_.prefetch_votes, predictors(tok, li))) continue;
       s = choose_victim(L.slots, clock_, Requester::Prefetch, started);
       if (s < 0) {
         st.prefetch_dropped++;
@@ -103,14 +118,35 @@ class Replay {
     }
   }
 
+  // How many of the predictions made so far in this token for layer li (distance d and farther) name e.
+  int votes(int tok, int li, int d, int e) const {
+    int n = 0;
+    for (int dd = d; dd < t_.n_dist; ++dd) {
+      for (int k = 0; k < t_.k; ++k)
+        if (t_.predicted_at(tok, li, dd, k) == e) {
+          ++n;
+          break;
+        }
+    }
+    return n;
+  }
+
+  // How many distances predict layer li in this token at all (the votes needed are capped by it, as the core does).
+  int predictors(int tok, int li) const {
+    int n = 0;
+    for (int d = 0; d < t_.n_dist; ++d) n += t_.predicted_at(tok, li, d, 0) >= 0;
+    return n;
+  }
+
   void load(SimLayer& L, LayerSimStats& st, int s, int e, bool is_prefetch) {
     SlotMeta& m = L.slots[static_cast<std::size_t>(s)];
     if (m.expert >= 0) {
       if (m.prefetched_unused) st.prefetch_wasted++;
       L.where[static_cast<std::size_t>(m.expert)] = -1;
+      L.history.save(m);
     }
     m = SlotMeta{};
-    record_load(m, clock_, e, is_prefetch);
+    record_load(m, clock_, e, is_prefetch, &L.history);
     m.state = SlotState::Ready;
     L.where[static_cast<std::size_t>(e)] = s;
     (is_prefetch ? st.prefetch_reads : st.demand_reads)++;
@@ -140,8 +176,14 @@ void Trace::check() const {
     if (e >= n_expert) throw std::invalid_argument("trace predicts an expert beyond n_expert");
 }
 
+void check_initial(const Trace& t, const std::vector<std::int32_t>& initial, int width) {
+  if (!initial.empty() && (width <= 0 || initial.size() != static_cast<std::size_t>(t.n_layers) * width))
+    throw std::invalid_argument("the initial cache must hold layers × width experts");
+}
+
 std::vector<LayerSimStats> simulate_policy(const Trace& t, const SimConfig& c) {
   t.check();
+  check_initial(t, c.initial, c.initial_width);
   if (c.n_slots < t.k) throw std::invalid_argument("need at least k slots per layer");
   return Replay(t, c).run();
 }
@@ -149,8 +191,10 @@ std::vector<LayerSimStats> simulate_policy(const Trace& t, const SimConfig& c) {
 // Belady's MIN for demand reads: on a miss with a full layer cache, evict the expert (not selected by this
 // token) whose next use lies furthest ahead. Exact for this cache model: every selected expert of a token
 // must be resident at once, and a read happens only on a miss.
-std::vector<LayerSimStats> simulate_belady(const Trace& t, int n_slots) {
+std::vector<LayerSimStats> simulate_belady(const Trace& t, int n_slots, const std::vector<std::int32_t>& initial,
+                                           int initial_width) {
   t.check();
+  check_initial(t, initial, initial_width);
   if (n_slots < t.k) throw std::invalid_argument("need at least k slots per layer");
   std::vector<LayerSimStats> out(static_cast<std::size_t>(t.n_layers));
   constexpr int kNever = std::numeric_limits<int>::max();
@@ -171,6 +215,12 @@ std::vector<LayerSimStats> simulate_belady(const Trace& t, int n_slots) {
     std::vector<int> resident;                                   // experts in the cache
     std::vector<int> nxt(static_cast<std::size_t>(t.n_expert), kNever);  // next use of each resident expert
     std::vector<int> in_token(static_cast<std::size_t>(t.n_expert), -1);
+    for (int j = 0; j < initial_width && j < n_slots && !initial.empty(); ++j) {  // a warm start
+      int e = initial[static_cast<std::size_t>(li) * static_cast<std::size_t>(initial_width) + j];
+      if (e < 0 || e >= t.n_expert || std::find(resident.begin(), resident.end(), e) != resident.end()) continue;
+      resident.push_back(e);
+      nxt[static_cast<std::size_t>(e)] = upcoming[static_cast<std::size_t>(e)];  // its first use in the trace
+    }
     LayerSimStats& st = out[static_cast<std::size_t>(li)];
     for (int tok = 0; tok < t.n_tokens; ++tok) {
       for (int j = 0; j < t.k; ++j) {

@@ -29,6 +29,10 @@ struct SimConfig {
   Policy policy = Policy::Decay;
   bool prefetch = false;
   std::uint64_t decay_tokens = 64;
+  int prefetch_votes = 1;  // a prediction is read once this many distances predicted it (see StreamConfig)
+  // The cache at the start: n_layers × width experts (-1 empty), width ≤ n_slots; empty: a cold cache.
+  std::vector<std::int32_t> initial;
+  int initial_width = 0;
 };
 
 struct LayerSimStats {
@@ -37,6 +41,7 @@ struct LayerSimStats {
 };
 
 std::vector<LayerSimStats> simulate_policy(const Trace& t, const SimConfig& c);
-std::vector<LayerSimStats> simulate_belady(const Trace& t, int n_slots);
+std::vector<LayerSimStats> simulate_belady(const Trace& t, int n_slots, const std::vector<std::int32_t>& initial = {},
+                                           int initial_width = 0);
 
 }  // namespace tw

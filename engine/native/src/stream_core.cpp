@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -12,6 +13,10 @@ namespace tw {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+std::int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+
+void name_thread(const char* name) { pthread_setname_np(pthread_self(), name); }
 
 std::uint64_t overlap(std::uint64_t a0, std::uint64_t a1, std::uint64_t b0, std::uint64_t b1) {
   std::uint64_t lo = std::max(a0, b0), hi = std::min(a1, b1);
@@ -24,7 +29,7 @@ const char* counter_name(int c) {
   static const char* names[kNumCounters] = {
       "hits",           "misses",           "demand_reads",      "prefetch_issued", "prefetch_used",
       "prefetch_wasted", "prefetch_cancelled", "prefetch_promoted", "prefetch_dropped", "idle_fills",
-      "bytes_read",     "wait_ns",          "read_errors"};
+      "bytes_read",     "wait_ns",          "read_errors",       "prefetch_late"};
   return (c >= 0 && c < kNumCounters) ? names[c] : "?";
 }
 
@@ -68,9 +73,23 @@ StreamCore::StreamCore(const std::string& path, int n_expert, std::vector<LayerG
     for (int s = 0; s < g.n_slots; ++s) L.slots.push_back(std::make_unique<Slot>());
     L.metas.resize(static_cast<std::size_t>(g.n_slots));
     L.expert_slot.assign(static_cast<std::size_t>(n_expert), -1);
+    L.history = UseHistory(static_cast<std::size_t>(n_expert));
   }
   last_activity_ = Clock::now();
-  for (int t = 0; t < cfg_.io_threads; ++t) threads_.emplace_back([this] { io_loop(); });
+  if (cfg_.io_engine == IoEngine::Uring) {
+    try {
+      ring_ = std::make_unique<Uring>(static_cast<unsigned>(cfg_.io_threads));
+    } catch (const IoError& e) {
+      io_fallback_ = std::string(e.what()) + ": reads use I/O threads";
+    }
+  }
+  if (ring_) {
+    ops_.resize(static_cast<std::size_t>(cfg_.io_threads));
+    for (int i = cfg_.io_threads - 1; i >= 0; --i) free_ops_.push_back(i);
+    reaper_ = std::thread([this] { reap_loop(); });
+  } else {
+    for (int t = 0; t < cfg_.io_threads; ++t) threads_.emplace_back([this] { io_loop(); });
+  }
   if (cfg_.idle_fill_ms >= 0) idle_thread_ = std::thread([this] { idle_loop(); });
 }
 
@@ -79,14 +98,17 @@ StreamCore::~StreamCore() { close(); }
 void StreamCore::close() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_ && threads_.empty()) return;
-    stop_ = true;
+    if (closed_) return;
+    closed_ = stop_ = true;
+    if (ring_ && ring_->prepare_wake()) ring_->submit();  // the reaper leaves once its reads have landed
   }
   io_cv_.notify_all();
   ready_cv_.notify_all();
   idle_cv_.notify_all();
   for (auto& t : threads_) t.join();
   threads_.clear();
+  if (reaper_.joinable()) reaper_.join();
+  ring_.reset();
   if (idle_thread_.joinable()) idle_thread_.join();
   for (Layer& L : layers_) {
     if (L.memory) munmap(L.memory, L.geo.record_size * static_cast<std::size_t>(L.geo.n_slots));
@@ -143,6 +165,12 @@ std::vector<bool> StreamCore::begin_layer(int li, const std::vector<int>& expert
     throw std::invalid_argument("layer " + std::to_string(li) + " needs " + std::to_string(selected.size()) +
                                 " slots but has " + std::to_string(usable));
   touch();
+  std::int64_t now = now_ns();
+  if (!clock_.prompt && last_begin_token_ == clock_.token_id && li > last_begin_li_) {
+    double sample = static_cast<double>(now - last_begin_ns_) / (li - last_begin_li_);
+    layer_ns_ = layer_ns_ == 0 ? sample : 0.8 * layer_ns_ + 0.2 * sample;
+  }
+  last_begin_ns_ = now, last_begin_li_ = li, last_begin_token_ = clock_.token_id;
   L.started_token = clock_.token_id;
   for (auto& s : L.slots) s->meta.pins = 0;  // the previous step of this layer is done
   L.pending_demand.clear();
@@ -232,9 +260,20 @@ std::vector<bool> StreamCore::begin_layer(int li, const std::vector<int>& expert
   // Wake the I/O threads only when there is something to read: waking them for a layer of hits costs
   // context switches the compute threads pay for (measured: 35 µs per layer on 2 cores).
   bool work = !demand_q_.empty() || !prefetch_q_.empty() || !waiting_.empty() || !L.pending_demand.empty();
-  lock.unlock();
-  if (work) io_cv_.notify_all();
+  if (work) {
+    kick(lock);
+  }
   return ready;
+}
+
+void StreamCore::kick(std::unique_lock<std::mutex>& lock) {
+  if (ring_) {
+    pump();
+    lock.unlock();
+  } else {
+    lock.unlock();
+    io_cv_.notify_all();
+  }
 }
 
 void StreamCore::end_layer(int li) {
@@ -242,16 +281,25 @@ void StreamCore::end_layer(int li) {
   for (auto& s : layer(li).slots) s->meta.pins = 0;
 }
 
-void StreamCore::predict(int li, const std::vector<int>& experts, int distance) {
+void StreamCore::predict(int li, const std::vector<int>& experts, int distance, const std::vector<double>& probs,
+                         int max_votes) {
   std::unique_lock<std::mutex> lock(mu_);
   if (stop_) throw IoError("the streaming core is closed");
   Layer& L = layer(li);
   for (int e : experts) check_expert(e);
   touch();
   if (layer_started(L)) return;  // too late for this token
+  // When its layer is expected to start: the layers between, at the measured decode pace.
+  std::int64_t deadline = 0;
+  if (layer_ns_ > 0 && !clock_.prompt) {
+    bool same_token = last_begin_token_ == clock_.token_id && li > last_begin_li_;
+    int between = same_token ? li - last_begin_li_ : distance;
+    deadline = (same_token ? last_begin_ns_ : now_ns()) + static_cast<std::int64_t>(between * layer_ns_);
+  }
   bool added = false;
   int rank = 0;
-  for (int e : experts) {
+  for (std::size_t i = 0; i < experts.size(); ++i) {
+    int e = experts[i];
     int s = L.expert_slot[static_cast<std::size_t>(e)];
     if (s >= 0) {  // resident or on its way: protect it for this token
       L.slots[static_cast<std::size_t>(s)]->meta.protect_token = clock_.token_id;
@@ -260,22 +308,22 @@ void StreamCore::predict(int li, const std::vector<int>& experts, int distance) 
     }
     auto it = std::find_if(waiting_.begin(), waiting_.end(),
                            [&](const Prediction& p) { return p.li == li && p.expert == e; });
-    Prediction p{li, e, distance, rank++, pred_seq_++, false};
+    Prediction p{li, e, distance, rank++, pred_seq_++, false, i < probs.size() ? probs[i] : 0.0, 1, max_votes, deadline};
     if (it != waiting_.end()) {
-      if (it->fill || std::tie(distance, p.rank) < std::tie(it->distance, it->rank)) {
-        waiting_.erase(it);
-      } else {
-        continue;
-      }
+      if (!it->fill) p.votes = it->votes + 1;
+      Prediction keep = (it->fill || before(p, *it)) ? p : *it;
+      keep.votes = p.votes;
+      keep.max_votes = std::max(p.max_votes, it->fill ? 0 : it->max_votes);
+      keep.deadline = std::max(keep.deadline, it->fill ? 0 : it->deadline);
+      waiting_.erase(it);
+      p = keep;
     }
-    auto pos = std::upper_bound(waiting_.begin(), waiting_.end(), p, [](const Prediction& a, const Prediction& b) {
-      return std::tie(a.distance, a.rank, a.seq) < std::tie(b.distance, b.rank, b.seq);
-    });
-    waiting_.insert(pos, p);
+    waiting_.insert(std::upper_bound(waiting_.begin(), waiting_.end(), p, before), p);
     added = true;
   }
-  lock.unlock();
-  if (added) io_cv_.notify_all();
+  if (added) {
+    kick(lock);
+  }
 }
 
 template <typename Test>
@@ -327,8 +375,17 @@ int StreamCore::wait(int li, int expert, int proj) {
                              " was not selected (call begin_layer first)");
     }
     waited = true;
+    waiters_.emplace_back(li, expert);
     ready_cv_.wait(lock);
+    waiters_.erase(std::find(waiters_.begin(), waiters_.end(), std::make_pair(li, expert)));
   }
+}
+
+void StreamCore::note_waiter_slot(int li, int slot) {
+  if (waiters_.empty()) return;
+  int expert = layers_[static_cast<std::size_t>(li)].slots[static_cast<std::size_t>(slot)]->meta.expert;
+  for (const auto& w : waiters_)
+    if (w.first == li && w.second == expert) wake_waiters_ = true;
 }
 
 std::vector<int> StreamCore::wait_all(int li, const std::vector<int>& experts) {
@@ -352,6 +409,7 @@ void StreamCore::evict(Layer& L, int s) {
   if (sl.meta.state == SlotState::Ready && sl.meta.expert >= 0) {
     if (sl.meta.prefetched_unused) L.count[kPrefetchWasted]++;
     L.expert_slot[static_cast<std::size_t>(sl.meta.expert)] = -1;
+    L.history.save(sl.meta);
   }
   sl.meta = SlotMeta{};
   sl.ready_mask.store(0, std::memory_order_release);
@@ -360,7 +418,7 @@ void StreamCore::evict(Layer& L, int s) {
 void StreamCore::start_demand(int li, int expert, int s) {
   Layer& L = layers_[static_cast<std::size_t>(li)];
   Slot& sl = *L.slots[static_cast<std::size_t>(s)];
-  record_load(sl.meta, clock_, expert, false);
+  record_load(sl.meta, clock_, expert, false, &L.history);
   sl.meta.state = SlotState::Loading;
   sl.meta.pins = 1;
   sl.is_prefetch = false;
@@ -371,18 +429,28 @@ void StreamCore::start_demand(int li, int expert, int s) {
   queue_chunks(li, s, true, nullptr);
 }
 
-// A demand read is one whole request; a prefetch is split into chunks. With `first`, the first chunk is
-// handed to the calling I/O thread instead of queued, and each other chunk wakes a thread of its own.
+// A demand read is one whole request — or, with split_demand, two: gate and up (which lie first in a record), then
+// down, so the gate/up products can start while down lands; a prefetch is split into chunks. With `first`, the
+// first chunk is handed to the calling I/O thread instead of queued, and each other chunk wakes a thread of its own.
 void StreamCore::queue_chunks(int li, int s, bool demand, Chunk* first) {
   Layer& L = layers_[static_cast<std::size_t>(li)];
   Slot& sl = *L.slots[static_cast<std::size_t>(s)];
   sl.gen++;
   sl.remaining = L.geo.proj_size;
   sl.ready_mask.store(0, std::memory_order_release);
-  std::uint64_t step = demand ? L.geo.record_size : cfg_.chunk_bytes;
+  std::vector<std::uint64_t> cuts;  // chunk starts
+  const auto& po = L.geo.proj_offset;
+  if (demand) {
+    cuts.push_back(0);
+    bool down_last = po[2] > po[0] && po[2] > po[1] && po[2] % kDirectAlignment == 0;
+    if (cfg_.split_demand && down_last) cuts.push_back(po[2]);
+  } else {
+    for (std::uint64_t off = 0; off < L.geo.record_size; off += cfg_.chunk_bytes) cuts.push_back(off);
+  }
   bool handed = false;
-  for (std::uint64_t off = 0; off < L.geo.record_size; off += step) {
-    Chunk c{li, s, sl.gen, off, std::min(step, L.geo.record_size - off), demand};
+  for (std::size_t i = 0; i < cuts.size(); ++i) {
+    std::uint64_t end = i + 1 < cuts.size() ? cuts[i + 1] : L.geo.record_size;
+    Chunk c{li, s, sl.gen, cuts[i], end - cuts[i], demand};
     if (first && !handed) {
       *first = c;
       handed = true;
@@ -391,7 +459,7 @@ void StreamCore::queue_chunks(int li, int s, bool demand, Chunk* first) {
     }
     (demand ? demand_q_ : prefetch_q_).push_back(c);
     sl.queued++;
-    io_cv_.notify_one();
+    if (!ring_) io_cv_.notify_one();
   }
 }
 
@@ -413,13 +481,17 @@ void StreamCore::assign_pending(int li) {
 }
 
 bool StreamCore::take_work(Chunk& out) {
+  if (stop_) return false;
+  bool taken;
   if (io_allowance_ >= 0) {
     if (io_allowance_ == 0) return false;
-    bool taken = take_any(out);
+    taken = take_any(out);
     if (taken) io_allowance_--;
-    return taken;
+  } else {
+    taken = take_any(out);
   }
-  return take_any(out);
+  if (taken && in_service_++ == 0) busy_since_ = now_ns();
+  return taken;
 }
 
 bool StreamCore::take_any(Chunk& out) {
@@ -460,19 +532,28 @@ void StreamCore::note_prefetch_start() {
 
 // Late binding: a prediction gets a slot only now, when this thread has nothing more urgent to do.
 bool StreamCore::bind_prediction(Chunk& out) {
-  while (!waiting_.empty()) {
-    Prediction p = waiting_.front();
-    waiting_.erase(waiting_.begin());
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    int need = it->max_votes > 0 ? std::min(cfg_.prefetch_votes, it->max_votes) : cfg_.prefetch_votes;
+    if (!it->fill && !clock_.prompt && it->votes < need) {  // waits for a nearer one to confirm it
+      ++it;
+      continue;
+    }
+    Prediction p = *it;
+    it = waiting_.erase(it);
     Layer& L = layers_[static_cast<std::size_t>(p.li)];
     if (L.expert_slot[static_cast<std::size_t>(p.expert)] >= 0) continue;
     if (!p.fill && layer_started(L)) continue;
+    if (!p.fill && cfg_.skip_late && late(p, L)) {
+      L.count[kPrefetchLate]++;
+      continue;
+    }
     int s = find_slot(L, p.fill ? Requester::FillEmptyOnly : Requester::Prefetch);
     if (s < 0) {
       if (!p.fill) L.count[kPrefetchDropped]++;
       continue;
     }
     Slot& sl = *L.slots[static_cast<std::size_t>(s)];
-    record_load(sl.meta, clock_, p.expert, true);
+    record_load(sl.meta, clock_, p.expert, true, &L.history);
     sl.meta.state = SlotState::Loading;
     if (!p.fill) sl.meta.protect_token = clock_.token_id;
     sl.is_prefetch = true;
@@ -485,11 +566,34 @@ bool StreamCore::bind_prediction(Chunk& out) {
   return false;
 }
 
+// Whether a prediction's read, queued now behind everything already queued, would land after its layer starts
+// (at the throughput reads have had while in flight): then it is not read at all.
+bool StreamCore::late(const Prediction& p, const Layer& L) const {
+  std::int64_t busy = busy_ns_ + (in_service_ > 0 ? now_ns() - busy_since_ : 0);
+  if (p.deadline == 0 || busy <= 0 || bytes_done_ == 0) return false;
+  double bytes_per_ns = static_cast<double>(bytes_done_) / static_cast<double>(busy);
+  std::uint64_t ahead = L.geo.record_size;
+  for (const Chunk& c : demand_q_) ahead += c.len;
+  for (const Chunk& c : prefetch_q_) ahead += c.len;
+  return now_ns() + static_cast<std::int64_t>(static_cast<double>(ahead) / bytes_per_ns) > p.deadline;
+}
+
+std::array<double, 2> StreamCore::estimates() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::int64_t busy = busy_ns_ + (in_service_ > 0 ? now_ns() - busy_since_ : 0);
+  return {busy > 0 ? static_cast<double>(bytes_done_) * 1e9 / static_cast<double>(busy) : 0.0, layer_ns_};
+}
+
 void StreamCore::complete(const Chunk& c, const std::string* error, std::vector<int>& transforms) {
   Layer& L = layers_[static_cast<std::size_t>(c.li)];
   Slot& sl = *L.slots[static_cast<std::size_t>(c.slot)];
   (c.demand ? demand_busy_ : prefetch_busy_)--;
   sl.inflight--;
+  if (--in_service_ == 0) busy_ns_ += now_ns() - busy_since_;
+  if (!error) {
+    bytes_done_ += c.len;
+    if (bytes_done_ > (std::uint64_t{1} << 32)) bytes_done_ /= 2, busy_ns_ /= 2;  // the recent rate counts
+  }
   if (sl.meta.state == SlotState::Cancelling) {
     if (sl.inflight == 0 && sl.queued == 0) {
       sl.meta = SlotMeta{};
@@ -512,6 +616,7 @@ void StreamCore::complete(const Chunk& c, const std::string* error, std::vector<
     sl.queued = 0;
     L.expert_slot[static_cast<std::size_t>(expert)] = -1;
     if (!sl.is_prefetch || sl.meta.pins > 0) L.errors[expert] = *error;
+    wake_waiters_ = true;
     sl.meta.expert = -1;
     sl.meta.state = sl.inflight > 0 ? SlotState::Cancelling : SlotState::Empty;
     if (sl.meta.state == SlotState::Empty) {
@@ -536,8 +641,10 @@ void StreamCore::complete(const Chunk& c, const std::string* error, std::vector<
       transforms.push_back(p);
     }
   }
+  if (mask != sl.ready_mask.load(std::memory_order_relaxed)) note_waiter_slot(c.li, c.slot);
   sl.ready_mask.store(mask, std::memory_order_release);
   finish_if_done(sl);
+  if (sl.meta.state == SlotState::Ready) note_waiter_slot(c.li, c.slot);
 }
 
 void StreamCore::finish_if_done(Slot& sl) {
@@ -575,6 +682,7 @@ void StreamCore::transformed(int li, int slot, int proj, std::uint32_t gen) {
   }
   if (sl.meta.state != SlotState::Loading || sl.gen != gen) return;
   sl.ready_mask.store(sl.ready_mask.load(std::memory_order_relaxed) | (1u << proj), std::memory_order_release);
+  note_waiter_slot(li, slot);
   finish_if_done(sl);
 }
 
@@ -587,7 +695,28 @@ void StreamCore::set_transform(int li, int proj, TransformFn fn, std::vector<voi
   L.transform[static_cast<std::size_t>(proj)] = Transform{fn, std::move(ctx)};
 }
 
+// A finished read (under the lock): bookkeeping, the transforms it completed (run without the lock), then the
+// waiters whose expert it was are woken — only they: a wake-up per landed chunk is a context switch that the
+// compute threads pay for on a small machine.
+void StreamCore::after_read(const Chunk& c, const std::string* error, std::unique_lock<std::mutex>& lock,
+                            std::vector<int>& transforms, std::vector<std::uint8_t>& staging) {
+  transforms.clear();
+  complete(c, error, transforms);
+  std::uint32_t gen = c.gen;
+  for (int p : transforms) {
+    lock.unlock();
+    run_transform(c.li, c.slot, p, staging);
+    lock.lock();
+    transformed(c.li, c.slot, p, gen);
+  }
+  if (wake_waiters_) {
+    wake_waiters_ = false;
+    ready_cv_.notify_all();
+  }
+}
+
 void StreamCore::io_loop() {
+  name_thread("tw-io");
   std::vector<int> transforms;
   std::vector<std::uint8_t> staging;  // a projection's plain bytes while it is rewritten in place
   std::unique_lock<std::mutex> lock(mu_);
@@ -611,22 +740,91 @@ void StreamCore::io_loop() {
       failed = true;
     }
     lock.lock();
-    transforms.clear();
-    complete(c, failed ? &error : nullptr, transforms);
-    std::uint32_t gen = c.gen;
-    for (int p : transforms) {
-      lock.unlock();
-      run_transform(c.li, c.slot, p, staging);
-      lock.lock();
-      transformed(c.li, c.slot, p, gen);
-    }
-    ready_cv_.notify_all();
+    after_read(c, failed ? &error : nullptr, lock, transforms, staging);
     io_cv_.notify_one();  // a cap may have opened
+  }
+}
+
+// io_uring: whoever holds the lock with new work submits it (one system call for all of it); the caps and the
+// queues' order are the same as with threads, and `io_threads` reads are in flight at most.
+void StreamCore::pump() {
+  if (!ring_) return;
+  bool any = false;
+  while (!free_ops_.empty()) {
+    Chunk c;
+    if (!take_work(c)) break;
+    int op = free_ops_.back();
+    free_ops_.pop_back();
+    ops_[static_cast<std::size_t>(op)] = RingOp{c, 0};
+    submit_op(op);
+    any = true;
+  }
+  if (any) ring_->submit();
+}
+
+void StreamCore::submit_op(int op) {
+  RingOp& o = ops_[static_cast<std::size_t>(op)];
+  Layer& L = layers_[static_cast<std::size_t>(o.c.li)];
+  std::uint64_t expert = static_cast<std::uint64_t>(L.slots[static_cast<std::size_t>(o.c.slot)]->meta.expert);
+  std::uint8_t* dst = L.memory + static_cast<std::size_t>(o.c.slot) * L.geo.record_size + o.c.off + o.done;
+  std::uint64_t at = L.geo.offset + expert * L.geo.record_size + o.c.off + o.done;
+  ring_->prepare_read(file_.fd(), dst, static_cast<std::uint32_t>(o.c.len - o.done), at,
+                      static_cast<std::uint64_t>(op));
+}
+
+void StreamCore::reap_loop() {
+  name_thread("tw-reap");
+  std::vector<UringCompletion> got(64);
+  std::vector<int> transforms;
+  std::vector<std::uint8_t> staging;
+  for (;;) {
+    unsigned n = 0;
+    std::string wait_error;
+    try {
+      n = ring_->wait(got.data(), static_cast<unsigned>(got.size()));
+    } catch (const std::exception& e) {
+      wait_error = e.what();
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!wait_error.empty()) {  // the ring itself failed: every read in flight fails with it
+      for (std::size_t op = 0; op < ops_.size(); ++op) {
+        if (std::find(free_ops_.begin(), free_ops_.end(), static_cast<int>(op)) != free_ops_.end()) continue;
+        Chunk c = ops_[op].c;
+        free_ops_.push_back(static_cast<int>(op));
+        after_read(c, &wait_error, lock, transforms, staging);
+      }
+    }
+    for (unsigned i = 0; i < n; ++i) {
+      if (got[i].user_data == kUringWakeTag) continue;
+      int op = static_cast<int>(got[i].user_data);
+      RingOp& o = ops_[static_cast<std::size_t>(op)];
+      std::int32_t res = got[i].result;
+      std::string error;
+      if (res < 0) {
+        error = file_.path() + ": read failed at offset " + std::to_string(o.c.off + o.done) + ": " +
+                std::strerror(-res);
+      } else if (res == 0) {
+        error = file_.path() + ": file ends inside an expert record (truncated or replaced?)";
+      } else {
+        o.done += static_cast<std::uint64_t>(res);
+        if (o.done < o.c.len) {  // a short read: the rest is read again
+          submit_op(op);
+          ring_->submit();
+          continue;
+        }
+      }
+      Chunk c = o.c;
+      free_ops_.push_back(op);
+      after_read(c, error.empty() ? nullptr : &error, lock, transforms, staging);
+    }
+    if (stop_ && free_ops_.size() == ops_.size()) return;
+    pump();
   }
 }
 
 // After a quiet spell, fill empty slots with the most-used experts (usage table), evicting nothing.
 void StreamCore::idle_loop() {
+  name_thread("tw-idle");
   std::unique_lock<std::mutex> lock(mu_);
   auto idle = std::chrono::milliseconds(cfg_.idle_fill_ms);
   while (!stop_) {
@@ -652,12 +850,18 @@ void StreamCore::idle_loop() {
         if (std::any_of(waiting_.begin(), waiting_.end(),
                         [&](const Prediction& p) { return p.li == li && p.expert == e; }))
           continue;
-        waiting_.push_back(Prediction{li, e, 1 << 20, rank++, pred_seq_++, true});
+        waiting_.push_back(Prediction{li, e, 1 << 20, rank++, pred_seq_++, true, 0.0, 1, 0, 0});
         --empty;
         added = true;
       }
     }
-    if (added) io_cv_.notify_all();
+    if (added) {
+      if (ring_) {
+        pump();
+      } else {
+        io_cv_.notify_all();
+      }
+    }
   }
 }
 
@@ -706,13 +910,14 @@ std::uint64_t StreamCore::loan(std::uint64_t bytes, int keep_per_layer) {
 }
 
 void StreamCore::unloan() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   for (int li = 0; li < n_layers(); ++li) {
     for (auto& s : layers_[static_cast<std::size_t>(li)].slots)
       if (s->meta.state == SlotState::Loaned) s->meta = SlotMeta{};
     assign_pending(li);
   }
   touch();
+  kick(lock);
 }
 
 std::uint64_t StreamCore::loaned_bytes() const {
@@ -755,9 +960,9 @@ std::array<std::uint64_t, 5> StreamCore::queue_depths() const {
 }
 
 void StreamCore::hold_io_after(std::int64_t chunks) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   io_allowance_ = chunks < 0 ? -1 : chunks;
-  io_cv_.notify_all();
+  kick(lock);
 }
 
 std::array<std::uint64_t, 3> StreamCore::scheduler_marks() const {

@@ -17,11 +17,13 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
 #include "cache_policy.hpp"
 #include "direct_file.hpp"
+#include "uring.hpp"
 
 namespace tw {
 
@@ -33,15 +35,25 @@ struct LayerGeometry {
   int n_slots = 0;
 };
 
+// How reads reach the drive: a blocking pread per I/O thread, or one io_uring fed by whoever holds the lock
+// (a caller queuing work submits it in its own system call) with one reaper thread for completions.
+enum class IoEngine : std::uint8_t { Threads, Uring };
+
 struct StreamConfig {
-  int io_threads = 8;
+  int io_threads = 8;  // I/O threads (Threads), or reads in flight (Uring)
   std::uint64_t chunk_bytes = 512 * 1024;
   int prefetch_cap_busy = 2;  // prefetch chunks in service while a demand read is
   int prefetch_cap_idle = 4;  // ... and while none is
-  std::uint64_t decay_tokens = 64;
+  std::uint64_t decay_tokens = 256;
   int idle_fill_ms = 500;     // < 0: off
   bool direct = true;
-  Policy policy = Policy::Decay;
+  Policy policy = Policy::History;
+  IoEngine io_engine = IoEngine::Uring;
+  bool split_demand = false;  // a demand read as two requests: gate+up first, then down (compute starts sooner)
+  bool skip_late = false;     // a prediction whose read cannot land before its layer starts is not read
+  // A prediction is read once this many of the token's predictions for its layer (at different distances)
+  // name it: 2 waits for the nearer router to confirm the farther one (fewer wasted reads, less lead).
+  int prefetch_votes = 2;
 };
 
 enum Counter : int {
@@ -58,6 +70,7 @@ enum Counter : int {
   kBytesRead,
   kWaitNs,
   kReadErrors,
+  kPrefetchLate,  // predictions not read: they could not land before their layer (skip_late)
   kNumCounters
 };
 const char* counter_name(int c);
@@ -84,8 +97,12 @@ class StreamCore {
   // `keep`: experts a later wave of this layer needs, left where they are (pinned, not counted as used).
   std::vector<bool> begin_layer(int li, const std::vector<int>& experts, const std::vector<int>& keep = {});
   void end_layer(int li);
-  // Predictions for a later layer (distance 1, 2, ...), in rank order.
-  void predict(int li, const std::vector<int>& experts, int distance);
+  // Predictions for a later layer (distance 1, 2, ...), in rank order, with the router's probability of each
+  // (optional): the waiting list is read likeliest first, then by distance and rank.
+  // `max_votes`: how many distances predict this layer at all (0: unknown); the votes needed are capped by it, so
+  // a layer only one earlier layer predicts is still read ahead.
+  void predict(int li, const std::vector<int>& experts, int distance, const std::vector<double>& probs = {},
+               int max_votes = 0);
   // Which of these experts are ready now (compute those first).
   std::vector<bool> ready(int li, const std::vector<int>& experts);
   // Which of these experts have a slot (in RAM, or on their way).
@@ -119,6 +136,12 @@ class StreamCore {
   // and while none was; demand reads in service. The first two never exceed the caps.
   std::array<std::uint64_t, 3> scheduler_marks() const;
   std::vector<int> resident_experts(int li) const;    // expert in each slot (-1 empty/loading)
+  // The engine in use ("threads" or "io_uring") and, when io_uring was asked for but is unavailable, why.
+  const char* io_engine() const { return ring_ ? "io_uring" : "threads"; }
+  const std::string& io_fallback_reason() const { return io_fallback_; }
+  // Estimates behind skip_late: read throughput while reads were in flight (bytes/s) and the interval between
+  // two decode layers (ns); 0 until measured.
+  std::array<double, 2> estimates() const;
   // Test-only: the I/O threads start `chunks` more reads, then none until called with -1 (the default), so a
   // test can look at a read that is under way however fast the drive is. One comparison per read otherwise.
   void hold_io_after(std::int64_t chunks);
@@ -155,6 +178,7 @@ class StreamCore {
     std::unordered_map<int, std::string> errors;  // failed reads not yet reported to a waiter
     std::uint64_t started_token = kNoToken;
     std::vector<int> usage;
+    UseHistory history;  // the history policy's counts of experts not in RAM
     std::array<std::uint64_t, kNumCounters> count{};
   };
   struct Chunk {
@@ -167,9 +191,29 @@ class StreamCore {
     int li = 0, expert = 0, distance = 0, rank = 0;
     std::uint64_t seq = 0;
     bool fill = false;  // idle fill: only into empty slots
+    double prob = 0;    // the router's probability (0: unknown)
+    int votes = 1;      // how many of this token's predictions (distances) named it
+    int max_votes = 0;  // how many distances predict its layer (0: unknown)
+    std::int64_t deadline = 0;  // steady-clock ns when its layer is expected to start (0: unknown)
+  };
+  static bool before(const Prediction& a, const Prediction& b) {
+    if (a.prob != b.prob) return a.prob > b.prob;
+    return std::tie(a.distance, a.rank, a.seq) < std::tie(b.distance, b.rank, b.seq);
+  }
+  struct RingOp {
+    Chunk c;
+    std::uint64_t done = 0;  // bytes landed (a short read is resubmitted for the rest)
   };
 
   void io_loop();
+  void reap_loop();
+  void pump();  // io_uring: under the lock, submit what the queues and caps allow
+  void kick(std::unique_lock<std::mutex>& lock);  // new work: wake an I/O thread, or pump (then unlock)
+  void submit_op(int op);
+  void after_read(const Chunk& c, const std::string* error, std::unique_lock<std::mutex>& lock,
+                  std::vector<int>& transforms, std::vector<std::uint8_t>& staging);
+  void note_waiter_slot(int li, int slot);
+  bool late(const Prediction& p, const Layer& L) const;
   void idle_loop();
   bool take_work(Chunk& out);  // take_any, within hold_io_after's allowance
   bool take_any(Chunk& out);
@@ -206,12 +250,30 @@ class StreamCore {
   int demand_busy_ = 0, prefetch_busy_ = 0;
   std::int64_t io_allowance_ = -1;  // hold_io_after: reads the I/O threads may still start (-1: no limit)
   bool stop_ = false;
+  bool closed_ = false;
   std::chrono::steady_clock::time_point last_activity_;
   bool filled_ = true;
   std::vector<std::int64_t> latencies_;
   std::array<std::uint64_t, 3> marks_{};
   std::vector<std::thread> threads_;
   std::thread idle_thread_;
+  // io_uring
+  std::unique_ptr<Uring> ring_;
+  std::string io_fallback_;
+  std::vector<RingOp> ops_;
+  std::vector<int> free_ops_;
+  std::thread reaper_;
+  // Waiters (li, expert) blocked in wait(): a read landing wakes them only if it is theirs.
+  std::vector<std::pair<int, int>> waiters_;
+  bool wake_waiters_ = false;
+  // skip_late's estimates
+  std::uint64_t bytes_done_ = 0;
+  std::int64_t busy_ns_ = 0, busy_since_ = 0;
+  int in_service_ = 0;
+  double layer_ns_ = 0;
+  std::int64_t last_begin_ns_ = 0;
+  int last_begin_li_ = -1;
+  std::uint64_t last_begin_token_ = kNoToken;
 };
 
 }  // namespace tw

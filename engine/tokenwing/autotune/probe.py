@@ -1,5 +1,6 @@
 """What this machine has: memory and the process's limit, cores and ISA, GPUs (NVML on NVIDIA; the device the
-engine would compute on, its VRAM and host↔device copy speed), the drive's read speed."""
+engine would compute on, its VRAM and host↔device copy speed), the drive's read speed, and how fast a decode's
+reads go at each I/O setting (a decode replayed through the streaming core)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,22 @@ class DriveProbe:
 
 
 @dataclass
+class ReplayProbe:
+    """Decode tokens per second of a replay through the core (the engine's request pattern: a token's demand reads,
+    its predictions read ahead in chunks, a layer's compute between) at each setting tried."""
+
+    slots_per_layer: int
+    compute_ms_per_layer: float  # the stand-in for a layer's compute
+    tok_s: dict[str, float] = field(default_factory=dict)  # by setting label (see SETTINGS_OF)
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # label → the flags it stands for
+
+    def best(self, labels: list[str], margin: float = 0.03) -> str:
+        """The fastest of `labels`; the first of them within `margin` of it (they are listed cheapest first)."""
+        top = max(self.tok_s[label] for label in labels)
+        return next(label for label in labels if self.tok_s[label] >= (1 - margin) * top)
+
+
+@dataclass
 class MachineProbe:
     memory: MemoryInfo
     cores: int
@@ -40,6 +57,7 @@ class MachineProbe:
     devices: list[dict[str, Any]] = field(default_factory=list)  # ggml's devices, with their free memory
     gpu: dict[str, Any] | None = None  # the device `--device auto` takes: VRAM, budget, copy speeds
     gpu_reason: str = ""  # the engine's line about it (or why the CPU)
+    replay: ReplayProbe | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -150,3 +168,63 @@ def probe_machine(
     nvml = nvidia_gpus()
     gpu, devices, reason = probe_gpu(nvml, device, progress)
     return MachineProbe(memory_info(), len(os.sched_getaffinity(0)), cpu_isa(), nvml, drive, devices, gpu, reason)
+
+
+# What the replay probe tries, cheapest first within each group (ties go to the earlier one).
+IO_CANDIDATES = [("io_uring", 4), ("io_uring", 8), ("io_uring", 16), ("io_uring", 32), ("threads", 2), ("threads", 4),
+                 ("threads", 8), ("threads", 16)]  # fmt: skip
+LOOKAHEAD_CANDIDATES = [(0, 1), (1, 1), (2, 2), (2, 1)]  # (lookahead, prefetch votes)
+PREDICTION_RECALL = (0.67, 0.58)  # the demo model's and the bench model's router lookahead at 1 and 2 layers
+
+
+def probe_replay(
+    mf: Any,
+    slots: int,
+    cores: int,
+    tokens: int = 24,
+    progress: Callable[[str], None] = lambda line: None,
+) -> ReplayProbe:
+    """Replays a synthetic decode of this model's shape (Zipf-skewed, temporally local routing; predictions at the
+    recall measured on real routing) through the core at `slots` per layer, first at each I/O engine and depth
+    (lookahead 2), then at each lookahead distance and vote count with the fastest I/O: decode tokens per second.
+    A layer's compute is stood in for by busy CPU: its weights' bytes at half this machine's RAM bandwidth."""
+    from tokenwing.streaming.replay import replay
+    from tokenwing.streaming.settings import StreamSettings
+    from tokenwing.streaming.trace import synthetic_trace
+
+    idx = mf.index
+    per_layer = idx.n_used * sum(el.payload for el in idx.layers) / len(idx.layers)
+    resident = sum(t.nbytes for t in mf.resident) / max(len(idx.layers), 1)
+    bw = _core.memory_read_bandwidth(256 << 20, max(1, cores), 2)
+    compute_s = (per_layer + resident) / (0.5 * bw)
+    warmup = 8
+    trace = synthetic_trace(tokens + warmup, len(idx.layers), idx.n_expert, idx.n_used, recall=PREDICTION_RECALL)
+    out = ReplayProbe(slots, compute_s * 1e3)
+    uring = _core.uring_available()[0]
+
+    def run(label: str, settings: StreamSettings, lookahead: int) -> None:
+        progress(f"replaying a decode: {label}")
+        r = replay(mf, slots, settings, trace, compute_s, lookahead, warmup)
+        out.tok_s[label] = max(out.tok_s.get(label, 0.0), r.tok_s)
+
+    for _ in range(2):  # two interleaved passes, the better of each: a busy machine slows one, not both
+        for engine, n in IO_CANDIDATES:
+            if engine == "io_uring" and not uring:
+                continue
+            label = f"{engine} {n}"
+            out.settings[label] = {"moe_stream_io_engine": engine, "moe_stream_io_threads": n}
+            run(label, StreamSettings(io_engine=engine, io_threads=n, idle_fill_ms=-1), 2)
+    io = out.best([label for label in out.settings if label in out.tok_s])
+    io_settings = out.settings[io]
+    for _ in range(2):
+        for lookahead, votes in LOOKAHEAD_CANDIDATES:
+            label = f"lookahead {lookahead}, votes {votes} ({io})"
+            out.settings[label] = {**io_settings, "lookahead": lookahead, "moe_stream_prefetch_votes": votes}
+            s = StreamSettings(
+                io_engine=io_settings["moe_stream_io_engine"],
+                io_threads=io_settings["moe_stream_io_threads"],
+                prefetch_votes=votes,
+                idle_fill_ms=-1,
+            )
+            run(label, s, lookahead)
+    return out

@@ -9,7 +9,7 @@ from tokenwing.autotune.probe import MachineProbe
 from tokenwing.format.reader import ModelFile
 from tokenwing.fsutil import human_bytes
 from tokenwing.streaming.memory import HEADROOM, expert_budget
-from tokenwing.streaming.streamer import plan_slots
+from tokenwing.streaming.streamer import SlotPlan, plan_slots
 
 LEND_FROM = 16 << 30  # VRAM budget from which a prompt borrows the expert cache (`--vram-lend`)
 
@@ -24,20 +24,26 @@ class Choice:
         self.reasons[key] = reason
 
 
-def choose(mf: ModelFile, m: MachineProbe, n_ctx: int = 4096) -> Choice:
-    c = Choice()
-    ex = mf.index
-    resident = sum(t.nbytes for t in mf.resident)
-    meta = mf.header
-    arch = mf.arch
+def _reserved(mf: ModelFile, n_ctx: int) -> int:
+    """What the expert cache leaves room for: resident weights, an F16 KV cache of n_ctx, compute buffers."""
+    meta, arch = mf.header, mf.arch
     n_layer = int(meta.get(f"{arch}.block_count") or 0)
     kv_row = (
         int(meta.get(f"{arch}.attention.head_count_kv") or 1) * int(meta.get(f"{arch}.attention.key_length") or 128) * 2
     )
-    kv = 2 * n_layer * kv_row * n_ctx
-    reserved = resident + kv + (256 << 20)
-    budget = expert_budget(m.memory, HEADROOM, reserved)
-    plan = plan_slots(ex, budget, ex.n_used)
+    return sum(t.nbytes for t in mf.resident) + 2 * n_layer * kv_row * n_ctx + (256 << 20)
+
+
+def plan_for(mf: ModelFile, m: MachineProbe, n_ctx: int = 4096) -> SlotPlan:
+    """The expert cache this machine's free memory allows (what the replay probe runs at)."""
+    return plan_slots(mf.index, expert_budget(m.memory, HEADROOM, _reserved(mf, n_ctx)), mf.index.n_used)
+
+
+def choose(mf: ModelFile, m: MachineProbe, n_ctx: int = 4096) -> Choice:
+    c = Choice()
+    ex = mf.index
+    reserved = _reserved(mf, n_ctx)
+    plan = plan_for(mf, m, n_ctx)
     c.set(
         "ram_budget",
         plan.bytes,
@@ -47,13 +53,32 @@ def choose(mf: ModelFile, m: MachineProbe, n_ctx: int = 4096) -> Choice:
         f"layer" + (f" ({plan.note})" if plan.note else ""),
     )
     c.set("threads", m.cores, f"{m.cores} cores available to this process")
-    if m.drive is not None:
+    r = m.replay
+    if r is not None:
+        io = r.best([label for label in r.settings if label in r.tok_s and "lookahead" not in label])
+        la = r.best([label for label in r.settings if label.startswith("lookahead")])
+        tried = ", ".join(f"{label} {r.tok_s[label]:.1f}" for label in r.settings if "lookahead" not in label)
+        why_io = (
+            f"the fastest decode replayed through the core at {r.slots_per_layer} slots per layer "
+            f"({r.compute_ms_per_layer:.1f} ms of compute a layer), the fewest reads in flight within 3 %: "
+            f"tok/s {tried}"
+        )
+        c.set("moe_stream_io_engine", r.settings[io]["moe_stream_io_engine"], why_io)
+        c.set("moe_stream_io_threads", r.settings[io]["moe_stream_io_threads"], why_io)
+        tried = ", ".join(
+            f"{label.split(' (')[0]} {r.tok_s[label]:.1f}" for label in r.settings if "lookahead" in label
+        )
+        why_la = f"the fastest replayed decode with {io} (no lookahead, then less, preferred within 3 %): tok/s {tried}"
+        c.set("lookahead", r.settings[la]["lookahead"], why_la)
+        c.set("moe_stream_prefetch_votes", r.settings[la]["moe_stream_prefetch_votes"], why_la)
+    elif m.drive is not None:
         c.set(
             "moe_stream_io_threads",
             m.drive.best_threads,
-            f"the fewest I/O threads within 5 % of the drive's best direct-read speed "
-            f"({m.drive.best_mb_per_s:.0f} MB/s with whole-expert reads)",
+            f"every expert fits in RAM (read once, at start): the fewest I/O threads within 5 % of the drive's best "
+            f"direct-read speed ({m.drive.best_mb_per_s:.0f} MB/s with whole-expert reads)",
         )
+    if m.drive is not None:
         c.set(
             "moe_stream_direct",
             m.drive.direct,
@@ -61,7 +86,8 @@ def choose(mf: ModelFile, m: MachineProbe, n_ctx: int = 4096) -> Choice:
             if m.drive.direct
             else "this file system refuses O_DIRECT: cached reads",
         )
-    c.set("lookahead", 2, "the measured default; another distance should be measured on this machine first")
+    if r is None:
+        c.set("lookahead", 2, "every expert fits in RAM: the lookahead is idle (its default)")
     full = plan.slots_per_layer >= ex.n_expert
     c.set(
         "expert_cache_share",

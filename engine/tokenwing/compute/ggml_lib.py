@@ -40,6 +40,7 @@ I64 = ggml.GGML_TYPE_I64
 _TYPES = {np.dtype(np.float32): F32, np.dtype(np.float16): F16, np.dtype(np.int32): I32, np.dtype(np.int64): I64}
 ROPE_NEOX = ggml.GGML_ROPE_TYPE_NEOX
 ROPE_NORM = 0
+ROPE_IMROPE = ggml.GGML_ROPE_TYPE_IMROPE  # multi-axis RoPE with interleaved sections (Qwen3.5)
 
 
 def aligned_bytes(n: int) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tokenwing.errors import UnsupportedError
+from tokenwing.models.bailingmoe3 import BailingMoE3
 from tokenwing.models.base import MoEModel
 from tokenwing.models.deepseek2 import DeepSeek2
 from tokenwing.models.ernie4_5_moe import Ernie45MoE
@@ -10,9 +11,11 @@ from tokenwing.models.glm4moe import Glm4MoE
 from tokenwing.models.gpt_oss import GptOss
 from tokenwing.models.qwen2moe import Qwen2MoE
 from tokenwing.models.qwen3moe import Qwen3MoE
+from tokenwing.models.qwen3next import Qwen3Next, Qwen35MoE
 
 FAMILIES: dict[str, type[MoEModel]] = {
-    cls.arch: cls for cls in (Qwen3MoE, Qwen2MoE, Ernie45MoE, Glm4MoE, DeepSeek2, GptOss)
+    cls.arch: cls
+    for cls in (Qwen3MoE, Qwen2MoE, Ernie45MoE, Glm4MoE, DeepSeek2, GptOss, Qwen3Next, Qwen35MoE, BailingMoE3)
 }
 
 

@@ -32,7 +32,7 @@ class TensorCheck:
         got = self.shapes.get(name)
         if got is None:
             raise BadInputError(f"{self.where}: tensor {name} is missing")
-        if tuple(got) != shape:
+        if _squeezed(tuple(got)) != _squeezed(shape):  # (llama.cpp's quantizer drops trailing 1s, as ggml may)
             raise BadInputError(f"{self.where}: tensor {name} has shape {tuple(got)}, the metadata implies {shape}")
 
     def head(self) -> None:
@@ -90,6 +90,12 @@ class TensorCheck:
         return True
 
 
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    while len(shape) > 1 and shape[-1] == 1:
+        shape = shape[:-1]
+    return shape
+
+
 class MoEModel:
     """A loaded model of one family: its hyper-parameters, resident weights by layer, router and layer graph.
 
@@ -112,6 +118,7 @@ class MoEModel:
     routing_keys: ClassVar[bool] = False  # the file's expert_gating_func / _weights_norm / _weights_scale apply
     selection_bias: ClassVar[bool | None] = False  # top-k on probabilities + exp_probs_b (None: where the file has it)
     softmax_selected: ClassVar[bool] = False  # weights: a softmax over the k selected logits (gpt-oss)
+    recurrence: ClassVar[str] = "none"  # how the file marks linear-attention layers (hparams.RECURRENCE)
 
     def __init__(self, hp: HParams, weights: ModelWeights, streamed: list[int]) -> None:
         self.hp = hp
@@ -176,24 +183,26 @@ class MoEModel:
         c.attention(il, qk_norm, cls.qkv_bias)
 
     # --------------------------------------------------------------------------------------------- graph
-    def layer(self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.KVCache) -> common.LayerOut:
-        """Layer il's graph on the hidden state x: attention (writing the cache), then a dense FFN (`out`) or
-        the FFN norm, shared expert and router of the routed experts (`routed`)."""
+    def layer(self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache) -> common.LayerOut:
+        """Layer il's graph on the hidden state x: attention (writing the cache; a linear-attention layer updates
+        its recurrent state), then a dense FFN (`out`) or the FFN norm, shared expert and router of the routed
+        experts (`routed`)."""
         w = self.w[il]
         attn, writes = self.attention(ctx, il, self.norm(ctx, x, w["attn_norm"]), at, kv)
         residual = ops.ggml_add(ctx, attn, x)
         cur = self.norm(ctx, residual, w[self.ffn_norm])
+        limit = self.swiglu_limit(il)
         if il not in self._moe:
-            return common.LayerOut(writes, out=ops.ggml_add(ctx, common.dense_ffn(ctx, w, cur), residual))
-        shared = common.shared_expert(ctx, w, cur, self.shared_gated) if "ffn_gate_shexp" in w else None
+            return common.LayerOut(writes, out=ops.ggml_add(ctx, common.dense_ffn(ctx, w, cur, limit), residual))
+        shared = common.shared_expert(ctx, w, cur, self.shared_gated, limit) if "ffn_gate_shexp" in w else None
         return common.LayerOut(writes, routed=self.routed(ctx, il, cur, residual, shared))
 
     def attention(
-        self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.KVCache
+        self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache
     ) -> tuple[Tensor, list[Tensor]]:
         w = self.w[il]
         qk_norm = self.qk_norm if self.qk_norm is not None else "attn_q_norm" in w
-        return common.attention(ctx, self.hp, w, x, at, kv, self.rope, qk_norm, self.qkv_bias)
+        return common.attention(ctx, self.hp, w, x, at, common.kv_cache(kv), self.rope, qk_norm, self.qkv_bias)
 
     def routed(self, ctx: Any, il: int, cur: Tensor, residual: Tensor, shared: Tensor | None) -> common.Routed:
         """The router of layer il on `cur` (its FFN input): the selected experts and their weights."""
@@ -206,15 +215,28 @@ class MoEModel:
         """How layer il's routed experts compute (SwiGLU here; a family may add biases or another activation)."""
         return common.SWIGLU
 
+    def swiglu_limit(self, il: int) -> float:
+        """The SwiGLU limit of layer il's dense FFN or shared expert (0: none)."""
+        return 0.0
+
     @property
     def window(self) -> int:
         """The sliding window's span when some layers attend over one (their placement needs its mask)."""
         return 0
 
     def kv_spec(self, il: int) -> common.KVSpec:
-        """Layer il's cache widths: K and V of every KV head."""
+        """Layer il's cache widths: K and V of every KV head (none for a linear-attention layer)."""
         hp = self.hp
         return common.KVSpec(hp.head_dim * hp.n_head_kv, (hp.head_dim_v or hp.head_dim) * hp.n_head_kv)
+
+    def state_spec(self, il: int) -> common.StateSpec | None:
+        """Layer il's recurrent state, if it is a linear-attention layer."""
+        return None
+
+    @property
+    def position_axes(self) -> int:
+        """Position values per token the graphs take: 4 with multi-axis RoPE (qwen35moe), else 1."""
+        return 4 if self.rope.sections else 1
 
     def embed(self, ctx: Any, ids: Tensor) -> Tensor:
         return ops.ggml_get_rows(ctx, self.weights.get("token_embd.weight"), ids)

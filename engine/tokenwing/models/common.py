@@ -8,6 +8,7 @@ do; nothing here knows a family by name.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass, fields
 from typing import Any
@@ -34,21 +35,37 @@ class Placement:
 
     n: int
     n_kv: int
-    positions: Tensor  # I32 [n]
+    positions: Tensor  # I32 [n] (multi-axis RoPE: [4 n], the text positions on three axes and 0 on the fourth)
     mask: Tensor  # F32 [n_kv, n]
     k_rows: Tensor  # I64 [n]: the tokens' rows in the K cache
     v_cells: Tensor | None  # I64 [n · v_width]: their elements in the (transposed) V cache; None: no V cache
     mask_swa: Tensor | None = None  # F32 [n_kv, n]: the mask of sliding-window layers (gpt-oss), if any
+    # A prompt's chunks attend through F32 tiled flash attention: these masks in F16, padded to FLASH_ROWS queries
+    # (see `attend`); None: the two matrix products
+    flash_mask: Tensor | None = None
+    flash_mask_swa: Tensor | None = None
 
 
-def placement_arrays(pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int, window: int = 0) -> dict[str, np.ndarray]:
+FLASH_ROWS = 64  # ggml's CPU flash attention runs its F32 tiled kernel for 64 queries or more (GGML_FA_TILE_Q)
+FLASH_ALIGN = 16  # ... and value rows of a multiple of the widest SIMD vector (16 floats)
+
+
+def placement_arrays(
+    pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int, window: int = 0, axes: int = 1, flash: bool = False
+) -> dict[str, np.ndarray]:
     """The input data of a `Placement` (numpy order); `window`: the sliding window's span, for its own mask (a
-    key is masked when the query is `window` or more positions after it, as llama.cpp's standard SWA)."""
+    key is masked when the query is `window` or more positions after it, as llama.cpp's standard SWA); `axes`:
+    4 for multi-axis RoPE (a text token's position on the first three axes, 0 on the fourth, as llama.cpp);
+    `flash`: the F16 masks of flash attention too, each padded to FLASH_ROWS rows with copies of its last
+    (padding queries then need no key tile the real ones do not)."""
     mask = np.zeros((n, n_kv), np.float32)
     for i in range(n):
         mask[i, pos0 + i + 1 :] = -np.inf
     rows = np.arange(pos0, pos0 + n, dtype=np.int64)
-    out: dict[str, np.ndarray] = {"positions": rows.astype(np.int32), "mask": mask, "k_rows": rows}
+    positions = rows.astype(np.int32)
+    if axes > 1:
+        positions = np.concatenate([np.tile(positions, 3), np.zeros(n * (axes - 3), np.int32)])
+    out: dict[str, np.ndarray] = {"positions": positions, "mask": mask, "k_rows": rows}
     if v_width:
         out["v_cells"] = (np.arange(v_width, dtype=np.int64)[None, :] * n_ctx + rows[:, None]).reshape(-1)
     if window:
@@ -56,6 +73,11 @@ def placement_arrays(pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int, win
         for i in range(n):
             swa[i, : max(0, pos0 + i - window + 1)] = -np.inf
         out["mask_swa"] = swa
+    if flash:
+        for name in ("mask", "mask_swa") if window else ("mask",):
+            m = out[name]
+            pad = np.repeat(m[-1:], max(0, FLASH_ROWS - n), axis=0)
+            out["flash_" + name] = np.concatenate([m, pad], axis=0).astype(np.float16)
     return out
 
 
@@ -63,12 +85,31 @@ def decode_window(pos: int, n_ctx: int) -> int:
     return min(n_ctx, -(-(pos + 1) // DECODE_WINDOW) * DECODE_WINDOW)
 
 
-def placement(g: Graph, pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int, window: int = 0) -> Placement:
-    """A `Placement` whose inputs are filled now (a graph built for one use)."""
-    a = placement_arrays(pos0, n, n_kv, n_ctx, v_width, window)
+def placement(
+    g: Graph,
+    pos0: int,
+    n: int,
+    n_kv: int,
+    n_ctx: int,
+    v_width: int,
+    window: int = 0,
+    axes: int = 1,
+    flash: bool = False,
+) -> Placement:
+    """A `Placement` whose inputs are filled now (a graph built for one use); `flash`: a prompt's, which attends
+    through flash attention."""
+    a = placement_arrays(pos0, n, n_kv, n_ctx, v_width, window, axes, flash)
     inputs = {name: g.input(v) for name, v in a.items()}
     return Placement(
-        n, n_kv, inputs["positions"], inputs["mask"], inputs["k_rows"], inputs.get("v_cells"), inputs.get("mask_swa")
+        n,
+        n_kv,
+        inputs["positions"],
+        inputs["mask"],
+        inputs["k_rows"],
+        inputs.get("v_cells"),
+        inputs.get("mask_swa"),
+        inputs.get("flash_mask"),
+        inputs.get("flash_mask_swa"),
     )
 
 
@@ -98,6 +139,47 @@ class KVCache:
     v_width: int
 
 
+@dataclass(frozen=True)
+class StateSpec:
+    """A linear-attention layer's recurrent state (F32, GGUF shape order): the last inputs of its short
+    convolution, and the delta rule's state matrices, one per value head."""
+
+    conv: tuple[int, ...]
+    state: tuple[int, ...]
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.conv) + math.prod(self.state)
+
+
+@dataclass(frozen=True)
+class RecurrentCache:
+    """One linear-attention layer's state, updated in place by each graph that runs the layer (a prompt's
+    chunks one after the other, then each decode step): there is one state, that of the last position.
+
+    `snapshot`: where the graph also writes the state as it was one token before its last (a prompt's end,
+    kept as a checkpoint: a request that repeats the prompt resumes there and computes its last token); the
+    graph must have at least two tokens then."""
+
+    conv: Tensor
+    state: Tensor
+    snapshot: RecurrentCache | None = None
+
+
+LayerCache = KVCache | RecurrentCache
+
+
+def kv_cache(cache: LayerCache) -> KVCache:
+    """The cache of an attention layer (a family asks for the kind its layer has)."""
+    assert isinstance(cache, KVCache), "an attention layer was given a recurrent state"
+    return cache
+
+
+def recurrent_cache(cache: LayerCache) -> RecurrentCache:
+    assert isinstance(cache, RecurrentCache), "a linear-attention layer was given a KV cache"
+    return cache
+
+
 # ------------------------------------------------------------------------------------------- attention
 @dataclass(frozen=True)
 class Rope:
@@ -110,6 +192,7 @@ class Rope:
     attn_factor: float = 1.0
     beta_fast: float = 32.0  # llama.cpp's defaults; it does not read the file's
     beta_slow: float = 1.0
+    sections: tuple[int, ...] = ()  # multi-axis RoPE (ggml_rope_multi): rotary pairs per axis
 
 
 def rope_of(hp: HParams, mode: int, yarn_log_mul: float, mscale_from_all_dims: bool = False) -> Rope:
@@ -136,21 +219,11 @@ def rope_of(hp: HParams, mode: int, yarn_log_mul: float, mscale_from_all_dims: b
 
 
 def rope(ctx: Any, x: Tensor, positions: Tensor, r: Rope) -> Tensor:
-    return ops.ggml_rope_ext(
-        ctx,
-        x,
-        positions,
-        None,
-        r.n_rot,
-        r.mode,
-        r.n_ctx_orig,
-        r.base,
-        r.freq_scale,
-        r.ext_factor,
-        r.attn_factor,
-        r.beta_fast,
-        r.beta_slow,
-    )
+    scaling = (r.n_ctx_orig, r.base, r.freq_scale, r.ext_factor, r.attn_factor, r.beta_fast, r.beta_slow)
+    if r.sections:
+        sections = (ctypes.c_int * 4)(*r.sections[:4], *([0] * (4 - len(r.sections[:4]))))
+        return ops.ggml_rope_multi(ctx, x, positions, None, r.n_rot, sections, r.mode, *scaling)
+    return ops.ggml_rope_ext(ctx, x, positions, None, r.n_rot, r.mode, *scaling)
 
 
 def attend(
@@ -178,12 +251,17 @@ def attend(
     elt, kc = kv.elt, kv.k
     row = hd * nkv * elt
     writes = [ops.ggml_set_rows(ctx, kc, ops.ggml_reshape_2d(ctx, k, hd * nkv, n), at.k_rows)]
-    k_all = ops.ggml_view_3d(ctx, kc, hd, nkv, at.n_kv, hd * elt, row, 0)
     if kv.v is not None:
         assert v is not None and at.v_cells is not None
-        hd_v, n_ctx = kv.v_width // nkv, int(kv.v.contents.ne[0])
+        n_ctx = int(kv.v.contents.ne[0])
         v_flat = ops.ggml_view_2d(ctx, kv.v, 1, n_ctx * kv.v_width, elt, 0)  # one row per element
         writes.append(ops.ggml_set_rows(ctx, v_flat, ops.ggml_reshape_2d(ctx, v, 1, kv.v_width * n), at.v_cells))
+    flash_mask = at.flash_mask if mask is None else at.flash_mask_swa if mask is at.mask_swa else None
+    if flash_mask is not None and (kv.v_width // nkv) % FLASH_ALIGN == 0:
+        return _flash(ctx, q, nkv, at, kv, scale, flash_mask, sinks, v_up), writes
+    k_all = ops.ggml_view_3d(ctx, kc, hd, nkv, at.n_kv, hd * elt, row, 0)
+    if kv.v is not None:
+        hd_v, n_ctx = kv.v_width // nkv, int(kv.v.contents.ne[0])
         v_all = ops.ggml_view_3d(ctx, kv.v, at.n_kv, hd_v, nkv, n_ctx * elt, n_ctx * elt * hd_v, 0)
     else:  # V is the start of each K row: a transposed copy of the window, as llama.cpp makes it
         v_view = ops.ggml_view_3d(ctx, kc, kv.v_width, nkv, at.n_kv, hd * elt, row, 0)
@@ -196,6 +274,49 @@ def attend(
     if v_up is not None:
         kqv = ops.ggml_mul_mat(ctx, v_up, kqv)
     return ops.ggml_cont_2d(ctx, ops.ggml_permute(ctx, kqv, 0, 2, 1, 3), int(kqv.contents.ne[0]) * nh, n), writes
+
+
+def _flash(
+    ctx: Any,
+    q: Tensor,
+    nkv: int,
+    at: Placement,
+    kv: KVCache,
+    scale: float,
+    mask: Tensor,
+    sinks: Tensor | None,
+    v_up: Tensor | None,
+) -> Tensor:
+    """A prompt chunk's attention through ggml's flash attention, in the form whose CPU kernel accumulates in F32:
+    its tiled kernel, which needs ≥ 64 queries (a chunk is padded with zero queries; their rows are dropped), K and
+    V of one type, and value rows of a multiple of 16. Each query's keys are then visited in 64-key tiles from
+    position 0, masked keys adding exact zeros: a token's result does not depend on how its prompt was chunked
+    (tested). The flash attention rejected earlier (docs/results.md) ran ggml's other kernel, which accumulates V in
+    F16, for chunks of fewer than 64 tokens."""
+    hd, nh, n = int(q.contents.ne[0]), int(q.contents.ne[1]), at.n
+    elt, kc = kv.elt, kv.k
+    row = hd * nkv * elt
+    k_all = ops.ggml_view_3d(ctx, kc, hd, at.n_kv, nkv, row, hd * elt, 0)  # [hd, n_kv, heads]: rows contiguous
+    if kv.v is not None:  # the transposed V cache: its window copied out row by row
+        hd_v, n_ctx = kv.v_width // nkv, int(kv.v.contents.ne[0])
+        v_t = ops.ggml_view_3d(ctx, kv.v, at.n_kv, hd_v, nkv, n_ctx * elt, n_ctx * elt * hd_v, 0)
+        v_all = ops.ggml_cont(ctx, ops.ggml_transpose(ctx, v_t))
+    else:  # V is the start of each K row (MLA's latent): already rows
+        v_all = ops.ggml_view_3d(ctx, kc, kv.v_width, at.n_kv, nkv, row, hd * elt, 0)
+    q_rows = ops.ggml_permute(ctx, q, 0, 2, 1, 3)  # [hd, n, heads]
+    pad = int(mask.contents.ne[1]) - n
+    if pad > 0:
+        q_rows = ops.ggml_pad(ctx, ops.ggml_cont(ctx, q_rows), 0, pad, 0, 0)
+    out = ops.ggml_flash_attn_ext(ctx, q_rows, k_all, v_all, mask, scale, 0.0, 0.0)
+    ops.ggml_flash_attn_ext_set_prec(out, ops.GGML_PREC_F32)  # (GPU backends: F32 accumulation too)
+    if sinks is not None:
+        ops.ggml_flash_attn_ext_add_sinks(out, sinks)
+    hd_v = int(v_all.contents.ne[0])
+    out = ops.ggml_view_3d(ctx, out, hd_v, nh, n, hd_v * 4, hd_v * nh * 4, 0)  # [hd_v, heads, n]: the real queries
+    if v_up is not None:  # MLA: each head's latent result up to its value head
+        up = ops.ggml_mul_mat(ctx, v_up, ops.ggml_permute(ctx, out, 0, 2, 1, 3))  # [hd_out, n, heads]
+        return ops.ggml_cont_2d(ctx, ops.ggml_permute(ctx, up, 0, 2, 1, 3), int(up.contents.ne[0]) * nh, n)
+    return ops.ggml_cont_2d(ctx, out, hd_v * nh, n)
 
 
 def attention(
@@ -311,19 +432,28 @@ def _best_groups(ctx: Any, selection: Tensor, groups: int, used: int, n: int) ->
 
 
 # ------------------------------------------------------------------------------------------------ FFNs
-def swiglu_ffn(ctx: Any, gate: Tensor, up: Tensor, down: Tensor, x: Tensor) -> Tensor:
+def swiglu(ctx: Any, g: Tensor, u: Tensor, limit: float = 0.0) -> Tensor:
+    """silu(g) · u; with a `limit` (Ling 3.0's swiglu_clamp_*), min(silu(g), limit) · clamp(u, ±limit), in
+    llama.cpp's ops (it takes a limit above 1e-6 as set)."""
+    if limit > 1e-6:
+        u = ops.ggml_clamp(ctx, u, -limit, limit)
+        return ops.ggml_mul(ctx, ops.ggml_clamp(ctx, ops.ggml_silu(ctx, g), -math.inf, limit), u)
+    return ops.ggml_swiglu_split(ctx, g, u)
+
+
+def swiglu_ffn(ctx: Any, gate: Tensor, up: Tensor, down: Tensor, x: Tensor, limit: float = 0.0) -> Tensor:
     g = ops.ggml_mul_mat(ctx, gate, x)
     u = ops.ggml_mul_mat(ctx, up, x)
-    return ops.ggml_mul_mat(ctx, down, ops.ggml_swiglu_split(ctx, g, u))
+    return ops.ggml_mul_mat(ctx, down, swiglu(ctx, g, u, limit))
 
 
-def dense_ffn(ctx: Any, w: dict[str, Tensor], x: Tensor) -> Tensor:
-    return swiglu_ffn(ctx, w["ffn_gate"], w["ffn_up"], w["ffn_down"], x)
+def dense_ffn(ctx: Any, w: dict[str, Tensor], x: Tensor, limit: float = 0.0) -> Tensor:
+    return swiglu_ffn(ctx, w["ffn_gate"], w["ffn_up"], w["ffn_down"], x, limit)
 
 
-def shared_expert(ctx: Any, w: dict[str, Tensor], x: Tensor, gated: bool) -> Tensor:
+def shared_expert(ctx: Any, w: dict[str, Tensor], x: Tensor, gated: bool, limit: float = 0.0) -> Tensor:
     """The shared expert(s) of a MoE layer; `gated`: scaled by sigmoid(ffn_gate_inp_shexp · x) (qwen2moe)."""
-    out = swiglu_ffn(ctx, w["ffn_gate_shexp"], w["ffn_up_shexp"], w["ffn_down_shexp"], x)
+    out = swiglu_ffn(ctx, w["ffn_gate_shexp"], w["ffn_up_shexp"], w["ffn_down_shexp"], x, limit)
     if gated:
         out = ops.ggml_mul(ctx, out, ops.ggml_sigmoid(ctx, ops.ggml_mul_mat(ctx, w["ffn_gate_inp_shexp"], x)))
     return out
@@ -376,6 +506,7 @@ class ExpertFFN:
 
     oai: bool = False
     biases: tuple[Tensor, Tensor, Tensor] | None = None
+    limit: float = 0.0  # a SwiGLU limit (`swiglu`)
 
 
 SWIGLU = ExpertFFN()
@@ -385,7 +516,7 @@ OAI_ALPHA, OAI_LIMIT = 1.702, 7.0  # llama.cpp hard-codes gpt-oss's swiglu_oai p
 def _activate(ctx: Any, gate: Tensor, up: Tensor, ffn: ExpertFFN) -> Tensor:
     if ffn.oai:
         return ops.ggml_swiglu_oai(ctx, gate, up, OAI_ALPHA, OAI_LIMIT)
-    return ops.ggml_swiglu_split(ctx, gate, up)
+    return swiglu(ctx, gate, up, ffn.limit)
 
 
 def expert_ffn(ctx: Any, mats: tuple[Tensor, Tensor, Tensor], x: Tensor, ffn: ExpertFFN, expert: int) -> Tensor:
@@ -459,14 +590,36 @@ def weighted_experts(
     experts: Tensor | None,
 ) -> Tensor:
     """w · down(act(gate x, up x)) through mul_mat_id over the slot pool's 3-D views (biases by expert id)."""
-    gate_v, up_v, down_v = views
+    return weighted_down(ctx, views, expert_activations(ctx, views, x, ids, ffn, experts), ids, w, ffn, experts)
+
+
+def expert_activations(
+    ctx: Any, views: tuple[Tensor, Tensor, Tensor], x: Tensor, ids: Tensor, ffn: ExpertFFN, experts: Tensor | None
+) -> Tensor:
+    """act(gate x, up x) of each (token, expert) row [n_ff, 1, m]: the half of an expert that needs only its gate
+    and up projections (a decode step computes it while down is still being read)."""
+    gate_v, up_v, _ = views
     gate, up = ops.ggml_mul_mat_id(ctx, gate_v, x, ids), ops.ggml_mul_mat_id(ctx, up_v, x, ids)
     if ffn.biases is not None:
         assert experts is not None
         gate = ops.ggml_add_id(ctx, gate, ffn.biases[0], experts)
         up = ops.ggml_add_id(ctx, up, ffn.biases[1], experts)
-    down = ops.ggml_mul_mat_id(ctx, down_v, _activate(ctx, gate, up, ffn), ids)
+    return _activate(ctx, gate, up, ffn)
+
+
+def weighted_down(
+    ctx: Any,
+    views: tuple[Tensor, Tensor, Tensor],
+    act: Tensor,
+    ids: Tensor,
+    w: Tensor,
+    ffn: ExpertFFN,
+    experts: Tensor | None,
+) -> Tensor:
+    """w · down(act): the other half (the same ops as in one graph, so the same bits)."""
+    down = ops.ggml_mul_mat_id(ctx, views[2], act, ids)
     if ffn.biases is not None:
+        assert experts is not None
         down = ops.ggml_add_id(ctx, down, ffn.biases[2], experts)
     return ops.ggml_mul(ctx, down, w)
 

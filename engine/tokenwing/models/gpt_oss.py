@@ -58,7 +58,7 @@ class GptOss(MoEModel):
             raise BadInputError(f"{where}: sliding-window layers need attention.sliding_window")
 
     def attention(
-        self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.KVCache
+        self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache
     ) -> tuple[Tensor, list[Tensor]]:
         hp, w, n = self.hp, self.w[il], at.n
         q = ops.ggml_add(ctx, ops.ggml_mul_mat(ctx, w["attn_q"], x), w["attn_q.bias"])
@@ -68,7 +68,7 @@ class GptOss(MoEModel):
         k = common.rope(ctx, ops.ggml_reshape_3d(ctx, k, hp.head_dim, hp.n_head_kv, n), at.positions, self.rope)
         mask = at.mask_swa if self.swa[il] else None
         scale = 1.0 / math.sqrt(hp.n_rot)
-        cur, writes = common.attend(ctx, q, k, v, at, kv, scale, mask=mask, sinks=w["attn_sinks"])
+        cur, writes = common.attend(ctx, q, k, v, at, common.kv_cache(kv), scale, mask=mask, sinks=w["attn_sinks"])
         return ops.ggml_add(ctx, ops.ggml_mul_mat(ctx, w["attn_output"], cur), w["attn_output.bias"]), writes
 
     def routed(self, ctx: Any, il: int, cur: Tensor, residual: Tensor, shared: Tensor | None) -> common.Routed:

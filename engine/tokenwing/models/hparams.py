@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,13 +45,34 @@ class HParams:
     rope_attn_factor: float = 1.0  # rope.scaling.attn_factor
     sliding_window: int = 0  # attention.sliding_window (gpt-oss: the windowed layers' span)
     swa_pattern: tuple[bool, ...] | int = 0  # attention.sliding_window_pattern: per layer, or every n-th dense
+    # linear-attention (recurrent) layers: gated DeltaNet (qwen3next, qwen35moe), KDA (bailingmoe3)
+    recurrent: tuple[bool, ...] = ()  # per layer that runs: a linear-attention layer (empty: none)
+    ssm_d_conv: int = 0  # ssm.conv_kernel: the short convolution's width
+    ssm_d_inner: int = 0  # ssm.inner_size: value heads × their size
+    ssm_d_state: int = 0  # ssm.state_size: the size of a key (and value) head
+    ssm_dt_rank: int = 0  # ssm.time_step_rank: value heads
+    ssm_n_group: int = 0  # ssm.group_count: key heads
+    kda_head_dim: int = 0  # kda.head_dim (bailingmoe3: every KDA head, q, k and v alike)
+    kda_gate_lower_bound: float = 0.0  # kda.gate_lower_bound: the decay gate's floor (negative)
+    rope_sections: tuple[int, ...] = ()  # rope.dimension_sections: multi-axis RoPE (qwen35moe's IMRoPE)
+    swiglu_limit_exp: tuple[float, ...] = ()  # swiglu_clamp_exp: per layer, the routed experts' SwiGLU limit
+    swiglu_limit_shexp: tuple[float, ...] = ()  # swiglu_clamp_shexp: the shared expert's (and a dense FFN's)
 
     @property
     def is_mla(self) -> bool:
         return self.head_dim_k_mla > 0 and self.head_dim_v_mla > 0
 
+    def is_recurrent(self, il: int) -> bool:
+        return il < len(self.recurrent) and self.recurrent[il]
 
-def read_hparams(meta: dict[str, Any], arch: str, where: str) -> HParams:
+
+# How a family marks its linear-attention layers in the metadata (llama.cpp's loaders): not at all; a list
+# (attention.recurrent_layers) or else every layer but each full_attention_interval-th (Qwen3-Next, Qwen3.5);
+# or a head_count_kv of 0 in the per-layer list (Ling 3.0).
+RECURRENCE = ("none", "interval", "kv_heads")
+
+
+def read_hparams(meta: dict[str, Any], arch: str, where: str, recurrence: str = "none") -> HParams:
     def get(key: str, default: Any = None, kind: type = int) -> Any:
         v = meta.get(f"{arch}.{key}", default)
         if v is None:
@@ -65,12 +87,16 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str) -> HParams:
     n_head = get("attention.head_count")
     head_dim = get("attention.key_length", n_embd // max(n_head, 1))
     tokens = meta.get("tokenizer.ggml.tokens")
+    n_layer = get("block_count") - get("nextn_predict_layers", 0)  # (MTP blocks, last, are not run)
+    kv_heads = _ints(meta.get(f"{arch}.attention.head_count_kv", n_head), f"{where}: {arch}.attention.head_count_kv")
+    if len(kv_heads) > 1 and len(kv_heads) < n_layer:
+        raise BadInputError(f"{where}: {arch}.attention.head_count_kv lists fewer layers than block_count")
     hp = HParams(
         arch=arch,
-        n_layer=get("block_count") - get("nextn_predict_layers", 0),  # (MTP blocks, last, are not run)
+        n_layer=n_layer,
         n_embd=n_embd,
         n_head=n_head,
-        n_head_kv=get("attention.head_count_kv", n_head),
+        n_head_kv=max(kv_heads[:n_layer] or [0]),  # (a list: the attention layers' count; 0 in linear ones)
         head_dim=head_dim,
         n_ctx_train=get("context_length"),
         rms_eps=get("attention.layer_norm_rms_epsilon", kind=float),
@@ -98,6 +124,21 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str) -> HParams:
         rope_attn_factor=get("rope.scaling.attn_factor", 1.0, kind=float),
         sliding_window=get("attention.sliding_window", 0),
         swa_pattern=_pattern(meta.get(f"{arch}.attention.sliding_window_pattern", 0), f"{where}: {arch}"),
+        recurrent=_recurrent(meta, arch, where, recurrence, n_layer, kv_heads),
+        ssm_d_conv=get("ssm.conv_kernel", 0),
+        ssm_d_inner=get("ssm.inner_size", 0),
+        ssm_d_state=get("ssm.state_size", 0),
+        ssm_dt_rank=get("ssm.time_step_rank", 0),
+        ssm_n_group=get("ssm.group_count", 0),
+        kda_head_dim=get("kda.head_dim", 0),
+        kda_gate_lower_bound=get("kda.gate_lower_bound", 0.0, kind=float),
+        rope_sections=tuple(_ints(meta.get(f"{arch}.rope.dimension_sections", []), f"{where}: {arch}.rope")),
+        swiglu_limit_exp=_floats(
+            meta.get(f"{arch}.swiglu_clamp_exp", []), n_layer, f"{where}: {arch}.swiglu_clamp_exp"
+        ),
+        swiglu_limit_shexp=_floats(
+            meta.get(f"{arch}.swiglu_clamp_shexp", []), n_layer, f"{where}: {arch}.swiglu_clamp_shexp"
+        ),
     )
     if hp.n_mtp < 0:
         raise BadInputError(f"{where}: nextn_predict_layers must not be negative")
@@ -119,6 +160,48 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str) -> HParams:
     if hp.rope_freq_scale <= 0 or hp.sliding_window < 0 or min(hp.q_lora_rank, hp.kv_lora_rank) < 0:
         raise BadInputError(f"{where}: rope.scaling.factor, sliding_window and the MLA ranks must be positive")
     return hp
+
+
+def _ints(v: Any, what: str) -> list[int]:
+    """An integer or a list of them (per-layer keys), as a list."""
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    items = v if isinstance(v, list) else [v]
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in items):
+        raise BadInputError(f"{what} must be a count or one count per layer")
+    return list(items)
+
+
+def _floats(v: Any, n_layer: int, what: str) -> tuple[float, ...]:
+    """A number for every layer, or one per layer (llama.cpp's get_key_or_arr), as one per layer."""
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    items = v if isinstance(v, list) else [v] * n_layer
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in items):
+        raise BadInputError(f"{what} must be a number or one number per layer")
+    return tuple(float(x) for x in items[:n_layer]) + (0.0,) * max(0, n_layer - len(items))
+
+
+def _recurrent(
+    meta: dict[str, Any], arch: str, where: str, recurrence: str, n_layer: int, kv_heads: list[int]
+) -> tuple[bool, ...]:
+    """Which layers are linear attention, as llama.cpp's loader of the family reads it."""
+    if recurrence == "kv_heads":
+        if len(kv_heads) < n_layer:
+            raise BadInputError(f"{where}: {arch}.attention.head_count_kv must list every layer (0: linear attention)")
+        return tuple(h == 0 for h in kv_heads[:n_layer])
+    if recurrence == "interval":
+        listed = meta.get(f"{arch}.attention.recurrent_layers")
+        if listed is not None:
+            flags = _pattern(listed, f"{where}: {arch}")
+            if not isinstance(flags, tuple) or len(flags) < n_layer:
+                raise BadInputError(f"{where}: {arch}.attention.recurrent_layers must have one flag per layer")
+            return flags[:n_layer]
+        interval = meta.get(f"{arch}.full_attention_interval", 4)
+        if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+            raise BadInputError(f"{where}: {arch}.full_attention_interval must be a positive integer")
+        return tuple((il + 1) % interval != 0 for il in range(n_layer))
+    return ()
 
 
 def _pattern(v: Any, what: str) -> tuple[bool, ...] | int:

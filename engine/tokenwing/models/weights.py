@@ -13,7 +13,26 @@ _ALIGN = 64
 # Weights used only as the first operand of matrix products: the ones ggml may keep in a repacked layout
 # (token_embd is also read by get_rows, norms and biases are added, routers are read by numpy).
 _FFN = ("ffn_gate", "ffn_up", "ffn_down")
-_MATMUL_WEIGHTS = {"attn_q", "attn_k", "attn_v", "attn_output", *_FFN, *(w + "_shexp" for w in _FFN)}
+_LINEAR_ATTENTION = (
+    "attn_qkv",
+    "attn_gate",
+    "ssm_in",
+    "ssm_out",
+    "ssm_ba",
+    "ssm_alpha",
+    "ssm_beta",
+    "ssm_f_a",
+    "ssm_g_a",
+)
+_MATMUL_WEIGHTS = {
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    *_FFN,
+    *(w + "_shexp" for w in _FFN),
+    *_LINEAR_ATTENTION,
+}
 
 
 def _align(n: int) -> int:

@@ -117,6 +117,8 @@ class ExpertCompute:
         self.scheduler, self.pools, self.graph, self.max_batch = scheduler, pools, graph, max_batch
         self.ffn = ffn
         self.k = scheduler.k
+        # split demand reads land gate/up first: compute that half before down is in
+        self.staged = scheduler.streamer.settings.split_demand
 
     # ------------------------------------------------------------------------------------------ a prompt
     def prompt(
@@ -248,7 +250,9 @@ class ExpertCompute:
         self, block: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray, wave: list[int], ready: list[bool]
     ) -> np.ndarray:
         """A token's experts when some are still on their way: the ready ones first, then the others as they
-        land; their weighted outputs summed in rank order (the same additions as in one graph)."""
+        land; their weighted outputs summed in rank order (the same additions as in one graph). With split
+        demand reads, the late experts' gate/up half is computed as soon as those projections are in, while
+        their down projections are still being read (spec §9)."""
         return common.sum_experts(self.decode_weighted(block, cur, sel, weights, wave, ready))
 
     def decode_weighted(
@@ -262,6 +266,9 @@ class ExpertCompute:
         for part in (first, rest) if first and rest else (wave,):
             if not part:
                 continue
+            if self.staged and part is not first:
+                self._staged(block, cur, sel, weights, part, weighted)
+                continue
             slot_of = np.zeros(self.scheduler.n_expert, np.int32)
             slot_of[part] = self.scheduler.wait_all(block, part)
             tok, j = np.nonzero(np.isin(sel, part))
@@ -273,3 +280,33 @@ class ExpertCompute:
             self.graph.compute(moe)
             weighted[tok, j] = to_numpy(moe).reshape(-1, cur.shape[1])
         return weighted
+
+    def _staged(
+        self, block: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray, part: list[int], weighted: np.ndarray
+    ) -> None:
+        """The experts of `part` in two graphs: act(gate x, up x) once their gate and up have landed, then
+        w · down(act) once down has: the ops of one graph, the activations passed in F32, so the same bits."""
+        slot_of = np.zeros(self.scheduler.n_expert, np.int32)
+        slot_of[part] = self.scheduler.wait_gate_up(block, part)
+        tok, j = np.nonzero(np.isin(sel, part))
+        m, n_embd = len(tok), cur.shape[1]
+        views, ffn, g = self.pools.views[block], self.ffn[block], self.graph
+        experts = sel[tok, j].astype(np.int32).reshape(m, 1)
+
+        def inputs() -> tuple[Tensor, Tensor | None]:
+            ids = g.input(slot_of[sel[tok, j]].astype(np.int32).reshape(m, 1))
+            return ids, (g.input(experts) if ffn.biases is not None else None)
+
+        g.reset()
+        ids, eids = inputs()
+        x = ops.ggml_reshape_3d(g.ctx, g.input(cur[tok]), n_embd, 1, m)
+        act = common.expert_activations(g.ctx, views, x, ids, ffn, eids)
+        g.compute(act)
+        act_rows = to_numpy(act).reshape(m, 1, -1).copy()
+        slot_of[part] = self.scheduler.wait_all(block, part)  # down too (and the debug checksums)
+        g.reset()
+        ids, eids = inputs()
+        w = g.input(weights[tok, j].astype(np.float32).reshape(m, 1, 1))
+        out = common.weighted_down(g.ctx, views, g.input(act_rows), ids, w, ffn, eids)
+        g.compute(out)
+        weighted[tok, j] = to_numpy(out).reshape(-1, n_embd)

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenwing import testpause
 from tokenwing.errors import BadInputError
 from tokenwing.runtime.sampler import Sampler
 from tokenwing.runtime.session import SESSION_COUNTERS, Session
@@ -117,14 +118,15 @@ def generate(
     gen = Generation(prompt_tokens=len(prompt), cached_tokens=cached)
     before = session.counters()
     t0 = time.perf_counter()
-    logits = session.forward(prompt[cached:])
+    logits = session.forward(prompt[cached:], prompt=True)
     gen.prompt_seconds = time.perf_counter() - t0
     after_prompt = session.counters()
     stream = TextStream(stops)
     history = list(prompt)
+    script = testpause.scripted_tokens()  # tests only: a reply of known tokens through the real pipeline
     t1 = time.perf_counter()
     for _ in range(limit):
-        tok = sampler.sample(logits, history)
+        tok = sampler.sample(logits, history) if script is None else script[min(len(gen.tokens), len(script) - 1)]
         if tok in session.tokenizer.eos_ids:
             gen.finish_reason, gen.finish_detail = "stop", "eos"
             break

@@ -1,11 +1,12 @@
 """The KV cache: per layer, K with a row per position and V transposed, in memory we own (charged as it is
-written, so a long context costs only what is used)."""
+written, so a long context costs only what is used); a linear-attention layer has its recurrent state instead."""
 
 from __future__ import annotations
 
 from tokenwing.compute.ggml_lib import F16, F32, TensorArena, aligned_bytes
 from tokenwing.errors import BadInputError
-from tokenwing.models.common import KVCache, KVSpec
+from tokenwing.models.common import KVCache, KVSpec, LayerCache
+from tokenwing.runtime.recurrent import StateBuffers
 
 KV_TYPES = {"f16": (F16, 2), "f32": (F32, 4)}
 
@@ -24,12 +25,26 @@ def kv_bytes_per_token(specs: list[KVSpec], elt: int) -> int:
 
 
 class KVCaches:
-    def __init__(self, arena: TensorArena, specs: list[KVSpec], n_ctx: int, kv_type: str) -> None:
+    """Every layer's cache: K and V for an attention layer, the recurrent state for a linear-attention one
+    (`states`, runtime/recurrent.py)."""
+
+    def __init__(
+        self,
+        arena: TensorArena,
+        specs: list[KVSpec],
+        n_ctx: int,
+        kv_type: str,
+        states: StateBuffers | None = None,
+    ) -> None:
         gtype, elt = kv_element(kv_type)
         self.n_ctx = n_ctx
-        self.layers: list[KVCache] = []
+        self.states = states
+        self.layers: list[LayerCache] = []
         self._memory = []
-        for spec in specs:
+        for il, spec in enumerate(specs):
+            if states is not None and il in states.layers:
+                self.layers.append(states.layers[il])
+                continue
             k_mem = aligned_bytes(spec.k * elt * n_ctx)
             v_mem = aligned_bytes(spec.v_stored * elt * n_ctx) if spec.v_stored else None
             self._memory.append((k_mem, v_mem))
@@ -37,5 +52,11 @@ class KVCaches:
             v = arena.wrap(v_mem, gtype, (n_ctx, spec.v)) if v_mem is not None else None
             self.layers.append(KVCache(k, v, elt, spec.v))
 
-    def __getitem__(self, il: int) -> KVCache:
+    def __getitem__(self, il: int) -> LayerCache:
         return self.layers[il]
+
+
+def v_width(specs: list[KVSpec]) -> int:
+    """The V elements per position a placement writes: every attention layer's are alike (0: V lives in K, or
+    no layer attends)."""
+    return next((s.v_stored for s in specs if s.k), 0)

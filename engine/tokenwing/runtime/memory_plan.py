@@ -7,15 +7,20 @@ never from a constant for one machine.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from tokenwing.models.common import StateSpec
 from tokenwing.models.hparams import HParams
+from tokenwing.runtime.recurrent import state_bytes
 from tokenwing.streaming.memory import HEADROOM, MemoryInfo, expert_budget, memory_info
 
 
-def graph_bytes(hp: HParams, max_batch: int, n_ctx: int) -> int:
+def graph_bytes(hp: HParams, max_batch: int, n_ctx: int, states: list[StateSpec | None] | None = None) -> int:
     """The compute graph context's reserve: a batch of `max_batch` tokens through the largest graph (attention
-    scores over `n_ctx` positions, router outputs, k experts' intermediate rows, logits), with room to spare."""
+    scores over `n_ctx` positions, router outputs, k experts' intermediate rows, logits), with room to spare.
+    A linear-attention layer adds its convolution's window and the intermediates of its projections (about
+    twelve values per channel and token), and the delta rule's result: the new state, twice with a snapshot."""
     per_token = 4 * (
         8 * hp.n_embd
         + 3 * hp.n_head * hp.head_dim
@@ -24,7 +29,41 @@ def graph_bytes(hp: HParams, max_batch: int, n_ctx: int) -> int:
         + hp.vocab_size
     )
     attn = 4 * hp.n_head * max_batch * n_ctx
-    return int(max_batch * per_token * 2 + attn + (64 << 20))
+    linear = 0
+    for spec in states or []:
+        if spec is not None:
+            channels = math.prod(spec.conv[1:])
+            linear = max(linear, 4 * (12 * channels * max_batch + 3 * math.prod(spec.state) + spec.elements))
+    return int(max_batch * per_token * 2 + attn + linear + (64 << 20))
+
+
+@dataclass(frozen=True)
+class StatePlan:
+    """The recurrent state of linear-attention layers: the live copy, and for prompt caching a snapshot buffer
+    and up to `checkpoints` copies (runtime/recurrent.py)."""
+
+    per_copy: int  # bytes of every layer's state
+    checkpoints: int
+    note: str | None = None
+
+    @property
+    def reserved(self) -> int:
+        return self.per_copy * (1 + (1 + self.checkpoints if self.checkpoints else 0))
+
+    @classmethod
+    def of(cls, specs: list[StateSpec | None], wanted: int, info: MemoryInfo) -> StatePlan:
+        """As many checkpoints as wanted, within a 32nd of usable memory (one at least)."""
+        per = state_bytes(specs)
+        if per == 0:
+            return cls(0, 0)
+        fits = max(1, info.usable // 32 // per)
+        if wanted > fits:
+            note = (
+                f"prompt caching keeps {fits} recurrent-state checkpoints, not {wanted}: each takes "
+                f"{per >> 20} MiB and they may take a 32nd of memory"
+            )
+            return cls(per, fits, note)
+        return cls(per, max(wanted, 0))
 
 
 @dataclass(frozen=True)
@@ -73,16 +112,18 @@ class PromptMemory:
     graph_mem: int
     cache_capacity: int  # bytes of the expert cache when every slot is filled
     override: int | None = None  # a fixed free memory (tests, benchmarks): SessionOptions.prompt_memory
+    states: StatePlan = StatePlan(0, 0)  # recurrent-state checkpoints are copied as prompts take them
 
     def bytes(self, n: int) -> int:
         return n * self.per_token * 5 // 4  # + a quarter for numpy's temporaries
 
-    def free_room(self, kv_high: int, cache_filled: int, loaned: int) -> int:
+    def free_room(self, kv_high: int, cache_filled: int, loaned: int, checkpoints_held: int = 0) -> int:
         """Free memory under the limit, less the part of the expert cache not filled yet (it will be as the
-        prompt reads experts) and what is promised but not yet touched."""
+        prompt reads experts) and what is promised but not yet touched (KV positions, state checkpoints)."""
         if self.override is not None:
             return self.override
         promised = self.kv_per_token * (self.n_ctx - kv_high) + self.graph_mem
+        promised += self.states.per_copy * max(0, self.states.checkpoints - checkpoints_held)
         unfilled = self.cache_capacity - min(self.cache_capacity, cache_filled) - loaned
         return max(0, expert_budget(memory_info(), HEADROOM, promised) - unfilled)
 

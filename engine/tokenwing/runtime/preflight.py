@@ -32,7 +32,7 @@ def preflight(mf: ModelFile) -> Preflight:
     path = mf.path
     meta = {k: v.value for k, v in mf.header.kv.items()}
     model_class = family(mf.arch)
-    hp = read_hparams(meta, mf.arch, path)
+    hp = read_hparams(meta, mf.arch, path, model_class.recurrence)
     tokenizer = tokenizer_from_metadata(meta, path)
     template = meta.get("tokenizer.chat_template")
     chat_template = ChatTemplate(template) if isinstance(template, str) else None

@@ -50,6 +50,8 @@ class ExpertScheduler:
         self.streamer = ExpertStreamer(mf, plan.slots_per_layer, settings, layers)
         if self.streamer.fallback_line:
             log(self.streamer.fallback_line.removeprefix("tokenwing: "))
+        if self.streamer.core.io_fallback_reason:
+            log(self.streamer.core.io_fallback_reason)
         self.record_sizes = {el.layer: el.record_size for el in self.streamer.layers}
         self.capacity = plan.bytes  # every slot filled
         self.usage_on = usage_table
@@ -130,8 +132,19 @@ class ExpertScheduler:
     def wait_all(self, block: int, experts: Sequence[int]) -> list[int]:
         return self.streamer.wait_all(block, experts)
 
-    def predict(self, block: int, experts: Sequence[int], distance: int) -> None:
-        self.streamer.predict(block, experts, distance)
+    def wait_gate_up(self, block: int, experts: Sequence[int]) -> list[int]:
+        """Blocks until each expert's gate and up projections are in RAM (down may still be on its way)."""
+        for e in experts:
+            self.streamer.wait(block, e, 0)
+        return [self.streamer.wait(block, e, 1) for e in experts]
+
+    def predict(
+        self, block: int, experts: Sequence[int], distance: int, probs: Sequence[float] = (), predictors: int = 0
+    ) -> None:
+        """Predictions for a later layer (rank order), with the router's probability of each where known (the core
+        reads the likeliest first) and how many layers predict that layer (the votes a prediction needs are capped
+        by it)."""
+        self.streamer.predict(block, experts, distance, probs, predictors)
 
     def touch(self, block: int, experts: Sequence[int]) -> None:
         """A layer computed elsewhere (a whole decode step in one graph): the core still sees its experts."""

@@ -13,6 +13,7 @@ The session knows no family by name: `models/<arch>.py` builds the layer graphs.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -32,10 +33,11 @@ from tokenwing.models.base import MoEModel
 from tokenwing.models.hparams import HParams
 from tokenwing.models.weights import ModelWeights
 from tokenwing.runtime.experts import ExpertCompute, ExpertPools
-from tokenwing.runtime.kvcache import KVCaches, kv_bytes_per_token, kv_element
-from tokenwing.runtime.lookahead import Lookahead
-from tokenwing.runtime.memory_plan import PromptMemory, graph_bytes, plan_context, prompt_bytes_per_token
+from tokenwing.runtime.kvcache import KVCaches, kv_bytes_per_token, kv_element, v_width
+from tokenwing.runtime.lookahead import Ahead, Lookahead
+from tokenwing.runtime.memory_plan import PromptMemory, StatePlan, graph_bytes, plan_context, prompt_bytes_per_token
 from tokenwing.runtime.preflight import preflight
+from tokenwing.runtime.recurrent import Checkpoints, StateBuffers
 from tokenwing.runtime.scheduler import ExpertScheduler
 from tokenwing.runtime.token_graph import TokenGraph
 from tokenwing.runtime.vram import Place, VramOptions, VramTier
@@ -56,10 +58,13 @@ class SessionOptions:
     max_batch: int = 64  # prompt tokens per graph (longer prompts are split, never refused)
     prompt_memory: int | None = None  # free memory a prompt pass may take beyond the cache (None: measured)
     prompt_cache: bool = True  # the server keeps the previous request's KV cache for a shared prefix
+    state_checkpoints: int = 8  # linear-attention models: recurrent-state checkpoints kept for prompt caching
+    checkpoint_interval: int = 1024  # ... one every this many prompt tokens (rounded to max_batch), and one per prompt
     usage_table: bool = True  # seed idle fill from MODEL.usage.json and add this session's counts to it
     preload: bool | None = None  # read every expert at start (None: when the cache holds them all)
     cpu_repack: bool = True  # matrix weights and experts in ggml's repacked layouts, as llama.cpp runs them
     token_graph: bool = True  # with every expert in RAM, a decode step is one graph (runtime/token_graph.py)
+    prompt_attention: str = "products"  # or "flash": F32 tiled flash attention for prompts (models/common.attend)
     stream: StreamSettings = field(default_factory=StreamSettings)
     device: DeviceChoice | None = None  # where to compute (compute/devices.py `choose`); None: the CPU
     vram: VramOptions = field(default_factory=VramOptions)
@@ -70,6 +75,13 @@ SESSION_COUNTERS: list[str] = [*COUNTERS, *VRAM_COUNTERS]
 
 Log = Callable[[str], None]
 Parts = dict[str, np.ndarray]  # a layer graph's results by name (common.Routed's fields, "ahead", or "out")
+
+
+def _put(r: Parts, key: str, v: np.ndarray, h: np.ndarray, c: slice) -> None:
+    """A chunk's result into the prompt-long array of its name (the layer output or residual replaces h in place)."""
+    if key not in r:
+        r[key] = h if key in ("residual", "out") else np.empty((h.shape[0], v.shape[1]), v.dtype)
+    r[key][c] = v
 
 
 def _stderr(line: str) -> None:
@@ -89,24 +101,39 @@ class Session:
         self.tokenizer: TextTokenizer = pre.tokenizer
         self.chat_template = pre.chat_template
         streamed = sorted(layer for layer in widths if layer < hp.n_layer)
-        n_tensors = 3 * hp.n_layer + 3 * len(streamed)  # KV caches, lookahead routers, slot-pool views
+        # KV caches or recurrent states (live and prompt-end snapshot), lookahead routers, slot-pool views
+        n_tensors = 5 * hp.n_layer + 3 * len(streamed)
         weights = ModelWeights(self.mf, n_tensors + 64, opts.cpu_repack)
         self.model: MoEModel = model_class(hp, weights, streamed)
 
         _, elt = kv_element(opts.kv_type)
         specs = [self.model.kv_spec(il) for il in range(hp.n_layer)]
+        state_specs = [self.model.state_spec(il) for il in range(hp.n_layer)]
         kv_per_token = kv_bytes_per_token(specs, elt)
-        graph_mem = graph_bytes(hp, opts.max_batch, opts.n_ctx or hp.n_ctx_train)
+        graph_mem = graph_bytes(hp, opts.max_batch, opts.n_ctx or hp.n_ctx_train, state_specs)
         info = memory_info()
-        ctx_plan = plan_context(opts.n_ctx, hp.n_ctx_train, kv_per_token, weights.bytes, graph_mem, info)
+        states = StatePlan.of(state_specs, opts.state_checkpoints if opts.prompt_cache else 0, info)
+        if states.note:
+            log(states.note)
+        fixed = weights.bytes + states.reserved
+        ctx_plan = plan_context(opts.n_ctx, hp.n_ctx_train, kv_per_token, fixed, graph_mem, info)
         if ctx_plan.note:
             log(ctx_plan.note)
         self.n_ctx = ctx_plan.n_ctx
-        self.kv = KVCaches(weights.arena, specs, self.n_ctx, opts.kv_type)
-        self._v_width = specs[0].v_stored  # the V elements a placement writes (every layer's are alike)
+        live = StateBuffers(weights.arena, state_specs) if states.per_copy else None
+        snapshot = StateBuffers(weights.arena, state_specs) if live is not None and states.checkpoints else None
+        self.kv = KVCaches(weights.arena, specs, self.n_ctx, opts.kv_type, live)
+        interval = -(-max(opts.checkpoint_interval, 1) // opts.max_batch) * opts.max_batch  # chunks end there
+        self.checkpoints = Checkpoints(
+            live or StateBuffers(weights.arena, []),
+            snapshot or StateBuffers(weights.arena, []),
+            states.checkpoints,
+            interval,
+        )
+        self._v_width = v_width(specs)
         budget = opts.ram_budget
         if budget is None:
-            budget = expert_budget(info, HEADROOM, ctx_plan.kv_bytes + graph_mem)
+            budget = expert_budget(info, HEADROOM, ctx_plan.kv_bytes + graph_mem + states.reserved)
         self.scheduler = ExpertScheduler(
             self.mf, streamed, hp.n_expert_used, budget, opts.stream, opts.preload, opts.usage_table, log
         )
@@ -142,7 +169,11 @@ class Session:
             graph_mem,
             self.scheduler.capacity,
             opts.prompt_memory,
+            states,
         )
+        self._cuts: list[int] = []  # a prompt pass's checkpoint positions (where chunks end)
+        self._snap_at: int | None = None  # the position a prompt's last chunk also keeps the state of
+        self._state_dirty = False  # a failed pass left the recurrent state half-updated
         self.pos = 0
         self._kv_high = 0  # KV positions ever written (their memory is touched, hence charged)
         self.history: list[int] = []  # the tokens whose keys and values are in the cache, positions 0..pos-1
@@ -176,9 +207,10 @@ class Session:
         self.device_line = f"{choice.reason}; in VRAM: {self.vram.plan.describe()}"
         self._token_graph_on = False  # (a decode step as one graph is the CPU's: the tier places its own parts)
 
-    def _drop_vram(self, error: Exception) -> None:
+    def _drop_vram(self, error: Exception, seen: list[int]) -> None:
         """The device failed mid-run: the CPU computes from here on. Its KV cache positions were on the device,
-        so the tokens already seen are computed again on the CPU (the result is the same: rounding aside)."""
+        so the tokens `seen` before the failed call are computed again on the CPU (the same result, rounding
+        aside)."""
         assert self.vram is not None
         self.log(f"the GPU failed ({error}): computing on the CPU from here on")
         got = self.vram.counters()
@@ -187,9 +219,9 @@ class Session:
             self.vram.close()
         self.vram = None
         self._token_graph_on = self.options.token_graph
-        seen, self.pos, self.history = self.history, 0, []
+        self._rewind(0)
         if seen:
-            self._forward(seen)
+            self._forward(seen, False, snapshot=True, prompt=True)
 
     # ---------------------------------------------------------------------------------------- what it holds
     @property
@@ -225,27 +257,45 @@ class Session:
         self.mf.close()
 
     def reset(self) -> None:
-        self.pos = 0
-        self.history = []
+        self._rewind(0)
 
     def reuse_prefix(self, tokens: list[int]) -> int:
         """Prompt caching: keeps the cached tokens this prompt starts with and forgets the rest. Returns how many
         are kept (at most all but the last token, which must run to give logits); evaluate `tokens[kept:]`.
 
         A chat's next turn repeats the whole conversation: only the new part is computed. The cache holds
-        exactly what a fresh pass would have put there (attention reads positions < pos only).
+        exactly what a fresh pass would have put there (attention reads positions < pos only). A linear-attention
+        layer's state cannot be cut back: the prompt resumes from the live state if it continues the history,
+        else from the longest checkpoint it starts with (runtime/recurrent.py).
         """
         limit = min(len(tokens) - 1, len(self.history))
         kept = 0
         while kept < limit and self.history[kept] == tokens[kept]:
             kept += 1
+        return self._rewind(kept)
+
+    def _rewind(self, kept: int) -> int:
+        """Keeps the first `kept` tokens of the history, or fewer where the recurrent state has no checkpoint;
+        returns how many."""
+        if self.kv.states is not None and (kept < len(self.history) or self._state_dirty):
+            self._state_dirty = False
+            cp = self.checkpoints.best(kept)
+            if cp is None:
+                kept = 0
+                self.kv.states.zero()
+            else:
+                kept = cp.pos
+                self.checkpoints.restore(cp)
+        self.checkpoints.drop_after(kept)
         self.pos = kept
         del self.history[kept:]
         return kept
 
     # ------------------------------------------------------------------------------------------- forward
-    def forward(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
-        """Runs `tokens` from the current position; returns logits of the last token (or of every token).
+    def forward(self, tokens: list[int], all_logits: bool = False, prompt: bool = False) -> np.ndarray:
+        """Runs `tokens` from the current position; returns logits of the last token (or of every token). One token
+        is a decode step unless `prompt` says it is (the rest of a prompt whose start was cached): prompt tokens
+        attend the same way however the prompt is split.
 
         Layer-major: the whole prompt passes one layer before the next, so each layer's experts are read at
         most once per prompt (in waves that fit the slots); attention and expert graphs run in chunks of
@@ -253,17 +303,15 @@ class Session:
         CPU to compute (`_drop_vram`), never the run failing.
         """
         if self.vram is None:
-            return self._forward(tokens, all_logits)
-        kept = self.pos  # (a long prompt runs in parts: those done already are computed again too)
+            return self._forward_all(tokens, all_logits, prompt)
+        seen = list(self.history)  # (a long prompt runs in parts: those done already are computed again too)
         try:
-            return self._forward(tokens, all_logits)
+            return self._forward_all(tokens, all_logits, prompt)
         except DeviceError as e:
-            self.pos = kept
-            del self.history[kept:]
-            self._drop_vram(e)
-            return self._forward(tokens, all_logits)
+            self._drop_vram(e, seen)
+            return self._forward_all(tokens, all_logits, prompt)
 
-    def _forward(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
+    def _forward_all(self, tokens: list[int], all_logits: bool, prompt: bool) -> np.ndarray:
         hp, n = self.hp, len(tokens)
         if not tokens:
             raise BadInputError("nothing to evaluate")
@@ -279,11 +327,39 @@ class Session:
             if not self._warned_prompt:
                 self._warned_prompt = True
                 self.log(f"a {n}-token prompt does not fit in memory in one pass: running it {span} tokens at a time")
-            outs = [self._forward(tokens[i : i + span], all_logits) for i in range(0, n, span)]
+            # (chunks end at multiples of max_batch whatever the passes: the numbers are those of one pass)
+            outs = [
+                self._forward(tokens[i : i + span], all_logits, snapshot=i + span >= n, prompt=True)
+                for i in range(0, n, span)
+            ]
             return np.concatenate(outs, axis=0) if all_logits else outs[-1]
-        decode = n == 1
+        return self._forward(tokens, all_logits, snapshot=n > 1 or prompt, prompt=prompt)
+
+    def _forward(self, tokens: list[int], all_logits: bool, snapshot: bool, prompt: bool) -> np.ndarray:
+        """One pass; `snapshot`: the request's prompt ends with it (its state one token before the end is kept
+        as a checkpoint). A pass that fails leaves no half-updated recurrent state behind."""
+        try:
+            out = self._pass(tokens, all_logits, snapshot, prompt)
+        except BaseException:
+            if self.kv.states is not None:
+                self.checkpoints.abandon()
+                self._state_dirty = True
+            raise
+        self.checkpoints.commit()
+        return out
+
+    def _pass(self, tokens: list[int], all_logits: bool, snapshot: bool, prompt: bool) -> np.ndarray:
+        hp, n, pos0 = self.hp, len(tokens), self.pos
+        decode = n == 1 and not prompt
         if decode and self.vram is not None and self.vram.experts is not None:
             self.vram.experts.between_steps()  # swaps move in here, between two steps, never inside one
+        self._cuts = self.checkpoints.boundaries(pos0, n) if not decode else []
+        self._snap_at = pos0 + n - 1 if snapshot and self.checkpoints.enabled else None
+        if self._snap_at is not None and (self.checkpoints.has(self._snap_at) or self._snap_at == 0):
+            self._snap_at = None
+        if n == 1 and self._snap_at is not None:  # the last pass of a prompt is one token: the state before it
+            for il in self.kv.states.layers if self.kv.states is not None else []:
+                self.checkpoints.record(il, self._snap_at)
         if decode:
             self.scheduler.after_prompt()
         else:
@@ -294,7 +370,7 @@ class Session:
             self._advance(tokens)
             return logits.reshape(1, -1) if all_logits else logits
         self.lookahead.made.clear()
-        h = np.concatenate([self._embed(tokens[c]) for c in self._chunks(n)], axis=0)
+        h = np.concatenate([self._embed(tokens[c]) for c in self._chunks(n, pos0)], axis=0)
         sel_rows: list[np.ndarray] = []
         pred_rows: list[np.ndarray] = []
         carry: Parts | None = None  # layer il's graph results, computed with the layer before's experts
@@ -310,7 +386,7 @@ class Session:
         if not all_logits:
             last: np.ndarray = self._logits(h[-1:])[-1]
             return last
-        return np.concatenate([self._logits(h[c]) for c in self._chunks(n)], axis=0)
+        return np.concatenate([self._logits(h[c]) for c in self._chunks(n, pos0)], axis=0)
 
     def _advance(self, tokens: list[int]) -> None:
         self.pos += len(tokens)
@@ -328,8 +404,8 @@ class Session:
             self.scheduler.read_ahead(il, n)
         r = carry if carry is not None else self._layer_parts(il, h, decode)
         if "out" in r:  # a dense layer: it predicts the streamed layers after it, as a MoE layer does
-            for target, top, distance in self.lookahead.predict(il, r["ahead"]) if "ahead" in r else []:
-                self.scheduler.predict(target, top, distance)
+            for a in self.lookahead.predict(il, r["ahead"]) if "ahead" in r else []:
+                self.scheduler.predict(a.target, a.experts, a.distance, a.probs, a.predictors)
             return r["out"], None, None, None
         sel, weights = r["ids"], r["weights"]
         self.scheduler.observe(il, sel)
@@ -345,9 +421,7 @@ class Session:
         preds[-1] = self.lookahead.row(il)
         return out, sel, preds, fused
 
-    def _decode_experts(
-        self, il: int, r: Parts, ahead: list[tuple[int, list[int], int]]
-    ) -> tuple[np.ndarray | None, Parts | None]:
+    def _decode_experts(self, il: int, r: Parts, ahead: list[Ahead]) -> tuple[np.ndarray | None, Parts | None]:
         """One token's experts: handed to the scheduler (demand reads), then the lookahead's predictions.
 
         All in RAM: the experts, their sum, the residual and the next layer's graph in one graph (one graph per
@@ -362,9 +436,10 @@ class Session:
         if held:  # in VRAM: computed there, never read into RAM
             wave = [e for e in wave if e not in set(held)]
         ready = self.scheduler.begin_layer(il, wave)
-        for target, top, distance in ahead:  # (experts in VRAM are never read into RAM)
-            in_vram = set(vram.held(target, top)) if vram is not None else set()
-            self.scheduler.predict(target, [e for e in top if e not in in_vram], distance)
+        for a in ahead:  # (experts in VRAM are never read into RAM)
+            if vram is not None:
+                a = vram.not_held(a)
+            self.scheduler.predict(a.target, a.experts, a.distance, a.probs, a.predictors)
         if vram is not None and vram.experts is not None:
             vram.experts.observe(il, [*held, *wave], len(held))
         next_on_cpu = vram is None or not vram.has_layer(il + 1)
@@ -395,20 +470,29 @@ class Session:
         return {name: to_numpy(t).reshape(1, -1) for name, t in out.items()}
 
     def _layer_graph(
-        self, ctx: Any, il: int, x: Tensor, at: common.Placement, lookahead: bool, place: Place | None = None
+        self,
+        ctx: Any,
+        il: int,
+        x: Tensor,
+        at: common.Placement,
+        lookahead: bool,
+        place: Place | None = None,
+        cache: common.LayerCache | None = None,
     ) -> tuple[dict[str, Tensor], list[Tensor]]:
         """The family's layer graph on x (an input, or the previous layer's output when a decode step computes a
         layer's experts and the next layer in one graph), with the lookahead's router logits in decode; `place`:
         the device's weights and cache (the VRAM tier builds its graphs here too)."""
-        model, kv = (self.model, self.kv[il]) if place is None else (place.model, place.kv[il])
-        lo = model.layer(ctx, il, x, at, kv)
+        model = self.model if place is None else place.model
+        if cache is None:
+            cache = self.kv[il] if place is None else place.kv[il]
+        lo = model.layer(ctx, il, x, at, cache)
         if lo.routed is None:
             assert lo.out is not None
             out = {"out": lo.out}
         else:
             out = lo.routed.outputs()
         routers = place.routers.get(il) if place is not None and place.routers is not None else None
-        ahead = self.lookahead.graph(ctx, il, lo, None if place is None else model, routers) if lookahead else None
+        ahead = self.lookahead.graph(ctx, il, lo, routers) if lookahead else None
         if ahead is not None:
             out["ahead"] = ahead
         return out, lo.writes
@@ -420,29 +504,46 @@ class Session:
         not into per-chunk lists that are then joined."""
         n = h.shape[0]
         r: Parts = {}
-        on_device = self.vram is not None and self.vram.has_layer(il)
-        for c in self._chunks(n):
+        states = self.kv.states
+        tracked = not decode and states is not None and il in states.layers and self.checkpoints.enabled
+        on_device = self.vram is not None and self.vram.has_layer(il)  # (never a layer with a recurrent state)
+        for c in self._chunks(n, self.pos):
+            g, m = self.graph, c.stop - c.start
             if on_device:
                 assert self.vram is not None
-                got = self.vram.layer_chunk(il, h[c], self.pos + c.start, decode)
-            else:
-                got = self._layer_chunk(il, h[c], self.pos + c.start, decode)
-            for key, v in got.items():
-                if key not in r:
-                    r[key] = h if key in ("residual", "out") else np.empty((n, v.shape[1]), v.dtype)
-                r[key][c] = v
+                for key, v in self.vram.layer_chunk(il, h[c], self.pos + c.start, decode).items():
+                    _put(r, key, v, h, c)
+                continue
+            end, cache = self.pos + c.stop, self.kv[il]
+            snap = tracked and end - 1 == self._snap_at
+            if snap and m == 1:  # the state before this chunk is the one a token before the prompt's end
+                self.checkpoints.record(il, end - 1)
+            elif snap:  # the graph writes it too
+                assert isinstance(cache, common.RecurrentCache)
+                cache = dataclasses.replace(cache, snapshot=self.checkpoints.snapshot.layers[il])
+            g.reset()
+            out, writes = self._layer_graph(
+                g.ctx, il, g.input(h[c]), self._placement(self.pos + c.start, m, decode), decode, cache=cache
+            )
+            g.compute(*writes, *out.values())
+            if snap and m > 1:
+                self.checkpoints.record_snapshot(il, end - 1)
+            if tracked and end in self._cuts:
+                self.checkpoints.record(il, end)
+            for key, t in out.items():
+                _put(r, key, to_numpy(t).reshape(m, -1), h, c)
         return r
 
-    def _layer_chunk(self, il: int, rows: np.ndarray, pos0: int, decode: bool) -> Parts:
-        g, m = self.graph, rows.shape[0]
-        g.reset()
-        out, writes = self._layer_graph(g.ctx, il, g.input(rows), self._placement(pos0, m, decode), decode)
-        g.compute(*writes, *out.values())
-        return {key: to_numpy(t).reshape(m, -1) for key, t in out.items()}
-
     def _placement(self, pos0: int, n: int, decode: bool) -> common.Placement:
-        n_kv = common.decode_window(pos0, self.n_ctx) if decode else pos0 + n
-        return common.placement(self.graph, pos0, n, n_kv, self.n_ctx, self._v_width, self.model.window)
+        """Where a graph's tokens go and what they attend over: the KV cache rounded up to DECODE_WINDOW positions
+        and masked, for decode and prompt chunks alike (as llama.cpp pads its KV view). Every sum over keys then
+        has the same length pattern whatever chunk, pass or cached prefix a token came in (masked keys add exact
+        zeros): a token's numbers do not depend on how its prompt was split (tested). `--prompt-attention flash`:
+        prompt chunks through F32 tiled flash attention."""
+        n_kv = common.decode_window(pos0 + n - 1, self.n_ctx)
+        flash = not decode and self.options.prompt_attention == "flash"
+        axes = self.model.position_axes
+        return common.placement(self.graph, pos0, n, n_kv, self.n_ctx, self._v_width, self.model.window, axes, flash)
 
     # ------------------------------------------------------------------------- a decode step as one graph
     def _token_step(self, token: int) -> np.ndarray | None:
@@ -486,16 +587,24 @@ class Session:
 
     # ------------------------------------------------------------------------------------ a prompt's memory
     def _free_room(self) -> int:
-        return self.prompt_memory.free_room(self._kv_high, self.scheduler.cache_filled(), self.scheduler.loaned)
+        s = self.scheduler
+        return self.prompt_memory.free_room(self._kv_high, s.cache_filled(), s.loaned, self.checkpoints.held)
 
     def _prompt_span(self) -> int:
         """The longest prompt pass whose working memory fits: free memory plus what the cache can lend."""
         s = self.scheduler
         return self.prompt_memory.span(self._free_room(), s.lendable, s.loaned, self.options.max_batch)
 
-    def _chunks(self, n: int) -> list[slice]:
-        b = self.options.max_batch
-        return [slice(i, min(i + b, n)) for i in range(0, n, b)]
+    def _chunks(self, n: int, pos0: int) -> list[slice]:
+        """A pass of n tokens from pos0 in chunks of at most max_batch that end at multiples of it (checkpoint
+        positions are such multiples too): a token lands in the same chunk, so its attention sums over the same
+        span and rounds the same, whether the prompt runs in one pass, several, or after a cached prefix."""
+        b, out, i = self.options.max_batch, [], 0
+        while i < n:
+            stop = min(n, (pos0 + i) // b * b + b - pos0)
+            out.append(slice(i, stop))
+            i = stop
+        return out
 
     # ----------------------------------------------------------------------------------- embedding, head
     def _embed(self, tokens: list[int]) -> np.ndarray:

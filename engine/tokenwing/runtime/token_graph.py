@@ -18,7 +18,7 @@ from tokenwing.compute.ggml_lib import F32, I32, I64, Graph, StaticGraph, ops, t
 from tokenwing.models import common
 from tokenwing.models.base import MoEModel
 from tokenwing.runtime.experts import ExpertCompute
-from tokenwing.runtime.kvcache import KVCaches
+from tokenwing.runtime.kvcache import KVCaches, v_width
 
 
 class TokenGraph:
@@ -34,15 +34,17 @@ class TokenGraph:
         """slot_map: for each layer with routed experts, the slot of each expert."""
         hp = model.hp
         self.window, self.n_ctx = window, kv.n_ctx
-        self.width = model.kv_spec(0).v_stored
-        # ~90 nodes per layer at top-8 (each expert's output is a view and an addition): room to spare
-        g = self.g = StaticGraph(hp.n_layer * (96 + 8 * hp.n_expert_used) + 256, pool_owner)
+        self.width = v_width([model.kv_spec(il) for il in range(hp.n_layer)])
+        self.axes = model.position_axes
+        # ~90 nodes per layer at top-8 (each expert's output is a view and an addition), ~60 more in a KDA layer
+        # (three convolutions and their state writes): room to spare
+        g = self.g = StaticGraph(hp.n_layer * (160 + 8 * hp.n_expert_used) + 256, pool_owner)
         ctx = g.ctx
         self.token = g.input(I32, (1,))
         self.at = common.Placement(
             n=1,
             n_kv=window,
-            positions=g.input(I32, (1,)),
+            positions=g.input(I32, (self.axes,)),
             mask=g.input(F32, (window, 1)),
             k_rows=g.input(I64, (1,)),
             v_cells=g.input(I64, (self.width,)) if self.width else None,
@@ -74,7 +76,7 @@ class TokenGraph:
 
     def run(self, token: int, pos: int) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
         """The token at `pos` (within this graph's window): its logits and each routed layer's experts."""
-        a = common.placement_arrays(pos, 1, self.window, self.n_ctx, self.width, self.swa)
+        a = common.placement_arrays(pos, 1, self.window, self.n_ctx, self.width, self.swa, self.axes)
         g = self.g
         g.set(self.token, np.array([token], np.int32))
         for name, values in a.items():

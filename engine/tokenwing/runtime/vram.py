@@ -49,8 +49,8 @@ from tokenwing.fsutil import human_bytes
 from tokenwing.models import common
 from tokenwing.models.base import MoEModel
 from tokenwing.models.weights import ModelWeights
-from tokenwing.runtime.kvcache import kv_element
-from tokenwing.runtime.lookahead import Lookahead
+from tokenwing.runtime.kvcache import kv_element, v_width
+from tokenwing.runtime.lookahead import Ahead, Lookahead
 from tokenwing.runtime.placement import WAVE_PLACES, LayerCost, VramPlan, device_reserve, padded, plan_vram
 from tokenwing.runtime.scheduler import ExpertScheduler
 from tokenwing.runtime.vram_experts import BYTES_UP, ExpertPool, VramExperts, _Geometry, new_pool
@@ -213,15 +213,10 @@ class VramTier:
         return int(ops.ggml_nbytes(t))
 
     def _extra(self, il: int) -> dict[str, Tensor]:
-        """Tensors a layer's device graph needs beyond its own: the lookahead's stacked routers (named here)
-        and the norms of the layers they predict (applied to this layer's output)."""
+        """Tensors a layer's device graph needs beyond its own: the lookahead's stacked routers (named here; the
+        norms of the layers they predict are folded into them)."""
         la = self._lookahead.fused.get(il)
-        if la is None:
-            return {}
-        out = {f"lookahead.{il}": la[0]}
-        norm = self.model.router_norm(la[1][0])
-        out[_name_of(self._weights, norm)] = norm
-        return out
+        return {} if la is None else {f"lookahead.{il}": la[0]}
 
     def _costs(self) -> tuple[list[LayerCost], int]:
         _, elt = kv_element(self.kv_type)
@@ -251,6 +246,14 @@ class VramTier:
         expert_bytes = [_Geometry.of(el).device_bytes for el in self.scheduler.streamer.layers]
         self.costs, self.head_bytes, self.expert_row = costs, head, sum(expert_bytes)  # (what tests size budgets by)
         limit = self.options.max_layers
+        if limit != 0 and any(self.model.state_spec(il) is not None for il in range(self.hp.n_layer)):
+            # A linear-attention layer's recurrent state and its checkpoints live in RAM (runtime/recurrent.py):
+            # such a model's layers compute on the CPU, the VRAM holds its head and experts.
+            self.log(
+                "the layers of a linear-attention model compute on the CPU (their state lives in RAM): "
+                "the VRAM holds its head and experts"
+            )
+            limit = 0
         layers = costs[:limit] if limit is not None else costs
         return plan_vram(budget, reserve, layers, head, expert_bytes, self.hp.n_expert)
 
@@ -462,11 +465,11 @@ class VramTier:
         return il in self.layers
 
     def _placement(self, g: DeviceGraph, n: int, n_kv: int) -> common.Placement:
-        width = self.kv_specs[0].v_stored
+        width = v_width(self.kv_specs)
         return common.Placement(
             n=n,
             n_kv=n_kv,
-            positions=g.input(I32, (n,)),
+            positions=g.input(I32, (n * self.model.position_axes,)),
             mask=g.input(F32, (n_kv, n)),
             k_rows=g.input(I64, (n,)),
             v_cells=g.input(I64, (n * width,)) if width else None,
@@ -474,7 +477,8 @@ class VramTier:
         )
 
     def _set_placement(self, g: DeviceGraph, at: common.Placement, pos0: int) -> None:
-        a = common.placement_arrays(pos0, at.n, at.n_kv, self.n_ctx, self.kv_specs[0].v_stored, self.model.window)
+        width, axes = v_width(self.kv_specs), self.model.position_axes
+        a = common.placement_arrays(pos0, at.n, at.n_kv, self.n_ctx, width, self.model.window, axes)
         for name, values in a.items():
             t = getattr(at, name)
             if t is not None and t.contents.buffer:  # (an input no node of this graph reads is not allocated)
@@ -542,7 +546,8 @@ class VramTier:
         g = self._graph(MAX_NODES)
         try:
             x = g.input(F32, (self.hp.n_embd, m))
-            at = self._placement(g, m, pos0 + m)
+            # (over the KV cache rounded up as decode's, masked: the CPU's prompt chunks attend so, Session._placement)
+            at = self._placement(g, m, common.decode_window(pos0 + m - 1, self.n_ctx))
             out = self._layer(g, il, x, at, False)
             g.finish(*out.values())
             g.set(x, np.ascontiguousarray(rows, np.float32))
@@ -588,6 +593,14 @@ class VramTier:
     def held(self, block: int, experts: list[int]) -> list[int]:
         """Which of a layer's experts the VRAM holds."""
         return self.experts.held(block, experts) if self.experts is not None else []
+
+    def not_held(self, a: Ahead) -> Ahead:
+        """A prediction without the experts the VRAM holds (they are never read into RAM)."""
+        held = set(self.held(a.target, a.experts))
+        if not held:
+            return a
+        keep = [i for i, e in enumerate(a.experts) if e not in held]
+        return a._replace(experts=[a.experts[i] for i in keep], probs=[a.probs[i] for i in keep])
 
     def _expert_graph(
         self, g: DeviceGraph, block: int, views: tuple[Tensor, Tensor, Tensor], m: int

@@ -99,6 +99,7 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
         text: list[str] = []
+        reasoning: list[str] = []
         entries: list[dict[str, Any]] = []
         try:
             while True:
@@ -107,6 +108,8 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
                     return Response(status_code=499)
                 if ev["type"] == "text":
                     text.append(ev["text"])
+                elif ev["type"] == "reasoning":
+                    reasoning.append(ev["text"])
                 elif ev["type"] == "logprob":
                     entries.append(ev["entry"])
                 elif ev["type"] == "error":
@@ -119,9 +122,12 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         usage = _usage(ev)
         logprobs = _logprobs(entries, chat, 0)[0] if req.logprobs is not None else None
         if chat:
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if reasoning:
+                message["reasoning_content"] = "".join(reasoning)
             choice: dict[str, Any] = {
                 "index": 0,
-                "message": {"role": "assistant", "content": content},
+                "message": message,
                 "finish_reason": ev["finish_reason"],
                 "logprobs": logprobs,
             }
@@ -289,6 +295,8 @@ async def _stream(request: Request, job: Job, rid: str, model: str, chat: bool) 
                 return
             if ev["type"] == "text":
                 yield sse(chunk(ev["text"], None))
+            elif ev["type"] == "reasoning":
+                yield sse(chunk(None, None, {"reasoning_content": ev["text"]}))
             elif ev["type"] == "logprob":
                 pending.append(ev["entry"])
             elif ev["type"] == "error":

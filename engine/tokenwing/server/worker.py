@@ -25,6 +25,7 @@ from tokenwing.runtime.sampler import Sampler
 from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
 from tokenwing.server.protocol import GenerationRequest, RequestError
 from tokenwing.text.chat import FALLBACK_NOTICE, ChatFormat, chat_format
+from tokenwing.text.reasoning import Delta, HarmonyParser
 from tokenwing.text.tokenizer import TextTokenizer
 
 _C = {name: i for i, name in enumerate(SESSION_COUNTERS)}
@@ -179,12 +180,21 @@ class EngineWorker:
             self._publish(_token_event(s, delta, n[0], time.perf_counter() - start))
 
         pieces = [0]
+        # gpt-oss (harmony): the analysis channel goes out as reasoning, the final channel as content, as
+        # llama.cpp's server fills reasoning_content and content
+        harmony = HarmonyParser() if req.messages and fmt.reasoning == "harmony" else None
+
+        def emit(d: Delta) -> None:
+            if d.reasoning:
+                job.emit({"type": "reasoning", "text": d.reasoning})
+            if d.content:
+                job.emit({"type": "text", "text": d.content})
 
         def on_text(piece: str) -> None:
             pieces[0] += 1
             point = f"serve.piece{pieces[0]}" if testpause.armed else ""
             holding = testpause.arrive(point)  # tests: marked before the client can see the piece ...
-            job.emit({"type": "text", "text": piece})
+            emit(harmony.push(piece) if harmony is not None else Delta(content=piece))
             if holding:  # ... then held mid-reply until the client goes (or this process dies)
                 testpause.hold(point, until=job.cancelled.is_set)
 
@@ -201,6 +211,8 @@ class EngineWorker:
             logprobs=req.logprobs,
             on_logprob=lambda lp: job.emit({"type": "logprob", "entry": logprob_entry(s.tokenizer, lp)}),
         )
+        if harmony is not None:
+            emit(harmony.finish())
         self.totals["requests"] += 1
         self.totals["prompt_tokens"] += len(prompt)
         self.totals["completion_tokens"] += len(gen.tokens)

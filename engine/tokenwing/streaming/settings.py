@@ -7,6 +7,11 @@ from dataclasses import dataclass, fields
 
 from tokenwing import _core
 
+# Each policy's half-life in tokens, measured with `tokenwing trace simulate` (docs/results.md): decay as the spec
+# has it; history keeps counts through evictions, and a longer memory then pays (256 beat 32–128 and 512 on the
+# demo model's routing and on synthetic traces).
+DECAY_TOKENS = {"decay": 64, "lru": 64, "history": 256}
+
 
 @dataclass
 class StreamSettings:
@@ -14,10 +19,14 @@ class StreamSettings:
     chunk_kib: int = 512
     prefetch_cap_busy: int = 2
     prefetch_cap_idle: int = 4
-    decay_tokens: int = 64
+    decay_tokens: int = 0  # 0: the policy's own (DECAY_TOKENS)
     idle_fill_ms: int = 500
     direct: bool = True
-    policy: str = "decay"
+    policy: str = "history"
+    io_engine: str = "io_uring"
+    split_demand: bool = False
+    skip_late: bool = False
+    prefetch_votes: int = 2
     verify: bool = False  # debug: check every delivered expert against its checksum
 
     def core_config(self) -> _core.StreamConfig:
@@ -26,10 +35,14 @@ class StreamSettings:
         c.chunk_bytes = self.chunk_kib * 1024
         c.prefetch_cap_busy = self.prefetch_cap_busy
         c.prefetch_cap_idle = self.prefetch_cap_idle
-        c.decay_tokens = self.decay_tokens
+        c.decay_tokens = self.decay_tokens or DECAY_TOKENS.get(self.policy, 64)
         c.idle_fill_ms = self.idle_fill_ms
         c.direct = self.direct
         c.policy = self.policy
+        c.io_engine = self.io_engine
+        c.split_demand = self.split_demand
+        c.skip_late = self.skip_late
+        c.prefetch_votes = self.prefetch_votes
         return c
 
 
@@ -38,12 +51,24 @@ _HELP = {
     "chunk_kib": "prefetch chunk size in KiB (a demand read can be served between chunks)",
     "prefetch_cap_busy": "prefetch chunks in service while a demand read is",
     "prefetch_cap_idle": "prefetch chunks in service while no demand read is",
-    "decay_tokens": "halve every expert's use count after this many tokens",
+    "decay_tokens": "halve every expert's use count after this many tokens (0: the policy's own, 64 for decay and "
+    "256 for history)",
     "idle_fill_ms": "after this long without requests, fill empty slots from the usage table (-1: off)",
     "direct": "direct reads (O_DIRECT), bypassing the file cache",
-    "policy": "RAM cache eviction: decay (use count with decay) or lru",
+    "policy": "RAM cache eviction: history (use count with decay, kept for experts that left the cache), decay "
+    "(the same, forgotten on eviction) or lru",
+    "io_engine": "how reads reach the drive: threads (a blocking read per I/O thread) or io_uring (one ring, "
+    "--moe-stream-io-threads reads in flight, submitted by the caller, one reaper thread)",
+    "split_demand": "a demand read as two requests, gate+up then down: the gate/up products start while down lands",
+    "prefetch_votes": "read a prediction once this many distances of the lookahead name it (2: the nearer router "
+    "confirms the farther one: fewer wasted reads, one layer of lead)",
+    "skip_late": "do not read a prediction that cannot land before its layer starts (measured read rate and "
+    "decode pace)",
     "verify": "check every expert read against its checksum (debug)",
 }
+
+
+_CHOICES = {"policy": ["history", "decay", "lru"], "io_engine": ["threads", "io_uring"]}
 
 
 def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,9 +84,9 @@ def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
                 default=default,
                 help=_HELP[f.name],
             )
-        elif f.name == "policy":
+        elif f.name in _CHOICES:
             group.add_argument(
-                flag, dest=f"stream_{f.name}", choices=["decay", "lru"], default=default, help=_HELP[f.name]
+                flag, dest=f"stream_{f.name}", choices=_CHOICES[f.name], default=default, help=_HELP[f.name]
             )
         else:
             group.add_argument(flag, dest=f"stream_{f.name}", type=int, default=default, help=_HELP[f.name])

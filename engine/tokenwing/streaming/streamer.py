@@ -111,8 +111,10 @@ class ExpertStreamer:
     def end_layer(self, block: int) -> None:
         self.core.end_layer(self.li(block))
 
-    def predict(self, block: int, experts: Sequence[int], distance: int) -> None:
-        self.core.predict(self.li(block), list(experts), distance)
+    def predict(
+        self, block: int, experts: Sequence[int], distance: int, probs: Sequence[float] = (), max_votes: int = 0
+    ) -> None:
+        self.core.predict(self.li(block), list(experts), distance, list(probs), max_votes)
 
     def ready(self, block: int, experts: Sequence[int]) -> list[bool]:
         return self.core.ready(self.li(block), list(experts))

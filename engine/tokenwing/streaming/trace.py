@@ -15,8 +15,9 @@ import numpy as np
 from tokenwing import _core
 from tokenwing.errors import BadInputError
 from tokenwing.fsutil import write_atomic
+from tokenwing.streaming.settings import DECAY_TOKENS
 
-POLICIES = ("decay", "lru", "belady")
+POLICIES = ("decay", "history", "lru", "belady")
 
 
 @dataclass
@@ -120,9 +121,21 @@ def parse_slots(text: str, n_expert: int) -> int:
     return n
 
 
-def simulate(trace: Trace, slots: int, policy: str, prefetch: bool = False, decay_tokens: int = 64) -> dict[str, Any]:
+def simulate(
+    trace: Trace,
+    slots: int,
+    policy: str,
+    prefetch: bool = False,
+    decay_tokens: int = 0,
+    prefetch_votes: int = 1,
+    initial: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """Replays the trace through a policy at `slots` per layer (with its predictions read ahead, at once, when
+    `prefetch`: those named by `prefetch_votes` distances); `initial`: the experts each layer holds at the start
+    ([layers, width], -1 empty). Reads are demand reads plus prefetches; Belady's are the fewest possible."""
     if policy not in POLICIES:
         raise BadInputError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
+    decay_tokens = decay_tokens or DECAY_TOKENS.get(policy, 64)
     if slots < trace.k:
         raise BadInputError(f"--slots must be at least k = {trace.k} (the experts one token selects)")
     slots = min(slots, trace.n_expert)
@@ -136,6 +149,8 @@ def simulate(trace: Trace, slots: int, policy: str, prefetch: bool = False, deca
         policy,
         prefetch,
         decay_tokens,
+        None if initial is None else np.ascontiguousarray(initial, dtype=np.int32),
+        prefetch_votes,
     )
     totals = {name: int(v) for name, v in zip(_core.SIM_COLUMNS, table.sum(axis=0), strict=True)}
     accesses = totals["hits"] + totals["misses"]
@@ -145,6 +160,7 @@ def simulate(trace: Trace, slots: int, policy: str, prefetch: bool = False, deca
         "prefetch": prefetch,
         "tokens": trace.n_tokens,
         "miss_rate": totals["misses"] / accesses if accesses else 0.0,
+        "reads": totals["demand_reads"] + totals["prefetch_reads"],
         "reads_per_token": (totals["demand_reads"] + totals["prefetch_reads"]) / max(trace.n_tokens, 1),
         **totals,
         "per_layer_misses": table[:, 1].tolist(),

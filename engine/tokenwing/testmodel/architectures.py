@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tokenwing.format.gguf_io import KV
+from tokenwing.format.gguf_io import KV, ValueType
 from tokenwing.testmodel.shapes import ModelShape
 
 
@@ -16,7 +16,8 @@ from tokenwing.testmodel.shapes import ModelShape
 class TensorSpec:
     name: str
     shape: tuple[int, ...]
-    role: str  # "norm" (F32, ~1.0), "vector" (F32, small), "router" (F32), "embd", "matrix", "expert"
+    role: str  # "norm" (F32, ~1.0), "vector" (F32, small), "router" (F32), "embd", "matrix", "expert",
+    # "decay_neg" / "decay_pos" (F32: a linear layer's decay rate, -exp or exp of a small normal)
 
     @property
     def fan_in(self) -> int:
@@ -227,6 +228,132 @@ def _gpt_oss(s: ModelShape) -> list[TensorSpec]:
     return first + layers + last
 
 
+def _qwen_linear(s: ModelShape, i: int, separate_alpha_beta: bool) -> list[TensorSpec]:
+    """A gated DeltaNet layer of Qwen3-Next / Qwen3.5 (llama.cpp's names; ssm_a is -exp(A_log), as converted)."""
+    e, st, nk, nv = s.n_embd, s.ssm_d_state, s.ssm_n_group, s.ssm_dt_rank
+    key_dim, value_dim = st * nk, st * nv
+    conv_dim = 2 * key_dim + value_dim
+    out = [TensorSpec(f"blk.{i}.attn_norm.weight", (e,), "norm")]
+    if s.legacy_ssm_in:
+        out.append(TensorSpec(f"blk.{i}.ssm_in.weight", (e, 2 * key_dim + 2 * value_dim), "matrix"))
+    else:
+        out += [
+            TensorSpec(f"blk.{i}.attn_qkv.weight", (e, conv_dim), "matrix"),
+            TensorSpec(f"blk.{i}.attn_gate.weight", (e, value_dim), "matrix"),
+        ]
+    out += [
+        TensorSpec(f"blk.{i}.ssm_conv1d.weight", (s.ssm_d_conv, conv_dim), "vector"),
+        TensorSpec(f"blk.{i}.ssm_dt.bias", (nv,), "vector"),
+        TensorSpec(f"blk.{i}.ssm_a", (nv,), "decay_neg"),
+    ]
+    if separate_alpha_beta:
+        out += [
+            TensorSpec(f"blk.{i}.ssm_beta.weight", (e, nv), "matrix"),
+            TensorSpec(f"blk.{i}.ssm_alpha.weight", (e, nv), "matrix"),
+        ]
+    else:
+        out.append(TensorSpec(f"blk.{i}.ssm_ba.weight", (e, 2 * nv), "matrix"))
+    out += [
+        TensorSpec(f"blk.{i}.ssm_norm.weight", (st,), "norm"),
+        TensorSpec(f"blk.{i}.ssm_out.weight", (value_dim, e), "matrix"),
+    ]
+    return out
+
+
+def _qwen_gated_attention(s: ModelShape, i: int) -> list[TensorSpec]:
+    """Full attention whose attn_q gives each head's query and output gate side by side, q/k RMSNorm."""
+    q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+    return [
+        TensorSpec(f"blk.{i}.attn_norm.weight", (s.n_embd,), "norm"),
+        TensorSpec(f"blk.{i}.attn_q.weight", (s.n_embd, 2 * q), "matrix"),
+        TensorSpec(f"blk.{i}.attn_k.weight", (s.n_embd, kv), "matrix"),
+        TensorSpec(f"blk.{i}.attn_v.weight", (s.n_embd, kv), "matrix"),
+        TensorSpec(f"blk.{i}.attn_output.weight", (q, s.n_embd), "matrix"),
+        TensorSpec(f"blk.{i}.attn_q_norm.weight", (s.head_dim,), "norm"),
+        TensorSpec(f"blk.{i}.attn_k_norm.weight", (s.head_dim,), "norm"),
+    ]
+
+
+def qwen_recurrent(s: ModelShape, i: int) -> bool:
+    """Qwen3-Next / Qwen3.5: every layer but each full_attention_interval-th is linear attention."""
+    return (i + 1) % s.full_attention_interval != 0
+
+
+def _qwen_next(s: ModelShape, separate_alpha_beta: bool) -> list[TensorSpec]:
+    first, last = _head(s)
+    layers: list[TensorSpec] = []
+    for i in range(s.n_layer):
+        if qwen_recurrent(s, i):
+            layers += _qwen_linear(s, i, separate_alpha_beta)
+        else:
+            layers += _qwen_gated_attention(s, i)
+        layers += _routed_experts(s, i, "post_attention_norm") + _shared_expert(s, i, gated=True)
+    return first + layers + last
+
+
+def _qwen3next(s: ModelShape) -> list[TensorSpec]:
+    """Qwen3-Next: gated DeltaNet (ssm_ba: β and α interleaved per key head) and gated attention."""
+    return _qwen_next(s, separate_alpha_beta=False)
+
+
+def _qwen35moe(s: ModelShape) -> list[TensorSpec]:
+    """Qwen3.5 MoE: as Qwen3-Next with ssm_beta and ssm_alpha apart, and IMRoPE."""
+    return _qwen_next(s, separate_alpha_beta=True)
+
+
+def ling_full_attention(s: ModelShape, i: int) -> bool:
+    """Ling 3.0's layer pattern (llama.cpp's converter): MLA in each layer_group_size-th layer, in the layers after
+    the last whole group, and in the next-token-prediction blocks; KDA in the others."""
+    g = s.full_attention_interval
+    return i >= s.n_layer or (i + 1) % g == 0 or i >= s.n_layer // g * g
+
+
+def _kda(s: ModelShape, i: int) -> list[TensorSpec]:
+    """A Kimi Delta Attention layer of Ling 3.0: q, k, v each with its own short convolution (4-D, as converted),
+    a per-channel decay gate (ssm_f_a, dt bias, ssm_a = exp(A_log)), β, and a sigmoid output gate (ssm_g_a)."""
+    e, d_inner = s.n_embd, s.ssm_d_state * s.n_head
+    out = [TensorSpec(f"blk.{i}.attn_norm.weight", (e,), "norm")]
+    for x in "qkv":
+        out.append(TensorSpec(f"blk.{i}.attn_{x}.weight", (e, d_inner), "matrix"))
+    for x in "qkv":
+        out.append(TensorSpec(f"blk.{i}.ssm_conv1d_{x}.weight", (s.ssm_d_conv, 1, d_inner, 1), "vector"))
+    return [
+        *out,
+        TensorSpec(f"blk.{i}.ssm_f_a.weight", (e, d_inner), "matrix"),
+        TensorSpec(f"blk.{i}.ssm_beta.weight", (e, s.n_head), "matrix"),
+        TensorSpec(f"blk.{i}.ssm_a", (1, s.n_head), "decay_pos"),
+        TensorSpec(f"blk.{i}.ssm_dt.bias", (d_inner,), "vector"),
+        TensorSpec(f"blk.{i}.ssm_g_a.weight", (e, d_inner), "matrix"),
+        TensorSpec(f"blk.{i}.ssm_norm.weight", (s.ssm_d_state,), "norm"),
+        TensorSpec(f"blk.{i}.attn_output.weight", (d_inner, e), "matrix"),
+    ]
+
+
+def _bailingmoe3(s: ModelShape) -> list[TensorSpec]:
+    """Ling 3.0: KDA and gated MLA layers, leading dense layers, a sigmoid router with a selection bias, routed
+    experts plus a shared expert; a next-token-prediction block (MLA + MoE) last."""
+    first, last = _head(s)
+    layers: list[TensorSpec] = []
+    for i in range(s.n_block):
+        if ling_full_attention(s, i):
+            layers += [*_mla_attention(s, i), TensorSpec(f"blk.{i}.attn_gate.weight", (s.n_embd, s.n_head), "matrix")]
+        else:
+            layers += _kda(s, i)
+        if i < s.n_dense_lead:
+            layers += _dense_ffn(s, i)
+        else:
+            layers += [*_routed_experts(s, i), TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector")]
+            layers += _shared_expert(s, i, gated=False)
+        if i >= s.n_layer:
+            layers += [
+                TensorSpec(f"blk.{i}.nextn.eh_proj.weight", (2 * s.n_embd, s.n_embd), "matrix"),
+                TensorSpec(f"blk.{i}.nextn.enorm.weight", (s.n_embd,), "norm"),
+                TensorSpec(f"blk.{i}.nextn.hnorm.weight", (s.n_embd,), "norm"),
+                TensorSpec(f"blk.{i}.layer_output_norm.weight", (s.n_embd,), "norm"),
+            ]
+    return first + layers + last
+
+
 def _common_kv(s: ModelShape, arch: str) -> dict[str, KV]:
     return {
         f"{arch}.context_length": KV.u32(s.context_length),
@@ -302,6 +429,23 @@ def _yarn_kv(s: ModelShape, a: str) -> dict[str, KV]:
     }
 
 
+def _mla_kv(s: ModelShape, a: str) -> dict[str, KV]:
+    """MLA's keys (deepseek2, bailingmoe3), expert groups and the vocabulary size, as the converter writes them."""
+    kv = {f"{a}.vocab_size": KV.u32(s.vocab_size), f"{a}.rope.dimension_count": KV.u32(s.rot)}
+    if s.q_lora_rank:
+        kv[f"{a}.attention.q_lora_rank"] = KV.u32(s.q_lora_rank)
+    kv[f"{a}.attention.kv_lora_rank"] = KV.u32(s.kv_lora_rank)
+    if not s.legacy_kv_b:
+        kv[f"{a}.attention.key_length"] = KV.u32(s.kv_lora_rank + s.rot)
+        kv[f"{a}.attention.value_length"] = KV.u32(s.kv_lora_rank)
+        kv[f"{a}.attention.key_length_mla"] = KV.u32(s.head_dim)
+        kv[f"{a}.attention.value_length_mla"] = KV.u32(s.v_dim)
+    if s.n_expert_group:
+        kv[f"{a}.expert_group_count"] = KV.u32(s.n_expert_group)
+        kv[f"{a}.expert_group_used_count"] = KV.u32(s.n_group_used)
+    return kv
+
+
 def _deepseek2_kv(s: ModelShape) -> dict[str, KV]:
     """DeepSeek-V3's keys: with the split attn_k_b/attn_v_b, MLA is MQA over the latent (one KV head of
     kv_lora_rank + rope dims) and the per-head sizes move to *_mla; older files describe the MHA form."""
@@ -312,19 +456,8 @@ def _deepseek2_kv(s: ModelShape) -> dict[str, KV]:
         kv[f"{a}.attention.value_length"] = KV.u32(s.v_dim)
     else:
         kv[f"{a}.attention.head_count_kv"] = KV.u32(1)
-        kv[f"{a}.attention.key_length"] = KV.u32(s.kv_lora_rank + s.rot)
-        kv[f"{a}.attention.value_length"] = KV.u32(s.kv_lora_rank)
-        kv[f"{a}.attention.key_length_mla"] = KV.u32(s.head_dim)
-        kv[f"{a}.attention.value_length_mla"] = KV.u32(s.v_dim)
+    kv.update(_mla_kv(s, a))
     kv.update(_sigmoid_routed_kv(s, a))
-    kv[f"{a}.vocab_size"] = KV.u32(s.vocab_size)
-    if s.q_lora_rank:
-        kv[f"{a}.attention.q_lora_rank"] = KV.u32(s.q_lora_rank)
-    kv[f"{a}.attention.kv_lora_rank"] = KV.u32(s.kv_lora_rank)
-    if s.n_expert_group:
-        kv[f"{a}.expert_group_count"] = KV.u32(s.n_expert_group)
-        kv[f"{a}.expert_group_used_count"] = KV.u32(s.n_group_used)
-    kv[f"{a}.rope.dimension_count"] = KV.u32(s.rot)
     kv.update(_yarn_kv(s, a))
     if s.yarn_factor:
         kv[f"{a}.rope.scaling.yarn_log_multiplier"] = KV.f32(s.yarn_log_mul)
@@ -339,6 +472,53 @@ def _gpt_oss_kv(s: ModelShape) -> dict[str, KV]:
     kv[f"{a}.feed_forward_length"] = KV.u32(s.n_ff_exp)
     kv[f"{a}.attention.sliding_window"] = KV.u32(s.sliding_window)
     kv.update(_yarn_kv(s, a))
+    return kv
+
+
+def _qwen_next_kv(s: ModelShape, a: str) -> dict[str, KV]:
+    kv = _common_kv(s, a)
+    kv[f"{a}.rope.dimension_count"] = KV.u32(s.rot)
+    kv[f"{a}.expert_shared_feed_forward_length"] = KV.u32(shared_ff(s))
+    kv[f"{a}.ssm.conv_kernel"] = KV.u32(s.ssm_d_conv)
+    kv[f"{a}.ssm.state_size"] = KV.u32(s.ssm_d_state)
+    kv[f"{a}.ssm.group_count"] = KV.u32(s.ssm_n_group)
+    kv[f"{a}.ssm.time_step_rank"] = KV.u32(s.ssm_dt_rank)
+    kv[f"{a}.ssm.inner_size"] = KV.u32(s.ssm_d_state * s.ssm_dt_rank)
+    kv[f"{a}.full_attention_interval"] = KV.u32(s.full_attention_interval)
+    if s.rope_sections:
+        kv[f"{a}.rope.dimension_sections"] = KV.array(ValueType.INT32, s.rope_sections)
+    return kv
+
+
+def _qwen3next_kv(s: ModelShape) -> dict[str, KV]:
+    return _qwen_next_kv(s, "qwen3next")
+
+
+def _qwen35moe_kv(s: ModelShape) -> dict[str, KV]:
+    return _qwen_next_kv(s, "qwen35moe")
+
+
+def _bailingmoe3_kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes Ling 3.0: head_count_kv per block (0 in KDA layers), MLA's sizes, the KDA
+    keys, routing and, where set, SwiGLU limits per layer."""
+    a = "bailingmoe3"
+    kv = _common_kv(s, a)
+    kv.update(_sigmoid_routed_kv(s, a))
+    kv[f"{a}.expert_shared_feed_forward_length"] = KV.u32(shared_ff(s))
+    heads_kv = [1 if ling_full_attention(s, i) else 0 for i in range(s.n_block)]
+    kv[f"{a}.attention.head_count_kv"] = KV.array(ValueType.UINT32, heads_kv)
+    kv.update(_mla_kv(s, a))
+    kv[f"{a}.ssm.conv_kernel"] = KV.u32(s.ssm_d_conv)
+    kv[f"{a}.kda.head_dim"] = KV.u32(s.ssm_d_state)
+    kv[f"{a}.kda.safe_gate"] = KV.boolean(True)
+    kv[f"{a}.kda.gate_lower_bound"] = KV.f32(s.kda_gate_lower_bound)
+    if s.swiglu_limit:
+        limits = [s.swiglu_limit if i == s.n_layer - 1 else 0.0 for i in range(s.n_block)]
+        kv[f"{a}.swiglu_clamp_exp"] = KV.array(ValueType.FLOAT32, limits)
+        kv[f"{a}.swiglu_clamp_shexp"] = KV.array(ValueType.FLOAT32, limits)
+    kv.update(_yarn_kv(s, a))
+    if s.n_mtp:
+        kv[f"{a}.nextn_predict_layers"] = KV.u32(s.n_mtp)
     return kv
 
 
@@ -387,6 +567,24 @@ ARCHITECTURES: dict[str, Architecture] = {
         _gpt_oss_kv,
         "gpt-oss: attention sinks, alternating sliding-window layers, YaRN, biases, swiglu_oai experts",
     ),
+    "qwen3next": Architecture(
+        "qwen3next",
+        _qwen3next,
+        _qwen3next_kv,
+        "Qwen3-Next: gated DeltaNet in 3 of 4 layers, gated attention, partial RoPE, gated shared expert",
+    ),
+    "qwen35moe": Architecture(
+        "qwen35moe",
+        _qwen35moe,
+        _qwen35moe_kv,
+        "Qwen3.5 MoE: Qwen3-Next's layers with separate alpha/beta projections and IMRoPE",
+    ),
+    "bailingmoe3": Architecture(
+        "bailingmoe3",
+        _bailingmoe3,
+        _bailingmoe3_kv,
+        "Ling 3.0: KDA linear attention and gated MLA, sigmoid router with selection bias, shared expert",
+    ),
 }
 
 
@@ -405,7 +603,17 @@ def tensor_specs(s: ModelShape) -> list[TensorSpec]:
 # Layer counts for which llama.cpp's deepseek2 loader assumes a "lite" model (DeepSeek-V2-Lite and kin) and does
 # not read q_lora_rank: with a q_lora_rank it would look for attn_q; without one, other counts fail to load.
 _LITE_LAYERS = (26, 27)
-_ROUTED = ("qwen2moe", "qwen3moe", "ernie4_5-moe", "glm4moe", "deepseek2", "gpt-oss")
+_ROUTED = (
+    "qwen2moe",
+    "qwen3moe",
+    "ernie4_5-moe",
+    "glm4moe",
+    "deepseek2",
+    "gpt-oss",
+    "qwen3next",
+    "qwen35moe",
+    "bailingmoe3",
+)
 TOKENIZERS = ("qwen2", "deepseek-v3", "kimi-k2", "gpt-4o")
 
 
@@ -416,8 +624,10 @@ def _is_lite(s: ModelShape) -> bool:
 def check_shape(s: ModelShape) -> None:
     """Rejects geometry the architecture cannot express (llama.cpp would refuse, misread or abort on it)."""
     architecture(s.arch)
-    if s.n_dense_lead and s.arch not in ("ernie4_5-moe", "glm4moe", "deepseek2"):
-        raise ValueError(f"{s.arch} has no leading dense layers (use --arch ernie4_5-moe, glm4moe or deepseek2)")
+    if s.n_dense_lead and s.arch not in ("ernie4_5-moe", "glm4moe", "deepseek2", "bailingmoe3"):
+        raise ValueError(
+            f"{s.arch} has no leading dense layers (use --arch ernie4_5-moe, glm4moe, deepseek2 or bailingmoe3)"
+        )
     if s.n_shared_exp and s.arch in ("qwen3moe", "gpt-oss"):
         raise ValueError(f"{s.arch} has no shared experts (use --arch qwen2moe, ernie4_5-moe or deepseek2)")
     if s.n_dense_lead >= s.n_layer:
@@ -438,15 +648,17 @@ def check_shape(s: ModelShape) -> None:
         raise ValueError("ranks, head sizes and group counts must not be negative")
     if s.yarn_factor and (s.yarn_factor <= 1.0 or s.yarn_orig_ctx <= 0):
         raise ValueError("--yarn-factor must be above 1 (or 0 for none) with a positive --yarn-orig-ctx")
-    if s.arch == "deepseek2":
+    if s.arch in ("deepseek2", "bailingmoe3"):
         _check_deepseek2(s)
     else:
-        mla = s.q_lora_rank or s.kv_lora_rank or s.n_rot or s.v_head_dim or s.legacy_kv_b
-        if mla or s.n_mtp or s.n_expert_group or s.n_group_used:
+        mla = s.q_lora_rank or s.kv_lora_rank or (s.n_rot and s.arch not in _QWEN_NEXT) or s.v_head_dim
+        if mla or s.legacy_kv_b or s.n_mtp or s.n_expert_group or s.n_group_used:
             raise ValueError(
-                "MLA ranks, head splits, expert groups and next-token-prediction blocks are deepseek2's "
-                "(use --arch deepseek2)"
+                "MLA ranks, head splits, expert groups and next-token-prediction blocks are deepseek2's and "
+                "bailingmoe3's (use --arch deepseek2 or bailingmoe3)"
             )
+    if s.arch in _QWEN_NEXT or s.arch == "bailingmoe3":
+        _check_linear(s)
     if s.arch == "glm4moe" and s.head_dim % 4:
         raise ValueError("glm4moe rotates half of each head: --head-dim must be a multiple of 4")
     if s.arch != "deepseek2" and s.head_dim % 2:
@@ -455,15 +667,44 @@ def check_shape(s: ModelShape) -> None:
         raise ValueError("--sliding-window must be positive")
 
 
+_QWEN_NEXT = ("qwen3next", "qwen35moe")
+
+
+def _check_linear(s: ModelShape) -> None:
+    """The linear-attention families' sizes (llama.cpp asserts on the others)."""
+    if min(s.ssm_d_conv - 1, s.ssm_d_state, s.ssm_n_group, s.ssm_dt_rank, s.full_attention_interval) < 1:
+        raise ValueError("linear attention needs a convolution of 2 or more and positive head sizes and counts")
+    if s.n_shared_exp < 1:
+        raise ValueError(f"{s.arch} runs a shared expert in every MoE layer: --n-shared-exp must be at least 1")
+    if s.legacy_ssm_in and s.arch != "qwen3next":
+        raise ValueError("the older joint ssm_in projection is qwen3next's")
+    if s.arch == "bailingmoe3":
+        if not s.kda_gate_lower_bound < 0:
+            raise ValueError("bailingmoe3's KDA gate lower bound must be negative")
+        return
+    if s.ssm_dt_rank % s.ssm_n_group:
+        raise ValueError("the linear layers' value heads must be a multiple of their key heads")
+    if not 0 < s.rot <= s.head_dim or s.rot % 2:
+        raise ValueError("--n-rot must be even, positive and at most --head-dim")
+    if s.arch == "qwen35moe" and (len(s.rope_sections) != 4 or 2 * sum(s.rope_sections) > s.rot):
+        raise ValueError("qwen35moe's IMRoPE needs four section counts whose pairs fit in --n-rot")
+
+
 def _check_deepseek2(s: ModelShape) -> None:
     if s.kv_lora_rank <= 0:
-        raise ValueError("deepseek2 needs --kv-lora-rank")
+        raise ValueError(f"{s.arch} needs --kv-lora-rank")
     if not 0 < s.rot < s.head_dim or s.rot % 2:
-        raise ValueError("deepseek2's --n-rot (qk_rope_head_dim) must be even, positive and below --head-dim")
+        raise ValueError(f"{s.arch}'s --n-rot (qk_rope_head_dim) must be even, positive and below --head-dim")
     if s.n_shared_exp < 1:
-        raise ValueError("deepseek2 runs a shared expert in every MoE layer: --n-shared-exp must be at least 1")
+        raise ValueError(f"{s.arch} runs a shared expert in every MoE layer: --n-shared-exp must be at least 1")
     if s.n_mtp > 1:
         raise ValueError("llama.cpp's converter writes one next-token-prediction block: --n-mtp must be 0 or 1")
+    if s.arch == "deepseek2":
+        _check_lite(s)
+    _check_groups(s)
+
+
+def _check_lite(s: ModelShape) -> None:
     if s.q_lora_rank and _is_lite(s):
         raise ValueError(
             f"llama.cpp reads a {s.n_layer}-layer deepseek2 as a lite model without q_lora_rank: "
@@ -474,6 +715,9 @@ def _check_deepseek2(s: ModelShape) -> None:
             "llama.cpp loads deepseek2 without q_lora_rank (DeepSeek-V2-Lite's plain attn_q) only with "
             f"{' or '.join(map(str, _LITE_LAYERS))} layers: set --n-layer accordingly or give --q-lora-rank"
         )
+
+
+def _check_groups(s: ModelShape) -> None:
     groups, used = s.n_expert_group, s.n_group_used
     if groups >= s.n_expert:
         raise ValueError("--n-expert-group must be below --n-expert")

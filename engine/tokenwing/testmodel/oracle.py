@@ -18,8 +18,9 @@ def use_plain_layout(llama_cpp: Any) -> None:
     llama_cpp.llama_cpp.llama_model_default_params = plain
 
 
-def oracle_llama(llama_cpp: Any, model: str, n_ctx: int, n_batch: int) -> Any:
-    """llama.cpp as the project's oracles run it: F32 KV cache, no flash attention, 2 threads, every logit."""
+def oracle_llama(llama_cpp: Any, model: str, n_ctx: int, n_batch: int, flash: bool = False) -> Any:
+    """llama.cpp as the project's oracles run it: F32 KV cache, no flash attention (`flash`: with it, as llama.cpp's
+    own default turns it on for the CPU), 2 threads, every logit."""
     return llama_cpp.Llama(
         model,
         n_ctx=n_ctx,
@@ -29,7 +30,7 @@ def oracle_llama(llama_cpp: Any, model: str, n_ctx: int, n_batch: int) -> Any:
         logits_all=True,
         type_k=0,
         type_v=0,
-        flash_attn=False,
+        flash_attn=flash,
         verbose=False,
     )
 

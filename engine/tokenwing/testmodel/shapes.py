@@ -49,6 +49,16 @@ class ModelShape:
     yarn_beta_slow: float = 1.0
     yarn_log_mul: float = 0.1  # deepseek2: 0.1 × mscale_all_dim, as llama.cpp's converter writes it
     sliding_window: int = 128  # gpt-oss: the window of its sliding-window layers
+    # linear attention: gated DeltaNet (qwen3next, qwen35moe) and KDA (bailingmoe3, whose heads are n_head)
+    ssm_d_conv: int = 4  # the short convolution's width
+    ssm_d_state: int = 16  # a linear layer's key and value head size (bailingmoe3: kda.head_dim)
+    ssm_n_group: int = 2  # qwen: key heads of the linear layers
+    ssm_dt_rank: int = 4  # qwen: value heads of the linear layers
+    full_attention_interval: int = 4  # every n-th layer attends fully (bailingmoe3: its layer_group_size)
+    kda_gate_lower_bound: float = -5.0
+    rope_sections: tuple[int, ...] = ()  # qwen35moe: IMRoPE's rotary pairs per axis (4 counts)
+    legacy_ssm_in: bool = False  # qwen3next: the older converter's joint ssm_in instead of attn_qkv + attn_gate
+    swiglu_limit: float = 0.0  # bailingmoe3: SwiGLU limits (experts and shared expert) in the last layer
     tokenizer: str = "qwen2"  # the vocabulary's family, by llama.cpp's pre-tokenizer name
     chat_template: bool = True  # False: no tokenizer.chat_template (as some GGUFs on the hub)
 
@@ -181,6 +191,29 @@ _KIMI_K2 = {
 
 FAMILY_PRESETS: dict[str, ModelShape] = {
     "kimi-tiny": PRESETS["tiny"].with_(arch="deepseek2", n_layer=3, **_MLA["tiny"], **_KIMI_K2),
+    # Ling 3.0 Flash (bailingmoe3: 42 layers, hidden 2560, 512 experts, top-8, KDA:MLA 5:1, one shared expert,
+    # MTP block) scaled to this machine: hidden 1024, 512 experts of 256, top-8, 18 layers in Ling's pattern
+    # (layer_group_size 6: MLA in layers 5, 11, 17, KDA in the others), one leading dense layer, 16 KDA heads
+    # of 64, MLA with the bench ranks: ~4.4 GB at Q4_K_M, 17 MoE layers of 512 experts.
+    "ling-bench": ModelShape(
+        arch="bailingmoe3",
+        n_layer=18,
+        n_embd=1024,
+        n_head=16,
+        n_head_kv=1,
+        n_expert=512,
+        n_expert_used=8,
+        n_ff_exp=256,
+        n_dense_lead=1,
+        n_ff_dense=3072,
+        n_shared_exp=1,
+        n_ff_shexp=256,
+        vocab_size=32000,
+        ssm_d_state=64,
+        full_attention_interval=6,
+        expert_weights_scale=2.5,
+        context_length=262144,
+    ).with_(**_MLA["bench"]),
     # DeepSeek-V3 scaled to this machine (issue 13 §4): hidden 2048, 256 experts of 512, top-8 in 8 groups
     # using 4, 2 leading dense layers, one shared expert, 32 heads of V3's head sizes, MLA ranks 512/256;
     # 9 MoE layers: ~4.5 GB at Q4_K_M.
@@ -217,8 +250,34 @@ FAMILY_PRESETS: dict[str, ModelShape] = {
 }
 
 
+# Qwen3-Next / Qwen3.5: gated full attention with a quarter of each head rotated (partial_rotary_factor 0.25),
+# one gated shared expert; Qwen3.5's IMRoPE splits the rotary pairs over three axes ([11, 11, 10] of 32).
+_QWEN_NEXT = {"n_shared_exp": 1, "rms_eps": 1e-6, "rope_base": 10_000_000.0}
+
+
+def _imrope_sections(n_rot: int) -> tuple[int, ...]:
+    pairs = n_rot // 2
+    first = -(-pairs // 3)
+    second = -(-(pairs - first) // 2)
+    return (first, second, pairs - first - second, 0)
+
+
 def _family_defaults(s: ModelShape, size: str) -> ModelShape:
     """What a size preset lacks for the family of `s.arch`, as the real models of that family have it."""
+    if s.arch in ("qwen3next", "qwen35moe") and s.n_rot == 0:
+        n_rot = max(2, s.head_dim // 4 // 2 * 2)
+        sections = _imrope_sections(n_rot) if s.arch == "qwen35moe" else ()
+        return s.with_(**_QWEN_NEXT, n_rot=n_rot, rope_sections=sections)
+    if s.arch == "bailingmoe3" and s.kv_lora_rank == 0:
+        return s.with_(
+            **_MLA.get(size, _MLA["small"]),
+            n_head_kv=1,
+            n_shared_exp=s.n_shared_exp or 1,
+            n_dense_lead=s.n_dense_lead or 1,
+            full_attention_interval=3,
+            ssm_d_state=s.head_dim,  # KDA heads as wide as the preset's attention heads
+            expert_weights_scale=2.5,
+        )
     if s.arch == "deepseek2" and s.kv_lora_rank == 0:
         groups = 4 if s.n_expert >= 8 and s.n_expert % 4 == 0 else 1
         return s.with_(

@@ -42,7 +42,7 @@ def tensor_type(
 ) -> GGMLQuantizationType:
     """Norms, biases and routers stay F32 (as llama.cpp keeps them); matrices take the wanted type, routed
     experts `experts` where given."""
-    if spec.role in ("norm", "vector", "router") or len(spec.shape) == 1:
+    if spec.role in ("norm", "vector", "router", "decay_neg", "decay_pos") or len(spec.shape) == 1:
         return GGMLQuantizationType.F32
     if spec.role == "expert" and experts is not None:
         wanted = experts
@@ -70,6 +70,9 @@ def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
 def _floats(rng: np.random.Generator, n: int, spec: TensorSpec, std: float) -> np.ndarray:
     if spec.role == "norm":
         return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+    if spec.role in ("decay_neg", "decay_pos"):  # a linear layer's decay rate: -exp(A_log), or exp(A_log) (KDA)
+        rate: np.ndarray = np.exp(0.5 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+        return -rate if spec.role == "decay_neg" else rate
     return rng.standard_normal(n, dtype=np.float32) * np.float32(std)
 
 

@@ -42,6 +42,7 @@ class ChatTemplate:
             raise BadInputError(f"the chat template does not parse: {e}") from None
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.source = source
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
         try:
@@ -78,6 +79,7 @@ class ChatFormat:
     template: ChatTemplate
     fallback: str | None = None
     stops: tuple[str, ...] = ()
+    reasoning: str | None = None  # "harmony": replies carry an analysis channel (gpt-oss), split into reasoning
 
     def describe(self) -> str:
         return f"fallback ({self.fallback})" if self.fallback else "model"
@@ -87,7 +89,9 @@ def chat_format(own: ChatTemplate | None) -> ChatFormat:
     """The model's template, or ChatML with its end-of-turn text as a stop string, so any chat client works
     with any model."""
     if own is not None:
-        return ChatFormat(own)
+        from tokenwing.text.reasoning import harmony_template
+
+        return ChatFormat(own, reasoning="harmony" if harmony_template(own.source) else None)
     return ChatFormat(ChatTemplate(CHATML), FALLBACK_NAME, (FALLBACK_STOP,))
 
 
