@@ -280,11 +280,13 @@ def _announce_device(args: argparse.Namespace, session: Any = None) -> None:
     """The device line, once the input is known good: the session's (the GPU's share, or why the CPU after all)
     when it placed anything on a device, else the choice's."""
     line = getattr(args, "device_line", None)
+    if line is None:  # said already
+        return
     if session is not None and getattr(session, "device_line", None):
         line = session.device_line
     if line:
         _stderr_line(line)
-        args.device_line = None
+    args.device_line = None
 
 
 def _session_options(args: argparse.Namespace) -> Any:

@@ -121,12 +121,18 @@ FAMILIES: dict[str, dict[str, object]] = {
     "deepseek2": {"arch": "deepseek2", "n_layer": 4, "n_expert": 16, "n_expert_used": 4},
     "gpt-oss": {"arch": "gpt-oss", "n_layer": 4},
 }
+# The linear-attention families: their layers stay on the CPU (the recurrent state lives in RAM), the VRAM holds the
+# head and experts.
+HYBRIDS: dict[str, dict[str, object]] = {
+    "qwen3next": {"arch": "qwen3next", "n_layer": 4},
+    "bailingmoe3": {"arch": "bailingmoe3", "n_layer": 4},
+}
 # Every model the device tests compare with llama.cpp: key → (type, model_factory's arguments, the tokens' seed).
 # bench/gpu_refs.py makes their references from this table for the GPU machine, which has no llama.cpp.
 CASES: dict[str, tuple[str, dict[str, object], int]] = {
     "vram-qwen3moe-Q8_0": ("Q8_0", QWEN3, 21),
     "vram-qwen3moe-Q4_K_M": ("Q4_K_M", {**QWEN3, "preset": "kquant", "weight_std": 0.03}, 21),
-    **{f"vram-{f}-Q8_0": ("Q8_0", {**shape, "weight_std": 0.03}, 22) for f, shape in FAMILIES.items()},
+    **{f"vram-{f}-Q8_0": ("Q8_0", {**shape, "weight_std": 0.03}, 22) for f, shape in {**FAMILIES, **HYBRIDS}.items()},
 }
 
 
@@ -174,6 +180,20 @@ def test_each_family_on_the_device_matches_llama_cpp(
     part = run(path, tokens, kind, budget, **opts)
     assert _tier_use(part, 0)[0] == 1 and _tier_use(part, 0)[2] > 0
     check(ref, part.logits)
+
+
+@pytest.mark.parametrize("family", list(HYBRIDS))
+def test_a_linear_attention_model_keeps_its_layers_on_the_cpu(
+    kind: str, model_factory: ModelFactory, tmp_path: Path, family: str
+) -> None:
+    """Qwen3-Next and Ling 3.0 with a GPU: every expert and the head in VRAM, every layer (its recurrent state or
+    KV cache) on the CPU, and llama.cpp's logits."""
+    path, tokens, ref = case(f"vram-{family}-Q8_0", model_factory, tmp_path)
+    everything = run(path, tokens, kind, 256 * MiB)
+    layers, slots, hits = _tier_use(everything, 0)
+    assert layers == 0 and slots == everything.costs[0].n_expert and hits > 0, (layers, slots, hits)
+    assert everything.stats["vram"]["head"]
+    check(ref, everything.logits)
 
 
 def test_lending_the_vram_cache_to_a_prompt(kind: str, model_factory: ModelFactory, tmp_path: Path) -> None:

@@ -246,20 +246,14 @@ class ExpertCompute:
     def needs_ids(self, block: int) -> bool:
         return self.ffn[block].biases is not None
 
-    def decode_partial(
-        self, block: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray, wave: list[int], ready: list[bool]
-    ) -> np.ndarray:
-        """A token's experts when some are still on their way: the ready ones first, then the others as they
-        land; their weighted outputs summed in rank order (the same additions as in one graph). With split
-        demand reads, the late experts' gate/up half is computed as soon as those projections are in, while
-        their down projections are still being read (spec §9)."""
-        return common.sum_experts(self.decode_weighted(block, cur, sel, weights, wave, ready))
-
     def decode_weighted(
         self, block: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray, wave: list[int], ready: list[bool]
     ) -> np.ndarray:
-        """The weighted outputs [1, k, n_embd] of the token's experts in `wave` (in RAM or on their way; the
-        ready ones first), zero at the other ranks (experts computed elsewhere: the GPU's)."""
+        """A token's experts when some are still on their way: the ready ones first, then the others as they
+        land. Returns their weighted outputs [1, k, n_embd] (zero at the ranks of experts computed elsewhere: the
+        GPU's), which the caller sums in rank order (the same additions as in one graph). With split demand
+        reads, the late experts' gate/up half is computed as soon as those projections are in, while their down
+        projections are still being read (spec §9)."""
         weighted = np.zeros((1, sel.shape[1], cur.shape[1]), np.float32)
         first = [e for e, ok in zip(wave, ready, strict=True) if ok]
         rest = [e for e, ok in zip(wave, ready, strict=True) if not ok]
