@@ -165,11 +165,12 @@ def test_unsupported_architecture_wins() -> None:
 
 
 def test_streaming_costs_and_a_budget_share() -> None:
-    """While experts stream, compute costs stream_factor times more and a share of the reads hides behind it;
-    a preset's `--ram-budget 25%` caps the cache where more would fit."""
-    cal = Calibration(0.0, 0.0, 13e9, "test", stream_factor=2.0, hidden_io=0.75)
+    """While experts stream, compute costs stream_factor times more plus stream_layer_s per MoE layer, and a share
+    of the reads hides behind it; a preset's `--ram-budget 25%` caps the cache where more would fit."""
+    cal = Calibration(0.0, 0.0, 13e9, "test", stream_factor=2.0, hidden_io=0.75, stream_layer_s=0.001)
     e = estimate(PRESET, dataclasses.replace(MACHINE, ram_available=QUARTER), calibration=cal)
-    assert e.compute_seconds == pytest.approx(0.020)  # 10 ms of reads from memory, doubled
+    # 10 ms of reads from memory, doubled, + 1 ms for each MoE layer
+    assert e.compute_seconds == pytest.approx(0.020 + FACTS.moe_layers * 0.001)
     assert e.io_seconds == pytest.approx(MISS25 / 1.2e9 * 0.25)
     assert estimate(PRESET, MACHINE, calibration=cal).compute_seconds == pytest.approx(0.010)  # all in RAM: 1x
     capped = estimate(PRESET, MACHINE, budget_share=0.25)
@@ -178,12 +179,14 @@ def test_streaming_costs_and_a_budget_share() -> None:
 
 
 def test_the_autotuners_decode_rescales_the_defaults() -> None:
-    probe = DecodeProbe(compute_s=0.010, layers=6, active_bytes=5_000_000, streamed=False, model="m")
+    probe = DecodeProbe(compute_s=0.0005, layers=6, active_bytes=5_000_000, streamed=False, model="m")
     cal = calibration_for(dataclasses.replace(MACHINE, decode_probe=probe))
     d = DEFAULT_CALIBRATION
     predicted = d.per_token_s + 6 * d.per_layer_s + 5e6 / d.mem_bps
-    assert cal.per_layer_s == pytest.approx(d.per_layer_s * 0.010 / predicted)
-    assert cal.mem_bps == pytest.approx(d.mem_bps * predicted / 0.010)
+    assert 1.2 < 0.0005 / predicted < 20  # (within the rescaling's bounds)
+    assert cal.per_layer_s == pytest.approx(d.per_layer_s * 0.0005 / predicted)
+    assert cal.stream_layer_s == pytest.approx(d.stream_layer_s * 0.0005 / predicted)
+    assert cal.mem_bps == pytest.approx(d.mem_bps * predicted / 0.0005)
     assert "measured by the autotuner on m" in cal.source
     assert calibration_for(MACHINE) is DEFAULT_CALIBRATION  # not measured yet: this machine class's default
 
@@ -211,7 +214,8 @@ def test_defaults_when_nothing_is_measured() -> None:
     assert any("not measured yet" in r for r in e.reasons)
     assert any(d.source in r for r in e.reasons)
     work = d.per_token_s + FACTS.layers * d.per_layer_s
-    assert e.compute_seconds == pytest.approx((1.3e8 / d.mem_bps + work) * d.stream_factor)
+    streamed = (1.3e8 / d.mem_bps + work) * d.stream_factor + FACTS.moe_layers * d.stream_layer_s
+    assert e.compute_seconds == pytest.approx(streamed)
     gpu = estimate(
         PRESET, dataclasses.replace(m, gpus=(GpuInfo(0, "RTX", 16 * GIB, 12 * GIB),)), calibration=DEFAULT_CALIBRATION
     )

@@ -51,28 +51,43 @@ class Calibration:
     per_token_s: float  # sampling, the output head's softmax, the HTTP stream, Python
     mem_bps: float  # effective bandwidth of the weight reads (a token's active bytes)
     source: str  # "measured by the autotuner on this machine" / "a default for this machine class"
-    stream_factor: float = 2.0  # compute while experts stream, over compute with every expert in RAM
+    stream_factor: float = 1.0  # compute while experts stream, over compute with every expert in RAM
     hidden_io: float = 0.7  # share of the drive's read time hidden behind compute
+    stream_layer_s: float = 0.0  # more per streamed layer while experts stream (a graph per layer, the waits)
 
     def scaled(self, k: float, source: str) -> Calibration:
         """The same shape of costs on a machine k times slower at computing (the autotuner measures k)."""
         return Calibration(
-            self.per_layer_s * k, self.per_token_s * k, self.mem_bps / k, source, self.stream_factor, self.hidden_io
+            self.per_layer_s * k,
+            self.per_token_s * k,
+            self.mem_bps / k,
+            source,
+            self.stream_factor,
+            self.hidden_io,
+            self.stream_layer_s * k,
         )
 
+    def streaming_s(self, in_ram_s: float, moe_layers: int) -> float:
+        """A token's compute while experts stream, from its compute with every expert in RAM."""
+        return in_ram_s * self.stream_factor + moe_layers * self.stream_layer_s
 
-# Defaults for this machine class (a 2-core x86-64 VM), fitted to the engine's measured decode (docs/results.md,
-# "The estimate"): in RAM the built-in model (6 layers, ~5 MB read a token) at 177-247 tok/s and the bench model
-# (12 layers, ~300 MB a token) at 55.8 tok/s give the per-layer and per-token work with the weights read at
-# ~30 GB/s; under 40 % and 25 % caps the bench model's non-waiting time was 2.1x and 2.0x its time in RAM
-# (stream_factor) and its SSD wait 28 % and 32 % of its misses' read time at the probed drive speed (hidden_io).
+
+# Defaults for this machine class (a 2-core x86-64 VM), fitted to the engine's decode measured on an idle machine
+# (docs/results.md, "The estimate", 2026-12-01): in RAM the built-in model (6 layers, 5.0 MB touched a token) at
+# 0.31 ms a token and the bench model (12 layers, 471 MB) at 13.3 ms give the weights read at ~36 GB/s, 0.11 ms a
+# token and 0.011 ms a layer (the one-graph decode step); under 40 % and 25 % caps the bench model's 37.0 and
+# 47.2 ms a token give 29 % of its misses' read time at the probed drive speed left unhidden (hidden_io) and
+# 0.4 ms more per streamed layer (a graph per layer and its waits: the per-layer path in RAM alone costs 0.55 ms
+# a layer more than the one-graph step there). The built-in model's capped runs (2.35 and 2.52 ms a token) are
+# then estimated within 0.8x.
 DEFAULT_CALIBRATION = Calibration(
-    per_layer_s=0.55e-3,
-    per_token_s=1.3e-3,
-    mem_bps=30e9,
+    per_layer_s=0.011e-3,
+    per_token_s=0.11e-3,
+    mem_bps=36e9,
     source="a default for this class of machine (the autotuner measures this one)",
-    stream_factor=2.0,
+    stream_factor=1.0,
     hidden_io=0.7,
+    stream_layer_s=0.4e-3,
 )
 
 
@@ -82,9 +97,8 @@ def calibration_for(machine: MachineInfo) -> Calibration:
     p = machine.decode_probe
     if p is None:
         return c
-    predicted = (c.per_token_s + p.layers * c.per_layer_s + p.active_bytes / c.mem_bps) * (
-        c.stream_factor if p.streamed else 1.0
-    )
+    in_ram = c.per_token_s + p.layers * c.per_layer_s + p.active_bytes / c.mem_bps
+    predicted = c.streaming_s(in_ram, p.layers) if p.streamed else in_ram
     k = min(20.0, max(0.2, p.compute_s / predicted))
     return c.scaled(k, f"measured by the autotuner on {p.model}: {k:.2f}x this machine class's default")
 
@@ -326,7 +340,7 @@ def estimate(
     read_s = (cpu_dense + gpu_dense * mem / GPU_BPS + max(cpu_experts, gpu_experts * mem / GPU_BPS)) / mem
     work_s = cal.per_token_s + fp.layers * cal.per_layer_s
     streaming = hits < 1.0
-    compute_s = (read_s + work_s) * (cal.stream_factor if streaming else 1.0)
+    compute_s = cal.streaming_s(read_s + work_s, fp.moe_layers) if streaming else read_s + work_s
     where = f"{hb(active)} read from memory at {mem / 1e9:.0f} GB/s"
     if gpu.line:
         where = (
@@ -336,7 +350,11 @@ def estimate(
     reasons.append(
         f"Compute: {where} ({read_s * 1000:.1f} ms) + the engine's work for {fp.layers} layers "
         f"({work_s * 1000:.1f} ms)"
-        + (f", ×{cal.stream_factor:g} while experts stream" if streaming else "")
+        + (
+            f", ×{cal.stream_factor:g} and {cal.stream_layer_s * 1000:g} ms more per layer while experts stream"
+            if streaming
+            else ""
+        )
         + f" → {compute_s * 1000:.1f} ms per token ({cal.source})."
     )
     seconds = io_s + compute_s
