@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import ModelFactory, assert_clean_error, run_cli
+from tests.conftest import ModelFactory, assert_clean_error, run_cli, start_cli
 
 
 def shards_of(first: Path) -> list[Path]:
@@ -149,19 +149,25 @@ def test_ctrl_c_keeps_what_was_verified(model_factory: ModelFactory, tmp_path: P
     copies = copy_shards(shards_of(first), tmp_path / "src")
     out = tmp_path / "out.tw.gguf"
     marker = tmp_path / "paused"
-    cmd = [sys.executable, "-m", "tokenwing", "repack", str(copies[0]), "-o", str(out), "--delete-source", "-q"]
+    args = ["repack", str(copies[0]), "-o", str(out), "--delete-source", "-q"]
     env = {**os.environ, "TOKENWING_TEST_REPACK_PAUSE": "shard:2", "TOKENWING_TEST_REPACK_PAUSE_FILE": str(marker)}
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not marker.exists():
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    # (with SIGINT at its default in the child: a CI that runs the suite as a background job passes it on ignored)
+    proc = start_cli(*args, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # (a failed test leaves no paused repack behind)
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 130
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err
     assert not out.exists() and not copies[0].exists() and copies[1].exists() and copies[2].exists()
-    r = run_cli(*cmd[3:])
+    r = run_cli(*args)
     assert r.returncode == 0, r.stderr
     assert sha256(out) == expected
