@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -46,11 +45,8 @@ def runner_args(settings: dict[str, object]) -> tuple[int, list[str]]:
 
 
 def main() -> int:
-    work = tempfile.mkdtemp(prefix="tw-bench-")  # token streams and traces; removed at the end
-    try:
+    with tempfile.TemporaryDirectory(prefix="tw-bench-", ignore_cleanup_errors=True) as work:  # streams, traces
         return _main(work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _main(work: str) -> int:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 
@@ -75,11 +74,8 @@ def row(label: str, cap: str, r: Result, runs: str, limit: float | None, belady_
 
 
 def main() -> int:
-    work = tempfile.mkdtemp(prefix="tw-bench-")  # token streams and traces; removed at the end
-    try:
+    with tempfile.TemporaryDirectory(prefix="tw-bench-", ignore_cleanup_errors=True) as work:  # streams, traces
         return _main(work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _main(work: str) -> int:
