@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import glob
 import importlib.util
 import os
@@ -111,6 +112,16 @@ def _mount(mnt: Path, fstype: str, options: str | None = None) -> Path:
 
 def _unmount(mnt: Path) -> None:
     subprocess.run(["umount", "--lazy", str(mnt)], check=False)  # lazily: a file a failed test left open stays
+
+
+@pytest.fixture(autouse=True)
+def qt_garbage_on_the_main_thread(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test that used Qt, its garbage (windows and their timers, closed qasync loops) is freed here, on the
+    thread that owns it: freed later by whichever thread collects next, a QObject with a running timer leaves that
+    timer registered, and it crashes the process when it fires (tests/qtloop.py)."""
+    yield
+    if {"qapp", "qtbot"} & set(request.fixturenames):
+        gc.collect()
 
 
 @pytest.fixture

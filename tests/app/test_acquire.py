@@ -35,8 +35,9 @@ from runmyai.paths import AppPaths
 from runmyai.ui.controller import AppController
 from runmyai.ui.main_window import MainWindow
 from tests.app.hubserver import Faults, HubServer, RequestLog
-from tests.app.test_app_scenario import run_qt, until
+from tests.app.test_app_scenario import until
 from tests.conftest import ModelFactory, Mount
+from tests.qtloop import run_qt
 
 T = TypeVar("T")
 REPO = "acme/Tiny-GGUF"

@@ -11,9 +11,10 @@ from PySide6.QtWidgets import QApplication, QPushButton
 from runmyai.ui.autotune_dialog import AutotuneDialog
 from tests.app.conftest import FILE, REPO
 from tests.app.hubserver import HubServer
-from tests.app.test_app_scenario import make_controller, run_qt, until
+from tests.app.test_app_scenario import make_controller, until
 from tests.conftest import ModelFactory
 from tests.engine.test_server import Server
+from tests.qtloop import run_qt
 
 
 def test_search_import_endpoint_and_download_buttons(

@@ -10,12 +10,10 @@ import asyncio
 import hashlib
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import psutil
-import qasync
 from PySide6.QtWidgets import QApplication
 
 from runmyai.paths import AppPaths
@@ -27,8 +25,7 @@ from tests.app.hubserver import HubServer
 from tests.app.stall_probe import StackSampler
 from tests.app.watchdog import LoopWatchdog
 from tests.conftest import ModelFactory
-
-T = TypeVar("T")
+from tests.qtloop import run_qt
 
 # 5x the worst seen here with both cores loaded by two busy loops besides five other agents' work (168 ms); the
 # stalls seen then had no CPU time on the UI thread: the GIL held by a preempted thread (the in-process hub).
@@ -68,17 +65,6 @@ system_prompt = "You are a test."
 lookahead = 2
 measured = []
 """
-
-
-def run_qt(qapp: QApplication, make: Callable[[], Awaitable[T]], timeout: float = 240) -> T:
-    loop = qasync.QEventLoop(qapp)
-    asyncio.set_event_loop(loop)
-    try:
-        return loop.run_until_complete(asyncio.wait_for(make(), timeout))
-    finally:
-        loop.run_until_complete(loop.shutdown_asyncgens())  # as asyncio.run does: close what streams left open
-        loop.close()  # joins qasync's executor threads (QThreads): one left running aborts Python at exit
-        asyncio.set_event_loop(None)
 
 
 def make_controller(tmp_path: Path, hub: HubServer, data: bytes) -> tuple[MainWindow, AppController]:

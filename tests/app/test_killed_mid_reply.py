@@ -17,9 +17,10 @@ from runmyai.chat.store import ConversationStore
 from runmyai.engine.client import ChatSettings
 from runmyai.paths import AppPaths
 from tests.app.hubserver import HubServer
-from tests.app.test_app_scenario import make_controller, run_qt, until
+from tests.app.test_app_scenario import make_controller, until
 from tests.conftest import ModelFactory
 from tests.pauses import Pauses
+from tests.qtloop import run_qt
 
 N = 3  # text pieces that reach the app before the engine dies
 

@@ -18,11 +18,12 @@ from runmyai.chat.session import ChatSession
 from runmyai.chat.store import ConversationStore
 from runmyai.engine.client import ChatClient, ChatDelta, ChatSettings
 from tests.app.hubserver import HubServer
-from tests.app.test_app_scenario import make_controller, run_qt
+from tests.app.test_app_scenario import make_controller
 from tests.app.test_engine_client import HELLO, KEY, Engine, FakeServer, collect, sse
 from tests.app.test_widgets import click_text
 from tests.conftest import ModelFactory
 from tests.engine.test_server_reasoning import REPLY, scripted
+from tests.qtloop import run_qt
 from tokenwing.format.reader import ModelFile
 from tokenwing.text.tokenizer import tokenizer_from_metadata
 

@@ -6,19 +6,15 @@ it speaks the start-up protocol (handshake line, /health) with a version of our 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
 
 import psutil
 import pytest
-import qasync
 from PySide6.QtWidgets import QApplication
 
 from runmyai import __version__
@@ -27,22 +23,11 @@ from runmyai.paths import AppPaths
 from runmyai.ui.controller import AppController
 from runmyai.ui.main_window import MainWindow
 from tests.conftest import ModelFactory
+from tests.qtloop import run_qt
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 STAND_IN = Path(__file__).with_name("other_version_engine.py")
-T = TypeVar("T")
-
-
-def run_qt(qapp: QApplication, make: Callable[[], Awaitable[T]], timeout: float = 60) -> T:
-    loop = qasync.QEventLoop(qapp)
-    asyncio.set_event_loop(loop)
-    try:
-        result: T = loop.run_until_complete(asyncio.wait_for(make(), timeout))
-        return result
-    finally:
-        asyncio.set_event_loop(None)
-        loop.close()
 
 
 def make_controller(tmp_path: Path) -> AppController:
@@ -98,7 +83,7 @@ def test_engine_of_another_version_is_refused(
         finally:
             await c.shutdown()
 
-    endpoint, sup = run_qt(qapp, scenario)
+    endpoint, sup = run_qt(qapp, scenario, timeout=60)
     assert endpoint is None
     assert c.endpoint is None and not c.ready.is_set()
     want = f"This engine is version {other}, but Run My AI {__version__} needs the same version; reinstall Run My AI."
@@ -122,6 +107,6 @@ def test_engine_of_the_same_version_is_used(
         finally:
             await c.shutdown()
 
-    endpoint = run_qt(qapp, scenario)
+    endpoint = run_qt(qapp, scenario, timeout=60)
     assert endpoint is not None
     assert not any("needs the same version" in e for e in c.errors)
