@@ -1,11 +1,13 @@
 """At the scale the product is for (issue 16 §4): a model twice this machine's RAM, no memory cap at all.
 
-    python bench/scale_bench.py [--dir models/scale] [--layers 8] [--n-embd 7168] [--n-ff-exp 2048] [--n-expert 256]
-                                [--k 8] [--shards 8] [--prompt 16] [--decode 32] [--rounds 3] [--dry-run]
+    python bench/scale_bench.py [--dir models/scale] [--layers 8] [--n-embd 7168] [--n-head 128] [--n-ff-exp 2048]
+                                [--n-ff-dense 18432] [--n-expert 256] [--k 8] [--shards 8] [--prompt 16]
+                                [--decode 32] [--rounds 3] [--dry-run]
 
-1. Generates a qwen3moe GGUF with DeepSeek-V3's expert widths (hidden 7168, experts of 2048, 256 per layer, top-8;
-   24.8 MB per expert in Q4_0, the bytes per weight of Q4_K) straight into quantized form — random Q4_0 blocks
-   with sane scales, written tensor by tensor (no F16 copy, memory flat) — split into shards: 8 layers ≈ 51 GB.
+1. Generates a DeepSeek-V3-shaped GGUF (deepseek2: hidden 7168, MLA with 128 heads and ranks 1536/512, 256 experts
+   of 2048 per layer in 8 groups using 4, top-8, a shared expert, one leading dense layer; 24.8 MB per expert in
+   Q4_0, the bytes per weight of Q4_K) straight into quantized form — random Q4_0 blocks with sane scales, written
+   tensor by tensor (no F16 copy, memory flat) — split into shards: 8 MoE layers ≈ 53 GB.
 2. Repacks it with `tokenwing repack --delete-source` (each shard deleted once its contents are written and
    verified), so source and output never both exist whole: peak disk = the output + one shard.
 3. TokenWing decodes a fixed token stream (lookahead 2 and 0, rounds interleaved), no cap: its RAM budget from
@@ -17,7 +19,7 @@
 
 Before anything it checks the disk: the largest moment (TokenWing file + one shard) must fit with a margin in
 what `--dir`'s file system has free, else it says so and stops. `--dry-run` runs every step at a small size
-(2 layers of 16 experts of 7168 × 512): what a change to this script should be checked with.
+(2 MoE layers of 16 experts of 7168 × 512, the dense layer 7168 × 512): what a change to this script should be checked with.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from tokenwing.format.gguf_io import tensor_nbytes
 from tokenwing.streaming.memory import memory_info
 from tokenwing.streaming.trace import load_trace
 from tokenwing.testmodel.architectures import architecture
-from tokenwing.testmodel.shapes import ModelShape
+from tokenwing.testmodel.shapes import ModelShape, preset_shape
 from tokenwing.testmodel.weights import DIRECT_TYPES, tensor_type
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,18 +52,27 @@ GB = 1e9
 
 
 def shape_of(args: argparse.Namespace) -> ModelShape:
-    return ModelShape(
-        arch="qwen3moe",
-        n_layer=args.layers,
-        n_embd=args.n_embd,
-        n_head=args.n_head,
-        n_head_kv=args.n_head_kv,
-        head_dim=128,
-        n_expert=args.n_expert,
-        n_expert_used=args.k,
-        n_ff_exp=args.n_ff_exp,
-        vocab_size=32000,
-    )
+    """DeepSeek-V3's layer (the family runs now): its MLA ranks and heads, 256 routed experts of 2048 in 8 groups
+    of which 4 are used, top-8, one shared expert of 2048; one leading dense layer of 18,432 (V3 has 3 in 61)."""
+    return preset_shape("ds-bench").with_(**overrides(args))
+
+
+def overrides(args: argparse.Namespace) -> dict[str, int]:
+    """The scale model's fields that differ from the `ds-bench` preset (the same flags `tokenwing testmodel` takes)."""
+    return {
+        "n_layer": args.layers + 1,
+        "n_dense_lead": 1,
+        "n_embd": args.n_embd,
+        "n_head": args.n_head,
+        "n_expert": args.n_expert,
+        "n_expert_used": args.k,
+        "n_ff_exp": args.n_ff_exp,
+        "n_ff_shexp": args.n_ff_exp,
+        "n_ff_dense": args.n_ff_dense,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "vocab_size": 32000,
+    }
 
 
 def planned_bytes(shape: ModelShape) -> tuple[int, int]:
@@ -75,10 +86,10 @@ def planned_bytes(shape: ModelShape) -> tuple[int, int]:
 
 
 def testmodel(out: str, args: argparse.Namespace) -> list[str]:
-    cmd = [sys.executable, "-m", "tokenwing", "testmodel", out, "-q", "--type", "Q4_0", "--shards", str(args.shards)]
-    cmd += ["--n-layer", str(args.layers), "--n-embd", str(args.n_embd), "--n-head", str(args.n_head)]
-    cmd += ["--n-head-kv", str(args.n_head_kv), "--head-dim", "128", "--n-expert", str(args.n_expert)]
-    cmd += ["--n-expert-used", str(args.k), "--n-ff-exp", str(args.n_ff_exp), "--vocab-size", "32000", "--seed", "7"]
+    cmd = [sys.executable, "-m", "tokenwing", "testmodel", out, "-q", "--preset", "ds-bench", "--type", "Q4_0"]
+    cmd += ["--shards", str(args.shards), "--seed", "7"]
+    for name, value in overrides(args).items():
+        cmd += ["--" + name.replace("_", "-"), str(value)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     stem = out.removesuffix(".gguf")
     return [out] if args.shards == 1 else [f"{stem}-{i + 1:05d}-of-{args.shards:05d}.gguf" for i in range(args.shards)]
@@ -89,8 +100,8 @@ def main() -> int:
     ap.add_argument("--dir", default="models/scale")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--n-embd", type=int, default=7168)
-    ap.add_argument("--n-head", type=int, default=56)
-    ap.add_argument("--n-head-kv", type=int, default=8)
+    ap.add_argument("--n-head", type=int, default=128)
+    ap.add_argument("--n-ff-dense", type=int, default=18432)
     ap.add_argument("--n-ff-exp", type=int, default=2048)
     ap.add_argument("--n-expert", type=int, default=256)
     ap.add_argument("--k", type=int, default=8)
@@ -103,6 +114,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.dry_run:
         args.layers, args.n_expert, args.n_ff_exp, args.shards, args.decode, args.rounds = 2, 16, 512, 2, 4, 1
+        args.n_ff_dense = 512
     shape = shape_of(args)
     total, largest = planned_bytes(shape)
     ram = memory_info().total

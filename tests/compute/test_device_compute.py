@@ -18,7 +18,15 @@ import pytest
 
 from tests.compute.conftest import device
 from tokenwing.compute import ggml_lib
-from tokenwing.compute.backend import Backend, DeviceGraph, DeviceMemoryError, DeviceTensors, HostBuffer
+from tokenwing.compute.backend import (
+    Backend,
+    DeviceGraph,
+    DeviceMemoryError,
+    DeviceTensors,
+    HostBuffer,
+    Readback,
+    get_tensor,
+)
 from tokenwing.compute.devices import list_devices
 from tokenwing.compute.ggml_lib import F32, I32, Tensor
 
@@ -308,6 +316,52 @@ def test_a_graph_is_finished_once_and_computed_many_times(gpu: Backend) -> None:
         assert worst(g.get(y), xs @ exact.T) < 1e-5
     with pytest.raises(RuntimeError, match="892"):
         g.finish(y)
+    g.close()
+    tensors.close()
+
+
+def test_outputs_read_into_pinned_memory_behind_the_graph(gpu: Backend) -> None:
+    """A decode step's outputs (a router's logits and its top-k) through `Readback`: queued on the device's stream
+    after the graph, one wait, into pinned memory where the device has it; the same as reading each output."""
+    rng = np.random.default_rng(7)
+    w, exact = quantized(rng, F32, 16, 32)
+    tensors = DeviceTensors(gpu, 1)
+    wt = tensors.new(F32, w.shape)
+    tensors.allocate()
+    tensors.set(wt, w.data)
+    g = DeviceGraph(gpu, 16)  # every node on the device
+    x = g.input(F32, (32, 1))
+    logits = ggml.ggml_mul_mat(g.ctx, wt, x)
+    top = ggml.ggml_cont(g.ctx, ggml.ggml_argsort_top_k(g.ctx, logits, 4))
+    g.finish(logits, top, check=True)
+    reads = Readback(gpu)
+    kept = []
+    for seed in range(3):  # new inputs each time, the memory reused
+        xs = np.random.default_rng(seed).standard_normal((1, 32)).astype(np.float32)
+        g.set(x, xs)
+        got, ids = g.compute_read(reads, [logits, top])
+        assert worst(got.reshape(1, -1), xs @ exact.T) < 1e-5
+        want = np.argsort(-(xs @ exact.T)[0])[:4]
+        assert ids.dtype == np.int32 and sorted(ids.reshape(-1).tolist()) == sorted(want.tolist())
+        assert np.array_equal(got, get_tensor(logits)) and np.array_equal(ids, get_tensor(top))
+        kept.append((xs, got))
+    assert reads.host is not None and reads.host.pinned == (gpu.host_buft is not None)
+    for xs, got in kept:  # each read handed out its own arrays: later reads did not overwrite them
+        assert worst(got.reshape(1, -1), xs @ exact.T) < 1e-5
+    g.compute(wait=False)  # a read queued and abandoned (its caller failed) is dropped by the next one
+    reads.queue([logits])
+    big = DeviceGraph(gpu, 16)  # a larger read than the memory holds: it grows
+    xb = big.input(F32, (32, 300))
+    yb = ggml.ggml_mul_mat(big.ctx, wt, xb)
+    big.finish(yb)
+    xs = rng.standard_normal((300, 32)).astype(np.float32)
+    big.set(xb, xs)
+    (out,) = big.compute_read(reads, [yb])
+    assert worst(out, xs @ exact.T) < 1e-5 and reads.host.nbytes >= out.nbytes
+    with pytest.raises(RuntimeError, match="nothing queued"):
+        reads.wait()
+    reads.close()
+    big.close()
     g.close()
     tensors.close()
 

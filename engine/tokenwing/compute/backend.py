@@ -7,6 +7,7 @@ The pieces the VRAM tier places its work with:
   expert slots (a 3-D tensor, one slot per index of its last dimension) that experts are copied into;
 * `HostBuffer`: host memory the device copies from fastest (pinned, where the backend has a host buffer type),
   a ggml CPU buffer either way, so the CPU backend and the scheduler compute on tensors placed in it;
+* `Readback`: a graph's outputs copied into pinned memory on the device's own stream, waited for once;
 * `DeviceGraph`: one graph, computed wholly on the device (ggml's graph allocator on the device's buffer type)
   or split between the device and the CPU by `ggml_backend_sched`; built once, allocated once, computed many
   times with new inputs. Each split graph owns its scheduler and is never re-allocated: re-allocating a graph
@@ -94,8 +95,8 @@ def set_tensor(t: Tensor, data: np.ndarray | int, nbytes: int | None = None, off
     ggml.ggml_backend_tensor_set(t, _address(data), offset, n)
 
 
-def get_tensor(t: Tensor) -> np.ndarray:
-    """A copy of a contiguous F32/F16/I32/I64 tensor's data, in numpy order (reversed GGUF shape)."""
+def _layout(t: Tensor) -> tuple[list[int], Any]:
+    """The numpy shape (reversed GGUF shape) and dtype of a tensor that can be read as an array."""
     if not ggml.ggml_is_contiguous(t):  # a view (ggml_argsort_top_k's result is one): ggml_cont it in the graph
         raise ValueError("cannot read a non-contiguous tensor: ggml_cont it in the graph first")
     c = t.contents
@@ -105,6 +106,12 @@ def get_tensor(t: Tensor) -> np.ndarray:
     dims = [int(c.ne[3]), int(c.ne[2]), int(c.ne[1]), int(c.ne[0])]
     while len(dims) > 1 and dims[0] == 1:
         dims.pop(0)
+    return dims, dtype
+
+
+def get_tensor(t: Tensor) -> np.ndarray:
+    """A copy of a contiguous F32/F16/I32/I64 tensor's data, in numpy order (reversed GGUF shape)."""
+    dims, dtype = _layout(t)
     out = np.empty(dims, dtype=dtype)
     ggml.ggml_backend_tensor_get(t, out.ctypes.data, 0, out.nbytes)
     return out
@@ -224,6 +231,64 @@ class HostBuffer:
             ggml.ggml_free(self._ctx)
             self._ctx = None
         self._keep = None
+
+
+class Readback:
+    """A decode step's outputs read into pinned host memory (design §9: the router's top-k reaches the CPU side
+    through pinned memory without a device-wide sync). `queue` puts one copy per output on the device's stream,
+    behind the graph that computes them (`ggml_backend_tensor_get_async`), and `wait` waits for that stream once
+    (`Backend.synchronize`: on CUDA the backend's stream, not the device) and hands out copies. `get_tensor` instead
+    makes one synchronous copy per output into pageable memory — staged through a driver buffer, a round trip to
+    the device each, after a synchronous compute — and a decode step reads 3–5 outputs per layer.
+
+    One read at a time (a read queued and never waited for — its caller failed — is dropped by the next); the
+    memory grows to the largest read and is reused.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.host: HostBuffer | None = None
+        self._queued: list[tuple[int, list[int], Any]] | None = None
+
+    def queue(self, tensors: Sequence[Tensor]) -> None:
+        if self._queued is not None:  # abandoned: its copies must land before the memory is reused
+            self.backend.synchronize()
+            self._queued = None
+        layout, end = [], 0
+        for t in tensors:
+            dims, dtype = _layout(t)
+            layout.append((end, dims, dtype))
+            end += -(-int(ggml.ggml_nbytes(t)) // 64) * 64  # (HostBuffer tensors and numpy views: 64-aligned)
+        if self.host is None or self.host.nbytes < end:
+            if self.host is not None:
+                self.host.close()
+            self.host = HostBuffer(self.backend, max(end, 4096))
+        for t, (off, _, _) in zip(tensors, layout, strict=True):
+            ggml.ggml_backend_tensor_get_async(
+                self.backend.handle, t, self.host.address + off, 0, int(ggml.ggml_nbytes(t))
+            )
+        self._queued = layout
+
+    def wait(self) -> list[np.ndarray]:
+        """The queued outputs, in order, once the device has computed and copied them."""
+        if self._queued is None:
+            raise RuntimeError("nothing queued")
+        layout, self._queued = self._queued, None
+        self.backend.synchronize()
+        assert self.host is not None
+        out = []
+        for off, dims, dtype in layout:
+            n = int(np.prod(dims)) * np.dtype(dtype).itemsize
+            out.append(self.host.array[off : off + n].view(dtype).reshape(dims).copy())
+        return out
+
+    def close(self) -> None:
+        if self._queued is not None:  # copies into the memory may be in flight
+            self.backend.synchronize()
+            self._queued = None
+        if self.host is not None:
+            self.host.close()
+            self.host = None
 
 
 class GraphAllocator:
@@ -392,6 +457,12 @@ class DeviceGraph:
     @staticmethod
     def get(t: Tensor) -> np.ndarray:
         return get_tensor(t)
+
+    def compute_read(self, readback: Readback, outputs: Sequence[Tensor]) -> list[np.ndarray]:
+        """Runs the graph and reads `outputs` through `readback`: one wait for the graph and the copies."""
+        self.compute(wait=False)
+        readback.queue(outputs)
+        return readback.wait()
 
     def compute(self, wait: bool = True) -> None:
         """Runs the graph; `wait=False` only queues it on the device (the CPU goes on: `Backend.synchronize`, or

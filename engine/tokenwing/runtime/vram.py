@@ -40,6 +40,7 @@ from tokenwing.compute.backend import (
     DeviceMemoryError,
     DeviceTensors,
     GraphAllocator,
+    Readback,
     get_tensor,
 )
 from tokenwing.compute.devices import DeviceChoice
@@ -175,6 +176,10 @@ class VramTier:
         self.backend = Backend(choice.device)
         # every device graph of the tier: one compute buffer, reserved for the largest graphs at start (`_reserve`)
         self._alloc = GraphAllocator(self.backend)
+        # decode steps' outputs (a layer's, the head's) and the device's share of a token's experts, each read into
+        # pinned memory behind its graph; two, as a launch's read is in flight while the CPU computes its share
+        self._reads = Readback(self.backend)
+        self._expert_reads = Readback(self.backend)
         self._buffers: list[DeviceTensors] = []
         self.layers: set[int] = set()
         self.head = False
@@ -514,8 +519,8 @@ class VramTier:
             st.graph.set(st.x, np.ascontiguousarray(rows, np.float32))
             assert st.at is not None
             self._set_placement(st.graph, st.at, pos0)
-            st.graph.compute()
-            return {k: get_tensor(t).reshape(1, -1) for k, t in st.outputs.items()}
+            values = st.graph.compute_read(self._reads, list(st.outputs.values()))
+            return {k: v.reshape(1, -1) for k, v in zip(st.outputs, values, strict=True)}
         return self._split(rows, pos0, lambda part, p0: self._prompt_chunk(il, part, p0))
 
     def _split(self, rows: np.ndarray, pos0: int, run: Callable[[np.ndarray, int], Parts]) -> Parts:
@@ -565,8 +570,7 @@ class VramTier:
                 self._head_step = self._build_head(1)
             st = self._head_step
             st.graph.set(st.x, np.ascontiguousarray(h, np.float32))
-            st.graph.compute()
-            return get_tensor(st.outputs["logits"]).reshape(1, -1)
+            return st.graph.compute_read(self._reads, [st.outputs["logits"]])[0].reshape(1, -1)
         return self._split(h, 0, lambda part, _: {"logits": self._head_chunk(part)})["logits"]
 
     def _build_head(self, n: int) -> _Step:
@@ -645,12 +649,12 @@ class VramTier:
         if st.eids is not None:
             g.set(st.eids, experts.astype(np.int32))
         g.compute(wait=False)
+        self._expert_reads.queue([st.out])  # (copied behind the graph, into pinned memory)
         return Launch(st, ranks)
 
     def collect(self, launch: Launch, weighted: np.ndarray) -> None:
         """Waits for `launch`'s experts and puts their weighted outputs at their ranks of weighted [1, k, n]."""
-        self.backend.synchronize()
-        out = get_tensor(launch.step.out).reshape(len(launch.ranks), -1)
+        out = self._expert_reads.wait()[0].reshape(len(launch.ranks), -1)
         weighted[0, launch.ranks] = out
 
     # ------------------------------------------------------------------------ a prompt's experts (ExpertCompute)
@@ -797,6 +801,8 @@ class VramTier:
         for es in self._expert_steps.values():
             es.graph.close()
         self._expert_steps.clear()
+        self._reads.close()
+        self._expert_reads.close()
         if self.experts is not None:
             self.experts.close()
             self.experts = None
