@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,6 +53,22 @@ def aligned_bytes(n: int) -> np.ndarray:
     if n >= 2 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):
         m.madvise(mmap.MADV_HUGEPAGE)
     return np.frombuffer(m, dtype=np.uint8)
+
+
+def file_backed_bytes(n: int, folder: str) -> tuple[np.ndarray, mmap.mmap]:
+    """Zeroed memory backed by a file in `folder` that is unlinked at once (nothing is left behind, whatever ends
+    the process), as a uint8 array and its mapping. Its pages are page cache: once written back (`mapping.flush()`)
+    a memory limit reclaims them and they are read back from the drive when touched again — unlike anonymous
+    shared memory, which no limit can reclaim without swap. The file's blocks are allocated up front, so a full
+    disk is an OSError here, never a SIGBUS at a later write."""
+    fd, path = tempfile.mkstemp(prefix=".tokenwing-spill-", dir=folder)
+    try:
+        os.unlink(path)
+        os.posix_fallocate(fd, 0, max(n, 1))
+        m = mmap.mmap(fd, max(n, 1), flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+    return np.frombuffer(m, dtype=np.uint8), m
 
 
 class TensorArena:

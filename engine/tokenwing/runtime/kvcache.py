@@ -3,7 +3,11 @@ written, so a long context costs only what is used); a linear-attention layer ha
 
 from __future__ import annotations
 
-from tokenwing.compute.ggml_lib import F16, F32, TensorArena, aligned_bytes
+import mmap
+
+import numpy as np
+
+from tokenwing.compute.ggml_lib import F16, F32, TensorArena, aligned_bytes, file_backed_bytes
 from tokenwing.errors import BadInputError
 from tokenwing.models.common import KVCache, KVSpec, LayerCache
 from tokenwing.runtime.recurrent import StateBuffers
@@ -35,18 +39,32 @@ class KVCaches:
         n_ctx: int,
         kv_type: str,
         states: StateBuffers | None = None,
+        spill: str | None = None,
     ) -> None:
+        """`spill`: a folder whose files back K and V (`file_backed_bytes`) instead of anonymous memory — the
+        fallback when the cache does not fit beside the expert cache's minimum under the memory limit (an OSError
+        there, such as a full disk, is the caller's to handle)."""
         gtype, elt = kv_element(kv_type)
         self.n_ctx = n_ctx
         self.states = states
         self.layers: list[LayerCache] = []
         self._memory = []
+        self._maps: dict[int, list[mmap.mmap]] = {}
+        self.spilled = spill is not None
+
+        def memory(il: int, n: int) -> np.ndarray:
+            if spill is None:
+                return aligned_bytes(n)
+            data, mapping = file_backed_bytes(n, spill)
+            self._maps.setdefault(il, []).append(mapping)
+            return data
+
         for il, spec in enumerate(specs):
             if states is not None and il in states.layers:
                 self.layers.append(states.layers[il])
                 continue
-            k_mem = aligned_bytes(spec.k * elt * n_ctx)
-            v_mem = aligned_bytes(spec.v_stored * elt * n_ctx) if spec.v_stored else None
+            k_mem = memory(il, spec.k * elt * n_ctx)
+            v_mem = memory(il, spec.v_stored * elt * n_ctx) if spec.v_stored else None
             self._memory.append((k_mem, v_mem))
             k = arena.wrap(k_mem, gtype, (spec.k, n_ctx))
             v = arena.wrap(v_mem, gtype, (n_ctx, spec.v)) if v_mem is not None else None
@@ -54,6 +72,15 @@ class KVCaches:
 
     def __getitem__(self, il: int) -> LayerCache:
         return self.layers[il]
+
+    def write_back(self, il: int | None = None) -> None:
+        """Writes a spilled cache's new positions to its files: written-back pages are what a memory limit can
+        reclaim (dirty ones it cannot drop, and a memory cgroup full of them is OOM-killed before the flusher
+        threads come by: their default is every 30 s). `il`: that layer's only."""
+        for layer, maps in self._maps.items():
+            if il is None or layer == il:
+                for m in maps:
+                    m.flush()
 
 
 def v_width(specs: list[KVSpec]) -> int:

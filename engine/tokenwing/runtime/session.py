@@ -44,8 +44,12 @@ from tokenwing.runtime.vram import Place, VramOptions, VramTier
 from tokenwing.runtime.vram_experts import COUNTERS as VRAM_COUNTERS
 from tokenwing.streaming.memory import HEADROOM, expert_budget, memory_info
 from tokenwing.streaming.settings import StreamSettings
-from tokenwing.streaming.streamer import COUNTERS
+from tokenwing.streaming.streamer import COUNTERS, plan_slots
 from tokenwing.text.tokenizer import TextTokenizer
+
+# A spilled KV cache is written back every this many decode positions: at most this many positions' pages are
+# dirty (unreclaimable) at a time, and a write-back walks the whole mapping (cheap when little is dirty).
+SPILL_WRITE_BACK = 32
 
 
 @dataclass
@@ -122,7 +126,26 @@ class Session:
         self.n_ctx = ctx_plan.n_ctx
         live = StateBuffers(weights.arena, state_specs) if states.per_copy else None
         snapshot = StateBuffers(weights.arena, state_specs) if live is not None and states.checkpoints else None
-        self.kv = KVCaches(weights.arena, specs, self.n_ctx, opts.kv_type, live)
+        budget = opts.ram_budget
+        spill = None
+        if budget is None:
+            budget = expert_budget(info, HEADROOM, ctx_plan.kv_bytes + graph_mem + states.reserved)
+            least = plan_slots(self.mf.index, 0, hp.n_expert_used, streamed).bytes
+            if budget < least and ctx_plan.kv_bytes:  # the context asked for does not fit beside the minimum
+                spill = os.path.dirname(os.path.abspath(self.mf.path))
+        try:
+            self.kv = KVCaches(weights.arena, specs, self.n_ctx, opts.kv_type, live, spill)
+        except OSError as e:
+            log(f"the KV cache stays in RAM: no room for its files in {spill} ({e.strerror or e})")
+            spill = None
+            self.kv = KVCaches(weights.arena, specs, self.n_ctx, opts.kv_type, live)
+        if spill is not None:  # (its pages are reclaimable: the expert cache is planned without it)
+            budget = expert_budget(info, HEADROOM, graph_mem + states.reserved)
+            log(
+                f"the KV cache for {self.n_ctx} tokens ({human_bytes(ctx_plan.kv_bytes)}) would leave the expert "
+                "cache less than its minimum under the memory limit: it is kept in files beside the model, which "
+                "the limit can reclaim (slower: attention then reads them back from the drive)"
+            )
         interval = -(-max(opts.checkpoint_interval, 1) // opts.max_batch) * opts.max_batch  # chunks end there
         self.checkpoints = Checkpoints(
             live or StateBuffers(weights.arena, []),
@@ -131,9 +154,6 @@ class Session:
             interval,
         )
         self._v_width = v_width(specs)
-        budget = opts.ram_budget
-        if budget is None:
-            budget = expert_budget(info, HEADROOM, ctx_plan.kv_bytes + graph_mem + states.reserved)
         self.scheduler = ExpertScheduler(
             self.mf, streamed, hp.n_expert_used, budget, opts.stream, opts.preload, opts.usage_table, log
         )
@@ -164,7 +184,7 @@ class Session:
         self.prompt_memory = PromptMemory(
             per_token,
             opts.max_batch * per_token * 5 // 4,  # a batch's working memory is covered by the graph reserve
-            kv_per_token,
+            0 if self.kv.spilled else kv_per_token,  # (a spilled cache's pages are reclaimable, never promised)
             self.n_ctx,
             graph_mem,
             self.scheduler.capacity,
@@ -377,6 +397,8 @@ class Session:
         for il in range(hp.n_layer):
             out, sel, preds, carry = self._layer(il, h, decode, carry)
             h = out if out is not None else h  # (None: fused into the next layer's graph)
+            if self.kv.spilled and not decode:  # a prompt writes a layer's positions at once: reclaimable now
+                self.kv.write_back(il)
             if self.trace is not None and sel is not None and preds is not None:
                 sel_rows.append(sel)
                 pred_rows.append(preds)
@@ -389,6 +411,8 @@ class Session:
         return np.concatenate([self._logits(h[c]) for c in self._chunks(n, pos0)], axis=0)
 
     def _advance(self, tokens: list[int]) -> None:
+        if self.kv.spilled and self.pos // SPILL_WRITE_BACK != (self.pos + len(tokens)) // SPILL_WRITE_BACK:
+            self.kv.write_back()
         self.pos += len(tokens)
         self._kv_high = max(self._kv_high, self.pos)
         self.history.extend(tokens)
