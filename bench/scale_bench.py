@@ -19,7 +19,8 @@
 
 Before anything it checks the disk: the largest moment (TokenWing file + one shard) must fit with a margin in
 what `--dir`'s file system has free, else it says so and stops. `--dry-run` runs every step at a small size
-(2 MoE layers of 16 experts of 7168 × 512, the dense layer 7168 × 512): what a change to this script should be checked with.
+(2 MoE layers of 16 experts of 7168 × 512, the dense layer 7168 × 512): what a change to this script should be
+checked with.
 """
 
 from __future__ import annotations

@@ -51,9 +51,7 @@ def _run(model: Path, out: Path, cap: int | None) -> tuple[subprocess.CompletedP
     return r, info
 
 
-def test_a_kv_cache_too_large_for_the_limit_is_spilled_to_files(
-    repacked_factory: ModelFactory, tmp_path: Path
-) -> None:
+def test_a_kv_cache_too_large_for_the_limit_is_spilled_to_files(repacked_factory: ModelFactory, tmp_path: Path) -> None:
     version, why = cap_support()
     if version is None:
         pytest.skip(why)
