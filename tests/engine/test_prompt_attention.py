@@ -66,3 +66,31 @@ def test_both_agree_with_the_attention_of_before(
     assert not np.array_equal(flash, before)  # (the paths really differ)
     for got in (products, flash):
         assert np.abs(got - before).max() <= 1e-4 * np.abs(before).max()
+
+
+LAST_CHUNK = r"""
+import sys
+from tokenwing.runtime.session import Session, SessionOptions
+s = Session(sys.argv[1], SessionOptions(n_ctx=int(sys.argv[2])), log=lambda line: None)
+# the last chunk a full context can hold attends over every position: the largest prompt graph there is
+s.pos = s.n_ctx - 64
+s.history = [0] * s.pos
+s.forward(list(range(64)), prompt=True)
+print("fits")
+"""
+
+
+def test_a_chunk_at_the_end_of_a_long_context_fits_the_graph_reserve(repacked_factory: ModelFactory) -> None:
+    """A 16k-token prompt on the bench model aborted in ggml's context ("not enough space in the context's memory
+    pool") near its end: a chunk's attention scores and their softmax were two copies of 4 · heads · 64 · n_ctx
+    bytes, the reserve counted one. Here the scores are 16 heads × 64 × 65,536 × 4 = 268 MB, so a second copy
+    overflows the reserve's slack. (In a child process: ggml aborts on overflow.)"""
+    import subprocess
+    import sys
+
+    model = repacked_factory(n_layer=1, n_head=16, n_head_kv=2, context_length=65536)
+    r = subprocess.run(
+        [sys.executable, "-c", LAST_CHUNK, str(model), "65536"], capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-500:]
+    assert r.stdout.strip() == "fits"

@@ -267,7 +267,9 @@ def attend(
         v_view = ops.ggml_view_3d(ctx, kc, kv.v_width, nkv, at.n_kv, hd * elt, row, 0)
         v_all = ops.ggml_cont(ctx, ops.ggml_transpose(ctx, ops.ggml_permute(ctx, v_view, 0, 2, 1, 3)))
     kq = ops.ggml_mul_mat(ctx, ops.ggml_permute(ctx, k_all, 0, 2, 1, 3), ops.ggml_permute(ctx, q, 0, 2, 1, 3))
-    kq = ops.ggml_soft_max_ext(ctx, kq, at.mask if mask is None else mask, scale, 0.0)
+    # In place: the scores' memory holds their softmax (ggml's kernel copies each row out first, so the same bits).
+    # A CPU graph context keeps every intermediate; at 16k positions a 64-token chunk's scores are 136 MB a copy.
+    kq = ops.ggml_soft_max_ext_inplace(ctx, kq, at.mask if mask is None else mask, scale, 0.0)
     if sinks is not None:
         ops.ggml_soft_max_add_sinks(kq, sinks)
     kqv = ops.ggml_mul_mat(ctx, v_all, kq)
