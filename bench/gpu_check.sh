@@ -6,31 +6,47 @@
 #
 #   run: bash bench/gpu_check.sh     carry: ["build/gpu-carry"]     results: $OUT (summary.txt first)
 #
-# Everything within GPU_CHECK_SECONDS (470 s by default, for an 8-minute slot): a step that would start with less
-# time left than it needs is skipped and says so in summary.txt; no step stops the others. Steps, each timed:
+# Everything within GPU_CHECK_SECONDS (540 s by default: a session has 15 minutes of device time, one command at most
+# 10, and the machine's start takes minutes of it): a step that would start with less time left than it needs is
+# skipped and says so in summary.txt; no step stops the others. Steps, each timed, most wanted first:
 #   machine       nvidia-smi, the Vulkan drivers, what was carried
 #   ggml_vulkan   the carried `ggml` package with Vulkan (portable AVX2 CPU) → build/gpu-site-vk
 #   python_deps, native_core   gguf from its wheel; the engine's C++ core built for this Python
-#   bench_model   (in the background from here on) the bench model generated and repacked: `tokenwing testmodel
-#                 --preset bench --type Q4_0` (K-quants need llama.cpp's quantizer, absent there)
-#   ggml_cuda     ggml with CUDA (sm_90, this CPU, no flash-attention kernels: the engine does not use them) built
-#                 from the carried sdist on every core → build/gpu-site-cuda
-#   then for CUDA, and for Vulkan (NVIDIA's driver): `tokenwing info --json`, the device tests (tests/compute: the
-#   device compute layer against ggml's CPU backend, and the VRAM tier against llama.cpp's carried logits with every
-#   family, swaps, faults, stats, autotune), and the decode benchmark: bench/vram_bench.py on the bench model with
-#   VRAM budgets of 2, 8, 16 and 24 GB (Vulkan: 2 and 24; the 4.3 GB model fits whole from 8 GB: 2 GB shows a
-#   partial expert cache) and a RAM cap of 25 % of the experts, against the same engine
-#   on the CPU alone; at the end host↔device copy speeds and the split-graph crash check.
-# GPU_CHECK_CUDA=0 skips the CUDA steps (a dry run on a machine without CUDA: GGML_VK_VISIBLE_DEVICES=0 then tests
-# lavapipe); BENCH_PRESET, BENCH_BUDGETS_VK and GPU_CHECK_TEST_SECONDS (the device tests, 200 s) change the bench
-# model, the Vulkan budgets and the tests' time for such a run.
+#   bench_model   (in the background from here on) the bench model generated in 8 shards and repacked shard by shard
+#                 (`--delete-source`: at the peak the disk holds the repacked file and the shards less one):
+#                 `tokenwing testmodel --preset bench --type Q4_0 --n-layer 84` (K-quants need llama.cpp's quantizer,
+#                 absent there), ~29.6 GB — 84 of the preset's 0.35 GB layers, so that 8 and 16 GB of VRAM hold only
+#                 part of its 28.5 GB of experts (the 12-layer 4.3 GB preset fits whole from 8 GB: every budget
+#                 measured the same); ~150 s to write at ~200 MB/s, then the repack; fewer layers where the disk
+#                 (64 GB) has no room for it (bench_model.txt says how many)
+#   ggml_cuda     (in the background too, while the Vulkan device tests run: neither is timed for speed) ggml with
+#                 CUDA (sm_90, this CPU, no flash-attention kernels: the engine does not use them) built from the
+#                 carried sdist on every core → build/gpu-site-cuda
+#   info_vulkan, device_tests_vulkan   on NVIDIA's Vulkan driver: `tokenwing info --json`, the device tests
+#                 (tests/compute: the device compute layer against ggml's CPU backend, and the VRAM tier against
+#                 llama.cpp's carried logits with every family, swaps, faults, stats, autotune)
+#   info_cuda, device_tests_cuda   the same on CUDA, once it is built
+#   vram_bench_cuda, vram_bench_vulkan   the decode benchmark, with nothing else running: bench/vram_bench.py on the
+#                 bench model with VRAM budgets of 8, 16 and 24 GB (~26 %, ~57 % and ~87 % of the experts; the
+#                 rest in RAM under a cap of 25 % of the experts, or read from the drive) against the same engine
+#                 on the CPU alone (`cpu`: with that ggml's CPU backend); CUDA first, Vulkan where time allows
+#                 (its configurations are written one by one: a run stopped at the deadline keeps those it did)
+#   copy_bench_*, split_stress_*   where time is left: host↔device copy speeds and the split-graph crash check.
+# Expected (not measured: no GPU machine has been lent yet): setup ~30 s, the model ready at ~200–300 s, the CUDA
+# build 2–4 min, each bench ~100–200 s — so one run at 540 s likely ends inside vram_bench_vulkan; GPU_CHECK_CUDA=0
+# gives a Vulkan-only run (the tests while the model is written, then the whole Vulkan bench: ~450 s).
+# GPU_CHECK_CUDA=0 skips the CUDA steps (also a dry run on a machine without CUDA: GGML_VK_VISIBLE_DEVICES=0 then
+# tests lavapipe); BENCH_PRESET (its own shape, BENCH_LAYERS applies to `bench` only), BENCH_SHAPE (more testmodel
+# shape flags), BENCH_LAYERS (84), BENCH_BUDGETS_CUDA, BENCH_BUDGETS_VK and GPU_CHECK_TEST_SECONDS (the device
+# tests, 200 s each) change the bench model, the budgets and the tests' time, e.g. for a dry run:
+#   GPU_CHECK_CUDA=0 GGML_VK_VISIBLE_DEVICES=0 BENCH_PRESET=tiny GPU_CHECK_SECONDS=300 bash bench/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/build/gpu-out}
 CARRY=${GPU_CARRY:-$ROOT/build/gpu-carry}
 PY=${PYTHON:-python3}
-LIMIT=${GPU_CHECK_SECONDS:-470}
+LIMIT=${GPU_CHECK_SECONDS:-540}
 BENCH_PRESET=${BENCH_PRESET:-bench}
 BENCH_DIR=${BENCH_DIR:-$ROOT/build/gpu-bench}
 mkdir -p "$OUT"
@@ -133,12 +149,29 @@ native_core() {  # the engine's C++ core for this Python, where `import tokenwin
     && cp build/core-gpu/_core*.so engine/tokenwing/ && PYTHONPATH=engine "$PY" -c "import tokenwing._core"
 }
 
-bench_model() {  # the bench model, written and repacked (the CPU ggml of the Vulkan site is enough for this)
-  mkdir -p "$BENCH_DIR" && rm -f "$BENCH_DIR"/bench.* \
+bench_layers() {  # the bench preset's layers: BENCH_LAYERS, or as many as the disk holds at the repack's peak
+  local want=${BENCH_LAYERS:-84} avail fit
+  avail=$(df -Pk "$BENCH_DIR" | awk 'NR == 2 { print int($4 / 1048576) }')  # GiB free
+  # a layer is 0.327 GiB (128 experts of 3 × 2048 × 768 in Q4_0, its attention and router); at the peak the disk
+  # holds every shard and the repacked file but one shard: 9/8 of the model; 8 GiB kept for the CUDA build and logs
+  fit=$(((avail - 8) * 1000 / 368))
+  if [ "$fit" -lt "$want" ]; then
+    echo "bench model: $fit layers, not $want: $avail GiB free on $BENCH_DIR" >&2
+    want=$fit
+  fi
+  echo "$want"
+}
+
+bench_model() {  # the bench model in shards, repacked shard by shard (the CPU ggml of the Vulkan site is enough)
+  local shards=8 shape=() extra=()
+  [ "$BENCH_PRESET" = bench ] && shape=(--n-layer "$(bench_layers)")
+  read -r -a extra <<<"${BENCH_SHAPE:-}"
+  mkdir -p "$BENCH_DIR" && rm -f "$BENCH_DIR"/bench* \
     && with_ggml "$ROOT/build/gpu-site-vk" "$PY" -m tokenwing testmodel "$BENCH_DIR/bench.gguf" --preset "$BENCH_PRESET" \
-      --type Q4_0 -q \
-    && with_ggml "$ROOT/build/gpu-site-vk" "$PY" -m tokenwing repack "$BENCH_DIR/bench.gguf" -o "$BENCH_DIR/bench.tw.gguf" -q \
-    && rm -f "$BENCH_DIR/bench.gguf" && ls -la "$BENCH_DIR" && touch "$BENCH_DIR/ready"
+      --type Q4_0 --shards "$shards" "${shape[@]}" "${extra[@]}" -q \
+    && with_ggml "$ROOT/build/gpu-site-vk" "$PY" -m tokenwing repack "$BENCH_DIR/$(printf 'bench-00001-of-%05d' "$shards").gguf" \
+      -o "$BENCH_DIR/bench.tw.gguf" --delete-source -q \
+    && ls -la "$BENCH_DIR" && touch "$BENCH_DIR/ready"
 }
 
 wait_bench_model() {  # the background generation, done (it started before the CUDA build), while time is left
@@ -146,14 +179,20 @@ wait_bench_model() {  # the background generation, done (it started before the C
   [ -f "$BENCH_DIR/ready" ]
 }
 
-checks() {  # checks NAME SITE CONFIGS: the device tests and the decode benchmark with that ggml
-  local name=$1 site=$2 configs=$3
+device_checks() {  # device_checks NAME SITE: `tokenwing info` and the device tests with that ggml
+  local name=$1 site=$2
   timed "info_$name" 10 30 with_ggml "$site" "$PY" -m tokenwing info --json
   timed "device_tests_$name" 60 "${GPU_CHECK_TEST_SECONDS:-200}" with_ggml "$site" "$PY" -m pytest -q -p no:cacheprovider -ra \
     --junitxml="$OUT/device_tests_$name.xml" tests/compute
+}
+
+bench() {  # bench NAME SITE CONFIGS: the decode benchmark with that ggml. Each configuration at most 100 s: a 24 GB
+  # budget first copies ~22 GB of experts from the drive to the device, and on the CPU under the cap a token reads
+  # ~0.9 GB from the drive (hence 16 prompt and 32 decode tokens, not the 4.3 GB model's 32 and 64)
+  local name=$1 site=$2 configs=$3
   if wait_bench_model; then
-    timed "vram_bench_$name" 60 170 with_ggml "$site" "$PY" bench/vram_bench.py "$BENCH_DIR/bench.tw.gguf" \
-      --configs "$configs" --ram-budget 25% --prompt 32 --decode 64 --timeout 75 --json "$OUT/vram_bench_$name.json"
+    timed "vram_bench_$name" 60 300 with_ggml "$site" "$PY" bench/vram_bench.py "$BENCH_DIR/bench.tw.gguf" \
+      --configs "$configs" --ram-budget 25% --prompt 16 --decode 32 --timeout 100 --json "$OUT/vram_bench_$name.json"
   else
     echo "vram_bench_$name: skipped (no bench model: see bench_model.txt)" | tee -a "$OUT/summary.txt"
   fi
@@ -175,15 +214,23 @@ step bench_model_started true
 (step bench_model bench_model) &
 bench_pid=$!
 cuda=${GPU_CHECK_CUDA:-1}
+cuda_pid=
 if [ "$cuda" != 0 ]; then
   if [ -f "$CARRY/ggml-cuda.tar.xz" ]; then
     step ggml_cuda unpack "$CARRY/ggml-cuda.tar.xz" "$ROOT/build/gpu-site-cuda" || cuda=0
   else
-    timed ggml_cuda 120 330 build_cuda || cuda=0
+    timed ggml_cuda 120 330 build_cuda &  # the build meanwhile: the Vulkan tests below are not timed for speed
+    cuda_pid=$!
   fi
 fi
-[ "$cuda" = 0 ] || checks cuda "$ROOT/build/gpu-site-cuda" "cpu,cuda:2G,cuda:8G,cuda:16G,cuda:24G"
-checks vulkan "$ROOT/build/gpu-site-vk" "${BENCH_BUDGETS_VK:-vulkan:2G,vulkan:24G}"
+device_checks vulkan "$ROOT/build/gpu-site-vk"
+if [ -n "$cuda_pid" ]; then
+  wait "$cuda_pid" || cuda=0
+fi
+[ "$cuda" = 0 ] || device_checks cuda "$ROOT/build/gpu-site-cuda"
+# the benchmarks with nothing else running (but the bench model's writing, which they wait for)
+[ "$cuda" = 0 ] || bench cuda "$ROOT/build/gpu-site-cuda" "${BENCH_BUDGETS_CUDA:-cpu,cuda:8G,cuda:16G,cuda:24G}"
+bench vulkan "$ROOT/build/gpu-site-vk" "${BENCH_BUDGETS_VK:-vulkan:8G,vulkan:16G,vulkan:24G,cpu}"
 [ "$cuda" = 0 ] || late_checks cuda "$ROOT/build/gpu-site-cuda"
 late_checks vulkan "$ROOT/build/gpu-site-vk"
 kill "$bench_pid" 2>/dev/null

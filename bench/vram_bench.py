@@ -114,7 +114,14 @@ def main() -> int:
     saved = table + ".bench"
     shutil.copyfile(table, saved)
     print(f"usage table from {a.warm_tokens} tokens in {time.perf_counter() - t0:.1f} s", flush=True)
-    results = []
+    results: list[dict[str, Any]] = []
+
+    def save() -> None:  # after every configuration: a run stopped at its deadline keeps what it measured
+        if a.json:
+            with open(a.json + ".partial", "w") as f:
+                json.dump(results, f, indent=2)
+            os.replace(a.json + ".partial", a.json)
+
     for config in a.configs.split(","):
         shutil.copyfile(saved, table)
         cmd = [sys.executable, __file__, a.model, "--one", config, "--ram-budget", a.ram_budget, "--prompt",
@@ -128,6 +135,7 @@ def main() -> int:
             got = {"config": config, "error": f"no result within {a.timeout:.0f} s"}
         got["wall_s"] = time.perf_counter() - t
         results.append(got)
+        save()
         if "error" in got:
             print(f"{config}: {got['error']}", flush=True)
         else:
@@ -139,10 +147,7 @@ def main() -> int:
                 flush=True,
             )
     shutil.copyfile(saved, table)
-    if a.json:
-        with open(a.json + ".partial", "w") as f:
-            json.dump(results, f, indent=2)
-        os.replace(a.json + ".partial", a.json)
+    save()
     return 0
 
 

@@ -61,6 +61,17 @@ class DecodeProbe:
 
 
 @dataclass(frozen=True)
+class GpuCopy:
+    """Host↔device copy speeds the engine measured on this machine's GPU (`tokenwing autotune`: the copies a VRAM
+    swap makes, expert-sized blocks from pinned RAM where the device has it), and the device they are of."""
+
+    up_bps: float  # RAM → VRAM, bytes/s
+    down_bps: float  # VRAM → RAM
+    device: str  # ggml's description of the device (a GPU's product name)
+    model: str  # the model autotune ran with (the speeds do not depend on it)
+
+
+@dataclass(frozen=True)
 class MachineInfo:
     ram_total: int
     ram_available: int  # free plus reclaimable cache (MemAvailable)
@@ -74,6 +85,7 @@ class MachineInfo:
     ram_limit_used: int = 0  # what the limiting cgroup already charges (0 without a limit)
     mem_bandwidth_bps: float | None = None  # RAM bandwidth when known (none is measured yet)
     decode_probe: DecodeProbe | None = None  # the newest decode the autotuner measured on this machine
+    gpu_copy: GpuCopy | None = None  # the newest host↔device copy speeds the autotuner measured on this machine
 
     @property
     def ram_usable(self) -> int:
@@ -104,6 +116,7 @@ def probe_machine(
     if drive_read_bps is None and autotune_dir is not None:
         drive_read_bps = saved_drive_speed(autotune_dir)
     probe = saved_decode_probe(autotune_dir) if autotune_dir is not None else None
+    copy = saved_gpu_copy(autotune_dir, _machine_id()) if autotune_dir is not None else None
     return MachineInfo(
         ram_total=total,
         ram_available=available,
@@ -117,6 +130,7 @@ def probe_machine(
         ram_limit_used=used if limit is not None else 0,
         mem_bandwidth_bps=mem_bandwidth_bps,
         decode_probe=probe,
+        gpu_copy=copy,
     )
 
 
@@ -314,6 +328,29 @@ def saved_drive_speed(directory: Path) -> float | None:
         return best * 1e6 if best > 0 else None
 
     return _newest_saved(directory, "*.json", read)
+
+
+def saved_gpu_copy(directory: Path, machine_id: str) -> GpuCopy | None:
+    """The newest host↔device copy speeds in the autotune results saved for this machine (`autotune-<model>-<machine
+    id>.json`: `machine.gpu` as `tokenwing autotune --json` printed it); None when none has a GPU measured."""
+
+    def read(data: Any) -> GpuCopy | None:
+        g = data["machine"]["gpu"]
+        copy = GpuCopy(
+            float(g["up_gb_per_s"]) * 1e9,
+            float(g["down_gb_per_s"]) * 1e9,
+            str(g.get("description") or g["name"]),
+            str(data.get("runmyai", {}).get("model") or ""),
+        )
+        return copy if copy.up_bps > 0 else None
+
+    return _newest_saved(directory, f"autotune-*-{machine_id}.json", read)
+
+
+def _machine_id() -> str:
+    from runmyai.engine.settings import machine_fingerprint  # (it reads this module's probes: imported late)
+
+    return machine_fingerprint().id
 
 
 def saved_decode_probe(directory: Path) -> DecodeProbe | None:

@@ -13,6 +13,8 @@ class LayerCounts(Protocol):
     hits: int  # from RAM
     misses: int  # from the drive
     vram_hits: int  # from VRAM
+    vram_swaps_in: int  # experts moved into VRAM before this token
+    vram_swaps_out: int  # experts that left VRAM for them
 
 
 class TokenEvent(Protocol):
@@ -21,12 +23,15 @@ class TokenEvent(Protocol):
     token: int
     ssd_wait_ms: float
     bytes_read: int
-    vram_swaps: int
+    vram_swaps: int  # experts moved into VRAM, all layers (sent on its own by engines older than per-layer swaps)
     prediction_recall: list[float]
     tokens_per_s: float | None
 
     @property
     def layers(self) -> Sequence[LayerCounts]: ...  # a read-only attribute, so list[LayerStats] fits
+
+    @property
+    def vram_swaps_out(self) -> int: ...  # experts that left VRAM, all layers
 
 
 @dataclass
@@ -45,9 +50,12 @@ class StatsSeries:
     total_vram: list[int] = field(default_factory=list)
     total_hits: list[int] = field(default_factory=list)  # in memory (VRAM or RAM)
     total_lookups: list[int] = field(default_factory=list)
+    total_swaps_in: list[int] = field(default_factory=list)  # per layer, since the start (or the last reset)
+    total_swaps_out: list[int] = field(default_factory=list)
     ssd_wait_ms: deque[float] = field(default_factory=deque)
     bytes_read: deque[float] = field(default_factory=deque)
-    vram_swaps: deque[float] = field(default_factory=deque)
+    vram_swaps: deque[float] = field(default_factory=deque)  # swaps in per token
+    vram_swaps_out: deque[float] = field(default_factory=deque)
     tokens_per_s: deque[float] = field(default_factory=deque)
     token_index: deque[int] = field(default_factory=deque)
     recall: list[float] = field(default_factory=list)
@@ -69,11 +77,14 @@ class StatsSeries:
             self.total_vram[i] += vram
             self.total_hits[i] += vram + s.hits
             self.total_lookups[i] += lookups
+            self.total_swaps_in[i] += s.vram_swaps_in
+            self.total_swaps_out[i] += s.vram_swaps_out
         self.tokens += 1
         for series, value in (
             (self.ssd_wait_ms, event.ssd_wait_ms),
             (self.bytes_read, float(event.bytes_read)),
             (self.vram_swaps, float(event.vram_swaps)),
+            (self.vram_swaps_out, float(event.vram_swaps_out)),
             (self.tokens_per_s, event.tokens_per_s or 0.0),
         ):
             series.append(value)
@@ -98,7 +109,14 @@ class StatsSeries:
     def reset(self) -> None:
         self.tokens = 0
         self._reset_layers([])
-        for series in (self.ssd_wait_ms, self.bytes_read, self.vram_swaps, self.tokens_per_s, self.token_index):
+        for series in (
+            self.ssd_wait_ms,
+            self.bytes_read,
+            self.vram_swaps,
+            self.vram_swaps_out,
+            self.tokens_per_s,
+            self.token_index,
+        ):
             series.clear()
         self.recall = []
 
@@ -111,6 +129,8 @@ class StatsSeries:
         self.total_vram = [0] * len(ids)
         self.total_hits = [0] * len(ids)
         self.total_lookups = [0] * len(ids)
+        self.total_swaps_in = [0] * len(ids)
+        self.total_swaps_out = [0] * len(ids)
 
 
 _DEVICE_LINES = ("computing on ", "the GPU failed")

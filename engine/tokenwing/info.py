@@ -57,6 +57,7 @@ def devices(isa: list[str], mem: MemoryInfo) -> list[dict[str, Any]]:
 def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20) -> dict[str, Any]:
     from tokenwing.autotune.probe import cpu_isa, probe_drive
     from tokenwing.models import supported_architectures
+    from tokenwing.runtime.vram_experts import SWAP_EVERY, SWAP_MAX
 
     types = weight_types()
     mem = memory_info()
@@ -72,6 +73,8 @@ def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20) -> d
             "usable": mem.usable,
         },
         "devices": devices(cpu_isa(), mem),
+        # the VRAM expert cache's swap rule, the most it copies to a device per decode token (the app's estimate)
+        "vram_swaps": {"every_tokens": SWAP_EVERY, "max_experts": SWAP_MAX},
         "drive": None,
     }
     if drive_file is not None:

@@ -370,7 +370,10 @@ def test_stats_parsing_ignores_unknown_fields_and_bad_events() -> None:
         json.dumps(
             {
                 "token": 3,
-                "layers": [{"layer": 0, "hits": 2, "misses": 1, "future": 9}, "junk"],
+                "layers": [
+                    {"layer": 0, "hits": 2, "misses": 1, "vram_swaps_in": 2, "vram_swaps_out": 1, "future": 9},
+                    "junk",
+                ],
                 "ssd_wait_ms": 1.5,
                 "bytes_read": 10,
                 "vram_swaps": 0,
@@ -382,6 +385,8 @@ def test_stats_parsing_ignores_unknown_fields_and_bad_events() -> None:
     )
     assert ev is not None and ev.extra == {"brand_new_counter": 7} and ev.tokens_per_s is None
     assert len(ev.layers) == 1 and ev.layers[0].hits == 2 and ev.prediction_recall == [0.5]
+    assert (ev.layers[0].vram_swaps_in, ev.layers[0].vram_swaps_out, ev.layers[0].vram_bytes_up) == (2, 1, 0)
+    assert ev.vram_swaps_out == 1 and ev.vram_bytes_up == 0  # (an engine that does not send a count: 0)
     assert parse_token_stats("{broken") is None and parse_token_stats("[]") is None
     assert parse_token_stats('{"token": 1}') is None
 

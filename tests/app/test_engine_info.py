@@ -21,6 +21,7 @@ from runmyai.ui import render
 
 def test_the_engine_says_what_it_runs_and_it_is_cached(tmp_path: Path) -> None:
     from tokenwing.models import supported_architectures
+    from tokenwing.runtime.vram_experts import SWAP_EVERY, SWAP_MAX
     from tokenwing.streaming.memory import HEADROOM
 
     info = asyncio.run(ask_engine(tmp_path))
@@ -28,6 +29,7 @@ def test_the_engine_says_what_it_runs_and_it_is_cached(tmp_path: Path) -> None:
     assert set(info.architectures) == set(supported_architectures())  # glm4moe included: the engine runs it
     assert "glm4moe" in info.architectures and "Q8_0" in info.architectures["glm4moe"]
     assert info.headroom_bytes == HEADROOM  # one number, the engine's
+    assert info.swaps_per_token_max == SWAP_MAX / SWAP_EVERY  # the estimate's bound on VRAM swaps, the engine's
     assert json.loads(cache_path(tmp_path).read_text())["version"] == __version__
     # cached per version: a broken engine command is not even run
     broken = [sys.executable, "-c", "import sys; sys.exit(3)"]
@@ -51,6 +53,13 @@ def test_the_engine_says_what_it_runs_and_it_is_cached(tmp_path: Path) -> None:
 def test_garbage_is_not_engine_info(raw: object) -> None:
     with pytest.raises(ValueError):
         parse_info(raw)
+
+
+def test_a_swap_rule_that_cannot_be_read_is_none() -> None:
+    base = {"version": "1", "architectures": {}, "headroom_bytes": 0}
+    assert parse_info({**base, "vram_swaps": {"every_tokens": 8, "max_experts": 64}}).swaps_per_token_max == 8.0
+    for bad in (None, [], {"every_tokens": 0, "max_experts": 64}, {"every_tokens": True, "max_experts": 64}):
+        assert parse_info({**base, "vram_swaps": bad}).swaps_per_token_max is None  # older engine or garbage
 
 
 def test_catalog_support_follows_the_engine(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -15,6 +16,7 @@ from runmyai.engine.info import EngineInfo, unknown
 from runmyai.library.estimate import (
     DEFAULT_CALIBRATION,
     DEFAULT_DRIVE_BPS,
+    DEFAULT_GPU_COPY_BPS,
     ENGINE_RESERVE,
     HIT_EXPONENT,
     Calibration,
@@ -26,12 +28,14 @@ from runmyai.library.estimate import estimate as estimate_with
 from runmyai.library.presets import ArchFacts, ChatDefaults, Preset, load_catalog
 from runmyai.machine import (
     DecodeProbe,
+    GpuCopy,
     GpuInfo,
     MachineInfo,
     cgroup_memory_limit,
     nvidia_gpus,
     probe_machine,
     saved_drive_speed,
+    saved_gpu_copy,
 )
 from runmyai.paths import bundled_dir
 
@@ -359,3 +363,61 @@ def test_a_gpu_the_engine_can_use_counts() -> None:
     lavapipe = dict(dev, description="llvmpipe (LLVM 15.0.6, 256 bits)", software=True)
     soft = estimate(PRESET, m, engine=dataclasses.replace(ENGINE, devices=(lavapipe,)), context=4096)
     assert soft.tokens_per_s == cpu_only.tokens_per_s and any("VRAM is not counted" in r for r in soft.reasons)
+
+
+# A GPU the engine can use, holding part of the experts: 3 GiB free of 4 (NVML), as above.
+GPU_MACHINE = dataclasses.replace(MACHINE, ram_available=QUARTER, gpus=(GpuInfo(0, "RTX 3050", 4 * GIB, 3 * GIB),))
+GPU_DEV = {"kind": "vulkan", "name": "Vulkan0", "description": "NVIDIA GeForce RTX 3050", "free": 3 * GIB,
+           "total": 4 * GIB, "software": False}  # fmt: skip
+SWAPPING_ENGINE = dataclasses.replace(ENGINE, devices=(GPU_DEV,), swaps_per_token_max=8.0)
+
+
+def test_vram_swaps_copy_at_the_measured_speed_else_a_default() -> None:
+    """A token waits for the VRAM swaps' copies: at most the engine's 8 experts a token × 3 MB, at the RAM → VRAM
+    speed the autotuner measured on this GPU (24 GB/s: 1 ms), else the default (12 GB/s: 2 ms), said so."""
+    assumed = estimate(PRESET, GPU_MACHINE, engine=SWAPPING_ENGINE, context=4096)
+    assert DEFAULT_GPU_COPY_BPS == 12e9 and assumed.swap_seconds == pytest.approx(8 * 3e6 / 12e9)
+    line = next(r for r in assumed.reasons if r.startswith("VRAM swaps"))
+    assert "at most 8 experts a token" in line and "12.0 GB/s (assumed; the autotuner measures it)" in line
+    assert assumed.tokens_per_s == pytest.approx(1 / (assumed.io_seconds + assumed.compute_seconds + 2e-3))
+
+    copy = GpuCopy(24e9, 20e9, "NVIDIA GeForce RTX 3050", "m.tw.gguf")
+    measured = estimate(PRESET, dataclasses.replace(GPU_MACHINE, gpu_copy=copy), engine=SWAPPING_ENGINE, context=4096)
+    assert measured.swap_seconds == pytest.approx(8 * 3e6 / 24e9)
+    assert any("24.0 GB/s (measured by the autotuner on this machine)" in r for r in measured.reasons)
+    assert measured.tokens_per_s > assumed.tokens_per_s
+
+    other = dataclasses.replace(copy, device="NVIDIA H200")  # measured on another device: not this one's speed
+    e = estimate(PRESET, dataclasses.replace(GPU_MACHINE, gpu_copy=other), engine=SWAPPING_ENGINE, context=4096)
+    assert e.swap_seconds == assumed.swap_seconds and any(
+        "measured another device, NVIDIA H200" in r for r in e.reasons
+    )
+
+    quiet = estimate(PRESET, GPU_MACHINE, engine=dataclasses.replace(SWAPPING_ENGINE, swaps_per_token_max=None))
+    assert quiet.swap_seconds == 0 and any("does not say how many it makes; not counted" in r for r in quiet.reasons)
+    # every expert in VRAM (24 GiB free): nothing to swap, nothing counted
+    big = dataclasses.replace(GPU_MACHINE, gpus=(GpuInfo(0, "RTX 3050", 32 * GIB, 24 * GIB),))
+    whole = estimate(PRESET, big, engine=SWAPPING_ENGINE, context=4096)
+    assert whole.swap_seconds == 0 and not any(r.startswith("VRAM swaps") for r in whole.reasons)
+
+
+def test_gpu_copy_speeds_from_this_machines_saved_autotune(tmp_path: Path) -> None:
+    """`machine.gpu` of the newest autotune result saved for this machine (its id in the file name); results of
+    another machine and results without a GPU are not this machine's copy speed."""
+    from runmyai.engine.settings import machine_fingerprint
+
+    here = machine_fingerprint().id
+    gpu = {"name": "Vulkan0", "description": "NVIDIA H200", "up_gb_per_s": 25.5, "down_gb_per_s": 21.0}
+
+    def save(name: str, machine: dict[str, Any], mtime: int) -> None:
+        path = tmp_path / name
+        path.write_text(json.dumps({"machine": machine, "runmyai": {"model": "/m/x.tw.gguf"}}))
+        os.utime(path, (mtime, mtime))
+
+    save(f"autotune-x-1-{here}.json", {"gpu": gpu}, 1000)
+    save(f"autotune-y-2-{here}.json", {"gpu": None}, 2000)  # newer, no GPU measured: skipped
+    save("autotune-z-3-0123456789ab.json", {"gpu": dict(gpu, up_gb_per_s=99.0)}, 3000)  # newest, another machine
+    assert saved_gpu_copy(tmp_path, here) == GpuCopy(25.5e9, 21e9, "NVIDIA H200", "/m/x.tw.gguf")
+    assert probe_machine(tmp_path, autotune_dir=tmp_path).gpu_copy == saved_gpu_copy(tmp_path, here)
+    assert saved_gpu_copy(tmp_path, "0123456789ab") is not None and saved_gpu_copy(tmp_path, "ffffffffffff") is None
+    assert probe_machine(tmp_path).gpu_copy is None

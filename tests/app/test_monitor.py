@@ -55,6 +55,23 @@ def test_three_tiers_per_layer() -> None:
     assert s.mean_vram_share() == [5 / 16, 0.5] and s.mean_hit_rate() == [11 / 16, 0.5]
 
 
+def test_vram_swaps_in_and_out_per_token_and_layer() -> None:
+    """Swaps in and out per token (the VRAM graph's two lines) and per layer so far (its bars' hover); an older
+    engine's event with only the total of swaps in counts that total in and none out."""
+    s = StatsSeries()
+    # the cache filling: experts come in, none leave
+    s.add(Event(1, [Layer(0, 2, 0, vram_swaps_in=3), Layer(1, 2, 0, vram_swaps_in=1)]))
+    # the text moved on: newcomers replace residents
+    s.add(
+        Event(2, [Layer(0, 2, 0, vram_swaps_in=2, vram_swaps_out=2), Layer(1, 2, 0, vram_swaps_in=1, vram_swaps_out=1)])
+    )
+    s.add(Event(3, [Layer(0, 2, 0), Layer(1, 2, 0)], vram_swaps=2))  # older engine: the total only
+    assert list(s.vram_swaps) == [4.0, 3.0, 2.0] and list(s.vram_swaps_out) == [0.0, 3.0, 0.0]
+    assert s.total_swaps_in == [5, 2] and s.total_swaps_out == [2, 1]
+    s.reset()
+    assert not s.vram_swaps_out and s.total_swaps_in == []
+
+
 def test_device_note_picks_the_engines_device_line() -> None:
     gpu = "tokenwing: computing on CUDA0 (NVIDIA H200), VRAM budget 130 GiB; in VRAM: 48 layers' attention"
     assert device_note(gpu) == gpu.removeprefix("tokenwing: c").join(["C", ""])

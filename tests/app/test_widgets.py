@@ -158,20 +158,26 @@ def test_graphs_draw_and_pause(qtbot: QtBot) -> None:
 
 
 def test_graphs_show_three_tiers_and_the_device(qtbot: QtBot) -> None:
-    """The per-layer bars stack VRAM, RAM and drive; the VRAM swaps line shows the swaps; the device line shows."""
+    """The per-layer bars stack VRAM, RAM and drive; the VRAM swaps lines show the swaps in and out; the device
+    line shows."""
     g = GraphsPanel()
     qtbot.addWidget(g)
     g.set_device("Computing on Vulkan0 (AMD Radeon RX 7800 XT); in VRAM: 12 layers")
-    for t in range(3):
-        g.add(Event(t, [Layer(i, 2, 1, vram_hits=5) for i in range(4)], vram_swaps=t))
+    for t in range(3):  # token t: t layers take one expert in, t - 1 of them give one up
+        layers = [
+            Layer(i, 2, 1, vram_hits=5, vram_swaps_in=int(i < t), vram_swaps_out=int(i < t - 1)) for i in range(4)
+        ]
+        g.add(Event(t, layers))
     qtbot.waitUntil(lambda: g.summary.text().startswith("3 tokens"), timeout=60_000)  # a guard: redraws every 250 ms
-    assert "VRAM swaps 3" in g.summary.text() and "Vulkan0" in g.device.text()
+    assert "VRAM swaps 3 in, 1 out" in g.summary.text() and "Vulkan0" in g.device.text()
     heights = {t: list(b.opts["height"]) for t, b in g.tier_bars.items()}
     bottoms = {t: list(b.opts["y0"]) for t, b in g.tier_bars.items()}
     assert heights == {"VRAM": [5 / 8] * 4, "RAM": [2 / 8] * 4, "drive": [1 / 8] * 4}
     assert bottoms["RAM"] == heights["VRAM"] and bottoms["drive"] == [7 / 8] * 4
     _x, y = g.vram_line.getData()
     assert list(y) == [0.0, 1.0, 2.0]
+    _x, out = g.vram_out_line.getData()
+    assert list(out) == [0.0, 0.0, 1.0]
 
 
 def test_chat_panel_intents(qtbot: QtBot) -> None:

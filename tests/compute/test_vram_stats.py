@@ -1,5 +1,6 @@
-"""The VRAM tier's counters where people see them: the served engine's per-token stats stream (VRAM swaps, per
-layer VRAM hits beside the RAM hits and drive misses), /metrics, and `tokenwing run --stats-json`."""
+"""The VRAM tier's counters where people see them: the served engine's per-token stats stream (per layer: VRAM hits
+beside the RAM hits and drive misses, swaps in and out and the bytes they copied up; their totals), /metrics, and
+`tokenwing run --stats-json`."""
 
 from __future__ import annotations
 
@@ -72,6 +73,17 @@ def test_stats_stream_and_metrics_show_the_vram_tier(repacked_factory: ModelFact
         for e in events:  # three tiers: every selected expert came from VRAM, RAM or the drive
             for layer in e["layers"]:  # type: ignore[attr-defined]
                 assert layer["vram_hits"] + layer["hits"] + layer["misses"] == 2
+        # swaps per layer: the totals are their sums; each copied its expert up (one record, the same size in every
+        # layer of this model); a slot is given up only for a newcomer, and at most the 4 slots are held
+        fields = ("vram_swaps_in", "vram_swaps_out", "vram_bytes_up")
+        layers = [[tuple(x[f] for f in fields) for x in e["layers"]] for e in events]  # type: ignore[attr-defined]
+        for e, per_layer in zip(events, layers, strict=True):
+            assert sum(n for n, _, _ in per_layer) == e["vram_swaps"]
+            assert sum(b for _, _, b in per_layer) == e["vram_bytes_up"]
+        row = sum(e["vram_bytes_up"] for e in events) // sum(swaps)  # type: ignore[misc]
+        assert all(b == n * row for per_layer in layers for n, _, b in per_layer) and row > 0
+        held = [sum(x[0] - x[1] for x in column) for column in zip(*layers, strict=True)]  # in − out, per layer
+        assert all(0 < h <= 4 for h in held), held
         text = httpx.get(server.url + "/metrics").text
         assert 'tokenwing_expert_vram_hits_total{layer="0"}' in text
         assert 'tokenwing_expert_vram_swaps_in_total{layer="0"}' in text

@@ -244,6 +244,7 @@ def test_prompt_leaves_the_experts_its_end_used_in_the_cache(
 def test_info_json_reports_engine_facts(repacked_factory: ModelFactory) -> None:
     """`tokenwing info --json`: what the app asks the engine instead of keeping copies."""
     from tokenwing.models import supported_architectures
+    from tokenwing.runtime.vram_experts import SWAP_EVERY, SWAP_MAX
     from tokenwing.streaming.memory import HEADROOM
 
     model = repacked_factory(type="Q8_0")
@@ -255,6 +256,7 @@ def test_info_json_reports_engine_facts(repacked_factory: ModelFactory) -> None:
     types = info["architectures"]["qwen3moe"]["weight_types"]
     assert {"F32", "Q8_0", "Q4_K", "MXFP4"} <= set(types) and "I32" not in types
     assert info["headroom_bytes"] == HEADROOM
+    assert info["vram_swaps"] == {"every_tokens": SWAP_EVERY, "max_experts": SWAP_MAX}
     m = info["memory"]
     assert 0 < m["usable"] <= m["available"] <= m["total"] and m["limit"] <= m["total"]
     assert info["devices"][0]["kind"] == "cpu" and info["devices"][0]["cores"] >= 1

@@ -30,6 +30,9 @@ class EngineInfo:
     headroom_bytes: int  # what the engine leaves free for other programs when it sizes its caches
     devices: tuple[dict[str, object], ...]
     error: str | None = None  # the engine could not be asked: why (then `architectures` is empty)
+    # the most experts the VRAM cache moves in per decode token (its swap rule: at most `max_experts` every
+    # `every_tokens`); None from an engine that does not say
+    swaps_per_token_max: float | None = None
 
     def runs(self, arch: str) -> bool:
         return arch in self.architectures
@@ -61,7 +64,19 @@ def parse_info(raw: object) -> EngineInfo:
             architectures[arch] = tuple(t for t in types if isinstance(t, str))
     devices_raw = raw.get("devices")
     devices = tuple(d for d in devices_raw if isinstance(d, dict)) if isinstance(devices_raw, list) else ()
-    return EngineInfo(version, architectures, headroom, devices)
+    return EngineInfo(version, architectures, headroom, devices, swaps_per_token_max=_swap_rate(raw.get("vram_swaps")))
+
+
+def _swap_rate(rule: object) -> float | None:
+    """`{"every_tokens": 8, "max_experts": 64}` -> 8.0 experts per token at most; None when it is not one."""
+    if not isinstance(rule, dict):
+        return None
+    every, most = _positive_int(rule.get("every_tokens")), _positive_int(rule.get("max_experts"))
+    return most / every if every and most else None
+
+
+def _positive_int(v: object) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
 
 
 def cache_path(folder: Path, version: str = __version__) -> Path:

@@ -25,6 +25,9 @@ class LayerStats:
     hits: int  # selected experts found in RAM
     misses: int  # read from the drive
     vram_hits: int = 0  # computed from VRAM (engines without a GPU path do not send it)
+    vram_swaps_in: int = 0  # experts of this layer moved into VRAM before this token (older engines: not sent)
+    vram_swaps_out: int = 0  # experts of this layer that left VRAM for them
+    vram_bytes_up: int = 0  # bytes copied to the device for them
 
 
 @dataclass
@@ -33,12 +36,18 @@ class TokenStats:
     layers: list[LayerStats]
     ssd_wait_ms: float
     bytes_read: int
-    vram_swaps: int
+    vram_swaps: int  # experts moved into VRAM before this token, all layers (the per-layer counts' sum)
     prediction_recall: list[float]
     tokens_per_s: float | None
     prefetch_issued: int = 0
     prefetch_used: int = 0
+    vram_bytes_up: int = 0  # bytes copied to the device before this token, all layers
     extra: dict[str, Any] = field(default_factory=dict)  # fields this version does not know, kept as sent
+
+    @property
+    def vram_swaps_out(self) -> int:
+        """Experts that left VRAM before this token, all layers (0 from an engine that does not send it)."""
+        return sum(layer.vram_swaps_out for layer in self.layers)
 
 
 def _num(v: object, kind: type[int] | type[float], default: float | int = 0) -> Any:
@@ -47,12 +56,14 @@ def _num(v: object, kind: type[int] | type[float], default: float | int = 0) -> 
     return kind(v)
 
 
+_LAYER_FIELDS = ("layer", "hits", "misses", "vram_hits", "vram_swaps_in", "vram_swaps_out", "vram_bytes_up")
 _KNOWN = {
     "token",
     "layers",
     "ssd_wait_ms",
     "bytes_read",
     "vram_swaps",
+    "vram_bytes_up",
     "prediction_recall",
     "tokens_per_s",
     "prefetch_issued",
@@ -68,11 +79,7 @@ def parse_token_stats(data: str) -> TokenStats | None:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("layers"), list):
         return None
-    layers = [
-        LayerStats(*(_num(e.get(k), int) for k in ("layer", "hits", "misses", "vram_hits")))
-        for e in obj["layers"]
-        if isinstance(e, dict)
-    ]
+    layers = [LayerStats(*(_num(e.get(k), int) for k in _LAYER_FIELDS)) for e in obj["layers"] if isinstance(e, dict)]
     recall_raw = obj.get("prediction_recall")
     recall = [float(r) for r in recall_raw if isinstance(r, int | float)] if isinstance(recall_raw, list) else []
     tps = obj.get("tokens_per_s")
@@ -86,6 +93,7 @@ def parse_token_stats(data: str) -> TokenStats | None:
         tokens_per_s=float(tps) if isinstance(tps, int | float) and not isinstance(tps, bool) else None,
         prefetch_issued=_num(obj.get("prefetch_issued"), int),
         prefetch_used=_num(obj.get("prefetch_used"), int),
+        vram_bytes_up=_num(obj.get("vram_bytes_up"), int),
         extra={k: v for k, v in obj.items() if k not in _KNOWN},
     )
 

@@ -13,7 +13,9 @@ Pure functions over a `Footprint` (from a preset's published facts, or from the 
 * Time per token = compute + the wait for the drive. Compute: active bytes / memory bandwidth + the engine's
   own work per layer and per token, times `stream_factor` while experts stream (streamed experts are computed
   in the file's layout, and the reads take CPU). Wait: misses / drive speed × (1 − `hidden_io`), the share of
-  the reads the engine does not hide behind compute (lookahead prefetch, reads overlapping compute).
+  the reads the engine does not hide behind compute (lookahead prefetch, reads overlapping compute). With a
+  GPU holding part of the experts, + the VRAM swaps' copies: at most the engine's limit of experts per token
+  (`tokenwing info --json`), at the RAM → VRAM copy speed the autotuner measured here (else a default).
   All of it is a `Calibration`: fitted on this machine class by bench/estimate_bench.py, rescaled by what the
   autotuner measures on this machine.
 """
@@ -183,11 +185,16 @@ class Estimate:
     compute_seconds: float = 0.0
     fits_in_memory: bool = True  # the always-loaded part plus the smallest cache fit in usable RAM
     cache_share: float = 1.0  # the expert cache's share of all routed experts
+    swap_seconds: float = 0.0  # per token: copying the VRAM cache's newcomers to the GPU (at most)
 
 
-# A GPU's own memory bandwidth is not measured (NVML does not report it): this is a conservative figure for the 8-24 GB
-# cards the app is for (an RTX 3060 has 360 GB/s, a 4090 1 TB/s).
+# A GPU's own memory bandwidth (what its share of a token's weights is read at) is not measured (NVML does not
+# report it, nor does the autotuner): this is a conservative figure for the 8-24 GB cards the app is for (an RTX
+# 3060 has 360 GB/s, a 4090 1 TB/s). Copies between RAM and the GPU are another matter: see GpuPart.copy_bps.
 GPU_BPS = 300e9
+# RAM → VRAM copies (a VRAM swap's) where the autotuner has not measured this machine's GPU: pinned copies over a
+# PCIe 4.0 x8 or 3.0 x16 link, ~12 GB/s, the slow end of the cards the app is for (4.0 x16 copies ~25 GB/s).
+DEFAULT_GPU_COPY_BPS = 12e9
 GPU_HEADROOM_MIN, GPU_HEADROOM_MAX = 256 << 20, 1 << 30  # what the engine keeps free on a device (1/16 of it)
 
 
@@ -199,6 +206,8 @@ class GpuPart:
     dense_share: float = 0.0
     expert_share: float = 0.0
     line: str = ""
+    copy_bps: float = DEFAULT_GPU_COPY_BPS  # RAM → VRAM, what a swap copies at
+    copy_source: str = "assumed"  # where copy_bps comes from, for the reasons
 
 
 def gpu_part(fp: Footprint, machine: MachineInfo, engine: EngineInfo, kv: int) -> GpuPart:
@@ -224,12 +233,21 @@ def gpu_part(fp: Footprint, machine: MachineInfo, engine: EngineInfo, kv: int) -
     left = max(0, vram - dense)
     expert_share = min(1.0, left / fp.expert_total_bytes) if fp.expert_total_bytes else 0.0
     placed = "all fit" if dense_share >= 1 else f"{dense_share:.0%} fit"
+    copy, copy_bps = machine.gpu_copy, DEFAULT_GPU_COPY_BPS
+    if copy is not None and copy.device == name:
+        copy_bps, source = copy.up_bps, "measured by the autotuner on this machine"
+    elif copy is not None:
+        source = f"assumed: the autotuner measured another device, {copy.device}"
+    else:
+        source = "assumed; the autotuner measures it"
     return GpuPart(
         dense_share,
         expert_share,
         f"GPU: {name} with {hb(free)} free VRAM: of the always-used weights and the KV cache ({hb(dense)}) "
         f"{placed} there, and {expert_share:.0%} of the experts (the most used, swapped as the text moves on); "
         "it computes those while the CPU computes the rest.",
+        copy_bps,
+        source,
     )
 
 
@@ -357,7 +375,20 @@ def estimate(
         )
         + f" → {compute_s * 1000:.1f} ms per token ({cal.source})."
     )
-    seconds = io_s + compute_s
+    swap_s = 0.0
+    if 0 < gpu.expert_share < 1:  # (none to swap when VRAM holds every expert, or none)
+        # The main thread copies staged newcomers into VRAM between two steps: a token waits for those copies.
+        per_token = engine.swaps_per_token_max
+        if per_token:
+            swap_s = per_token * fp.expert_bytes / gpu.copy_bps
+            reasons.append(
+                f"VRAM swaps: at most {per_token:g} experts a token (the engine's limit) × {_mb(fp.expert_bytes)} "
+                f"copied to the GPU at {gpu.copy_bps / 1e9:.1f} GB/s ({gpu.copy_source}) → up to "
+                f"{swap_s * 1000:.1f} ms per token, counted in full (fewer once the VRAM holds what the text uses)."
+            )
+        else:
+            reasons.append("VRAM swaps: the installed engine does not say how many it makes; not counted.")
+    seconds = io_s + compute_s + swap_s
     tps = 1.0 / seconds if seconds > 0 else 0.0
     reasons.append(f"About {tps:.1f} tokens/s ({seconds * 1000:.0f} ms per token).")
 
@@ -403,6 +434,7 @@ def estimate(
         compute_seconds=compute_s,
         fits_in_memory=fits,
         cache_share=share,
+        swap_seconds=swap_s,
     )
 
 

@@ -12,7 +12,7 @@ EXPLANATION = (
     "Only part of the model's experts fit in the memory given to it; each token, the experts its router picks "
     "come from the GPU's memory (VRAM), from RAM, or are read from the drive. Bars: those three shares per layer "
     "for the last token, the line the mean share found in memory; below: the time spent waiting for the drive, "
-    "the bytes it read, and the experts moved into VRAM, per token."
+    "the bytes it read, and the experts moved into and out of VRAM, per token."
 )
 TIER_COLOURS = {"VRAM": "#8e44ad", "RAM": "#4a90d9", "drive": "#e08e0b"}
 REDRAW_MS = 250  # events are batched: a redraw costs ~9 ms, so one per token at 20 tokens/s would cost 18 % of a core
@@ -43,8 +43,13 @@ class GraphsPanel(QWidget):
         self.wait_line = self.wait_plot.plot(pen=pg.mkPen("#e08e0b", width=1.5))
         self.bytes_plot = pg.PlotWidget(title="Bytes read per token (MiB)")
         self.bytes_line = self.bytes_plot.plot(pen=pg.mkPen("#5cb85c", width=1.5))
-        self.vram_plot = pg.PlotWidget(title="VRAM expert swaps per token")
-        self.vram_line = self.vram_plot.plot(pen=pg.mkPen("#8e44ad", width=1.5))
+        self.vram_plot = pg.PlotWidget(title="VRAM expert swaps per token: in · out")
+        self.vram_plot.addLegend(offset=(-4, 4))  # (before the lines: a legend lists the lines added after it)
+        self.vram_line = self.vram_plot.plot(pen=pg.mkPen("#8e44ad", width=1.5), name="in")
+        # out is dashed: a cache that is still filling takes experts in while none go out, so the two lines part
+        self.vram_out_line = self.vram_plot.plot(
+            pen=pg.mkPen("#7f8c8d", width=1.5, style=Qt.PenStyle.DashLine), name="out"
+        )
         self.vram_plot.setYRange(0, 1, padding=0)  # (zero is drawn as zero: no GPU, or nothing to swap)
         # Fixed x ranges (tokens ago, layers) let the axes keep their cached pictures between redraws; no grid:
         # its alpha-blended lines were 3/4 of the paint time (bench/graphs_bench.py).
@@ -129,8 +134,9 @@ class GraphsPanel(QWidget):
         self.wait_line.setData(x, list(s.ssd_wait_ms))
         self.bytes_line.setData(x, [b / 2**20 for b in s.bytes_read])
         self.vram_line.setData(x, list(s.vram_swaps))
+        self.vram_out_line.setData(x, list(s.vram_swaps_out))
         if s.vram_swaps:
-            self.vram_plot.setYRange(0, max(1.0, max(s.vram_swaps)), padding=0.05)
+            self.vram_plot.setYRange(0, max(1.0, max(s.vram_swaps), max(s.vram_swaps_out)), padding=0.05)
         self.summary.setText(self._summary_text())
 
     def _summary_text(self) -> str:
@@ -147,7 +153,7 @@ class GraphsPanel(QWidget):
             parts.append(f"{sum(s.bytes_read) / 2**20:.1f} MiB read, SSD wait {sum(s.ssd_wait_ms):.0f} ms")
         if s.tokens_per_s and s.tokens_per_s[-1]:
             parts.append(f"{s.tokens_per_s[-1]:.1f} tok/s")
-        parts.append(f"VRAM swaps {int(sum(s.vram_swaps))}")
+        parts.append(f"VRAM swaps {int(sum(s.vram_swaps))} in, {int(sum(s.vram_swaps_out))} out")
         if s.recall:
             parts.append("prediction recall " + " / ".join(f"{r:.0%}" for r in s.recall))
         return " · ".join(parts)
@@ -165,12 +171,18 @@ class GraphsPanel(QWidget):
                 self.hover.setText(
                     f"layer {x}, last token: VRAM {s.last_vram[i]:.0%}, RAM {s.last_ram[i]:.0%}, drive "
                     f"{s.last_drive[i]:.0%}; mean in memory {s.mean_hit_rate()[i]:.0%} (VRAM "
-                    f"{s.mean_vram_share()[i]:.0%})"
+                    f"{s.mean_vram_share()[i]:.0%}); VRAM swaps {s.total_swaps_in[i]} in, {s.total_swaps_out[i]} out"
                 )
             return
         values = {self.wait_plot: s.ssd_wait_ms, self.bytes_plot: s.bytes_read, self.vram_plot: s.vram_swaps}[plot]
         token = s.tokens + x  # the x axis counts tokens ago
         if token in s.token_index:
-            v = values[list(s.token_index).index(token)]
-            text = f"{v / 2**20:.2f} MiB" if plot is self.bytes_plot else f"{v:g}"
+            at = list(s.token_index).index(token)
+            v = values[at]
+            if plot is self.bytes_plot:
+                text = f"{v / 2**20:.2f} MiB"
+            elif plot is self.vram_plot:
+                text = f"{v:g} in, {s.vram_swaps_out[at]:g} out"
+            else:
+                text = f"{v:g}"
             self.hover.setText(f"token {token}: {text}")

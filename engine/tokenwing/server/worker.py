@@ -29,6 +29,9 @@ from tokenwing.text.reasoning import Delta, HarmonyParser
 from tokenwing.text.tokenizer import TextTokenizer
 
 _C = {name: i for i, name in enumerate(SESSION_COUNTERS)}
+# A stats event's counts per streamed layer (docs/api.md): where the selected experts came from (VRAM, RAM, the
+# drive), and the VRAM cache's swaps in and out with the bytes they copied up.
+LAYER_FIELDS = ("hits", "misses", "vram_hits", "vram_swaps_in", "vram_swaps_out", "vram_bytes_up")
 
 
 @dataclass
@@ -249,18 +252,18 @@ def _offer(q: asyncio.Queue[dict[str, Any]], event: dict[str, Any]) -> None:
 
 
 def _token_event(s: Session, delta: np.ndarray, index: int, elapsed: float) -> dict[str, Any]:
-    hits, misses, vram = delta[:, _C["hits"]], delta[:, _C["misses"]], delta[:, _C["vram_hits"]]
     recall = s.stats()["prediction_recall"]
     return {
         "token": index,
         "layers": [
-            {"layer": layer, "hits": int(h), "misses": int(m), "vram_hits": int(v)}
-            for layer, h, m, v in zip(s.streamed, hits, misses, vram, strict=True)
+            {"layer": layer, **{name: int(delta[row, _C[name]]) for name in LAYER_FIELDS}}
+            for row, layer in enumerate(s.streamed)
         ],
         "ssd_wait_ms": float(delta[:, _C["wait_ns"]].sum()) / 1e6,
         "bytes_read": int(delta[:, _C["bytes_read"]].sum()),
         "prefetch_issued": int(delta[:, _C["prefetch_issued"]].sum()),
         "prefetch_used": int(delta[:, _C["prefetch_used"]].sum()),
+        # the per-layer swaps' totals, kept for readers of the first version of this event
         "vram_swaps": int(delta[:, _C["vram_swaps_in"]].sum()),  # experts moved into VRAM before this token
         "vram_bytes_up": int(delta[:, _C["vram_bytes_up"]].sum()),
         "prediction_recall": recall,
