@@ -125,7 +125,11 @@ class Graph:
     def __init__(self, mem_bytes: int, n_threads: int, poll: int | None = None) -> None:
         self.mem_bytes = mem_bytes
         self.n_threads = n_threads
-        self.ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem_bytes, mem_buffer=None, no_alloc=False))
+        # The context's memory is ours (an anonymous mapping), so that `release` can give its pages back
+        self._mem = mmap.mmap(-1, max(mem_bytes, 1))
+        self._mem_array = np.frombuffer(self._mem, dtype=np.uint8)
+        address = ctypes.c_void_p(self._mem_array.ctypes.data)
+        self.ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem_bytes, mem_buffer=address, no_alloc=False))
         # One thread pool for the session: creating threads for every graph costs more than small graphs.
         params = ggml.ggml_threadpool_params_default(n_threads)
         if poll is not None:
@@ -136,6 +140,17 @@ class Graph:
     def reset(self) -> Any:
         ggml.ggml_reset(self.ctx)
         return self.ctx
+
+    def release(self) -> None:
+        """Gives the memory a long prompt's graphs touched back to the system (results of earlier graphs are
+        gone: call it before building the next one). A 16k-token prompt touches the whole reserve (its attention
+        scores alone are 4 · heads · 64 · n_ctx bytes) and the work buffer grows to twice its largest need; a
+        decode step touches a few MB of them. Held, they were charged to the memory limit all through the reply,
+        where a spilled KV cache's pages needed the room (docs/results.md: a long prompt, then the reply)."""
+        ggml.ggml_reset(self.ctx)
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._mem.madvise(mmap.MADV_DONTNEED)  # (private anonymous pages: zero-filled when touched again)
+        self._work = aligned_bytes(1 << 20)
 
     def input(self, array: np.ndarray, gtype: int | None = None) -> Tensor:
         """A tensor holding a copy of a small numpy array (ids, positions, routing weights, hidden states)."""

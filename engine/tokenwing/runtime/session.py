@@ -199,6 +199,7 @@ class Session:
         self.history: list[int] = []  # the tokens whose keys and values are in the cache, positions 0..pos-1
         self.trace: list[tuple[np.ndarray, np.ndarray, int]] | None = None
         self._warned_prompt = False
+        self._prompt_memory_held = False  # a prompt pass ran since the last decode step (`Graph.release`)
 
     def _start_vram(self) -> None:
         """The VRAM tier on the chosen device; a device that fails or a budget that holds nothing: the CPU path,
@@ -380,6 +381,11 @@ class Session:
         if n == 1 and self._snap_at is not None:  # the last pass of a prompt is one token: the state before it
             for il in self.kv.states.layers if self.kv.states is not None else []:
                 self.checkpoints.record(il, self._snap_at)
+        if decode and self._prompt_memory_held:
+            self.graph.release()  # what the prompt's graphs touched: the reply needs a few MB of it
+            self._prompt_memory_held = False
+        elif not decode:
+            self._prompt_memory_held = True
         if decode:
             self.scheduler.after_prompt()
         else:
