@@ -521,25 +521,6 @@ def _activate(ctx: Any, gate: Tensor, up: Tensor, ffn: ExpertFFN) -> Tensor:
     return swiglu(ctx, gate, up, ffn.limit)
 
 
-def expert_ffn(ctx: Any, mats: tuple[Tensor, Tensor, Tensor], x: Tensor, ffn: ExpertFFN, expert: int) -> Tensor:
-    """One expert's FFN on a block of tokens x [n_embd, m] through plain matrix products (a prompt's wave)."""
-    g = ops.ggml_mul_mat(ctx, mats[0], x)
-    u = ops.ggml_mul_mat(ctx, mats[1], x)
-    if ffn.biases is not None:
-        g = ops.ggml_add(ctx, g, _column(ctx, ffn.biases[0], expert))
-        u = ops.ggml_add(ctx, u, _column(ctx, ffn.biases[1], expert))
-    down = ops.ggml_mul_mat(ctx, mats[2], _activate(ctx, g, u, ffn))
-    if ffn.biases is not None:
-        down = ops.ggml_add(ctx, down, _column(ctx, ffn.biases[2], expert))
-    return down
-
-
-def _column(ctx: Any, t: Tensor, i: int) -> Tensor:
-    """Row i of a [n, n_expert] tensor (expert i's bias) as a 1-D view."""
-    n = int(t.contents.ne[0])
-    return ops.ggml_view_1d(ctx, t, n, i * int(t.contents.nb[1]))
-
-
 def routed_experts(
     g: Graph,
     views: tuple[Tensor, Tensor, Tensor],
