@@ -501,8 +501,9 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
         p,
         "--vram-lend",
         False,
-        "a prompt's GPU waves borrow the coldest slots of the VRAM expert cache (refilled after the prompt) instead "
-        "of VRAM kept apart for them, which decode then uses for more experts",
+        "a prompt's compute buffer is lent by the VRAM expert cache (each layer's coldest experts leave VRAM while "
+        "it runs and are refilled after it) instead of VRAM kept apart for it, which decode then uses for more "
+        "experts",
     )
     add_stream_arguments(p)
 

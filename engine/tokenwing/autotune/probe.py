@@ -152,7 +152,10 @@ def probe_gpu(
             backend.close()
     except DeviceError as e:
         return None, devices, f"computing on the CPU: {dev.name} failed ({e})"
+    # how fast the CPU reads an expert it computes (decode reads each weight once): what a VRAM expert saves it
+    ram = _core.memory_read_bandwidth(256 << 20, max(1, len(os.sched_getaffinity(0))), 2) / 1e9
     gpu = {**dev.as_dict(), "memory_source": source, "budget": budget, "budget_reason": how, **speed}
+    gpu["ram_gb_per_s"] = ram
     return gpu, devices, choice.reason
 
 

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from tokenwing.autotune.probe import MachineProbe
+from tokenwing.format.layout import K_HEADER_CHECKSUM
 from tokenwing.format.reader import ModelFile
 from tokenwing.fsutil import human_bytes
 from tokenwing.streaming.memory import HEADROOM, expert_budget
 from tokenwing.streaming.streamer import SlotPlan, plan_slots
+from tokenwing.streaming.usage import load_usage, usage_path
 
-LEND_FROM = 16 << 30  # VRAM budget from which a prompt borrows the expert cache (`--vram-lend`)
+if TYPE_CHECKING:
+    from tokenwing.runtime.placement import VramPlan
+
+# Decode tokens within which a prompt's refill must pay for itself for `--vram-lend` to be on: a short chat reply
+# (the one input of the lending rule that is a choice, not a measurement)
+REPLY_TOKENS = 128
 
 
 @dataclass
@@ -98,11 +108,83 @@ def choose(mf: ModelFile, m: MachineProbe, n_ctx: int = 4096) -> Choice:
     )
     if m.gpus:
         c.set("gpus", [g["name"] for g in m.gpus], "NVIDIA GPUs as NVML sees them")
-    _gpu(c, mf, m, n_ctx)
+    _gpu(c, mf, m, n_ctx, plan.slots_per_layer)
     return c
 
 
-def _gpu(c: Choice, mf: ModelFile, m: MachineProbe, n_ctx: int) -> None:
+@dataclass(frozen=True)
+class LendCase:
+    """What `--vram-lend` gains and costs on a machine: sizes from the VRAM plans with and without it, speeds as
+    `probe_gpu` and `probe_drive` measured them."""
+
+    slots: int  # VRAM expert slots per layer without lending
+    slots_lent: int  # with lending (decode's compute buffers kept apart only)
+    n_expert: int
+    n_used: int  # experts a token selects per layer
+    layers: int  # streamed layers
+    expert_bytes: float  # one expert on the device (mean over the layers)
+    lent_bytes: int  # what a prompt borrows, refilled after it: its compute buffer
+    lendable_bytes: int  # the most the cache can lend (all but one slot per layer)
+    hit_share: float  # share of a layer's selections that the extra slots' experts take (usage table, else uniform)
+    up_gb_per_s: float  # RAM → device copies
+    ram_gb_per_s: float  # the CPU reading RAM: what computing an expert there takes per byte
+    ram_share: float  # share of each layer's experts the RAM cache holds (a refill reads the others from the drive)
+    drive_mb_per_s: float | None
+
+
+def lend_pays(c: LendCase) -> tuple[bool, str]:
+    """Whether lending the VRAM expert cache to prompts pays on this machine, and why, with the numbers. The cost:
+    a refill after each prompt (the lent bytes up from RAM, the share RAM lacks from the drive). The gain: each
+    decode token finds more of its experts in VRAM, each one the CPU then does not compute (decode reads an
+    expert's weights once: its bytes at the RAM read speed). On when the gain pays the refill back within
+    REPLY_TOKENS decode tokens; off where the cache cannot lend what a prompt needs (its chunks would shrink:
+    spec §11, long prompts slower on small GPUs)."""
+    if c.slots >= c.n_expert:
+        return False, "every expert fits in VRAM without lending"
+    if c.slots_lent <= c.slots:
+        return False, "lending gives no more expert slots at this budget"
+    if c.lent_bytes > c.lendable_bytes:
+        return False, (
+            f"the cache could lend {human_bytes(c.lendable_bytes)} of the {human_bytes(c.lent_bytes)} a prompt "
+            "computes with: its chunks would shrink (long prompts slower, as the spec measured on small GPUs)"
+        )
+    refill_s = c.lent_bytes / (c.up_gb_per_s * 1e9)
+    drive = ""
+    if c.ram_share < 1 and c.drive_mb_per_s:
+        read_s = (1 - c.ram_share) * c.lent_bytes / (c.drive_mb_per_s * 1e6)
+        refill_s += read_s
+        drive = f" and {1 - c.ram_share:.0%} of it from the drive at {c.drive_mb_per_s:.0f} MB/s"
+    hits = c.layers * c.n_used * c.hit_share
+    each_s = c.expert_bytes / (c.ram_gb_per_s * 1e9)
+    saved_s = hits * each_s
+    tokens = refill_s / saved_s if saved_s > 0 else math.inf
+    on = tokens <= REPLY_TOKENS
+    return on, (
+        f"{c.slots} → {c.slots_lent} of {c.n_expert} experts per layer in VRAM: {hits:.2f} more of a decode "
+        f"token's experts there, {each_s * 1e6:.0f} µs of CPU each (a {human_bytes(int(c.expert_bytes))} expert "
+        f"at the measured {c.ram_gb_per_s:.1f} GB/s RAM read speed), {saved_s * 1e3:.3f} ms a token; a prompt "
+        f"borrows {human_bytes(c.lent_bytes)}, refilled at the measured {c.up_gb_per_s:.1f} GB/s{drive}: "
+        f"{refill_s * 1e3:.1f} ms a prompt; paid back after {tokens:.0f} decode tokens ("
+        + ("within" if on else "more than")
+        + f" {REPLY_TOKENS}: {'on' if on else 'off'})"
+    )
+
+
+def _hit_share(mf: ModelFile, layers: list[int], lo: int, hi: int) -> tuple[float, str]:
+    """The share of a layer's selections that its experts ranked lo…hi-1 take: from the usage table beside the
+    model where there is one (mean over the streamed layers), else as if every expert were used alike."""
+    idx = mf.index
+    checksum = int(mf.header.get(K_HEADER_CHECKSUM) or 0)
+    table = load_usage(usage_path(mf.path), layers, idx.n_expert, checksum, lambda _: None)
+    if table is None or table.tokens == 0:
+        return (hi - lo) / idx.n_expert, "every expert alike: no usage table yet"
+    ranked = -np.sort(-table.counts, axis=1)
+    totals = ranked.sum(axis=1)
+    share = ranked[:, lo:hi].sum(axis=1) / np.maximum(totals, 1e-9)
+    return float(share[totals > 0].mean()) if (totals > 0).any() else 0.0, "from the usage table"
+
+
+def _gpu(c: Choice, mf: ModelFile, m: MachineProbe, n_ctx: int, ram_slots: int) -> None:
     """The device, and what the VRAM tier would hold there (the engine plans again at each start, from the VRAM
     free then: nothing here is a byte count to keep)."""
     g = m.gpu
@@ -112,7 +194,8 @@ def _gpu(c: Choice, mf: ModelFile, m: MachineProbe, n_ctx: int) -> None:
     from tokenwing.runtime.placement import plan_for_file
     from tokenwing.runtime.preflight import preflight
 
-    plan = plan_for_file(mf, preflight(mf).hp, int(g["budget"]), n_ctx)
+    hp, budget = preflight(mf).hp, int(g["budget"])
+    plan = plan_for_file(mf, hp, budget, n_ctx)
     c.set(
         "device",
         g["kind"],
@@ -125,18 +208,8 @@ def _gpu(c: Choice, mf: ModelFile, m: MachineProbe, n_ctx: int) -> None:
         round(plan.expert_slots / max(plan.n_expert, 1), 3),
         "the share of every layer's experts the VRAM holds: the hottest, swapped as decode moves on",
     )
-    # Lending pays where the cache is large and still short of every expert (spec §11: on small GPUs it made long
-    # prompts slower); a rule of thumb, not measured on this machine.
-    lend = plan.expert_slots < plan.n_expert and int(g["budget"]) >= LEND_FROM
-    c.set(
-        "vram_lend",
-        lend,
-        f"prompts borrow the VRAM expert cache's coldest slots for their GPU waves: on from a "
-        f"{human_bytes(LEND_FROM)} budget when the cache cannot hold every expert (a rule of thumb)"
-        if lend
-        else "prompts keep VRAM of their own for their GPU waves: "
-        + ("every expert fits in VRAM" if plan.expert_slots >= plan.n_expert else "the VRAM is small"),
-    )
+    lent = plan_for_file(mf, hp, budget, n_ctx, lend=True)
+    c.set("vram_lend", *_lend(mf, m, plan, lent, ram_slots, hp.n_layer))
     c.set(
         "gpu_copy_gb_per_s",
         {"up": round(float(g["up_gb_per_s"]), 2), "down": round(float(g["down_gb_per_s"]), 2)},
@@ -144,3 +217,35 @@ def _gpu(c: Choice, mf: ModelFile, m: MachineProbe, n_ctx: int) -> None:
         + ("pinned" if g["pinned"] else "ordinary")
         + " RAM and the device, what a VRAM swap or a prompt's GPU wave copies",
     )
+
+
+def _lend(
+    mf: ModelFile, m: MachineProbe, plan: VramPlan, lent: VramPlan, ram_slots: int, n_layer: int
+) -> tuple[bool, str]:
+    """`--vram-lend` from the VRAM plans without and with it and the measured speeds (`lend_pays`)."""
+    g = m.gpu
+    assert g is not None
+    if "ram_gb_per_s" not in g:  # (a probe from before lending was costed)
+        return False, "the RAM read speed was not measured"
+    layers = [el.layer for el in mf.index.layers if el.layer < n_layer]
+    n_layers = len(layers)
+    row = lent.expert_bytes // lent.expert_slots if lent.expert_slots else 0
+    need = plan.reserve - lent.reserve  # a prompt chunk's compute buffer beyond decode's
+    share, source = _hit_share(mf, layers, plan.expert_slots, lent.expert_slots)
+    case = LendCase(
+        slots=plan.expert_slots,
+        slots_lent=lent.expert_slots,
+        n_expert=plan.n_expert,
+        n_used=mf.index.n_used,
+        layers=n_layers,
+        expert_bytes=row / max(n_layers, 1),
+        lent_bytes=need,
+        lendable_bytes=max(lent.expert_slots - 1, 0) * row,
+        hit_share=share,
+        up_gb_per_s=float(g["up_gb_per_s"]),
+        ram_gb_per_s=float(g["ram_gb_per_s"]),
+        ram_share=min(1.0, ram_slots / max(mf.index.n_expert, 1)),
+        drive_mb_per_s=m.drive.best_mb_per_s if m.drive is not None else None,
+    )
+    on, why = lend_pays(case)
+    return on, why if case.slots >= case.n_expert or case.slots_lent <= case.slots else f"{why}; hits {source}"

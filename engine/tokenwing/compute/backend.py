@@ -55,6 +55,15 @@ class Backend:
         self.cpu = self.handle if self.is_cpu else ggml.ggml_backend_cpu_init()
         if n_threads > 0:
             ggml.ggml_backend_cpu_set_n_threads(self.cpu, n_threads)
+        # Device memory held in buffers of this backend (`DeviceTensors` on the device, `GraphAllocator`s), and the
+        # most ever held: what a VRAM budget is kept against (ggml's own counts are per buffer, never a sum)
+        self.held_bytes = 0
+        self.peak_bytes = 0
+
+    def account(self, nbytes: int) -> None:
+        """A device buffer of `nbytes` allocated (freed: negative)."""
+        self.held_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
 
     def synchronize(self) -> None:
         """Waits for the device's queued copies and graphs (`set(..., wait=False)`)."""
@@ -126,16 +135,19 @@ class DeviceTensors:
         self.backend = backend
         self.buft = backend.host_buft if host and backend.host_buft else backend.buft
         self.ctx = _new_ctx(max_tensors)
-        self.buffer: int | None = None
+        self.buffer: int | None = None  # the buffer `allocate` made (never one `place_in` uses: not ours)
         self._weights = weights  # tells the scheduler these are weights: ops run where they live
+        self._declared: list[Tensor] = []
+        self._placed = False
 
     def new(self, gtype: int, shape: Sequence[int], name: str | None = None) -> Tensor:
         """A tensor of GGUF shape `shape` (fastest dimension first), placed by `allocate`."""
-        if self.buffer is not None:
+        if self.buffer is not None or self._placed:
             raise RuntimeError("tensors are declared before allocate()")
         t = ggml_lib._new_tensor(self.ctx, gtype, shape)
         if name:
             ggml.ggml_set_name(t, name.encode()[:63])
+        self._declared.append(t)
         return t
 
     def size(self) -> int:
@@ -154,6 +166,31 @@ class DeviceTensors:
         if self._weights:
             ggml.ggml_backend_buffer_set_usage(buf, ggml.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
         self.buffer = buf
+        if self._on_device:
+            self.backend.account(self.nbytes)
+
+    def place_in(self, buffer: int, offset: int) -> int:
+        """Places the tensors in another device buffer from byte `offset` on (it stays the owner's: `close` never
+        frees it), each at the buffer's alignment; returns the offset after the last. DeviceMemoryError when they
+        do not fit."""
+        align = int(ggml.ggml_backend_buffer_get_alignment(buffer))
+        base, size = int(ggml.ggml_backend_buffer_get_base(buffer)), int(ggml.ggml_backend_buffer_get_size(buffer))
+        at, spots = offset, []
+        for t in self._declared:
+            at = -(-at // align) * align
+            spots.append(at)
+            at += int(ggml.ggml_backend_buffer_get_alloc_size(buffer, t))
+        if at > size:
+            raise DeviceMemoryError(f"{at - offset} bytes of tensors do not fit the {size - offset} left in a buffer")
+        for t, spot in zip(self._declared, spots, strict=True):
+            if ggml.ggml_backend_tensor_alloc(buffer, t, base + spot) != 0:
+                raise DeviceError("ggml refused a tensor in a device buffer")
+        self._placed = True
+        return at
+
+    @property
+    def _on_device(self) -> bool:
+        return bool(self.buft == self.backend.buft)
 
     @property
     def nbytes(self) -> int:
@@ -179,6 +216,14 @@ class DeviceTensors:
         else:
             ggml.ggml_backend_tensor_set_async(self.backend.handle, pool, _address(data), slot * stride, stride)
 
+    def get_slot(self, pool: Tensor, slot: int, address: int, dim: int = 2) -> None:
+        """Copies slot `slot` of `pool` (see `set_slot`) into host memory at `address` (complete on return)."""
+        c = pool.contents
+        n_slots, stride = int(c.ne[dim]), int(c.nb[dim])
+        if not 0 <= slot < n_slots:
+            raise IndexError(f"slot {slot} of {n_slots}")
+        ggml.ggml_backend_tensor_get(pool, address, slot * stride, stride)
+
     def clear(self) -> None:
         """Zeroes the whole buffer (a KV cache: masked positions are multiplied by 0, which a NaN would survive)."""
         if self.buffer:
@@ -186,6 +231,8 @@ class DeviceTensors:
 
     def close(self) -> None:
         if self.buffer:
+            if self._on_device:
+                self.backend.account(-self.nbytes)
             ggml.ggml_backend_buffer_free(self.buffer)
             self.buffer = None
         if self.ctx:
@@ -301,15 +348,20 @@ class GraphAllocator:
     graph later). So the size a graph needs is measured first (`ggml_gallocr_reserve_n_size`, nothing
     allocated), and a graph that needs more gets a new buffer: the old one stays until `close`, and every graph
     placed in it stays valid. Reserve the largest graphs first (`finish` them once) and none grows later.
+
+    `limit`: the most device memory its buffers may take together; a graph that would need more raises
+    `DeviceMemoryError` before anything is allocated (a prompt's allocator in memory lent by the expert cache).
     """
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, limit: int | None = None) -> None:
         self.backend = backend
+        self.limit = limit
         self._probe = ggml.ggml_gallocr_new(backend.buft)
         self.handle: int | None = None
         self._size = 0
         self._kept: list[int] = []
         self.grown = 0  # new buffers after the first
+        self.held = 0  # bytes of the buffers it made (`nbytes` asks ggml: they differ if ggml re-allocated one)
 
     @property
     def nbytes(self) -> int:
@@ -318,13 +370,17 @@ class GraphAllocator:
 
     def place(self, gf: Any) -> int:
         """The allocator to place graph `gf` with: the current one when its buffer is large enough."""
-        size = ctypes.c_size_t(0)
-        ggml.ggml_gallocr_reserve_n_size(self._probe, gf, None, None, ctypes.byref(size))
-        if self.handle is None or size.value > self._size:
+        size = self.measure(gf)
+        if self.handle is None or size > self._size:
+            if self.limit is not None and self.nbytes + size > self.limit:
+                raise DeviceMemoryError(
+                    f"a compute buffer of {size / (1 << 20):.1f} MiB does not fit the "
+                    f"{max(self.limit - self.nbytes, 0) / (1 << 20):.1f} MiB left to it"
+                )
             fresh = ggml.ggml_gallocr_new(self.backend.buft)
             if not ggml.ggml_gallocr_reserve(fresh, gf):
                 ggml.ggml_gallocr_free(fresh)
-                mib = size.value / (1 << 20)
+                mib = size / (1 << 20)
                 raise DeviceMemoryError(
                     f"{self.backend.device.name} could not allocate a compute buffer of {mib:.1f} MiB"
                 )
@@ -333,9 +389,19 @@ class GraphAllocator:
                 self.grown += 1
             self.handle = fresh
             self._size = int(ggml.ggml_gallocr_get_buffer_size(fresh, 0))
+            self.backend.account(self._size)
+            self.held += self._size
         return self.handle
 
+    def measure(self, gf: Any) -> int:
+        """Bytes a buffer for graph `gf` alone takes (nothing is allocated)."""
+        size = ctypes.c_size_t(0)
+        ggml.ggml_gallocr_reserve_n_size(self._probe, gf, None, None, ctypes.byref(size))
+        return int(size.value)
+
     def close(self) -> None:
+        self.backend.account(-self.held)
+        self.held = 0
         for h in [*self._kept, self.handle, self._probe]:
             if h:
                 ggml.ggml_gallocr_free(h)
@@ -416,7 +482,19 @@ class DeviceGraph:
             )
             if not ggml.ggml_gallocr_alloc_graph(self._galloc, self.gf):
                 raise DeviceMemoryError(f"{self.backend.device.name} could not allocate a graph's compute buffer")
+            if self._shared is not None and self._shared.nbytes != self._shared.held:
+                # (ggml re-allocated the shared buffer itself: tensors placed in it are gone. `place` sizes each
+                # graph first so that it never does)
+                raise DeviceError("a shared compute buffer was re-allocated")
         self._ready = True
+
+    def measure(self, allocator: GraphAllocator, *outputs: Tensor) -> int:
+        """Bytes `allocator` would need for this graph with these outputs; nothing is allocated and the graph is
+        not finished (a graph built only to size a buffer)."""
+        for out in outputs:
+            ggml.ggml_set_output(out)
+            self.expand(out)
+        return allocator.measure(self.gf)
 
     def placement_error(self) -> str | None:
         """Why this graph cannot run wholly on the device, or None: a node the device has no kernel for, or a
@@ -436,6 +514,18 @@ class DeviceGraph:
                 if leaf and c.data and not c.buffer:
                     name = c.name.decode(errors="replace")
                     return f"tensor {name} is in host memory, not on {self.backend.device.name}"
+        return None
+
+    @property
+    def compute_buffer(self) -> int | None:
+        """The device buffer its intermediate tensors were placed in (None: it has none)."""
+        for i in range(ggml.ggml_graph_n_nodes(self.gf)):
+            c = ggml.ggml_graph_node(self.gf, i).contents
+            compute = (
+                c.buffer and ggml.ggml_backend_buffer_get_usage(c.buffer) == ggml.GGML_BACKEND_BUFFER_USAGE_COMPUTE
+            )
+            if compute and not c.view_src:
+                return int(ctypes.cast(c.buffer, ctypes.c_void_p).value or 0)
         return None
 
     @property

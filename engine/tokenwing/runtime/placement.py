@@ -43,7 +43,8 @@ class LayerCost:
 @dataclass(frozen=True)
 class VramPlan:
     budget: int
-    reserve: int  # compute buffers: a prompt chunk's graph, the decode graphs, the prompt waves' places
+    # compute buffers: a prompt chunk's graph, the decode graphs, the prompt waves' places (lending: decode's only)
+    reserve: int
     layers: tuple[int, ...]  # layers whose always-used weights and KV cache live in VRAM
     head: bool  # the output norm and head in VRAM
     expert_slots: int  # VRAM expert slots in each streamed layer (n_expert: every expert)
@@ -84,6 +85,13 @@ def device_reserve(hp: HParams, batch: int, n_ctx: int, wave_expert_bytes: int) 
     return batch * per_token * 2 + attn + 2 * WAVE_PLACES * wave_expert_bytes + SLACK
 
 
+def decode_reserve(hp: HParams, n_ctx: int, wave_expert_bytes: int) -> int:
+    """What `device_reserve` keeps apart when a prompt's compute buffer is lent by the expert cache
+    (`--vram-lend`): the decode graphs' own (one token over the context: its attention scores, the head's logits,
+    a token's k expert rows) and the prompt waves' places."""
+    return device_reserve(hp, 1, n_ctx, wave_expert_bytes)
+
+
 def plan_vram(
     budget: int,
     reserve: int,
@@ -120,9 +128,12 @@ def plan_vram(
     )
 
 
-def plan_for_file(mf: ModelFile, hp: HParams, budget: int, n_ctx: int, max_batch: int = 64) -> VramPlan:
+def plan_for_file(
+    mf: ModelFile, hp: HParams, budget: int, n_ctx: int, max_batch: int = 64, lend: bool = False
+) -> VramPlan:
     """The plan a run of this model file would make for `budget` (before loading it: `tokenwing autotune`), from
-    the file's tensor sizes; the KV cache as an F16 cache of every KV head (MLA's smaller cache is overcounted)."""
+    the file's tensor sizes; the KV cache as an F16 cache of every KV head (MLA's smaller cache is overcounted).
+    `lend`: as `--vram-lend` plans it (decode's compute buffers kept apart, the prompt's borrowed)."""
     kv_row = 2 * hp.n_head_kv * max(hp.head_dim, hp.head_dim_v) * 2  # K and V, F16, per position and layer
     weights = [0] * hp.n_layer
     for t in mf.resident:
@@ -137,5 +148,6 @@ def plan_for_file(mf: ModelFile, hp: HParams, budget: int, n_ctx: int, max_batch
     layers = [el for el in mf.index.layers if el.layer < hp.n_layer]
     expert_bytes = [sum(padded(n) for n in el.proj_size) for el in layers]
     geometries = {(el.types, el.shapes): sum(padded(n) for n in el.proj_size) for el in layers}
-    reserve = device_reserve(hp, max_batch, n_ctx, sum(geometries.values()))
+    wave = sum(geometries.values())
+    reserve = decode_reserve(hp, n_ctx, wave) if lend else device_reserve(hp, max_batch, n_ctx, wave)
     return plan_vram(budget, reserve, costs, head, expert_bytes, mf.index.n_expert)

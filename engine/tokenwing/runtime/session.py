@@ -372,8 +372,8 @@ class Session:
     def _pass(self, tokens: list[int], all_logits: bool, snapshot: bool, prompt: bool) -> np.ndarray:
         hp, n, pos0 = self.hp, len(tokens), self.pos
         decode = n == 1 and not prompt
-        if decode and self.vram is not None and self.vram.experts is not None:
-            self.vram.experts.between_steps()  # swaps move in here, between two steps, never inside one
+        if self.vram is not None:  # (a prompt borrows VRAM here, decode takes it back and moves swaps in)
+            self.vram.begin_pass(decode)
         self._cuts = self.checkpoints.boundaries(pos0, n) if not decode else []
         self._snap_at = pos0 + n - 1 if snapshot and self.checkpoints.enabled else None
         if self._snap_at is not None and (self.checkpoints.has(self._snap_at) or self._snap_at == 0):

@@ -18,6 +18,13 @@ A prompt runs layer-major: device layers' chunks on the device (a chunk whose te
 split in two), the experts the VRAM holds computed there, and large waves of the others copied from their RAM
 slots into two sets of VRAM places and computed on the GPU (one set computes while the next is copied in).
 
+Lending (`--vram-lend`, spec §11): the plan keeps apart only decode's compute buffers and the waves' places, and
+gives the rest of a prompt chunk's to expert slots. The prompts' graphs are planned by a GraphAllocator of their
+own, reserved once for the largest of them, and the expert cache's lendable segments live in its buffer
+(`_fill_lending`): each prompt pass starts with `begin_pass`, where the cache gives the segments up (each layer's
+coldest experts leave VRAM), and the first decode step after it refills them from RAM (else the file). The device
+buffers the tier holds do not change through a prompt (`Backend.held_bytes`).
+
 A device that fails (`DeviceError`) ends the tier: the session says so in one line and continues on the CPU.
 """
 
@@ -52,13 +59,22 @@ from tokenwing.models.base import MoEModel
 from tokenwing.models.weights import ModelWeights
 from tokenwing.runtime.kvcache import kv_element, v_width
 from tokenwing.runtime.lookahead import Ahead, Lookahead
-from tokenwing.runtime.placement import WAVE_PLACES, LayerCost, VramPlan, device_reserve, padded, plan_vram
+from tokenwing.runtime.placement import (
+    WAVE_PLACES,
+    LayerCost,
+    VramPlan,
+    decode_reserve,
+    device_reserve,
+    padded,
+    plan_vram,
+)
 from tokenwing.runtime.scheduler import ExpertScheduler
 from tokenwing.runtime.vram_experts import BYTES_UP, ExpertPool, VramExperts, _Geometry, new_pool
 from tokenwing.streaming.usage import load_usage, usage_path
 
 Log = Callable[[str], None]
 Parts = dict[str, np.ndarray]
+Views = tuple[Tensor, Tensor, Tensor]
 # Test-only (a mock: a driver cannot be made to run out of memory at a chosen moment): the N-th device graph
 # built after the tier started fails to allocate, as a device that runs out of memory mid-run would.
 FAIL_ENV = "TOKENWING_TEST_VRAM_FAIL"
@@ -70,8 +86,8 @@ MAX_NODES = 4096
 class VramOptions:
     max_layers: int | None = None  # at most this many layers' always-used weights in VRAM (None: all that fit)
     wave_min_tokens: int = WAVE_MIN_TOKENS  # tokens per expert from which a prompt wave runs on the GPU
-    # A prompt's GPU waves borrow the coldest slots of the VRAM expert cache for their places (refilled after the
-    # prompt), instead of VRAM kept apart for them: decode keeps those bytes for experts (spec §11: a setting)
+    # A prompt's compute buffers and GPU waves' places go into memory the VRAM expert cache lends it (refilled
+    # after the prompt), instead of VRAM kept apart for them: decode keeps those bytes for experts (spec §11)
     lend: bool = False
 
 
@@ -128,8 +144,9 @@ class _Step:
 
 
 @dataclass
-class _ExpertStep:
-    graph: DeviceGraph
+class _ExpertPart:
+    """A decode token's experts held in one buffer of their layer's slots (two with a lendable segment)."""
+
     x: Tensor
     ids: Tensor
     w: Tensor
@@ -138,11 +155,21 @@ class _ExpertStep:
 
 
 @dataclass
+class _ExpertStep:
+    graph: DeviceGraph
+    parts: list[_ExpertPart]
+
+
+@dataclass
 class Launch:
-    """Experts queued on the device for one decode token: their ranks in the selection, and the graph."""
+    """Experts queued on the device for one decode token: the graph, and per part their ranks in the selection."""
 
     step: _ExpertStep
-    ranks: list[int]
+    ranks: list[list[int]]
+
+
+# A graph a prompt computes, built into a DeviceGraph: its outputs (what `_reserve` and `_lend` place)
+Builder = Callable[[DeviceGraph], list[Tensor]]
 
 
 class VramTier:
@@ -184,12 +211,15 @@ class VramTier:
         self.layers: set[int] = set()
         self.head = False
         self.experts: VramExperts | None = None
-        self._staging: dict[str, ExpertPool] = {}  # the prompt waves' places (none when they borrow cache slots)
-        self._spare: list[ExpertPool] = []
-        self._wave_places = WAVE_PLACES
+        self._staging: dict[str, ExpertPool] = {}  # the prompt waves' places
+        self._lending = self.options.lend
+        # lending: the prompts' own compute buffer, which holds the cache's lendable segments between prompts
+        self._prompt_alloc: GraphAllocator | None = None
+        # (device_chunk, the prompt's graph whose buffer is the largest at it, that buffer's bytes)
+        self._largest: tuple[int, Builder, int] | None = None
         self._decode: dict[int, _Step] = {}
         self._head_step: _Step | None = None
-        self._expert_steps: dict[tuple[int, int], _ExpertStep] = {}
+        self._expert_steps: dict[tuple[int, int, int], _ExpertStep] = {}  # (layer, experts per buffer)
         self.device_chunk = max_batch  # prompt tokens per device graph
         self._split_note = False
         self._graphs_built = 0
@@ -246,7 +276,7 @@ class VramTier:
     def _plan(self, budget: int) -> VramPlan:
         costs, head = self._costs()
         geos = {_key(_Geometry.of(el)): _Geometry.of(el) for el in self.scheduler.streamer.layers}
-        wave = 0 if self.options.lend else sum(g.device_bytes for g in geos.values())
+        wave = sum(g.device_bytes for g in geos.values())
         reserve = device_reserve(self.hp, self.max_batch, self.n_ctx, wave)
         expert_bytes = [_Geometry.of(el).device_bytes for el in self.scheduler.streamer.layers]
         self.costs, self.head_bytes, self.expert_row = costs, head, sum(expert_bytes)  # (what tests size budgets by)
@@ -260,7 +290,14 @@ class VramTier:
             )
             limit = 0
         layers = costs[:limit] if limit is not None else costs
-        return plan_vram(budget, reserve, layers, head, expert_bytes, self.hp.n_expert)
+        plan = plan_vram(budget, reserve, layers, head, expert_bytes, self.hp.n_expert)
+        if self._lending:
+            keep = decode_reserve(self.hp, self.n_ctx, wave)
+            lent = plan_vram(budget, keep, layers, head, expert_bytes, self.hp.n_expert)
+            if lent.expert_slots > 0 and plan.expert_slots < self.hp.n_expert:
+                return lent
+            self._lending = False  # no cache to lend, or every expert fits anyway: the prompt keeps its own VRAM
+        return plan
 
     def _too_small(self, budget: int) -> str:
         costs, _ = self._costs()
@@ -341,61 +378,164 @@ class VramTier:
 
     def _reserve(self) -> None:
         """Places the largest graph of every kind once, so the compute buffer never grows later (a growth keeps
-        the old buffer: see `GraphAllocator`): a prompt chunk of `device_chunk` tokens over the whole context,
-        a decode step over it, the head, and the experts' graphs. A chunk whose buffer cannot be allocated is
-        halved (spec §12: a prompt whose GPU tensors cannot fit is split into calls that do), with one line."""
-        window = self.n_ctx
+        the old buffer: see `GraphAllocator`): a decode step over the whole context, the head for one token, a
+        token's experts, and without lending a prompt's graphs at `device_chunk` tokens (`_prompt_graphs`; with
+        lending those have an allocator of their own: `_fill_lending`). A chunk whose buffer cannot be allocated
+        is halved (spec §12: a prompt whose GPU tensors cannot fit is split into calls that do), with one line."""
+        k = self.hp.n_expert_used
         while True:
             try:
-                m = self.device_chunk
-                for il in sorted(self.layers):
+                for build in [] if self._lending else self._prompt_graphs(self.device_chunk):
                     g = self._graph(MAX_NODES)
                     try:
-                        x = g.input(F32, (self.hp.n_embd, m))
-                        g.finish(*self._layer(g, il, x, self._placement(g, m, window), False).values())
+                        g.finish(*build(g))
                     finally:
                         g.close()
-                    self._build_step(il, window).graph.close()
+                for il in sorted(self.layers):
+                    self._build_step(il, self.n_ctx).graph.close()
                 if self.head:
-                    self._build_head(m).graph.close()
-                if self.experts is not None:
-                    k = self.hp.n_expert_used
-                    for el in self.scheduler.streamer.layers:
-                        for views, rows in self._expert_views(el.layer, m * k):
-                            g = self._graph(64)
-                            try:
-                                g.finish(self._expert_graph(g, el.layer, views, rows)[-1])
-                            finally:
-                                g.close()
+                    self._build_head(1).graph.close()
+                for el in self.scheduler.streamer.layers:
+                    # (k rows over each pool of the layer's slots: a token's experts split between them fit)
+                    segments = self.experts.segments(el.layer) if self.experts is not None else []
+                    if not segments:
+                        continue
+                    g = self._graph(64)
+                    try:
+                        g.finish(*(self._expert_graph(g, el.layer, pool.views, k)[-1] for pool, _, _ in segments))
+                    finally:
+                        g.close()
                 break
             except DeviceMemoryError:
-                if self.device_chunk == 1:
+                if self._lending or self.device_chunk == 1:
                     raise
                 self.device_chunk = max(1, self.device_chunk // 2)
-        if self.device_chunk < self.max_batch:
+        self._note_chunk()
+
+    def _note_chunk(self) -> None:
+        if self.device_chunk < self.max_batch and not self._split_note:
             self._split_note = True
             self.log(
                 f"a prompt's GPU tensors for {self.max_batch} tokens do not fit in VRAM: prompts run "
                 f"{self.device_chunk} tokens at a time on the GPU"
             )
 
-    def _expert_views(self, block: int, rows: int) -> list[tuple[tuple[Tensor, Tensor, Tensor], int]]:
-        """The expert pools a layer's graphs read (its VRAM slots; the prompt waves' places) and the most rows a
-        graph over each has."""
-        out = []
-        el = self.scheduler.streamer.layers[self.scheduler.streamer.li(block)]
-        if self.experts is not None and self.experts.pools:
-            out.append((self.experts.pools[self.experts.row_of[block]].views, rows))
-        if self._staging:
-            out.append((self._staging[_key(_Geometry.of(el))].views, rows))
+    def _prompt_graphs(self, m: int) -> list[Builder]:
+        """The largest graph of every kind a prompt computes at m tokens a chunk: a layer's chunk over the whole
+        context, the head's, and a layer's experts over m · k rows."""
+        out: list[Builder] = []
+        for il in sorted(self.layers):
+
+            def layer(g: DeviceGraph, il: int = il) -> list[Tensor]:
+                x = g.input(F32, (self.hp.n_embd, m))
+                return list(self._layer(g, il, x, self._placement(g, m, self.n_ctx), False).values())
+
+            out.append(layer)
+        if self.head:
+            out.append(lambda g: [self.view.head(g.ctx, g.input(F32, (self.hp.n_embd, m)))])
+        k = self.hp.n_expert_used
+        for el in self.scheduler.streamer.layers if self._staging else []:
+            # (over the waves' places: a graph's buffer depends on its pool's geometry only, and they are there
+            # before the cache is)
+            views = self._staging[_key(_Geometry.of(el))].views
+
+            def experts(g: DeviceGraph, b: int = el.layer, v: Views = views) -> list[Tensor]:
+                return [self._expert_graph(g, b, v, m * k)[-1]]
+
+            out.append(experts)
         return out
 
-    def _graph(self, max_nodes: int) -> DeviceGraph:
+    def _graph(self, max_nodes: int, prompt: bool = False) -> DeviceGraph:
+        """A device graph in the tier's compute buffer; `prompt`: a graph of a prompt pass, which with lending
+        goes into the prompts' own allocator."""
         if self._started and self._fail_at:
             self._graphs_built += 1
             if self._graphs_built == self._fail_at:
                 raise DeviceMemoryError(f"{self.backend.device.name} could not allocate a graph ({FAIL_ENV})")
-        return DeviceGraph(self.backend, max_nodes, allocator=self._alloc)
+        alloc = self._alloc
+        if prompt and self._prompt_alloc is not None:
+            if self.experts is not None and self.experts.n_lend and not self.experts.lent:
+                raise RuntimeError("a prompt's device graph outside a prompt pass (VramTier.begin_pass)")
+            alloc = self._prompt_alloc
+        return DeviceGraph(self.backend, max_nodes, allocator=alloc)
+
+    # ----------------------------------------------------------------------------- lending to a prompt
+    def begin_pass(self, decode: bool) -> None:
+        """Before each forward pass: a prompt pass takes the cache's lendable segments for its compute buffer
+        (`--vram-lend`: the coldest experts leave VRAM); the first decode step after it refills them, then each
+        decode step moves staged swaps in (between two steps, never inside one)."""
+        if self.experts is None:
+            return
+        if not decode:
+            self.experts.lend()
+            return
+        self.experts.take_back(self._file_record)
+        self.experts.between_steps()
+
+    def _fill_lending(self, n_slots: int) -> tuple[int, int, int | None]:
+        """With lending: the prompts' GraphAllocator, reserved for their largest graph (`device_chunk` halved
+        until the cache can lend it: every layer keeps a slot), and the slots of the cache around it — (kept
+        slots, lendable slots, the allocator's buffer, where the lendable segments live). Allocated once, never
+        freed while the tier lives: freeing a graph allocator's buffer (its graphs closed, the device synchronized,
+        another graph computed between) left ggml-vulkan on lavapipe corrupting the heap at a later graph, 5 runs
+        in 5 with the first decode step after a prompt; expert pools' buffers were freed safely."""
+        while True:
+            build, size = self._largest_prompt_graph()
+            lent, freed = size // self.expert_row, -(-size // self.expert_row)
+            if n_slots - freed >= 1 or self.device_chunk == 1:
+                break
+            self.device_chunk = max(1, self.device_chunk // 2)
+        if n_slots - freed < 1:
+            self._lending = False
+            self.log("the VRAM expert cache is too small to lend a prompt its compute buffer: prompts keep their own")
+            return n_slots, 0, None
+        alloc = GraphAllocator(self.backend, limit=size)
+        g = DeviceGraph(self.backend, MAX_NODES, allocator=alloc)
+        try:
+            g.finish(*build(g))
+            buffer = g.compute_buffer
+        except DeviceMemoryError:
+            alloc.close()
+            if self.device_chunk == 1:
+                raise
+            self.device_chunk = max(1, self.device_chunk // 2)  # (the device refused it: as `_reserve` does)
+            return self._fill_lending(n_slots)
+        except Exception:
+            alloc.close()
+            raise
+        finally:
+            g.close()
+        self._prompt_alloc = alloc
+        self._note_chunk()
+        if buffer is None:
+            return n_slots - freed, 0, None
+        align = int(ops.ggml_backend_buffer_get_alignment(buffer))
+        room = int(ops.ggml_backend_buffer_get_size(buffer))
+        geos = [_Geometry.of(el) for el in self.scheduler.streamer.layers]
+        while lent and sum(-(-lent * n // align) * align for g in geos for n in g.proj_size) > room:
+            lent -= 1  # (each tensor starts at the buffer's alignment)
+        return n_slots - freed, lent, buffer
+
+    def _largest_prompt_graph(self) -> tuple[Builder, int]:
+        """The prompt graph whose buffer is the largest at `device_chunk`, and its bytes (measured, nothing
+        allocated): every other fits the buffer reserved for it."""
+        if self._largest is None or self._largest[0] != self.device_chunk:
+            best, size = None, -1
+            for build in self._prompt_graphs(self.device_chunk):
+                g = DeviceGraph(self.backend, MAX_NODES)
+                try:
+                    n = g.measure(self._alloc, *build(g))
+                finally:
+                    g.close()
+                if n > size:
+                    best, size = build, n
+            assert best is not None
+            self._largest = (self.device_chunk, best, size)
+        return self._largest[1], self._largest[2]
+
+    def _file_record(self, row: int, expert: int) -> np.ndarray:
+        layer = self.scheduler.streamer.layers[row].layer
+        return np.frombuffer(self.mf.read_expert(layer, expert), np.uint8)
 
     def _fill_experts(self, n_slots: int) -> None:
         """The prompt waves' VRAM places and the hot-expert cache, once the device is known to run the experts'
@@ -406,7 +546,7 @@ class VramTier:
             for el in streamer.layers:
                 key = _key(_Geometry.of(el))
                 if key not in self._staging:
-                    self._staging[key] = new_pool(self.backend, el, 2 * WAVE_PLACES if not self.options.lend else 1)
+                    self._staging[key] = new_pool(self.backend, el, 2 * WAVE_PLACES)
                 g = self._graph(64)
                 try:
                     *_, out = self._expert_graph(g, el.layer, self._staging[key].views, 1)
@@ -419,10 +559,10 @@ class VramTier:
                 pool.close()
             self._staging.clear()
             return
-        if self.options.lend:  # (one place per geometry, for the check above: the waves borrow cache slots)
-            self._spare.extend(self._staging.values())
-            self._staging.clear()
-            self._wave_places = min(WAVE_PLACES, n_slots // 2)
+        n_lend, buffer = 0, None
+        if self._lending and n_slots:
+            n_slots, n_lend, buffer = self._fill_lending(n_slots)
+            n_slots += n_lend
         self.experts = VramExperts(
             self.backend,
             list(streamer.layers),
@@ -431,8 +571,9 @@ class VramTier:
             self._ram_record,
             lambda row, experts: streamer.ready(streamer.layers[row].layer, experts),
             streamer.checksums,
+            n_lend,
         )
-        self.experts.allocate()
+        self.experts.allocate(buffer)
         if not n_slots:
             return
         seed = s.usage_seed
@@ -548,7 +689,7 @@ class VramTier:
 
     def _prompt_chunk(self, il: int, rows: np.ndarray, pos0: int) -> Parts:
         m = rows.shape[0]
-        g = self._graph(MAX_NODES)
+        g = self._graph(MAX_NODES, prompt=True)
         try:
             x = g.input(F32, (self.hp.n_embd, m))
             # (over the KV cache rounded up as decode's, masked: the CPU's prompt chunks attend so, Session._placement)
@@ -573,8 +714,8 @@ class VramTier:
             return st.graph.compute_read(self._reads, [st.outputs["logits"]])[0].reshape(1, -1)
         return self._split(h, 0, lambda part, _: {"logits": self._head_chunk(part)})["logits"]
 
-    def _build_head(self, n: int) -> _Step:
-        g = self._graph(64)
+    def _build_head(self, n: int, prompt: bool = False) -> _Step:
+        g = self._graph(64, prompt)
         try:
             x = g.input(F32, (self.hp.n_embd, n))
             logits = self.view.head(g.ctx, x)
@@ -585,7 +726,7 @@ class VramTier:
         return _Step(g, x, None, {"logits": logits}, 0)
 
     def _head_chunk(self, rows: np.ndarray) -> np.ndarray:
-        st = self._build_head(rows.shape[0])
+        st = self._build_head(rows.shape[0], prompt=True)
         try:
             st.graph.set(st.x, np.ascontiguousarray(rows, np.float32))
             st.graph.compute()
@@ -619,19 +760,25 @@ class VramTier:
         out = common.weighted_experts(g.ctx, views, x, ids, w, ffn, eids)
         return x, ids, w, eids, out
 
-    def _expert_step(self, block: int, m: int) -> _ExpertStep:
-        st = self._expert_steps.get((block, m))
+    def _expert_step(self, block: int, counts: tuple[int, int]) -> _ExpertStep:
+        """The decode graph over `counts` experts in each buffer of a layer's slots (kept, lendable segment)."""
+        key = (block, *counts)
+        st = self._expert_steps.get(key)
         if st is None:
             assert self.experts is not None
             g = self._graph(64)
             try:
-                pool = self.experts.pools[self.experts.row_of[block]]
-                x, ids, w, eids, out = self._expert_graph(g, block, pool.views, m)
-                g.finish(out, check=True)
+                segments = self.experts.segments(block)
+                parts = [
+                    _ExpertPart(*self._expert_graph(g, block, pool.views, m))
+                    for (pool, _, _), m in zip(segments, counts, strict=False)
+                    if m
+                ]
+                g.finish(*(p.out for p in parts), check=True)
             except Exception:
                 g.close()
                 raise
-            st = self._expert_steps[(block, m)] = _ExpertStep(g, x, ids, w, eids, out)
+            st = self._expert_steps[key] = _ExpertStep(g, parts)
         return st
 
     def launch(self, block: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray, held: list[int]) -> Launch:
@@ -640,22 +787,27 @@ class VramTier:
         assert self.experts is not None
         held_set = set(held)
         ranks = [j for j, e in enumerate(sel[0].tolist()) if e in held_set]
-        st = self._expert_step(block, len(ranks))
-        experts = sel[0, ranks]
+        slots = self.experts.slots(block, sel[0, ranks]).tolist()
+        segments = self.experts.segments(block)
+        groups = [[r for r, s in zip(ranks, slots, strict=True) if lo <= s < hi] for _, lo, hi in segments]
+        st = self._expert_step(block, (len(groups[0]), len(groups[1]) if len(groups) > 1 else 0))
+        used = [(grp, lo) for grp, (_, lo, _) in zip(groups, segments, strict=True) if grp]
         g = st.graph
-        g.set(st.x, np.ascontiguousarray(np.repeat(cur[:1], len(ranks), axis=0), np.float32))
-        g.set(st.ids, self.experts.slots(block, experts).astype(np.int32))
-        g.set(st.w, np.ascontiguousarray(weights[0, ranks], np.float32))
-        if st.eids is not None:
-            g.set(st.eids, experts.astype(np.int32))
+        for part, (grp, lo) in zip(st.parts, used, strict=True):
+            experts = sel[0, grp]
+            g.set(part.x, np.ascontiguousarray(np.repeat(cur[:1], len(grp), axis=0), np.float32))
+            g.set(part.ids, (self.experts.slots(block, experts) - lo).astype(np.int32))
+            g.set(part.w, np.ascontiguousarray(weights[0, grp], np.float32))
+            if part.eids is not None:
+                g.set(part.eids, experts.astype(np.int32))
         g.compute(wait=False)
-        self._expert_reads.queue([st.out])  # (copied behind the graph, into pinned memory)
-        return Launch(st, ranks)
+        self._expert_reads.queue([p.out for p in st.parts])  # (copied behind the graph, into pinned memory)
+        return Launch(st, [grp for grp, _ in used])
 
     def collect(self, launch: Launch, weighted: np.ndarray) -> None:
         """Waits for `launch`'s experts and puts their weighted outputs at their ranks of weighted [1, k, n]."""
-        out = self._expert_reads.wait()[0].reshape(len(launch.ranks), -1)
-        weighted[0, launch.ranks] = out
+        for out, ranks in zip(self._expert_reads.wait(), launch.ranks, strict=True):
+            weighted[0, ranks] = out.reshape(len(ranks), -1)
 
     # ------------------------------------------------------------------------ a prompt's experts (ExpertCompute)
     def count_prompt_hits(self, block: int, n: int) -> None:
@@ -667,13 +819,18 @@ class VramTier:
     ) -> np.ndarray:
         """Weighted outputs [m, n_embd] of m (token, expert) pairs whose experts the VRAM holds."""
         assert self.experts is not None
-        pool = self.experts.pools[self.experts.row_of[block]]
         slots = self.experts.slots(block, experts)
-        return self._pairs(block, pool.views, cur, tokens, slots, experts, weights)
+        out = np.empty((len(tokens), self.hp.n_embd), np.float32)
+        for pool, lo, hi in self.experts.segments(block):
+            at = np.flatnonzero((slots >= lo) & (slots < hi))
+            if at.size:
+                args = (cur, tokens[at], slots[at] - lo, experts[at], weights[at])
+                out[at] = self._pairs(block, pool.views, *args)
+        return out
 
     def wave_on_gpu(self, n_pairs: int, n_experts: int) -> bool:
         """A prompt wave runs on the GPU when its experts serve enough tokens each to pay for their copies."""
-        places = bool(self._staging) or self._wave_places > 0
+        places = bool(self._staging)
         return self.experts is not None and places and n_pairs >= self.options.wave_min_tokens * max(n_experts, 1)
 
     def observe_prompt(self, block: int, sel: np.ndarray) -> None:
@@ -696,13 +853,8 @@ class VramTier:
         assert self.experts is not None
         streamer = self.scheduler.streamer
         row = streamer.li(block)
-        n = self._wave_places
-        if self._staging:
-            stage = self._staging[_key(_Geometry.of(streamer.layers[row]))]
-            slot_at = list(range(2 * n))
-        else:  # lent by the VRAM expert cache: its coldest slots, refilled after the prompt
-            stage = self.experts.pools[self.experts.row_of[block]]
-            slot_at = self.experts.borrow(block, 2 * n)
+        n = WAVE_PLACES
+        stage = self._staging[_key(_Geometry.of(streamer.layers[row]))]
         bounds = np.r_[0, np.flatnonzero(np.diff(experts)) + 1, len(experts)].tolist()
         groups = [(bounds[i], bounds[min(i + n, len(bounds) - 1)]) for i in range(0, len(bounds) - 1, n)]
         out = np.empty((len(experts), self.hp.n_embd), np.float32)
@@ -711,7 +863,7 @@ class VramTier:
         def copy_up(i: int) -> None:
             lo, hi = groups[i]
             distinct = dict.fromkeys(experts[lo:hi].tolist())
-            place = {e: slot_at[(i % 2) * n + p] for p, e in enumerate(distinct)}
+            place = {e: (i % 2) * n + p for p, e in enumerate(distinct)}
             for e, p in place.items():
                 self.experts_counters_add(block, stage.upload(p, streamer.pools[row][int(slot_of[e])], wait=False))
             places.append(place)
@@ -762,7 +914,7 @@ class VramTier:
         step = self.device_chunk * self.hp.n_expert_used
         for lo in range(0, len(tokens), step):
             hi = min(lo + step, len(tokens))
-            g = self._graph(64)
+            g = self._graph(64, prompt=True)
             try:
                 x, ids, w, eids, o = self._expert_graph(g, block, views, hi - lo)
                 g.finish(o)
@@ -784,8 +936,11 @@ class VramTier:
             "budget": self.plan.budget,
             "layers": sorted(self.layers),
             "head": self.head,
-            "expert_slots": self.plan.expert_slots if e is not None else 0,
+            "expert_slots": e.n_slots if e is not None else 0,
+            "lend_slots": e.n_lend if e is not None and self._lending else 0,  # of them, lent to each prompt
             "bytes": self.plan.used,
+            "device_bytes": self.backend.held_bytes,  # in device buffers now, and at most so far
+            "device_bytes_peak": self.backend.peak_bytes,
             "swaps_pending": e.pending if e is not None else 0,
             "decisions": e.decisions[:16] if e is not None else [],  # (decode token, swaps decided): the first
             "swaps_dropped": e.dropped if e is not None else 0,
@@ -806,10 +961,12 @@ class VramTier:
         if self.experts is not None:
             self.experts.close()
             self.experts = None
-        for pool in [*self._staging.values(), *self._spare]:
+        for pool in self._staging.values():
             pool.close()
         self._staging.clear()
-        self._spare.clear()
+        if self._prompt_alloc is not None:
+            self._prompt_alloc.close()
+            self._prompt_alloc = None
         self._alloc.close()
         for dt in self._buffers:
             dt.close()

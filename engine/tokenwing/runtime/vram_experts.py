@@ -8,6 +8,19 @@ against the expert's checksum (the RAM slot is protected that way: an eviction d
 and the swap is dropped), and between two decode steps the main thread moves staged experts into their device
 slots (a copy from pinned memory) and updates the map. A token never waits for a swap: one not staged yet is
 moved at a later step boundary (`pending` counts them), and the leaver serves until its newcomer is in.
+
+Lending (`--vram-lend`, spec §11): a prompt's compute buffer is memory the cache lends it. Each layer's slots
+are two tensors: its kept slots (a buffer of their own) and a lendable segment, its last `n_lend` slots. Every
+layer's segment lives inside the prompts' compute buffer (`allocate(lend_buffer)`), which the VRAM tier
+allocates once and never frees: freeing a ggml graph allocator's buffer left ggml-vulkan on lavapipe corrupting
+the heap at a later graph, even a decode step later (runtime/vram.py, `VramTier._fill_lending`), while an expert
+pool's buffer is freed safely — so the memory changes hands instead of being freed and allocated again, and a
+take-back cannot fail for want of memory. A prompt overwrites the segments: `lend` first moves each layer's
+hotter segment experts into the kept slots of its colder ones (what leaves VRAM is each layer's `n_lend`
+coldest: device → host → device, at most `n_lend` per layer), and `take_back` fills the segments again after
+the prompt. Per layer rather than whole layers' pools: that would drop a layer's hottest experts with its
+coldest; and a pool's slots must be one tensor (mul_mat_id), so two per layer is the finest split, at one more
+product per graph.
 """
 
 from __future__ import annotations
@@ -119,6 +132,7 @@ class ExpertPool:
     tensors: DeviceTensors
     views: tuple[Tensor, Tensor, Tensor]
     geometry: _Geometry
+    end: int = 0  # placed in another's buffer: the offset after it there
 
     def upload(self, slot: int, record: np.ndarray | int, wait: bool = True) -> int:
         """Copies an expert record (its bytes as the file lays them out, an array or an address) into `slot`."""
@@ -128,18 +142,36 @@ class ExpertPool:
             self.tensors.set_slot(self.views[p], slot, base + g.proj_offset[p], wait)
         return sum(g.proj_size)
 
+    def download(self, slot: int) -> np.ndarray:
+        """The record in `slot` back in host memory, laid out as `upload` takes it."""
+        g = self.geometry
+        out = np.zeros(g.record_size, np.uint8)
+        for p in range(3):
+            self.tensors.get_slot(self.views[p], slot, int(out.ctypes.data) + g.proj_offset[p])
+        return out
+
     def close(self) -> None:
         self.tensors.close()
 
 
-def new_pool(backend: Backend, el: ExpertLayer, n_slots: int) -> ExpertPool:
+def new_pool(backend: Backend, el: ExpertLayer, n_slots: int, within: tuple[int, int] | None = None) -> ExpertPool:
+    """A pool of `n_slots` slots of layer `el`'s geometry in a device buffer of its own, or `within` (buffer,
+    offset) another's (`ExpertPool.end`: where it ends there)."""
     tensors = DeviceTensors(backend, 3)
     g = _Geometry.of(el)
     views = tuple(
         tensors.new(g.types[p], (g.shapes[p][0], g.shapes[p][1], n_slots), f"vram.{el.layer}.{p}") for p in range(3)
     )
-    tensors.allocate()
-    pool = ExpertPool(tensors, (views[0], views[1], views[2]), g)
+    end = 0
+    if within is not None:
+        try:
+            end = tensors.place_in(*within)
+        except Exception:
+            tensors.close()
+            raise
+    else:
+        tensors.allocate()
+    pool = ExpertPool(tensors, (views[0], views[1], views[2]), g, end)
     for p in range(3):  # an expert's projection is one slot of its pool: the file's bytes, nothing between
         stride = int(views[p].contents.nb[2])
         if stride != g.proj_size[p]:
@@ -160,7 +192,9 @@ class VramExperts:
     ram_slot: Callable[[int, int], np.ndarray | None]  # (row, expert) → its RAM record now, None if not there
     in_ram: Callable[[int, list[int]], list[bool]]
     checksums: np.ndarray  # [rows, n_expert]
-    pools: list[ExpertPool] = field(default_factory=list)
+    n_lend: int = 0  # the last slots of every layer: its lendable segment, in the prompts' compute buffer
+    pools: list[ExpertPool] = field(default_factory=list)  # per layer: the kept slots (all of them without lending)
+    lend_pools: list[ExpertPool] = field(default_factory=list)  # per layer: its lendable segment
     expert_in: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int32))  # [rows, slots]
     slot_of: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int32))  # [rows, n_expert]
     recent: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
@@ -186,16 +220,22 @@ class VramExperts:
         self._thread: threading.Thread | None = None
         self._staging: HostBuffer | None = None
         self._place_bytes = 0
-        self._refill = False  # slots lent to a prompt: decide at the next step, not the next 8th
+        self.lent = False  # the lendable segments are a prompt's now
 
     # -------------------------------------------------------------------------------------------- set-up
-    def allocate(self) -> None:
-        """The device pools (one buffer per layer) and the pinned staging memory of the swaps."""
+    def allocate(self, lend_buffer: int | None = None) -> None:
+        """The device pools (one buffer per layer; the lendable segments in `lend_buffer`) and the swaps' pinned
+        staging memory."""
         if not self.n_slots:
             return
         try:
+            at = 0
             for el in self.layers:
-                self.pools.append(new_pool(self.backend, el, self.n_slots))
+                self.pools.append(new_pool(self.backend, el, self.n_slots - self.n_lend))
+                if self.n_lend:
+                    assert lend_buffer is not None
+                    self.lend_pools.append(new_pool(self.backend, el, self.n_lend, (lend_buffer, at)))
+                    at = self.lend_pools[-1].end
         except Exception:
             self.close()
             raise
@@ -206,9 +246,28 @@ class VramExperts:
     def seed(self, row: int, experts: list[int], read: Callable[[int], np.ndarray]) -> None:
         """Fills the first slots of layer `row` with `experts` (at start: `read(expert)` gives each record)."""
         for slot, e in enumerate(experts[: self.n_slots]):
-            n = self.pools[row].upload(slot, read(e))
-            self._place(row, e, slot)
-            self.counters[row, BYTES_UP] += n
+            self._upload(row, slot, e, read(e))
+
+    def _upload(self, row: int, slot: int, expert: int, record: np.ndarray | int) -> None:
+        pool, at = self._pool(row, slot)
+        self.counters[row, BYTES_UP] += pool.upload(at, record)
+        self._place(row, expert, slot)
+
+    def _pool(self, row: int, slot: int) -> tuple[ExpertPool, int]:
+        """The buffer holding `slot` of layer `row`, and the slot's index there."""
+        keep = self.n_slots - self.n_lend
+        if slot < keep:
+            return self.pools[row], slot
+        assert not self.lent, "a lent slot"
+        return self.lend_pools[row], slot - keep
+
+    def segments(self, block: int) -> list[tuple[ExpertPool, int, int]]:
+        """Layer `block`'s pools (its kept slots, its lendable segment), each with the slots it holds [lo, hi)."""
+        row, keep = self.row_of[block], self.n_slots - self.n_lend
+        out = [(self.pools[row], 0, keep)] if self.pools else []
+        if self.lend_pools:
+            out.append((self.lend_pools[row], keep, self.n_slots))
+        return out
 
     def _place(self, row: int, expert: int, slot: int) -> None:
         old = int(self.expert_in[row, slot])
@@ -248,20 +307,49 @@ class VramExperts:
         recency = 0.5 ** ((n - 1 - np.arange(n)) / HALF_LIFE)
         np.add.at(self.recent[self.row_of[block]], sel, np.broadcast_to(recency[:, None], sel.shape))
 
-    def borrow(self, block: int, n: int) -> list[int]:
-        """`n` slots of layer `block` for a prompt's GPU wave (`--vram-lend`): the coldest (empty ones first);
-        their experts leave VRAM, and the next step boundary refills the slots by the swap rule."""
-        row = self.row_of[block]
-        resident = self.expert_in[row]
-        count = np.where(resident >= 0, self.recent[row][np.maximum(resident, 0)], -1.0)
-        slots = np.lexsort((np.maximum(resident, 0), count))[:n].tolist()
-        for s in slots:
-            e = int(self.expert_in[row, s])
-            if e >= 0:
-                self.slot_of[row, e] = -1
-            self.expert_in[row, s] = -1
-        self._refill = True
-        return [int(s) for s in slots]
+    # ------------------------------------------------------------------------------- lending to a prompt
+    def lend(self) -> None:
+        """A prompt takes the lendable segments: in each layer the `n_lend` coldest experts leave VRAM (empty slots
+        first, then the lowest recent count; ties: the later slot, as seeding fills slots hottest first, and the
+        segment's own need no copy), and hotter ones in the segment move into the kept slots those leave
+        (through host memory)."""
+        if not self.n_lend or self.lent:
+            return
+        keep = self.n_slots - self.n_lend
+        for row, pool in enumerate(self.lend_pools):
+            resident = self.expert_in[row].copy()
+            count = np.where(resident >= 0, self.recent[row][np.maximum(resident, 0)], -1.0)
+            leaving = np.lexsort((-np.arange(self.n_slots), count))[: self.n_lend].tolist()
+            gone = set(leaving)
+            staying = [s for s in range(keep, self.n_slots) if s not in gone and resident[s] >= 0]
+            for src, dst in zip(staying, [s for s in leaving if s < keep], strict=False):
+                record = pool.download(src - keep)
+                self._clear(row, src)
+                self._upload(row, dst, int(resident[src]), record)
+            for s in range(keep, self.n_slots):
+                self._clear(row, s)
+        self.lent = True
+
+    def take_back(self, read_file: Callable[[int, int], np.ndarray]) -> None:
+        """After the prompt: the segments filled with each layer's hottest experts outside VRAM (recent counts,
+        which weight the prompt's end most; ties: the lower id), from their RAM slots where resident and intact,
+        else `read_file(row, expert)`; the copies count in vram_bytes_up."""
+        if not self.lent:
+            return
+        self.lent = False
+        keep = self.n_slots - self.n_lend
+        for row in range(len(self.layers)):
+            c = self.recent[row]
+            outside = [int(e) for e in np.lexsort((np.arange(self.n_expert), -c)) if self.slot_of[row, e] < 0]
+            for i, e in enumerate(outside[: self.n_lend]):
+                record = self._copy_checked(row, e)
+                self._upload(row, keep + i, e, record if record is not None else read_file(row, e))
+
+    def _clear(self, row: int, slot: int) -> None:
+        old = int(self.expert_in[row, slot])
+        if old >= 0:
+            self.slot_of[row, old] = -1
+        self.expert_in[row, slot] = -1
 
     def between_steps(self) -> None:
         """Between two decode steps: moves staged newcomers into their slots; every SWAP_EVERY tokens, decides
@@ -270,9 +358,8 @@ class VramExperts:
         if self.full or not self.n_slots:
             return
         self.decode_tokens += 1
-        if self.decode_tokens % SWAP_EVERY and not self._refill:
+        if self.decode_tokens % SWAP_EVERY:
             return
-        self._refill = False
         self.recent *= 0.5 ** (SWAP_EVERY / HALF_LIFE)
         with self._lock:
             busy = {(s.row, s.slot) for s in self._todo} | {(st.swap.row, st.swap.slot) for st in self._staged}
@@ -300,12 +387,11 @@ class VramExperts:
         assert self._staging is not None
         for st in ready:
             s = st.swap
+            # (a slot a prompt's lending emptied or moved holds another expert now: the swap is dropped)
             if self.expert_in[s.row, s.slot] == s.leaver and self.slot_of[s.row, s.expert] < 0:
-                n = self.pools[s.row].upload(s.slot, self._staging.address + st.place * self._place_bytes)
-                self._place(s.row, s.expert, s.slot)
+                self._upload(s.row, s.slot, s.expert, self._staging.address + st.place * self._place_bytes)
                 self.counters[s.row, SWAPS_IN] += 1
                 self.counters[s.row, SWAPS_OUT] += s.leaver >= 0
-                self.counters[s.row, BYTES_UP] += n
                 self.swap_log.append((self.decode_tokens, s))
             else:
                 self.dropped += 1
@@ -341,15 +427,21 @@ class VramExperts:
                 self.pending = len(self._todo) + len(self._staged)
 
     def _stage(self, swap: Swap, place: int) -> bool:
-        """Copies the newcomer's RAM record into staging place `place` and checks it: an I/O thread may evict
-        and refill that RAM slot meanwhile, and then the checksum fails."""
+        """Copies the newcomer's RAM record into staging place `place` and checks it."""
         assert self._staging is not None
-        record = self.ram_slot(swap.row, swap.expert)
+        dst = self._staging.array[place * self._place_bytes : (place + 1) * self._place_bytes]
+        return self._copy_checked(swap.row, swap.expert, dst) is not None
+
+    def _copy_checked(self, row: int, expert: int, dst: np.ndarray | None = None) -> np.ndarray | None:
+        """The expert's RAM record copied (into `dst`, else a new array) and checked against its checksum: an I/O
+        thread may evict and refill that RAM slot meanwhile, and then the check fails (None, as when it is not
+        in RAM)."""
+        record = self.ram_slot(row, expert)
         if record is None:
-            return False
-        dst = self._staging.array[place * self._place_bytes : place * self._place_bytes + record.size]
-        np.copyto(dst, record)
-        return bool(xxhash.xxh3_64_intdigest(dst.data) == int(self.checksums[swap.row, swap.expert]))
+            return None
+        out = np.empty(record.size, np.uint8) if dst is None else dst[: record.size]
+        np.copyto(out, record)
+        return out if xxhash.xxh3_64_intdigest(out.data) == int(self.checksums[row, expert]) else None
 
     # ------------------------------------------------------------------------------------------- the end
     def close(self) -> None:
@@ -359,9 +451,9 @@ class VramExperts:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        for pool in self.pools:
+        for pool in [*self.pools, *self.lend_pools]:
             pool.close()
-        self.pools = []
+        self.pools, self.lend_pools = [], []
         if self._staging is not None:
             self._staging.close()
             self._staging = None
