@@ -6,7 +6,8 @@ python bench/prefill_bench.py [--model models/bench/bench-q4_k_m.tw.gguf] [--tok
                               [--reply 0] [--prompt-attention products|flash]
 
 With --llama, llama.cpp (llama-cpp-python, the same GGUF before repacking) runs the same prompt under the same
-cap in each named mode (see llama_runner.py; its default mode is OOM-killed under these caps).
+cap in each named mode, once per round, interleaved with TokenWing's runs (see llama_runner.py; its default mode
+is OOM-killed under these caps).
 
 Limits (bench/limits.py): the fewest bytes a prompt can read are its distinct experts, once each; the compute floor
 is the same prompt through the same path with every expert already in RAM (no cap, experts in the file's layout,
@@ -90,7 +91,11 @@ def main() -> int:
     ceiling = probe_drive(args.model, budget=(256 if args.quick else 1024) << 20, quick=args.quick)
     child = [sys.executable, "-c", CHILD, args.model, str(args.tokens), str(args.read_ahead_from)]
     runs: dict[str, list[dict[str, object]]] = {"capped": [], "floor": []}
+    modes = list(filter(None, args.llama.split(",")))
+    llama_runs: dict[str, list[dict[str, object]]] = {mode: [] for mode in modes}
     for _ in range(args.rounds):
+        for mode in modes:  # llama.cpp in the same rounds, interleaved: this VM's speed drifts within a run
+            llama_runs[mode].append(_llama(args.model, args.tokens, mode, cap, args.llama_timeout))
         att = args.prompt_attention
         for key, extra, limit in (("capped", ["0", str(args.reply), att], cap), ("floor", ["1", "0", att], None)):
             evict_from_page_cache(args.model)
@@ -127,11 +132,17 @@ def main() -> int:
             f"reply after the prompt: first 32 tokens {capped['reply_first_32_tok_s']:.2f} tok/s, tokens 200–232 "
             f"{capped['reply_200_232_tok_s']:.2f} tok/s"
         )
-    for mode in filter(None, args.llama.split(",")):
-        res = _llama(args.model, args.tokens, mode, cap, args.llama_timeout)
-        print(json.dumps(res))
-        if "prompt_tok_s" in res:
-            print(f"TokenWing / llama.cpp {mode}: {capped['prompt_tok_s'] / float(res['prompt_tok_s']):.2f}x")  # type: ignore[arg-type]
+    for mode, results in llama_runs.items():
+        done = [r for r in results if "prompt_tok_s" in r]
+        for r in results:
+            print(json.dumps(r))
+        if done:
+            res = _median(done)
+            speeds = " / ".join(f"{float(r['prompt_tok_s']):.1f}" for r in done)  # type: ignore[arg-type]
+            print(
+                f"llama.cpp {mode}: {float(res['prompt_tok_s']):.1f} tok/s (runs: {speeds}); TokenWing / llama.cpp "
+                f"{mode}: {capped['prompt_tok_s'] / float(res['prompt_tok_s']):.2f}x (medians)"
+            )
     return 0
 
 
