@@ -3,10 +3,11 @@
 #   $OUT/runmyai-VERSION-linux-x86_64.tar.gz   self-contained: unpack anywhere and run ./runmyai
 #   $OUT/runmyai_VERSION_amd64.deb             installs under /opt/runmyai, /usr/bin/{runmyai,tokenwing} links,
 #                                              a desktop entry and an icon
-# OUT is $RUNMYAI_DIST or dist/. Steps: ggml CPU variants (build-ggml-variants.sh, cached), PyInstaller onedir
-# bundle (installer/runmyai.spec), checks on the bundle, tarball, .deb. Nothing is rebuilt when the inputs (the
-# sources, the installed packages, the variants) hash the same as the last build's and its artifacts exist;
-# RUNMYAI_REBUILD=1 forces a build.
+# OUT is $RUNMYAI_DIST or dist/. Steps: native core, PyInstaller onedir bundle (installer/runmyai.spec) with the
+# ggml build the engine uses (./dev builds it once, engine/ggml/build.sh: every x86-64 CPU level, Vulkan where it
+# builds), checks on the bundle, tarball, .deb. Nothing is rebuilt when the inputs (the sources, the installed
+# packages, the ggml build) hash the same as the last build's and its artifacts exist; RUNMYAI_REBUILD=1 forces a
+# build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
@@ -30,7 +31,9 @@ VERSION=$(python -c 'import re; print(re.search(r"__version__ = \"(.+?)\"", open
 TARBALL=$OUT/runmyai-$VERSION-linux-x86_64.tar.gz
 DEB=$OUT/runmyai_${VERSION}_amd64.deb
 
-installer/build-ggml-variants.sh  # avx2, avx512 and their Vulkan twins where they can be built
+GGML=${RUNMYAI_GGML:-$(python -c 'import sys; print(sys.prefix)')/lib/tokenwing-ggml}
+[ -f "$GGML/lib/libggml.so.0" ] || { log "no ggml build in $GGML: run ./dev setup"; exit 1; }
+export RUNMYAI_GGML=$GGML
 
 # The native core, built for the bundle from this checkout: Release, the compiler's x86-64 baseline (no
 # -march=native, whatever CFLAGS/CXXFLAGS/CMAKE_ARGS say), incremental in build/installer/core.
@@ -49,7 +52,7 @@ inputs_key() {
     python -m pip freeze --exclude-editable 2>/dev/null
     python --version
     sha256sum "$CORE"
-    cat build/ggml-variants/*/key
+    cat "$GGML/build.key"
   } | sha256sum | cut -c1-16
 }
 KEY=$(inputs_key)
@@ -64,10 +67,10 @@ rm -f "$WORK/inputs.key"
 if objdump -d "$CORE" | grep -qE '%[yz]mm|%k[0-7]'; then
   log "the native core $CORE uses AVX/AVX-512 instructions"; exit 1
 fi
-for v in build/ggml-variants/avx2 build/ggml-variants/avx2-vulkan; do
-  if [ -d "$v" ] && objdump -d "$v/lib/libggml-cpu.so" | grep -q '%zmm'; then
-    log "the $(basename "$v") variant of ggml uses AVX-512 instructions"; exit 1
-  fi
+# ggml's core and its x64 CPU backend run on any x86-64: no AVX registers in their code (the other CPU levels
+# are loaded only where ggml's score says the CPU runs them)
+for lib in "$GGML/lib/libggml-base.so.0" "$GGML/lib/libggml.so.0" "$GGML/backends/cpu/libggml-cpu-x64.so"; do
+  if objdump -d "$lib" | grep -qE '%[yz]mm'; then log "$(basename "$lib") uses AVX instructions"; exit 1; fi
 done
 
 log "PyInstaller bundle"
@@ -83,12 +86,13 @@ for exe in runmyai tokenwing; do [ -x "$BUNDLE/$exe" ] || fail "no $exe executab
 I=$BUNDLE/_internal
 for f in PySide6/Qt/plugins/platforms/libqxcb.so PySide6/Qt/plugins/platforms/libqoffscreen.so \
   resources/icons/runmyai.png resources/runmyai.desktop presets tokenwing/"$(basename "$CORE")" \
-  ggml-cpu/avx2/ggml/lib/libggml-cpu.so ggml-cpu/avx512/ggml/lib/libggml-cpu.so; do
+  ggml/lib/libggml.so.0 ggml/lib/libggml-base.so.0 ggml/backends/cpu/libggml-cpu-x64.so \
+  ggml/backends/cpu/libggml-cpu-haswell.so ggml/build.json; do
   [ -e "$I/$f" ] || fail "missing _internal/$f"
 done
 [ -d "$I/resources/demo-model" ] || log "warning: no resources/demo-model in this checkout (the built-in model)"
-stray=$(find "$BUNDLE" -name 'libggml*' -not -path "$I/ggml-cpu/*")
-[ -z "$stray" ] || fail "ggml libraries outside ggml-cpu/ (a second libggml-cpu could load): $stray"
+stray=$(find "$BUNDLE" -name 'libggml*' -not -path "$I/ggml/*")
+[ -z "$stray" ] || fail "ggml libraries outside _internal/ggml/ (a second copy could load): $stray"
 loader=$(find "$BUNDLE" -name 'libvulkan.so*')
 [ -z "$loader" ] || fail "a Vulkan loader in the bundle (the user's system provides it, with its drivers): $loader"
 for mod in llama_cpp torch pytest _pytest hypothesis openai PyInstaller; do

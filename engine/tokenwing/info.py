@@ -15,7 +15,7 @@ from tokenwing.version import __version__
 def weight_types() -> list[str]:
     """GGUF weight types that ggml's CPU backend has matrix kernels for (the engine computes every weight with
     ggml): read from ggml's own type table, not a list kept here."""
-    import ggml
+    from tokenwing.compute import ggml_api as ggml
 
     out = []
     for t in range(ggml.GGML_TYPE_COUNT):

@@ -1,6 +1,7 @@
 """The Linux installers, built by installer/build-linux.sh (reused when its inputs are unchanged), as a user gets them:
 the tarball unpacked and the .deb extracted (dpkg -x) into scratch folders, then the frozen engine serving a chat
-completion to the official `openai` client on the portable CPU variant, and the frozen app's --self-test.
+completion to the official `openai` client on the portable AVX2 level of ggml's CPU backend, and the frozen app's
+--self-test.
 
 Timings (engine start to handshake, app self-test) are printed and written to build/installer/smoke.json.
 """
@@ -39,26 +40,19 @@ OUT = ROOT / "build" / "installer" / "out"
 SMOKE = ROOT / "build" / "installer" / "smoke.json"
 # The build is a hang only when its processes use no CPU for this long. Not a limit on its duration: a build
 # under load is slow but never idle (its compiles run under `nice`; with both cores held by busy loops the
-# four ggml variants took more than the 25 minutes a fixed timeout allowed, and the run failed on that).
+# four ggml builds it then made took more than the 25 minutes a fixed timeout allowed, and the run failed on that).
 BUILD_STALL_S = 900
 KEY = "smoke-test-key"
 timings: dict[str, float] = {}
 
 
-def _vulkan() -> str:
-    """The variant suffix the engine's runtime hook adds here: "-vulkan" where the bundle has Vulkan builds and
-    this system the Vulkan loader (./dev installs it as root; the bundle never carries one)."""
+def _vulkan(bundle: Path) -> bool:
+    """Whether the bundle's engine loads ggml's Vulkan backend here: the bundle has it and this system the Vulkan
+    loader (./dev installs it as root; the bundle never carries one)."""
     import ctypes.util
 
-    built = (ROOT / "build" / "ggml-variants" / "avx2-vulkan" / "lib").is_dir()
-    return "-vulkan" if built and ctypes.util.find_library("vulkan") else ""
-
-
-def _cpu_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
+    built = list((bundle / "_internal" / "ggml" / "backends" / "vulkan").glob("libggml-vulkan.so"))
+    return bool(built and ctypes.util.find_library("vulkan"))
 
 
 def _user_env(**extra: str) -> dict[str, str]:
@@ -176,19 +170,22 @@ def test_tarball_layout(unpacked: Path) -> None:
         "PySide6/Qt/plugins/platforms/libqoffscreen.so",
         "resources/icons/runmyai.png",
         "presets",
-        "ggml-cpu/avx2/ggml/lib/libggml-cpu.so",
-        "ggml-cpu/avx512/ggml/lib/libggml-cpu.so",
+        "ggml/lib/libggml.so.0",
+        "ggml/lib/libggml-base.so.0",
+        "ggml/build.json",
+        "ggml/LICENSE",
+        *(f"ggml/backends/cpu/libggml-cpu-{level}.so" for level in ("x64", "haswell", "skylakex", "zen4")),
     ):
         assert (internal / rel).exists(), rel
     if (ROOT / "resources" / "demo-model" / "tokenwing-demo-moe.gguf").exists():
         assert (internal / "resources" / "demo-model" / "tokenwing-demo-moe.gguf").is_file()
     for unwanted in ("llama_cpp", "torch", "pytest", "hypothesis", "openai"):
         assert not (internal / unwanted).exists(), unwanted
-    ggml_libs = [p for p in unpacked.rglob("libggml*") if "ggml-cpu" not in p.relative_to(unpacked).parts]
-    assert ggml_libs == []  # one copy per variant, nowhere else
-    if _vulkan():
-        for v in ("avx2-vulkan", "avx512-vulkan"):
-            assert (internal / f"ggml-cpu/{v}/ggml/lib/libggml-vulkan.so").exists(), v
+    ggml_libs = [p for p in unpacked.rglob("libggml*") if not p.is_relative_to(internal / "ggml")]
+    assert ggml_libs == []  # one copy of each, in _internal/ggml/ only
+    assert not list(internal.rglob("ggml*.h"))  # (headers stay behind)
+    for kind in json.loads((internal / "ggml" / "build.json").read_text())["backends"]:
+        assert list((internal / "ggml" / "backends" / kind).glob("libggml-*.so")), kind
     assert list(unpacked.rglob("libvulkan.so*")) == []  # the user's system provides the loader
 
 
@@ -243,8 +240,9 @@ class FrozenEngine:
         raise AssertionError("the frozen engine did not get ready")
 
     def ggml_cpu_libs(self) -> set[str]:
+        """Every ggml CPU backend module mapped in the engine (ggml's loader opens each level only to score it)."""
         maps = Path(f"/proc/{self.proc.pid}/maps").read_text().splitlines()
-        return {line.split()[-1] for line in maps if line.rstrip().endswith("libggml-cpu.so")}
+        return {line.split()[-1] for line in maps if "/libggml-cpu-" in line and line.rstrip().endswith(".so")}
 
     def stop(self) -> int:
         assert self.proc.stdin is not None
@@ -258,7 +256,7 @@ class FrozenEngine:
 
 @pytest.fixture
 def engine_from_tarball(unpacked: Path, model: Path) -> Iterator[FrozenEngine]:
-    engine = FrozenEngine(unpacked / "tokenwing", model, TOKENWING_CPU_VARIANT="avx2")
+    engine = FrozenEngine(unpacked / "tokenwing", model, TOKENWING_CPU_VARIANT="haswell")
     try:
         yield engine
     finally:
@@ -267,7 +265,7 @@ def engine_from_tarball(unpacked: Path, model: Path) -> Iterator[FrozenEngine]:
             engine.proc.wait()
 
 
-def test_frozen_engine_serves_a_chat_completion_on_the_portable_variant(
+def test_frozen_engine_serves_a_chat_completion_on_the_portable_level(
     engine_from_tarball: FrozenEngine, unpacked: Path
 ) -> None:
     from openai import OpenAI
@@ -276,8 +274,8 @@ def test_frozen_engine_serves_a_chat_completion_on_the_portable_variant(
     assert e.handshake["version"] == __version__
     timings["engine_handshake_s"] = round(e.handshake_s, 2)
     timings["engine_ready_s"] = round(e.wait_ready(), 2)
-    # exactly one libggml-cpu, the portable one (a second copy would mean two ggml CPU backends in one process)
-    assert e.ggml_cpu_libs() == {str(unpacked / f"_internal/ggml-cpu/avx2{_vulkan()}/ggml/lib/libggml-cpu.so")}
+    # exactly one CPU backend mapped, the AVX2 level asked for (two would mean two CPU backends in one process)
+    assert e.ggml_cpu_libs() == {str(unpacked / "_internal/ggml/backends/cpu/libggml-cpu-haswell.so")}
     client = OpenAI(base_url=f"{e.base}/v1", api_key=KEY, timeout=120)
     reply = client.chat.completions.create(
         model=str(e.handshake.get("model") or "model"),
@@ -290,14 +288,15 @@ def test_frozen_engine_serves_a_chat_completion_on_the_portable_variant(
     assert e.stop() == 0
 
 
-def test_deb_engine_picks_the_best_variant_for_this_cpu(deb_root: Path, model: Path) -> None:
+def test_deb_engine_picks_the_best_level_for_this_cpu(deb_root: Path, model: Path) -> None:
+    from tokenwing.compute import ggml_api
+
     engine = FrozenEngine(deb_root / "opt/runmyai/tokenwing", model)
     try:
         engine.wait_ready()
-        want = "avx512" if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"} <= _cpu_flags() else "avx2"
-        want += _vulkan()
-        libs = engine.ggml_cpu_libs()
-        assert libs == {str(deb_root / f"opt/runmyai/_internal/ggml-cpu/{want}/ggml/lib/libggml-cpu.so")}
+        bundled = deb_root / "opt/runmyai/_internal/ggml"
+        best, _ = ggml_api.choose_cpu_variant(ggml_api.cpu_variants(bundled), None)  # by ggml's own score
+        assert engine.ggml_cpu_libs() == {str(bundled / f"backends/cpu/libggml-cpu-{best}.so")}
         assert engine.stop() == 0
     finally:
         if engine.proc.poll() is None:
@@ -325,7 +324,7 @@ def _self_test(exe: Path, model: Path, home: Path, **env: str) -> float:
 
 
 def test_frozen_app_self_test_from_the_tarball(unpacked: Path, model: Path, tmp_path: Path) -> None:
-    took = _self_test(unpacked / "runmyai", model, tmp_path / "home", TOKENWING_CPU_VARIANT="avx2")
+    took = _self_test(unpacked / "runmyai", model, tmp_path / "home", TOKENWING_CPU_VARIANT="haswell")
     timings["app_self_test_s"] = round(took, 1)
 
 
@@ -338,11 +337,11 @@ def test_frozen_app_self_test_from_the_deb_through_a_link(deb_root: Path, model:
 
 
 def test_frozen_engine_on_lavapipe(unpacked: Path, model: Path) -> None:
-    """The Vulkan variant in the bundle sees Mesa's lavapipe, and its device probe (a child of the frozen
-    executable itself) passes; without a loader's drivers it computes on the CPU."""
-    # (asked once the bundle is built: on a fresh clone its build makes the variants, after collection)
-    if not _vulkan():
-        pytest.skip("no Vulkan variants in this build (./dev setup as root builds them)")
+    """The bundle's Vulkan backend sees Mesa's lavapipe, and its device probe (a child of the frozen executable
+    itself) passes; without a loader's drivers it computes on the CPU."""
+    # (asked once the bundle is built: on a fresh clone the build comes after collection)
+    if not _vulkan(unpacked):
+        pytest.skip("no Vulkan backend in this ggml build (./dev setup as root builds it)")
     env = _user_env(GGML_VK_VISIBLE_DEVICES="0", GGML_VK_DISABLE_F16="1")
     exe = str(unpacked / "tokenwing")
     r = subprocess.run([exe, "info", "--json"], env=env, capture_output=True, text=True, timeout=120, check=False)

@@ -78,7 +78,7 @@ class Backend:
             ggml.ggml_backend_free(self.cpu)
         if self.handle:
             ggml.ggml_backend_free(self.handle)
-        self.handle = self.cpu = None
+        self.handle = self.cpu = 0
 
 
 def _new_ctx(n_tensors: int, graph_nodes: int = 0) -> Any:
@@ -266,6 +266,7 @@ class HostBuffer:
         t = ggml_lib._new_tensor(self._ctx, gtype, shape)
         if offset % 64 or offset + ggml.ggml_nbytes(t) > self.nbytes:
             raise ValueError(f"a tensor of {ggml.ggml_nbytes(t)} bytes does not fit at {offset} of {self.nbytes}")
+        assert self.buffer, "the host buffer is closed"
         if ggml.ggml_backend_tensor_alloc(self.buffer, t, self.address + offset) != 0:
             raise DeviceError("ggml refused a tensor in a host buffer")
         return t
@@ -405,7 +406,7 @@ class GraphAllocator:
         for h in [*self._kept, self.handle, self._probe]:
             if h:
                 ggml.ggml_gallocr_free(h)
-        self._kept, self.handle, self._probe = [], None, None
+        self._kept, self.handle, self._probe = [], None, 0
 
 
 class DeviceGraph:
@@ -566,7 +567,7 @@ class DeviceGraph:
         else:
             status = ggml.ggml_backend_graph_compute_async(self.backend.handle, self.gf)
         if status != 0:
-            raise DeviceError(f"{self.backend.device.name}: graph compute failed (ggml status {status})")
+            raise DeviceError(f"{self.backend.device.name}: graph compute failed ({ggml_lib.status_text(status)})")
 
     def close(self) -> None:
         if self._sched:

@@ -25,7 +25,6 @@ KINDS = ("auto", "cpu", "vulkan", "cuda")
 HEADROOM_MIN, HEADROOM_MAX = 256 << 20, 1 << 30
 # Under this the VRAM tier cannot hold a useful share of even a small model's always-used weights.
 MIN_BUDGET = 256 << 20
-_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
 _SOFTWARE = ("llvmpipe", "lavapipe", "swiftshader")
 
 
@@ -57,21 +56,15 @@ def headroom(total: int) -> int:
     return min(HEADROOM_MAX, max(HEADROOM_MIN, total // 16))
 
 
-def _dev(i: int) -> Any:
-    import ggml
-
-    return ggml.ggml_backend_dev_get(i)
-
-
 def list_devices() -> list[Device]:
-    """Every device ggml can use here (the CPU last, as ggml lists it), with its memory now."""
+    """Every device ggml can use here (the CPU first: its backend is loaded with ggml), with its memory now."""
+    from tokenwing.compute import ggml_api as ggml
     from tokenwing.compute import ggml_lib
 
-    ggml = ggml_lib.ops
     ggml_lib.start_registry_quietly()
     out = []
     for i in range(ggml.ggml_backend_dev_count()):
-        d = _dev(i)
+        d = ggml.ggml_backend_dev_get(i)
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         ggml.ggml_backend_dev_memory(d, ctypes.byref(free), ctypes.byref(total))
         reg = ggml.ggml_backend_dev_backend_reg(d)
@@ -81,7 +74,7 @@ def list_devices() -> list[Device]:
                 kind=(ggml.ggml_backend_reg_name(reg) or b"?").decode(errors="replace").lower(),
                 name=(ggml.ggml_backend_dev_name(d) or b"?").decode(errors="replace"),
                 description=(ggml.ggml_backend_dev_description(d) or b"").decode(errors="replace").strip(),
-                type=_TYPES.get(int(ggml.ggml_backend_dev_type(d)), "other"),
+                type=ggml.DEVICE_TYPES.get(int(ggml.ggml_backend_dev_type(d)), "other"),
                 free=int(free.value),
                 total=int(total.value),
             )
@@ -91,15 +84,9 @@ def list_devices() -> list[Device]:
 
 def built_backends() -> list[str]:
     """Backends this ggml was built with (lower case), whether or not they found a device."""
-    from tokenwing.compute import ggml_lib
+    from tokenwing.compute import ggml_api
 
-    ggml = ggml_lib.ops
-    out = ["cpu"]
-    if getattr(ggml, "GGML_USE_VULKAN", False):
-        out.append("vulkan")
-    if getattr(ggml, "GGML_USE_CUDA", False):
-        out.append("cuda")
-    return out
+    return ["cpu", *ggml_api.available_gpu_backends()]
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,8 @@
-"""ggml (the kernels llama.cpp runs), through `ggml-python`, behind this one module.
+"""ggml (the kernels llama.cpp runs) as the engine computes with it: contexts, graphs and the CPU's thread pool,
+over the declarations of compute/ggml_api.py (the one module that loads ggml).
 
-Traps handled here: a few functions declare pointer results with the wrong ctypes type; ggml keeps raw
-pointers (every array we hand it is kept alive by its owner object); buffers must be 32/64-byte aligned
-(we hand it page-aligned memory); a failed ggml assert aborts the process (GGML_NO_BACKTRACE is set before
-the library loads, so it does not try to attach a debugger).
+Traps handled here: ggml keeps raw pointers (every array we hand it is kept alive by its owner object); buffers
+must be 32/64-byte aligned (we hand it page-aligned memory).
 """
 
 from __future__ import annotations
@@ -17,22 +16,9 @@ from typing import Any
 
 import numpy as np
 
-os.environ.setdefault("GGML_NO_BACKTRACE", "1")
-import ggml
+from tokenwing.compute import ggml_api as ggml
 
-# ggml-python declares these pointer results through a 32-bit type (checked against ggml 0.15.3's headers: every
-# other pointer result and argument is declared right); the Vulkan ones exist only in a Vulkan build.
-for _name in (
-    "ggml_backend_cpu_buffer_from_ptr",
-    "ggml_backend_cpu_buffer_type",
-    "ggml_backend_alloc_buffer",
-    "ggml_backend_sched_get_tensor_backend",
-    "ggml_backend_vk_buffer_type",
-    "ggml_backend_vk_host_buffer_type",
-):
-    getattr(ggml, _name).restype = ctypes.c_void_p
-
-Tensor = Any  # a ctypes pointer to ggml_tensor
+Tensor = ggml.Tensor  # a ctypes pointer to a ggml_tensor
 
 F32 = ggml.GGML_TYPE_F32
 F16 = ggml.GGML_TYPE_F16
@@ -40,7 +26,7 @@ I32 = ggml.GGML_TYPE_I32
 I64 = ggml.GGML_TYPE_I64
 _TYPES = {np.dtype(np.float32): F32, np.dtype(np.float16): F16, np.dtype(np.int32): I32, np.dtype(np.int64): I64}
 ROPE_NEOX = ggml.GGML_ROPE_TYPE_NEOX
-ROPE_NORM = 0
+ROPE_NORM = ggml.GGML_ROPE_TYPE_NORMAL
 ROPE_IMROPE = ggml.GGML_ROPE_TYPE_IMROPE  # multi-axis RoPE with interleaved sections (Qwen3.5)
 
 
@@ -104,7 +90,7 @@ class TensorArena:
     def close(self) -> None:
         if self.ctx:
             ggml.ggml_free(self.ctx)
-            self.ctx = None
+            self.ctx = 0
         self._owners.clear()
 
 
@@ -119,6 +105,9 @@ def _new_tensor(ctx: Any, gtype: int, shape: Sequence[int]) -> Tensor:
     return ggml.ggml_new_tensor_4d(ctx, gtype, shape[0], shape[1], shape[2], shape[3])
 
 
+WORK_START = 1 << 20  # a Graph's scratch memory at first (and after `release`): grown as a graph needs
+
+
 class Graph:
     """One compute graph at a time in a reusable context: build with ggml ops, then `compute`."""
 
@@ -128,14 +117,14 @@ class Graph:
         # The context's memory is ours (an anonymous mapping), so that `release` can give its pages back
         self._mem = mmap.mmap(-1, max(mem_bytes, 1))
         self._mem_array = np.frombuffer(self._mem, dtype=np.uint8)
-        address = ctypes.c_void_p(self._mem_array.ctypes.data)
+        address = int(self._mem_array.ctypes.data)
         self.ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=mem_bytes, mem_buffer=address, no_alloc=False))
         # One thread pool for the session: creating threads for every graph costs more than small graphs.
         params = ggml.ggml_threadpool_params_default(n_threads)
         if poll is not None:
             params.poll = poll
         self.pool = ggml.ggml_threadpool_new(ctypes.byref(params))
-        self._work: np.ndarray | None = aligned_bytes(1 << 20)
+        self._work: np.ndarray | None = aligned_bytes(WORK_START)
 
     def reset(self) -> Any:
         ggml.ggml_reset(self.ctx)
@@ -150,7 +139,7 @@ class Graph:
         ggml.ggml_reset(self.ctx)
         if hasattr(mmap, "MADV_DONTNEED"):
             self._mem.madvise(mmap.MADV_DONTNEED)  # (private anonymous pages: zero-filled when touched again)
-        self._work = aligned_bytes(1 << 20)
+        self._work = aligned_bytes(WORK_START)
 
     def input(self, array: np.ndarray, gtype: int | None = None) -> Tensor:
         """A tensor holding a copy of a small numpy array (ids, positions, routing weights, hidden states)."""
@@ -171,10 +160,10 @@ class Graph:
     def close(self) -> None:
         if self.ctx:
             ggml.ggml_free(self.ctx)
-            self.ctx = None
+            self.ctx = 0
         if self.pool:
             ggml.ggml_threadpool_free(self.pool)
-            self.pool = None
+            self.pool = 0
 
 
 def _plan(gf: Any, n_threads: int, pool: Any, work: np.ndarray | None) -> tuple[Any, np.ndarray | None]:
@@ -183,14 +172,19 @@ def _plan(gf: Any, n_threads: int, pool: Any, work: np.ndarray | None) -> tuple[
     if plan.work_size:
         if work is None or plan.work_size > work.size:
             work = aligned_bytes(int(plan.work_size) * 2)
-        plan.work_data = ctypes.cast(work.ctypes.data, ctypes.POINTER(ctypes.c_uint8))
+        plan.work_data = int(work.ctypes.data)
     return plan, work
+
+
+def status_text(status: int) -> str:
+    """ggml's words for a status code ("GGML status: error (operation failed)"), with the code."""
+    return f"{ggml.ggml_status_to_string(status).decode(errors='replace')}, status {status}"
 
 
 def _compute(gf: Any, plan: Any) -> None:
     rc = ggml.ggml_graph_compute(gf, ctypes.byref(plan))
     if rc != 0:
-        raise RuntimeError(f"ggml graph compute failed ({rc})")
+        raise RuntimeError(f"ggml graph compute failed ({status_text(rc)})")
 
 
 class StaticGraph:
@@ -255,7 +249,7 @@ class StaticGraph:
             self._galloc = None
         if self.ctx:
             ggml.ggml_free(self.ctx)
-            self.ctx = None
+            self.ctx = 0
         self._owners.clear()
 
 
@@ -301,46 +295,20 @@ class Repacker:
         if not self.prepare(t):
             return False
         plain = ctypes.create_string_buffer(ctypes.string_at(t.contents.data, nbytes), nbytes)
-        ggml.ggml_backend_tensor_set(t, plain, 0, nbytes)
+        ggml.ggml_backend_tensor_set(t, ctypes.addressof(plain), 0, nbytes)
         return True
 
     @staticmethod
     def setter() -> int:
         """Address of ggml_backend_tensor_set(tensor, data, offset, size): it repacks a prepared tensor."""
-        return int(ctypes.cast(ggml.ggml_backend_tensor_set, ctypes.c_void_p).value or 0)
-
-
-_installed_log_filter = False
-
-
-def quiet_debug_log() -> None:
-    """ggml prints debug messages (one per repacked tensor, from I/O threads too) to stderr: keep the rest."""
-    global _installed_log_filter
-    if not _installed_log_filter:
-        from tokenwing import _core
-
-        ggml.ggml_log_set(ctypes.cast(_core.ggml_log_filter(), ggml.ggml_log_callback), None)
-        _installed_log_filter = True
-
-
-_registry_started = False
+        return ggml.address_of("ggml_backend_tensor_set")
 
 
 def start_registry_quietly() -> None:
-    """Starts ggml's backend registry (the first device query does) with its log silenced: the Vulkan backend
-    prints "No devices found" and the like on every machine without a GPU, and the engine says in one line of its
-    own which device it uses and why. Later messages go through `quiet_debug_log`'s filter."""
-    global _registry_started, _installed_log_filter
-    if _registry_started:
-        return
-    silent = ggml.ggml_log_callback(lambda level, text, user: None)
-    ggml.ggml_log_set(silent, None)
-    try:
-        ggml.ggml_backend_dev_count()
-    finally:
-        _installed_log_filter = False
-        quiet_debug_log()
-    _registry_started = True
+    """Registers the build's GPU backends (the first device query does), their messages kept out of stderr: the
+    Vulkan backend reports "No devices found" and the like on every machine without a GPU, and the engine says
+    in one line of its own which device it uses and why (ggml_api.LOAD_LOG keeps what ggml said)."""
+    ggml.load_gpu_backends()
 
 
 def to_numpy(t: Tensor) -> np.ndarray:

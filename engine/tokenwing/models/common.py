@@ -310,7 +310,7 @@ def _flash(
     if pad > 0:
         q_rows = ops.ggml_pad(ctx, ops.ggml_cont(ctx, q_rows), 0, pad, 0, 0)
     out = ops.ggml_flash_attn_ext(ctx, q_rows, k_all, v_all, mask, scale, 0.0, 0.0)
-    ops.ggml_flash_attn_ext_set_prec(out, ops.GGML_PREC_F32)  # (GPU backends: F32 accumulation too)
+    ops.ggml_prec_set_acc(out, ops.GGML_PREC_F32)  # (GPU backends: F32 accumulation too)
     if sinks is not None:
         ops.ggml_flash_attn_ext_add_sinks(out, sinks)
     hd_v = int(v_all.contents.ne[0])

@@ -8,8 +8,8 @@ delta rule runs token by token inside one op (llama.cpp's fused path, the one it
 state after a chunk is exactly the state the next chunk starts from: a prompt computed in chunks, layer-major,
 gives the numbers of one pass (tested), and decode continues from the prompt's state.
 
-ggml-python 0.0.45 (ggml 0.15.3) has both ops with the same kernels as llama-cpp-python 0.3.36's ggml (compared
-line by line: ssm_conv and gated_delta_net identical, including the K snapshot slots of the newer API).
+The engine's ggml is the one llama-cpp-python 0.3.36 vendors (engine/ggml): both ops are the oracle's own kernels,
+including the K snapshot slots of gated_delta_net.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tokenwing.compute.ggml_lib import F16, F32, Repacker, Tensor, TensorArena, aligned_bytes, quiet_debug_log
+from tokenwing.compute.ggml_lib import F16, F32, Repacker, Tensor, TensorArena, aligned_bytes
 from tokenwing.format.gguf_io import tensor_nbytes
 from tokenwing.format.reader import ModelFile
 
@@ -64,7 +64,6 @@ class ModelWeights:
 
     def _repack(self) -> int:
         """Matrix weights into ggml's repacked layout where this CPU has one (as llama.cpp does by default)."""
-        quiet_debug_log()
         repacker, n = Repacker(), 0
         for name, t in self.tensors.items():
             base = name.removesuffix(".weight")

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tokenwing.compute.ggml_lib import Graph, Repacker, Tensor, TensorArena, ops, quiet_debug_log, to_numpy
+from tokenwing.compute.ggml_lib import Graph, Repacker, Tensor, TensorArena, ops, to_numpy
 from tokenwing.format.gguf_io import tensor_nbytes
 from tokenwing.models import common
 from tokenwing.runtime.scheduler import ExpertScheduler
@@ -62,8 +62,6 @@ class ExpertPools:
     def __init__(self, scheduler: ExpertScheduler, arena: TensorArena, repack: bool) -> None:
         streamer = scheduler.streamer
         repacker = Repacker() if repack else None
-        if repacker is not None:
-            quiet_debug_log()
         self._arena = TensorArena(3 * sum(pool.shape[0] for pool in streamer.pools) + 8 if repack else 8)
         self.views: dict[int, Views] = {}
         for li, el in enumerate(streamer.layers):

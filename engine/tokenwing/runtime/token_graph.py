@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tokenwing.compute.ggml_lib import F32, I32, I64, Graph, StaticGraph, ops, to_numpy
+from tokenwing.compute.ggml_lib import F32, I32, I64, Graph, StaticGraph, Tensor, ops, to_numpy
 from tokenwing.models import common
 from tokenwing.models.base import MoEModel
 from tokenwing.runtime.experts import ExpertCompute
@@ -52,7 +52,7 @@ class TokenGraph:
         )
         self.swa = model.window
         x = model.embed(ctx, self.token)
-        self.routed: list[tuple[int, object]] = []  # (layer, its selected experts)
+        self.routed: list[tuple[int, Tensor]] = []  # (layer, its selected experts)
         for il in range(hp.n_layer):
             lo = model.layer(ctx, il, x, self.at, kv[il])
             for w in lo.writes:

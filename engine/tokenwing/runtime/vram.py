@@ -36,7 +36,7 @@ import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -534,7 +534,9 @@ class VramTier:
         return self._largest[1], self._largest[2]
 
     def _file_record(self, row: int, expert: int) -> np.ndarray:
-        layer = self.scheduler.streamer.layers[row].layer
+        return self._read_file(self.scheduler.streamer.layers[row].layer, expert)
+
+    def _read_file(self, layer: int, expert: int) -> np.ndarray:
         return np.frombuffer(self.mf.read_expert(layer, expert), np.uint8)
 
     def _fill_experts(self, n_slots: int) -> None:
@@ -593,7 +595,7 @@ class VramTier:
         s = self.scheduler
         if s.slot_map is not None:
             return s.streamer.expert_bytes(layer, int(s.slot_map[layer][expert]))
-        return np.frombuffer(self.mf.read_expert(layer, expert), np.uint8)
+        return self._read_file(layer, expert)
 
     def _ram_record(self, row: int, expert: int) -> np.ndarray | None:
         """The RAM slot holding an expert now (the swap helper copies it and checks its checksum)."""
@@ -787,16 +789,16 @@ class VramTier:
         assert self.experts is not None
         held_set = set(held)
         ranks = [j for j, e in enumerate(sel[0].tolist()) if e in held_set]
-        slots = self.experts.slots(block, sel[0, ranks]).tolist()
+        slot_of = dict(zip(ranks, self.experts.slots(block, sel[0, ranks]).tolist(), strict=True))
         segments = self.experts.segments(block)
-        groups = [[r for r, s in zip(ranks, slots, strict=True) if lo <= s < hi] for _, lo, hi in segments]
+        groups = [[r for r in ranks if lo <= slot_of[r] < hi] for _, lo, hi in segments]
         st = self._expert_step(block, (len(groups[0]), len(groups[1]) if len(groups) > 1 else 0))
         used = [(grp, lo) for grp, (_, lo, _) in zip(groups, segments, strict=True) if grp]
         g = st.graph
         for part, (grp, lo) in zip(st.parts, used, strict=True):
             experts = sel[0, grp]
             g.set(part.x, np.ascontiguousarray(np.repeat(cur[:1], len(grp), axis=0), np.float32))
-            g.set(part.ids, (self.experts.slots(block, experts) - lo).astype(np.int32))
+            g.set(part.ids, np.array([slot_of[r] - lo for r in grp], np.int32))
             g.set(part.w, np.ascontiguousarray(weights[0, grp], np.float32))
             if part.eids is not None:
                 g.set(part.eids, experts.astype(np.int32))
@@ -974,7 +976,7 @@ class VramTier:
         self.backend.close()
 
 
-_NO_KV = common.KVCache(None, None, 0, 0)  # a layer the device does not hold
+_NO_KV = common.KVCache(cast(Tensor, None), None, 0, 0)  # a layer the device does not hold (never read)
 
 
 def _key(g: _Geometry) -> str:

@@ -270,9 +270,7 @@ class VramExperts:
         return out
 
     def _place(self, row: int, expert: int, slot: int) -> None:
-        old = int(self.expert_in[row, slot])
-        if old >= 0:
-            self.slot_of[row, old] = -1
+        self._clear(row, slot)
         self.expert_in[row, slot] = expert
         self.slot_of[row, expert] = slot
 
