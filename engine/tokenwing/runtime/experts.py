@@ -20,7 +20,7 @@ Views = tuple[Tensor, Tensor, Tensor]
 
 
 class DeviceExperts(Protocol):
-    """What a prompt's experts need of the VRAM tier (runtime/vram.py)."""
+    """What a prompt's experts need of the VRAM tier (runtime/vram/)."""
 
     def held(self, block: int, experts: list[int]) -> list[int]: ...
 

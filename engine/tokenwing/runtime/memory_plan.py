@@ -1,5 +1,6 @@
 """How much memory each part of a session takes: the KV cache (and the context it allows), the compute graph's
-reserve, the expert cache's budget, and a prompt pass's working memory against what is free at that moment.
+reserve, the expert cache's budget (`plan_memory`: with it, whether the KV cache goes to files), and a prompt
+pass's working memory against what is free at that moment.
 
 Every size comes from the model's geometry and what the machine has free under its memory limit (spec §4, §12),
 never from a constant for one machine.
@@ -7,11 +8,14 @@ never from a constant for one machine.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
-from tokenwing.models.common import StateSpec
+from tokenwing.fsutil import human_bytes
+from tokenwing.models.common import KVSpec, StateSpec
 from tokenwing.models.hparams import HParams
+from tokenwing.runtime.kvcache import kv_bytes_per_token, kv_element
 from tokenwing.runtime.recurrent import state_bytes
 from tokenwing.streaming.memory import HEADROOM, MemoryInfo, expert_budget, memory_info
 
@@ -88,6 +92,77 @@ def plan_context(
         n_ctx = max(256, min(n_ctx, room // max(kv_per_token, 1)))
         return ContextPlan(n_ctx, kv_per_token, f"context capped at {n_ctx} tokens so the KV cache fits in memory")
     return ContextPlan(n_ctx, kv_per_token, None)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """A session's memory (`plan_memory`): its context, the compute graph's reserve, the recurrent state's, and
+    the expert cache's budget, with the KV cache in files beside the model (`spill`) or in RAM."""
+
+    n_ctx: int
+    kv_per_token: int  # bytes of K and V per position, all layers
+    graph_mem: int  # the compute graph context's reserve (graph_bytes)
+    states: StatePlan
+    budget: int  # bytes for the expert cache
+    spill: str | None  # the folder the KV cache's files go to; None: the cache is in RAM
+    info: MemoryInfo  # the memory it was planned for
+    notes: tuple[str, ...] = ()  # lines to say as the session starts, in order (the spill's is `spill_note`)
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv_per_token * self.n_ctx
+
+    @property
+    def spill_note(self) -> str | None:
+        """The line to say once the KV cache's files exist."""
+        if self.spill is None:
+            return None
+        return (
+            f"the KV cache for {self.n_ctx} tokens ({human_bytes(self.kv_bytes)}) would leave the expert "
+            "cache less than its minimum under the memory limit: it is kept in files beside the model, which "
+            "the limit can reclaim (slower: attention then reads them back from the drive)"
+        )
+
+    def without_spill(self) -> MemoryPlan:
+        """The plan when the KV cache's files cannot be made: the cache stays in RAM, and the expert cache is
+        planned beside it again."""
+        budget = expert_budget(self.info, HEADROOM, self.kv_bytes + self.graph_mem + self.states.reserved)
+        return dataclasses.replace(self, spill=None, budget=budget)
+
+
+def plan_memory(
+    hp: HParams,
+    kv_specs: list[KVSpec],
+    state_specs: list[StateSpec | None],
+    kv_type: str,
+    *,
+    n_ctx: int,
+    max_batch: int,
+    checkpoints: int,
+    ram_budget: int | None,
+    weights_bytes: int,
+    least_expert_bytes: int,
+    model_dir: str,
+    info: MemoryInfo,
+) -> MemoryPlan:
+    """The memory of a session whose options ask for context `n_ctx` (0: the model's, capped by memory), prompts
+    in graphs of `max_batch` tokens, `checkpoints` recurrent-state checkpoints and `ram_budget` bytes for the
+    expert cache (None: what is left of `info` beside the rest). `least_expert_bytes`: the streaming core's
+    minimum slots (plan_slots). When the KV cache in RAM would leave the expert cache less than that, it is kept
+    in files in `model_dir` (its pages are reclaimable: the expert cache is planned without it)."""
+    _, elt = kv_element(kv_type)
+    kv_per_token = kv_bytes_per_token(kv_specs, elt)
+    graph_mem = graph_bytes(hp, max_batch, n_ctx or hp.n_ctx_train, state_specs)
+    states = StatePlan.of(state_specs, checkpoints, info)
+    ctx = plan_context(n_ctx, hp.n_ctx_train, kv_per_token, weights_bytes + states.reserved, graph_mem, info)
+    notes = tuple(note for note in (states.note, ctx.note) if note)
+    budget, spill = ram_budget, None
+    if budget is None:
+        budget = expert_budget(info, HEADROOM, ctx.kv_bytes + graph_mem + states.reserved)
+        if budget < least_expert_bytes and ctx.kv_bytes:  # the context asked for does not fit beside the minimum
+            spill = model_dir
+            budget = expert_budget(info, HEADROOM, graph_mem + states.reserved)
+    return MemoryPlan(ctx.n_ctx, kv_per_token, graph_mem, states, budget, spill, info, notes)
 
 
 def prompt_bytes_per_token(hp: HParams, shared: bool) -> int:

@@ -2,8 +2,8 @@
 first to whole layers' always-used weights and their KV cache (in layer order), then to the output head, then to
 a hot-expert cache with the same number of slots in every streamed layer (all of them: every expert in VRAM).
 
-Sizes only, from the model's geometry and the budget (never a constant for one machine); runtime/vram.py
-places them. A plan that places nothing is the CPU path, with the reason.
+Sizes only, from the model's geometry and the budget (never a constant for one machine); the VRAM tier
+(runtime/vram/weights.py) places them. A plan that places nothing is the CPU path, with the reason.
 """
 
 from __future__ import annotations

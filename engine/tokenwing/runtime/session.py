@@ -33,16 +33,17 @@ from tokenwing.models.base import MoEModel
 from tokenwing.models.hparams import HParams
 from tokenwing.models.weights import ModelWeights
 from tokenwing.runtime.experts import ExpertCompute, ExpertPools
-from tokenwing.runtime.kvcache import KVCaches, kv_bytes_per_token, kv_element, v_width
+from tokenwing.runtime.kvcache import KVCaches, v_width
 from tokenwing.runtime.lookahead import Ahead, Lookahead
-from tokenwing.runtime.memory_plan import PromptMemory, StatePlan, graph_bytes, plan_context, prompt_bytes_per_token
+from tokenwing.runtime.memory_plan import PromptMemory, plan_memory, prompt_bytes_per_token
 from tokenwing.runtime.preflight import preflight
 from tokenwing.runtime.recurrent import Checkpoints, StateBuffers
 from tokenwing.runtime.scheduler import ExpertScheduler
 from tokenwing.runtime.token_graph import TokenGraph
-from tokenwing.runtime.vram import Place, VramOptions, VramTier
+from tokenwing.runtime.vram.tier import VramOptions, VramTier
+from tokenwing.runtime.vram.weights import Place
 from tokenwing.runtime.vram_experts import COUNTERS as VRAM_COUNTERS
-from tokenwing.streaming.memory import HEADROOM, expert_budget, memory_info
+from tokenwing.streaming.memory import memory_info
 from tokenwing.streaming.settings import StreamSettings
 from tokenwing.streaming.streamer import COUNTERS, plan_slots
 from tokenwing.text.tokenizer import TextTokenizer
@@ -110,42 +111,36 @@ class Session:
         weights = ModelWeights(self.mf, n_tensors + 64, opts.cpu_repack)
         self.model: MoEModel = model_class(hp, weights, streamed)
 
-        _, elt = kv_element(opts.kv_type)
         specs = [self.model.kv_spec(il) for il in range(hp.n_layer)]
         state_specs = [self.model.state_spec(il) for il in range(hp.n_layer)]
-        kv_per_token = kv_bytes_per_token(specs, elt)
-        graph_mem = graph_bytes(hp, opts.max_batch, opts.n_ctx or hp.n_ctx_train, state_specs)
-        info = memory_info()
-        states = StatePlan.of(state_specs, opts.state_checkpoints if opts.prompt_cache else 0, info)
-        if states.note:
-            log(states.note)
-        fixed = weights.bytes + states.reserved
-        ctx_plan = plan_context(opts.n_ctx, hp.n_ctx_train, kv_per_token, fixed, graph_mem, info)
-        if ctx_plan.note:
-            log(ctx_plan.note)
-        self.n_ctx = ctx_plan.n_ctx
+        memory = plan_memory(
+            hp,
+            specs,
+            state_specs,
+            opts.kv_type,
+            n_ctx=opts.n_ctx,
+            max_batch=opts.max_batch,
+            checkpoints=opts.state_checkpoints if opts.prompt_cache else 0,
+            ram_budget=opts.ram_budget,
+            weights_bytes=weights.bytes,
+            least_expert_bytes=plan_slots(self.mf.index, 0, hp.n_expert_used, streamed).bytes,
+            model_dir=os.path.dirname(os.path.abspath(self.mf.path)),
+            info=memory_info(),
+        )
+        for note in memory.notes:
+            log(note)
+        self.n_ctx = memory.n_ctx
+        states = memory.states
         live = StateBuffers(weights.arena, state_specs) if states.per_copy else None
         snapshot = StateBuffers(weights.arena, state_specs) if live is not None and states.checkpoints else None
-        budget = opts.ram_budget
-        spill = None
-        if budget is None:
-            budget = expert_budget(info, HEADROOM, ctx_plan.kv_bytes + graph_mem + states.reserved)
-            least = plan_slots(self.mf.index, 0, hp.n_expert_used, streamed).bytes
-            if budget < least and ctx_plan.kv_bytes:  # the context asked for does not fit beside the minimum
-                spill = os.path.dirname(os.path.abspath(self.mf.path))
         try:
-            self.kv = KVCaches(weights.arena, specs, self.n_ctx, opts.kv_type, live, spill)
+            self.kv = KVCaches(weights.arena, specs, self.n_ctx, opts.kv_type, live, memory.spill)
         except OSError as e:
-            log(f"the KV cache stays in RAM: no room for its files in {spill} ({e.strerror or e})")
-            spill = None
+            log(f"the KV cache stays in RAM: no room for its files in {memory.spill} ({e.strerror or e})")
+            memory = memory.without_spill()
             self.kv = KVCaches(weights.arena, specs, self.n_ctx, opts.kv_type, live)
-        if spill is not None:  # (its pages are reclaimable: the expert cache is planned without it)
-            budget = expert_budget(info, HEADROOM, graph_mem + states.reserved)
-            log(
-                f"the KV cache for {self.n_ctx} tokens ({human_bytes(ctx_plan.kv_bytes)}) would leave the expert "
-                "cache less than its minimum under the memory limit: it is kept in files beside the model, which "
-                "the limit can reclaim (slower: attention then reads them back from the drive)"
-            )
+        if memory.spill_note is not None:
+            log(memory.spill_note)
         interval = -(-max(opts.checkpoint_interval, 1) // opts.max_batch) * opts.max_batch  # chunks end there
         self.checkpoints = Checkpoints(
             live or StateBuffers(weights.arena, []),
@@ -155,7 +150,7 @@ class Session:
         )
         self._v_width = v_width(specs)
         self.scheduler = ExpertScheduler(
-            self.mf, streamed, hp.n_expert_used, budget, opts.stream, opts.preload, opts.usage_table, log
+            self.mf, streamed, hp.n_expert_used, memory.budget, opts.stream, opts.preload, opts.usage_table, log
         )
         self.lookahead = Lookahead(self.model, opts.lookahead)
         self.vram: VramTier | None = None
@@ -176,7 +171,7 @@ class Session:
         if gpu:
             self._start_vram()
         n_threads = opts.n_threads or len(os.sched_getaffinity(0))
-        self.graph = Graph(graph_mem, n_threads)
+        self.graph = Graph(memory.graph_mem, n_threads)
         ffn = {il: self.model.expert_ffn(il) for il in streamed}
         self.experts = ExpertCompute(self.scheduler, self.pools, self.graph, opts.max_batch, ffn)
         shared = any("ffn_gate_shexp" in w for w in self.model.w)
@@ -184,9 +179,9 @@ class Session:
         self.prompt_memory = PromptMemory(
             per_token,
             opts.max_batch * per_token * 5 // 4,  # a batch's working memory is covered by the graph reserve
-            0 if self.kv.spilled else kv_per_token,  # (a spilled cache's pages are reclaimable, never promised)
+            0 if self.kv.spilled else memory.kv_per_token,  # (a spilled cache's pages are reclaimable, never promised)
             self.n_ctx,
-            graph_mem,
+            memory.graph_mem,
             self.scheduler.capacity,
             opts.prompt_memory,
             states,

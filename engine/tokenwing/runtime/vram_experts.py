@@ -13,8 +13,8 @@ Lending (`--vram-lend`, spec §11): a prompt's compute buffer is memory the cach
 are two tensors: its kept slots (a buffer of their own) and a lendable segment, its last `n_lend` slots. Every
 layer's segment lives inside the prompts' compute buffer (`allocate(lend_buffer)`), which the VRAM tier
 allocates once and never frees: freeing a ggml graph allocator's buffer left ggml-vulkan on lavapipe corrupting
-the heap at a later graph, even a decode step later (runtime/vram.py, `VramTier._fill_lending`), while an expert
-pool's buffer is freed safely — so the memory changes hands instead of being freed and allocated again, and a
+the heap at a later graph, even a decode step later (runtime/vram/lending.py, `Lending.reserve_prompts`), while an
+expert pool's buffer is freed safely — so the memory changes hands instead of being freed and allocated again, and a
 take-back cannot fail for want of memory. A prompt overwrites the segments: `lend` first moves each layer's
 hotter segment experts into the kept slots of its colder ones (what leaves VRAM is each layer's `n_lend`
 coldest: device → host → device, at most `n_lend` per layer), and `take_back` fills the segments again after
