@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks, in one run on the NVIDIA machine (an H200; 16 cores; Python 3.12 with numpy, jinja2, tokenizers,
 # xxhash, scikit-build-core, nanobind, cmake, ninja, pytest, hypothesis, psutil; nvcc 13 and cuBLAS; no ggml, no gguf,
-# no llama.cpp, no internet). Prepared here: bench/gpu_carry.sh fills build/gpu-carry/ (~15 MB: the Vulkan ggml, the
-# ggml sdist, gguf, the Vulkan loader, and refs/: llama.cpp's logits of the device tests' models, with the models).
+# no llama.cpp, no internet). Prepared here: bench/gpu_carry.sh fills build/gpu-carry/ (the engine's ggml build with
+# Vulkan, ggml's pinned source, gguf, the Vulkan loader, and refs/: llama.cpp's logits of the device tests' models).
 #
 #   run: bash bench/gpu_check.sh     carry: ["build/gpu-carry"]     results: $OUT (summary.txt first)
 #
@@ -10,7 +10,7 @@
 # 10, and the machine's start takes minutes of it): a step that would start with less time left than it needs is
 # skipped and says so in summary.txt; no step stops the others. Steps, each timed, most wanted first:
 #   machine       nvidia-smi, the Vulkan drivers, what was carried
-#   ggml_vulkan   the carried `ggml` package with Vulkan (portable AVX2 CPU) → build/gpu-site-vk
+#   ggml_vulkan   the carried ggml build (every CPU level, Vulkan) → build/gpu-site-vk
 #   python_deps, native_core   gguf from its wheel; the engine's C++ core built for this Python
 #   bench_model   (in the background from here on) the bench model generated in 8 shards and repacked shard by shard
 #                 (`--delete-source`: at the peak the disk holds the repacked file and the shards less one):
@@ -20,8 +20,8 @@
 #                 measured the same); ~150 s to write at ~200 MB/s, then the repack; fewer layers where the disk
 #                 (64 GB) has no room for it (bench_model.txt says how many)
 #   ggml_cuda     (in the background too, while the Vulkan device tests run: neither is timed for speed) ggml with
-#                 CUDA (sm_90, this CPU, no flash-attention kernels: the engine does not use them) built from the
-#                 carried sdist on every core → build/gpu-site-cuda
+#                 CUDA (sm_90, no flash-attention kernels: the engine's device graphs do not use them) built from the
+#                 carried source by engine/ggml/build.sh on every core → build/gpu-site-cuda
 #   info_vulkan, device_tests_vulkan   on NVIDIA's Vulkan driver: `tokenwing info --json`, the device tests
 #                 (tests/compute: the device compute layer against ggml's CPU backend, and the VRAM tier against
 #                 llama.cpp's carried logits with every family, swaps, faults, stats, autotune)
@@ -100,42 +100,37 @@ export GGML_VK_DISABLE_F16=1
 export TOKENWING_TEST_REFS=$CARRY/refs  # llama.cpp's logits for the device tests (no llama.cpp here)
 DEPS=$ROOT/build/gpu-deps
 
-with_ggml() {  # with_ggml SITE COMMAND...: runs COMMAND with that ggml (and gguf, the engine) importable
+with_ggml() {  # with_ggml SITE COMMAND...: runs COMMAND with that ggml build (and gguf, the engine)
   local site=$1
   shift
-  PYTHONPATH=$site:$DEPS:$ROOT/engine:$ROOT "$@"
+  TOKENWING_GGML_DIR=$site PYTHONPATH=$DEPS:$ROOT/engine:$ROOT "$@"
 }
 
 ggml_loads() {
-  with_ggml "$1" "$PY" -c "import ggml; print('CUDA' if ggml.GGML_USE_CUDA else '-', 'Vulkan' if ggml.GGML_USE_VULKAN else '-', \
-[ggml.ggml_backend_dev_name(ggml.ggml_backend_dev_get(i)) for i in range(ggml.ggml_backend_dev_count())])"
+  with_ggml "$1" "$PY" -c "from tokenwing.compute import ggml_api as g; print(g.build_info(), g.CPU_VARIANT, \
+g.load_gpu_backends(), [g.ggml_backend_dev_name(g.ggml_backend_dev_get(i)) for i in range(g.ggml_backend_dev_count())], \
+g.LOAD_LOG)"
 }
 
 unpack() {  # unpack TARBALL SITE
-  rm -rf "$2" && mkdir -p "$2" && tar xJf "$1" -C "$2" && bench/ggml_python_fix.sh "$2/ggml/ggml.py" \
-    && ls -la "$2/ggml/lib" && ggml_loads "$2"
+  rm -rf "$2" && mkdir -p "$2" && tar xJf "$1" -C "$2" && ls -laR "$2/backends" && ggml_loads "$2"
 }
 
-build_cuda() {  # ggml with CUDA from the sdist, every core; no Vulkan (no glslc here)
-  local b=$ROOT/build/ggml-cuda-here site=$ROOT/build/gpu-site-cuda
+build_cuda() {  # ggml with CUDA from the carried source (engine/ggml/build.sh), every core; no Vulkan (no glslc here)
+  local src=$ROOT/build/ggml-src-here site=$ROOT/build/gpu-site-cuda
   local extra=() nv
-  rm -rf "$b" && mkdir -p "$b" && tar xzf "$CARRY"/ggml_python-*.tar.gz -C "$b" || return 1
+  rm -rf "$src" && mkdir -p "$src" && tar xJf "$CARRY/ggml-src.tar.xz" -C "$src" || return 1
   if ! ls /usr/local/cuda/include/cublas_v2.h /usr/local/cuda/targets/*/include/cublas_v2.h >/dev/null 2>&1; then
     # cuBLAS from pip's nvidia-cublas wheel instead of the toolkit (the toolkit's own dirs are searched otherwise)
     nv=$("$PY" -c "import site, glob; h = [g for p in site.getsitepackages() for g in glob.glob(p + '/nvidia/cu13')]
 print(h[0] if h else '')" 2>/dev/null)
-    [ -n "$nv" ] && export LD_LIBRARY_PATH=$nv/lib:$LD_LIBRARY_PATH && extra=(-DCUDA_cublas_LIBRARY="$nv/lib/libcublas.so.13" -DCUDA_cublasLt_LIBRARY="$nv/lib/libcublasLt.so.13"
-      -DCMAKE_CUDA_FLAGS="-I$nv/include" -DCMAKE_CXX_FLAGS="-I$nv/include")
+    [ -n "$nv" ] && export LD_LIBRARY_PATH=$nv/lib:$LD_LIBRARY_PATH && extra=(-DCUDA_cublas_LIBRARY="$nv/lib/libcublas.so.13"
+      -DCUDA_cublasLt_LIBRARY="$nv/lib/libcublasLt.so.13" -DCMAKE_CUDA_FLAGS="-I$nv/include" -DCMAKE_CXX_FLAGS="-I$nv/include")
   fi
-  # flash-attention kernels off: the engine's graphs never use them, and they are most of the build
-  cmake -S "$b"/ggml_python-* -B "$b/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSKBUILD_PROJECT_NAME=ggml_python \
-    -DSKBUILD_PROJECT_VERSION=0.0.45 -DSKBUILD_STATE=wheel -DSKBUILD_PLATLIB_DIR="$b/install" -DGGML_NATIVE=ON \
-    -DGGML_CUDA=ON -DGGML_CUDA_FA=OFF -DCMAKE_CUDA_ARCHITECTURES=90 "${extra[@]}" || return 1
-  time cmake --build "$b/cmake" -j "$(nproc)" || return 1
-  cmake --install "$b/cmake" >/dev/null || return 1
-  rm -rf "$site" && mkdir -p "$site" && cp -r "$b"/ggml_python-*/ggml "$site/ggml" && rm -rf "$site/ggml/lib" \
-    && cp -r "$b/install/ggml/lib" "$site/ggml/lib" && bench/ggml_python_fix.sh "$site/ggml/ggml.py" \
-    && ls -la "$site/ggml/lib" && ggml_loads "$site"
+  # flash-attention kernels off: the engine's device graphs never use them, and they are most of the build
+  time TW_GGML_SOURCE_DIR=$src TOKENWING_CUDA_ARCHITECTURES=90 TW_GGML_CMAKE_ARGS="-DGGML_CUDA_FA=OFF ${extra[*]}" \
+    bash engine/ggml/build.sh "$site" --cuda || return 1
+  ggml_loads "$site"
 }
 
 python_deps() {

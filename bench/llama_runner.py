@@ -2,7 +2,9 @@
 
 usage: python llama_runner.py MODEL.gguf TOKENS.npy N_PROMPT MODE
 MODE: default (llama.cpp's defaults: repacked weights), plain (use_extra_bufts off: plain mmap),
-      random (plain, then madvise(MADV_RANDOM) on its mapping of the model, so a fault reads one page)
+      random (plain, then madvise(MADV_RANDOM) on its mapping of the model, so a fault reads one page);
+      MODE+flash: the same with flash attention on (llama.cpp's own programs' choice on the CPU; the Python
+      binding's default is off)
 """
 
 from __future__ import annotations
@@ -37,11 +39,14 @@ def main() -> int:
     import llama_cpp
 
     model, tokens_path, n_prompt, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    mode, _, flash = mode.partition("+")
     tokens = np.load(tokens_path).astype(np.int64).tolist()
     if mode in ("plain", "random"):
         use_plain_layout(llama_cpp)
     t0 = time.perf_counter()
-    llm = llama_cpp.Llama(model, n_ctx=len(tokens) + 16, n_batch=512, n_threads=2, verbose=False)
+    llm = llama_cpp.Llama(
+        model, n_ctx=len(tokens) + 16, n_batch=512, n_threads=2, flash_attn=flash == "flash", verbose=False
+    )
     advised = madvise_random(os.path.realpath(model)) if mode == "random" else 0
     load = time.perf_counter() - t0
     r0 = process_read_bytes()
@@ -57,7 +62,7 @@ def main() -> int:
     print(
         json.dumps(
             {
-                "engine": f"llama.cpp {mode}",
+                "engine": f"llama.cpp {mode}{'+flash' if flash else ''}",
                 "load_s": load,
                 "advised_bytes": advised,
                 "prompt_tok_s": n_prompt / (t2 - t1),

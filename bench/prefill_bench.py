@@ -6,8 +6,13 @@ python bench/prefill_bench.py [--model models/bench/bench-q4_k_m.tw.gguf] [--tok
                               [--reply 0] [--prompt-attention products|flash]
 
 With --llama, llama.cpp (llama-cpp-python, the same GGUF before repacking) runs the same prompt under the same
-cap in each named mode, once per round, interleaved with TokenWing's runs (see llama_runner.py; its default mode
-is OOM-killed under these caps).
+cap in each named mode, once per round, interleaved with TokenWing's runs (see llama_runner.py: default, plain,
+random; `+flash` after a mode turns its flash attention on, as llama.cpp's own programs do on the CPU; its
+default mode is OOM-killed under these caps).
+
+--cap 0: both in RAM, as each engine runs by default (TokenWing reads every expert at start, in ggml's repacked
+layouts where this CPU has them; llama.cpp's `default` repacks too) — the in-RAM comparison. Its limit is then the
+compute floor alone.
 
 Limits (bench/limits.py): the fewest bytes a prompt can read are its distinct experts, once each; the compute floor
 is the same prompt through the same path with every expert already in RAM (no cap, experts in the file's layout,
@@ -88,6 +93,7 @@ def main() -> int:
     ap.add_argument("--prompt-attention", default="products", choices=["products", "flash"])
     args = ap.parse_args()
     cap = int(os.path.getsize(args.model) * args.cap)
+    in_ram = cap == 0
     ceiling = probe_drive(args.model, budget=(256 if args.quick else 1024) << 20, quick=args.quick)
     child = [sys.executable, "-c", CHILD, args.model, str(args.tokens), str(args.read_ahead_from)]
     runs: dict[str, list[dict[str, object]]] = {"capped": [], "floor": []}
@@ -97,7 +103,10 @@ def main() -> int:
         for mode in modes:  # llama.cpp in the same rounds, interleaved: this VM's speed drifts within a run
             llama_runs[mode].append(_llama(args.model, args.tokens, mode, cap, args.llama_timeout))
         att = args.prompt_attention
-        for key, extra, limit in (("capped", ["0", str(args.reply), att], cap), ("floor", ["1", "0", att], None)):
+        runs_here = [("capped", ["0", str(args.reply), att], cap or None)]
+        if not in_ram:
+            runs_here.append(("floor", ["1", "0", att], None))
+        for key, extra, limit in runs_here:
             evict_from_page_cache(args.model)
             watch = DiskWatch(args.model).start()
             r = run_capped([*child, *extra], limit, 3600)
@@ -113,7 +122,8 @@ def main() -> int:
             if key == "capped":
                 secs = out["tokens"] / out["prompt_tok_s"]
                 ceiling.add("TokenWing's own reads (prompt average)", out["expert_bytes"] / secs / 1e6)
-    capped, floor = _median(runs["capped"]), _median(runs["floor"])
+    capped = _median(runs["capped"])
+    floor = _median(runs["floor"]) if runs["floor"] else capped  # (in RAM: the run is its own floor)
     each = " / ".join(f"{float(r['prompt_tok_s']):.1f}" for r in runs["capped"])  # type: ignore[arg-type]
     per_token = capped["distinct_bytes"] / capped["tokens"]
     lim = capped_limit(ceiling.mb_per_s, per_token, 1 / floor["prompt_tok_s"])
@@ -123,7 +133,7 @@ def main() -> int:
         f"once, {capped['distinct_bytes'] / 1e9:.2f} GB; compute floor (every expert in RAM): "
         f"{floor['prompt_tok_s']:.1f} tok/s\n"
         f"limit {lim['limit_tok_s']:.1f} tok/s (drive {lim['drive_tok_s']:.1f}, compute {lim['compute_tok_s']:.1f}); "
-        f"TokenWing under the {args.cap:.0%} cap: {capped['prompt_tok_s']:.1f} tok/s = "
+        f"TokenWing {'in RAM' if in_ram else f'under the {args.cap:.0%} cap'}: {capped['prompt_tok_s']:.1f} tok/s = "
         f"{capped['prompt_tok_s'] / lim['limit_tok_s']:.0%} of it, {capped['reads_per_distinct']:.2f} reads per "
         f"distinct expert (runs: {each})"
     )
@@ -165,7 +175,7 @@ def _llama(tw_model: str, n: int, mode: str, cap: int, timeout: float) -> dict[s
     evict_from_page_cache(gguf)
     runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llama_runner.py")
     try:
-        r = run_capped([sys.executable, runner, gguf, path, str(n), mode], cap, timeout)
+        r = run_capped([sys.executable, runner, gguf, path, str(n), mode], cap or None, timeout)
     except Exception as e:  # subprocess.TimeoutExpired
         return {"engine": f"llama.cpp {mode}", "failed": f"not done after {timeout:.0f} s ({type(e).__name__})"}
     if r.returncode:

@@ -15,6 +15,8 @@
 # downloaded. Cached: a build whose key (pin, recipe, options, compilers) matches PREFIX/build.key is kept, and
 # build/ggml/KEY/ keeps the finished tree (the latest key's only), so a new venv copies it instead of compiling.
 # PREFIX is replaced whole (built aside, then renamed). Needs cmake and ninja (the project's .venv has them).
+# TW_GGML_SOURCE_DIR: an extracted source (its ggml/ and LICENSE, as build/ggml/src/VERSION holds them) instead of
+# pip, for a machine with no index (bench/gpu_carry.sh carries one); TW_GGML_CMAKE_ARGS: more CMake arguments.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -62,7 +64,7 @@ VULKAN=OFF
 key=$( {
   cat "$HERE/source.txt" "$HERE/CMakeLists.txt"
   echo "recipe=$RECIPE"
-  echo "vulkan=$VULKAN cuda=$CUDA"
+  echo "vulkan=$VULKAN cuda=$CUDA ${TW_GGML_CMAKE_ARGS:-}"
   cc --version | head -1; c++ --version | head -1; cmake --version | head -1
   [ "$VULKAN" = OFF ] || { grep -m1 'VK_HEADER_VERSION ' "$VK_INC/vulkan/vulkan_core.h"; glslc --version | head -1; }
   [ "$CUDA" = OFF ] || nvcc --version | tail -1
@@ -74,9 +76,9 @@ if [ "$(cat "$PREFIX/build.key" 2>/dev/null || true)" = "$key" ]; then
 fi
 DONE=$WORK/$key
 if [ ! -f "$DONE/build.key" ]; then
-  sdist
-  SRC=$WORK/src/$VERSION
+  SRC=${TW_GGML_SOURCE_DIR:-$WORK/src/$VERSION}
   if [ ! -f "$SRC/ggml/CMakeLists.txt" ]; then
+    sdist
     rm -rf "$SRC.partial" && mkdir -p "$SRC.partial"
     top=$(basename "$tarball" .tar.gz)
     tar xzf "$tarball" -C "$SRC.partial" --strip-components=3 "$top/vendor/llama.cpp/ggml" "$top/vendor/llama.cpp/LICENSE"
@@ -91,6 +93,8 @@ if [ ! -f "$DONE/build.key" ]; then
   args=(-DTW_GGML_SOURCE="$SRC/ggml" -DTW_GGML_VULKAN=$VULKAN -DTW_GGML_CUDA=$CUDA)
   [ "$VULKAN" = OFF ] || args+=(-DVulkan_INCLUDE_DIR="$VK_INC")
   [ "$CUDA" = OFF ] || args+=(-DCMAKE_CUDA_ARCHITECTURES="${TOKENWING_CUDA_ARCHITECTURES:-native}")
+  read -r -a more <<<"${TW_GGML_CMAKE_ARGS:-}"
+  args+=("${more[@]}")
   log "building ggml $ggml_version (every x86-64 CPU level; Vulkan $VULKAN, CUDA $CUDA) in $B"
   started=$SECONDS
   env -u CFLAGS -u CXXFLAGS -u CPPFLAGS -u CMAKE_ARGS cmake -S "$HERE" -B "$B" -G Ninja \

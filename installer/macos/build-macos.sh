@@ -10,18 +10,13 @@ cd "$(dirname "$0")/../.."
 . .venv/bin/activate
 python -m pip install -q --upgrade "pip>=24"
 arch=$(uname -m)
-if [ "$arch" = x86_64 ]; then
-  flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_METAL=OFF"
-else
-  flags="-DGGML_NATIVE=OFF -DGGML_METAL=OFF"  # the arm64 baseline every Apple Silicon Mac runs
-fi
-# ggml not built for this Mac's CPU only; the spec bundles it as the one variant "generic".
-CMAKE_ARGS="$flags" python -m pip install -q --force-reinstall --no-deps --no-cache-dir --no-binary ggml-python \
-  "ggml-python==0.0.45"
-python -m pip install -q -e ".[installer]" pillow  # Pillow: PyInstaller turns the PNG icon into an .icns
+python -m pip install -q -e ".[dev,installer]" pillow  # Pillow: PyInstaller turns the PNG icon into an .icns
+# ggml from the pinned source with engine/ggml/CMakeLists.txt. Not yet ported: ggml cannot build every CPU level
+# on macOS arm64 (GGML_CPU_ALL_VARIANTS), and build.sh lays out Linux's file names (docs/dependencies.md).
+engine/ggml/build.sh "$VIRTUAL_ENV/lib/tokenwing-ggml"
 version=$(python -c 'from tokenwing.version import __version__; print(__version__)')
 
-RUNMYAI_GGML_VARIANTS=build/ggml-variants-macos python -m PyInstaller --noconfirm \
+python -m PyInstaller --noconfirm \
   --distpath build/installer/dist --workpath build/installer/work installer/runmyai.spec
 app="build/installer/dist/Run My AI.app"
 "$app/Contents/MacOS/tokenwing" --version

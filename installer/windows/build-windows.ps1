@@ -7,14 +7,15 @@ Set-Location (Join-Path $PSScriptRoot "..\..")
 if (-not (Test-Path .venv)) { py -3.11 -m venv .venv }
 . .\.venv\Scripts\Activate.ps1
 python -m pip install -q --upgrade "pip>=24"
-# ggml for the portable floor (AVX2), not -march=native; the spec bundles it as the one variant "generic".
-$env:CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
-python -m pip install -q --force-reinstall --no-deps --no-cache-dir --no-binary ggml-python "ggml-python==0.0.45"
-Remove-Item Env:\CMAKE_ARGS
-python -m pip install -q -e ".[installer]" pillow   # Pillow: PyInstaller turns the PNG icon into an .ico
+python -m pip install -q -e ".[dev,installer]" pillow   # Pillow: PyInstaller turns the PNG icon into an .ico
+# ggml: engine/ggml/CMakeLists.txt (every x86-64 CPU level as a module, GGML_BACKEND_DL) from the pinned source,
+# laid out as compute/ggml_api.py loads it on Windows: lib\ggml-base.dll, lib\ggml.dll, backends\cpu\ggml-cpu-*.dll.
+# engine/ggml/build.sh does this on Linux; its Windows port is not written yet (docs/dependencies.md).
+$ggml = Join-Path $env:VIRTUAL_ENV "lib\tokenwing-ggml"
+if (-not (Test-Path (Join-Path $ggml "lib\ggml.dll"))) { throw "no ggml build in $ggml (engine/ggml/build.sh's Windows port)" }
+$env:RUNMYAI_GGML = $ggml
 
 $version = (Select-String -Path engine\tokenwing\version.py -Pattern '__version__ = "(.+)"').Matches[0].Groups[1].Value
-$env:RUNMYAI_GGML_VARIANTS = "build\ggml-variants-windows"   # absent: the installed ggml-python is the variant
 python -m PyInstaller --noconfirm --distpath build\installer\dist --workpath build\installer\work installer\runmyai.spec
 & .\build\installer\dist\runmyai\tokenwing.exe --version
 iscc /DAppVersion=$version installer\windows\runmyai.iss

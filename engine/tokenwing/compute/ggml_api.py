@@ -42,6 +42,15 @@ ENV_VULKAN = "TOKENWING_VULKAN"
 GPU_KINDS = ("cuda", "vulkan")  # loaded in this order: the registry lists their devices before the CPU's
 
 
+# How the build names its files here (engine/ggml/build.sh: real files named by soname; ggml's own module names)
+if sys.platform == "win32":
+    CORE_LIBS, MODULE_PREFIX, MODULE_SUFFIX = ("ggml-base.dll", "ggml.dll"), "ggml-", ".dll"
+elif sys.platform == "darwin":
+    CORE_LIBS, MODULE_PREFIX, MODULE_SUFFIX = ("libggml-base.0.dylib", "libggml.0.dylib"), "libggml-", ".so"
+else:
+    CORE_LIBS, MODULE_PREFIX, MODULE_SUFFIX = ("libggml-base.so.0", "libggml.so.0"), "libggml-", ".so"
+
+
 class GgmlMissing(RuntimeError):
     """No ggml build where the engine looks for one (one line for the user)."""
 
@@ -351,10 +360,10 @@ def _load(path: Path) -> ctypes.CDLL:
 
 
 HOME = home()
-if not (HOME / "lib" / "libggml.so.0").is_file():
+if not (HOME / "lib" / CORE_LIBS[1]).is_file():
     raise GgmlMissing(f"ggml is not built here ({HOME}): run ./dev setup (or engine/ggml/build.sh {HOME})")
-_base = _load(HOME / "lib" / "libggml-base.so.0")
-_ggml = _load(HOME / "lib" / "libggml.so.0")
+_base = _load(HOME / "lib" / CORE_LIBS[0])
+_ggml = _load(HOME / "lib" / CORE_LIBS[1])
 # ------------------------------------------------------------------------------------------------ declarations
 # name -> (library, return spelling, argument spellings): what the ABI test compiles
 DECLARED: dict[str, tuple[str, str, tuple[str, ...]]] = {}
@@ -627,7 +636,8 @@ ggml_backend_cpu_buffer_type = _g.fn("ggml_backend_cpu_buffer_type", BUFT)
 def cpu_variants(root: Path | None = None) -> dict[str, Path]:
     """The CPU backend's modules in the build, by level name (`haswell`: libggml-cpu-haswell.so)."""
     folder = (root or HOME) / "backends" / "cpu"
-    return {p.name[len("libggml-cpu-") : -3]: p for p in sorted(folder.glob("libggml-cpu-*.so"))}
+    prefix = f"{MODULE_PREFIX}cpu-"
+    return {p.name[len(prefix) : -len(MODULE_SUFFIX)]: p for p in sorted(folder.glob(f"{prefix}*{MODULE_SUFFIX}"))}
 
 
 def score(path: Path) -> int:
@@ -645,7 +655,7 @@ def score(path: Path) -> int:
 def choose_cpu_variant(variants: dict[str, Path], wanted: str | None) -> tuple[str, str]:
     """(level, why): the CPU backend to load. `wanted` (TOKENWING_CPU_VARIANT) is taken if it runs here."""
     if not variants:
-        raise GgmlMissing(f"the ggml build in {HOME} has no CPU backend (backends/cpu/libggml-cpu-*.so)")
+        raise GgmlMissing(f"the ggml build in {HOME} has no CPU backend (backends/cpu/{MODULE_PREFIX}cpu-*)")
     scores = {name: score(path) for name, path in variants.items()}
     if wanted:
         if wanted not in variants:
@@ -696,7 +706,7 @@ _cpu = _load(cpu_variants()[CPU_VARIANT])  # the same module ggml loaded (one co
 
 def available_gpu_backends(root: Path | None = None) -> list[str]:
     """GPU backends in the build (whether or not this machine has a device or driver for them)."""
-    return [k for k in GPU_KINDS if list(((root or HOME) / "backends" / k).glob("libggml-*.so"))]
+    return [k for k in GPU_KINDS if list(((root or HOME) / "backends" / k).glob(f"{MODULE_PREFIX}*{MODULE_SUFFIX}"))]
 
 
 _gpu_loaded: dict[str, bool] = {}
@@ -710,7 +720,7 @@ def load_gpu_backends() -> dict[str, bool]:
             if kind == "vulkan" and os.environ.get(ENV_VULKAN, "").strip() == "0":
                 _gpu_loaded[kind] = False
                 continue
-            path = next(iter((HOME / "backends" / kind).glob("libggml-*.so")))
+            path = next(iter((HOME / "backends" / kind).glob(f"{MODULE_PREFIX}*{MODULE_SUFFIX}")))
             _gpu_loaded[kind] = bool(_load_backend(path))
         _gpu_loaded.setdefault("", False)  # (asked once, even where the build has none)
     return {k: v for k, v in _gpu_loaded.items() if k}
