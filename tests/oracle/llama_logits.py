@@ -1,9 +1,10 @@
 """Subprocess: llama.cpp's logits for a token sequence, F32 KV cache, no flash attention (exact comparisons).
 
-usage: python llama_logits.py MODEL.gguf TOKENS.npy OUT.npy [n_batch] [plain] [flash]
+usage: python llama_logits.py MODEL.gguf TOKENS.npy OUT.npy [n_batch] [plain] [flash] [f16kv]
 
 `plain` turns off llama.cpp's repacked weight layouts (use_extra_bufts), so it runs ggml's plain kernels; `flash`
-turns on flash attention (llama.cpp's own default on the CPU; the Python binding's is off).
+turns on flash attention (llama.cpp's own default on the CPU; the Python binding's is off); `f16kv`: its default
+F16 KV cache instead of F32.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def main() -> int:
     from tokenwing.testmodel.oracle import oracle_llama
 
     flash = "flash" in sys.argv[5:]
-    llm = oracle_llama(llama_cpp, model, n_ctx=max(256, len(tokens) + 8), n_batch=n_batch, flash=flash)
+    f16_kv = "f16kv" in sys.argv[5:]
+    llm = oracle_llama(llama_cpp, model, n_ctx=max(256, len(tokens) + 8), n_batch=n_batch, flash=flash, f16_kv=f16_kv)
     llm.eval(tokens)
     np.save(out_path, np.asarray(llm.scores[: len(tokens)], dtype=np.float32))
     return 0

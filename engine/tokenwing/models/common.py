@@ -9,6 +9,7 @@ do; nothing here knows a family by name.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 from dataclasses import dataclass, fields
 from typing import Any
@@ -543,6 +544,95 @@ def routed_experts(
     eids = g.input(experts.astype(np.int32).reshape(m, 1)) if ffn.biases is not None else None
     x = ops.ggml_reshape_3d(g.ctx, g.input(rows), n_embd, 1, m)
     return weighted_experts(g.ctx, views, x, ids, w, ffn, eids)
+
+
+GEMM_ROWS = 4  # ggml's repacked 2-D product runs its 4-row kernel on each group of four rows, its 1-row one on the rest
+
+
+def _segments(slots: np.ndarray) -> list[tuple[int, int, int]]:
+    """(slot, first row, rows) of each run of equal slots in `slots` (sorted by slot)."""
+    bounds = np.r_[0, np.flatnonzero(np.diff(slots)) + 1, len(slots)].tolist()
+    return [(int(slots[lo]), lo, hi - lo) for lo, hi in itertools.pairwise(bounds)]
+
+
+def grouped_rows(slots: np.ndarray) -> np.ndarray:
+    """Where each of m pairs sorted by slot lands among `grouped_experts`' padded rows."""
+    out, at = np.empty(len(slots), np.int64), 0
+    for _, lo, n in _segments(slots):
+        out[lo : lo + n] = np.arange(at, at + n)
+        at += -(-n // GEMM_ROWS) * GEMM_ROWS
+    return out
+
+
+def grouped_experts(
+    g: Graph,
+    views: tuple[Tensor, Tensor, Tensor],
+    per_slot: list[list[Tensor] | None],
+    rows: np.ndarray,
+    slots: np.ndarray,
+    weights: np.ndarray,
+    experts: np.ndarray,
+    ffn: ExpertFFN = SWIGLU,
+) -> tuple[Tensor, list[Tensor]]:
+    """`routed_experts` for m pairs sorted by slot, a projection in ggml's repacked layout multiplied as one 2-D
+    product per expert (`per_slot[p]`: that projection's 2-D tensor of each slot; None: a plain projection,
+    multiplied by mul_mat_id over all rows as before). Each expert's rows are padded with zero rows to a multiple
+    of GEMM_ROWS, so that every row runs through the repacked 4-row kernel (a padded row's output is dropped).
+
+    Returns the weighted outputs [n_embd, 1, M] over the padded rows (`grouped_rows` picks the pairs' rows) and the
+    copies into the activations' buffer, which must run before the graph's other nodes read it: compute them
+    first (`Graph.compute(*copies, out)`)."""
+    segs = _segments(slots)
+    n_embd = rows.shape[1]
+    padded = [(slot, lo, n, -(-n // GEMM_ROWS) * GEMM_ROWS) for slot, lo, n in segs]
+    total = sum(p for *_, p in padded)
+    x = np.zeros((total, n_embd), np.float32)
+    ids = np.zeros(total, np.int32)
+    w = np.zeros(total, np.float32)
+    eids = np.zeros(total, np.int32)
+    at = 0
+    for slot, lo, n, p in padded:
+        x[at : at + n] = rows[lo : lo + n]
+        ids[at : at + p] = slot
+        w[at : at + n] = weights[lo : lo + n]
+        eids[at : at + p] = experts[lo]
+        at += p
+    ctx = g.ctx
+    xt = g.input(x)  # [n_embd, M]
+    ids_t = g.input(ids.reshape(total, 1))
+    eids_t = g.input(eids.reshape(total, 1)) if ffn.biases is not None else None
+
+    def project(p: int, inp: Tensor, width: int, out_width: int) -> tuple[Tensor, list[Tensor]]:
+        """Projection p of every padded row of inp [width, M] → [out_width, 1, M] (and its copies, if per expert)."""
+        tensors = per_slot[p]
+        if tensors is None:
+            return ops.ggml_mul_mat_id(ctx, views[p], ops.ggml_reshape_3d(ctx, inp, width, 1, total), ids_t), []
+        out = ops.ggml_new_tensor_2d(ctx, ops.GGML_TYPE_F32, out_width, total)
+        copies, at = [], 0
+        for slot, _, _, n_pad in padded:
+            part = ops.ggml_view_2d(ctx, inp, width, n_pad, int(inp.contents.nb[1]), at * int(inp.contents.nb[1]))
+            y = ops.ggml_mul_mat(ctx, tensors[slot], part)
+            dst = ops.ggml_view_2d(ctx, out, out_width, n_pad, int(out.contents.nb[1]), at * int(out.contents.nb[1]))
+            copies.append(ops.ggml_cpy(ctx, y, dst))
+            at += n_pad
+        return ops.ggml_reshape_3d(ctx, out, out_width, 1, total), copies
+
+    n_ff = int(views[0].contents.ne[1])
+    gate, c_gate = project(0, xt, n_embd, n_ff)
+    up, c_up = project(1, xt, n_embd, n_ff)
+    if ffn.biases is not None:
+        assert eids_t is not None
+        gate = ops.ggml_add_id(ctx, gate, ffn.biases[0], eids_t)
+        up = ops.ggml_add_id(ctx, up, ffn.biases[1], eids_t)
+    act = _activate(ctx, gate, up, ffn)  # [n_ff, 1, M]
+    act2 = ops.ggml_reshape_2d(ctx, act, n_ff, total)
+    down, c_down = project(2, act2, n_ff, n_embd)
+    if ffn.biases is not None:
+        assert eids_t is not None
+        down = ops.ggml_add_id(ctx, down, ffn.biases[2], eids_t)
+    out = ops.ggml_mul(ctx, down, g.input(w.reshape(total, 1, 1)))
+    # (the copies of gate and up come before the activation reads them, the down copies after it)
+    return out, [*c_gate, *c_up, act, *c_down]
 
 
 def token_experts(

@@ -18,9 +18,12 @@ def use_plain_layout(llama_cpp: Any) -> None:
     llama_cpp.llama_cpp.llama_model_default_params = plain
 
 
-def oracle_llama(llama_cpp: Any, model: str, n_ctx: int, n_batch: int, flash: bool = False) -> Any:
+def oracle_llama(
+    llama_cpp: Any, model: str, n_ctx: int, n_batch: int, flash: bool = False, f16_kv: bool = False
+) -> Any:
     """llama.cpp as the project's oracles run it: F32 KV cache, no flash attention (`flash`: with it, as llama.cpp's
-    own default turns it on for the CPU), 2 threads, every logit."""
+    own default turns it on for the CPU), 2 threads, every logit. `f16_kv`: its default F16 KV cache instead — how
+    far llama.cpp is from itself when only rounding changes (the yardstick of "exact")."""
     return llama_cpp.Llama(
         model,
         n_ctx=n_ctx,
@@ -28,8 +31,8 @@ def oracle_llama(llama_cpp: Any, model: str, n_ctx: int, n_batch: int, flash: bo
         n_ubatch=n_batch,
         n_threads=2,
         logits_all=True,
-        type_k=0,
-        type_v=0,
+        type_k=1 if f16_kv else 0,
+        type_v=1 if f16_kv else 0,
         flash_attn=flash,
         verbose=False,
     )
