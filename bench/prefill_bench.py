@@ -90,7 +90,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds (medians)")
     ap.add_argument("--reply", type=int, default=0, help="reply tokens after the prompt (≥ 232: first 32 vs 200–232)")
     ap.add_argument("--quick", action="store_true", help="a short drive probe (a dry run)")
-    ap.add_argument("--prompt-attention", default="products", choices=["products", "flash"])
+    ap.add_argument("--prompt-attention", default="flash", choices=["products", "flash"])
     args = ap.parse_args()
     cap = int(os.path.getsize(args.model) * args.cap)
     in_ram = cap == 0

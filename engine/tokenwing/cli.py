@@ -471,9 +471,10 @@ def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-type", default="f16", choices=["f16", "f32"])
     p.add_argument(
         "--prompt-attention",
-        default="products",
+        default="flash",
         choices=["products", "flash"],
-        help="a prompt's attention: two matrix products (llama.cpp's numbers) or F32 tiled flash attention (less CPU)",
+        help="a prompt's attention: F32 tiled flash attention (default: less CPU, as llama.cpp's own default on the "
+        "CPU) or two matrix products (llama.cpp's numbers without flash attention)",
     )
     p.add_argument("--threads", type=int, default=0, help="compute threads (default: all this process may use)")
     p.add_argument("--stats-json", help="write statistics to this file")

@@ -71,13 +71,13 @@ def test_both_agree_with_the_attention_of_before(
 LAST_CHUNK = r"""
 import sys
 from tokenwing.runtime.session import Session, SessionOptions
-s = Session(sys.argv[1], SessionOptions(n_ctx=int(sys.argv[2])), log=lambda line: None)
+s = Session(sys.argv[1], SessionOptions(n_ctx=int(sys.argv[2]), prompt_attention=sys.argv[3]), log=lambda line: None)
 # the last chunk a full context can hold attends over every position: the largest prompt graph there is
 s.pos = s.n_ctx - 64
 s.history = [0] * s.pos
 s.forward(list(range(64)), prompt=True)
 print("fits")
-if len(sys.argv) > 3:  # then a reply token: the prompt's graph memory is given back first
+if len(sys.argv) > 4:  # then a reply token: the prompt's graph memory is given back first
     def rss():
         return next(int(line.split()[1]) << 10 for line in open("/proc/self/status") if line.startswith("VmRSS"))
     s.pos, s.history = s.n_ctx - 128, [0] * (s.n_ctx - 128)
@@ -98,22 +98,25 @@ def test_a_chunk_at_the_end_of_a_long_context_fits_the_graph_reserve(repacked_fa
 
     model = repacked_factory(n_layer=1, n_head=16, n_head_kv=2, context_length=65536)
     r = subprocess.run(
-        [sys.executable, "-c", LAST_CHUNK, str(model), "65536"], capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", LAST_CHUNK, str(model), "65536", "products"], capture_output=True, text=True, timeout=600
     )
     assert r.returncode == 0, r.stderr[-500:]
     assert r.stdout.strip() == "fits"
 
 
 def test_a_reply_gives_back_what_the_prompt_graphs_touched(repacked_factory: ModelFactory) -> None:
-    """After a long prompt its graphs' memory (here 268 MB of attention scores) is charged to the memory limit
-    until given back; the first reply token gives it back (Graph.release): under a cap, a spilled KV cache's
-    pages need that room (docs/results.md)."""
+    """After a long prompt its graphs' memory (here 268 MB of attention scores, with the products) is charged to
+    the memory limit until given back; the first reply token gives it back (Graph.release): under a cap, a
+    spilled KV cache's pages need that room (docs/results.md)."""
     import subprocess
     import sys
 
     model = repacked_factory(n_layer=1, n_head=16, n_head_kv=2, context_length=65536)
     r = subprocess.run(
-        [sys.executable, "-c", LAST_CHUNK, str(model), "65536", "reply"], capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", LAST_CHUNK, str(model), "65536", "products", "reply"],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert r.returncode == 0, r.stderr[-500:]
     fits, given_back = r.stdout.split()

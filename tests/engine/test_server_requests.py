@@ -25,6 +25,11 @@ from tokenwing.text.tokenizer import TextTokenizer, tokenizer_from_metadata
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
+# experts stream: the decode path is the one that reads the drive; a prompt's attention as two products, as the
+# logprobs' reference computes it (`_engine_logprobs`)
+SERVER_ARGS = ("--ram-budget", "30%", "--prompt-attention", "products")
+
+
 @pytest.fixture(scope="module")
 def model(repacked_factory: ModelFactory) -> Path:
     return repacked_factory(type="Q8_0", n_layer=3)
@@ -32,7 +37,7 @@ def model(repacked_factory: ModelFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(model: Path) -> Iterator[Server]:
-    s = Server(model, "--ram-budget", "30%")  # experts stream: the decode path is the one that reads the drive
+    s = Server(model, *SERVER_ARGS)
     yield s
     s.stop()
 
@@ -45,9 +50,20 @@ def _tokenizer(model: Path) -> tuple[TextTokenizer, ChatTemplate | None]:
 
 
 def _engine_logprobs(model: Path, tokens: list[int], tmp_path: Path) -> np.ndarray:
-    """log-softmax of `tokenwing logits` for the sequence: row i is the distribution of token i + 1."""
+    """log-softmax of `tokenwing logits` for the sequence: row i is the distribution of token i + 1. (Attention
+    as two products, as the server of these tests and every decode step compute it: the default flash attention
+    of a prompt rounds further from a decode step, up to 1.2e-3 in a logprob on this random model.)"""
     np.save(tmp_path / "in.npy", np.array(tokens))
-    r = run_cli("logits", str(model), "--tokens", str(tmp_path / "in.npy"), "--out", str(tmp_path / "out.npy"))
+    r = run_cli(
+        "logits",
+        str(model),
+        "--tokens",
+        str(tmp_path / "in.npy"),
+        "--out",
+        str(tmp_path / "out.npy"),
+        "--prompt-attention",
+        "products",
+    )
     assert r.returncode == 0, r.stderr
     z = np.load(tmp_path / "out.npy").astype(np.float64)
     m = z.max(axis=1, keepdims=True)
@@ -287,7 +303,7 @@ def test_four_concurrent_clients_get_what_each_gets_alone(
     assert len(set(alone)) == 4 and all(alone)
     pauses = Pauses(tmp_path / "pauses", "serve.piece2")
     pauses.arm(monkeypatch)
-    s = Server(model, "--ram-budget", "30%")
+    s = Server(model, *SERVER_ARGS)
     for key in pauses.env({}):
         monkeypatch.delenv(key)
     got: dict[int, str] = {}

@@ -69,7 +69,8 @@ class SessionOptions:
     preload: bool | None = None  # read every expert at start (None: when the cache holds them all)
     cpu_repack: bool = True  # matrix weights and experts in ggml's repacked layouts, as llama.cpp runs them
     token_graph: bool = True  # with every expert in RAM, a decode step is one graph (runtime/token_graph.py)
-    prompt_attention: str = "products"  # or "flash": F32 tiled flash attention for prompts (models/common.attend)
+    # "flash": F32 tiled flash attention for prompts (models/common.attend), or "products": two matrix products
+    prompt_attention: str = "flash"
     stream: StreamSettings = field(default_factory=StreamSettings)
     device: DeviceChoice | None = None  # where to compute (compute/devices.py `choose`); None: the CPU
     vram: VramOptions = field(default_factory=VramOptions)
