@@ -53,7 +53,9 @@ def _outputs(
     try:
         g.reset()
         w = np.linspace(0.5, 1.5, 32)[: len(slots)].astype(np.float32)  # (row i's weight whatever the rows)
-        out, order = common.grouped_experts(g, views, per_slot, rows, slots, w, slots, common.SWIGLU)  # type: ignore[arg-type]
+        out, order = common.grouped_experts(
+            g, views, per_slot, rows, np.arange(len(slots)), slots, w, slots, common.SWIGLU
+        )  # type: ignore[arg-type]
         g.compute(*order, out)
         picked: np.ndarray = to_numpy(out).reshape(-1, N_EMBD)[common.grouped_rows(slots)]
         return picked

@@ -150,6 +150,15 @@ class Graph:
         ctypes.memmove(t.contents.data, a.ctypes.data, a.nbytes)
         return t
 
+    def gather(self, src: np.ndarray, index: np.ndarray) -> Tensor:
+        """An F32 tensor [n, len(index)] holding the rows src[index] of src [rows, n], gathered straight into
+        ggml's memory (one copy, where `input(src[index])` makes two)."""
+        n = src.shape[1]
+        t = _new_tensor(self.ctx, F32, (n, len(index)))
+        rows = np.ctypeslib.as_array((ctypes.c_float * (n * len(index))).from_address(t.contents.data))
+        np.take(np.ascontiguousarray(src, np.float32), index, axis=0, out=rows.reshape(len(index), n))
+        return t
+
     def compute(self, *outputs: Tensor, n_nodes: int = 4096) -> None:
         gf = ggml.ggml_new_graph_custom(self.ctx, n_nodes, False)
         for out in outputs:

@@ -568,37 +568,40 @@ def grouped_experts(
     g: Graph,
     views: tuple[Tensor, Tensor, Tensor],
     per_slot: list[list[Tensor] | None],
-    rows: np.ndarray,
+    cur: np.ndarray,
+    tokens: np.ndarray,
     slots: np.ndarray,
     weights: np.ndarray,
     experts: np.ndarray,
     ffn: ExpertFFN = SWIGLU,
 ) -> tuple[Tensor, list[Tensor]]:
-    """`routed_experts` for m pairs sorted by slot, a projection in ggml's repacked layout multiplied as one 2-D
-    product per expert (`per_slot[p]`: that projection's 2-D tensor of each slot; None: a plain projection,
-    multiplied by mul_mat_id over all rows as before). Each expert's rows are padded with zero rows to a multiple
-    of GEMM_ROWS, so that every row runs through the repacked 4-row kernel (a padded row's output is dropped).
+    """`routed_experts` for m pairs sorted by slot (pair i: the input row cur[tokens[i]]), a projection in ggml's
+    repacked layout multiplied as one 2-D product per expert (`per_slot[p]`: that projection's 2-D tensor of each
+    slot; None: a plain projection, multiplied by mul_mat_id over all rows as before). Each expert's rows are
+    padded to a multiple of GEMM_ROWS with copies of its last row (weight 0), so that every row runs through the
+    repacked 4-row kernel (a padded row's output is dropped).
 
     Returns the weighted outputs [n_embd, 1, M] over the padded rows (`grouped_rows` picks the pairs' rows) and the
     copies into the activations' buffer, which must run before the graph's other nodes read it: compute them
     first (`Graph.compute(*copies, out)`)."""
     segs = _segments(slots)
-    n_embd = rows.shape[1]
+    n_embd = cur.shape[1]
     padded = [(slot, lo, n, -(-n // GEMM_ROWS) * GEMM_ROWS) for slot, lo, n in segs]
     total = sum(p for *_, p in padded)
-    x = np.zeros((total, n_embd), np.float32)
+    rows = np.empty(total, np.int64)
     ids = np.zeros(total, np.int32)
     w = np.zeros(total, np.float32)
     eids = np.zeros(total, np.int32)
     at = 0
     for slot, lo, n, p in padded:
-        x[at : at + n] = rows[lo : lo + n]
+        rows[at : at + n] = tokens[lo : lo + n]
+        rows[at + n : at + p] = tokens[lo + n - 1]
         ids[at : at + p] = slot
         w[at : at + n] = weights[lo : lo + n]
         eids[at : at + p] = experts[lo]
         at += p
     ctx = g.ctx
-    xt = g.input(x)  # [n_embd, M]
+    xt = g.gather(cur, rows)  # [n_embd, M]
     ids_t = g.input(ids.reshape(total, 1))
     eids_t = g.input(eids.reshape(total, 1)) if ffn.biases is not None else None
 
@@ -618,6 +621,9 @@ def grouped_experts(
         return ops.ggml_reshape_3d(ctx, out, out_width, 1, total), copies
 
     n_ff = int(views[0].contents.ne[1])
+    if per_slot[0] is not None and per_slot[1] is not None:
+        runs = [(slot, int(experts[lo]), n_pad) for slot, lo, _, n_pad in padded]
+        return _grouped_ffn(g, views, per_slot, xt, runs, ids_t, eids_t, w, ffn)
     gate, c_gate = project(0, xt, n_embd, n_ff)
     up, c_up = project(1, xt, n_embd, n_ff)
     if ffn.biases is not None:
@@ -633,6 +639,60 @@ def grouped_experts(
     out = ops.ggml_mul(ctx, down, g.input(w.reshape(total, 1, 1)))
     # (the copies of gate and up come before the activation reads them, the down copies after it)
     return out, [*c_gate, *c_up, act, *c_down]
+
+
+def _grouped_ffn(
+    g: Graph,
+    views: tuple[Tensor, Tensor, Tensor],
+    per_slot: list[list[Tensor] | None],
+    xt: Tensor,
+    runs: list[tuple[int, int, int]],
+    ids_t: Tensor,
+    eids_t: Tensor | None,
+    w: np.ndarray,
+    ffn: ExpertFFN,
+) -> tuple[Tensor, list[Tensor]]:
+    """`grouped_experts` where gate and up are both repacked: each expert's activation — and its down product too
+    where down is repacked — in one run of products, and one copy per row of what the next step reads (the
+    activations for a plain down's mul_mat_id, else the expert's output): copies were 6 % of an in-RAM prompt.
+    `runs`: (slot, expert id, padded rows) of each expert, in row order."""
+    ctx = g.ctx
+    n_embd, total = int(xt.contents.ne[0]), int(xt.contents.ne[1])
+    n_ff = int(views[0].contents.ne[1])
+    down_slots = per_slot[2]
+    width = n_embd if down_slots is not None else n_ff
+    buf = ops.ggml_new_tensor_2d(ctx, ops.GGML_TYPE_F32, width, total)
+    gate_slots, up_slots = per_slot[0], per_slot[1]
+    assert gate_slots is not None and up_slots is not None
+    x_row, buf_row = int(xt.contents.nb[1]), int(buf.contents.nb[1])
+    copies, at = [], 0
+    for slot, expert, n_pad in runs:
+        part = ops.ggml_view_2d(ctx, xt, n_embd, n_pad, x_row, at * x_row)
+        gate = ops.ggml_mul_mat(ctx, gate_slots[slot], part)
+        up = ops.ggml_mul_mat(ctx, up_slots[slot], part)
+        if ffn.biases is not None:  # (the expert's column of each bias: add_id's additions)
+            gate = ops.ggml_add(ctx, gate, _column(ctx, ffn.biases[0], expert))
+            up = ops.ggml_add(ctx, up, _column(ctx, ffn.biases[1], expert))
+        y = _activate(ctx, gate, up, ffn)
+        if down_slots is not None:
+            y = ops.ggml_mul_mat(ctx, down_slots[slot], y)
+            if ffn.biases is not None:
+                y = ops.ggml_add(ctx, y, _column(ctx, ffn.biases[2], expert))
+        copies.append(ops.ggml_cpy(ctx, y, ops.ggml_view_2d(ctx, buf, width, n_pad, buf_row, at * buf_row)))
+        at += n_pad
+    if down_slots is None:
+        down = ops.ggml_mul_mat_id(ctx, views[2], ops.ggml_reshape_3d(ctx, buf, n_ff, 1, total), ids_t)
+        if ffn.biases is not None:
+            assert eids_t is not None
+            down = ops.ggml_add_id(ctx, down, ffn.biases[2], eids_t)
+    else:
+        down = ops.ggml_reshape_3d(ctx, buf, n_embd, 1, total)
+    return ops.ggml_mul(ctx, down, g.input(w.reshape(total, 1, 1))), copies
+
+
+def _column(ctx: Any, t: Tensor, i: int) -> Tensor:
+    """Column i of a 2-D tensor [n, m] as [n] (an expert's bias)."""
+    return ops.ggml_view_1d(ctx, t, int(t.contents.ne[0]), i * int(t.contents.nb[1]))
 
 
 def token_experts(

@@ -236,7 +236,7 @@ class ExpertCompute:
         views, ffn = self.pools.views[block], self.ffn[block]
         per_slot = self.pools.per_slot.get(block)
         if per_slot is not None and any(p is not None for p in per_slot):
-            moe, order = common.grouped_experts(g, views, per_slot, cur[tokens], slots, weights, experts, ffn)
+            moe, order = common.grouped_experts(g, views, per_slot, cur, tokens, slots, weights, experts, ffn)
             g.compute(*order, moe)
             padded = to_numpy(moe).reshape(-1, cur.shape[1])
             picked: np.ndarray = padded[common.grouped_rows(slots)]
