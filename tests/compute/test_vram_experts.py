@@ -60,7 +60,7 @@ def test_the_devices_experts_are_the_cpus(key: str, model_factory: ModelFactory,
             g.reset()
             ram = s.scheduler.slot_map[block]
             out = common.routed_experts(
-                g, s.pools.views[block], cur[tok], ram[experts], weights, experts, s.experts.ffn[block]
+                g, s.pools.views[block], cur, tok, ram[experts], weights, experts, s.experts.ffn[block]
             )
             g.compute(out)
             want = to_numpy(out).reshape(len(tok), -1)

@@ -525,7 +525,8 @@ def _activate(ctx: Any, gate: Tensor, up: Tensor, ffn: ExpertFFN) -> Tensor:
 def routed_experts(
     g: Graph,
     views: tuple[Tensor, Tensor, Tensor],
-    rows: np.ndarray,
+    cur: np.ndarray,
+    tokens: np.ndarray,
     slots: np.ndarray,
     weights: np.ndarray,
     experts: np.ndarray,
@@ -533,16 +534,16 @@ def routed_experts(
 ) -> Tensor:
     """w · down(act(gate x, up x)) for m (token, expert) pairs, one pair per row, read from the slot pool.
 
-    rows: [m, n_embd] (each pair's token input), slots, weights, experts (ids, for biases): [m]. Returns
-    [n_embd, 1, m]. One selected expert per row: a wave computes exactly its own pairs (no masked entries), and
-    ggml's mul_mat_id never sees one slot twice for one row (its row tables hold at most one entry per expert
-    and row).
+    Pair i's input is the row cur[tokens[i]] (gathered straight into the graph: one copy); slots, weights,
+    experts (ids, for biases): [m]. Returns [n_embd, 1, m]. One selected expert per row: a wave computes exactly
+    its own pairs (no masked entries), and ggml's mul_mat_id never sees one slot twice for one row (its row
+    tables hold at most one entry per expert and row).
     """
-    m, n_embd = rows.shape
+    m, n_embd = len(tokens), cur.shape[1]
     ids = g.input(slots.astype(np.int32).reshape(m, 1))
     w = g.input(weights.astype(np.float32).reshape(m, 1, 1))
     eids = g.input(experts.astype(np.int32).reshape(m, 1)) if ffn.biases is not None else None
-    x = ops.ggml_reshape_3d(g.ctx, g.input(rows), n_embd, 1, m)
+    x = ops.ggml_reshape_3d(g.ctx, g.gather(cur, tokens), n_embd, 1, m)
     return weighted_experts(g.ctx, views, x, ids, w, ffn, eids)
 
 

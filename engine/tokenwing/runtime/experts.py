@@ -187,11 +187,11 @@ class ExpertCompute:
             out = compute(t, sel[t, jj], weights[t, jj])
             # each token adds its outputs in wave order: one row per token per level
             by_token = np.lexsort((place[sel[t, jj]], t))
-            t, out = t[by_token], out[by_token]
+            t = t[by_token]  # (out is indexed through by_token below: no reordered copy of it)
             occurrence = np.arange(len(t)) - np.searchsorted(t, t)
             for level in range(int(occurrence.max()) + 1 if len(t) else 0):
                 m = occurrence == level
-                acc[t[m]] += out[m]
+                acc[t[m]] += out[by_token[m]]
 
     def _expert_groups(self, experts: np.ndarray) -> list[slice]:
         """Pairs sorted by expert → slices of whole experts (an expert's rows split into fixed blocks when it
@@ -241,7 +241,7 @@ class ExpertCompute:
             padded = to_numpy(moe).reshape(-1, cur.shape[1])
             picked: np.ndarray = padded[common.grouped_rows(slots)]
             return picked
-        moe = common.routed_experts(g, views, cur[tokens], slots, weights, experts, ffn)
+        moe = common.routed_experts(g, views, cur, tokens, slots, weights, experts, ffn)
         g.compute(moe)
         return to_numpy(moe).reshape(-1, cur.shape[1])
 
@@ -277,7 +277,7 @@ class ExpertCompute:
             self.graph.reset()
             views, ffn = self.pools.views[block], self.ffn[block]
             moe = common.routed_experts(
-                self.graph, views, cur[tok], slot_of[sel[tok, j]], weights[tok, j], sel[tok, j], ffn
+                self.graph, views, cur, tok, slot_of[sel[tok, j]], weights[tok, j], sel[tok, j], ffn
             )
             self.graph.compute(moe)
             weighted[tok, j] = to_numpy(moe).reshape(-1, cur.shape[1])
