@@ -29,7 +29,7 @@ from tokenwing.cli import parse_size
 from tokenwing.format.reader import ModelFile
 from tokenwing.runtime import session as session_module
 from tokenwing.runtime.experts import ExpertPools
-from tokenwing.runtime.kvcache import kv_bytes_per_token, kv_element
+from tokenwing.runtime.kvcache import kv_element
 from tokenwing.runtime.session import Session, SessionOptions
 from tokenwing.streaming.settings import StreamSettings
 from tokenwing.streaming.streamer import COUNTERS
@@ -104,7 +104,7 @@ def main() -> int:
         s.recorded_trace().save(trace_path)
         np.save(trace_path + ".warm.npy", np.array(warm, np.int32))
     # what an in-RAM token reads: experts, resident weights, the lookahead's F16 routers, the KV window it attends
-    kv_pos = kv_bytes_per_token([s.model.kv_spec(il) for il in range(s.hp.n_layer)], kv_element(opts.kv_type)[1])
+    kv_pos = s.model.kv_bytes_per_token(s.hp, kv_element(opts.kv_type)[1])
     windows = [min(s.n_ctx, -(-(n_prompt + i + 1) // 256) * 256) for i in range(n_dec)]  # decode's masked window
     touched = decode_bytes_touched(model, windows, kv_pos)
     one_graph_ran = s._token_graph is not None  # the one-graph step computes no lookahead

@@ -4,7 +4,7 @@ minimum, and the lines said about it."""
 
 from __future__ import annotations
 
-from tokenwing.models.common import KVSpec, StateSpec
+from tokenwing.models.common import StateSpec
 from tokenwing.models.hparams import HParams
 from tokenwing.runtime.memory_plan import MemoryPlan, plan_memory
 from tokenwing.streaming.memory import HEADROOM, MemoryInfo
@@ -26,7 +26,7 @@ HP = HParams(
     vocab_size=1000,
     n_rot=128,
 )
-SPECS = [KVSpec(1024, 1024)] * HP.n_layer  # F16: 4 layers × (K + V) × 2 bytes = 16 KiB a position
+KV = 16 * 1024  # F16: 4 layers × 1024 × (K + V) × 2 bytes a position
 ROOMY = MemoryInfo(total=64 * GIB, available=32 * GIB, limit=64 * GIB, used_in_group=0)
 CAPPED = MemoryInfo(total=64 * GIB, available=32 * GIB, limit=1 * GIB, used_in_group=0)  # a 1 GiB cgroup limit
 
@@ -38,13 +38,12 @@ def _plan(
     least: int = 600 * MIB,
     states: list[StateSpec | None] | None = None,
     checkpoints: int = 0,
-    specs: list[KVSpec] = SPECS,
+    kv: int = KV,
 ) -> MemoryPlan:
     return plan_memory(
         HP,
-        specs,
+        kv,
         states or [None] * HP.n_layer,
-        "f16",
         n_ctx=n_ctx,
         max_batch=64,
         checkpoints=checkpoints,
@@ -83,7 +82,7 @@ def test_a_budget_below_the_minimum_with_a_kv_cache_spills_it_to_files() -> None
     assert in_ram.spill is None and in_ram.spill_note is None and in_ram.budget == beside_kv
     assert (in_ram.n_ctx, in_ram.graph_mem, in_ram.notes) == (plan.n_ctx, plan.graph_mem, plan.notes)
     # with no KV cache (a layer with a recurrent state keeps none) there is nothing to spill, whatever the budget
-    assert _plan(CAPPED, least=CAPPED.limit, specs=[KVSpec(0, 0)] * HP.n_layer).spill is None
+    assert _plan(CAPPED, least=CAPPED.limit, kv=0).spill is None
 
 
 def test_a_budget_at_the_minimum_keeps_the_kv_cache_in_ram() -> None:

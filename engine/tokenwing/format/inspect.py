@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
+from tokenwing.errors import TokenWingError
 from tokenwing.format import layout as L
-from tokenwing.format.gguf_io import ggml_type_name
+from tokenwing.format.gguf_io import GGUFHeader, ggml_type_name
 from tokenwing.format.source import SourceModel, open_source
 from tokenwing.fsutil import human_bytes
 
@@ -65,7 +65,7 @@ def inspect_source(source: SourceModel) -> dict[str, Any]:
         "vocab_size": len(header.get("tokenizer.ggml.tokens") or []),
         "has_chat_template": header.get("tokenizer.chat_template") is not None,
         "shared_experts": meta("expert_shared_count") or 0,
-        "kv_bytes_per_token": _kv_bytes_per_token(meta),
+        "kv_bytes_per_token": _kv_bytes_per_token(header, arch),
         "experts": {
             "count": index.n_expert,
             "used_per_token": index.n_used,
@@ -101,27 +101,15 @@ def inspect_source(source: SourceModel) -> dict[str, Any]:
     }
 
 
-def _kv_bytes_per_token(meta: Callable[[str], Any]) -> int | None:
-    """An F16 KV cache's bytes per token of context over all layers: the latent and rope part with multi-head
-    latent attention (DeepSeek-V3), keys and values of every KV head otherwise; None when the metadata is
-    incomplete."""
-    layers, heads, width = meta("block_count"), meta("attention.head_count"), meta("embedding_length")
-    if not isinstance(layers, int):
+def _kv_bytes_per_token(header: GGUFHeader, arch: str) -> int | None:
+    """An F16 KV cache's bytes per token of context over all layers, by the model family's own rule (the number
+    the runtime allocates); None for an architecture the engine does not run or metadata it cannot read."""
+    from tokenwing.models import kv_bytes_per_token
+
+    try:
+        return kv_bytes_per_token({k: v.value for k, v in header.kv.items()}, arch, header.path)
+    except TokenWingError:
         return None
-    latent = meta("attention.kv_lora_rank")
-    if isinstance(latent, int) and latent > 0:
-        rope = meta("rope.dimension_count")
-        return 2 * layers * (latent + (rope if isinstance(rope, int) else 64))
-    kv_heads = meta("attention.head_count_kv")
-    kv_heads = kv_heads if isinstance(kv_heads, int) else heads
-    key = meta("attention.key_length")
-    if not isinstance(key, int):
-        key = width // heads if isinstance(width, int) and isinstance(heads, int) and heads else None
-    value = meta("attention.value_length")
-    value = value if isinstance(value, int) else key
-    if not isinstance(kv_heads, int) or not isinstance(key, int) or not isinstance(value, int):
-        return None
-    return int(2 * layers * kv_heads * (key + value))
 
 
 def format_report(r: dict[str, Any]) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tokenwing.errors import UnsupportedError
 from tokenwing.models.bailingmoe3 import BailingMoE3
 from tokenwing.models.base import MoEModel
@@ -9,6 +11,7 @@ from tokenwing.models.deepseek2 import DeepSeek2
 from tokenwing.models.ernie4_5_moe import Ernie45MoE
 from tokenwing.models.glm4moe import Glm4MoE
 from tokenwing.models.gpt_oss import GptOss
+from tokenwing.models.hparams import read_hparams
 from tokenwing.models.qwen2moe import Qwen2MoE
 from tokenwing.models.qwen3moe import Qwen3MoE
 from tokenwing.models.qwen3next import Qwen3Next, Qwen35MoE
@@ -30,3 +33,11 @@ def family(arch: str) -> type[MoEModel]:
     except KeyError:
         known = ", ".join(sorted(FAMILIES))
         raise UnsupportedError(f"architecture {arch!r} cannot run yet (the engine runs {known})") from None
+
+
+def kv_bytes_per_token(meta: dict[str, Any], arch: str, where: str, elt: int = 2) -> int:
+    """A file's KV cache per token of context (`elt` bytes an element: 2 for F16), by its family's rule, from
+    its metadata alone; UnsupportedError for an architecture the engine does not run, BadInputError for
+    metadata its family cannot read."""
+    cls = family(arch)
+    return cls.kv_bytes_per_token(read_hparams(meta, arch, where, cls.recurrence), elt)

@@ -82,8 +82,10 @@ class BailingMoE3(MoEModel):
         c.need(p + "attn_output.weight", (d_inner, e))
 
     # ------------------------------------------------------------------------------------------- caches
-    def kv_spec(self, il: int) -> common.KVSpec:
-        return common.KVSpec(0, 0) if self.hp.is_recurrent(il) else mla.kv_spec(self.hp)
+    @classmethod
+    def kv_layer(cls, hp: HParams, il: int) -> common.KVSpec:
+        """MLA's latent in the full-attention layers; a KDA layer keeps its recurrent state instead."""
+        return common.KVSpec(0, 0) if hp.is_recurrent(il) else mla.kv_spec(hp)
 
     def state_spec(self, il: int) -> common.StateSpec | None:
         if not self.hp.is_recurrent(il):

@@ -224,10 +224,24 @@ class MoEModel:
         """The sliding window's span when some layers attend over one (their placement needs its mask)."""
         return 0
 
-    def kv_spec(self, il: int) -> common.KVSpec:
-        """Layer il's cache widths: K and V of every KV head (none for a linear-attention layer)."""
-        hp = self.hp
+    @classmethod
+    def kv_layer(cls, hp: HParams, il: int) -> common.KVSpec:
+        """Layer il's cache widths from the hyper-parameters alone: K and V of every KV head here; a family whose
+        layers cache otherwise (MLA's latent, none for a linear-attention layer) overrides it. A class method so
+        that `tokenwing inspect` and `info` say what a file's cache takes without loading it."""
         return common.KVSpec(hp.head_dim * hp.n_head_kv, (hp.head_dim_v or hp.head_dim) * hp.n_head_kv)
+
+    @classmethod
+    def kv_bytes_per_token(cls, hp: HParams, elt: int = 2) -> int:
+        """Bytes the KV cache takes per token of context over all layers, at `elt` bytes an element (2: F16, the
+        default --kv-type). The one place this number is computed: the memory plan, `inspect`, `info` and the
+        app's estimate all use it. A family whose cache does not grow by its layers' widths per position (one
+        that compresses along the sequence) overrides this."""
+        return sum(cls.kv_layer(hp, il).bytes_per_position(elt) for il in range(hp.n_layer))
+
+    def kv_spec(self, il: int) -> common.KVSpec:
+        """Layer il's cache widths (`kv_layer` of this model's hyper-parameters)."""
+        return self.kv_layer(self.hp, il)
 
     def state_spec(self, il: int) -> common.StateSpec | None:
         """Layer il's recurrent state, if it is a linear-attention layer."""

@@ -128,6 +128,11 @@ class KVSpec:
         """V elements per position stored apart from K (0 when V lives in K)."""
         return 0 if self.v_in_k else self.v
 
+    def bytes_per_position(self, elt: int) -> int:
+        """What one position of this layer's cache takes, K and V at `elt` bytes an element (the runtime's cache
+        allocates exactly this per position: runtime/kvcache.py)."""
+        return (self.k + self.v_stored) * elt
+
 
 @dataclass(frozen=True)
 class KVCache:

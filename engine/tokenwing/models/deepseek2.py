@@ -44,8 +44,9 @@ class DeepSeek2(MoEModel):
     def check_attention(cls, c: TensorCheck, il: int) -> None:
         mla.check(c, il)
 
-    def kv_spec(self, il: int) -> common.KVSpec:
-        return mla.kv_spec(self.hp)
+    @classmethod
+    def kv_layer(cls, hp: HParams, il: int) -> common.KVSpec:
+        return mla.kv_spec(hp)
 
     def attention(
         self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache

@@ -122,10 +122,12 @@ class Qwen3Next(MoEModel):
         c.need(p + "ssm_out.weight", (lin.value_dim, e))
 
     # ------------------------------------------------------------------------------------------- caches
-    def kv_spec(self, il: int) -> common.KVSpec:
-        if self.hp.is_recurrent(il):
+    @classmethod
+    def kv_layer(cls, hp: HParams, il: int) -> common.KVSpec:
+        """A KV cache in the full-attention layers only: a linear one keeps its recurrent state instead."""
+        if hp.is_recurrent(il):
             return common.KVSpec(0, 0)
-        return super().kv_spec(il)
+        return super().kv_layer(hp, il)
 
     def state_spec(self, il: int) -> common.StateSpec | None:
         if not self.hp.is_recurrent(il):

@@ -23,11 +23,6 @@ def kv_element(name: str) -> tuple[int, int]:
         raise BadInputError("--kv-type must be f16 or f32") from None
 
 
-def kv_bytes_per_token(specs: list[KVSpec], elt: int) -> int:
-    """K and V of every layer for one position (a V that lives in K costs nothing more: MLA's latent)."""
-    return sum((s.k + s.v_stored) * elt for s in specs)
-
-
 class KVCaches:
     """Every layer's cache: K and V for an attention layer, the recurrent state for a linear-attention one
     (`states`, runtime/recurrent.py)."""
@@ -69,6 +64,11 @@ class KVCaches:
             k = arena.wrap(k_mem, gtype, (spec.k, n_ctx))
             v = arena.wrap(v_mem, gtype, (n_ctx, spec.v)) if v_mem is not None else None
             self.layers.append(KVCache(k, v, elt, spec.v))
+
+    @property
+    def nbytes(self) -> int:
+        """The K and V memory this cache holds (anonymous or file-backed; recurrent states are not KV)."""
+        return sum(k.nbytes + (v.nbytes if v is not None else 0) for k, v in self._memory)
 
     def __getitem__(self, il: int) -> LayerCache:
         return self.layers[il]

@@ -13,9 +13,8 @@ import math
 from dataclasses import dataclass
 
 from tokenwing.fsutil import human_bytes
-from tokenwing.models.common import KVSpec, StateSpec
+from tokenwing.models.common import StateSpec
 from tokenwing.models.hparams import HParams
-from tokenwing.runtime.kvcache import kv_bytes_per_token, kv_element
 from tokenwing.runtime.recurrent import state_bytes
 from tokenwing.streaming.memory import HEADROOM, MemoryInfo, expert_budget, memory_info
 
@@ -132,9 +131,8 @@ class MemoryPlan:
 
 def plan_memory(
     hp: HParams,
-    kv_specs: list[KVSpec],
+    kv_per_token: int,
     state_specs: list[StateSpec | None],
-    kv_type: str,
     *,
     n_ctx: int,
     max_batch: int,
@@ -145,13 +143,12 @@ def plan_memory(
     model_dir: str,
     info: MemoryInfo,
 ) -> MemoryPlan:
-    """The memory of a session whose options ask for context `n_ctx` (0: the model's, capped by memory), prompts
+    """The memory of a session whose KV cache takes `kv_per_token` bytes a position (the model family's
+    `kv_bytes_per_token`) and whose options ask for context `n_ctx` (0: the model's, capped by memory), prompts
     in graphs of `max_batch` tokens, `checkpoints` recurrent-state checkpoints and `ram_budget` bytes for the
     expert cache (None: what is left of `info` beside the rest). `least_expert_bytes`: the streaming core's
     minimum slots (plan_slots). When the KV cache in RAM would leave the expert cache less than that, it is kept
     in files in `model_dir` (its pages are reclaimable: the expert cache is planned without it)."""
-    _, elt = kv_element(kv_type)
-    kv_per_token = kv_bytes_per_token(kv_specs, elt)
     graph_mem = graph_bytes(hp, max_batch, n_ctx or hp.n_ctx_train, state_specs)
     states = StatePlan.of(state_specs, checkpoints, info)
     ctx = plan_context(n_ctx, hp.n_ctx_train, kv_per_token, weights_bytes + states.reserved, graph_mem, info)

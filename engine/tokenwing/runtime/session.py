@@ -33,7 +33,7 @@ from tokenwing.models.base import MoEModel
 from tokenwing.models.hparams import HParams
 from tokenwing.models.weights import ModelWeights
 from tokenwing.runtime.experts import ExpertCompute, ExpertPools
-from tokenwing.runtime.kvcache import KVCaches, v_width
+from tokenwing.runtime.kvcache import KVCaches, kv_element, v_width
 from tokenwing.runtime.lookahead import Ahead, Lookahead
 from tokenwing.runtime.memory_plan import PromptMemory, plan_memory, prompt_bytes_per_token
 from tokenwing.runtime.preflight import preflight
@@ -116,9 +116,8 @@ class Session:
         state_specs = [self.model.state_spec(il) for il in range(hp.n_layer)]
         memory = plan_memory(
             hp,
-            specs,
+            model_class.kv_bytes_per_token(hp, kv_element(opts.kv_type)[1]),
             state_specs,
-            opts.kv_type,
             n_ctx=opts.n_ctx,
             max_batch=opts.max_batch,
             checkpoints=opts.state_checkpoints if opts.prompt_cache else 0,

@@ -1,0 +1,48 @@
+"""KV bytes per token: one number per model, from its family's own rule (models/<family>.py `kv_layer` and
+`kv_bytes_per_token`), and it is what the runtime's KV cache allocates. `inspect` (and through it the app's
+estimate) and the memory plan use that number; before, inspect counted every layer of Qwen3-Next, whose linear
+layers keep a recurrent state instead (4x too much)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ModelFactory
+from tokenwing.format.inspect import inspect_model
+from tokenwing.models import FAMILIES
+from tokenwing.runtime.session import Session, SessionOptions
+
+# every family the engine runs (GLM-4.5 runs with its shared expert only; the linear-attention families with 8
+# layers, 2 of them full attention), and the older form of DeepSeek's attention (no MLA: every head's K and V)
+EXTRA: dict[str, dict[str, object]] = {
+    "glm4moe": {"n_shared_exp": 1},
+    **{arch: {"n_layer": 8} for arch in ("qwen3next", "qwen35moe", "bailingmoe3")},
+}
+CASES = [{"arch": arch, **EXTRA.get(arch, {})} for arch in sorted(FAMILIES)]
+CASES.append({"arch": "deepseek2", "legacy_kv_b": True})
+
+
+def _session(model: Path, n_ctx: int, kv_type: str = "f16") -> Session:
+    opts = SessionOptions(n_ctx=n_ctx, kv_type=kv_type, lookahead=0, usage_table=False, prompt_cache=False)
+    return Session(str(model), opts, log=lambda line: None)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_the_number_is_what_the_cache_allocates(repacked_factory: ModelFactory, case: dict[str, object]) -> None:
+    model = repacked_factory(type="F16", **case)
+    said = inspect_model([str(model)])["kv_bytes_per_token"]
+    s = _session(model, 64)
+    try:
+        assert s.kv.nbytes == 64 * s.model.kv_bytes_per_token(s.hp, 2) == 64 * said
+        assert s.prompt_memory.kv_per_token == said  # the memory plan's number is the same one
+    finally:
+        s.close()
+
+
+def test_qwen3next_caches_only_its_full_attention_layers(repacked_factory: ModelFactory) -> None:
+    model = repacked_factory(arch="qwen3next", type="F16", n_layer=8, n_head_kv=2, head_dim=32)
+    # layers 3 and 7 attend (every 4th), the other six keep a recurrent state: 2 layers x (K + V) x 2 KV heads x
+    # 32 x 2 bytes (counting all 8 layers, as inspect did, is 4x this)
+    assert inspect_model([str(model)])["kv_bytes_per_token"] == 2 * 2 * 2 * 32 * 2
