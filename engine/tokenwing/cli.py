@@ -203,7 +203,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_info(args: argparse.Namespace) -> int:
     from tokenwing.info import engine_info
 
-    info = engine_info(args.drive, parse_size(args.probe_bytes))
+    info = engine_info(args.drive, parse_size(args.probe_bytes), args.model)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -223,6 +223,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
     if info["drive"]:
         speeds = ", ".join(f"{t}: {v:.0f}" for t, v in info["drive"]["mb_per_s_by_threads"].items())
         print(f"drive ({'direct' if info['drive']['direct'] else 'cached'} reads, MB/s by threads): {speeds}")
+    if info["model"]:
+        m = info["model"]
+        print(
+            f"model: {m['file']} ({m['architecture']}): KV cache {human_bytes(m['kv_bytes_per_token'])} per token "
+            f"of context ({m['kv_type']})"
+        )
     return 0
 
 
@@ -461,7 +467,7 @@ def _write_json(path: str, data: object) -> None:
     write_json_atomic(path, data, indent=2)
 
 
-def _add_engine_arguments(p: argparse.ArgumentParser) -> None:
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     from tokenwing.streaming.settings import add_stream_arguments
 
     p.add_argument("model", help="a TokenWing model file (.tw.gguf; convert a GGUF with `tokenwing repack`)")
@@ -622,7 +628,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=_cmd_verify)
 
     run = sub.add_parser("run", help="generate text from a prompt, streaming experts from the drive")
-    _add_engine_arguments(run)
+    add_engine_arguments(run)
     run.add_argument("--prompt", "-p", required=True)
     run.add_argument("-n", type=int, default=128, help="tokens to generate at most")
     run.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -637,13 +643,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_cmd_run)
 
     lg = sub.add_parser("logits", help="per-position logits of a token sequence (for oracle checks)")
-    _add_engine_arguments(lg)
+    add_engine_arguments(lg)
     lg.add_argument("--tokens", required=True, help=".npy of token ids")
     lg.add_argument("--out", required=True, help=".npy to write, shape (tokens, vocabulary)")
     lg.set_defaults(func=_cmd_logits)
 
     sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (key from TOKENWING_API_KEY)")
-    _add_engine_arguments(sv)
+    add_engine_arguments(sv)
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=0, help="0: any free port (printed in the JSON handshake)")
     sv.add_argument("--watch-stdin", action="store_true", help="stop when stdin closes (for supervisors)")
@@ -660,7 +666,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device_arguments(at)
     at.set_defaults(func=_cmd_autotune)
 
-    inf = sub.add_parser("info", help="version, architectures, memory, devices (what the app asks the engine)")
+    inf = sub.add_parser(
+        "info", help="version, architectures, memory, devices, flags, exit codes (what the app asks the engine)"
+    )
+    inf.add_argument("model", nargs="?", help="also what this model file's KV cache takes per token")
     inf.add_argument("--json", action="store_true")
     inf.add_argument("--drive", help="also measure direct reads from this file (e.g. a model file)")
     inf.add_argument("--probe-bytes", default="64M", help="bytes to read per drive measurement")

@@ -1,13 +1,15 @@
 """`tokenwing info`: what this engine is and sees — version, the architectures it runs with the weight types it
-computes, the memory headroom it keeps, the memory (and optionally the drive) it would size itself from, and
-its compute devices. The app asks this instead of keeping copies of engine facts."""
+computes, the memory headroom it keeps in RAM and on a device, its flags with their defaults and choices, its exit
+codes, the memory (and optionally the drive) it would size itself from, its compute devices, and for a model file
+what its KV cache takes per token. The app asks this instead of keeping copies of engine facts."""
 
 from __future__ import annotations
 
+import argparse
 import os
 from typing import Any
 
-from tokenwing.errors import BadInputError
+from tokenwing.errors import BadInputError, exit_codes
 from tokenwing.streaming.memory import HEADROOM, MemoryInfo, memory_info
 from tokenwing.version import __version__
 
@@ -54,10 +56,60 @@ def devices(isa: list[str], mem: MemoryInfo) -> list[dict[str, Any]]:
     return out
 
 
-def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20) -> dict[str, Any]:
+def engine_flags() -> dict[str, dict[str, Any]]:
+    """The flags `run`, `serve` and `logits` take about a model, read from the parser that takes them: per flag
+    its default (None: the engine decides at start), its kind (bool: `--X` / `--no-X`; int; choice, with its
+    choices; str) and its help."""
+    from tokenwing.cli import add_engine_arguments
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_engine_arguments(parser)
+    out: dict[str, dict[str, Any]] = {}
+    for action in parser._actions:
+        if not action.option_strings:
+            continue  # the model
+        entry: dict[str, Any] = {"default": action.default}
+        if isinstance(action, argparse.BooleanOptionalAction):
+            entry["kind"] = "bool"
+        elif action.choices is not None:
+            entry.update(kind="choice", choices=list(action.choices))
+        elif action.type is int or getattr(action.type, "__name__", "") == "_count":
+            entry["kind"] = "int"
+        else:
+            entry["kind"] = "str"
+        entry["help"] = (action.help or "").replace("%%", "%")
+        out[action.option_strings[0]] = entry
+    return out
+
+
+def model_facts(path: str) -> dict[str, Any]:
+    """What the engine sizes for a model file (or GGUF) before loading it: its KV cache per token of context, at
+    each `--kv-type` (by its family's rule: the bytes the runtime allocates)."""
+    from tokenwing.format import layout as L
+    from tokenwing.format.source import open_source
+    from tokenwing.models import kv_bytes_per_token
+    from tokenwing.runtime.kvcache import KV_TYPES
+
+    header = open_source([path]).header
+    arch = L.arch_of(header)
+    meta = {k: v.value for k, v in header.kv.items()}
+    by_type = {name: kv_bytes_per_token(meta, arch, path, elt) for name, (_, elt) in KV_TYPES.items()}
+    default = engine_flags()["--kv-type"]["default"]
+    return {
+        "file": path,
+        "architecture": arch,
+        "kv_type": default,
+        "kv_bytes_per_token": by_type[default],
+        "kv_bytes_per_token_by_type": by_type,
+    }
+
+
+def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20, model: str | None = None) -> dict[str, Any]:
     from tokenwing.autotune.probe import cpu_isa, probe_drive
+    from tokenwing.compute.devices import HEADROOM_DIVISOR, HEADROOM_MAX, HEADROOM_MIN
     from tokenwing.models import supported_architectures
     from tokenwing.runtime.vram_experts import SWAP_EVERY, SWAP_MAX
+    from tokenwing.streaming.settings import DECAY_TOKENS
 
     types = weight_types()
     mem = memory_info()
@@ -65,6 +117,12 @@ def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20) -> d
         "version": __version__,
         "architectures": {arch: {"weight_types": types} for arch in supported_architectures()},
         "headroom_bytes": HEADROOM,
+        # what a device keeps free beyond --vram-budget's default: total / divisor, within min and max bytes
+        "device_headroom": {"divisor": HEADROOM_DIVISOR, "min_bytes": HEADROOM_MIN, "max_bytes": HEADROOM_MAX},
+        "flags": engine_flags(),
+        # --moe-stream-decay-tokens 0 (its default) means the policy's own half-life, in tokens
+        "decay_tokens_by_policy": dict(DECAY_TOKENS),
+        "exit_codes": exit_codes(),
         "memory": {
             "total": mem.total,
             "available": mem.available,
@@ -76,6 +134,7 @@ def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20) -> d
         # the VRAM expert cache's swap rule, the most it copies to a device per decode token (the app's estimate)
         "vram_swaps": {"every_tokens": SWAP_EVERY, "max_experts": SWAP_MAX},
         "drive": None,
+        "model": model_facts(model) if model is not None else None,
     }
     if drive_file is not None:
         try:

@@ -23,6 +23,7 @@ KINDS = ("auto", "cpu", "vulkan", "cuda")
 # Kept free on the device beyond the budget: the driver's own allocations and the compute buffers' growth, and
 # what other programs (a desktop, a browser) take after we measured. 1/16 of the memory, 256 MiB to 1 GiB.
 HEADROOM_MIN, HEADROOM_MAX = 256 << 20, 1 << 30
+HEADROOM_DIVISOR = 16
 # Under this the VRAM tier cannot hold a useful share of even a small model's always-used weights.
 MIN_BUDGET = 256 << 20
 _SOFTWARE = ("llvmpipe", "lavapipe", "swiftshader")
@@ -53,7 +54,7 @@ class Device:
 
 
 def headroom(total: int) -> int:
-    return min(HEADROOM_MAX, max(HEADROOM_MIN, total // 16))
+    return min(HEADROOM_MAX, max(HEADROOM_MIN, total // HEADROOM_DIVISOR))
 
 
 def list_devices() -> list[Device]:

@@ -1,0 +1,66 @@
+"""`tokenwing info --json` is the one home of the engine facts a program that runs the engine needs: its flags with
+their defaults and choices, the headroom it keeps in RAM and on a device, its exit codes, and a model's KV cache
+per token. Each is read from where the engine itself keeps it, so it cannot drift from what the engine does."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from tests.conftest import ModelFactory, assert_clean_error, run_cli
+from tokenwing import errors
+from tokenwing.compute.devices import headroom
+from tokenwing.format.inspect import inspect_model
+from tokenwing.info import engine_flags
+from tokenwing.streaming.settings import DECAY_TOKENS, StreamSettings
+
+
+def test_info_reports_flags_headroom_exit_codes_and_the_models_kv_cache(repacked_factory: ModelFactory) -> None:
+    model = repacked_factory(arch="qwen3next", type="F16", n_layer=8)
+    r = run_cli("info", "--json", str(model))
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    # every streaming setting with the default the engine runs with (history: it misses less than decay)
+    flags = info["flags"]
+    for f in dataclasses.fields(StreamSettings):
+        assert flags["--moe-stream-" + f.name.replace("_", "-")]["default"] == f.default
+    assert flags["--moe-stream-policy"] == {**flags["--moe-stream-policy"], "kind": "choice", "default": "history"}
+    assert set(flags["--moe-stream-policy"]["choices"]) == {"history", "decay", "lru"}
+    assert flags["--moe-stream-direct"]["kind"] == "bool" and flags["--lookahead"]["kind"] == "int"
+    assert flags["--kv-type"]["default"] == "f16"
+    assert info["decay_tokens_by_policy"] == DECAY_TOKENS
+    # the device headroom rule gives what the engine keeps free
+    rule = info["device_headroom"]
+    for total in (2 << 30, 8 << 30, 24 << 30, 141 << 30):
+        assert min(rule["max_bytes"], max(rule["min_bytes"], total // rule["divisor"])) == headroom(total)
+    assert info["exit_codes"] == {
+        "error": 1,
+        "bad_input": 2,
+        "corrupt_model": 3,
+        "unsupported": 4,
+        "no_disk_space": 5,
+    }
+    m = info["model"]
+    assert m["architecture"] == "qwen3next" and m["kv_type"] == "f16"
+    assert m["kv_bytes_per_token"] == inspect_model([str(model)])["kv_bytes_per_token"] > 0
+    assert m["kv_bytes_per_token_by_type"] == {"f16": m["kv_bytes_per_token"], "f32": 2 * m["kv_bytes_per_token"]}
+    # the line without --json says it too
+    text = run_cli("info", str(model))
+    assert text.returncode == 0 and "KV cache" in text.stdout and "per token" in text.stdout
+
+
+def test_exit_codes_are_the_error_classes_and_one_kind_each() -> None:
+    codes = errors.exit_codes()
+    assert codes["no_disk_space"] == errors.DiskSpaceError.exit_code
+    assert codes["unsupported"] == errors.UnsupportedError.exit_code
+    assert len(set(codes.values())) == len(codes)
+
+
+def test_flags_without_a_model_and_a_model_that_is_not_one(tmp_path: Path) -> None:
+    budget = engine_flags()["--ram-budget"]
+    assert budget["default"] is None and budget["kind"] == "str"  # None: the engine sizes it at start
+    assert "25%" in budget["help"]  # (argparse's %% unescaped)
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf at all")
+    assert_clean_error(run_cli("info", "--json", str(junk)), 2)
