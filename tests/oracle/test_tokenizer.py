@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from tests.conftest import ModelFactory
@@ -102,3 +108,52 @@ def test_family_tokenizer_and_template_match_llama_cpp(model_factory: ModelFacto
         assert tok.encode(text, special=True, add_bos=False) == special, text
         assert tok.decode(special) == shown, text  # control tokens hidden, user-defined ones shown
     assert tok.add_bos == (family == "deepseek-v3")
+
+
+# Every vocabulary type a family we run ships with, by the name its GGUF carries (`tokenizer.ggml.pre`, or `spm`
+# for a SentencePiece vocabulary): Qwen3/Qwen2/Qwen3-Next (qwen2), Qwen3.5 (qwen35), GLM-4.5..GLM-5 (glm4),
+# ERNIE 4.5 (SentencePiece), DeepSeek V3/V3.1 (deepseek-v3), Kimi K2 (kimi-k2), gpt-oss (gpt-4o), Ling 2.0/3.0
+# (bailingmoe2), MiniMax M2 (minimax-m2), and files that name none (default).
+VOCAB_FAMILIES = [
+    "qwen2", "qwen35", "glm4", "spm", "deepseek-v3", "kimi-k2", "gpt-4o", "bailingmoe2", "minimax-m2", "default",
+]  # fmt: skip
+# The new families' markers, in running text and glued to words.
+MARKERS = [
+    "[gMASK]<sop><|system|>\nsys<|user|>\nhi<|assistant|>\n<think>r</think>ok<|observation|><tool_call>f<arg_key>",
+    "<role>HUMAN</role>hi<|role_end|><role>ASSISTANT</role><think>x</think>y<|startoftext|><|reserved_token_3|>",
+    "]~!b[]~b]system\nsys[e~[\n]~b]user\nhi[e~[\n]~b]ai\n<think>t</think><minimax:tool_call>x</minimax:tool_call>",
+    "<s>User: hi\nAssistant: ok<|end_of_sentence|></s><unk><|begin_of_sentence|><mask:5><0x41>",
+    "word<s>word</s> <s> space before, <unk>unknown",
+]
+
+
+def vocab_probe(paths: list[Path], texts: list[str]) -> list[dict[str, Any]]:
+    """llama.cpp's tokenizer on each file's vocabulary alone (a vocab_only load), in a subprocess."""
+    req = paths[0].with_suffix(".vocab.json")
+    req.write_text(json.dumps({"paths": [str(p) for p in paths], "texts": texts}))
+    script = Path(__file__).with_name("llama_vocab_probe.py")
+    proc = subprocess.run(
+        [sys.executable, str(script), str(req)], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("name", VOCAB_FAMILIES)
+def test_every_vocabulary_type_tokenizes_as_llama_cpp(model_factory: ModelFactory, name: str) -> None:
+    """Ids equal llama.cpp's on our multilingual corpus (code, CJK, Arabic, Devanagari, digits, emoji, whitespace
+    runs, contractions) and on every family's markers, with special tokens parsed and not, with and without BOS;
+    each token shows as llama.cpp's token_to_piece shows it."""
+    from tokenwing.testmodel.corpus import CORPUS, MULTILINGUAL
+
+    path = model_factory(vocab_size=4096, tokenizer=name, n_layer=1)
+    meta = {k: v.value for k, v in read_header(str(path)).kv.items()}
+    texts = [*CORPUS.splitlines(), *MULTILINGUAL.splitlines(), MULTILINGUAL, *TRICKY, *MIXED, *MARKERS]
+    (r,) = vocab_probe([path], texts)
+    tok = tokenizer_from_metadata(meta, str(path))
+    assert tok.add_bos == r["add_bos"]
+    for text, plain, special, with_bos in zip(texts, r["plain"], r["special"], r["with_bos"], strict=True):
+        assert tok.encode(text, special=False, add_bos=False) == plain, text
+        assert tok.encode(text, special=True, add_bos=False) == special, text
+        assert tok.encode(text, special=True) == with_bos, text
+    assert [tok.piece_bytes(i).hex() for i in range(tok.vocab_size)] == r["pieces"]

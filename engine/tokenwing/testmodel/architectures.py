@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from tokenwing.format.gguf_io import KV, ValueType
 from tokenwing.testmodel.shapes import ModelShape
+from tokenwing.testmodel.tokenizer import FAMILIES as tokenizer_families
 
 
 @dataclass(frozen=True)
@@ -614,7 +615,7 @@ _ROUTED = (
     "qwen35moe",
     "bailingmoe3",
 )
-TOKENIZERS = ("qwen2", "deepseek-v3", "kimi-k2", "gpt-4o")
+TOKENIZERS = tuple(tokenizer_families)
 
 
 def _is_lite(s: ModelShape) -> bool:

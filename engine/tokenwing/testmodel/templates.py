@@ -45,3 +45,43 @@ HARMONY = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}"
 )
+
+# GLM-4.5 (our own, in its shape): [gMASK]<sop>, then <|role|>\ncontent per message, the reply after
+# <|assistant|>\n; a turn ends where the next role marker begins (the file's EOT is <|user|>).
+GLM4 = (
+    "[gMASK]<sop>"
+    "{%- for message in messages %}{{- '<|' + message['role'] + '|>\\n' + message['content'] }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|assistant|>\\n' }}{%- endif %}"
+)
+
+# Ling 2.0 / 3.0 (our own, in its shape): <role>ROLE</role>content<|role_end|>, roles in capitals.
+LING = (
+    "{%- set names = {'system': 'SYSTEM', 'user': 'HUMAN', 'assistant': 'ASSISTANT', 'tool': 'OBSERVATION'} %}"
+    "{%- for message in messages %}"
+    "{{- '<role>' + names.get(message['role'], 'HUMAN') + '</role>' + message['content'] + '<|role_end|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<role>ASSISTANT</role>' }}{%- endif %}"
+)
+
+# MiniMax M2 (our own, in its shape): ]~!b[ once, then ]~b]role\ncontent[e~[\n, the model answering as `ai`.
+MINIMAX_M2 = (
+    "]~!b["
+    "{%- for message in messages %}"
+    "{{- ']~b]' + ('ai' if message['role'] == 'assistant' else message['role']) + '\\n' + message['content'] }}"
+    "{{- '[e~[\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- ']~b]ai\\n' }}{%- endif %}"
+)
+
+# ERNIE 4.5 (our own, in its shape): plain-text roles after <|begin_of_sentence|>, replies closed by
+# <|end_of_sentence|>.
+ERNIE = (
+    "<|begin_of_sentence|>"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'user' %}{{- 'User: ' + message['content'] + '\\n' }}"
+    "{%- elif message['role'] == 'assistant' %}{{- 'Assistant: ' + message['content'] + '<|end_of_sentence|>' }}"
+    "{%- else %}{{- message['content'] + '\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- 'Assistant: ' }}{%- endif %}"
+)

@@ -46,17 +46,23 @@ def model_metadata(shape: ModelShape, type_name: str, name: str) -> dict[str, KV
     kv.update(arch.metadata(shape))
     kv.update(
         {
-            "tokenizer.ggml.model": KV.string("gpt2"),
+            "tokenizer.ggml.model": KV.string(vocab.model),
             "tokenizer.ggml.pre": KV.string(vocab.pre),
             "tokenizer.ggml.tokens": KV.strings(vocab.tokens),
             "tokenizer.ggml.token_type": KV.array(ValueType.INT32, vocab.token_types),
-            "tokenizer.ggml.merges": KV.strings(vocab.merges),
             "tokenizer.ggml.eos_token_id": KV.u32(vocab.eos_id),
             "tokenizer.ggml.padding_token_id": KV.u32(vocab.pad_id),
             "tokenizer.ggml.bos_token_id": KV.u32(vocab.bos_id),
             "tokenizer.ggml.add_bos_token": KV.boolean(vocab.add_bos),
         }
     )
+    if vocab.scores is not None:  # SentencePiece: scores and a space before the text, no merges
+        kv["tokenizer.ggml.scores"] = KV.array(ValueType.FLOAT32, vocab.scores)
+        kv["tokenizer.ggml.add_space_prefix"] = KV.boolean(True)
+    else:
+        kv["tokenizer.ggml.merges"] = KV.strings(vocab.merges)
+    if vocab.eot_id is not None:
+        kv["tokenizer.ggml.eot_token_id"] = KV.u32(vocab.eot_id)
     if shape.chat_template:
         kv["tokenizer.chat_template"] = KV.string(vocab.chat_template)
     return kv

@@ -1,10 +1,13 @@
-"""A tokenizer built from the GGUF's own vocabulary with the `tokenizers` library, tokenising as llama.cpp does.
+"""Tokenizers built from the GGUF's own vocabulary, tokenising as llama.cpp does.
 
-Supported: `tokenizer.ggml.model = gpt2` (byte-level BPE) with the pre-tokenisers llama.cpp names below.
+Supported: `tokenizer.ggml.model = gpt2` (byte-level BPE, through the `tokenizers` library) with the
+pre-tokenisers llama.cpp names below, and `llama` (SentencePiece, as llama.cpp merges it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +28,14 @@ _LLAMA3 = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# A file that names no pre-tokenizer, or "default" (LLAMA_VOCAB_PRE_TYPE_DEFAULT): punctuation runs, GPT-2's
+# split, then digit runs cut in threes.
+_DEFAULT = (
+    r"[\p{P}\$\+<=>\^~\|]+",
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+    r"\p{N}+",
+    r"[0-9][0-9][0-9]",
+)
 # DeepSeek-V3 (llama-vocab.cpp LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM): digits in threes, CJK/kana runs, then words.
 _DEEPSEEK_V3 = (
     r"\p{N}{1,3}",
@@ -54,21 +65,54 @@ _KIMI_K2 = (
     rf"[{_HAN}]+|[^\r\n\p{{L}}\p{{N}}]?[\p{{L}}&&[^{_HAN}]]+(?:'[sStTmMdD]|'[rR][eE]|'[vV][eE]|'[lL][lL])?"
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
-    "qwen2": (_QWEN2,),
-    "qwen35": (_QWEN2,),
-    "llama3": (_LLAMA3,),
-    "llama-bpe": (_LLAMA3,),
-    "gpt-2": (_GPT2,),
-    "default": (_GPT2,),
-    "deepseek-v3": _DEEPSEEK_V3,
-    "gpt-4o": (_GPT4O,),
-    "kimi-k2": (_KIMI_K2,),
+# Qwen3.5 (LLAMA_VOCAB_PRE_TYPE_QWEN35): Qwen2's, with combining marks part of words and never of punctuation.
+_QWEN35 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Ling 2.0 / 3.0 (LLAMA_VOCAB_PRE_TYPE_BAILINGMOE): Qwen2's, with each newline its own piece after spaces
+# (`\s*[\r\n]`, not `[\r\n]+`); llama.cpp made the original's possessive quantifiers greedy, as here.
+_BAILINGMOE = (
+    r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]|\s+(?!\S)|\s+"
+)
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    """One of llama.cpp's pre-tokenizer types (llama-vocab.cpp, by `tokenizer.ggml.pre`)."""
+
+    splits: tuple[str, ...]
+    ignore_merges: bool = False  # a piece that is a whole token is that token, unmerged (llama.cpp's ignore_merges)
+    add_bos: bool = False  # llama.cpp's default where the file does not say
+    bos: bool = True  # False: llama.cpp ignores the file's BOS token
+
+
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+    "default": PreTokenizer(_DEFAULT),
+    "gpt-2": PreTokenizer((_GPT2,)),
+    "qwen2": PreTokenizer((_QWEN2,)),
+    "deepseek-r1-qwen": PreTokenizer((_QWEN2,)),
+    "qwen35": PreTokenizer((_QWEN35,)),
+    "llama3": PreTokenizer((_LLAMA3,), ignore_merges=True, add_bos=True),
+    "llama-bpe": PreTokenizer((_LLAMA3,), ignore_merges=True, add_bos=True),
+    # GLM-4.5 .. GLM-5 (LLAMA_VOCAB_PRE_TYPE_CHATGLM4): Llama 3's split, whole-token pieces unmerged
+    "glm4": PreTokenizer((_LLAMA3,), ignore_merges=True, bos=False),
+    "glm5": PreTokenizer((_LLAMA3,), ignore_merges=True, bos=False),
+    "deepseek-v3": PreTokenizer(_DEEPSEEK_V3),
+    "gpt-4o": PreTokenizer((_GPT4O,)),
+    "minimax-m2": PreTokenizer((_GPT4O,)),  # MiniMax M2 shares o200k's split (LLAMA_VOCAB_PRE_TYPE_MINIMAX_M2)
+    "kimi-k2": PreTokenizer((_KIMI_K2,)),
+    "bailingmoe": PreTokenizer((_BAILINGMOE,)),
+    "bailingmoe2": PreTokenizer((_BAILINGMOE,)),
+    "llada-moe": PreTokenizer((_BAILINGMOE,)),
 }
 
+TOKEN_NORMAL = 1
 TOKEN_UNKNOWN = 2
 TOKEN_CONTROL = 3
 TOKEN_USER_DEFINED = 4
+TOKEN_BYTE = 6
 
 # Tokens llama.cpp recognises by their text (llama-vocab.cpp, after loading the vocabulary): these end generation
 # and are control tokens whatever the file says ...
@@ -96,51 +140,192 @@ _USER_TEXTS = frozenset({"<|channel|>", "<|message|>", "<|start|>", "<|constrain
 
 
 class TextTokenizer:
+    """What the engine asks of a vocabulary: text to ids as llama.cpp makes them, and ids back to bytes."""
+
     def __init__(
         self,
-        plain: Tokenizer,
-        with_special: Tokenizer,
+        tokens: list[str],
+        types: list[int],
         eos_ids: set[int],
         bos_id: int | None,
         add_bos: bool,
-        vocab_size: int,
         special_ids: set[int],
         user_ids: set[int] | None = None,
     ) -> None:
-        self._plain = plain  # control-token texts are ordinary text (llama.cpp's parse_special=false)
-        self._special = with_special  # control-token texts become their ids (what chat templates write)
+        self.tokens = tokens
+        self.types = types  # GGUF token types
         self.eos_ids = eos_ids  # every token that ends generation (llama.cpp's EOG set)
         self.bos_id = bos_id
         self.add_bos = add_bos
-        self.vocab_size = vocab_size
+        self.vocab_size = len(tokens)
         self.special_ids = special_ids  # control tokens: never printed
         self.user_ids = user_ids or set()  # user-defined tokens: matched in any text, printed as their text
 
     def encode(self, text: str, special: bool = True, add_bos: bool | None = None) -> list[int]:
-        tok = self._special if special else self._plain
-        ids: list[int] = tok.encode(text, add_special_tokens=False).ids
+        """`special`: control-token texts become their ids (what chat templates write); otherwise they are
+        ordinary text (llama.cpp's parse_special)."""
+        ids = self._encode(text, special)
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             ids = [self.bos_id, *ids]
         return ids
 
-    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
-        return str(self._special.decode(list(ids), skip_special_tokens=skip_special))
+    def _encode(self, text: str, special: bool) -> list[int]:
+        raise NotImplementedError
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes of one token (streamed output may split a UTF-8 character across tokens)."""
-        piece = self._plain.id_to_token(token_id)
-        if piece is None or token_id in self.special_ids:
-            return b""
-        if token_id in self.user_ids:
-            return piece.encode()
-        return bytes(_BYTE_DECODER.get(ch, 0) for ch in piece)
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        """The text of `ids`, each token as llama.cpp's token_to_piece shows it (control tokens by name unless
+        skipped)."""
+        out = b"".join(self.token_bytes(i) if skip_special else self.piece_bytes(i) for i in ids)
+        return out.decode("utf-8", errors="replace")
 
     def piece_bytes(self, token_id: int) -> bytes:
         """What a token shows as in token lists (logprobs): its bytes, or a control token's own name."""
         if token_id in self.special_ids:
-            piece = self._plain.id_to_token(token_id)
-            return piece.encode("utf-8") if piece is not None else b""
+            return self.tokens[token_id].encode("utf-8") if 0 <= token_id < self.vocab_size else b""
         return self.token_bytes(token_id)
+
+
+class BpeTokenizer(TextTokenizer):
+    """Byte-level BPE (`tokenizer.ggml.model = gpt2`), through the `tokenizers` library."""
+
+    def __init__(
+        self, tokens: list[str], types: list[int], plain: Tokenizer, with_special: Tokenizer, **roles: Any
+    ) -> None:
+        super().__init__(tokens, types, **roles)
+        self._plain = plain  # control-token texts are ordinary text (llama.cpp's parse_special=false)
+        self._special = with_special  # control-token texts become their ids
+
+    def _encode(self, text: str, special: bool) -> list[int]:
+        tok = self._special if special else self._plain
+        return list(tok.encode(text, add_special_tokens=False).ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if not 0 <= token_id < self.vocab_size or token_id in self.special_ids:
+            return b""
+        piece = self.tokens[token_id]
+        if token_id in self.user_ids:
+            return piece.encode()
+        if self.types[token_id] != TOKEN_NORMAL:
+            return b""  # unused and undefined tokens print nothing (llama.cpp's token_to_piece)
+        return bytes(_BYTE_DECODER.get(ch, 0) for ch in piece)
+
+
+_SPACE = "\u2581"  # SentencePiece's visible space
+
+
+class SpmTokenizer(TextTokenizer):
+    """SentencePiece vocabularies (`tokenizer.ggml.model = llama`: ERNIE 4.5, Llama 2 and kin), tokenised as
+    llama.cpp's llm_tokenizer_spm does: spaces become U+2581, a space is put before text that starts the input
+    or follows a special token, then adjacent pieces merge, highest-scoring result first (leftmost among
+    equals), wherever their concatenation is a token; a character no token covers becomes its byte tokens."""
+
+    def __init__(
+        self,
+        tokens: list[str],
+        scores: list[float],
+        types: list[int],
+        add_space_prefix: bool,
+        **roles: Any,
+    ) -> None:
+        super().__init__(tokens, types, **roles)
+        self._ids = {t: i for i, t in enumerate(tokens)}  # a repeated text maps to its last id, as in llama.cpp
+        self._scores = scores
+        self._add_space_prefix = add_space_prefix
+        self._bytes: dict[int, int] = {}  # byte → its <0xXX> token
+        for i, (t, ty) in enumerate(zip(tokens, types, strict=True)):
+            if ty == TOKEN_BYTE and len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+                with contextlib.suppress(ValueError):
+                    self._bytes.setdefault(int(t[3:5], 16), i)
+        # llama.cpp's special-token partition: user-defined tokens always, control and unknown ones only where
+        # special tokens are parsed; longer texts first, each cutting the raw text the longer ones left
+        by_len = sorted(self.user_ids | self.special_ids, key=lambda i: -len(tokens[i]))
+        self._partition_all = [(tokens[i], i) for i in by_len if tokens[i]]
+        self._partition_user = [(t, i) for t, i in self._partition_all if i in self.user_ids]
+
+    def _encode(self, text: str, special: bool) -> list[int]:
+        fragments: list[str | int] = [text] if text else []
+        for piece, tid in self._partition_all if special else self._partition_user:
+            cut: list[str | int] = []
+            for f in fragments:
+                if isinstance(f, int) or piece not in f:
+                    cut.append(f)
+                    continue
+                parts = f.split(piece)
+                for k, part in enumerate(parts):
+                    if k:
+                        cut.append(tid)
+                    if part:
+                        cut.append(part)
+            fragments = cut
+        out: list[int] = []
+        prev_special = True  # a space before the input's first text
+        for f in fragments:
+            if isinstance(f, int):
+                out.append(f)
+                prev_special = True
+                continue
+            raw = (" " if self._add_space_prefix and prev_special else "") + f
+            self._merge(raw.replace(" ", _SPACE), out)
+            prev_special = False
+        return out
+
+    def _merge(self, text: str, out: list[int]) -> None:
+        syms = list(text)  # one symbol per character
+        n = len(syms)
+        nxt = [*range(1, n), -1]
+        prev = list(range(-1, n - 1))
+        queue: list[tuple[float, int, int, int]] = []
+
+        def bigram(left: int, right: int) -> None:
+            if left < 0 or right < 0:
+                return
+            joined = syms[left] + syms[right]
+            tid = self._ids.get(joined)
+            if tid is not None:
+                heapq.heappush(queue, (-self._scores[tid], left, len(joined), right))
+
+        for i in range(1, n):
+            bigram(i - 1, i)
+        while queue:
+            _, left, size, right = heapq.heappop(queue)
+            # a pair one of whose symbols has changed since it was queued is stale
+            if not syms[left] or not syms[right] or len(syms[left]) + len(syms[right]) != size:
+                continue
+            syms[left] += syms[right]
+            syms[right] = ""
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prev[nxt[right]] = left
+            bigram(prev[left], left)
+            bigram(left, nxt[left])
+        i = 0 if n else -1
+        while i != -1:
+            tid = self._ids.get(syms[i])
+            if tid is not None:
+                out.append(tid)
+            else:
+                for byte in syms[i].encode("utf-8"):
+                    if byte not in self._bytes:
+                        raise BadInputError(f"the vocabulary has no token for byte 0x{byte:02X}")
+                    out.append(self._bytes[byte])
+            i = nxt[i]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if not 0 <= token_id < self.vocab_size or token_id in self.special_ids:
+            return b""
+        text = self.tokens[token_id]
+        if token_id in self.user_ids:
+            return text.encode()
+        ty = self.types[token_id]
+        if ty == TOKEN_BYTE:
+            return bytes([int(text[3:5], 16)]) if text.startswith("<0x") and len(text) == 6 else b""
+        if ty != TOKEN_NORMAL:
+            return b""  # unused and undefined tokens print nothing (llama.cpp's token_to_piece)
+        return text.replace(_SPACE, " ").encode()
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -172,7 +357,7 @@ def _token_id(meta: dict[str, Any], key: str, n_vocab: int, where: str) -> int:
 def pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     """llama.cpp's pre-tokenisation for `tokenizer.ggml.pre = pre`, then GPT-2's byte-to-unicode mapping."""
     splits: list[pre_tokenizers.PreTokenizer] = [
-        pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZERS[pre]
+        pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZERS[pre].splits
     ]
     return pre_tokenizers.Sequence([*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
 
@@ -215,26 +400,73 @@ def token_roles(tokens: list[str], types: list[int], special: dict[str, int]) ->
 def tokenizer_from_metadata(meta: dict[str, Any], where: str) -> TextTokenizer:
     """Builds the tokenizer from GGUF metadata values (plain Python/numpy values, keyed by GGUF key)."""
     model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise UnsupportedError(f"{where}: tokenizer model {model!r} is not supported yet (only gpt2 BPE)")
-    pre = meta.get("tokenizer.ggml.pre", "default")
+    if model not in ("gpt2", "llama"):
+        raise UnsupportedError(
+            f"{where}: tokenizer model {model!r} is not supported yet (gpt2 BPE and llama SentencePiece are)"
+        )
+    pre = meta.get("tokenizer.ggml.pre", "default") if model == "gpt2" else "default"
     if not isinstance(pre, str) or pre not in PRE_TOKENIZERS:
         raise UnsupportedError(f"{where}: pre-tokenizer {pre!r} is not supported yet")
     tokens = meta.get("tokenizer.ggml.tokens")
-    merges = meta.get("tokenizer.ggml.merges")
-    if not _strings(tokens) or not _strings(merges) or not tokens:
-        raise BadInputError(f"{where}: the vocabulary or its merges are missing or malformed")
-    assert isinstance(tokens, list) and isinstance(merges, list)
-    raw_types = meta.get("tokenizer.ggml.token_type", [1] * len(tokens))
+    if not _strings(tokens) or not tokens:
+        raise BadInputError(f"{where}: the vocabulary is missing or malformed")
+    assert isinstance(tokens, list)
+    raw_types = meta.get("tokenizer.ggml.token_type", [TOKEN_NORMAL] * len(tokens))
     if not isinstance(raw_types, list | np.ndarray):
         raise BadInputError(f"{where}: tokenizer.ggml.token_type must be an array")
-    types = list(raw_types)
-    if (
-        len(types) != len(tokens)
-        or len(set(tokens)) != len(tokens)
-        or not all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in types)
-    ):
-        raise BadInputError(f"{where}: the vocabulary is inconsistent (duplicate tokens or token types)")
+    types = [int(t) if isinstance(t, int | np.integer) and not isinstance(t, bool) else -1 for t in raw_types]
+    if len(types) != len(tokens) or -1 in types:
+        raise BadInputError(f"{where}: the vocabulary is inconsistent (its token types do not match its tokens)")
+    keys = {k: f"tokenizer.ggml.{k}_token_id" for k in ("eos", "eot", "eom")}
+    roles = token_roles(
+        tokens, types, {k: _token_id(meta, key, len(tokens), where) for k, key in keys.items() if key in meta}
+    )
+    bos_key = "tokenizer.ggml.bos_token_id"
+    bos = _token_id(meta, bos_key, len(tokens), where) if bos_key in meta else None
+    spec = PRE_TOKENIZERS[pre]
+    if model == "gpt2" and not spec.bos:
+        bos = None  # GLM's files name a BOS token that llama.cpp ignores
+    # llama.cpp's default, unless the file says: SentencePiece vocabularies and Llama 3's start with BOS
+    add_bos = meta.get("tokenizer.ggml.add_bos_token", model == "llama" or spec.add_bos) is True
+    common: dict[str, Any] = dict(
+        eos_ids=roles.eog, bos_id=bos, add_bos=add_bos, special_ids=roles.control, user_ids=roles.user
+    )
+    if model == "llama":
+        return _spm(meta, tokens, types, where, common)
+    return _bpe(meta, tokens, types, pre, roles, where, common)
+
+
+def _spm(
+    meta: dict[str, Any], tokens: list[str], types: list[int], where: str, common: dict[str, Any]
+) -> TextTokenizer:
+    scores = meta.get("tokenizer.ggml.scores")
+    if not isinstance(scores, list | np.ndarray) or len(scores) != len(tokens):
+        raise BadInputError(f"{where}: a SentencePiece vocabulary needs a score for every token")
+    try:
+        values = [float(v) for v in scores]
+    except (TypeError, ValueError):
+        raise BadInputError(f"{where}: tokenizer.ggml.scores must be numbers") from None
+    if not all(np.isfinite(values)):
+        raise BadInputError(f"{where}: tokenizer.ggml.scores must be finite")
+    prefix = meta.get("tokenizer.ggml.add_space_prefix", True) is True
+    return SpmTokenizer(tokens, values, types, prefix, **common)
+
+
+def _bpe(
+    meta: dict[str, Any],
+    tokens: list[str],
+    types: list[int],
+    pre: str,
+    roles: TokenRoles,
+    where: str,
+    common: dict[str, Any],
+) -> TextTokenizer:
+    merges = meta.get("tokenizer.ggml.merges")
+    if not _strings(merges):
+        raise BadInputError(f"{where}: the vocabulary's merges are missing or malformed")
+    assert isinstance(merges, list)
+    if len(set(tokens)) != len(tokens):
+        raise BadInputError(f"{where}: the vocabulary is inconsistent (duplicate tokens)")
     vocab = {t: i for i, t in enumerate(tokens)}
     pairs = []
     for m in merges:
@@ -244,15 +476,11 @@ def tokenizer_from_metadata(meta: dict[str, Any], where: str) -> TextTokenizer:
         pairs.append((a, b))
 
     def build() -> Tokenizer:
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=False))
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=PRE_TOKENIZERS[pre].ignore_merges))
         tok.pre_tokenizer = pre_tokenizer(pre)
         tok.decoder = decoders.ByteLevel()
         return tok
 
-    keys = {k: f"tokenizer.ggml.{k}_token_id" for k in ("eos", "eot", "eom")}
-    roles = token_roles(
-        tokens, types, {k: _token_id(meta, key, len(tokens), where) for k, key in keys.items() if key in meta}
-    )
     plain, with_special = build(), build()
     user = [AddedToken(tokens[i], special=False, normalized=False) for i in sorted(roles.user)]
     plain.add_tokens(user)
@@ -260,7 +488,4 @@ def tokenizer_from_metadata(meta: dict[str, Any], where: str) -> TextTokenizer:
     with_special.add_special_tokens(
         [AddedToken(tokens[i], special=True, normalized=False) for i in sorted(roles.control)]
     )
-    bos_key = "tokenizer.ggml.bos_token_id"
-    bos = _token_id(meta, bos_key, len(tokens), where) if bos_key in meta else None
-    add_bos = meta.get("tokenizer.ggml.add_bos_token") is True
-    return TextTokenizer(plain, with_special, roles.eog, bos, add_bos, len(tokens), roles.control, roles.user)
+    return BpeTokenizer(tokens, types, plain, with_special, **common)
