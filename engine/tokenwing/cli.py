@@ -417,7 +417,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     options = _session_options(args)
     # (with a device, the session says where it computes once it is loaded: the GPU's share, or why the CPU)
     notes = [args.device_line] if options.device is None else []
-    return serve(args.model, options, args.host, args.port, args.watch_stdin, notes=notes)
+    return serve(
+        args.model,
+        options,
+        args.host,
+        args.port,
+        args.watch_stdin,
+        notes=notes,
+        allowed_hosts=args.allowed_host,
+        cors_origins=args.cors_origin,
+    )
 
 
 def _cmd_autotune(args: argparse.Namespace) -> int:
@@ -653,6 +662,22 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=0, help="0: any free port (printed in the JSON handshake)")
     sv.add_argument("--watch-stdin", action="store_true", help="stop when stdin closes (for supervisors)")
+    sv.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests for this host name or address (repeatable; * for any): by default only "
+        "localhost and this machine's addresses, so no web page can reach the server by DNS rebinding",
+    )
+    sv.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let web pages from this origin (http://localhost:3000; repeatable; * for any) call the server, "
+        "with CORS; by default no web page may",
+    )
     sv.set_defaults(func=_cmd_serve)
 
     at = sub.add_parser("autotune", help="probe this machine and the drive, and choose settings for a model")

@@ -131,7 +131,7 @@ def test_errors_are_openai_style(server: Server) -> None:
     assert "messages" in str(e.value)
     with pytest.raises(openai.BadRequestError):
         c.chat.completions.create(model="x", messages=[{"role": "user", "content": "x"}], temperature=5)
-    headers = {"Authorization": f"Bearer {KEY}"}
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     for body in (
         b"{not json",
         b"[]",

@@ -23,6 +23,7 @@ from tokenwing.text.chat import ChatTemplate, chat_format
 from tokenwing.text.tokenizer import TextTokenizer, tokenizer_from_metadata
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
+JSON = {**AUTH, "Content-Type": "application/json"}  # raw bodies say what they are (the server takes JSON only)
 
 
 # experts stream: the decode path is the one that reads the drive; a prompt's attention as two products, as the
@@ -197,13 +198,13 @@ def test_lone_surrogate_is_a_clean_400(server: Server) -> None:
         ("/v1/completions", b'{"prompt": "x\\ud83d"}'),
         ("/v1/completions", b'{"prompt": "x", "stop": ["\\ud800"]}'),
     ):
-        r = httpx.post(server.url + path, content=body, headers=AUTH, timeout=30)
+        r = httpx.post(server.url + path, content=body, headers=JSON, timeout=30)
         assert r.status_code == 400, r.text
         err = r.json()["error"]
         assert "surrogate" in err["message"] and err["type"] == "invalid_request_error"
     # a proper pair is fine
     r = httpx.post(
-        server.url + "/v1/completions", content=b'{"prompt": "x\\ud83d\\ude00", "max_tokens": 1}', headers=AUTH
+        server.url + "/v1/completions", content=b'{"prompt": "x\\ud83d\\ude00", "max_tokens": 1}', headers=JSON
     )
     assert r.status_code == 200, r.text
     assert httpx.get(server.url + "/health").json()["status"] == "ok"

@@ -19,6 +19,7 @@ from tokenwing.format.reader import ModelFile
 from tokenwing.runtime.preflight import preflight
 from tokenwing.runtime.session import SessionOptions
 from tokenwing.server.app import API_VERSION, create_app
+from tokenwing.server.guard import Access, Guard
 from tokenwing.server.worker import EngineWorker
 from tokenwing.version import __version__
 
@@ -26,9 +27,23 @@ API_KEY_ENV = "TOKENWING_API_KEY"
 
 
 def serve(
-    model: str, options: SessionOptions, host: str, port: int, watch_stdin: bool, notes: Sequence[str] = ()
+    model: str,
+    options: SessionOptions,
+    host: str,
+    port: int,
+    watch_stdin: bool,
+    notes: Sequence[str] = (),
+    allowed_hosts: Sequence[str] = (),
+    cors_origins: Sequence[str] = (),
 ) -> int:
-    """Serves until stopped; `notes` (the device line) are logged once the model and the port are known good."""
+    """Serves until stopped; `notes` (the device line) are logged once the model and the port are known good.
+    `allowed_hosts` and `cors_origins` are who else may call it (server/guard.py)."""
+
+    def log(line: str) -> None:
+        print(f"tokenwing: {line}", file=sys.stderr, flush=True)
+
+    access = Access(host, allowed_hosts, cors_origins)  # a bad flag stops here, before the model is read
+    api_key = os.environ.get(API_KEY_ENV) or None
     # A file that is not a model, corrupt or of an architecture we cannot run stops here, before the
     # handshake: the supervisor sees a one-line error and an exit code, not a server that never gets ready.
     with ModelFile.open(model) as mf:
@@ -40,14 +55,11 @@ def serve(
         raise BadInputError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     sock.set_inheritable(True)
 
-    def log(line: str) -> None:
-        print(f"tokenwing: {line}", file=sys.stderr, flush=True)
-
-    for note in notes:
+    for note in [*notes, *access.notes(keyed=api_key is not None)]:
         log(note)
     worker = EngineWorker(model, options, log)
     model_id = os.path.basename(model).removesuffix(".gguf").removesuffix(".tw")
-    app = create_app(worker, model_id, os.environ.get(API_KEY_ENV) or None)
+    app = create_app(worker, model_id, api_key)
     bound = sock.getsockname()
     print(
         json.dumps(
@@ -63,7 +75,9 @@ def serve(
         flush=True,
     )
     worker.start()
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
+    server = uvicorn.Server(
+        uvicorn.Config(Guard(app, access, log), log_level="warning", lifespan="off", access_log=False)
+    )
     if watch_stdin:
 
         def wait_eof() -> None:
