@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ModelFactory
+from tests.conftest import ModelFactory, assert_clean_error, run_cli
 from tests.oracle.test_llama_loads import probe_models
 from tokenwing.format.gguf_io import read_header
 from tokenwing.text.chat import ChatTemplate
@@ -157,3 +157,37 @@ def test_every_vocabulary_type_tokenizes_as_llama_cpp(model_factory: ModelFactor
         assert tok.encode(text, special=True, add_bos=False) == special, text
         assert tok.encode(text, special=True) == with_bos, text
     assert [tok.piece_bytes(i).hex() for i in range(tok.vocab_size)] == r["pieces"]
+
+
+@pytest.mark.parametrize(
+    ("name", "arch"),
+    [("spm", "ernie4_5-moe"), ("glm4", "glm4moe"), ("bailingmoe2", "bailingmoe3"), ("qwen35", "qwen35moe")],
+)  # fmt: skip
+def test_tokenize_command_and_a_chat_on_the_real_vocabulary(
+    model_factory: ModelFactory, repacked_factory: ModelFactory, tmp_path: Path, name: str, arch: str
+) -> None:
+    """`tokenwing tokenize` gives llama.cpp's ids (its BOS rule included) for a GGUF and for the TokenWing file
+    repacked from it, and the family runs a chat on its publishers' vocabulary type."""
+    kw: dict[str, Any] = {"arch": arch, "tokenizer": name, "vocab_size": 4096, "n_layer": 2, "type": "Q8_0"}
+    if arch == "glm4moe":
+        kw.update(n_dense_lead=1, n_shared_exp=1)
+    gguf, model = model_factory(**kw), repacked_factory(**kw)
+    text = MIXED[0] + "\n" + MARKERS[0] + MARKERS[3]
+    (r,) = vocab_probe([gguf], [text])
+    for path in (gguf, model):
+        got = run_cli("tokenize", str(path), "--text", text, "--json")
+        assert got.returncode == 0, got.stderr
+        assert json.loads(got.stdout) == r["with_bos"][0]
+    (tmp_path / "t.txt").write_text(text)
+    got = run_cli("tokenize", str(model), "--file", str(tmp_path / "t.txt"), "--json", "--no-special", "--no-bos")
+    assert json.loads(got.stdout) == r["plain"][0]
+    chat = run_cli("run", str(model), "--chat", "--prompt", "Bonjour, 模型", "-n", "4", "--ram-budget", "50%")
+    assert chat.returncode == 0, chat.stderr
+
+
+def test_tokenize_command_errors_are_one_line(model_factory: ModelFactory, tmp_path: Path) -> None:
+    model = str(model_factory())
+    (tmp_path / "bin").write_bytes(b"\xff\xfe\x00bad")
+    assert_clean_error(run_cli("tokenize", model, "--file", str(tmp_path / "bin")), 2)
+    assert_clean_error(run_cli("tokenize", model, "--file", str(tmp_path / "missing")), 2)
+    assert_clean_error(run_cli("tokenize", str(tmp_path / "bin"), "--text", "x"), 2)

@@ -489,3 +489,11 @@ def _bpe(
         [AddedToken(tokens[i], special=True, normalized=False) for i in sorted(roles.control)]
     )
     return BpeTokenizer(tokens, types, plain, with_special, **common)
+
+
+def tokenizer_from_file(path: str) -> TextTokenizer:
+    """The tokenizer of a TokenWing model file or a GGUF (the first shard of a split one), from its header."""
+    from tokenwing.format.gguf_io import read_header
+
+    meta = {k: v.value for k, v in read_header(path).kv.items()}
+    return tokenizer_from_metadata(meta, path)
