@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from tokenwing.server.protocol import MAX_BODY, GenerationRequest, RequestError, parse_chat, parse_completion
+from tokenwing.server.tokens import detokenize, parse_detokenize, parse_tokenize, tokenize
 from tokenwing.server.worker import EngineWorker, Job
 from tokenwing.version import __version__
 
@@ -157,6 +158,17 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
     async def completions(request: Request) -> Response:
         return await run(request, parse_completion(await read_json(request)), chat=False)
 
+    async def tokenize_route(request: Request) -> Response:
+        req = parse_tokenize(await read_json(request))
+        assert worker.session is not None  # loaded before the state turns ok (guarded)
+        return JSONResponse(await asyncio.to_thread(tokenize, worker.session.tokenizer, req))
+
+    async def detokenize_route(request: Request) -> Response:
+        assert worker.session is not None
+        tok = worker.session.tokenizer
+        ids = parse_detokenize(await read_json(request), tok.vocab_size)
+        return JSONResponse(await asyncio.to_thread(detokenize, tok, ids))
+
     async def stats(request: Request) -> Response:
         return JSONResponse(
             {
@@ -207,6 +219,8 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         Route("/v1/models", guarded(models)),
         Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
         Route("/v1/completions", guarded(completions), methods=["POST"]),
+        Route("/tokenize", guarded(tokenize_route), methods=["POST"]),
+        Route("/detokenize", guarded(detokenize_route), methods=["POST"]),
         Route("/v1/tokenwing/stats", guarded(stats)),
         Route("/v1/tokenwing/stats/stream", guarded(stats_stream)),
     ]
