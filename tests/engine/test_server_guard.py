@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from runmyai.engine.client import ChatClient, ChatSettings
+from runmyai.engine.client import ChatClient, ChatError, ChatSettings
 from runmyai.engine.endpoint import Endpoint
 from tests.conftest import ModelFactory, assert_clean_error, run_cli
 from tests.engine.test_server import KEY, Server
@@ -330,3 +330,26 @@ def test_host_and_origin_parsing() -> None:
     assert Access("127.0.0.1", ["*"]).host_allowed("anything.example", None)
     assert Access("127.0.0.1", [], ["*"]).origin_listed("http://any.example")
     assert not Access("127.0.0.1", [], [ALLOWED]).origin_listed("http://app.example")
+
+
+def test_the_app_says_why_a_name_was_refused(plain: Server) -> None:
+    """File → Connect to a TokenWing server by a name it was not told about: the app says so, not "the key"."""
+    name = socket.gethostname().lower()
+    try:
+        ip = ipaddress.ip_address(socket.gethostbyname(name))
+    except OSError:
+        pytest.skip(f"this machine's name {name!r} does not resolve")
+    if not ip.is_loopback:
+        pytest.skip(f"this machine's name {name!r} is not a loopback address here")
+
+    async def app() -> str:
+        client = ChatClient(Endpoint.remote(f"http://{name}:{port(plain)}"))
+        try:
+            with pytest.raises(ChatError) as e:
+                await client.models()
+            return str(e.value)
+        finally:
+            await client.aclose()
+
+    said = asyncio.run(app())
+    assert said.startswith("The server refused the request") and f"--allowed-host {name}" in said, said

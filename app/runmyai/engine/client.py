@@ -118,9 +118,20 @@ def _error_message(body: bytes) -> str | None:
     return None
 
 
+def _error_code(body: bytes) -> object:
+    try:
+        err = json.loads(body).get("error")
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return None
+    return err.get("code") if isinstance(err, dict) else None
+
+
 def _status_error(status: int, body: bytes, endpoint: Endpoint) -> ChatError:
     msg = _error_message(body)
     who = "The engine" if endpoint.local else "The server"
+    if status == 403 and msg and _error_code(body) in ("host_not_allowed", "origin_not_allowed"):
+        # TokenWing refusing the name it was reached by (`tokenwing serve --allowed-host`), not the key
+        return ChatError(f"{who} refused the request: {_one_line(msg)}.", status)
     if status == 401 or status == 403:
         if endpoint.local:
             return ChatError("The engine refused the app's API key (it was probably restarted); try again.", status)
