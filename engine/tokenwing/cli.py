@@ -604,13 +604,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("output", help="GGUF path to write")
     t.add_argument(
         "--arch",
-        help="qwen3moe (the default), qwen2moe, ernie4_5-moe, glm4moe, deepseek2, gpt-oss, qwen3next, qwen35moe "
-        "or bailingmoe3",
+        help="qwen3moe (the default), qwen2moe, ernie4_5-moe, glm4moe, deepseek2, gpt-oss, qwen3next, qwen35moe, "
+        "bailingmoe3 or minimax-m2",
     )
     t.add_argument(
         "--preset",
         default="tiny",
-        help="tiny, kquant, small, bench (any architecture); kimi-tiny, ds-bench, oss-bench, ling-bench",
+        help="tiny, kquant, small, bench (any architecture); kimi-tiny, ds-bench, oss-bench, ling-bench, mm-bench",
     )
     t.add_argument("--type", default="F32", help="F32 F16 BF16 Q8_0 Q4_0, MXFP4_MOE, or a K-quant such as Q4_K_M")
     t.add_argument("--expert-type", help="MXFP4: the routed experts in this type, the rest in --type")

@@ -35,6 +35,8 @@ FAMILIES = {
     "qwen3next": ({"arch": "qwen3next", "n_layer": 4}, "qwen3next"),
     "qwen35moe": ({"arch": "qwen35moe", "n_layer": 4}, "qwen35moe"),
     "ling-3.0": ({"arch": "bailingmoe3", "n_layer": 4}, "bailingmoe3"),
+    # issue 25: MiniMax M2, with its own vocabulary and template shape
+    "minimax-m2": ({"arch": "minimax-m2", "n_layer": 4, "n_expert": 16, "n_expert_used": 4}, "minimax-m2"),
 }
 GREEDY = Path(__file__).parents[1] / "demomodel" / "llama_greedy.py"
 

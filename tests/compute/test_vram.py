@@ -120,6 +120,7 @@ FAMILIES: dict[str, dict[str, object]] = {
     "glm4moe": {"arch": "glm4moe", "n_layer": 3, "n_dense_lead": 1, "n_shared_exp": 1},
     "deepseek2": {"arch": "deepseek2", "n_layer": 4, "n_expert": 16, "n_expert_used": 4},
     "gpt-oss": {"arch": "gpt-oss", "n_layer": 4},
+    "minimax-m2": {"arch": "minimax-m2", "n_layer": 4, "n_expert": 16, "n_expert_used": 4},
 }
 # The linear-attention families: their layers stay on the CPU (the recurrent state lives in RAM), the VRAM holds the
 # head and experts.

@@ -1,5 +1,5 @@
-"""DeepSeek-V3 / Kimi K2 / V2-Lite (deepseek2, MLA) and gpt-oss against llama.cpp on the same GGUF, and streamed
-against resident: the families of the engine issue that people stream from SSD.
+"""DeepSeek-V3 / Kimi K2 / V2-Lite (deepseek2, MLA), gpt-oss and MiniMax M2 against llama.cpp on the same GGUF,
+and streamed against resident: the families people stream from SSD.
 
 Positions include a prompt and decode steps past a 256-position boundary (a new decode window) and, for
 gpt-oss, past its 128-position sliding window.
@@ -27,6 +27,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     "deepseek-v3-mtp": {"arch": "deepseek2", "n_layer": 3, "n_mtp": 1},
     "kimi-k2": {"preset": "kimi-tiny"},  # 384 experts, one group, top-8
     "gpt-oss": {"arch": "gpt-oss", "n_layer": 4},
+    # MiniMax M2: whole-vector q/k norms, half of each head rotated, sigmoid router with selection bias
+    "minimax-m2": {"arch": "minimax-m2", "n_layer": 4, "n_expert": 16, "n_expert_used": 4},
 }
 V2_LITE = {"arch": "deepseek2", "n_layer": 26, "q_lora_rank": 0}  # llama.cpp reads no q_lora_rank at 26 layers
 
@@ -73,6 +75,8 @@ def test_f32_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path, vari
         ("gpt-oss", "Q8_0"),
         ("gpt-oss", "MXFP4_MOE"),
         ("gpt-oss", "Q4_K_M"),
+        ("minimax-m2", "Q8_0"),
+        ("minimax-m2", "Q4_K_M"),
     ],
 )
 def test_quantized_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path, variant: str, type_name: str) -> None:
@@ -97,7 +101,7 @@ def test_quantized_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path
     assert clear_top1(ref, got) >= 0.99, (clear_top1(ref, got), top1)
 
 
-@pytest.mark.parametrize("variant", ["deepseek-v3", "kimi-k2", "gpt-oss"])
+@pytest.mark.parametrize("variant", ["deepseek-v3", "kimi-k2", "gpt-oss", "minimax-m2"])
 def test_streamed_is_bit_identical_to_resident(model_factory: ModelFactory, tmp_path: Path, variant: str) -> None:
     """A 10 % expert budget (prompt experts in waves, decode experts read as they are selected or predicted),
     lookahead 0 and 2: the same logits as every expert in RAM (decode as one graph per token there)."""

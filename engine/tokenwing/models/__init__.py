@@ -12,13 +12,25 @@ from tokenwing.models.ernie4_5_moe import Ernie45MoE
 from tokenwing.models.glm4moe import Glm4MoE
 from tokenwing.models.gpt_oss import GptOss
 from tokenwing.models.hparams import read_hparams
+from tokenwing.models.minimax_m2 import MiniMaxM2
 from tokenwing.models.qwen2moe import Qwen2MoE
 from tokenwing.models.qwen3moe import Qwen3MoE
 from tokenwing.models.qwen3next import Qwen3Next, Qwen35MoE
 
 FAMILIES: dict[str, type[MoEModel]] = {
     cls.arch: cls
-    for cls in (Qwen3MoE, Qwen2MoE, Ernie45MoE, Glm4MoE, DeepSeek2, GptOss, Qwen3Next, Qwen35MoE, BailingMoE3)
+    for cls in (
+        Qwen3MoE,
+        Qwen2MoE,
+        Ernie45MoE,
+        Glm4MoE,
+        DeepSeek2,
+        GptOss,
+        Qwen3Next,
+        Qwen35MoE,
+        BailingMoE3,
+        MiniMaxM2,
+    )
 }
 
 

@@ -337,9 +337,10 @@ def attention(
     r: Rope,
     qk_norm: bool,
     qkv_bias: bool,
+    whole_qk_norm: bool = False,
 ) -> tuple[Tensor, list[Tensor]]:
-    """Grouped-query self-attention (optional q/k/v biases and per-head q/k RMSNorm before RoPE): the output
-    projection of `attend`."""
+    """Grouped-query self-attention (optional q/k/v biases, and q/k RMSNorm before RoPE: per head, or over the
+    whole query and key vectors with `whole_qk_norm`, as MiniMax M2): the output projection of `attend`."""
     hd, nh, nkv, n_tokens = hp.head_dim, hp.n_head, hp.n_head_kv, at.n
     q = ops.ggml_mul_mat(ctx, w["attn_q"], x)
     k = ops.ggml_mul_mat(ctx, w["attn_k"], x)
@@ -348,6 +349,9 @@ def attention(
         q = ops.ggml_add(ctx, q, w["attn_q.bias"])
         k = ops.ggml_add(ctx, k, w["attn_k.bias"])
         v = ops.ggml_add(ctx, v, w["attn_v.bias"])
+    if whole_qk_norm:
+        q = rms_norm(ctx, q, w["attn_q_norm"], hp.rms_eps)
+        k = rms_norm(ctx, k, w["attn_k_norm"], hp.rms_eps)
     q = ops.ggml_reshape_3d(ctx, q, hd, nh, n_tokens)
     k = ops.ggml_reshape_3d(ctx, k, hd, nkv, n_tokens)
     if qk_norm:

@@ -141,6 +141,21 @@ def _glm4moe(s: ModelShape) -> list[TensorSpec]:
     return first + layers + last
 
 
+def _minimax_m2(s: ModelShape) -> list[TensorSpec]:
+    """MiniMax M2: GQA with RMSNorms over the whole query and key vectors (all heads at once), partial RoPE, a
+    sigmoid router with a selection bias, routed SwiGLU experts, no shared or dense FFN."""
+    first, last = _head(s)
+    layers: list[TensorSpec] = []
+    for i in range(s.n_layer):
+        layers += _attention(s, i, qk_norm=False, bias=False)
+        layers += [
+            TensorSpec(f"blk.{i}.attn_q_norm.weight", (s.n_head * s.head_dim,), "norm"),
+            TensorSpec(f"blk.{i}.attn_k_norm.weight", (s.n_head_kv * s.head_dim,), "norm"),
+        ]
+        layers += [*_routed_experts(s, i), TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector")]
+    return first + layers + last
+
+
 def _mla_attention(s: ModelShape, i: int) -> list[TensorSpec]:
     """DeepSeek-V2/V3 multi-head latent attention as llama.cpp's converter writes it: the query through a
     low-rank compression (or a plain attn_q without q_lora_rank), K/V from one compressed latent plus a shared
@@ -523,6 +538,17 @@ def _bailingmoe3_kv(s: ModelShape) -> dict[str, KV]:
     return kv
 
 
+def _minimax_m2_kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes MiniMax M2: partial rotary dims, the sigmoid scoring function; llama.cpp
+    reads no weights-norm or scale key for it (it always renormalises and never scales)."""
+    a = "minimax-m2"
+    kv = _common_kv(s, a)
+    kv[f"{a}.feed_forward_length"] = KV.u32(s.n_ff_exp)
+    kv[f"{a}.rope.dimension_count"] = KV.u32(s.rot)
+    kv[f"{a}.expert_gating_func"] = KV.u32(2)  # sigmoid
+    return kv
+
+
 @dataclass(frozen=True)
 class Architecture:
     name: str
@@ -586,6 +612,12 @@ ARCHITECTURES: dict[str, Architecture] = {
         _bailingmoe3_kv,
         "Ling 3.0: KDA linear attention and gated MLA, sigmoid router with selection bias, shared expert",
     ),
+    "minimax-m2": Architecture(
+        "minimax-m2",
+        _minimax_m2,
+        _minimax_m2_kv,
+        "MiniMax M2: GQA with whole-vector q/k RMSNorm, partial RoPE, sigmoid router with selection bias",
+    ),
 }
 
 
@@ -614,6 +646,7 @@ _ROUTED = (
     "qwen3next",
     "qwen35moe",
     "bailingmoe3",
+    "minimax-m2",
 )
 TOKENIZERS = tuple(tokenizer_families)
 
@@ -652,7 +685,8 @@ def check_shape(s: ModelShape) -> None:
     if s.arch in ("deepseek2", "bailingmoe3"):
         _check_deepseek2(s)
     else:
-        mla = s.q_lora_rank or s.kv_lora_rank or (s.n_rot and s.arch not in _QWEN_NEXT) or s.v_head_dim
+        partial = s.arch in _QWEN_NEXT or s.arch == "minimax-m2"
+        mla = s.q_lora_rank or s.kv_lora_rank or (s.n_rot and not partial) or s.v_head_dim
         if mla or s.legacy_kv_b or s.n_mtp or s.n_expert_group or s.n_group_used:
             raise ValueError(
                 "MLA ranks, head splits, expert groups and next-token-prediction blocks are deepseek2's and "
@@ -664,6 +698,8 @@ def check_shape(s: ModelShape) -> None:
         raise ValueError("glm4moe rotates half of each head: --head-dim must be a multiple of 4")
     if s.arch != "deepseek2" and s.head_dim % 2:
         raise ValueError("--head-dim must be even (RoPE rotates pairs)")
+    if s.arch == "minimax-m2" and (s.rot > s.head_dim or s.rot % 2):
+        raise ValueError("minimax-m2's --n-rot must be even and at most --head-dim")
     if s.arch == "gpt-oss" and s.sliding_window <= 0:
         raise ValueError("--sliding-window must be positive")
 

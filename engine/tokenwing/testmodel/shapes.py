@@ -189,6 +189,10 @@ _KIMI_K2 = {
     "tokenizer": "kimi-k2",
 }
 
+# MiniMax M2 as its GGUF has it: half of each 128-wide head rotated (rotary_dim 64), rope base 5,000,000, its
+# own tokenizer.
+_MINIMAX_M2 = {"rope_base": 5_000_000.0, "rms_eps": 1e-6, "tokenizer": "minimax-m2"}
+
 FAMILY_PRESETS: dict[str, ModelShape] = {
     "kimi-tiny": PRESETS["tiny"].with_(arch="deepseek2", n_layer=3, **_MLA["tiny"], **_KIMI_K2),
     # Ling 3.0 Flash (bailingmoe3: 42 layers, hidden 2560, 512 experts, top-8, KDA:MLA 5:1, one shared expert,
@@ -247,6 +251,22 @@ FAMILY_PRESETS: dict[str, ModelShape] = {
         n_ff_exp=2880,
         vocab_size=32000,
     ).with_(**_GPT_OSS),
+    # MiniMax M2 (62 layers, hidden 3072, 48 query heads and 8 KV heads of 128, 256 experts of 1536, top-8)
+    # scaled to this machine: hidden 1536, 256 experts of 768, top-8, 24 query heads and 4 KV heads of 128,
+    # 8 layers: ~4.0 GB at Q4_K_M.
+    "mm-bench": ModelShape(
+        arch="minimax-m2",
+        n_layer=8,
+        n_embd=1536,
+        n_head=24,
+        n_head_kv=4,
+        head_dim=128,
+        n_rot=64,
+        n_expert=256,
+        n_expert_used=8,
+        n_ff_exp=768,
+        vocab_size=32000,
+    ).with_(**_MINIMAX_M2),
 }
 
 
@@ -291,6 +311,8 @@ def _family_defaults(s: ModelShape, size: str) -> ModelShape:
         )
     if s.arch == "gpt-oss" and s.yarn_factor == 0:
         return s.with_(**_GPT_OSS)
+    if s.arch == "minimax-m2" and s.n_rot == 0:
+        return s.with_(**_MINIMAX_M2, n_rot=s.head_dim // 2)
     return s
 
 

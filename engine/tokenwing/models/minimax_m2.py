@@ -1,0 +1,51 @@
+"""MiniMax M2 / M2.5 (`minimax-m2`): MiniMax-M2, 230B parameters, 10B active.
+
+A layer: RMSNorm → attention (GQA; the query and the key each RMS-normalised as one vector over all their heads,
+not per head; NEOX RoPE on the first rope.dimension_count dims of each head) → residual → RMSNorm → sigmoid
+router whose top-k adds a per-expert selection bias → weights renormalised, never scaled → SwiGLU experts →
+residual. No shared expert, no dense layer (llama.cpp: src/models/minimax-m2.cpp).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenwing.compute.ggml_lib import Tensor
+from tokenwing.errors import UnsupportedError
+from tokenwing.models import common
+from tokenwing.models.base import MoEModel, TensorCheck
+from tokenwing.models.hparams import HParams
+
+
+class MiniMaxM2(MoEModel):
+    arch = "minimax-m2"
+    selection_bias = True
+    sigmoid_router = True
+
+    @classmethod
+    def make_router(cls, hp: HParams, has_bias: bool = True) -> common.Router:
+        # llama.cpp takes the scoring function from the file (sigmoid in MiniMax's) and always renormalises;
+        # it reads no expert_weights_norm or _scale key for this family, so neither applies here
+        return common.Router(hp.n_expert_used, hp.gating != 1, True, 1.0, True)
+
+    @classmethod
+    def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
+        if hp.gating == 0:  # llama.cpp aborts on a MiniMax file without a scoring function
+            raise UnsupportedError(f"{where}: {cls.arch}.expert_gating_func is missing (llama.cpp stops on it too)")
+        if len(streamed) != hp.n_layer:
+            raise UnsupportedError(f"{where}: every {cls.arch} layer routes experts; this file has dense layers")
+        super().check(hp, shapes, streamed, where)
+
+    @classmethod
+    def check_attention(cls, c: TensorCheck, il: int) -> None:
+        hp, p = c.hp, f"blk.{il}."
+        c.attention(il, qk_norm=False, qkv_bias=False)
+        c.need(p + "attn_q_norm.weight", (hp.n_head * hp.head_dim,))
+        c.need(p + "attn_k_norm.weight", (hp.n_head_kv * hp.head_dim,))
+
+    def attention(
+        self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache
+    ) -> tuple[Tensor, list[Tensor]]:
+        return common.attention(
+            ctx, self.hp, self.w[il], x, at, common.kv_cache(kv), self.rope, False, False, whole_qk_norm=True
+        )
