@@ -34,8 +34,7 @@ def preflight(mf: ModelFile) -> Preflight:
     model_class = family(mf.arch)
     hp = read_hparams(meta, mf.arch, path, model_class.recurrence)
     tokenizer = tokenizer_from_metadata(meta, path)
-    template = meta.get("tokenizer.chat_template")
-    chat_template = ChatTemplate(template) if isinstance(template, str) else None
+    chat_template = _chat_template(meta, tokenizer)
     widths = {el.layer: el.shapes[0][0] for el in mf.index.layers}
     if any(layer >= hp.n_layer + hp.n_mtp for layer in widths):
         raise BadInputError(f"{path}: experts of a layer beyond block_count")
@@ -44,3 +43,24 @@ def preflight(mf: ModelFile) -> Preflight:
     shapes = {t.name: t.shape for t in mf.resident}
     model_class.check(hp, shapes, {k: v for k, v in widths.items() if k < hp.n_layer}, path)
     return Preflight(meta, model_class, hp, tokenizer, chat_template, widths)
+
+
+def _chat_template(meta: dict[str, Any], tokenizer: TextTokenizer) -> ChatTemplate | None:
+    """The file's chat template, with its BOS and EOS tokens' texts as the template sees them (MiniMax's marks
+    every turn with them, DeepSeek's starts with BOS), as llama.cpp and Hugging Face pass them. Where the
+    tokenizer adds the BOS token itself, a prompt's leading BOS text is dropped (llama.cpp does the same)."""
+    source = meta.get("tokenizer.chat_template")
+    if not isinstance(source, str):
+        return None
+
+    def text(token: object) -> str | None:
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < tokenizer.vocab_size:
+            return None
+        return tokenizer.decode([token], skip_special=False)
+
+    return ChatTemplate(
+        source,
+        text(tokenizer.bos_id),
+        text(meta.get("tokenizer.ggml.eos_token_id")),
+        drop_leading_bos=tokenizer.add_bos,
+    )

@@ -15,7 +15,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tokenwing.server.protocol import MAX_BODY, GenerationRequest, RequestError, parse_chat, parse_completion
+from tokenwing.errors import BadInputError
+from tokenwing.server.protocol import (
+    MAX_BODY,
+    GenerationRequest,
+    RequestError,
+    parse_apply_template,
+    parse_chat,
+    parse_completion,
+)
 from tokenwing.server.tokens import detokenize, parse_detokenize, parse_tokenize, tokenize
 from tokenwing.server.worker import EngineWorker, Job
 from tokenwing.version import __version__
@@ -158,6 +166,19 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
     async def completions(request: Request) -> Response:
         return await run(request, parse_completion(await read_json(request)), chat=False)
 
+    async def apply_template(request: Request) -> Response:
+        # The prompt a chat request makes (llama.cpp's route): rendered beside the engine's thread, not in it.
+        req = parse_apply_template(await read_json(request))
+        assert worker.chat is not None  # set before the state turns ok (guarded)
+        template = worker.chat.template
+        try:
+            prompt = await asyncio.to_thread(
+                template.render, req.messages, req.add_generation_prompt, tools=req.tools, **req.variables
+            )
+        except BadInputError as e:
+            raise RequestError(str(e), "messages") from None
+        return JSONResponse({"prompt": prompt})
+
     async def tokenize_route(request: Request) -> Response:
         req = parse_tokenize(await read_json(request))
         assert worker.session is not None  # loaded before the state turns ok (guarded)
@@ -219,6 +240,7 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         Route("/v1/models", guarded(models)),
         Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
         Route("/v1/completions", guarded(completions), methods=["POST"]),
+        Route("/apply-template", guarded(apply_template), methods=["POST"]),
         Route("/tokenize", guarded(tokenize_route), methods=["POST"]),
         Route("/detokenize", guarded(detokenize_route), methods=["POST"]),
         Route("/v1/tokenwing/stats", guarded(stats)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,3 +194,141 @@ def parse_completion(body: Any) -> GenerationRequest:
     req.max_tokens = _integer(body, "max_tokens", 16, 1, MAX_TOKENS_LIMIT) or 16
     req.logprobs = _integer(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)  # completions: the count itself
     return req
+
+
+# ------------------------------------------------------------------------------------------ /apply-template
+ROLES = ("system", "user", "assistant", "tool", "developer")
+REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")  # what clients send a turn's reasoning under
+TEMPLATE_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")  # set by the server itself
+
+
+@dataclass
+class TemplateRequest:
+    """A chat request as its chat template reads it: messages in the form Hugging Face's templates expect
+    (a tool call's arguments as an object, not OpenAI's JSON text), the tools' definitions as sent, and the
+    template's own variables (`chat_template_kwargs`: `enable_thinking`, `reasoning_effort`, …)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    variables: dict[str, Any] = field(default_factory=dict)
+
+
+def _json_text(value: Any, where: str, param: str) -> Any:
+    """A JSON value whose every string is valid Unicode text (see `_text`), keys included."""
+    if isinstance(value, str):
+        return _text(value, where, param)
+    if isinstance(value, list):
+        return [_json_text(v, where, param) for v in value]
+    if isinstance(value, dict):
+        return {_text(k, where, param): _json_text(v, where, param) for k, v in value.items()}
+    return value
+
+
+def _tool_call(call: Any, where: str) -> dict[str, Any]:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict):
+        raise RequestError(f"{where} must be an object with a 'function' object", "messages")
+    if call.get("type", "function") != "function":
+        raise RequestError(f"{where}.type must be 'function'", "messages")
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        raise RequestError(f"{where}.function.name must be a non-empty string", "messages")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):  # OpenAI sends the arguments as JSON text; templates read them as an object
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            raise RequestError(f"{where}.function.arguments is not valid JSON", "messages") from None
+    if not isinstance(args, dict):
+        raise RequestError(f"{where}.function.arguments must be a JSON object", "messages")
+    out: dict[str, Any] = {}
+    if call.get("id") is not None:
+        if not isinstance(call["id"], str):
+            raise RequestError(f"{where}.id must be a string", "messages")
+        out["id"] = _text(call["id"], where, "messages")
+    out["type"] = "function"
+    out["function"] = {"name": _text(name, where, "messages"), "arguments": _json_text(args, where, "messages")}
+    return out
+
+
+def _template_message(m: Any, i: int) -> dict[str, Any]:
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise RequestError(f"{where} must be an object", "messages")
+    role = m.get("role")
+    if role not in ROLES:
+        raise RequestError(f"{where}.role must be system, user, assistant, tool or developer", "messages")
+    if m.get("function_call") is not None:
+        raise RequestError(f"{where}.function_call (the legacy form) is not supported: use tool_calls", "messages")
+    # developer is OpenAI's newer name for system, as the chat endpoint reads it
+    out: dict[str, Any] = {"role": "system" if role == "developer" else role}
+    # A null content (OpenAI's for a turn of calls only) is empty text, as the chat endpoint reads it: left out,
+    # as transformers leaves out nulls, Qwen3's template fails on such a turn; with "" all 17 of issue 28 render.
+    out["content"] = _content(m.get("content"), where)
+    for key in ("name", "tool_call_id", *REASONING_FIELDS):
+        v = m.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, str):
+            raise RequestError(f"{where}.{key} must be a string", "messages")
+        out[key] = _text(v, f"{where}.{key}", "messages")
+    calls = m.get("tool_calls")
+    if calls:
+        if role != "assistant":
+            raise RequestError(f"{where}: only assistant messages carry tool_calls", "messages")
+        if not isinstance(calls, list):
+            raise RequestError(f"{where}.tool_calls must be a list", "messages")
+        out["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)]
+    return out
+
+
+def _tools(value: Any) -> list[dict[str, Any]] | None:
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list):
+        raise RequestError("'tools' must be a list of function definitions", "tools")
+    for j, tool in enumerate(value):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or tool.get("type", "function") != "function":
+            raise RequestError(f"tools[{j}] must be {{'type': 'function', 'function': {{...}}}}", "tools")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise RequestError(f"tools[{j}].function.name must be a non-empty string", "tools")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise RequestError(f"tools[{j}].function.parameters must be a JSON schema object", "tools")
+    # as sent: a template shows the definitions to the model as they are
+    return [_json_text(tool, f"tools[{j}]", "tools") for j, tool in enumerate(value)]
+
+
+def parse_apply_template(body: Any) -> TemplateRequest:
+    """`POST /apply-template`: a chat request's prompt-making fields (llama.cpp's server takes the same).
+    Fields that only steer generation (sampling, max_tokens, stream, …) do not change the prompt and are not
+    read; those that would and are not implemented are refused."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise RequestError("'messages' must be a non-empty list", "messages")
+    if body.get("continue_final_message"):
+        raise RequestError("continue_final_message is not supported by this server", "continue_final_message")
+    if body.get("functions") is not None:
+        raise RequestError("'functions' (the legacy form) is not supported: use tools", "functions")
+    agp = body.get("add_generation_prompt", True)
+    if not isinstance(agp, bool):
+        raise RequestError("'add_generation_prompt' must be a boolean", "add_generation_prompt")
+    variables = body.get("chat_template_kwargs")
+    if variables is None:
+        variables = {}
+    if not isinstance(variables, dict):
+        raise RequestError("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    taken = [k for k in TEMPLATE_VARIABLES if k in variables]
+    if taken:
+        raise RequestError(
+            f"chat_template_kwargs cannot set {', '.join(taken)} (the request's own fields)", "chat_template_kwargs"
+        )
+    return TemplateRequest(
+        messages=[_template_message(m, i) for i, m in enumerate(msgs)],
+        tools=_tools(body.get("tools")),
+        add_generation_prompt=agp,
+        variables=_json_text(variables, "chat_template_kwargs", "chat_template_kwargs"),
+    )
