@@ -100,3 +100,55 @@ def test_split_gguf_imports_and_chats_streamed(model_factory: ModelFactory, tmp_
     prompt = tok.encode(ChatTemplate(meta["tokenizer.chat_template"]).render(messages), special=True)  # as the server
     want = [t for t in llama_greedy(first, prompt, 10, tmp_path) if t not in tok.eos_ids]
     assert len(want) >= 5 and reply == tok.decode(want)
+
+
+# The families new since (issue 25 on): from a split GGUF repository on the local hub to a streamed chat, as the
+# app gets a model (header planning, the chosen quant's shards, repack as they land), then llama.cpp's tokens.
+FROM_HUB = ["minimax-m2"]
+
+
+@pytest.mark.parametrize("family", FROM_HUB)
+def test_from_a_split_gguf_on_the_hub_to_a_streamed_chat(
+    model_factory: ModelFactory, tmp_path: Path, family: str
+) -> None:
+    from runmyai.library.keys import HubKey
+    from tests.app.hubserver import HubServer
+    from tests.app.test_acquire import Env, shard_files
+
+    shape, arch = FAMILIES[family]
+    first = model_factory(type="Q8_0", shards=3, seed=9, **shape)  # type: ignore[arg-type]
+    repo = f"acme/{family}-GGUF"
+    with HubServer() as hub:
+        for i, f in enumerate(shard_files(first), 1):
+            hub.add_file(repo, f"Q8_0/{family}-Q8_0-{i:05d}-of-00003.gguf", f.read_bytes(), tags=["gguf"])
+        info = run(lambda: ask_engine(tmp_path / "info"))
+        env = Env(tmp_path / "home", hub, info)
+        model = run(lambda: env.get(HubKey(repo, "Q8_0")))
+    assert model is not None and model.error is None and model.arch == arch
+    messages = [{"role": "user", "content": "Hello! Who are you?"}]
+
+    async def chat() -> tuple[str, dict[str, object]]:
+        sup = EngineSupervisor(model.path, ["--ctx", "512", "--ram-budget", "25%"], load_timeout_s=120)
+        endpoint = await sup.start()
+        client = ChatClient(endpoint)
+        try:
+            text = ""
+            async for d in client.stream_chat(messages, ChatSettings(max_tokens=10, temperature=0)):
+                text += d.text
+            async with httpx.AsyncClient(headers=endpoint.headers()) as http:
+                stats = (await http.get(endpoint.url("tokenwing/stats"))).json()
+            return text, stats
+        finally:
+            await client.aclose()
+            await sup.stop()
+
+    reply, stats = run(chat)
+    with ModelFile.open(str(model.path)) as mf:
+        meta = {k: v.value for k, v in mf.header.kv.items()}
+        n_expert = mf.index.n_expert
+    session = stats["session"]
+    assert isinstance(session, dict) and 0 < session["slots_per_layer"] < n_expert  # streamed
+    tok = tokenizer_from_metadata(meta, str(model.path))
+    prompt = tok.encode(ChatTemplate(meta["tokenizer.chat_template"]).render(messages), special=True)
+    want = [t for t in llama_greedy(first, prompt, 10, tmp_path) if t not in tok.eos_ids]
+    assert len(want) >= 5 and reply == tok.decode(want)
