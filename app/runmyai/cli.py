@@ -17,12 +17,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from runmyai.engine.autotune import AutotuneRunner
 from runmyai.engine.info import EngineInfo, ask_engine
 from runmyai.library.acquire import AcquireError, Acquirer, GetProgress, RepoQuants
 from runmyai.library.downloads import DownloadManager
-from runmyai.library.estimate import Footprint, estimate, footprint_from_inspect, preset_footprint
+from runmyai.library.estimate import installed_estimate
 from runmyai.library.hub import HubClient, HubError
 from runmyai.library.keys import parse_model_ref
+from runmyai.library.launch import launch_flags
 from runmyai.library.local import LibraryError, LocalLibrary, LocalModel
 from runmyai.library.presets import Catalog, load_catalog
 from runmyai.machine import MachineInfo, probe_machine_async
@@ -104,7 +106,7 @@ async def cmd_get(args: argparse.Namespace, home: AppPaths) -> int:
     finally:
         bar.end()
         await downloads.close()
-    print(_model_line(model, catalog, machine, engine))
+    print(_model_line(model, catalog, machine, engine, AutotuneRunner(home)))
     return 0
 
 
@@ -112,6 +114,8 @@ def _print_quants(q: RepoQuants) -> None:
     best = q.best()
     if q.note:
         print(q.note)
+    elif best is None and q.choices:
+        print(q.why_none())
     for c in q.choices:
         print(quant_label(c, c is best))
 
@@ -119,29 +123,24 @@ def _print_quants(q: RepoQuants) -> None:
 async def cmd_list(args: argparse.Namespace, home: AppPaths) -> int:
     catalog, library, machine, engine = await _context(home)
     models = await library.scan()
+    autotune = AutotuneRunner(home)
     if args.json:
-        print(json.dumps([_model_json(m, catalog, machine, engine) for m in models], indent=1))
+        print(json.dumps([_model_json(m, catalog, machine, engine, autotune) for m in models], indent=1))
         return 0
     if not models:
         print(f"No models in {home.models} yet (runmyai get OWNER/NAME adds one).")
     for m in models:
-        print(_model_line(m, catalog, machine, engine))
+        print(_model_line(m, catalog, machine, engine, autotune))
     return 0
 
 
-def _footprint(m: LocalModel, catalog: Catalog) -> Footprint | None:
+def _model_json(
+    m: LocalModel, catalog: Catalog, machine: MachineInfo, engine: EngineInfo, autotune: AutotuneRunner
+) -> dict[str, Any]:
+    # the window's estimate, for the flags the window starts the engine with (library/launch.py)
     preset = catalog.get(m.preset_id) if m.preset_id else None
-    if m.facts is not None:
-        try:
-            return footprint_from_inspect(m.facts, m.size_bytes)
-        except (KeyError, TypeError, ValueError):
-            pass
-    return preset_footprint(preset) if preset is not None else None
-
-
-def _model_json(m: LocalModel, catalog: Catalog, machine: MachineInfo, engine: EngineInfo) -> dict[str, Any]:
-    fp = _footprint(m, catalog)
-    est = estimate(fp, machine, engine, installed=True) if fp is not None and m.error is None else None
+    flags = launch_flags(m.path, m, preset, autotune)
+    est = installed_estimate(m, preset, machine, engine, flags)
     return {
         "name": m.name,
         "path": str(m.path),
@@ -153,8 +152,10 @@ def _model_json(m: LocalModel, catalog: Catalog, machine: MachineInfo, engine: E
     }
 
 
-def _model_line(m: LocalModel, catalog: Catalog, machine: MachineInfo, engine: EngineInfo) -> str:
-    d = _model_json(m, catalog, machine, engine)
+def _model_line(
+    m: LocalModel, catalog: Catalog, machine: MachineInfo, engine: EngineInfo, autotune: AutotuneRunner
+) -> str:
+    d = _model_json(m, catalog, machine, engine, autotune)
     est = d["estimate"]
     if m.error:
         how = f"cannot be used: {m.error}"

@@ -62,7 +62,6 @@ min_p = 0.0
 system_prompt = "You are a test."
 
 [flags]
-lookahead = 2
 measured = []
 """
 

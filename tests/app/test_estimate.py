@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from runmyai.engine.info import EngineInfo, unknown
+from runmyai.engine.info import DeviceHeadroom, EngineInfo, unknown
 from runmyai.library.estimate import (
     DEFAULT_CALIBRATION,
     DEFAULT_DRIVE_BPS,
@@ -74,7 +74,10 @@ MACHINE = MachineInfo(
     mem_bandwidth_bps=13e9,
 )
 HEADROOM = 512 << 20
-ENGINE = EngineInfo("test", {"qwen3moe": ("Q8_0",)}, HEADROOM, ())
+# the device headroom rule as the engine states it (`tokenwing info --json`: tests/engine/test_info.py)
+ENGINE = EngineInfo(
+    "test", {"qwen3moe": ("Q8_0",)}, HEADROOM, (), device_headroom=DeviceHeadroom(16, 256 << 20, 1 << 30)
+)
 # The arithmetic below counts weight reads only: no per-layer or per-token work (see test_engine_work_counts).
 READS_ONLY = Calibration(0.0, 0.0, 13e9, "reads only", stream_factor=1.0, hidden_io=0.0)
 H25 = 0.25**HIT_EXPONENT  # hits with a quarter of the experts cached (66 %)
@@ -203,7 +206,7 @@ def test_engine_work_and_context_count() -> None:
     assert e.compute_seconds == pytest.approx(0.022) and e.tokens_per_s == pytest.approx(1 / 0.022)
     assert any("10 layers" in r and "test" in r for r in e.reasons)
     # a context's KV cache comes off the expert cache: 1 MB per token x 750 tokens = 750 MB, from a full cache
-    facts = dataclasses.replace(FACTS, kv_heads=1000, head_dim=25)  # 2 bytes x 10 layers x 2 x 1000 x 25 = 1 MB
+    facts = dataclasses.replace(FACTS, kv_bytes_per_token=1_000_000)
     fp = dataclasses.replace(PRESET, facts=facts)
     quarter_plus_kv = dataclasses.replace(MACHINE, ram_available=QUARTER + 750_000_000)
     assert estimate(fp, quarter_plus_kv, context=750).cache_bytes == 750_000_000

@@ -23,10 +23,13 @@ from runmyai.engine.faults import EngineError, Fault, classify_exit
 from runmyai.engine.stats import StatsClient, TokenStats
 from runmyai.engine.supervisor import EngineState, EngineSupervisor
 from tests.conftest import ModelFactory
+from tokenwing.errors import exit_codes
 from tokenwing.format import layout as L
 from tokenwing.format.gguf_io import read_header
 
-FAST = {"backoff_s": 0.2, "health_interval_s": 0.2, "stop_grace_s": 5.0}
+# the engine's exit codes by kind, as `tokenwing info --json` reports them (tests/engine/test_info.py)
+CODES = exit_codes()
+FAST = {"backoff_s": 0.2, "health_interval_s": 0.2, "stop_grace_s": 5.0, "exit_codes": CODES}
 
 
 @pytest.fixture(scope="module")
@@ -273,7 +276,39 @@ def test_classifier_on_synthetic_exits() -> None:
     tb = classify_exit(1, ["Traceback (most recent call last):", '  File "x.py"', "RuntimeError: boom"])
     assert tb.kind == "crash" and "RuntimeError: boom" in tb.sentence
     assert classify_exit(1, ["tokenwing: error: out of memory"]).kind == "out_of_memory"
-    assert not classify_exit(3, []).restartable and not classify_exit(4, []).restartable
+    assert not classify_exit(3, [], exit_codes=CODES).restartable
+    assert not classify_exit(4, [], exit_codes=CODES).restartable
+    assert classify_exit(3, [], exit_codes=CODES).kind == "corrupt_model"
+    # an exit code the engine does not name is a crash with the engine's own line, never a guess
+    assert classify_exit(3, ["tokenwing: error: x"]).kind == "crash"
+
+
+def test_no_disk_space_is_said_in_plain_words(model: Path, tmp_path: Path) -> None:
+    """Exit code 5 fell through to "the engine stopped unexpectedly"; the engine names it (`tokenwing info
+    --json`: no_disk_space) and the app says what happened and what to do, and does not restart into it."""
+    from runmyai.engine.info import ask_engine
+
+    info = asyncio.run(ask_engine(tmp_path / "settings"))
+    assert info.exit_codes["no_disk_space"] == 5 and info.exit_kind(5) == "no_disk_space"
+    line = "tokenwing: error: the disk filled up while writing /models/m.tw.gguf.usage.json; nothing was kept"
+    full = [sys.executable, "-c", f"import sys; print({line!r}, file=sys.stderr); sys.exit(5)"]
+
+    async def main() -> Fault:
+        sup = EngineSupervisor(model, command=full, backoff_s=0.2, exit_codes=info.exit_codes)
+        try:
+            with pytest.raises(EngineError) as e:
+                await sup.start()
+        finally:
+            await sup.stop()
+        assert sup.restarts == 0
+        assert e.value.fault is not None
+        return e.value.fault
+
+    fault = asyncio.run(main())
+    assert fault.kind == "no_disk_space" and not fault.restartable and fault.exit_code == 5
+    assert fault.sentence.startswith("The drive is full: the engine could not write a file it needs")
+    assert "the disk filled up while writing /models/m.tw.gguf.usage.json" in fault.sentence
+    assert "Free some space" in fault.sentence and "unexpectedly" not in fault.sentence
 
 
 # ---------------------------------------------------------------------------------------------- crashes, stalls

@@ -250,8 +250,15 @@ class AutotuneRunner:
         self.pid: int | None = None  # the autotune process while one runs
 
     # ------------------------------------------------------------------------------------------ running
-    async def run(self, model: Path, on_progress: Callable[[str], None] | None = None) -> AutotuneResult:
-        """Runs autotune, saves and returns the result. Cancelling the task kills the process (and its group)."""
+    async def run(
+        self,
+        model: Path,
+        on_progress: Callable[[str], None] | None = None,
+        *,
+        exit_codes: Mapping[str, int] | None = None,
+    ) -> AutotuneResult:
+        """Runs autotune, saves and returns the result. Cancelling the task kills the process (and its group).
+        `exit_codes`: the engine's names of its exit codes (`EngineInfo.exit_codes`), to word its failure."""
         argv = [*self.command, "autotune", str(model), "--json"]
         if self.probe_bytes:
             argv += ["--probe-bytes", self.probe_bytes]
@@ -279,8 +286,9 @@ class AutotuneRunner:
             self.pid = None
         gpus = await gpu_task
         if code != 0:
-            if code in (2, 3, 4):
-                raise AutotuneError(classify_exit(code, lines).sentence)
+            fault = classify_exit(code, lines, exit_codes=exit_codes)
+            if fault.kind in ("bad_input", "corrupt_model", "unsupported", "no_disk_space", "out_of_memory"):
+                raise AutotuneError(fault.sentence)
             detail = engine_error_line(lines) or (lines[-1] if lines else f"exit code {code}")
             raise AutotuneError(f"Autotune failed: {detail.rstrip('.')}.")
         try:

@@ -1,19 +1,22 @@
 """Why the engine stopped, from its exit code and its log, as one sentence a user can act on.
 
-The engine's exit codes (docs/api.md, tokenwing.errors): 2 bad input, 3 corrupt model file, 4 unsupported
-(architecture, format version, quant type); 1 other errors. A negative code is the signal that ended it.
+What each exit code means is the engine's to say (`tokenwing info --json`'s `exit_codes`, `EngineInfo.exit_codes`:
+bad input, corrupt model file, unsupported, no disk space, …): the app words each kind it knows, and an exit
+code the engine does not name is a crash with the engine's own line. A negative code is the signal that ended it.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-FaultKind = Literal["out_of_memory", "corrupt_model", "unsupported", "bad_input", "crash", "start_failed", "stalled"]
+FaultKind = Literal[
+    "out_of_memory", "corrupt_model", "unsupported", "bad_input", "no_disk_space", "crash", "start_failed", "stalled"
+]
 
 # After these the supervisor restarts the engine (with backoff); the others would fail the same way again.
 RESTARTABLE: frozenset[FaultKind] = frozenset({"crash", "stalled"})
@@ -84,10 +87,18 @@ def _sentence_detail(detail: str | None) -> str:
     return f": {d}" if len(d) <= 300 else f": {d[:297]}..."
 
 
-def classify_exit(exit_code: int | None, log: Sequence[str], *, oom_killed: bool = False) -> Fault:
-    """The fault behind an engine exit. `oom_killed`: the kernel's OOM counter rose while it ran."""
+def classify_exit(
+    exit_code: int | None,
+    log: Sequence[str],
+    *,
+    oom_killed: bool = False,
+    exit_codes: Mapping[str, int] | None = None,
+) -> Fault:
+    """The fault behind an engine exit. `oom_killed`: the kernel's OOM counter rose while it ran; `exit_codes`: the
+    engine's names of its exit codes (`EngineInfo.exit_codes`)."""
     detail = engine_error_line(log)
     text = "\n".join(log[-200:]).lower()
+    kind = next((k for k, c in (exit_codes or {}).items() if c == exit_code), None) if exit_code else None
     if oom_killed or any(w in text for w in _OOM_WORDS):
         return Fault(
             "out_of_memory",
@@ -95,14 +106,14 @@ def classify_exit(exit_code: int | None, log: Sequence[str], *, oom_killed: bool
             exit_code,
             detail,
         )
-    if exit_code == 3:
+    if kind == "corrupt_model":
         return Fault(
             "corrupt_model",
             "The model file is damaged (it fails its own checksums); delete it and download it again.",
             exit_code,
             detail,
         )
-    if exit_code == 4:
+    if kind == "unsupported":
         return Fault(
             "unsupported",
             "This version of the engine cannot run this model (its architecture or file format is not supported)"
@@ -111,10 +122,19 @@ def classify_exit(exit_code: int | None, log: Sequence[str], *, oom_killed: bool
             exit_code,
             detail,
         )
-    if exit_code == 2:
+    if kind == "bad_input":
         return Fault(
             "bad_input",
             "The engine could not use the model file or one of its settings" + _sentence_detail(detail) + ".",
+            exit_code,
+            detail,
+        )
+    if kind == "no_disk_space":
+        return Fault(
+            "no_disk_space",
+            "The drive is full: the engine could not write a file it needs"
+            + _sentence_detail(detail)
+            + ". Free some space on that drive, then start the model again.",
             exit_code,
             detail,
         )

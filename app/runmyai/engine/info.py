@@ -1,9 +1,11 @@
-"""What the installed engine runs, asked from it (`tokenwing info --json`) instead of kept as copies in the app.
+"""What the installed engine runs and how it behaves, asked from it (`tokenwing info --json`) instead of kept as
+copies in the app.
 
 The answer that does not change while the engine stays the same (its version, the architectures it runs with
-their weight types, the memory headroom it keeps, its devices) is cached per engine version in the settings
-folder, so the engine runs once per version, not once per app start. Memory is not cached: the machine probe
-reads it fresh (`runmyai/machine.py`).
+their weight types, the memory headroom it keeps in RAM and on a device, its flags with their defaults and
+choices, its exit codes, its devices) is cached per engine version in the settings folder, so the engine runs
+once per version, not once per app start. Memory is not cached: the machine probe reads it fresh
+(`runmyai/machine.py`).
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from runmyai import __version__
@@ -21,6 +23,28 @@ from runmyai.engine.command import engine_command
 from runmyai.jsonfile import read_json, write_json_atomic
 
 INFO_TIMEOUT_S = 120.0  # the engine's first start on a cold disk imports numpy and ggml: seconds, not minutes
+
+
+@dataclass(frozen=True)
+class FlagInfo:
+    """One engine flag as the engine describes it: its default (None: the engine decides at start), its kind
+    (bool, int, choice, str) and, for a choice, its choices."""
+
+    default: object
+    kind: str
+    choices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeviceHeadroom:
+    """What the engine keeps free on a device when it sizes its own VRAM budget: total / divisor, within bounds."""
+
+    divisor: int
+    min_bytes: int
+    max_bytes: int
+
+    def of(self, total: int) -> int:
+        return min(self.max_bytes, max(self.min_bytes, total // self.divisor))
 
 
 @dataclass(frozen=True)
@@ -33,6 +57,9 @@ class EngineInfo:
     # the most experts the VRAM cache moves in per decode token (its swap rule: at most `max_experts` every
     # `every_tokens`); None from an engine that does not say
     swaps_per_token_max: float | None = None
+    flags: Mapping[str, FlagInfo] = field(default_factory=dict)  # "--moe-stream-policy" → its default and choices
+    exit_codes: Mapping[str, int] = field(default_factory=dict)  # "no_disk_space" → 5
+    device_headroom: DeviceHeadroom | None = None
 
     def runs(self, arch: str) -> bool:
         return arch in self.architectures
@@ -40,6 +67,14 @@ class EngineInfo:
     @property
     def known(self) -> bool:
         return self.error is None
+
+    def exit_kind(self, code: int | None) -> str | None:
+        """The engine's name for an exit code ("no_disk_space"), None for one it does not name."""
+        return next((kind for kind, c in self.exit_codes.items() if c == code), None)
+
+    def device_headroom_bytes(self, total: int) -> int:
+        """What the engine keeps free on a device of `total` bytes (0 when the engine does not say)."""
+        return self.device_headroom.of(total) if self.device_headroom is not None else 0
 
 
 def unknown(reason: str) -> EngineInfo:
@@ -64,7 +99,41 @@ def parse_info(raw: object) -> EngineInfo:
             architectures[arch] = tuple(t for t in types if isinstance(t, str))
     devices_raw = raw.get("devices")
     devices = tuple(d for d in devices_raw if isinstance(d, dict)) if isinstance(devices_raw, list) else ()
-    return EngineInfo(version, architectures, headroom, devices, swaps_per_token_max=_swap_rate(raw.get("vram_swaps")))
+    return EngineInfo(
+        version,
+        architectures,
+        headroom,
+        devices,
+        swaps_per_token_max=_swap_rate(raw.get("vram_swaps")),
+        flags=_flags(raw.get("flags")),
+        exit_codes=_exit_codes(raw.get("exit_codes")),
+        device_headroom=_device_headroom(raw.get("device_headroom")),
+    )
+
+
+def _flags(raw: object) -> dict[str, FlagInfo]:
+    if not isinstance(raw, dict):
+        return {}
+    out: dict[str, FlagInfo] = {}
+    for name, f in raw.items():
+        if isinstance(name, str) and name.startswith("--") and isinstance(f, dict) and isinstance(f.get("kind"), str):
+            choices = f.get("choices")
+            listed = tuple(str(c) for c in choices) if isinstance(choices, list) else ()
+            out[name] = FlagInfo(f.get("default"), str(f["kind"]), listed)
+    return out
+
+
+def _exit_codes(raw: object) -> dict[str, int]:
+    if not isinstance(raw, dict):
+        return {}
+    return {k: v for k, v in raw.items() if isinstance(k, str) and _positive_int(v)}
+
+
+def _device_headroom(raw: object) -> DeviceHeadroom | None:
+    if not isinstance(raw, dict):
+        return None
+    divisor, low, high = (_positive_int(raw.get(k)) for k in ("divisor", "min_bytes", "max_bytes"))
+    return DeviceHeadroom(divisor, low, high) if divisor and low and high >= low else None
 
 
 def _swap_rate(rule: object) -> float | None:
@@ -94,7 +163,9 @@ async def ask_engine(folder: Path, command: Sequence[str] | None = None, *, refr
                 info = parse_info(cached)
             except ValueError:
                 info = None
-            if info is not None and info.version == __version__:
+            # (an answer cached by an engine of this version from before it reported its flags and exit codes
+            # is asked again)
+            if info is not None and info.version == __version__ and info.flags and info.exit_codes:
                 return info
     argv = [*(command if command is not None else engine_command()), "info", "--json"]
     try:

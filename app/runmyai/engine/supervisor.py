@@ -31,7 +31,7 @@ import signal
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
@@ -117,9 +117,13 @@ class EngineSupervisor:
         host: str = "127.0.0.1",
         log_dir: Path | None = None,
         keep_logs: int = 10,
+        exit_codes: Mapping[str, int] | None = None,
     ) -> None:
         """`command`: the argv prefix that runs tokenwing (default: engine_command(); tests and developers may
-        wrap it). `log_dir`: keep each engine's log there (AppPaths.logs). The other timings are seconds."""
+        wrap it). `log_dir`: keep each engine's log there (AppPaths.logs). `exit_codes`: the engine's names of its
+        exit codes (`EngineInfo.exit_codes`), so that a fault is worded by its kind. The other timings are
+        seconds."""
+        self.exit_codes = dict(exit_codes or {})
         self.model = Path(model)
         self.flags = list(flags)
         self.on_state = on_state
@@ -459,7 +463,12 @@ class EngineSupervisor:
             sigkill and not killed_by_us and oom_before is not None and oom_after is not None and oom_after > oom_before
         )
         self._emit(f"{_APP}the engine exited with code {code}")
-        return classify_exit(code if not killed_by_us else None, list(self._launch_log), oom_killed=oom_killed)
+        return classify_exit(
+            code if not killed_by_us else None,
+            list(self._launch_log),
+            oom_killed=oom_killed,
+            exit_codes=self.exit_codes,
+        )
 
     async def _drain(self, lines: _Lines, closing: BinaryIO | None = None) -> None:
         try:

@@ -36,7 +36,7 @@ from typing import Any, Literal
 from runmyai.engine.info import EngineInfo
 from runmyai.jsonfile import read_json, write_json_atomic
 from runmyai.library.downloads import DownloadManager, DownloadStatus, download_id
-from runmyai.library.estimate import DISK_MARGIN, Estimate, Footprint, estimate, footprint_from_inspect
+from runmyai.library.estimate import DISK_MARGIN, Estimate, Footprint, footprint_from_inspect, launch_estimate
 from runmyai.library.hub import REPACKED_SUFFIX, HubClient, HubError, HubFile
 from runmyai.library.keys import HubKey
 from runmyai.library.local import LibraryError, LocalLibrary, LocalModel, repacked_name
@@ -93,16 +93,28 @@ class RepoQuants:
     note: str = ""  # why there are no estimates, when there are none
 
     def best(self) -> QuantChoice | None:
-        """The largest quant that runs well and fits the disk; else the fastest that fits; else the smallest."""
-        if not self.choices:
-            return None
+        """The largest quant that runs well and fits the disk; else the fastest that runs, slowly, and fits; None
+        when no quant is estimated to run here and fit (unsupported, too big for the disk, or no estimate): the
+        app never recommends one of those."""
         good = [c for c in self.choices if c.estimate is not None and c.estimate.verdict == "runs_well"]
         if good:
             return max(good, key=lambda c: c.quant.size or 0)
         fits = [c for c in self.choices if c.estimate is not None and c.estimate.verdict == "runs_slowly"]
         if fits:
             return max(fits, key=lambda c: (c.estimate.tokens_per_s if c.estimate else 0, c.quant.size or 0))
-        return self.choices[0]
+        return None
+
+    def why_none(self) -> str:
+        """Why `best()` is None, in one sentence."""
+        if self.note:
+            return f"No quant of {self.repo} can be chosen for this machine ({self.note})."
+        estimates = [c.estimate for c in self.choices if c.estimate is not None]
+        unsupported = next((e for e in estimates if e.verdict == "unsupported"), None)
+        if unsupported is not None:
+            return f"{self.repo} cannot run here: {unsupported.reasons[-1]}"
+        if estimates and all(e.verdict == "no_disk_space" for e in estimates):
+            return f"No quant of {self.repo} fits on this disk; free some space or choose another models folder."
+        return f"No quant of {self.repo} can be estimated for this machine."
 
     def get(self, name: str) -> QuantChoice:
         quant = find_quant([c.quant for c in self.choices], name)
@@ -265,7 +277,7 @@ class Acquirer:
             fp = base if exact else _scaled(base, ratio)
             peak = fp.size_bytes + q.largest_shard
             bpw = (q.size or 0) * 8 / params if isinstance(params, int) and params > 0 and q.size else None
-            est = estimate(fp, machine, engine, disk_needed=peak) if machine is not None else None
+            est = launch_estimate(fp, machine, engine, disk_needed=peak) if machine is not None else None
             out.append(QuantChoice(q, est, bpw, peak, exact))
         return tuple(out)
 
@@ -319,8 +331,10 @@ class Acquirer:
                 quant = find_quant(quants, key.quant)
             else:
                 report(GetProgress("planning", 0.0, "Choosing the quant that suits this machine…"))
-                best = (await self.quants(key.repo, files=files)).best()
-                assert best is not None
+                repo_quants = await self.quants(key.repo, files=files)
+                best = repo_quants.best()
+                if best is None:
+                    raise AcquireError(f"{repo_quants.why_none()} To get one anyway, name it: {key.repo}:QUANT.")
                 quant = best.quant
         except QuantError as e:
             raise AcquireError(str(e)) from None

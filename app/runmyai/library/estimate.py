@@ -9,7 +9,7 @@ Pure functions over a `Footprint` (from a preset's published facts, or from the 
   and the KV cache of the chosen context (ENGINE_RESERVE + kv) and the always-loaded part of the file; never
   less than top_k slots per layer (the engine's minimum). It holds a share f of all routed experts.
 * Expected hit rate h = f ** HIT_EXPONENT (an assumption: routing is skewed, so a cache holding a share f of
-  the experts serves more than f of the requests; see HIT_EXPONENT).
+  the experts serves more than f of the requests; see HIT_EXPONENT and MEASURED_HITS).
 * Time per token = compute + the wait for the drive. Compute: active bytes / memory bandwidth + the engine's
   own work per layer and per token, times `stream_factor` while experts stream (streamed experts are computed
   in the file's layout, and the reads take CPU). Wait: misses / drive speed × (1 − `hidden_io`), the share of
@@ -18,16 +18,22 @@ Pure functions over a `Footprint` (from a preset's published facts, or from the 
   (`tokenwing info --json`), at the RAM → VRAM copy speed the autotuner measured here (else a default).
   All of it is a `Calibration`: fitted on this machine class by bench/estimate_bench.py, rescaled by what the
   autotuner measures on this machine.
+
+One code path for every place that shows it (the library window, `runmyai list`, a hub repository's quant
+table): `launch_estimate` of the model as the app would start it — the engine flags it gets (a preset's share of
+the experts in RAM, `--ctx`), the footprint the engine reports for an installed file (`installed_estimate`),
+else its preset's. Every sentence of the reasoning is written from the numbers it states.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from runmyai.engine.autotune import DEFAULT_CONTEXT
 from runmyai.engine.info import EngineInfo
+from runmyai.library.local import LocalModel
 from runmyai.library.presets import Preset
 from runmyai.machine import MachineInfo
 from runmyai.units import human_bytes as hb
@@ -40,6 +46,14 @@ DEFAULT_DRIVE_BPS = 1.0e9  # unmeasured drive: a modest NVMe (our virtual dev di
 # under 25 % and 40 % memory caps, where the caps also hold the process and the resident weights (cache shares
 # of about 15 % and 31 %: 0.15 ** 0.35, 0.31 ** 0.28). 0.3 sits in the middle, slightly low for the small model.
 HIT_EXPONENT = 0.3
+# Those measurements, which the estimate's reasoning compares its curve with: (what, the share of the experts
+# cached, the share of requests it served).
+MEASURED_HITS: tuple[tuple[str, float, float], ...] = (
+    ("the built-in model", 0.25, 0.71),
+    ("the built-in model", 0.40, 0.81),
+    ("the bench model", 0.15, 0.52),
+    ("the bench model", 0.31, 0.72),
+)
 RUNS_WELL_TOKENS_PER_S = 5.0  # about reading speed
 
 Verdict = Literal["runs_well", "runs_slowly", "no_disk_space", "unsupported"]
@@ -118,7 +132,8 @@ class Footprint:
     shared_experts: int
     expert_bytes: int  # one routed expert as stored in the repacked file
     dense_bytes_per_token: int  # always-used weights a token reads (attention, shared experts, dense layers, head)
-    kv_bytes_per_token: int  # the KV cache one token of context takes (F16)
+    kv_bytes_per_token: int  # the KV cache one token of context takes (F16): the engine's number, never computed here
+    context: int = 0  # the model's own context length (0: not known)
 
     @property
     def expert_total_bytes(self) -> int:
@@ -147,6 +162,7 @@ def preset_footprint(preset: Preset) -> Footprint:
         expert_bytes=preset.expert_bytes,
         dense_bytes_per_token=round(dense_params * bytes_per_param),
         kv_bytes_per_token=f.kv_bytes_per_token,
+        context=f.context,
     )
 
 
@@ -169,7 +185,19 @@ def footprint_from_inspect(model: Mapping[str, Any], output_bytes: int) -> Footp
         expert_bytes=record,
         dense_bytes_per_token=int(model["resident"].get("read_per_token_bytes", model["resident"]["bytes"])),
         kv_bytes_per_token=int(model.get("kv_bytes_per_token") or 0),
+        context=int(model.get("context_length") or 0),
     )
+
+
+def footprint_of(local: LocalModel, preset: Preset | None) -> Footprint | None:
+    """An installed model's footprint: what the engine said of the file (`inspect --json`), else its preset's
+    published facts; None when neither is known."""
+    if local.facts is not None:
+        try:
+            return footprint_from_inspect(local.facts, local.size_bytes)
+        except (KeyError, TypeError, ValueError):
+            pass
+    return preset_footprint(preset) if preset is not None else None
 
 
 @dataclass(frozen=True)
@@ -195,7 +223,6 @@ GPU_BPS = 300e9
 # RAM → VRAM copies (a VRAM swap's) where the autotuner has not measured this machine's GPU: pinned copies over a
 # PCIe 4.0 x8 or 3.0 x16 link, ~12 GB/s, the slow end of the cards the app is for (4.0 x16 copies ~25 GB/s).
 DEFAULT_GPU_COPY_BPS = 12e9
-GPU_HEADROOM_MIN, GPU_HEADROOM_MAX = 256 << 20, 1 << 30  # what the engine keeps free on a device (1/16 of it)
 
 
 @dataclass(frozen=True)
@@ -227,7 +254,7 @@ def gpu_part(fp: Footprint, machine: MachineInfo, engine: EngineInfo, kv: int) -
     nvml = [g for g in machine.gpus if g.name and g.name in name]
     free = nvml[0].vram_free if nvml else _as_int(d.get("free"))
     total = nvml[0].vram_total if nvml else _as_int(d.get("total"))
-    vram = max(0, free - min(GPU_HEADROOM_MAX, max(GPU_HEADROOM_MIN, total // 16)) - ENGINE_RESERVE)
+    vram = max(0, free - engine.device_headroom_bytes(total) - ENGINE_RESERVE)  # the engine's own rule
     dense = fp.resident_bytes + kv
     dense_share = min(1.0, vram / dense) if dense else 1.0
     left = max(0, vram - dense)
@@ -262,6 +289,23 @@ def hit_rate(cache_share: float) -> float:
     if cache_share <= 0.0:
         return 0.0
     return float(cache_share**HIT_EXPONENT)
+
+
+def hit_rate_reason(share: float) -> str:
+    """The hit-rate line of the reasoning, written from the numbers: the rule, and how it compares with the
+    measurement nearest to this share."""
+    hits = hit_rate(share)
+    what, m_share, m_hits = min(MEASURED_HITS, key=lambda m: abs(m[1] - share))
+    rule = hit_rate(m_share)
+    if abs(rule - m_hits) < 0.005:
+        compared = "as the rule gives"
+    else:
+        compared = f"where the rule gives {rule:.0%}, {'more' if rule > m_hits else 'less'} than measured"
+    return (
+        f"Expected cache hit rate {hits:.0%}: the cache's share of the experts ({share:.0%}) to the power "
+        f"{HIT_EXPONENT:g}, as routing favours some experts over others. Measured on {what}: {m_hits:.0%} of "
+        f"requests served with {m_share:.0%} of the experts cached, {compared}."
+    )
 
 
 def active_bytes(fp: Footprint) -> tuple[int, int]:
@@ -333,10 +377,7 @@ def estimate(
     if hits >= 1.0:
         reasons.append("Every expert fits in the cache: after warming up, the drive is no longer read.")
     else:
-        reasons.append(
-            f"Expected cache hit rate {hits:.0%}: assumed to grow as the square root of the cache's share "
-            f"({share:.0%}), below what the engine measured on its bench model (53 % at a 25 % memory cap)."
-        )
+        reasons.append(hit_rate_reason(min(1.0, share + gpu.expert_share)))
 
     # ---- time per token
     cal = calibration if calibration is not None else calibration_for(machine)
@@ -436,6 +477,81 @@ def estimate(
         cache_share=share,
         swap_seconds=swap_s,
     )
+
+
+def launch_flags_share(flags: Sequence[str]) -> float | None:
+    """The share of the experts `--ram-budget N%` keeps in RAM, the last one given winning as in the engine's
+    parser; None without one, or with a size (the engine then sizes the cache by bytes: not modelled)."""
+    share = None
+    for i, a in enumerate(flags[:-1]):
+        if a == "--ram-budget":
+            value = flags[i + 1]
+            share = float(value[:-1]) / 100 if value.endswith("%") and _is_number(value[:-1]) else None
+    return share
+
+
+def launch_flags_context(flags: Sequence[str]) -> int | None:
+    """The context `--ctx N` asks for (the last one given), None without one."""
+    ctx = None
+    for i, a in enumerate(flags[:-1]):
+        if a == "--ctx" and flags[i + 1].isdigit() and int(flags[i + 1]) > 0:
+            ctx = int(flags[i + 1])
+    return ctx
+
+
+def launch_estimate(
+    model: Preset | Footprint,
+    machine: MachineInfo,
+    engine: EngineInfo,
+    flags: Sequence[str] = (),
+    *,
+    installed: bool = False,
+    disk_needed: int | None = None,
+    calibration: Calibration | None = None,
+) -> Estimate:
+    """The estimate of a model as the app would start it with these engine `flags` (a preset's, then autotune's
+    and the user's overrides): their `--ram-budget` share of the experts and `--ctx`; without `--ctx`, the chat
+    context the app gives a model (DEFAULT_CONTEXT, at most the model's own). Every view of an estimate comes
+    through here, so the window, `runmyai list` and the quant table agree."""
+    fp = preset_footprint(model) if isinstance(model, Preset) else model
+    context = launch_flags_context(flags)
+    if context is None:
+        context = min(DEFAULT_CONTEXT, fp.context) if fp.context else DEFAULT_CONTEXT
+    return estimate(
+        fp,
+        machine,
+        engine,
+        installed=installed,
+        context=context,
+        calibration=calibration,
+        disk_needed=disk_needed,
+        budget_share=launch_flags_share(flags),
+    )
+
+
+def installed_estimate(
+    local: LocalModel,
+    preset: Preset | None,
+    machine: MachineInfo,
+    engine: EngineInfo,
+    flags: Sequence[str] = (),
+    *,
+    calibration: Calibration | None = None,
+) -> Estimate | None:
+    """An installed model's estimate, with or without a preset: None for a file that cannot be used or whose
+    facts are not known."""
+    fp = footprint_of(local, preset)
+    if fp is None or local.error is not None:
+        return None
+    return launch_estimate(fp, machine, engine, flags, installed=True, calibration=calibration)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _mb(n: float) -> str:

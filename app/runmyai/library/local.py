@@ -27,6 +27,9 @@ ProgressCallback = Callable[[float, str], None]
 DEMO_FILE = "tokenwing-demo-moe.tw.gguf"  # the demo model in the models folder
 DEMO_SOURCE = "demo-model/tokenwing-demo-moe.gguf"  # the shipped GGUF, relative to resources/
 _CACHE_FILE = ".library.json"  # per file: size, mtime and what `inspect` said (and sha256 once computed)
+# What `inspect` says changes with the engine (2: KV bytes per token by the model family's rule, no longer counting
+# linear-attention layers): an entry from another version of it is inspected again.
+_FACTS_VERSION = 2
 _STOP_GRACE_S = 10.0  # after SIGTERM, the engine removes its partial output and exits; then it is killed
 _SHARD = re.compile(r"-\d{5}-of-\d{5}$")
 # How a repack's two passes share the progress bar (repack reads and writes, verify only reads: ~2:1 in
@@ -111,8 +114,13 @@ class LocalLibrary:
         except OSError:
             return None  # removed meanwhile
         entry = cache.get(self._key(path))
-        if not entry or entry.get("size") != st.st_size or entry.get("mtime_ns") != st.st_mtime_ns:
-            entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        if (
+            not entry
+            or entry.get("facts_version") != _FACTS_VERSION
+            or entry.get("size") != st.st_size
+            or entry.get("mtime_ns") != st.st_mtime_ns
+        ):
+            entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "facts_version": _FACTS_VERSION}
             try:
                 info = await self.inspect(path)
                 if info.get("kind") != "tokenwing":

@@ -10,9 +10,11 @@ import math
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
+
+from runmyai.engine.info import EngineInfo
 
 # Average bits per weight of one routed expert (gate, up and down) at each quant type. Exact for the uniform
 # types; for llama.cpp's _M mixes, gate/up use the base K-quant and ffn_down uses the next type up in about
@@ -34,23 +36,16 @@ QUANT_BITS: dict[str, float] = {
 
 ALIGN = 4096  # every projection of a repacked expert starts on a 4 KiB boundary (docs/model-format.md)
 
-# The engine flags a preset may set: `--moe-stream-*` (docs/flags.md, with their documented defaults) and the
-# lookahead distance. Booleans become `--moe-stream-X` / `--no-moe-stream-X`.
-FLAG_DEFAULTS: dict[str, int | bool | str] = {
-    "lookahead": 2,
-    "io-threads": 8,
-    "chunk-kib": 512,
-    "prefetch-cap-busy": 2,
-    "prefetch-cap-idle": 4,
-    "decay-tokens": 64,
-    "idle-fill-ms": 500,
-    "direct": True,
-    "policy": "decay",
-    "verify": False,
-}
-_POLICIES = ("decay", "lru")
+# The engine flags a preset may set: `lookahead` (`--lookahead`) and the `--moe-stream-*` flags without their
+# prefix (`io-threads`, `policy`, …). Their defaults, kinds and choices are the engine's, not kept here: `tokenwing
+# info --json` says them and `check_flags` checks a preset against them. A preset sets only what was measured to
+# differ from the engine's default for its model, and lists it in `measured`; everything else is the engine's
+# default. Booleans become `--moe-stream-X` / `--no-moe-stream-X`.
+_PLAIN_FLAGS = ("lookahead",)
+_FLAG_KEY = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 # `ram-budget`: a share of the experts ("25%") for a preset that should stream even where it fits in RAM (the
-# built-in model, so that the first screen shows streaming at work); sizes are per machine, so none here.
+# built-in model, so that the first screen shows streaming at work); sizes are per machine, so none here. A
+# product choice, not a measurement: it needs no `measured` entry.
 _SHARE = re.compile(r"(100|[1-9]?[0-9])(\.[0-9]+)?%")
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -73,9 +68,9 @@ class ArchFacts:
     hidden: int
     expert_ffn: int  # width of one routed expert's FFN
     context: int
-    kv_heads: int = 0  # key/value heads (0: not stated)
-    head_dim: int = 0  # width of one head
-    kv_latent: int = 0  # multi-head latent attention (DeepSeek-V3, Kimi K2): kv_lora_rank + rope dims per token
+    # The F16 KV cache one token of context takes over all layers (0: not stated), as the engine's rule for the
+    # family gives it (`tokenwing info --json MODEL` / `inspect --json`): stated, never computed here.
+    kv_bytes_per_token: int = 0
 
     @property
     def moe_layers(self) -> int:
@@ -85,12 +80,6 @@ class ArchFacts:
     def expert_params(self) -> int:
         """Weights of one routed expert: gate, up and down."""
         return 3 * self.hidden * self.expert_ffn
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """The F16 KV cache one token of context takes in every layer (0 when the preset does not say)."""
-        per_layer = self.kv_latent if self.kv_latent else 2 * self.kv_heads * self.head_dim
-        return 2 * self.layers * per_layer
 
 
 @dataclass(frozen=True)
@@ -127,17 +116,11 @@ class Preset:
     flags: tuple[str, ...]  # engine arguments, e.g. ("--lookahead", "2", "--moe-stream-io-threads", "8", …)
     source: Literal["hub", "bundled"]
     notes: str
-    measured_flags: tuple[str, ...] = ()  # the flag names whose value was measured (others: documented defaults)
+    measured_flags: tuple[str, ...] = ()  # the flags the preset sets, each measured to differ from the engine's
     bundled_source: str | None = None  # for source = "bundled": the source GGUF, relative to resources/
     expert_bytes_stated: bool = False  # True: the preset states expert_bytes; False: computed from the quant
     gguf: GgufSource | None = None
-
-    @property
-    def budget_share(self) -> float | None:
-        """The share of the experts the preset keeps in RAM (`ram-budget = "25%"`), None when the engine decides."""
-        if "--ram-budget" not in self.flags:
-            return None
-        return float(self.flags[self.flags.index("--ram-budget") + 1].rstrip("%")) / 100
+    flag_values: Mapping[str, int | bool | str] = field(default_factory=dict)  # [flags] without ram-budget
 
     @property
     def published(self) -> bool:
@@ -170,20 +153,46 @@ def expert_bytes_for(hidden: int, expert_ffn: int, quant: str) -> int:
     return 3 * (-(-projection // ALIGN) * ALIGN)
 
 
+def flag_name(key: str) -> str:
+    """A preset's flag key as the engine's flag: `lookahead` → `--lookahead`, `io-threads` →
+    `--moe-stream-io-threads`."""
+    return f"--{key}" if key in _PLAIN_FLAGS else f"--moe-stream-{key}"
+
+
 def flag_arguments(values: Mapping[str, int | bool | str]) -> tuple[str, ...]:
-    """Engine arguments for flag values keyed by FLAG_DEFAULTS' names, in that table's order."""
+    """Engine arguments for a preset's flag values, in their order."""
     args: list[str] = []
-    for key in FLAG_DEFAULTS:
-        if key not in values:
-            continue
-        value = values[key]
-        if key == "lookahead":
-            args += ["--lookahead", str(value)]
-        elif isinstance(value, bool):
-            args.append(f"--moe-stream-{key}" if value else f"--no-moe-stream-{key}")
+    for key, value in values.items():
+        name = flag_name(key)
+        if isinstance(value, bool):
+            args.append(name if value else "--no-" + name[2:])
         else:
-            args += [f"--moe-stream-{key}", str(value)]
+            args += [name, str(value)]
     return tuple(args)
+
+
+def check_flags(preset: Preset, engine: EngineInfo) -> list[str]:
+    """What is wrong with a preset's flags for the installed engine, one line each ("ID: flags.KEY: …"): a flag
+    it does not have, a value of the wrong kind or not among its choices, or the engine's own default (a preset
+    sets only what differs from it). Nothing to say when the engine could not say what its flags are."""
+    if not engine.flags:
+        return []
+    problems: list[str] = []
+    for key, value in preset.flag_values.items():
+        name = flag_name(key)
+        where = f"{preset.id}: flags.{key}"
+        f = engine.flags.get(name)
+        if f is None:
+            problems.append(f"{where}: the installed engine has no {name}")
+        elif f.kind == "bool" and not isinstance(value, bool):
+            problems.append(f"{where}: {name} is on or off: true or false")
+        elif f.kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            problems.append(f"{where}: {name} takes a whole number")
+        elif f.kind == "choice" and value not in f.choices:
+            problems.append(f"{where}: {name} is one of {', '.join(f.choices)} (got {value!r})")
+        elif value == f.default:
+            problems.append(f"{where}: {value!r} is the engine's default for {name}: leave it out")
+    return problems
 
 
 def load_catalog(directory: Path) -> Catalog:
@@ -342,7 +351,7 @@ class _Parser:
                 f"{facts.experts} experts × {expert_bytes:,} bytes)",
             )
         chat = self.chat(self.table(data, "chat", required=False))
-        flags, measured = self.flags(self.table(data, "flags", required=False))
+        flags, measured, values = self.flags(self.table(data, "flags", required=False))
         return Preset(
             id=preset_id,
             name=name,
@@ -361,6 +370,7 @@ class _Parser:
             bundled_source=bundled_source,
             expert_bytes_stated=stated_expert_bytes is not None,
             gguf=gguf,
+            flag_values=values,
         )
 
     def gguf(self, t: Mapping[str, Any]) -> GgufSource | None:
@@ -385,7 +395,7 @@ class _Parser:
     def facts(self, t: Mapping[str, Any]) -> tuple[ArchFacts, int | None]:
         p = "arch."
         keys = {"arch", "total_params", "active_params", "layers", "dense_layers", "experts", "shared_experts"}
-        keys |= {"top_k", "hidden", "expert_ffn", "context", "expert_bytes", "kv_heads", "head_dim", "kv_latent"}
+        keys |= {"top_k", "hidden", "expert_ffn", "context", "expert_bytes", "kv_bytes_per_token"}
         self.check_keys(t, keys, p)
         arch = self.string(t, "arch", p)
         if not _ARCH.fullmatch(arch):
@@ -407,11 +417,7 @@ class _Parser:
         ffn = self.integer(t, "expert_ffn", p, minimum=1)
         context = self.integer(t, "context", p, minimum=1)
         stated = self.integer(t, "expert_bytes", p, minimum=1) if "expert_bytes" in t else None
-        kv_heads = self.integer(t, "kv_heads", p, minimum=1, default=0) if "kv_heads" in t else 0
-        head_dim = self.integer(t, "head_dim", p, minimum=1, default=0) if "head_dim" in t else 0
-        kv_latent = self.integer(t, "kv_latent", p, minimum=1) if "kv_latent" in t else 0
-        if bool(kv_heads) != bool(head_dim):
-            raise self.fail(p + "kv_heads", "state arch.kv_heads and arch.head_dim together")
+        kv = self.integer(t, "kv_bytes_per_token", p, minimum=1) if "kv_bytes_per_token" in t else 0
         facts = ArchFacts(
             arch,
             total,
@@ -424,9 +430,7 @@ class _Parser:
             hidden,
             ffn,
             context,
-            kv_heads,
-            head_dim,
-            kv_latent,
+            kv,
         )
         # Cross-checks of the published numbers against the shape (1 % for the rounding of "30.5B").
         if facts.moe_layers * experts * facts.expert_params > total * 1.01:
@@ -457,9 +461,8 @@ class _Parser:
             system_prompt=self.string(t, "system_prompt", p, default=d.system_prompt),
         )
 
-    def flags(self, t: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def flags(self, t: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, int | bool | str]]:
         p = "flags."
-        self.check_keys(t, set(FLAG_DEFAULTS) | {"measured", "ram-budget"}, p)
         values: dict[str, int | bool | str] = {}
         budget: tuple[str, ...] = ()
         if "ram-budget" in t:
@@ -467,29 +470,27 @@ class _Parser:
             if not _SHARE.fullmatch(share) or float(share[:-1]) <= 0:
                 raise self.fail(p + "ram-budget", f'expected a share of the experts such as "25%" (got {share!r})')
             budget = ("--ram-budget", share)
-        for key, default in FLAG_DEFAULTS.items():
-            if key not in t:
-                continue
-            if isinstance(default, bool):
-                value = t[key]
-                if not isinstance(value, bool):
-                    raise self.fail(p + key, f"expected true or false, got {_kind(value)}")
-                values[key] = value
-            elif isinstance(default, str):
-                text = self.string(t, key, p)
-                if text not in _POLICIES:
-                    raise self.fail(p + key, f"must be one of {', '.join(_POLICIES)} (got {text!r})")
-                values[key] = text
-            else:
-                low = -1 if key == "idle-fill-ms" else (0 if key == "lookahead" else 1)
-                values[key] = self.integer(t, key, p, minimum=low)
         measured = t.get("measured", [])
         if not isinstance(measured, list) or not all(isinstance(m, str) for m in measured):
             raise self.fail(p + "measured", "expected a list of flag names")
+        for key, value in t.items():
+            if key in ("ram-budget", "measured"):
+                continue
+            if not _FLAG_KEY.fullmatch(key):
+                raise self.fail(p + key, "not a flag name (lookahead, or a --moe-stream-* flag without its prefix)")
+            if isinstance(value, float) or not isinstance(value, bool | int | str):
+                raise self.fail(p + key, f"expected true/false, a whole number or a string, got {_kind(value)}")
+            if key not in measured:
+                raise self.fail(
+                    p + key,
+                    "a preset sets only what was measured to differ from the engine's default for this model: "
+                    "list it in flags.measured, or leave it out (the engine's default applies)",
+                )
+            values[key] = value
         for m in measured:
             if m not in values:
                 raise self.fail(p + "measured", f"{m!r} is not a flag set in this preset")
-        return budget + flag_arguments(values), tuple(measured)
+        return budget + flag_arguments(values), tuple(measured), values
 
 
 def _kind(value: object) -> str:

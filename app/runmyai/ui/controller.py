@@ -26,8 +26,9 @@ from runmyai.library.acquire import AcquireError, Acquirer, Job, RepoQuants
 from runmyai.library.downloads import DownloadManager, DownloadStatus
 from runmyai.library.hub import HubClient, HubError, HubModel
 from runmyai.library.keys import HubKey, LocalKey, PresetKey, parse_key
+from runmyai.library.launch import launch_flags
 from runmyai.library.local import ImportCancelled, LibraryError, LocalLibrary, LocalModel
-from runmyai.library.presets import Catalog, Preset, load_catalog
+from runmyai.library.presets import Catalog, Preset, check_flags, load_catalog
 from runmyai.machine import MachineInfo, probe_machine_async
 from runmyai.monitor import device_note
 from runmyai.paths import AppPaths, bundled_dir
@@ -158,6 +159,9 @@ class AppController(QObject):
         self.engine_info = await ask_engine(self.paths.settings)
         if not self.engine_info.known:
             self.report(f"Could not ask the engine what it runs: {self.engine_info.error}.")
+        for preset in self.catalog.presets:  # its flags against the engine's own (names, kinds, defaults)
+            for line in check_flags(preset, self.engine_info):
+                self.window.log_view.append(f"[presets] {line}")
         await self.refresh_library()
         await self.run_job("Preparing the built-in model", self._ensure_demo)
         if self.acquirer.unfinished():
@@ -185,7 +189,7 @@ class AppController(QObject):
         self.window.library.set_entries(self._entries(), select)
 
     def _view(self) -> View:
-        return View(self.machine, self.engine_info)
+        return View(self.machine, self.engine_info, lambda m, p: launch_flags(m.path, m, p, self.autotune))
 
     def _entries(self) -> list[LibraryEntry]:
         view = self._view()
@@ -343,10 +347,15 @@ class AppController(QObject):
         await self.stop_engine()
         local = next((m for m in self.local_models if m.path == path), None)
         preset = self.catalog.get(local.preset_id) if local and local.preset_id else None
-        flags = [*(preset.flags if preset else ()), *self.autotune.serve_flags(path, _model_context(local, preset))]
+        flags = launch_flags(path, local, preset, self.autotune)
         self.model_name = local.name if local else path.name
         sup = EngineSupervisor(
-            path, flags, on_state=self._on_engine_state, on_log=self._on_engine_log, log_dir=self.paths.logs
+            path,
+            flags,
+            on_state=self._on_engine_state,
+            on_log=self._on_engine_log,
+            log_dir=self.paths.logs,
+            exit_codes=self.engine_info.exit_codes,
         )
         self.supervisor = sup
         self._engine_task = asyncio.current_task()
@@ -498,19 +507,30 @@ class AppController(QObject):
         async def run() -> None:
             dialog.set_running(True)
             try:
-                await self.autotune.run(path, dialog.show_progress)
+                await self.run_autotune(path, dialog.show_progress)
                 show()
             except AutotuneError as e:
                 dialog.show_progress(str(e))
             finally:
                 dialog.set_running(False)
 
+        def save(values: dict[str, str]) -> None:
+            self.autotune.set_overrides(path, values)
+            self.window.library.set_entries(self._entries())  # a budget or context override changes the estimate
+
         dialog.run_requested.connect(lambda: running.append(self.spawn(run())))
         dialog.cancel_requested.connect(lambda: [t.cancel() for t in running])
-        dialog.overrides_saved.connect(lambda values: self.autotune.set_overrides(path, values))
+        dialog.overrides_saved.connect(save)
         dialog.rejected.connect(lambda: [t.cancel() for t in running])
         show()
         dialog.open()
+
+    async def run_autotune(self, path: Path, progress: Callable[[str], None] | None = None) -> None:
+        """Autotune for a model, then every estimate again: the machine probe now holds what autotune measured
+        (the drive's read speed, the decode speed that calibrates the estimate, the GPU's copy speed)."""
+        await self.autotune.run(path, progress, exit_codes=self.engine_info.exit_codes)
+        self.machine = await probe_machine_async(self.paths.models, autotune_dir=self.paths.settings)
+        self.window.library.set_entries(self._entries())
 
     # ------------------------------------------------------------------------------------------ chat
     def _show_conversations(self) -> None:
@@ -670,11 +690,3 @@ class AppController(QObject):
         cid = self.conversation_id
         messages = self.store.messages(cid) if cid is not None else []
         return messages[-1].content if messages and messages[-1].role == "assistant" else ""
-
-
-def _model_context(local: LocalModel | None, preset: Preset | None) -> int | None:
-    """The model's own context length: what its file says, else its preset."""
-    ctx = local.facts.get("context_length") if local is not None and local.facts is not None else None
-    if isinstance(ctx, int) and ctx > 0:
-        return ctx
-    return preset.facts.context if preset is not None else None

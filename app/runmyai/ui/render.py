@@ -4,11 +4,12 @@ the controller only wires, and these are tested without a window."""
 from __future__ import annotations
 
 import html
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from runmyai.engine.info import EngineInfo
 from runmyai.library.acquire import QuantChoice, RepoQuants
-from runmyai.library.estimate import Estimate, estimate
+from runmyai.library.estimate import Estimate, installed_estimate, launch_estimate
 from runmyai.library.hub import HubModel
 from runmyai.library.keys import HubKey, LocalKey, PresetKey
 from runmyai.library.local import LocalModel
@@ -40,10 +41,17 @@ class LibraryEntry:
 
 @dataclass(frozen=True)
 class View:
-    """What every entry is rendered against."""
+    """What every entry is rendered against. `flags`: the engine flags an installed model is started with
+    (`library.launch.launch_flags`; default: its preset's), which its estimate is worked out for."""
 
     machine: MachineInfo | None
     engine: EngineInfo
+    flags: Callable[[LocalModel, Preset | None], Sequence[str]] | None = None
+
+    def flags_of(self, m: LocalModel, preset: Preset | None) -> Sequence[str]:
+        if self.flags is not None:
+            return self.flags(m, preset)
+        return preset.flags if preset is not None else ()
 
 
 def local_entry(m: LocalModel, preset: Preset | None, view: View) -> LibraryEntry:
@@ -55,7 +63,10 @@ def local_entry(m: LocalModel, preset: Preset | None, view: View) -> LibraryEntr
     elif not runs:
         lines.append(f"<p><b>{_unsupported(m.arch or '?', view.engine)}</b></p>")
     if preset is not None:
-        lines.append(preset_html(preset, view, installed=True))
+        lines.append(preset_html(preset, view))
+    if view.machine is not None and m.error is None:  # every installed model, with or without a preset
+        est = installed_estimate(m, preset, view.machine, view.engine, view.flags_of(m, preset))
+        lines.append(estimate_html(est) if est is not None else "<p>No estimate: the engine's facts are not known.</p>")
     badge = "built-in" if m.bundled else ("cannot be used" if m.error or not runs else "installed")
     return LibraryEntry(str(LocalKey(m.path)), m.name, badge, "".join(lines), can_use=m.error is None and runs)
 
@@ -74,11 +85,14 @@ def preset_entry(p: Preset, view: View) -> LibraryEntry:
     if p.gguf is not None and not p.published:
         choices = tuple((str(HubKey(p.gguf.repo, q)), f"{q} (from {p.gguf.repo})") for q in p.gguf.quants)
         choice = str(HubKey(p.gguf.repo, p.gguf.default))
-    text = f"<h3>{html.escape(p.name)}</h3>" + preset_html(p, view, installed=False)
+    text = f"<h3>{html.escape(p.name)}</h3>" + preset_html(p, view)
+    if view.machine is not None:
+        text += estimate_html(launch_estimate(p, view.machine, view.engine, p.flags))
     return LibraryEntry(str(PresetKey(p.id)), p.name, badge, text, downloadable, False, choices, choice)
 
 
-def preset_html(p: Preset, view: View, installed: bool) -> str:
+def preset_html(p: Preset, view: View) -> str:
+    """A preset's facts (its estimate is the caller's: installed or not, it is worked out differently)."""
     f = p.facts
     facts = (
         f"<p>{html.escape(f.arch)} · {count(f.total_params)} parameters, {count(f.active_params)} "
@@ -96,10 +110,7 @@ def preset_html(p: Preset, view: View, installed: bool) -> str:
         facts += f"<p><b>{_unsupported(f.arch, view.engine)}</b></p>"
     if p.notes:
         facts += f"<p><small>{html.escape(p.notes)}</small></p>"
-    if view.machine is None:
-        return facts
-    est = estimate(p, view.machine, view.engine, installed=installed, budget_share=p.budget_share)
-    return facts + estimate_html(est)
+    return facts
 
 
 def estimate_html(est: Estimate) -> str:
@@ -129,7 +140,10 @@ def hub_entry(h: HubModel, quants: RepoQuants | None) -> LibraryEntry:
     table = quant_table_html(quants, best)
     choices = tuple((str(HubKey(h.repo, c.quant.name)), quant_label(c, c is best)) for c in quants.choices)
     choice = str(HubKey(h.repo, best.quant.name)) if best is not None else None
-    detail = estimate_html(best.estimate) if best is not None and best.estimate is not None else ""
+    if best is not None and best.estimate is not None:
+        detail = estimate_html(best.estimate)
+    else:  # none recommended: say why
+        detail = f"<p><b>{html.escape(quants.why_none())}</b></p>"
     return LibraryEntry(key, h.repo, "on the hub", head + table + detail, True, False, choices, choice)
 
 
