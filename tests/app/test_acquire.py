@@ -208,6 +208,22 @@ def test_quants_with_estimates_and_the_best_that_fits(hub: HubServer, tmp_path: 
     assert {r.path.rsplit("/", 1)[-1] for r in hub.gets(".gguf")} <= {LAYOUT["Q8_0"].format(i=i) for i in (1, 2, 3)}
 
 
+def test_no_quant_is_chosen_that_cannot_run_here(hub: HubServer, tmp_path: Path, engine_info: EngineInfo) -> None:
+    """A repository the engine cannot run, or none of whose quants fits the disk: nothing is recommended, and
+    `runmyai get OWNER/NAME` without a quant says why instead of taking the first (it took the smallest)."""
+    env = Env(tmp_path / "home", hub, dataclasses.replace(engine_info, architectures={}))
+    quants = run(lambda: env.acquirer.quants(REPO))
+    assert quants.choices and all(c.estimate is not None for c in quants.choices) and quants.best() is None
+    with pytest.raises(AcquireError, match=f"^{REPO} cannot run here: Not yet: the installed engine runs"):
+        run(lambda: env.get(HubKey(REPO)))
+    full = Env(tmp_path / "full", hub, engine_info)
+    full.machine = dataclasses.replace(full.machine, disk_free=0)
+    assert run(lambda: full.acquirer.quants(REPO)).best() is None
+    with pytest.raises(AcquireError, match=r"No quant of .* fits on this disk"):
+        run(lambda: full.get(HubKey(REPO)))
+    assert not list((tmp_path / "home" / "models").rglob("*.gguf"))  # nothing was downloaded
+
+
 # ---------------------------------------------------------------------------------------------- get
 def test_get_one_quant_with_a_drop_and_a_corrupt_shard_then_chat(
     hub: HubServer, tmp_path: Path, engine_info: EngineInfo, split_models: dict[str, list[Path]]
