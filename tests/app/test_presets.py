@@ -31,6 +31,7 @@ EXPECTED = {
     "ling-flash-2.0": "bailingmoe2",
     "ling-3.0-flash": "bailingmoe3",
     "qwen3-next-80b-a3b": "qwen3next",
+    "minimax-m2": "minimax-m2",
     "tokenwing-demo-moe": "qwen3moe",
 }
 
@@ -254,6 +255,7 @@ GEOMETRY: dict[str, dict[str, int]] = {
     "gpt-oss-120b": {"n_layer": 36, "n_head": 64, "n_head_kv": 8, "head_dim": 64},
     "gpt-oss-20b": {"n_layer": 24, "n_head": 64, "n_head_kv": 8, "head_dim": 64},
     "ling-3.0-flash": {"n_layer": 42, "kv_lora_rank": 512, "n_rot": 64, "full_attention_interval": 6},
+    "minimax-m2": {"n_layer": 62, "n_head": 48, "n_head_kv": 8, "head_dim": 128, "n_rot": 64},
 }
 
 
