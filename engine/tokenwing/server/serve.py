@@ -24,6 +24,7 @@ from tokenwing.server.worker import EngineWorker
 from tokenwing.version import __version__
 
 API_KEY_ENV = "TOKENWING_API_KEY"
+STOP_JOIN_S = 10.0  # the engine thread's time to finish a token and close the session (past it: exit anyway)
 
 
 def serve(
@@ -90,7 +91,7 @@ def serve(
         threading.Thread(target=wait_eof, daemon=True).start()
     worker.on_fatal = lambda: setattr(server, "should_exit", True)
     server.run(sockets=[sock])
-    worker.stop()
+    worker.stop(timeout=STOP_JOIN_S)
     if worker.state == "error":
         kind = type(worker.load_error) if worker.load_error is not None else TokenWingError
         raise kind(f"the model failed to load: {worker.error}")

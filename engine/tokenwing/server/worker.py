@@ -67,8 +67,14 @@ class EngineWorker:
     def start(self) -> None:
         self.thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> None:
+        """Ends the engine thread after the job in progress and waits for it (up to `timeout`): it closes the
+        session and drops it, so the native objects it holds (`tokenwing._core`'s StreamCore and DirectFile) are
+        gone before the interpreter exits, where nanobind reports every one still alive as leaked (two dozen
+        lines on the app's log at every stop)."""
         self.jobs.put(None)
+        if self.thread.is_alive():
+            self.thread.join(timeout)
 
     def submit(self, job: Job) -> None:
         with self.lock:
@@ -151,6 +157,7 @@ class EngineWorker:
                 job.emit({"type": "error", "message": f"internal error: {type(e).__name__}: {e}", "status": 500})
         if self.session is not None:
             self.session.close()
+            self.session = None
 
     def _serve(self, job: Job) -> None:
         s, fmt = self.session, self.chat
