@@ -8,7 +8,8 @@ is. Without the variable, `pause` is one set lookup.
 
 `TOKENWING_TEST_TOKENS=ID[,ID…]` (tests only) makes every reply those tokens instead of what the model samples
 (the last one repeats), so a test can drive the real server with a reply of known form (gpt-oss's harmony
-channels) from a random-weight model.
+channels, a family's tool calls) from a random-weight model; `ID,…;ID,…` scripts one reply per request, in order
+(the last one then repeats), for a conversation of several turns.
 
 The points: repack.read, repack.write, repack.flush (the periodic write-back), verify (after the first expert
 is checked), output.fsync, output.rename and output.renamed (fsutil.atomic_output), cli.decided (the command's
@@ -32,12 +33,15 @@ armed = bool(_armed)  # for callers that would otherwise build a point's name fo
 
 
 TOKENS_ENV = "TOKENWING_TEST_TOKENS"
-_script = [int(t) for t in os.environ.get(TOKENS_ENV, "").split(",") if t.strip()]
+_scripts = [[int(t) for t in reply.split(",") if t.strip()] for reply in os.environ.get(TOKENS_ENV, "").split(";")]
+_replies = [0]
 
 
 def scripted_tokens() -> list[int] | None:
-    """Test-only: the reply's tokens when the environment scripts them (see the module's docstring)."""
-    return _script or None
+    """Test-only: the next reply's tokens when the environment scripts them (see the module's docstring)."""
+    script = _scripts[min(_replies[0], len(_scripts) - 1)]
+    _replies[0] += 1
+    return script or None
 
 
 def pause(point: str, until: Callable[[], bool] | None = None) -> None:

@@ -109,6 +109,7 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
             )
         text: list[str] = []
         reasoning: list[str] = []
+        calls: list[dict[str, Any]] = []
         entries: list[dict[str, Any]] = []
         try:
             while True:
@@ -119,6 +120,8 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
                     text.append(ev["text"])
                 elif ev["type"] == "reasoning":
                     reasoning.append(ev["text"])
+                elif ev["type"] == "tool_call":
+                    calls.append(_call(ev))
                 elif ev["type"] == "logprob":
                     entries.append(ev["entry"])
                 elif ev["type"] == "error":
@@ -131,9 +134,12 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         usage = _usage(ev)
         logprobs = _logprobs(entries, chat, 0)[0] if req.logprobs is not None else None
         if chat:
-            message: dict[str, Any] = {"role": "assistant", "content": content}
+            # OpenAI's: a reply of calls only has a null content
+            message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
             if reasoning:
                 message["reasoning_content"] = "".join(reasoning)
+            if calls:
+                message["tool_calls"] = calls
             choice: dict[str, Any] = {
                 "index": 0,
                 "message": message,
@@ -273,6 +279,10 @@ def _event_error(ev: dict[str, Any]) -> RequestError:
     return RequestError(ev["message"], status=status, kind="server_error" if status >= 500 else "invalid_request_error")
 
 
+def _call(ev: dict[str, Any]) -> dict[str, Any]:
+    return {"id": ev["id"], "type": "function", "function": {"name": ev["name"], "arguments": ev["arguments"]}}
+
+
 def _usage(ev: dict[str, Any]) -> dict[str, int]:
     p, c = int(ev.get("prompt_tokens", 0)), int(ev.get("completion_tokens", 0))
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
@@ -333,6 +343,13 @@ async def _stream(request: Request, job: Job, rid: str, model: str, chat: bool) 
                 yield sse(chunk(ev["text"], None))
             elif ev["type"] == "reasoning":
                 yield sse(chunk(None, None, {"reasoning_content": ev["text"]}))
+            elif ev["type"] == "tool_call":
+                # as OpenAI streams a call: its id, type and name first (arguments empty), then the arguments
+                head = {**_call(ev), "index": ev["index"]}
+                head["function"] = {"name": ev["name"], "arguments": ""}
+                yield sse(chunk(None, None, {"tool_calls": [head]}))
+                args = {"index": ev["index"], "function": {"arguments": ev["arguments"]}}
+                yield sse(chunk(None, None, {"tool_calls": [args]}))
             elif ev["type"] == "logprob":
                 pending.append(ev["entry"])
             elif ev["type"] == "error":

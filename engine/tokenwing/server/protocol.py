@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenwing.errors import BadInputError
 from tokenwing.runtime.sampler import SamplerSettings
+from tokenwing.text.grammar import grammar_of
 
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_BODY = 8 << 20
@@ -27,13 +30,19 @@ class RequestError(Exception):
 @dataclass
 class GenerationRequest:
     prompt: str | None = None  # completions
-    messages: list[dict[str, str]] = field(default_factory=list)  # chat
+    messages: list[dict[str, Any]] = field(default_factory=list)  # chat, as its template reads them
+    tools: list[dict[str, Any]] | None = None  # chat: OpenAI function definitions, as sent
+    tool_choice: str = "none"  # none, auto, required, or function (then `tool_name`)
+    tool_name: str | None = None
+    parallel_tool_calls: bool = True
+    variables: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs
     max_tokens: int = 256
     stream: bool = False
     stop: list[str] = field(default_factory=list)
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
     include_usage: bool = False
     logprobs: int | None = None  # None: off; else how many alternatives per token (top_logprobs)
+    grammar: str | None = None  # response_format's grammar (llguidance), enforced while sampling
 
 
 def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
@@ -78,7 +87,7 @@ def _content(value: Any, where: str) -> str:
     raise RequestError(f"{where}: content must be a string or a list of text parts", "messages")
 
 
-def _common(body: dict[str, Any], req: GenerationRequest) -> None:
+def _common(body: dict[str, Any], req: GenerationRequest, chat: bool = False) -> None:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     req.max_tokens = _integer({"max_tokens": max_tokens}, "max_tokens", 256, 1, MAX_TOKENS_LIMIT) or 256
     stream = body.get("stream", False)
@@ -98,7 +107,11 @@ def _common(body: dict[str, Any], req: GenerationRequest) -> None:
     elif stop is not None:
         raise RequestError("'stop' must be a string or a list of at most 16 strings", "stop")
     req.stop = [_text(s, "'stop'", "stop") for s in req.stop]
-    _refuse_unsupported(body)
+    _refuse_unsupported(body, _CHAT_ONLY if chat else ())
+    try:
+        req.grammar = grammar_of(body.get("response_format"))
+    except BadInputError as e:
+        raise RequestError(str(e), "response_format") from None
     n = body.get("n", 1)
     if n != 1:
         raise RequestError("only n = 1 is supported", "n")
@@ -118,11 +131,10 @@ def _common(body: dict[str, Any], req: GenerationRequest) -> None:
 # Fields that would change the answer and that this server does not implement: refused with a 400 rather than
 # silently ignored (a client asking for function calling or JSON output must not get plain text back).
 _UNSUPPORTED: dict[str, str] = {
-    "tools": "tools (function calling) are not supported by this server",
-    "functions": "functions (function calling) are not supported by this server",
-    "function_call": "function calling is not supported by this server",
-    "tool_choice": "tool_choice: tools (function calling) are not supported by this server",
-    "response_format": "response_format: only plain text output is supported",
+    "tools": "tools (function calling) are supported by /v1/chat/completions only",
+    "functions": "'functions' (the legacy form of function calling) is not supported: use tools",
+    "function_call": "'function_call' (the legacy form of function calling) is not supported: use tool_choice",
+    "tool_choice": "tool_choice: tools (function calling) are supported by /v1/chat/completions only",
     "logit_bias": "logit_bias is not supported by this server",
     "echo": "echo is not supported by this server",
     "suffix": "suffix (insertion) is not supported by this server",
@@ -132,15 +144,19 @@ _UNSUPPORTED: dict[str, str] = {
 }
 _HARMLESS: dict[str, Any] = {  # values of those fields that ask for nothing beyond plain text
     "tool_choice": ("none", "auto"),  # (reached only without tools: nothing to choose from)
-    "response_format": ({"type": "text"},),
     "best_of": (1,),
     "echo": (False,),
     "modalities": (["text"],),
 }
 
 
-def _refuse_unsupported(body: dict[str, Any]) -> None:
+_CHAT_ONLY = ("tools", "tool_choice")  # read by the chat endpoint (parse_chat)
+
+
+def _refuse_unsupported(body: dict[str, Any], allowed: tuple[str, ...]) -> None:
     for key, message in _UNSUPPORTED.items():
+        if key in allowed:
+            continue
         v = body.get(key)
         if v is None or v == [] or v == {} or v == "" or v in _HARMLESS.get(key, ()):
             continue
@@ -159,26 +175,69 @@ def _chat_logprobs(body: dict[str, Any], req: GenerationRequest) -> None:
 
 
 def parse_chat(body: Any) -> GenerationRequest:
+    """`POST /v1/chat/completions`: the messages as the chat template reads them (/apply-template's reading,
+    with the checks OpenAI makes of a conversation with tool calls), the tools and how they may be used."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise RequestError("'messages' must be a non-empty list", "messages")
-    req = GenerationRequest()
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict):
-            raise RequestError(f"messages[{i}] must be an object", "messages")
-        role = m.get("role")
-        if role not in ("system", "user", "assistant", "tool", "developer"):
-            raise RequestError(f"messages[{i}].role must be system, user, assistant or tool", "messages")
-        if m.get("tool_calls") or m.get("function_call"):
-            raise RequestError(f"messages[{i}]: tool calls are not supported by this server", "messages")
-        req.messages.append(
-            {"role": "system" if role == "developer" else role, "content": _content(m.get("content"), f"messages[{i}]")}
-        )
-    _common(body, req)
+    req = GenerationRequest(messages=[_template_message(m, i) for i, m in enumerate(msgs)])
+    _check_tool_turns(req.messages)
+    req.tools = _tools(body.get("tools"))
+    req.tool_choice, req.tool_name = _tool_choice(body.get("tool_choice"), req.tools)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise RequestError("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+    req.parallel_tool_calls = parallel is not False
+    req.variables = _template_variables(body)
+    _common(body, req, chat=True)
     _chat_logprobs(body, req)
     return req
+
+
+def _check_tool_turns(messages: list[dict[str, Any]]) -> None:
+    """OpenAI's rules for a conversation with calls: each call has an id, each tool message answers one by it."""
+    ids: set[str] = set()
+    for i, m in enumerate(messages):
+        for j, call in enumerate(m.get("tool_calls") or ()):
+            if "id" not in call:
+                raise RequestError(f"messages[{i}].tool_calls[{j}].id is required", "messages")
+            ids.add(call["id"])
+        if m["role"] == "tool":
+            tid = m.get("tool_call_id")
+            if tid is None:
+                raise RequestError(
+                    f"messages[{i}].tool_call_id is required: the id of the tool call this result answers", "messages"
+                )
+            if tid not in ids:
+                raise RequestError(
+                    f"messages[{i}].tool_call_id {tid!r} answers no tool call of an earlier assistant message",
+                    "messages",
+                )
+
+
+def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> tuple[str, str | None]:
+    """OpenAI's tool_choice: none, auto (the default with tools), required, or one function by name."""
+    if value is None:
+        return ("auto" if tools else "none"), None
+    if value in ("none", "auto", "required"):
+        if value == "required" and not tools:
+            raise RequestError("tool_choice 'required' needs tools to choose from", "tool_choice")
+        return value, None
+    fn = value.get("function") if isinstance(value, dict) else None
+    if isinstance(value, dict) and value.get("type") == "function" and isinstance(fn, dict):
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise RequestError("tool_choice.function.name must be a non-empty string", "tool_choice")
+        names = [t["function"]["name"] for t in tools or ()]
+        if name not in names:
+            raise RequestError(f"tool_choice names the function {name!r}, which is not in tools", "tool_choice")
+        return "function", name
+    raise RequestError(
+        "'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
+        "tool_choice",
+    )
 
 
 def parse_completion(body: Any) -> GenerationRequest:
@@ -283,21 +342,98 @@ def _template_message(m: Any, i: int) -> dict[str, Any]:
     return out
 
 
+# A function's name: OpenAI's characters (letters, digits, _ and -) and the dot MCP's tool names use; the
+# names go inside the families' call markup, where quotes, brackets or spaces would break it.
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+_JSON_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
+MAX_SCHEMA_DEPTH = 32
+
+
 def _tools(value: Any) -> list[dict[str, Any]] | None:
     if value is None or value == []:
         return None
     if not isinstance(value, list):
         raise RequestError("'tools' must be a list of function definitions", "tools")
+    names: set[str] = set()
     for j, tool in enumerate(value):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(fn, dict) or tool.get("type", "function") != "function":
             raise RequestError(f"tools[{j}] must be {{'type': 'function', 'function': {{...}}}}", "tools")
-        if not isinstance(fn.get("name"), str) or not fn["name"]:
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
             raise RequestError(f"tools[{j}].function.name must be a non-empty string", "tools")
-        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
-            raise RequestError(f"tools[{j}].function.parameters must be a JSON schema object", "tools")
+        if not _TOOL_NAME.fullmatch(name):
+            raise RequestError(
+                f"tools[{j}].function.name {name[:80]!r} must be 1-128 letters, digits, '_', '-' or '.'", "tools"
+            )
+        if name in names:
+            raise RequestError(f"tools[{j}].function.name {name!r} is declared twice", "tools")
+        names.add(name)
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise RequestError(f"tools[{j}].function.description must be a string", "tools")
+        if fn.get("parameters") is not None:
+            if not isinstance(fn["parameters"], dict):
+                raise RequestError(f"tools[{j}].function.parameters must be a JSON schema object", "tools")
+            _check_schema(fn["parameters"], f"tools[{j}].function.parameters", 0)
+            if fn["parameters"].get("type", "object") != "object":
+                raise RequestError(f"tools[{j}].function.parameters.type must be 'object' (arguments are one)", "tools")
     # as sent: a template shows the definitions to the model as they are
     return [_json_text(tool, f"tools[{j}]", "tools") for j, tool in enumerate(value)]
+
+
+def _check_schema(schema: Any, where: str, depth: int) -> None:
+    """The JSON Schema keywords that say what a value is, checked for their form (a malformed schema is the
+    client's mistake, said here rather than found by the model); other keywords are passed on as they are."""
+    if isinstance(schema, bool):
+        return  # true / false: any value, no value
+    if not isinstance(schema, dict):
+        raise RequestError(f"{where} must be a JSON schema (an object)", "tools")
+    if depth > MAX_SCHEMA_DEPTH:
+        raise RequestError(f"{where} is nested more than {MAX_SCHEMA_DEPTH} levels deep", "tools")
+    t = schema.get("type")
+    if t is not None:
+        types = [t] if isinstance(t, str) else t
+        if not isinstance(types, list) or not types or any(x not in _JSON_TYPES for x in types):
+            raise RequestError(f"{where}.type {t!r} is not a JSON Schema type ({', '.join(_JSON_TYPES)})", "tools")
+    props = schema.get("properties")
+    if props is not None:
+        if not isinstance(props, dict):
+            raise RequestError(f"{where}.properties must be an object of schemas", "tools")
+        for key, sub in props.items():
+            _check_schema(sub, f"{where}.properties.{key}", depth + 1)
+    required = schema.get("required")
+    if required is not None and (not isinstance(required, list) or not all(isinstance(r, str) for r in required)):
+        raise RequestError(f"{where}.required must be a list of property names", "tools")
+    items = schema.get("items")
+    if items is not None:
+        for k, sub in enumerate(items) if isinstance(items, list) else [(None, items)]:
+            _check_schema(sub, f"{where}.items" + (f"[{k}]" if k is not None else ""), depth + 1)
+    for key in ("anyOf", "oneOf", "allOf"):
+        subs = schema.get(key)
+        if subs is not None:
+            if not isinstance(subs, list) or not subs:
+                raise RequestError(f"{where}.{key} must be a non-empty list of schemas", "tools")
+            for k, sub in enumerate(subs):
+                _check_schema(sub, f"{where}.{key}[{k}]", depth + 1)
+    extra = schema.get("additionalProperties")
+    if extra is not None:
+        _check_schema(extra, f"{where}.additionalProperties", depth + 1)
+    if "enum" in schema and (not isinstance(schema["enum"], list) or not schema["enum"]):
+        raise RequestError(f"{where}.enum must be a non-empty list", "tools")
+
+
+def _template_variables(body: dict[str, Any]) -> dict[str, Any]:
+    variables = body.get("chat_template_kwargs")
+    if variables is None:
+        variables = {}
+    if not isinstance(variables, dict):
+        raise RequestError("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    taken = [k for k in TEMPLATE_VARIABLES if k in variables]
+    if taken:
+        raise RequestError(
+            f"chat_template_kwargs cannot set {', '.join(taken)} (the request's own fields)", "chat_template_kwargs"
+        )
+    return dict(_json_text(variables, "chat_template_kwargs", "chat_template_kwargs"))
 
 
 def parse_apply_template(body: Any) -> TemplateRequest:
@@ -316,19 +452,9 @@ def parse_apply_template(body: Any) -> TemplateRequest:
     agp = body.get("add_generation_prompt", True)
     if not isinstance(agp, bool):
         raise RequestError("'add_generation_prompt' must be a boolean", "add_generation_prompt")
-    variables = body.get("chat_template_kwargs")
-    if variables is None:
-        variables = {}
-    if not isinstance(variables, dict):
-        raise RequestError("'chat_template_kwargs' must be an object", "chat_template_kwargs")
-    taken = [k for k in TEMPLATE_VARIABLES if k in variables]
-    if taken:
-        raise RequestError(
-            f"chat_template_kwargs cannot set {', '.join(taken)} (the request's own fields)", "chat_template_kwargs"
-        )
     return TemplateRequest(
         messages=[_template_message(m, i) for i, m in enumerate(msgs)],
         tools=_tools(body.get("tools")),
         add_generation_prompt=agp,
-        variables=_json_text(variables, "chat_template_kwargs", "chat_template_kwargs"),
+        variables=_template_variables(body),
     )

@@ -25,8 +25,10 @@ from tokenwing.runtime.sampler import Sampler
 from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
 from tokenwing.server.protocol import GenerationRequest, RequestError
 from tokenwing.text.chat import FALLBACK_NOTICE, ChatFormat, chat_format
-from tokenwing.text.reasoning import Delta, HarmonyParser
+from tokenwing.text.grammar import Constraint
 from tokenwing.text.tokenizer import TextTokenizer
+from tokenwing.text.tools.base import Event, Tools
+from tokenwing.text.tools.reply import ReplyReader, Syntax, prepare, syntax
 
 _C = {name: i for i, name in enumerate(SESSION_COUNTERS)}
 # A stats event's counts per streamed layer (docs/api.md): where the selected experts came from (VRAM, RAM, the
@@ -52,6 +54,7 @@ class EngineWorker:
         self.log = log
         self.session: Session | None = None
         self.chat: ChatFormat | None = None
+        self.syntax: Syntax | None = None  # how the chat template writes tools and calls
         self.state = "loading"  # then "ok", "error" (loading failed), or "degraded" (below)
         self.error: str | None = None
         self.load_error: TokenWingError | None = None
@@ -106,6 +109,7 @@ class EngineWorker:
             if self.session.device_line:
                 self.log(self.session.device_line)  # where it computes: the GPU's share, or why the CPU
             self.chat = chat_format(self.session.chat_template)
+            self.syntax = syntax(self.chat.template.source)
             if self.chat.fallback:
                 self.log(FALLBACK_NOTICE)
             self.state = "ok"
@@ -160,14 +164,20 @@ class EngineWorker:
             self.session = None
 
     def _serve(self, job: Job) -> None:
-        s, fmt = self.session, self.chat
-        assert s is not None and fmt is not None
+        s, fmt, syn = self.session, self.chat, self.syntax
+        assert s is not None and fmt is not None and syn is not None
         req = job.request
         stops = list(req.stop)
+        reader: ReplyReader | None = None
         if req.messages:
-            text = fmt.template.render(req.messages)
+            # tool_choice none: the model is not shown the tools (OpenAI's meaning) and nothing is read as a call
+            tools = req.tools if req.tools and req.tool_choice != "none" else None
+            messages = prepare(syn, req.messages, tools)
+            text = fmt.template.render(messages, tools=tools, **req.variables)
             prompt = s.tokenizer.encode(text, special=True)
             stops += fmt.stops
+            # the reply read back: reasoning (harmony's analysis channel, think tags) and the family's calls
+            reader = ReplyReader(syn, text, Tools(tools, req.tool_name) if tools else None, req.parallel_tool_calls)
         else:
             prompt = s.tokenizer.encode(req.prompt or "", special=False)
         if not prompt:
@@ -176,6 +186,8 @@ class EngineWorker:
             raise RequestError(
                 f"the prompt ({len(prompt)} tokens) does not fit the context ({s.n_ctx} tokens)", "messages"
             )
+        # a response format's matcher (the vocabulary's trie is built once per model, on the first such request)
+        constraint = Constraint(s.tokenizer, req.grammar) if req.grammar is not None else None
         job.emit({"type": "accepted"})  # the HTTP status can be sent: nothing below is the request's fault
         if self.options.prompt_cache:
             cached = s.reuse_prefix(prompt)  # a chat's next turn: only the new tokens are computed
@@ -190,21 +202,22 @@ class EngineWorker:
             self._publish(_token_event(s, delta, n[0], time.perf_counter() - start))
 
         pieces = [0]
-        # gpt-oss (harmony): the analysis channel goes out as reasoning, the final channel as content, as
-        # llama.cpp's server fills reasoning_content and content
-        harmony = HarmonyParser() if req.messages and fmt.reasoning == "harmony" else None
 
-        def emit(d: Delta) -> None:
-            if d.reasoning:
-                job.emit({"type": "reasoning", "text": d.reasoning})
-            if d.content:
-                job.emit({"type": "text", "text": d.content})
+        def emit(events: list[Event]) -> None:
+            for e in events:
+                if e.call is not None:
+                    c = e.call
+                    job.emit(
+                        {"type": "tool_call", "index": e.index, "id": c.id, "name": c.name, "arguments": c.arguments}
+                    )
+                elif e.text:
+                    job.emit({"type": "reasoning" if e.kind == "reasoning" else "text", "text": e.text})
 
         def on_text(piece: str) -> None:
             pieces[0] += 1
             point = f"serve.piece{pieces[0]}" if testpause.armed else ""
             holding = testpause.arrive(point)  # tests: marked before the client can see the piece ...
-            emit(harmony.push(piece) if harmony is not None else Delta(content=piece))
+            emit(reader.push(piece) if reader is not None else [Event("content", piece)])
             if holding:  # ... then held mid-reply until the client goes (or this process dies)
                 testpause.hold(point, until=job.cancelled.is_set)
 
@@ -220,16 +233,20 @@ class EngineWorker:
             cached=cached,
             logprobs=req.logprobs,
             on_logprob=lambda lp: job.emit({"type": "logprob", "entry": logprob_entry(s.tokenizer, lp)}),
+            constraint=constraint,
         )
-        if harmony is not None:
-            emit(harmony.finish())
+        finish_reason = gen.finish_reason
+        if reader is not None:
+            emit(reader.finish())
+            if reader.calls and finish_reason == "stop":
+                finish_reason = "tool_calls"  # OpenAI's: the reply ended in calls to run
         self.totals["requests"] += 1
         self.totals["prompt_tokens"] += len(prompt)
         self.totals["completion_tokens"] += len(gen.tokens)
         job.emit(
             {
                 "type": "done",
-                "finish_reason": gen.finish_reason,
+                "finish_reason": finish_reason,
                 "prompt_tokens": len(prompt),
                 "completion_tokens": len(gen.tokens),
                 "stats": gen.stats,

@@ -1,5 +1,8 @@
-"""gpt-oss's harmony output split, while it streams, into reasoning (the analysis channel) and content (the final
-channel and commentary preambles), as llama.cpp's server fills `reasoning_content` and `content` for gpt-oss
+"""A reply split, while it streams, into reasoning and content.
+
+gpt-oss's harmony output (`HarmonyParser`): the analysis channel is reasoning, the final channel and commentary
+preambles content, and a message to `functions.NAME` a tool call when the request declared tools, as
+llama.cpp's server fills `reasoning_content`, `content` and `tool_calls` for gpt-oss
 (common/parsers/gpt-oss.cpp: the output after the prompt's `<|start|>assistant` is messages
 `[<|start|>assistant]<|channel|>NAME[ to=RECIPIENT][<|constrain|>TYPE]<|message|>BODY<|end|>`, the last one
 unterminated: <|return|> and <|call|> end generation and are not printed).
@@ -12,12 +15,19 @@ is not in the harmony format), this parser keeps the text as content instead.
     for piece in pieces:
         delta = parser.push(piece)       # delta.reasoning, delta.content: new text of each
     delta = parser.finish()              # what was held back
+
+The families that think inside tags (`ThinkParser`: `<think>…</think>` for Qwen3, DeepSeek, GLM, MiniMax M2,
+Ling and Kimi K2-Thinking; Kimi K3's think section): the thinking is reasoning, the rest content, where the
+model's chat template has such tags (text/tools/__init__.py chooses).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+
+from tokenwing.text.tools.base import ToolCall, Tools, new_call_id
 
 CHANNEL, MESSAGE, START, END, RETURN, CALL, CONSTRAIN = (
     "<|channel|>",
@@ -43,9 +53,10 @@ _WHITESPACE = " \t\r\n"
 class Delta:
     reasoning: str = ""
     content: str = ""
+    calls: tuple[ToolCall, ...] = ()  # harmony's function calls, when the request declared tools
 
     def __add__(self, other: Delta) -> Delta:
-        return Delta(self.reasoning + other.reasoning, self.content + other.content)
+        return Delta(self.reasoning + other.reasoning, self.content + other.content, self.calls + other.calls)
 
 
 def harmony_template(template: str) -> bool:
@@ -63,6 +74,17 @@ def route(header: str) -> str:
     return "reasoning" if channels and channels[-1] == "analysis" else "content"
 
 
+def recipient(header: str) -> str | None:
+    """The function a message's header addresses (`to=functions.NAME`), if any."""
+    recipients = _RECIPIENT_RE.findall(header)
+    if recipients and recipients[-1].startswith(FUNCTIONS):
+        return str(recipients[-1][len(FUNCTIONS) :])
+    return None
+
+
+FUNCTIONS = "functions."
+
+
 def _held(text: str, markers: tuple[str, ...]) -> int:
     """Length of the longest end of `text` that a marker could still complete."""
     for n in range(min(len(text), max(map(len, markers)) - 1), 0, -1):
@@ -73,7 +95,16 @@ def _held(text: str, markers: tuple[str, ...]) -> int:
 
 
 class HarmonyParser:
-    def __init__(self) -> None:
+    """`tools`: the request's declared functions; a message to one of them is a call (its body the arguments'
+    JSON, ended by <|call|>, which ends generation), one to anything else is dropped as before. Without tools
+    every message to a recipient is dropped. `parallel` False: calls after the first are dropped."""
+
+    def __init__(self, tools: Tools | None = None, parallel: bool = True) -> None:
+        self.tools = tools
+        self.parallel = parallel
+        self.calls: list[ToolCall] = []
+        self._call: str | None = None  # the function the current message calls
+        self._call_body = ""
         self._buf = ""
         self._state = "header_start"  # header_start, header, body, raw, done
         self._route = "content"
@@ -101,6 +132,7 @@ class HarmonyParser:
                 i = self._buf.find(MESSAGE, 0, MAX_HEADER + len(MESSAGE))
                 if i >= 0:
                     self._route = route(self._buf[:i])
+                    self._call = recipient(self._buf[:i]) if self.tools is not None else None
                     self._buf = self._buf[i + len(MESSAGE) :]
                     self._state = "body"
                 elif len(self._buf) >= MAX_HEADER + len(MESSAGE):
@@ -114,6 +146,7 @@ class HarmonyParser:
                 if found:
                     i, marker = min(found)
                     out += self._emit(self._buf[:i])
+                    out += self._end_call()
                     self._buf = self._buf[i + len(marker) :]
                     self._state = "header_start" if marker == END else "done"
                     continue
@@ -126,11 +159,16 @@ class HarmonyParser:
                 self._buf = ""
             else:  # done: nothing follows <|return|> or <|call|>
                 self._buf = ""
+        if final:
+            out += self._end_call()  # <|call|> ends generation, so it is not in the text
         self.reasoning += out.reasoning
         self.content += out.content
         return out
 
     def _emit(self, text: str) -> Delta:
+        if self._call is not None:
+            self._call_body += text  # a call goes out whole, once its arguments are complete
+            return Delta()
         if self._route == "content":
             return Delta(content=text)
         if self._route == "drop" or not text:
@@ -142,8 +180,95 @@ class HarmonyParser:
             text, self._pending_ws, self._started = self._pending_ws, "", True
         return Delta(reasoning=text)
 
+    def _end_call(self) -> Delta:
+        name, body = self._call, self._call_body
+        self._call, self._call_body = None, ""
+        if name is None:
+            return Delta()
+        assert self.tools is not None
+        try:
+            args = json.loads(body or "{}")
+        except ValueError:
+            args = None
+        if not isinstance(args, dict) or not self.tools.accepts(name):
+            return Delta(content=body)  # not a call this request allows: the text as the model wrote it
+        if self.calls and not self.parallel:
+            return Delta()
+        call = ToolCall(new_call_id(), name, json.dumps(args, ensure_ascii=False))
+        self.calls.append(call)
+        return Delta(calls=(call,))
+
 
 def parse_harmony(text: str) -> Delta:
     """The whole output at once (what the streamed deltas add up to)."""
     parser = HarmonyParser()
     return parser.push(text) + parser.finish()
+
+
+_WS = " \t\r\n"
+
+
+class ThinkParser:
+    """Reasoning inside `open`…`close` tags, then content. `thinking`: the prompt already opened the tags (its
+    generation prompt ends with `open`), so the reply starts inside them; else it is reasoning only if the reply
+    starts with `open`. Whitespace around the reasoning and before the content is the format's, not text.
+    Thinking that never closes is all reasoning (generation stopped while the model thought)."""
+
+    def __init__(self, thinking: bool, open: str = "<think>", close: str = "</think>") -> None:
+        self._open, self._close = open, close
+        self._state = "think" if thinking else "start"  # start, think, after, content
+        self._started = False  # reasoning text other than whitespace went out
+        self._buf = ""
+
+    def push(self, text: str) -> Delta:
+        self._buf += text
+        return self._drain(final=False)
+
+    def finish(self) -> Delta:
+        return self._drain(final=True)
+
+    def _drain(self, final: bool) -> Delta:
+        out = Delta()
+        while self._buf:
+            if self._state == "start":
+                head = self._buf.lstrip(_WS)
+                if not final and (not head or (self._open.startswith(head) and head != self._open)):
+                    break  # not enough text to tell yet
+                if head.startswith(self._open):
+                    self._buf, self._state = head[len(self._open) :], "think"
+                else:
+                    self._state = "content"
+            elif self._state == "think":
+                if not self._started:
+                    self._buf = self._buf.lstrip(_WS)
+                    if not self._buf:
+                        break
+                i = self._buf.find(self._close)
+                if i >= 0:
+                    out += self._reasoning(self._buf[:i].rstrip(_WS))
+                    self._buf, self._state = self._buf[i + len(self._close) :], "after"
+                    continue
+                keep = 0 if final else self._tail()
+                out += self._reasoning(self._buf[: len(self._buf) - keep])
+                self._buf = self._buf[len(self._buf) - keep :]
+                break
+            elif self._state == "after":
+                self._buf = self._buf.lstrip(_WS)
+                if self._buf:
+                    self._state = "content"
+            else:
+                out += Delta(content=self._buf)
+                self._buf = ""
+        return out
+
+    def _tail(self) -> int:
+        """What reasoning text must wait: a possible start of the closing tag and the whitespace before it
+        (trimmed if the tag follows)."""
+        held = _held(self._buf, (self._close,))
+        body = self._buf[: len(self._buf) - held]
+        return held + len(body) - len(body.rstrip(_WS))
+
+    def _reasoning(self, text: str) -> Delta:
+        if text:
+            self._started = True
+        return Delta(reasoning=text)

@@ -1,0 +1,241 @@
+"""What every tool-call format shares: the calls, the declared tools they are checked against, and the streaming
+reader that finds call blocks in a reply's text.
+
+A family's format is a `BlockFormat`: the markers a block of calls begins with, where such a block ends, and
+how a whole block reads as calls. `CallReader` consumes the reply's text in any pieces: text outside blocks is
+content, passed on at once except a tail that could still become a block's opening marker (held back until it
+is whole or proven not to be one, so a marker never goes out as content); a block is kept until it ends, then
+read. A block whose calls are all valid (a declared function, arguments that are a JSON object) goes out as
+calls; any other block goes out as the text it was, so a reply the format cannot read is never lost, and never
+an error."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+MAX_BLOCK = 1 << 20  # characters: a block still open past this is not a block, and goes out as content
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call as OpenAI returns it: `arguments` is the JSON text of an object."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class RawCall:
+    """A call as a format reads it: `id` where the format writes one itself (Kimi K2's functions.NAME:N)."""
+
+    name: str
+    arguments: Any
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    """One step of a reply, in order: text of `kind` "content" or "reasoning", or a "call"."""
+
+    kind: str
+    text: str = ""
+    call: ToolCall | None = None
+    index: int = 0  # a call's place among the reply's calls
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+_JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
+
+
+class Tools:
+    """The functions a request declares (OpenAI's `tools`), as the readers check calls against them: a call must
+    name one of them (`only`: the one `tool_choice` names), and a parameter written as text is typed by its
+    schema."""
+
+    def __init__(self, definitions: Sequence[Mapping[str, Any]], only: str | None = None) -> None:
+        self.schemas: dict[str, Mapping[str, Any]] = {}
+        for d in definitions:
+            fn = d.get("function") or {}
+            params = fn.get("parameters")
+            self.schemas[str(fn.get("name"))] = params if isinstance(params, Mapping) else {}
+        self.only = only
+
+    def accepts(self, name: str) -> bool:
+        return name in self.schemas and (self.only is None or name == self.only)
+
+    def types(self, name: str, key: str) -> frozenset[str] | None:
+        """The JSON types a parameter may have by its schema; None where the schema does not say."""
+        props = self.schemas.get(name, {}).get("properties")
+        prop = props.get(key) if isinstance(props, Mapping) else None
+        if not isinstance(prop, Mapping):
+            return None
+        found: set[str] = set()
+        for schema in [prop, *(s for k in ("anyOf", "oneOf") for s in prop.get(k) or () if isinstance(s, Mapping))]:
+            t = schema.get("type")
+            found.update(x for x in ([t] if isinstance(t, str) else t or ()) if x in _JSON_TYPES)
+            if "enum" in schema and all(isinstance(v, str) for v in schema["enum"] or ()):
+                found.add("string")
+        return frozenset(found) or None
+
+
+def typed_value(text: str, types: frozenset[str] | None) -> Any:
+    """A parameter's value as the XML-like formats write it (the text itself for a string, JSON for anything
+    else): a string where the schema says so or says nothing, else the JSON it reads as, else the text (a model
+    that wrote something else gets its text passed on, not an error). One newline on each side is the format's,
+    not the value's."""
+    if text.startswith("\n"):
+        text = text[1:]
+    if text.endswith("\n"):
+        text = text[:-1]
+    if types is None or "string" in types:
+        return text
+    word = text.strip()
+    if "boolean" in types and word in ("True", "False"):  # a template that wrote Python's str() of a bool
+        return word == "True"
+    try:
+        return json.loads(word)
+    except ValueError:
+        return text
+
+
+def json_value(text: str) -> Any:
+    """JSON text as a value; a marker-free sentinel where it is not JSON."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return _NOT_JSON
+
+
+_NOT_JSON = object()
+
+
+def after(block: str, marker: str, start: int = 0) -> int | None:
+    """The index just after the first `marker` in `block` from `start`; None if it is not there yet."""
+    i = block.find(marker, start)
+    return None if i < 0 else i + len(marker)
+
+
+def only_whitespace_between(text: str, spans: Sequence[tuple[int, int]]) -> bool:
+    """Whether `text` outside the (sorted) spans is whitespace: a block with stray text in it is not read."""
+    pos = 0
+    for a, b in spans:
+        if text[pos:a].strip():
+            return False
+        pos = b
+    return not text[pos:].strip()
+
+
+class BlockFormat:
+    """A family's call syntax. `begins`: the markers a block starts with; `drops`: structural markers that are
+    neither calls nor content (removed from the content); `end(block)`: the length of the block that starts
+    `block` once its end marker is there, else None; `parse(block, tools, complete)`: its calls, or None when it
+    does not read as calls (`complete` is False for a block that generation stopped inside)."""
+
+    name: ClassVar[str]
+    begins: ClassVar[tuple[str, ...]]
+    drops: ClassVar[tuple[str, ...]] = ()
+
+    def end(self, block: str) -> int | None:
+        raise NotImplementedError
+
+    def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
+        raise NotImplementedError
+
+
+def _held(text: str, markers: Sequence[str]) -> int:
+    """Length of the longest end of `text` that is the start of a marker (and could still become it)."""
+    longest = max((len(m) for m in markers), default=0)
+    for n in range(min(len(text), longest - 1), 0, -1):
+        tail = text[-n:]
+        if any(m.startswith(tail) for m in markers):
+            return n
+    return 0
+
+
+class CallReader:
+    """Finds a format's call blocks in a reply's content as it streams (see the module's docstring).
+
+    `tools` None: no calls are read (tool_choice none, or no tools), only the format's structural markers are
+    removed. `parallel` False: calls after the first are dropped (OpenAI's parallel_tool_calls)."""
+
+    def __init__(self, fmt: BlockFormat, tools: Tools | None, parallel: bool = True) -> None:
+        self.fmt = fmt
+        self.tools = tools
+        self.parallel = parallel
+        self.calls: list[ToolCall] = []
+        self._buf = ""
+        self._in_block = False
+        self._markers = (*fmt.begins, *fmt.drops) if tools is not None else fmt.drops
+
+    def push(self, text: str) -> list[Event]:
+        self._buf += text
+        return self._drain(final=False)
+
+    def finish(self) -> list[Event]:
+        return self._drain(final=True)
+
+    def _drain(self, final: bool) -> list[Event]:
+        out: list[Event] = []
+        while self._buf:
+            if not self._in_block:
+                found = [(i, m) for m in self._markers if (i := self._buf.find(m)) >= 0]
+                if not found:
+                    keep = 0 if final else _held(self._buf, self._markers)
+                    _content(out, self._buf[: len(self._buf) - keep])
+                    self._buf = self._buf[len(self._buf) - keep :]
+                    break
+                i, marker = min(found, key=lambda f: (f[0], -len(f[1])))
+                _content(out, self._buf[:i])
+                if marker in self.fmt.drops and marker not in self.fmt.begins:
+                    self._buf = self._buf[i + len(marker) :]
+                    continue
+                self._buf = self._buf[i:]
+                self._in_block = True
+            n = self.fmt.end(self._buf)
+            if n is None and not final and len(self._buf) <= MAX_BLOCK:
+                break  # the block is still being written
+            block = self._buf if n is None else self._buf[:n]
+            self._buf = "" if n is None else self._buf[n:]
+            self._in_block = False
+            self._block(out, block, complete=n is not None)
+        return out
+
+    def _block(self, out: list[Event], block: str, complete: bool) -> None:
+        assert self.tools is not None
+        raw = self.fmt.parse(block, self.tools, complete)
+        calls = _checked(raw, self.tools) if raw else None
+        if calls is None:
+            _content(out, block)  # not calls after all: the text as the model wrote it
+            return
+        for call in calls:
+            if self.calls and not self.parallel:
+                continue  # one call only: the rest are dropped, not shown as text
+            out.append(Event("call", call=call, index=len(self.calls)))
+            self.calls.append(call)
+
+
+def _content(out: list[Event], text: str) -> None:
+    if text:
+        out.append(Event("content", text))
+
+
+def _checked(raw: list[RawCall], tools: Tools) -> list[ToolCall] | None:
+    """The calls with their arguments as JSON text, or None if any names an undeclared function or has
+    arguments that are not an object (a JSON text of one is read)."""
+    calls = []
+    for c in raw:
+        args = c.arguments
+        if isinstance(args, str):
+            args = json_value(args.strip() or "{}")
+        if not isinstance(args, dict) or not tools.accepts(c.name):
+            return None
+        calls.append(ToolCall(c.id or new_call_id(), c.name, json.dumps(args, ensure_ascii=False)))
+    return calls

@@ -1,0 +1,69 @@
+"""DeepSeek's two call formats.
+
+V3 / V3.1 / R1 (`DeepSeekV3`): special tokens,
+`<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{JSON}<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>`
+(V3.1), where V3 and R1 wrote `function<｜tool▁sep｜>NAME` and the arguments in a json code fence.
+
+V3.2 / V4 (`DeepSeekDsml`): DSML, `<｜DSML｜function_calls>` (V3.2; V4 names it `tool_calls`) around
+`<｜DSML｜invoke name="NAME">` elements whose `<｜DSML｜parameter name="KEY" string="true|false">` say whether the
+value is text or JSON."""
+
+from __future__ import annotations
+
+import re
+
+from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, only_whitespace_between
+from tokenwing.text.tools.minimax import invokes
+
+CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+_CALL = re.compile(re.escape(CALL_BEGIN) + "(.*?)" + re.escape(CALL_END), re.S)
+_FENCED = re.compile(r"\s*(\S+)\s*```(?:json)?\s*(.*?)\s*```\s*", re.S)
+
+
+class DeepSeekV3(BlockFormat):
+    name = "deepseek-v3"
+    begins = (CALLS_BEGIN, CALL_BEGIN)  # a lone call without the section's marker is read too ...
+    drops = (CALLS_END,)  # ... and a section's end after such calls is no text
+
+    def end(self, block: str) -> int | None:
+        if block.startswith(CALLS_BEGIN):
+            return after(block, CALLS_END, len(CALLS_BEGIN))
+        return after(block, CALL_END, len(CALL_BEGIN))
+
+    def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
+        body = block.removeprefix(CALLS_BEGIN).removesuffix(CALLS_END)
+        found = list(_CALL.finditer(body))
+        if not found or not only_whitespace_between(body, [m.span() for m in found]):
+            return None
+        calls = []
+        for m in found:
+            left, sep, right = m.group(1).partition(SEP)
+            if not sep:
+                return None
+            fenced = _FENCED.fullmatch(right)
+            if left.strip() == "function" and fenced:  # V3 / R1
+                calls.append(RawCall(fenced.group(1), fenced.group(2)))
+            else:  # V3.1
+                calls.append(RawCall(left.strip(), right))
+        return calls
+
+
+DSML = "｜DSML｜"
+_DSML_BLOCKS = ("function_calls", "tool_calls")
+_INVOKE = re.compile(f'<{DSML}invoke name="([^"]*)">(.*?)</{DSML}invoke>', re.S)
+_PARAMETER = re.compile(f'<{DSML}parameter name="([^"]*)"(?: string="(true|false)")?>(.*?)</{DSML}parameter>', re.S)
+
+
+class DeepSeekDsml(BlockFormat):
+    name = "deepseek-dsml"
+    begins = tuple(f"<{DSML}{b}>" for b in _DSML_BLOCKS)
+
+    def end(self, block: str) -> int | None:
+        kind = next(b for b in _DSML_BLOCKS if block.startswith(f"<{DSML}{b}>"))
+        return after(block, f"</{DSML}{kind}>")
+
+    def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
+        kind = next(b for b in _DSML_BLOCKS if block.startswith(f"<{DSML}{b}>"))
+        body = block[len(f"<{DSML}{kind}>") :].removesuffix(f"</{DSML}{kind}>")
+        return invokes(body, _INVOKE, _PARAMETER, tools)

@@ -1,0 +1,35 @@
+"""GLM-4.5 .. GLM-5 (and Ling 3.0, which writes the same): one call per `<tool_call>…</tool_call>` block, the
+function's name first, then each argument as `<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>` (newlines
+between them or not: GLM-4.6 writes them, GLM-4.7 does not, Ling puts one inside <arg_value>). A value is text
+for a string parameter, JSON for any other."""
+
+from __future__ import annotations
+
+import re
+
+from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, only_whitespace_between, typed_value
+
+BEGIN, END = "<tool_call>", "</tool_call>"
+_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+_NAME = re.compile(r"[^\s<>]+")
+
+
+class Glm(BlockFormat):
+    name = "glm"
+    begins = (BEGIN,)
+
+    def end(self, block: str) -> int | None:
+        return after(block, END, len(BEGIN))
+
+    def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
+        body = block[len(BEGIN) :].removesuffix(END)
+        head = body.partition("<arg_key>")[0]
+        name = head.strip()
+        if not _NAME.fullmatch(name):
+            return None
+        rest = body[len(head) :]
+        args_found = list(_ARG.finditer(rest))
+        if not only_whitespace_between(rest, [m.span() for m in args_found]):
+            return None
+        args = {m.group(1).strip(): typed_value(m.group(2), tools.types(name, m.group(1).strip())) for m in args_found}
+        return [RawCall(name, args)]

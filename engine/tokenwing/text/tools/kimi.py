@@ -1,0 +1,96 @@
+"""Kimi's two call formats.
+
+K2 (`KimiK2`): `<|tool_calls_section_begin|>` around
+`<|tool_call_begin|>functions.NAME:N<|tool_call_argument_begin|>{JSON}<|tool_call_end|>`; `functions.NAME:N`
+is the call's id (Kimi's templates write it back when the result returns).
+
+K3 (`KimiK3`): XTML tags, `<|open|>TAG attrs<|sep|>` … `<|close|>TAG<|sep|>`: a reply is a think section, a
+response section and then a tools section of `<|open|>call tool="NAME" index="N"<|sep|>` elements, each with an
+`<|open|>argument key="KEY" type="TYPE"<|sep|>VALUE<|close|>argument<|sep|>` per argument (or one
+`<|open|>json …<|sep|>{JSON}<|close|>json<|sep|>`). The response and message tags are structure, neither calls
+nor content (`drops`); the think section is split off as reasoning before this (text/reasoning.py)."""
+
+from __future__ import annotations
+
+import html
+import re
+
+from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, only_whitespace_between, typed_value
+
+SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+_K2_CALL = re.compile(
+    r"<\|tool_call_begin\|>\s*([^\s<]+?)\s*<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>", re.S
+)
+_K2_ID = re.compile(r"(?:functions\.)?(.+?)(?::\d+)?")
+
+
+class KimiK2(BlockFormat):
+    name = "kimi-k2"
+    begins = (SECTION_BEGIN,)
+
+    def end(self, block: str) -> int | None:
+        return after(block, SECTION_END, len(SECTION_BEGIN))
+
+    def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
+        body = block[len(SECTION_BEGIN) :].removesuffix(SECTION_END)
+        found = list(_K2_CALL.finditer(body))
+        if not found or not only_whitespace_between(body, [m.span() for m in found]):
+            return None
+        calls = []
+        for m in found:
+            call_id = m.group(1)
+            name = _K2_ID.fullmatch(call_id)
+            assert name is not None  # the pattern matches any non-empty text
+            calls.append(RawCall(name.group(1), m.group(2), id=call_id))
+        return calls
+
+
+OPEN, CLOSE, SEP = "<|open|>", "<|close|>", "<|sep|>"
+TOOLS_BEGIN, TOOLS_END = f"{OPEN}tools{SEP}", f"{CLOSE}tools{SEP}"
+THINK_BEGIN, THINK_END = f"{OPEN}think{SEP}", f"{CLOSE}think{SEP}"
+_Q = re.escape
+_K3_CALL = re.compile(_Q(OPEN) + r'call tool="([^"]*)"[^<]*?' + _Q(SEP) + "(.*?)" + _Q(CLOSE + "call" + SEP), re.S)
+_K3_ARG = re.compile(
+    _Q(OPEN) + r'argument key="([^"]*)"(?: type="([^"]*)")?' + _Q(SEP) + "(.*?)" + _Q(CLOSE + "argument" + SEP),
+    re.S,
+)
+_K3_JSON = re.compile(_Q(OPEN) + r"json[^<]*?" + _Q(SEP) + "(.*?)" + _Q(CLOSE + "json" + SEP), re.S)
+
+
+class KimiK3(BlockFormat):
+    name = "kimi-k3"
+    begins = (TOOLS_BEGIN,)
+    drops = (
+        f'{OPEN}message role="assistant"{SEP}',
+        f"{OPEN}response{SEP}",
+        f"{CLOSE}response{SEP}",
+        f"{CLOSE}message{SEP}",
+        "<|end_of_msg|>",
+    )
+
+    def end(self, block: str) -> int | None:
+        return after(block, TOOLS_END, len(TOOLS_BEGIN))
+
+    def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
+        body = block[len(TOOLS_BEGIN) :].removesuffix(TOOLS_END)
+        found = list(_K3_CALL.finditer(body))
+        if not found or not only_whitespace_between(body, [m.span() for m in found]):
+            return None
+        calls = []
+        for m in found:
+            name, inner = html.unescape(m.group(1)), m.group(2)
+            whole = _K3_JSON.fullmatch(inner.strip())
+            if whole:
+                calls.append(RawCall(name, whole.group(1)))
+                continue
+            found_args = list(_K3_ARG.finditer(inner))
+            if not only_whitespace_between(inner, [a.span() for a in found_args]):
+                return None
+            args = {}
+            for a in found_args:
+                key = html.unescape(a.group(1))
+                kind = a.group(2)
+                types = frozenset({kind}) if kind else tools.types(name, key)
+                args[key] = typed_value(a.group(3), types)
+            calls.append(RawCall(name, args))
+        return calls

@@ -1,0 +1,54 @@
+"""Qwen3 / Qwen3.5 (and Hermes-style models, and the engine's own fallback): one call per
+`<tool_call>…</tool_call>` block, whose body is either JSON, `{"name": NAME, "arguments": {…}}` (Qwen3), or
+XML, `<function=NAME>` then `<parameter=KEY>\\nVALUE\\n</parameter>` per argument and `</function>`
+(Qwen3-Coder, Qwen3.5). Both are read whichever the template shows: models trained on one write the other."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, only_whitespace_between, typed_value
+
+BEGIN, END = "<tool_call>", "</tool_call>"
+_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+
+
+class Qwen(BlockFormat):
+    name = "qwen"
+    begins = (BEGIN,)
+
+    def end(self, block: str) -> int | None:
+        return after(block, END, len(BEGIN))
+
+    def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
+        body = block[len(BEGIN) :].removesuffix(END).strip()
+        if body.startswith("<function="):
+            return _xml(body, tools)
+        try:
+            obj, n = json.JSONDecoder().raw_decode(body)
+        except ValueError:
+            return None
+        if body[n:].strip() or not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return None
+        args = obj.get("arguments", obj.get("parameters", {}))
+        return [RawCall(obj["name"], args)]
+
+
+def _xml(body: str, tools: Tools) -> list[RawCall] | None:
+    fns = list(_FUNCTION.finditer(body))
+    if not fns or not only_whitespace_between(body, [m.span() for m in fns]):
+        return None
+    calls = []
+    for fn in fns:
+        name, inner = fn.group(1).strip(), fn.group(2)
+        params = list(_PARAMETER.finditer(inner))
+        if not only_whitespace_between(inner, [m.span() for m in params]):
+            return None
+        args = {}
+        for p in params:
+            key = p.group(1).strip()
+            args[key] = typed_value(p.group(2), tools.types(name, key))
+        calls.append(RawCall(name, args))
+    return calls

@@ -1,0 +1,176 @@
+"""Which tool-call format a model writes, chosen by what its chat template contains, and the reader of a whole
+reply: the reasoning split first, then the calls in what is left.
+
+The formats are told apart by the markers only their templates write, checked in an order where no earlier
+test matches a later family's template (llama.cpp's common/chat.cpp does the same; its checks were read, not
+copied): harmony's <|channel|>, Kimi K2's tool-call section, Kimi K3's <|open|>/<|close|> tags, DeepSeek's DSML
+(V3.2, V4) and tool-call tokens (V3, V3.1), MiniMax's <minimax:tool_call>, GLM's and Ling's <arg_key>, Qwen's
+<tool_call>. A template with none of them (the ChatML fallback, a template without tools) gets the engine's
+own: Qwen's JSON calls, the tools described in the system message, and a turn's calls and results written into
+the messages as text, since such a template would drop them."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tokenwing.errors import BadInputError
+from tokenwing.text.reasoning import Delta, HarmonyParser, ThinkParser, harmony_template
+from tokenwing.text.tools import deepseek, glm, kimi, minimax, qwen
+from tokenwing.text.tools.base import BlockFormat, CallReader, Event, ToolCall, Tools
+
+HARMONY = "harmony"
+GENERIC = "generic"
+THINK_TAGS = ("<think>", "</think>")
+
+
+@dataclass(frozen=True)
+class Syntax:
+    """How a model's template writes tools and calls. `block`: its call format (None: harmony's messages);
+    `think`: the tags its reasoning sits in, where it has them; `describes_tools`: the template shows the
+    tools to the model itself; `renders_calls`: it writes a turn's calls and the results (else the engine writes
+    them into the messages); `unsupported`: a format this engine cannot read yet (its name)."""
+
+    name: str
+    block: BlockFormat | None
+    think: tuple[str, str] | None = None
+    describes_tools: bool = True
+    renders_calls: bool = True
+    unsupported: str | None = None
+
+
+def syntax(source: str) -> Syntax:
+    """The tool-call syntax of a chat template's source."""
+    think = THINK_TAGS if THINK_TAGS[1] in source else None
+    if harmony_template(source):
+        return Syntax(HARMONY, None)
+    if kimi.SECTION_BEGIN in source and "<|tool_call_begin|>" in source:
+        return Syntax("kimi-k2", kimi.KimiK2(), think)
+    if kimi.OPEN in source and kimi.CLOSE in source and "<|end_of_msg|>" in source:
+        return Syntax("kimi-k3", kimi.KimiK3(), (kimi.THINK_BEGIN, kimi.THINK_END))
+    if "]<]minimax[>[" in source:
+        return Syntax("minimax-m3", None, think, unsupported="MiniMax M3's")
+    if deepseek.DSML in source:
+        return Syntax("deepseek-dsml", deepseek.DeepSeekDsml(), think)
+    if "tool▁calls▁begin" in source:
+        return Syntax("deepseek-v3", deepseek.DeepSeekV3(), think)
+    if minimax.BEGIN in source:
+        return Syntax("minimax-m2", minimax.MiniMax(), think)
+    if "<arg_key>" in source:
+        return Syntax("glm", glm.Glm(), think)
+    if qwen.BEGIN in source:
+        return Syntax("qwen", qwen.Qwen(), think)
+    return Syntax(
+        GENERIC,
+        qwen.Qwen(),
+        think,
+        describes_tools=re.search(r"\btools\b", source) is not None,
+        renders_calls="tool_calls" in source,
+    )
+
+
+class ReplyReader:
+    """A reply read as it streams into reasoning, content and calls (`Event`s, in order). `prompt`: the rendered
+    prompt (whether it opened the reasoning tags); `tools` None: no calls are read (tool_choice none, no
+    tools); `parallel` False: one call at most."""
+
+    def __init__(self, syn: Syntax, prompt: str, tools: Tools | None, parallel: bool = True) -> None:
+        self._harmony = HarmonyParser(tools, parallel) if syn.name == HARMONY else None
+        self._think = None
+        if syn.think is not None:
+            self._think = ThinkParser(prompt.rstrip().endswith(syn.think[0]), *syn.think)
+        self._calls = None
+        if syn.block is not None and (tools is not None or syn.block.drops):
+            self._calls = CallReader(syn.block, tools, parallel)
+        self.calls: list[ToolCall] = []
+
+    def push(self, text: str) -> list[Event]:
+        if self._harmony is not None:
+            return self._events(self._harmony.push(text), final=False)
+        if self._think is not None:
+            return self._events(self._think.push(text), final=False)
+        return self._events(Delta(content=text), final=False)
+
+    def finish(self) -> list[Event]:
+        if self._harmony is not None:
+            return self._events(self._harmony.finish(), final=True)
+        if self._think is not None:
+            return self._events(self._think.finish(), final=True)
+        return self._events(Delta(), final=True)
+
+    def _events(self, d: Delta, final: bool) -> list[Event]:
+        out = [Event("reasoning", d.reasoning)] if d.reasoning else []
+        if self._calls is not None:
+            out += self._calls.push(d.content) if d.content else []
+            out += self._calls.finish() if final else []
+            for e in out:
+                if e.call is not None:
+                    self.calls.append(e.call)
+        elif d.content:
+            out.append(Event("content", d.content))
+        for call in d.calls:
+            out.append(Event("call", call=call, index=len(self.calls)))
+            self.calls.append(call)
+        return out
+
+
+# ------------------------------------------------------------------------ the engine's own tool prompt
+TOOL_PROMPT = (
+    "# Tools\n\nYou can call the functions below (JSON Schema definitions):\n<tools>\n{tools}\n</tools>\n\n"
+    "To call one, answer with its name and arguments as a JSON object inside <tool_call></tool_call> tags, one "
+    'call per pair of tags:\n<tool_call>\n{{"name": "<function name>", "arguments": {{<arguments>}}}}\n'
+    "</tool_call>\nEach result comes back inside <tool_response></tool_response> tags."
+)
+
+
+def prepare(
+    syn: Syntax, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """The messages a template that knows nothing of tools needs: the tools described in the system message,
+    a turn's calls and the results written as text (Qwen's form, which the reply is read in). Other templates
+    get the messages as they are."""
+    if syn.unsupported and tools:
+        raise BadInputError(f"tools: this model's tool-call format ({syn.unsupported}) is not supported yet")
+    out = [dict(m) for m in messages]
+    if not syn.renders_calls:
+        out = _calls_as_text(out)
+    if tools and not syn.describes_tools:
+        lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        prompt = TOOL_PROMPT.format(tools=lines)
+        if out and out[0].get("role") == "system":
+            out[0] = {**out[0], "content": f"{out[0].get('content') or ''}\n\n{prompt}".lstrip("\n")}
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+    return out
+
+
+def _calls_as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            blocks = [
+                qwen.BEGIN
+                + "\n"
+                + json.dumps(
+                    {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}, ensure_ascii=False
+                )
+                + "\n"
+                + qwen.END
+                for c in m["tool_calls"]
+            ]
+            text = "\n".join([m["content"], *blocks] if m.get("content") else blocks)
+            out.append({k: v for k, v in m.items() if k != "tool_calls"} | {"content": text})
+        elif m.get("role") == "tool":
+            result = f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"
+            if out and out[-1].get("role") == "user" and out[-1].get("_results"):
+                out[-1]["content"] += "\n" + result
+            else:
+                out.append({"role": "user", "content": result, "_results": True})
+        else:
+            out.append(m)
+    for m in out:
+        m.pop("_results", None)
+    return out
