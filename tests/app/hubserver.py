@@ -26,8 +26,9 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 @dataclass
 class Faults:
     """Switch per test; applies to file bodies (`resolve` GET and `/cdn`) of whole-file and resumed downloads
-    (no Range, or `bytes=N-`), not to closed ranges (`bytes=0-N`: a client reading a file's header).
-    `HubServer.faults_for[suffix]` gives the files whose path ends so their own faults."""
+    (no Range, or `bytes=N-`), not to closed ranges (`bytes=N-M`: a client reading a file's header or a README),
+    which have their own (`range_*`), nor to the API (`api_*`). `HubServer.faults_for[suffix]` gives the files
+    whose path ends so their own faults."""
 
     drop_after: int | None = None  # close the connection after this many body bytes ...
     drop_times: int = 1  # ... for this many requests
@@ -47,6 +48,9 @@ class Faults:
     malformed_json: bool = False  # /api answers are not JSON
     absurd_size: bool = False  # sizes of 10**18 bytes in tree answers and X-Linked-Size
     search_garbage: bool = False  # search results with broken entries among good ones
+    range_drop_after: int | None = None  # a closed-range read closes the connection after this many body bytes ...
+    range_drop_times: int = 1  # ... for this many requests
+    api_drop_times: int = 0  # this many `/api/` requests (tree, revision, search) are closed before an answer
 
 
 @dataclass
@@ -129,7 +133,7 @@ class HubServer:
             self.log.append(entry)
 
     def _take(self, faults: Faults, name: str) -> bool:
-        """Consumes one use of a counted fault (`drop`, `stall`, `corrupt`)."""
+        """Consumes one use of a counted fault (`drop`, `stall`, `corrupt`, `hold`, `range_drop`, `api_drop`)."""
         with self._lock:
             times = getattr(faults, f"{name}_times")
             if times <= 0:
@@ -227,6 +231,10 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 split = urlsplit(self.path)
                 path = split.path
                 query = parse_qs(split.query)
+                if path.startswith("/api/") and hub._take(hub.faults, "api_drop"):
+                    self._log(0, 0)  # a hub that drops the connection: no status line, no body
+                    self.close_connection = True
+                    return
                 if path == "/api/models":
                     self._search(query)
                     return
@@ -338,8 +346,11 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
         def _file(self, data: bytes, sha: str, headers: dict[str, str], head: bool, path: str = "") -> None:
             faults = next((f for suffix, f in hub.faults_for.items() if path.endswith(suffix)), hub.faults)
             range_text = (self.headers.get("Range") or "").strip()
-            if re.fullmatch(r"bytes=\d+-\d+", range_text):
-                faults = Faults()  # a header read: served as it is
+            if re.fullmatch(r"bytes=\d+-\d+", range_text):  # a header read: only its own faults
+                closed = faults
+                faults = Faults()
+                if closed.range_drop_after is not None and hub._take(closed, "range_drop"):
+                    faults.drop_after, faults.drop_times = closed.range_drop_after, 1
             total = len(data)
             start, end = 0, total - 1
             status = 200

@@ -97,10 +97,12 @@ def sha256(path: Path) -> str:
 
 
 class Env:
-    def __init__(self, home: Path, hub: HubServer, engine: EngineInfo, **acquirer: Any) -> None:
+    def __init__(
+        self, home: Path, hub: HubServer, engine: EngineInfo, client: HubClient | None = None, **acquirer: Any
+    ) -> None:
         self.paths = AppPaths(home).ensure()
         self.hub = hub
-        self.client = HubClient(endpoint=hub.url)
+        self.client = client or HubClient(endpoint=hub.url)
         self.downloads = DownloadManager(
             self.client, self.paths.downloads, self.paths.models, stall_timeout_s=2, max_retries=3,
             retry_backoff_s=0.02,
@@ -262,6 +264,27 @@ def test_get_one_quant_with_a_drop_and_a_corrupt_shard_then_chat(
             await sup.stop()
 
     assert run(chat)  # the library entry chats
+
+
+def test_get_survives_a_hub_that_drops_connections(
+    hub: HubServer, tmp_path: Path, engine_info: EngineInfo, split_models: dict[str, list[Path]]
+) -> None:
+    """Issue 29, defect 2: `runmyai get` failed three runs in a row against a hub that drops connections ("Could
+    not reach the hub … for the start of …"): the file downloads resumed, the tree listing and the shard headers'
+    range reads were not tried again. Now one run gets the model, and no header byte is fetched twice."""
+    env = Env(tmp_path / "home", hub, engine_info, HubClient(endpoint=hub.url, retry_backoff_s=0.01))
+    hub.faults.api_drop_times = 2  # the tree listing, twice
+    hub.faults.range_drop_after, hub.faults.range_drop_times = 4096, 6  # header reads, cut at 4 KiB six times
+    model = run(lambda: env.get(HubKey(REPO, "Q8_0")))
+    assert model.error is None and model.path.name == "Tiny-Q8_0.tw.gguf"
+    assert len([r for r in hub.log if r.status == 0]) == 2  # the dropped listings were real
+    headers = [r for r in hub.gets(".gguf") if r.range and not r.range.endswith("-")]
+    assert len([r for r in headers if r.body_bytes == 4096]) == 6  # and so were the dropped header reads
+    for i in (1, 2, 3):  # each header read continued from where its connection dropped
+        reads = [r for r in headers if r.path.endswith(LAYOUT["Q8_0"].format(i=i))]
+        starts = [int(r.range.split("=")[1].split("-")[0]) for r in reads if r.range]
+        assert starts == [4096 * n for n in range(len(starts))], starts
+    assert files_fetched(hub) == {LAYOUT["Q8_0"].format(i=i) for i in (1, 2, 3)}
 
 
 def test_local_split_import_from_any_shard(split_models: dict[str, list[Path]], tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import pytest
 
 from runmyai.library.hub import HubClient, HubError, parse_content_range
-from tests.app.hubserver import COMMIT, HubServer
+from tests.app.hubserver import COMMIT, Faults, HubServer
 
 T = TypeVar("T")
 TW = os.urandom(300_000)
@@ -130,13 +130,15 @@ def test_token_from_environment(hub: HubServer, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_plain_401_and_server_error(hub: HubServer) -> None:
-    client = HubClient(endpoint=hub.url)
+    client = HubClient(endpoint=hub.url, retry_backoff_s=0.01)
     hub.faults.status = 401
     error = expect_error(client.file_info("acme/qwen-tw", "README.md"))
     assert error.kind in ("auth", "not_found")
+    assert len(hub.log) == 1  # refused: asking again would not change it
     hub.faults.status = 503
     error = expect_error(client.file_info("acme/qwen-tw", "README.md"))
-    assert error.kind == "server" and error.retryable
+    assert error.kind == "server" and error.retryable and str(error).endswith("(5 tries).")
+    assert len(hub.log) == 1 + 5  # retried, a bounded number of times
 
 
 def test_malformed_answers_become_clear_errors(hub: HubServer) -> None:
@@ -174,17 +176,57 @@ def test_unreachable_hub(hub: HubServer) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # a port nobody listens on
-    error = expect_error(HubClient(endpoint=f"http://127.0.0.1:{port}").list_files("acme/qwen-tw"))
-    assert error.kind == "network" and error.retryable
+    client = HubClient(endpoint=f"http://127.0.0.1:{port}", retry_backoff_s=0.01)
+    error = expect_error(client.list_files("acme/qwen-tw"))
+    assert error.kind == "network" and error.retryable and "(5 tries)" in str(error)
 
 
 def test_unresponsive_hub_times_out() -> None:
     with socket.socket() as s:  # accepts connections (backlog) but never answers
         s.bind(("127.0.0.1", 0))
         s.listen(8)
-        client = HubClient(endpoint=f"http://127.0.0.1:{s.getsockname()[1]}", request_timeout_s=0.5)
+        client = HubClient(endpoint=f"http://127.0.0.1:{s.getsockname()[1]}", request_timeout_s=0.5, retries=1)
         error = expect_error(client.list_files("acme/qwen-tw"))  # not the guard's TimeoutError: its own timeout
         assert error.kind == "network"
+
+
+def test_every_read_survives_a_hub_that_drops_connections(hub: HubServer) -> None:
+    """Tree listing, search, a GGUF's header by range requests and the README: each connection the hub drops is
+    tried again (issue 29: `runmyai get` failed three runs in a row on "Could not reach the hub … for the start
+    of …"); a range read continues from the bytes it has, so every byte crosses the network once."""
+    client = HubClient(endpoint=hub.url, retry_backoff_s=0.01)
+    hub.faults.api_drop_times = 2
+    assert {f.path for f in run(client.list_files("bob/qwen-gguf"))} == {"qwen.Q4_K_M.gguf", "config.json"}
+    hub.faults.api_drop_times = 1
+    assert [m.repo for m in run(client.search("qwen"))] == ["acme/qwen-tw"]
+    dropped = [r for r in hub.log if r.status == 0]
+    assert len(dropped) == 3 and all(r.path.startswith("/api/models") for r in dropped)  # they were real
+
+    hub.faults_for["qwen.Q4_K_M.gguf"] = Faults(range_drop_after=40_000, range_drop_times=3)
+    assert run(client.read_prefix("bob/qwen-gguf", "qwen.Q4_K_M.gguf", 150_000)) == GGUF[:150_000]
+    reads = hub.gets("qwen.Q4_K_M.gguf")
+    assert [r.range for r in reads] == [f"bytes={n}-149999" for n in (0, 40_000, 80_000, 120_000)]
+    assert sum(r.body_bytes for r in reads) == 150_000
+
+    hub.faults_for["README.md"] = Faults(range_drop_after=3)
+    assert run(client.readme("acme/qwen-tw")) == "# qwen\n"
+    assert [r.body_bytes for r in hub.gets("README.md")] == [3, 4]
+    assert run(client.readme("bob/qwen-gguf")) is None  # no model card: none, not an error
+    assert expect_error(client.readme("acme/unknown")).kind == "not_found"
+
+
+def test_retries_are_bounded_and_said(hub: HubServer) -> None:
+    client = HubClient(endpoint=hub.url, retries=2, retry_backoff_s=0.01)
+    hub.faults.api_drop_times = 100
+    error = expect_error(client.list_files("acme/qwen-tw"))
+    assert error.kind == "network" and error.retryable and str(error).endswith("(3 tries).")
+    assert len(hub.log) == 3
+    # a range read that brings bytes on every try keeps going; one that brings none gives up
+    hub.faults_for["qwen.Q4_K_M.gguf"] = Faults(range_drop_after=10_000, range_drop_times=6)
+    assert run(client.read_prefix("bob/qwen-gguf", "qwen.Q4_K_M.gguf", 100_000)) == GGUF[:100_000]
+    hub.faults.status = 503
+    error = expect_error(client.read_prefix("bob/qwen-gguf", "qwen.Q4_K_M.gguf", 100_000))
+    assert error.kind == "server" and "(3 tries)" in str(error)
 
 
 def test_parse_content_range() -> None:

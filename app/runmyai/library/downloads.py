@@ -45,6 +45,7 @@ from runmyai.library.hub import (
     header_error_code,
     normalize_sha256,
     parse_content_range,
+    retry_after,
 )
 from runmyai.units import human_bytes
 
@@ -509,7 +510,9 @@ class DownloadManager:
             )
 
         if item.size is None or item.sha256 is None:
-            info = await self._with_retries(item, lambda: self.hub.file_info(st.repo, st.path, item.revision))
+            info = await self._with_retries(  # retried here, with each wait on the download's row
+                item, lambda: self.hub.file_info(st.repo, st.path, item.revision, retries=0)
+            )
             if item.sha256 is not None and info.sha256 is not None and info.sha256 != item.sha256:
                 raise HubError(
                     f"{st.path} on the hub no longer matches the expected checksum (it was changed upstream).",
@@ -587,7 +590,7 @@ class DownloadManager:
                 failures += 1
                 if failures > self.max_retries:
                     raise
-                await self._backoff(item, str(exc), failures, None)
+                await self._backoff(item, str(exc), failures, exc.retry_after_s)
 
     async def _backoff(self, item: _Item, reason: str, failures: int, delay_s: float | None) -> None:
         delay = delay_s if delay_s is not None else self.retry_backoff_s * 2 ** (failures - 1)
@@ -643,7 +646,7 @@ class DownloadManager:
             if status >= 400:
                 error = error_from_status(status, what=st.path, error_code=header_error_code(response.headers))
                 if error.retryable:
-                    raise _Retry(str(error), _retry_after(response.headers.get("Retry-After")))
+                    raise _Retry(str(error), retry_after(response.headers.get("Retry-After")))
                 raise error
             if status == 206:
                 content_range = parse_content_range(response.headers.get("Content-Range"))
@@ -788,12 +791,6 @@ class DownloadManager:
             with contextlib.suppress(OSError):
                 incoming.unlink()
             raise HubError(f"Could not move {dest.name} into the models folder ({exc.strerror or exc}).") from None
-
-
-def _retry_after(value: str | None) -> float | None:
-    if value and value.strip().isdigit():
-        return min(float(value.strip()), 60.0)
-    return None
 
 
 def _describe(exc: BaseException) -> str:

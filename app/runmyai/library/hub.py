@@ -1,19 +1,25 @@
-"""Qt-free, async Hugging Face hub client: search, file listings with sizes and sha256, file metadata.
+"""Qt-free, async Hugging Face hub client: search, file listings with sizes and sha256, file metadata, a file's
+first bytes (a GGUF's header), a README.
 
 Every blocking `huggingface_hub` call runs in the client's own thread pool under a deadline, so the event loop
-(qasync on the Qt loop) never waits on the network. Everything the hub sends is untrusted: responses
-are validated here and every failure becomes a `HubError` whose text is one human sentence.
+(qasync on the Qt loop) never waits on the network. Every read is retried with backoff when it failed in a way a
+later try may not (a dropped connection, a timeout, 5xx, 429): a hub that drops connections must not stop a
+model's planning halfway (a range read continues from the bytes it already has). Everything the hub sends is
+untrusted: responses are validated here and every failure becomes a `HubError` whose text is one human sentence.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import concurrent.futures
 import json
+import logging
 import os
+import random
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Literal, TypeVar
@@ -32,7 +38,13 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _TRUTHY = {"1", "true", "yes", "on", "y", "t"}
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
+RETRIES = 4  # tries after the first, for every read (a download's file body has its own, in downloads.py)
+RETRY_BACKOFF_S = 0.5  # the first wait; doubled each fruitless try (±20 %), at most MAX_BACKOFF_S
+MAX_BACKOFF_S = 30.0
+README_MAX_BYTES = 512 * 1024  # a model card longer than this is cut (and its last character dropped if split)
 HubErrorKind = Literal[
     "offline", "network", "gated", "auth", "not_found", "malformed", "server", "corrupt", "no_space", "changed", "other"
 ]
@@ -65,10 +77,13 @@ class HubError(Exception):
         kind: HubErrorKind = "other",
         *,
         retryable: bool = False,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.kind = kind
         self.retryable = retryable  # a later try may succeed (network trouble, 5xx, 429)
+        self.retry_after_s = retry_after_s  # how long the hub asked us to wait (429/503 Retry-After)
+        self.missing_file = False  # the repository is there, the file is not (404 / EntryNotFound)
 
 
 HTTP_TIMEOUT = httpx.Timeout(60.0, connect=10.0)  # huggingface_hub's own session has none: a silent hub hangs
@@ -158,6 +173,12 @@ def _repo_not_found(what: str) -> HubError:
     )
 
 
+def _missing_file(what: str) -> HubError:
+    error = HubError(f"{what} does not exist in that repository.", "not_found")
+    error.missing_file = True
+    return error
+
+
 def error_from_exception(exc: BaseException, *, what: str, endpoint: str) -> HubError:
     """One human sentence for anything huggingface_hub or httpx can raise while talking to the hub."""
     if isinstance(exc, HubError):
@@ -169,12 +190,15 @@ def error_from_exception(exc: BaseException, *, what: str, endpoint: str) -> Hub
     if isinstance(exc, hf_errors.RevisionNotFoundError):
         return HubError(f"The requested revision of {what} does not exist on the hub.", "not_found")
     if isinstance(exc, hf_errors.RemoteEntryNotFoundError | hf_errors.EntryNotFoundError):
-        return HubError(f"{what} does not exist in that repository.", "not_found")
+        return _missing_file(what)
     if isinstance(exc, hf_errors.RepositoryNotFoundError):
         return _repo_not_found(what)
     if isinstance(exc, hf_errors.HfHubHTTPError):
         status = exc.response.status_code if exc.response is not None else None
-        return error_from_status(status, what=what, error_code=None)
+        error = error_from_status(status, what=what, error_code=None)
+        if exc.response is not None:
+            error.retry_after_s = retry_after(exc.response.headers.get("Retry-After"))
+        return error
     if isinstance(exc, httpx.TimeoutException | asyncio.TimeoutError | TimeoutError):
         return HubError(f"The hub at {endpoint} did not answer in time for {what}.", "network", retryable=True)
     if isinstance(exc, httpx.TransportError | OSError):
@@ -193,7 +217,7 @@ def error_from_status(status: int | None, *, what: str, error_code: str | None) 
     if error_code == "RevisionNotFound":
         return HubError(f"The requested revision of {what} does not exist on the hub.", "not_found")
     if error_code == "EntryNotFound" or status == 404:
-        return HubError(f"{what} does not exist in that repository.", "not_found")
+        return _missing_file(what)
     if status == 401:
         return HubError(f"The hub refused access to {what}: sign in with a valid access token (HF_TOKEN).", "auth")
     if status == 403:
@@ -207,8 +231,19 @@ def error_from_status(status: int | None, *, what: str, error_code: str | None) 
     return HubError(f"The hub answered HTTP {status} for {what}.", "server")
 
 
+def retry_after(value: str | None) -> float | None:
+    """A `Retry-After` in seconds (≤ 60), None when absent or a date."""
+    if value and value.strip().isdigit():
+        return min(float(value.strip()), 60.0)
+    return None
+
+
 class HubClient:
-    """Async facade over `huggingface_hub.HfApi` for the app. Safe to call from the event loop thread."""
+    """Async facade over `huggingface_hub.HfApi` for the app. Safe to call from the event loop thread.
+
+    `retries`: tries after the first for a read that failed retryably (`HubError.retryable`), waiting
+    `retry_backoff_s` × 2^(n−1) (±20 %, ≤ 30 s, or the hub's Retry-After) between them; the count starts again
+    whenever a try brought bytes (a range read continues where the dropped one stopped)."""
 
     def __init__(
         self,
@@ -217,12 +252,16 @@ class HubClient:
         offline: bool = False,
         *,
         request_timeout_s: float = 30.0,
+        retries: int = RETRIES,
+        retry_backoff_s: float = RETRY_BACKOFF_S,
     ) -> None:
         self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
         self.token = token or os.environ.get("HF_TOKEN") or None
         self._offline = offline
         self._headers: dict[str, str] | None = None
         self.request_timeout_s = request_timeout_s
+        self.retries = max(0, retries)
+        self.retry_backoff_s = retry_backoff_s
         self._api = HfApi(endpoint=self.endpoint, token=self._hf_token(), library_name="runmyai")
         # our own daemon-less pool, not the loop's default executor: a request stuck in a thread (bounded by
         # HTTP_TIMEOUT) must not hold up `loop.shutdown_default_executor()` when the app quits
@@ -269,15 +308,53 @@ class HubClient:
                 "offline",
             )
 
-    async def _call(self, fn: Callable[[], T], what: str) -> T:
+    async def _call(self, fn: Callable[[], T], what: str, retries: int | None = None) -> T:
+        """`fn` (a blocking huggingface_hub call) in the pool under the deadline, retried (see the class)."""
         self._require_online(what)
-        try:
-            future = asyncio.get_running_loop().run_in_executor(self._pool, fn)
-            return await asyncio.wait_for(future, self.request_timeout_s)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            raise error_from_exception(exc, what=what, endpoint=self.endpoint) from None
+
+        async def once() -> T:
+            try:
+                future = asyncio.get_running_loop().run_in_executor(self._pool, fn)
+                return await asyncio.wait_for(future, self.request_timeout_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                raise error_from_exception(exc, what=what, endpoint=self.endpoint) from None
+
+        return await self._retrying(once, retries)
+
+    async def _retrying(
+        self, once: Callable[[], Awaitable[T]], retries: int | None = None, progress: Callable[[], int] | None = None
+    ) -> T:
+        """`once()` until it succeeds, fails for good, or has failed `retries` times in a row without `progress()`
+        (bytes kept from a try) growing; the last error then says how many tries it took."""
+        limit = self.retries if retries is None else max(0, retries)
+        failures = tries = 0
+        while True:
+            before = progress() if progress is not None else 0
+            tries += 1
+            try:
+                return await once()
+            except HubError as exc:
+                if not exc.retryable:
+                    raise
+                moved = progress is not None and progress() > before
+                failures = 0 if moved else failures + 1
+                if failures > limit:
+                    if tries > 1:
+                        raise HubError(
+                            f"{str(exc).rstrip('.')} ({tries} tries).",
+                            exc.kind,
+                            retryable=True,
+                            retry_after_s=exc.retry_after_s,
+                        ) from None
+                    raise
+                delay = exc.retry_after_s
+                if delay is None:
+                    delay = min(self.retry_backoff_s * 2 ** max(0, failures - 1), MAX_BACKOFF_S)
+                    delay *= random.uniform(0.8, 1.2)
+                log.info("%s Retrying in %.1f s (try %d).", exc, delay, tries + 1)
+                await asyncio.sleep(delay)
 
     async def search(
         self, query: str, kind: Literal["repacked", "gguf"] = "repacked", limit: int = 50
@@ -368,40 +445,75 @@ class HubClient:
             files.append(HubFile(repo, path, revision, size, sha))
         return files
 
-    async def file_info(self, repo: str, path: str, revision: str = "main") -> HubFile:
-        """Size and sha256 of one file from the hub's HEAD answer (`X-Linked-Size`, `X-Linked-Etag`)."""
+    async def file_info(self, repo: str, path: str, revision: str = "main", *, retries: int | None = None) -> HubFile:
+        """Size and sha256 of one file from the hub's HEAD answer (`X-Linked-Size`, `X-Linked-Etag`). `retries`:
+        instead of the client's (the download manager retries with its own, shown on the download's row)."""
         url = self.url(repo, path, revision)
         token = self._hf_token()
 
         def run() -> Any:
             return get_hf_file_metadata(url, token=token, endpoint=self.endpoint, library_name="runmyai")
 
-        meta = await self._call(run, f"“{path}” ({repo})")
+        meta = await self._call(run, f"“{path}” ({repo})", retries)
         size = checked_size(getattr(meta, "size", None), path)
         return HubFile(repo, path, revision, size, normalize_sha256(getattr(meta, "etag", None)))
 
     async def read_prefix(self, repo: str, path: str, length: int, revision: str = "main") -> bytes:
-        """The first `length` bytes of a file (fewer when it is shorter), with an HTTP range request: a GGUF's
-        header without its tensor data. A server that ignores Range is read only that far, then closed."""
+        """The first `length` bytes of a file (fewer when it is shorter), with HTTP range requests: a GGUF's
+        header without its tensor data. A dropped connection is retried from the bytes already read; a server
+        that ignores Range is read only that far, then closed."""
         url = self.url(repo, path, revision)
         what = f"the start of “{path}” ({repo})"
         self._require_online(what)
-        headers = await self.download_headers()
-        headers["Range"] = f"bytes=0-{max(0, length - 1)}"
         out = bytearray()
+        await self._retrying(lambda: self._read_range(url, out, length, what), progress=lambda: len(out))
+        return bytes(out[:length])
+
+    async def readme(self, repo: str, revision: str = "main") -> str | None:
+        """The repository's README.md (its model card) as text, cut at `README_MAX_BYTES`; None when it has none."""
+        try:
+            data = await self.read_prefix(repo, "README.md", README_MAX_BYTES, revision)
+        except HubError as e:
+            if e.missing_file:
+                return None
+            raise
+        # a README cut in the middle of a character loses that character, not the rest
+        return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(data, final=len(data) < README_MAX_BYTES)
+
+    async def _read_range(self, url: str, out: bytearray, length: int, what: str) -> None:
+        """One GET of bytes `len(out)`..`length - 1`, appended to `out` as they arrive (kept when it fails)."""
+        start = len(out)
+        if start >= length:
+            return
+        headers = await self.download_headers()
+        headers["Range"] = f"bytes={start}-{max(start, length - 1)}"
         try:
             async with asyncio.timeout(self.request_timeout_s):
                 client = await asyncio.to_thread(
                     httpx.AsyncClient, follow_redirects=True, timeout=HTTP_TIMEOUT, max_redirects=10
                 )
                 async with client, client.stream("GET", url, headers=headers) as response:
-                    if response.status_code >= 400:
+                    status = response.status_code
+                    if status == 416 and start > 0:
+                        return  # the file ends where the last try stopped
+                    if status >= 400:
                         code = header_error_code(response.headers)
-                        raise error_from_status(response.status_code, what=what, error_code=code)
+                        error = error_from_status(status, what=what, error_code=code)
+                        error.retry_after_s = retry_after(response.headers.get("Retry-After"))
+                        raise error
                     # a 206 ends where asked (read to its end: leaving httpcore's stream mid-way leaves it for the
-                    # garbage collector); a 200 is the whole file: read only as far as needed
-                    partial = response.status_code == 206
+                    # garbage collector); a 200 is the whole file: skip what we have, read only as far as needed
+                    partial = status == 206
+                    skip = 0 if partial else start
+                    if partial:
+                        got = parse_content_range(response.headers.get("Content-Range"))
+                        if got is None or got[0] != start:
+                            del out[:]  # an answer from elsewhere in the file: start over
+                            raise HubError(f"The hub sent the wrong part of {what}.", "server", retryable=True)
                     async for chunk in response.aiter_bytes():
+                        if skip:
+                            cut = min(skip, len(chunk))
+                            chunk, skip = chunk[cut:], skip - cut
                         out += chunk
                         if len(out) > length or (len(out) == length and not partial):
                             break
@@ -409,7 +521,6 @@ class HubClient:
             raise
         except Exception as exc:
             raise error_from_exception(exc, what=what, endpoint=self.endpoint) from None
-        return bytes(out[:length])
 
 
 def parse_content_range(value: str | None) -> tuple[int, int, int | None] | None:
