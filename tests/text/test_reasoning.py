@@ -131,3 +131,17 @@ def test_well_formed_replies(messages: list[tuple[str, str]], cuts: list[int]) -
     reasoning = "".join(b for ch, b in messages if ch == "analysis")
     assert got.reasoning == ("" if reasoning.strip(" \t\r\n") == "" else reasoning)
     assert got.content == "".join(b for ch, b in messages if ch != "analysis")
+
+
+def test_think_tags_are_reasoning() -> None:
+    from tokenwing.text.reasoning import ThinkParser
+
+    def whole(thinking: bool, text: str) -> Delta:
+        p = ThinkParser(thinking)
+        return sum((p.push(c) for c in text), Delta()) + p.finish()
+
+    assert whole(False, "<think>\nHm, rain.\n</think>\n\nTake an umbrella.") == Delta("Hm, rain.", "Take an umbrella.")
+    assert whole(True, "Hm, rain. \n</think>\n\nYes.") == Delta("Hm, rain.", "Yes.")  # the prompt opened the tags
+    assert whole(False, "No tags: <think> is just text") == Delta("", "No tags: <think> is just text")
+    assert whole(True, "still thinking when it stopped") == Delta("still thinking when it stopped", "")
+    assert whole(False, "<thi") == Delta("", "<thi")

@@ -146,8 +146,17 @@ class BlockFormat:
     def end(self, block: str) -> int | None:
         raise NotImplementedError
 
+    def tool_prompt(self, tools: Sequence[Mapping[str, Any]]) -> str:
+        """What tells the model the tools where its template does not (a format overrides it with the words its
+        family was trained on)."""
+        lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        return f"# Tools\n\nYou can call the functions below (JSON Schema definitions):\n{lines}"
+
     def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
         raise NotImplementedError
+
+
+_WS = " \t\r\n"
 
 
 def _held(text: str, markers: Sequence[str]) -> int:
@@ -173,6 +182,8 @@ class CallReader:
         self.calls: list[ToolCall] = []
         self._buf = ""
         self._in_block = False
+        self._after_calls = False
+        self._ws = ""  # the whitespace before the current block
         self._markers = (*fmt.begins, *fmt.drops) if tools is not None else fmt.drops
 
     def push(self, text: str) -> list[Event]:
@@ -186,14 +197,24 @@ class CallReader:
         out: list[Event] = []
         while self._buf:
             if not self._in_block:
+                if self._after_calls:  # whitespace after a call block is the format's
+                    self._buf = self._buf.lstrip(_WS)
+                    if not self._buf:
+                        break
+                    self._after_calls = False
                 found = [(i, m) for m in self._markers if (i := self._buf.find(m)) >= 0]
                 if not found:
-                    keep = 0 if final else _held(self._buf, self._markers)
+                    keep = 0 if final else self._tail()
                     _content(out, self._buf[: len(self._buf) - keep])
                     self._buf = self._buf[len(self._buf) - keep :]
                     break
                 i, marker = min(found, key=lambda f: (f[0], -len(f[1])))
-                _content(out, self._buf[:i])
+                before = self._buf[:i]
+                if marker in self.fmt.begins:  # whitespace before a call block is the format's (kept if it is not)
+                    stripped = before.rstrip(_WS)
+                    self._ws = before[len(stripped) :]
+                    before = stripped
+                _content(out, before)
                 if marker in self.fmt.drops and marker not in self.fmt.begins:
                     self._buf = self._buf[i + len(marker) :]
                     continue
@@ -208,13 +229,21 @@ class CallReader:
             self._block(out, block, complete=n is not None)
         return out
 
+    def _tail(self) -> int:
+        """What content must wait: a possible start of a marker, and the whitespace before it (dropped if a call
+        block follows)."""
+        held = _held(self._buf, self._markers)
+        body = self._buf[: len(self._buf) - held]
+        return held + len(body) - len(body.rstrip(_WS))
+
     def _block(self, out: list[Event], block: str, complete: bool) -> None:
         assert self.tools is not None
         raw = self.fmt.parse(block, self.tools, complete)
         calls = _checked(raw, self.tools) if raw else None
         if calls is None:
-            _content(out, block)  # not calls after all: the text as the model wrote it
+            _content(out, self._ws + block)  # not calls after all: the text as the model wrote it
             return
+        self._after_calls = True
         for call in calls:
             if self.calls and not self.parallel:
                 continue  # one call only: the rest are dropped, not shown as text

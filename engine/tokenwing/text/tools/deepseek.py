@@ -10,7 +10,10 @@ value is text or JSON."""
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, only_whitespace_between
 from tokenwing.text.tools.minimax import invokes
@@ -22,6 +25,10 @@ _FENCED = re.compile(r"\s*(\S+)\s*```(?:json)?\s*(.*?)\s*```\s*", re.S)
 
 
 class DeepSeekV3(BlockFormat):
+    """V3.1's template writes a turn's calls but not the tools: they go into the system message in the layout
+    DeepSeek's model card gives V3.1 (each tool's name, description and parameter schema, then the call
+    format)."""
+
     name = "deepseek-v3"
     begins = (CALLS_BEGIN, CALL_BEGIN)  # a lone call without the section's marker is read too ...
     drops = (CALLS_END,)  # ... and a section's end after such calls is no text
@@ -30,6 +37,22 @@ class DeepSeekV3(BlockFormat):
         if block.startswith(CALLS_BEGIN):
             return after(block, CALLS_END, len(CALLS_BEGIN))
         return after(block, CALL_END, len(CALL_BEGIN))
+
+    def tool_prompt(self, tools: Sequence[Mapping[str, Any]]) -> str:
+        parts = ["## Tools\nYou have access to the following tools:"]
+        for t in tools:
+            fn = t.get("function") or {}
+            params = json.dumps(fn.get("parameters") or {}, ensure_ascii=False)
+            parts.append(f"### {fn.get('name')}\nDescription: {fn.get('description') or ''}\n\nParameters: {params}")
+        parts.append(
+            "IMPORTANT: ALWAYS adhere to this exact format for tool use:\n"
+            f"{CALLS_BEGIN}{CALL_BEGIN}tool_call_name{SEP}tool_call_arguments{CALL_END}"
+            f"{{{{additional_tool_calls}}}}{CALLS_END}\n\n"
+            "Where:\n- `tool_call_name` must be an exact match to one of the available tools\n"
+            "- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema\n"
+            "- For multiple tool calls, chain them directly without separators or spaces"
+        )
+        return "\n\n".join(parts)
 
     def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
         body = block.removeprefix(CALLS_BEGIN).removesuffix(CALLS_END)

@@ -7,12 +7,22 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, only_whitespace_between, typed_value
 
 BEGIN, END = "<tool_call>", "</tool_call>"
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+
+# the engine's own words for a template that shows no tools (the ChatML fallback): Qwen's JSON form
+TOOL_PROMPT = (
+    "# Tools\n\nYou can call the functions below (JSON Schema definitions):\n<tools>\n{tools}\n</tools>\n\n"
+    "To call one, answer with its name and arguments as a JSON object inside <tool_call></tool_call> tags, one "
+    'call per pair of tags:\n<tool_call>\n{{"name": "<function name>", "arguments": {{<arguments>}}}}\n'
+    "</tool_call>\nEach result comes back inside <tool_response></tool_response> tags."
+)
 
 
 class Qwen(BlockFormat):
@@ -21,6 +31,9 @@ class Qwen(BlockFormat):
 
     def end(self, block: str) -> int | None:
         return after(block, END, len(BEGIN))
+
+    def tool_prompt(self, tools: Sequence[Mapping[str, Any]]) -> str:
+        return TOOL_PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
 
     def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
         body = block[len(BEGIN) :].removesuffix(END).strip()

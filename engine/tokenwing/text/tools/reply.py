@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tokenwing.errors import BadInputError
@@ -44,6 +44,12 @@ class Syntax:
 
 def syntax(source: str) -> Syntax:
     """The tool-call syntax of a chat template's source."""
+    found = _syntax(source)
+    # a template that never names `tools` does not show them (DeepSeek V3.1's): the engine does
+    return replace(found, describes_tools=re.search(r"\btools\b", source) is not None)
+
+
+def _syntax(source: str) -> Syntax:
     think = THINK_TAGS if THINK_TAGS[1] in source else None
     if harmony_template(source):
         return Syntax(HARMONY, None)
@@ -63,13 +69,7 @@ def syntax(source: str) -> Syntax:
         return Syntax("glm", glm.Glm(), think)
     if qwen.BEGIN in source:
         return Syntax("qwen", qwen.Qwen(), think)
-    return Syntax(
-        GENERIC,
-        qwen.Qwen(),
-        think,
-        describes_tools=re.search(r"\btools\b", source) is not None,
-        renders_calls="tool_calls" in source,
-    )
+    return Syntax(GENERIC, qwen.Qwen(), think, renders_calls="tool_calls" in source)
 
 
 class ReplyReader:
@@ -117,29 +117,20 @@ class ReplyReader:
         return out
 
 
-# ------------------------------------------------------------------------ the engine's own tool prompt
-TOOL_PROMPT = (
-    "# Tools\n\nYou can call the functions below (JSON Schema definitions):\n<tools>\n{tools}\n</tools>\n\n"
-    "To call one, answer with its name and arguments as a JSON object inside <tool_call></tool_call> tags, one "
-    'call per pair of tags:\n<tool_call>\n{{"name": "<function name>", "arguments": {{<arguments>}}}}\n'
-    "</tool_call>\nEach result comes back inside <tool_response></tool_response> tags."
-)
-
-
 def prepare(
     syn: Syntax, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
 ) -> list[dict[str, Any]]:
-    """The messages a template that knows nothing of tools needs: the tools described in the system message,
-    a turn's calls and the results written as text (Qwen's form, which the reply is read in). Other templates
-    get the messages as they are."""
+    """The messages as the template needs them: where it does not show the tools, they are described in the
+    system message (in the words of the format the reply is read in); where it knows nothing of calls, a turn's
+    calls and the results are written into the messages as text (Qwen's form). Other templates get the
+    messages as they are."""
     if syn.unsupported and tools:
         raise BadInputError(f"tools: this model's tool-call format ({syn.unsupported}) is not supported yet")
     out = [dict(m) for m in messages]
     if not syn.renders_calls:
         out = _calls_as_text(out)
     if tools and not syn.describes_tools:
-        lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-        prompt = TOOL_PROMPT.format(tools=lines)
+        prompt = (syn.block or qwen.Qwen()).tool_prompt(tools)
         if out and out[0].get("role") == "system":
             out[0] = {**out[0], "content": f"{out[0].get('content') or ''}\n\n{prompt}".lstrip("\n")}
         else:

@@ -1,0 +1,423 @@
+"""Each family's native tool calls read back into OpenAI's calls (text/tools/), the format chosen by what the
+publisher's own chat template contains (the templates come from llama.cpp's pinned source distribution,
+tests/llama_source.py): one hand-written native reply per format, read whole and in any pieces into the same
+reasoning, content and calls; every template's own rendering of a turn with calls read back into those calls;
+text that is not a valid call stays text, and a marker never goes out as content."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.llama_source import chat_templates
+from tokenwing.errors import BadInputError
+from tokenwing.text.chat import CHATML, ChatTemplate
+from tokenwing.text.tools.base import Tools, typed_value
+from tokenwing.text.tools.reply import GENERIC, ReplyReader, prepare, syntax
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather now, in °C",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The time in a zone",
+            "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}},
+        },
+    },
+]
+WEATHER = ("get_weather", {"city": "Zürich", "days": 2})
+TIME = ("get_time", {"zone": "Europe/Zürich"})
+THOUGHT = "The user wants the weather; call the tool."
+
+# (template, format, the prompt's end, a native reply as the model writes it, reasoning, content, calls)
+NATIVE: list[tuple[str, str, str, str, str, str, list[tuple[str, dict[str, Any]]]]] = [
+    (
+        "Qwen-Qwen3-0.6B.jinja",
+        "qwen",
+        "<|im_start|>assistant\n",
+        f"<think>\n{THOUGHT}\n</think>\n\nLet me check.\n<tool_call>\n"
+        '{"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}\n</tool_call>\n<tool_call>\n'
+        '{"name": "get_time", "arguments": {"zone": "Europe/Zürich"}}\n</tool_call>',
+        THOUGHT,
+        "Let me check.",
+        [WEATHER, TIME],
+    ),
+    (
+        "Qwen3.5-4B.jinja",
+        "qwen",
+        "<|im_start|>assistant\n<think>\n",
+        f"{THOUGHT}\n</think>\n\nLet me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n"
+        "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+        "<function=get_time>\n<parameter=zone>\nEurope/Zürich\n</parameter>\n</function>\n</tool_call>",
+        THOUGHT,
+        "Let me check.",
+        [WEATHER, TIME],
+    ),
+    (
+        "Qwen3-Coder.jinja",
+        "qwen",
+        "<|im_start|>assistant\n",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n<parameter=days>\n2\n"
+        "</parameter>\n</function>\n</tool_call>",
+        "",
+        "",
+        [WEATHER],
+    ),
+    (
+        "deepseek-ai-DeepSeek-V3.1.jinja",
+        "deepseek-v3",
+        "<｜Assistant｜><think>",
+        f"{THOUGHT}</think>Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+        '{"city": "Zürich", "days": 2}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>'
+        '{"zone": "Europe/Zürich"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+        THOUGHT,
+        "Let me check.",
+        [WEATHER, TIME],
+    ),
+    (
+        "deepseek-ai-DeepSeek-V3.2.jinja",
+        "deepseek-dsml",
+        "<｜Assistant｜><think>",
+        f'{THOUGHT}</think>Let me check.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+        '<｜DSML｜parameter name="city" string="true">Zürich</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+        '<｜DSML｜invoke name="get_time">\n<｜DSML｜parameter name="zone" string="true">Europe/Zürich'
+        "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+        THOUGHT,
+        "Let me check.",
+        [WEATHER, TIME],
+    ),
+    (
+        "deepseek-ai-DeepSeek-V4.jinja",
+        "deepseek-dsml",
+        "<｜Assistant｜></think>",
+        '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n'
+        '<｜DSML｜parameter name="city" string="true">Zürich</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+        "",
+        "",
+        [WEATHER],
+    ),
+    (
+        "moonshotai-Kimi-K2.jinja",
+        "kimi-k2",
+        "<|im_assistant|>assistant<|im_middle|>",
+        "Let me check.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+        '<|tool_call_argument_begin|>{"city": "Zürich", "days": 2}<|tool_call_end|><|tool_call_begin|>'
+        'functions.get_time:1<|tool_call_argument_begin|>{"zone": "Europe/Zürich"}<|tool_call_end|>'
+        "<|tool_calls_section_end|>",
+        "",
+        "Let me check.",
+        [WEATHER, TIME],
+    ),
+    (
+        "Kimi-K2-Thinking.jinja",
+        "kimi-k2",
+        "<|im_assistant|>assistant<|im_middle|>",
+        f"<think>{THOUGHT}</think><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+        '<|tool_call_argument_begin|>{"city": "Zürich", "days": 2}<|tool_call_end|><|tool_calls_section_end|>',
+        THOUGHT,
+        "",
+        [WEATHER],
+    ),
+    (
+        "Kimi-K3.jinja",
+        "kimi-k3",
+        '<|open|>message role="assistant"<|sep|><|open|>think<|sep|>',
+        f"{THOUGHT}<|close|>think<|sep|><|open|>response<|sep|>Let me check.<|close|>response<|sep|>"
+        '<|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|><|open|>argument key="city" '
+        'type="string"<|sep|>Zürich<|close|>argument<|sep|><|open|>argument key="days" type="number"<|sep|>2'
+        '<|close|>argument<|sep|><|close|>call<|sep|><|open|>call tool="get_time" index="2"<|sep|>'
+        '<|open|>json type="object"<|sep|>{"zone": "Europe/Zürich"}<|close|>json<|sep|><|close|>call<|sep|>'
+        "<|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>",
+        THOUGHT,
+        "Let me check.",
+        [WEATHER, TIME],
+    ),
+    (
+        "GLM-4.6.jinja",
+        "glm",
+        "<|assistant|>",
+        f"\n<think>{THOUGHT}</think>\nLet me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+        "<arg_value>Zürich</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>\n"
+        "<tool_call>get_time\n<arg_key>zone</arg_key>\n<arg_value>Europe/Zürich</arg_value>\n</tool_call>",
+        THOUGHT,
+        "Let me check.",
+        [WEATHER, TIME],
+    ),
+    (
+        "GLM-4.7-Flash.jinja",
+        "glm",
+        "<|assistant|><think>",
+        f"{THOUGHT}</think>Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Zürich"
+        "</arg_value><arg_key>days</arg_key><arg_value>2</arg_value></tool_call>",
+        THOUGHT,
+        "Let me check.",
+        [WEATHER],
+    ),
+    (
+        "inclusionai-ling-3.0-flash.jinja",
+        "glm",
+        "<role>ASSISTANT</role>",
+        f"\n<think>{THOUGHT}</think>Let me check.\n<tool_call>get_weather<arg_key>city</arg_key>\n<arg_value>"
+        "Zürich</arg_value><arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
+        THOUGHT,
+        "Let me check.",
+        [WEATHER],
+    ),
+    (
+        "MiniMax-M2.jinja",
+        "minimax-m2",
+        "]~b]ai\n<think>\n",
+        f'{THOUGHT}\n</think>\n\nLet me check.\n<minimax:tool_call>\n<invoke name="get_weather">\n'
+        '<parameter name="city">Zürich</parameter>\n<parameter name="days">2</parameter>\n</invoke>\n'
+        '<invoke name="get_time">\n<parameter name="zone">Europe/Zürich</parameter>\n</invoke>\n'
+        "</minimax:tool_call>",
+        THOUGHT,
+        "Let me check.",
+        [WEATHER, TIME],
+    ),
+    (
+        "openai-gpt-oss-120b.jinja",
+        "harmony",
+        "<|start|>assistant",
+        f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>commentary<|message|>"
+        "Let me check.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        '<|message|>{"city": "Zürich", "days": 2}',  # <|call|> ends generation: it is not in the text
+        THOUGHT,
+        "Let me check.",
+        [WEATHER],
+    ),
+]
+
+Merged = list[tuple[Any, ...]]
+
+
+def read(
+    template: str,
+    reply: str,
+    prompt: str = "",
+    *,
+    tools: list[dict[str, Any]] | None = TOOLS,
+    only: str | None = None,
+    parallel: bool = True,
+    cuts: list[int] | None = None,
+) -> Merged:
+    """The reply's events, text of one kind merged, calls as (name, arguments object); in pieces cut at `cuts`
+    (None: one character at a time)."""
+    reader = ReplyReader(syntax(template), prompt, Tools(tools, only) if tools is not None else None, parallel)
+    points = sorted(set(cuts)) if cuts is not None else list(range(1, len(reply)))
+    events = []
+    last = 0
+    for c in [*points, len(reply)]:
+        events += reader.push(reply[last:c])
+        last = c
+    events += reader.finish()
+    out: Merged = []
+    for e in events:
+        if e.call is not None:
+            assert e.call.id and e.index == sum(1 for o in out if o[0] == "call")
+            out.append(("call", e.call.name, json.loads(e.call.arguments)))
+        elif out and out[-1][0] == e.kind:
+            out[-1] = (e.kind, out[-1][1] + e.text)
+        else:
+            out.append((e.kind, e.text))
+    assert [c.name for c in reader.calls] == [o[1] for o in out if o[0] == "call"]
+    return out
+
+
+def expected(reasoning: str, content: str, calls: list[tuple[str, dict[str, Any]]]) -> Merged:
+    out: Merged = [("reasoning", reasoning)] if reasoning else []
+    out += [("content", content)] if content else []
+    return out + [("call", name, args) for name, args in calls]
+
+
+@pytest.mark.parametrize(("name", "fmt", "prompt", "reply", "reasoning", "content", "calls"), NATIVE)
+def test_native_calls_read_back(
+    name: str,
+    fmt: str,
+    prompt: str,
+    reply: str,
+    reasoning: str,
+    content: str,
+    calls: list[tuple[str, dict[str, Any]]],
+) -> None:
+    source = chat_templates()[name]
+    syn = syntax(source)
+    assert syn.name == fmt
+    # the model is shown the tools, by its template or (DeepSeek V3.1's shows none) by the engine, in the form
+    # its family was trained on: the call format it is read back in is the one it is taught
+    shown = ChatTemplate(source, "<s>", "</s>").render(
+        prepare(syn, [{"role": "user", "content": "Hi"}], TOOLS), tools=TOOLS
+    )
+    assert "get_weather" in shown and "Weather now, in °C" in shown
+    assert syn.describes_tools == (name != "deepseek-ai-DeepSeek-V3.1.jinja")
+    want = expected(reasoning, content, calls)
+    assert read(source, reply, prompt, cuts=[]) == want  # whole
+    assert read(source, reply, prompt) == want  # a character at a time: no marker ever goes out as content
+
+
+# Templates whose rendering of an assistant turn with calls is read back (Kimi K2-Instruct's and K2-Thinking's
+# cannot render a turn with calls: they append to a list, which the sandbox refuses, as Hugging Face's does)
+ROUND_TRIP = [n for n, *_ in NATIVE if n != "Kimi-K2-Thinking.jinja"]
+
+
+@pytest.mark.parametrize("name", ROUND_TRIP)
+@pytest.mark.parametrize("thinking", [None, True])
+def test_the_templates_own_calls_read_back(name: str, thinking: bool | None) -> None:
+    """A turn with reasoning and two calls, as the template writes it after the generation prompt, reads back
+    into those calls (and that reasoning where the template keeps it): what the model learnt to write is what
+    is read."""
+    source = chat_templates()[name]
+    template = ChatTemplate(source, "<s>", "</s>")
+    # thinking on, and the template's default (DeepSeek V3.2's, off, opens its reply with "<think></think>" where
+    # its turns write "</think>": a reply there is not a continuation of the prompt, so that one is left out)
+    if thinking is None and name == "deepseek-ai-DeepSeek-V3.2.jinja":
+        return
+    variables: dict[str, Any] = {"enable_thinking": True, "thinking": True} if thinking else {}
+    user = [{"role": "user", "content": "Weather?"}]
+    n_calls = 1 if syntax(source).name == "harmony" else 2  # gpt-oss's template writes a turn's first call only
+    calls = [
+        {"id": f"functions.{n}:{i}", "type": "function", "function": {"name": n, "arguments": a}}
+        for i, (n, a) in enumerate([WEATHER, TIME][:n_calls])
+    ]
+    turn = {"role": "assistant", "content": "", "reasoning_content": THOUGHT, "tool_calls": calls}
+    prompt = template.render(user, tools=TOOLS, **variables)
+    full = template.render([*user, turn], add_generation_prompt=False, tools=TOOLS, **variables)
+    assert full.startswith(prompt)
+    got = read(source, full[len(prompt) :], prompt, cuts=[])
+    assert [o[1:] for o in got if o[0] == "call"] == [WEATHER, TIME][:n_calls]
+    assert all(o[1] == THOUGHT for o in got if o[0] == "reasoning")
+    # what is left is the turn's end (an end-of-turn token the model's generation stops at)
+    assert all(
+        o[0] != "content" or o[1].strip() in ("<|im_end|>", "<｜end▁of▁sentence｜>", "<|role_end|>", "[e~[")
+        for o in got
+    )
+
+
+def qwen3() -> str:
+    return chat_templates()["Qwen-Qwen3-0.6B.jinja"]
+
+
+def block(name: str, args: Any) -> str:
+    call = json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
+    return f"<tool_call>\n{call}\n</tool_call>"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_pieces_do_not_matter(data: st.DataObject) -> None:
+    name, _, prompt, reply, reasoning, content, calls = data.draw(st.sampled_from(NATIVE))
+    cuts = data.draw(st.lists(st.integers(0, len(reply)), max_size=12))
+    assert read(chat_templates()[name], reply, prompt, cuts=cuts) == expected(reasoning, content, calls)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        block("delete_everything", {}),  # not a declared function
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zür',  # generation stopped inside
+        '<tool_call>\n{"name": "get_weather", "arguments": [1, 2]}\n</tool_call>',  # arguments not an object
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "x"}} trailing words\n</tool_call>',
+        "<tool_call>I would call the weather tool here.</tool_call>",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nBern\n</function>\n</tool_call>",  # unclosed
+    ],
+)
+def test_what_is_not_a_valid_call_stays_text(bad: str) -> None:
+    reply = f"Maybe: {bad} Done."
+    got = read(qwen3(), reply)
+    assert got == [("content", reply)]
+    assert read(qwen3(), reply, cuts=[]) == got
+
+
+def test_a_marker_is_held_back_until_it_is_whole_or_is_not_one() -> None:
+    reader = ReplyReader(syntax(qwen3()), "", Tools(TOOLS))
+    assert [e.text for e in reader.push("Sure <tool_")] == ["Sure"]  # (the space waits too: a call may follow)
+    assert [e.text for e in reader.push("box> and")] == [" <tool_box> and"]
+    reader = ReplyReader(syntax(qwen3()), "", Tools(TOOLS))
+    out = reader.push("Sure <tool_") + reader.push("cal") + reader.finish()
+    assert "".join(e.text for e in out) == "Sure <tool_cal"  # an unfinished marker at the end is text after all
+
+
+def test_tool_choice_and_parallel_calls() -> None:
+    two = block(*WEATHER) + "\n" + block(*TIME)
+    # tool_choice naming a function: a call to another one is text
+    assert read(qwen3(), two, only="get_weather") == [("call", *WEATHER), ("content", block(*TIME))]
+    assert read(qwen3(), two, parallel=False) == [("call", *WEATHER)]  # one call: the rest are dropped
+    assert read(qwen3(), two, tools=None) == [("content", two)]  # no tools (tool_choice none): nothing is read
+
+
+def test_values_are_typed_by_the_schema() -> None:
+    assert typed_value("\n2\n", frozenset({"integer"})) == 2
+    assert typed_value("2", frozenset({"string"})) == "2"
+    assert typed_value("2", None) == "2"  # a parameter the schema does not type stays text
+    assert typed_value('{"a": [1]}', frozenset({"object"})) == {"a": [1]}
+    assert typed_value("True", frozenset({"boolean"})) is True  # Qwen3.5's template writes Python's str()
+    assert typed_value("soon", frozenset({"integer"})) == "soon"  # not JSON: the text, not an error
+    assert typed_value("\n  two lines\nof text \n", frozenset({"string"})) == "  two lines\nof text "
+
+
+def test_older_deepseek_form_and_a_lone_call() -> None:
+    v3 = chat_templates()["deepseek-ai-DeepSeek-V3.1.jinja"]
+    fenced = (
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+        '{"city": "Zürich", "days": 2}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
+    )
+    assert read(v3, fenced) == [("call", *WEATHER)]
+    lone = '<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"zone": "Europe/Zürich"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
+    assert read(v3, lone) == [("call", *TIME)]
+
+
+def test_kimi_k3_structure_is_not_content_without_tools() -> None:
+    k3 = chat_templates()["Kimi-K3.jinja"]
+    reply = "<|open|>response<|sep|>Hello!<|close|>response<|sep|><|close|>message<|sep|>"
+    assert read(k3, reply, '<|open|>message role="assistant"<|sep|><|open|>response<|sep|>', tools=None) == [
+        ("content", "Hello!")
+    ]
+
+
+def test_a_template_without_tools_gets_the_engines_own_format() -> None:
+    """The ChatML fallback (and any template that knows no tools): the tools go into the system message, a
+    turn's calls and their results into the messages as text, and the reply is read in that same form."""
+    syn = syntax(CHATML)
+    assert syn.name == GENERIC and not syn.describes_tools and not syn.renders_calls
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": WEATHER[1]}}
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "21"},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    prompt = ChatTemplate(CHATML).render(prepare(syn, messages, TOOLS))
+    system, rest = prompt.split("<|im_end|>", 1)
+    assert system.startswith("<|im_start|>system\nBe brief.\n\n# Tools") and "Weather now, in °C" in system
+    assert "<|im_start|>assistant\n" + block(*WEATHER) + "<|im_end|>" in rest
+    assert "<|im_start|>user\n<tool_response>\n21\n</tool_response>\n<tool_response>\nsunny\n</tool_response>" in rest
+    assert read(CHATML, block(*WEATHER)) == [("call", *WEATHER)]
+    # without tools nothing is added
+    assert prepare(syn, messages[:2], None) == messages[:2]
+
+
+def test_an_unreadable_format_is_refused_with_tools() -> None:
+    m3 = chat_templates()["MiniMax-M3.jinja"]
+    user: list[dict[str, Any]] = [{"role": "user", "content": "x"}]
+    with pytest.raises(BadInputError, match="MiniMax M3"):
+        prepare(syntax(m3), user, TOOLS)
+    assert prepare(syntax(m3), user, None) == user  # a chat without tools is fine  # a chat without tools is fine
