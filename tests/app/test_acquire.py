@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import html
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -18,20 +20,21 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QPushButton
 
 from runmyai.engine.client import ChatClient, ChatSettings
 from runmyai.engine.info import EngineInfo, ask_engine
 from runmyai.engine.supervisor import EngineSupervisor
-from runmyai.library.acquire import AcquireError, Acquirer, GetProgress
+from runmyai.library.acquire import AcquireError, Acquirer, GetProgress, JobStatus
 from runmyai.library.downloads import DownloadManager
 from runmyai.library.estimate import DISK_MARGIN
-from runmyai.library.hub import HubClient, HubFile
+from runmyai.library.hub import HubClient, HubFile, HubModel
 from runmyai.library.keys import HubKey
 from runmyai.library.local import LocalLibrary
 from runmyai.library.quants import QuantError, find_quant, group_quants, quant_name
 from runmyai.machine import MachineInfo, probe_machine
 from runmyai.paths import AppPaths
+from runmyai.ui import render
 from runmyai.ui.controller import AppController
 from runmyai.ui.main_window import MainWindow
 from tests.app.hubserver import Faults, HubServer, RequestLog
@@ -46,6 +49,28 @@ LAYOUT = {  # quant → where its shards are in the repository (the second one i
     "F16": "F16/Tiny-F16-{i:05d}-of-00003.gguf",
     "F32": "Tiny-F32-{i:05d}-of-00003.gguf",
 }
+
+
+ODD = "acme/Odd-GGUF"  # the same shards with an architecture no engine runs (qwen9moe)
+
+
+def with_architecture(data: bytes, arch: bytes) -> bytes:
+    """A GGUF (shard) whose `general.architecture` says `arch` (as long as the one it had), else unchanged."""
+    key = b"general.architecture"
+    at = data.find(key)
+    if at < 0:
+        return data
+    at += len(key)
+    kind, length = struct.unpack_from("<IQ", data, at)
+    assert kind == 8 and length == len(arch)  # a string of the same length: every offset stays
+    at += 12
+    return data[:at] + arch + data[at + length :]
+
+
+def add_odd(hub: HubServer, split_models: dict[str, list[Path]]) -> None:
+    for i, f in enumerate(split_models["Q8_0"], 1):
+        data = with_architecture(f.read_bytes(), b"qwen9moe")
+        hub.add_file(ODD, f"Odd-Q8_0-{i:05d}-of-00003.gguf", data, tags=["gguf"])
 
 
 def shard_files(first: Path) -> list[Path]:
@@ -224,6 +249,72 @@ def test_no_quant_is_chosen_that_cannot_run_here(hub: HubServer, tmp_path: Path,
     with pytest.raises(AcquireError, match=r"No quant of .* fits on this disk"):
         run(lambda: full.get(HubKey(REPO)))
     assert not list((tmp_path / "home" / "models").rglob("*.gguf"))  # nothing was downloaded
+
+
+def test_a_repository_the_engine_cannot_run_is_not_offered_and_its_failed_job_is_kept_until_forgotten(
+    hub: HubServer, tmp_path: Path, engine_info: EngineInfo, split_models: dict[str, list[Path]]
+) -> None:
+    """Issue 29, defect 4: a repository of an architecture the engine does not run was offered for download with
+    a quant marked recommended; the failed job was retried silently at every start and could not be forgotten."""
+    add_odd(hub, split_models)
+    events: list[JobStatus] = []
+    env = Env(tmp_path / "home", hub, engine_info, on_job=events.append)
+    quants = run(lambda: env.acquirer.quants(ODD))
+    why = quants.cannot_run()
+    assert why is not None and why.startswith(f"{ODD} cannot run here: the installed engine refuses it")
+    assert "architecture 'qwen9moe' is not supported" in why and str(tmp_path) not in why and "\n" not in why
+    assert quants.best() is None
+    entry = render.hub_entry(HubModel(ODD, 0, 0, ("gguf",), ()), quants)  # what the window's list shows
+    assert not entry.can_download and entry.choice is None and not entry.choices and entry.badge == "can't run here"
+    assert why in html.unescape(entry.details_html) and "recommended" not in entry.details_html
+    assert run(lambda: env.acquirer.quants(REPO)).cannot_run() is None  # the runnable one is offered
+
+    # named anyway (`runmyai get acme/Odd-GGUF:Q8_0`): it fails for good, and is kept as failed, not to resume
+    with pytest.raises(AcquireError, match=f"^{ODD} .Q8_0. cannot run here: .* will not change") as failure:
+        run(lambda: env.get(HubKey(ODD, "Q8_0")))
+    assert failure.value.permanent
+    [job] = env.acquirer.started()
+    assert job.failed == str(failure.value) and env.acquirer.status(job).state == "failed"
+    assert env.acquirer.unfinished() == []  # what a start resumes
+    assert files_fetched(hub) == set()  # no shard's data was downloaded
+    assert [e.state for e in events] == ["running", "failed"] and events[-1].message == job.failed
+
+    run(lambda: env.acquirer.forget(job.id))
+    assert env.acquirer.started() == [] and not any(env.paths.jobs.iterdir())
+    assert events[-1].state == "forgotten" and events[-1].id == job.id
+
+
+def test_a_running_job_is_cancelled_and_forgotten(
+    hub: HubServer, tmp_path: Path, engine_info: EngineInfo, split_models: dict[str, list[Path]]
+) -> None:
+    """Forgetting a job while it runs (the hub holds shard 2 half sent): its run stops as cancelled, and nothing
+    it fetched or wrote is left — no partial download, shard, header, state file or engine progress."""
+    shard2 = LAYOUT["Q8_0"].format(i=2)
+    hold = hub.faults_for[shard2] = Faults(hold_after=split_models["Q8_0"][1].stat().st_size // 2)
+    events: list[JobStatus] = []
+    env = Env(tmp_path / "home", hub, engine_info, on_job=events.append)
+
+    async def flow() -> None:
+        await env.downloads.start()
+        try:
+            getting = asyncio.ensure_future(env.acquirer.get(HubKey(REPO, "Q8_0")))
+            assert await asyncio.to_thread(hold.held.wait, 120), "the download never reached shard 2"
+            [job] = env.acquirer.started()
+            assert env.acquirer.status(job).state == "running"
+            await env.acquirer.forget(job.id)
+            with pytest.raises(asyncio.CancelledError):
+                await getting
+        finally:
+            hold.release.set()
+            await env.downloads.close()
+
+    run(flow)
+    assert env.acquirer.started() == [] and env.downloads.items() == []
+    assert not any(env.paths.jobs.iterdir())
+    left = [p for p in env.paths.home.rglob("*") if p.is_file() and p.suffix in (".part", ".gguf", ".json")]
+    assert [p for p in left if p.parent != env.paths.settings] == [], left  # only the app's own settings
+    assert not list(env.paths.models.rglob(".*.repack"))  # the engine's partial output too
+    assert events[-1].state == "forgotten"
 
 
 # ---------------------------------------------------------------------------------------------- get
@@ -494,3 +585,55 @@ def test_the_window_resumes_a_get_killed_midway(
     out = home / "models" / "acme" / "Tiny-GGUF" / "Tiny-Q8_0.tw.gguf"
     assert sha256(out) == plain_repack_sha(split_models["Q8_0"], tmp_path, LAYOUT["Q8_0"])
     assert not any((home / "downloads" / "jobs").iterdir())
+
+
+def test_the_window_lists_a_failed_job_without_running_it_again_and_forgets_it(
+    qapp: QApplication, hub: HubServer, tmp_path: Path, engine_info: EngineInfo, split_models: dict[str, list[Path]]
+) -> None:
+    """Issue 29, defect 4, in the window: a job that failed for good (`runmyai get` of a repository the engine
+    cannot run) is listed with its reason at the next start, not run again; its row's Forget removes it. The
+    repository itself is not offered for download, and says why."""
+    add_odd(hub, split_models)
+    home = tmp_path / "home"
+    with pytest.raises(AcquireError):
+        run(lambda: Env(home, hub, engine_info).get(HubKey(ODD, "Q8_0")))
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "resources").mkdir()
+    window = MainWindow()
+    c = AppController(
+        window,
+        AppPaths(home),
+        hub_endpoint=hub.url,
+        presets_dir=tmp_path / "presets",
+        resources_dir=tmp_path / "resources",
+    )
+    [job] = c.acquirer.started()
+    requests = len(hub.log)
+    lib, table = window.library, window.library.downloads
+
+    async def flow() -> None:
+        await c.start()
+        assert table.item_ids() == [f"job:{job.id}"] and not c.acquirer.unfinished()
+        assert "cannot run here" in table.item(0, 4).text() and "will not change" in table.item(0, 4).text()
+        buttons = table.cellWidget(0, 5)
+        enabled = {name: buttons.findChild(QPushButton, name).isEnabled() for name in ("pause", "resume", "forget")}
+        assert enabled == {"pause": False, "resume": True, "forget": True}  # Resume: try again when asked to
+        buttons.findChild(QPushButton, "forget").click()
+        await until(lambda: table.rowCount() == 0, 30, "forget")
+        assert not c.acquirer.started() and not any(c.paths.jobs.iterdir())
+        assert len(hub.log) == requests  # it was never run again: not one request to the hub
+
+        lib.search.setText("Odd")
+        lib.search.returnPressed.emit()
+        key = f"hub:{ODD}"
+        await until(lambda: ODD in c.hub_quants, 60, "quants")
+        lib.select(key)
+        entry = next(e for e in c._entries() if e.key == key)
+        assert entry.badge == "can't run here" and not lib.download_button.isEnabled() and not lib.quant.isVisible()
+        assert "qwen9moe" in lib.details.toPlainText() and "recommended" not in lib.details.toPlainText()
+        await c.shutdown()
+
+    try:
+        run_qt(qapp, flow)
+    finally:
+        window.close()

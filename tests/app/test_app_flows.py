@@ -67,7 +67,8 @@ def test_search_import_endpoint_and_download_buttons(
         server.faults.hold_after = None
         server.faults.release.set()
         table.cellWidget(0, 5).findChild(QPushButton, "resume").click()
-        await until(lambda: c.downloads.items()[0].state == "done", 60, "resume")
+        await until(lambda: any(m.preset_id == "tiny" for m in c.local_models), 60, "resume")
+        assert table.rowCount() == 0 and not c.downloads.items()  # done: the finished row cleared itself
 
         # a remote OpenAI-compatible endpoint instead of a local engine
         await c.use_endpoint(engine.url, "remote-key")

@@ -17,6 +17,10 @@ The one code path behind the window's Download button and `runmyai get REPO[:QUA
 4. **Restart anywhere.** The job (`downloads/jobs/<id>/job.json`, the header files and the engine's manifest)
    survives the app; partial downloads resume; the engine resumes from its last verified shard and reports which
    shards it holds. The repacked file appears in the models folder only once complete and verified.
+5. **Failures that stay.** A job that failed in a way trying again will not change (an architecture the engine
+   cannot run, a corrupt repository, a file the hub no longer has) is kept as failed with its reason: never
+   resumed at start, shown until the user forgets it or asks for it again. Any job can be forgotten: it is
+   stopped and everything it left (partial downloads, shards, headers, the engine's partial output) removed.
 """
 
 from __future__ import annotations
@@ -54,10 +58,21 @@ CORRUPT_RETRIES = 3  # a shard whose sha256 does not match is fetched again this
 SOURCE_WINDOW = 2  # shards on disk at once in their downloaded form (one repacking, one downloading)
 
 Phase = Literal["listing", "planning", "downloading", "repacking", "done"]
+JobState = Literal["running", "paused", "failed", "done", "forgotten"]
+# What the engine refuses for good (`tokenwing info --json`'s exit kinds): retrying the same files changes nothing.
+PERMANENT_ENGINE_KINDS = frozenset({"unsupported", "corrupt_model", "bad_input"})
+# What the hub says for good: a file or repository that is not there, bytes that never match their checksum, a
+# file changed upstream under the job's recorded checksums.
+PERMANENT_HUB_KINDS = frozenset({"not_found", "corrupt", "changed"})
 
 
 class AcquireError(Exception):
-    """One sentence for the user (the job is kept: run it again to resume)."""
+    """One sentence for the user. The job is kept: run it again to resume; `permanent`: trying again will not
+    change it (the job is kept as failed, not resumed at start)."""
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,19 @@ class GetProgress:
 
 
 ProgressFn = Callable[[GetProgress], None]
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A job as the user sees it (the app's downloads list): `on_job` gets one at every change."""
+
+    id: str
+    repo: str
+    quant: str
+    state: JobState
+    fraction: float  # of the whole job, as GetProgress counts it
+    size: int  # the quant's bytes on the hub
+    message: str
 
 
 @dataclass(frozen=True)
@@ -91,6 +119,7 @@ class RepoQuants:
     repacked: tuple[HubFile, ...]  # already-repacked files in the repository (downloaded as they are)
     reference: str | None  # the quant whose headers gave the model's facts
     note: str = ""  # why there are no estimates, when there are none
+    refused: str = ""  # the engine's reason when it refuses the model itself (its plan failed for good)
 
     def best(self) -> QuantChoice | None:
         """The largest quant that runs well and fits the disk; else the fastest that runs, slowly, and fits; None
@@ -104,8 +133,21 @@ class RepoQuants:
             return max(fits, key=lambda c: (c.estimate.tokens_per_s if c.estimate else 0, c.quant.size or 0))
         return None
 
+    def cannot_run(self) -> str | None:
+        """Why no quant of this repository can run on the installed engine, in one sentence (None when one may):
+        the engine refused the model, or its estimate says the engine does not run its architecture. Such a
+        repository is not offered for download as a model to run."""
+        if self.refused:
+            return f"{self.repo} cannot run here: {self.refused}"
+        estimates = [c.estimate for c in self.choices if c.estimate is not None]
+        if estimates and all(e.verdict == "unsupported" for e in estimates):
+            return f"{self.repo} cannot run here: {estimates[0].reasons[-1]}"
+        return None
+
     def why_none(self) -> str:
         """Why `best()` is None, in one sentence."""
+        if self.refused:
+            return f"{self.repo} cannot run here: {self.refused}"
         if self.note:
             return f"No quant of {self.repo} can be chosen for this machine ({self.note})."
         estimates = [c.estimate for c in self.choices if c.estimate is not None]
@@ -146,6 +188,7 @@ class Job:
     plan: dict[str, Any] | None = None
     done: list[int] = dataclasses.field(default_factory=list)  # shards the engine has repacked (and deleted)
     started: bool = False  # False: only planned (to show the quants); True: the user asked for this model
+    failed: str | None = None  # why it stopped for good (AcquireError.permanent): not resumed at start
 
     @property
     def id(self) -> str:
@@ -172,6 +215,7 @@ class Job:
             "plan": self.plan,
             "done": sorted(set(self.done)),
             "started": self.started,
+            "failed": self.failed,
         }
         write_json_atomic(self.folder / "job.json", data)
 
@@ -191,6 +235,7 @@ class Job:
                 for s in data["shards"]
             ]
             plan = data.get("plan")
+            failed = data.get("failed")
             return cls(
                 folder,
                 str(data["repo"]),
@@ -201,6 +246,7 @@ class Job:
                 plan if isinstance(plan, dict) else None,
                 [int(i) for i in data.get("done", [])],
                 bool(data.get("started", False)),
+                str(failed) if failed is not None else None,
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -233,9 +279,10 @@ class Acquirer:
         engine: Callable[[], EngineInfo],
         machine: Callable[[], MachineInfo | None],
         disk_margin: int = DISK_MARGIN,
+        on_job: Callable[[JobStatus], None] | None = None,
     ) -> None:
         """`engine`, `machine`: the current engine facts and machine probe (they change while the app runs);
-        `disk_margin`: free space kept beyond a job's peak."""
+        `disk_margin`: free space kept beyond a job's peak; `on_job`: every change of a started job."""
         self.hub = hub
         self.downloads = downloads
         self.library = library
@@ -243,6 +290,8 @@ class Acquirer:
         self.engine = engine
         self.machine = machine
         self.disk_margin = disk_margin
+        self.on_job = on_job
+        self._running: dict[str, asyncio.Task[Any]] = {}  # job id → the task running it
 
     # ------------------------------------------------------------------------------------------ quants
     async def quants(self, repo: str, revision: str = "main", files: list[HubFile] | None = None) -> RepoQuants:
@@ -258,7 +307,8 @@ class Acquirer:
             plan = job.plan if job.started and job.plan is not None else await self._plan(job)
         except (HubError, LibraryError, AcquireError) as e:
             choices = tuple(QuantChoice(q, None, None, None, False) for q in quants)
-            return RepoQuants(repo, revision, choices, repacked, None, f"no estimate: {e}")
+            refused = self._refusal(e, job)
+            return RepoQuants(repo, revision, choices, repacked, None, f"no estimate: {e}", refused or "")
         finally:
             if not job.started:  # only looked at: leave no header files behind (a download plans again)
                 await asyncio.to_thread(shutil.rmtree, job.folder, True)
@@ -294,8 +344,8 @@ class Acquirer:
         output = "/".join([*repo.split("/"), repacked_name(Path(quant.first.path))])
         return Job(folder, repo, revision, quant.name, shards, output)
 
-    def unfinished(self) -> list[Job]:
-        """Jobs left by an earlier run (interrupted downloads or repacks), oldest first."""
+    def started(self) -> list[Job]:
+        """Every job the user asked for that is not finished (interrupted, or failed for good), oldest first."""
         try:
             folders = sorted(self.jobs_dir.iterdir(), key=lambda p: p.stat().st_mtime)
         except OSError:
@@ -303,12 +353,92 @@ class Acquirer:
         jobs = (Job.load(f) for f in folders if f.is_dir())
         return [job for job in jobs if job is not None and job.started]
 
-    def forget(self, job: Job) -> None:
-        """Removes a job's folder (its shards, headers, manifest); the engine's partial output stays resumable."""
+    def unfinished(self) -> list[Job]:
+        """Jobs left by an earlier run to resume (interrupted downloads or repacks), oldest first; not those that
+        failed for good (retrying at every start changed nothing, silently: issue 29, defect 4)."""
+        return [job for job in self.started() if job.failed is None]
+
+    def status(self, job: Job) -> JobStatus:
+        """A job that is not running as the user sees it: paused (resumable) or failed (with its reason)."""
+        if self.is_running(job.id):
+            state: JobState = "running"
+            message = "Running…"
+        elif job.failed is not None:
+            state, message = "failed", job.failed
+        else:
+            state, message = "paused", "Paused: resume to continue."
+        size = self._size(job)  # a shard the engine holds is downloaded and repacked: both halves of its part
+        done = sum(job.shards[i].size for i in set(job.done) if 0 <= i < len(job.shards))
+        return JobStatus(job.id, job.repo, job.quant, state, done / max(1, size), size, message)
+
+    def is_running(self, job_id: str) -> bool:
+        task = self._running.get(job_id)
+        return task is not None and not task.done()
+
+    def find(self, job_id: str) -> Job | None:
+        return next((job for job in self.started() if job.id == job_id), None)
+
+    async def forget(self, job_id: str) -> None:
+        """Cancels a job (stopping its run, which the caller of `run` sees as a cancellation) and removes all it
+        left: its downloads and their partial files, its shards and headers, the engine's partial output."""
+        task = self._running.get(job_id)
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        job = Job.load(self.jobs_dir / job_id)
+        if job is None:
+            return
         for i in range(len(job.shards)):
+            id_ = self.downloads_id(job, i)
             with contextlib.suppress(KeyError):
-                self.downloads.cancel(self.downloads_id(job, i))
+                self.downloads.cancel(id_)
+                await self.downloads.wait(id_)  # a running one removes its partial as it stops
+                self.downloads.forget(id_)
+        dest = self.library.models_dir / job.output
+        await asyncio.to_thread(shutil.rmtree, job.folder, True)
+        await asyncio.to_thread(shutil.rmtree, _engine_state(dest), True)
+        self._emit(JobStatus(job.id, job.repo, job.quant, "forgotten", 0.0, self._size(job), "Forgotten."))
+
+    def _clear(self, job: Job) -> None:
+        """A finished job's leftovers: its folder and its (finished) downloads' entries."""
+        for i in range(len(job.shards)):
+            id_ = self.downloads_id(job, i)
+            with contextlib.suppress(KeyError):
+                self.downloads.cancel(id_)
+                self.downloads.forget(id_)
         shutil.rmtree(job.folder, ignore_errors=True)
+
+    def _emit(self, status: JobStatus) -> None:
+        if self.on_job is not None:
+            try:
+                self.on_job(status)
+            except Exception:
+                log.exception("on_job callback failed")
+
+    @staticmethod
+    def _size(job: Job) -> int:
+        return sum(s.size for s in job.shards)
+
+    def _permanent(self, e: BaseException) -> bool:
+        """True for a failure that will not change by trying again (see PERMANENT_*)."""
+        if isinstance(e, AcquireError):
+            return e.permanent
+        if isinstance(e, LibraryError):
+            return self.engine().exit_kind(e.exit_code) in PERMANENT_ENGINE_KINDS
+        if isinstance(e, HubError):
+            return e.kind in PERMANENT_HUB_KINDS
+        return False
+
+    def _refusal(self, e: BaseException, job: Job) -> str | None:
+        """The engine's one-line reason when it refuses the model itself (an architecture it cannot run, a
+        corrupt header), without the job's folder in it; None for any other failure."""
+        if not isinstance(e, LibraryError) or self.engine().exit_kind(e.exit_code) not in PERMANENT_ENGINE_KINDS:
+            return None
+        reason = e.detail or str(e)
+        for folder in ("headers", "shards"):  # a shard by its name, not where the job keeps it
+            reason = reason.replace(f"{job.folder / folder}{os.sep}", "")
+        reason = reason.rstrip(".")
+        return f"the installed engine refuses it ({reason})."
 
     def downloads_id(self, job: Job, i: int) -> str:
         return download_id(job.repo, job.shards[i].path, job.revision)
@@ -341,24 +471,56 @@ class Acquirer:
         return await self.run(self._job(key.repo, "main", quant), report)
 
     async def run(self, job: Job, on_progress: ProgressFn | None = None) -> LocalModel:
-        """Runs (or resumes) a job to the end: the model in the library, the job's folder gone."""
-        report = on_progress or (lambda p: None)
+        """Runs (or resumes) a job to the end: the model in the library, the job's folder gone. Asked for again, a
+        job that failed for good is tried again; failing for good again, it raises a permanent AcquireError."""
+        given = on_progress or (lambda p: None)
+
+        def report(p: GetProgress) -> None:
+            given(p)
+            self._emit(JobStatus(job.id, job.repo, job.quant, "running", p.fraction, self._size(job), p.message))
+
         dest = self.library.models_dir / job.output
         if dest.is_file():
-            self.forget(job)
+            self._clear(job)
             return await self.library.describe(dest)
-        report(GetProgress("planning", 0.0, f"Planning {job.quant} from its shards' headers…"))
-        if not job.started:
-            job.started = True
-            await asyncio.to_thread(job.save)
-        if job.plan is None:
-            job.plan = await self._plan(job)
-            await asyncio.to_thread(job.save)
-        self._check_disk(job, dest)
-        model = await _Transfer(self, job, dest, report).run()
-        self.forget(job)
-        report(GetProgress("done", 1.0, f"{dest.name} is in your library."))
+        # its own task, so that `forget` stops this job and nothing else its caller does
+        task = asyncio.ensure_future(self._run(job, dest, report))
+        self._running[job.id] = task
+        try:
+            model = await task
+        finally:
+            if self._running.get(job.id) is task:
+                del self._running[job.id]
+        self._clear(job)
+        given(GetProgress("done", 1.0, f"{dest.name} is in your library."))
+        self._emit(JobStatus(job.id, job.repo, job.quant, "done", 1.0, self._size(job), f"{dest.name} is ready."))
         return model
+
+    async def _run(self, job: Job, dest: Path, report: ProgressFn) -> LocalModel:
+        try:
+            report(GetProgress("planning", 0.0, f"Planning {job.quant} from its shards' headers…"))
+            if not job.started or job.failed is not None:
+                job.started, job.failed = True, None
+                await asyncio.to_thread(job.save)
+            if job.plan is None:
+                job.plan = await self._plan(job)
+                await asyncio.to_thread(job.save)
+            self._check_disk(job, dest)
+            return await _Transfer(self, job, dest, report).run()
+        except (HubError, LibraryError, AcquireError) as e:
+            if not self._permanent(e):
+                self._emit(dataclasses.replace(self.status(job), state="paused", message=f"Stopped: {e}"))
+                raise
+            refused = self._refusal(e, job)
+            why = f"{job.repo} ({job.quant}) cannot run here: {refused}" if refused else str(e).rstrip(".") + "."
+            job.failed = f"{why} Trying again will not change that."
+            await asyncio.to_thread(job.save)
+            self._emit(dataclasses.replace(self.status(job), state="failed", message=job.failed))
+            raise AcquireError(job.failed, permanent=True) from None
+        except asyncio.CancelledError:
+            if (self.jobs_dir / job.id).is_dir():  # not forgotten meanwhile
+                self._emit(dataclasses.replace(self.status(job), state="paused", message="Paused."))
+            raise
 
     async def _download_repacked(self, f: HubFile, report: ProgressFn) -> LocalModel:
         """A repository of already-repacked files: the file itself, straight into the models folder."""
@@ -519,7 +681,9 @@ class _Transfer:
                 log.warning("%s failed its sha256 check; fetching it again (%d)", name, tries)
                 self.report(GetProgress("downloading", self._fraction(), f"{name} was corrupt; fetching it again…"))
                 return  # the next _fill_window enqueues it again
-        raise AcquireError(status.message if status.state == "failed" else f"The download of {name} was cancelled.")
+        if status.state != "failed":
+            raise AcquireError(f"The download of {name} was cancelled.")
+        raise AcquireError(status.message, permanent=status.error_kind in PERMANENT_HUB_KINDS)
 
     def _start_repack(self) -> None:
         def on_progress(fraction: float, message: str) -> None:

@@ -250,9 +250,10 @@ class DownloadManager:
             self._set(item, "cancelled", "Cancelled")
 
     def forget(self, id: str) -> None:
-        """Drops a finished, failed or cancelled download from `items()` (a failed one's partial is removed)."""
+        """Drops a finished, failed or cancelled download from `items()` (a failed one's partial is removed); also
+        from its own `on_change` (a terminal state is a download's last step: its task only ends after it)."""
         item = self._items.get(id)
-        if item is None or item.status.state not in TERMINAL or item.task is not None:
+        if item is None or item.status.state not in TERMINAL:
             return
         if item.status.state == "failed":
             self._remove_files(id)

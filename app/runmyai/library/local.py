@@ -40,9 +40,10 @@ _STAGES = {"repacking": (0.0, 0.7, "Converting"), "verifying": (0.7, 1.0, "Check
 class LibraryError(Exception):
     """One sentence for the user. `exit_code` is the engine's, when the engine reported it."""
 
-    def __init__(self, message: str, exit_code: int | None = None) -> None:
+    def __init__(self, message: str, exit_code: int | None = None, *, detail: str | None = None) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.detail = detail  # the engine's own one-line reason, when it gave one
 
 
 class ImportCancelled(LibraryError):
@@ -259,7 +260,8 @@ class LocalLibrary:
         what `inspect` says of the model, from the shards' headers alone (or `{"headers_incomplete": [i, …]}`)."""
         rc, out, lines = await self._run(["repack", "--shards", str(manifest), "--plan", "--json"])
         if rc != 0:
-            raise LibraryError(f"The engine could not plan this model: {_engine_error(lines, rc)}.", rc)
+            reason = _engine_error(lines, rc)
+            raise LibraryError(f"The engine could not plan this model: {reason}.", rc, detail=reason)
         try:
             data = json.loads(out)
         except ValueError:
@@ -296,7 +298,8 @@ class LocalLibrary:
         args = ["repack", "--shards", str(manifest), "-o", str(dest), "--delete-source", "--progress-json", "--json"]
         rc, out, lines = await self._run(args, on_line, cancel)
         if rc != 0:
-            raise LibraryError(f"Couldn't repack {dest.name}: {_engine_error(lines, rc)} (engine exit code {rc}).", rc)
+            reason = _engine_error(lines, rc)
+            raise LibraryError(f"Couldn't repack {dest.name}: {reason} (engine exit code {rc}).", rc, detail=reason)
         try:
             data = json.loads(out.strip().splitlines()[-1])
             done = [int(i) for i in data["done"]]

@@ -22,7 +22,7 @@ from runmyai.engine.faults import EngineError, Fault
 from runmyai.engine.info import EngineInfo, ask_engine, unknown
 from runmyai.engine.stats import StatsClient
 from runmyai.engine.supervisor import EngineState, EngineSupervisor
-from runmyai.library.acquire import AcquireError, Acquirer, Job, RepoQuants
+from runmyai.library.acquire import AcquireError, Acquirer, Job, JobStatus, RepoQuants
 from runmyai.library.downloads import DownloadManager, DownloadStatus
 from runmyai.library.hub import HubClient, HubError, HubModel
 from runmyai.library.keys import HubKey, LocalKey, PresetKey, parse_key
@@ -77,6 +77,7 @@ class AppController(QObject):
             paths.jobs,
             engine=lambda: self.engine_info,
             machine=lambda: self.machine,
+            on_job=self._on_job,
         )
         self.store = ConversationStore(paths.conversations_db)
         self.autotune = AutotuneRunner(paths)
@@ -112,9 +113,10 @@ class AppController(QObject):
         lib.autotune_requested.connect(self._open_autotune)
         lib.search_requested.connect(lambda q: self.spawn(self.search(q)))
         lib.cancel_task_requested.connect(self._cancel_job)
-        lib.downloads.pause_requested.connect(self.downloads.pause)
-        lib.downloads.resume_requested.connect(self.downloads.resume)
-        lib.downloads.cancel_requested.connect(self.downloads.cancel)
+        lib.downloads.pause_requested.connect(self._pause_row)
+        lib.downloads.resume_requested.connect(self._resume_row)
+        lib.downloads.cancel_requested.connect(self._cancel_row)
+        lib.downloads.forget_requested.connect(self._forget_row)
         chat.send_requested.connect(self._send)
         chat.stop_requested.connect(self.stop_reply)
         chat.regenerate_requested.connect(self._regenerate)
@@ -163,6 +165,8 @@ class AppController(QObject):
             for line in check_flags(preset, self.engine_info):
                 self.window.log_view.append(f"[presets] {line}")
         await self.refresh_library()
+        for job in self.acquirer.started():  # a job that failed for good is listed, not run again
+            self._on_job(self.acquirer.status(job))
         await self.run_job("Preparing the built-in model", self._ensure_demo)
         if self.acquirer.unfinished():
             self.spawn(self._resume_jobs())
@@ -269,9 +273,10 @@ class AppController(QObject):
         await self.refresh_library(select=str(LocalKey(result[0].path)) if result else None)
         return result[0] if result else None
 
-    async def _resume_jobs(self) -> None:
-        """Downloads and repacks an earlier run left unfinished continue where they stopped."""
-        for job in self.acquirer.unfinished():
+    async def _resume_jobs(self, jobs: list[Job] | None = None) -> None:
+        """Downloads and repacks an earlier run left unfinished continue where they stopped (or `jobs`, asked for
+        again from their row)."""
+        for job in jobs if jobs is not None else self.acquirer.unfinished():
 
             async def work(progress: Callable[[float, str], None], job: Job = job) -> None:
                 await self.acquirer.run(job, lambda p: progress(p.fraction, p.message))
@@ -280,11 +285,52 @@ class AppController(QObject):
         await self.refresh_library()
 
     def _on_download(self, s: DownloadStatus) -> None:
-        self.window.library.downloads.update_item(
+        table = self.window.library.downloads
+        if s.state == "done":  # finished: its row leaves (the model is in the library, or its job goes on)
+            table.remove_item(s.id)
+            self.downloads.forget(s.id)
+            if s.dest is not None and s.dest.name.endswith(".tw.gguf"):
+                self.spawn(self.refresh_library())
+            return
+        table.update_item(
             s.id, f"{s.repo}/{s.path}", s.state, s.done_bytes, s.total_bytes, s.speed_bps, s.eta_s, s.message
         )
-        if s.state == "done" and s.dest is not None and s.dest.name.endswith(".tw.gguf"):
-            self.spawn(self.refresh_library())
+
+    def _on_job(self, s: JobStatus) -> None:
+        """A model job's row ("job:ID"): running, paused (Resume), failed for good (why; Resume tries again) —
+        each with Forget; gone once done or forgotten."""
+        table, row = self.window.library.downloads, f"job:{s.id}"
+        if s.state in ("done", "forgotten"):
+            table.remove_item(row)
+            return
+        state = "downloading" if s.state == "running" else s.state
+        done = round(s.fraction * s.size)
+        table.update_item(row, f"{s.repo} ({s.quant})", state, done, s.size, 0.0, None, s.message)
+
+    def _pause_row(self, row: str) -> None:
+        if not row.startswith("job:"):
+            self.downloads.pause(row)
+        elif self._job is not None and self.acquirer.is_running(row.removeprefix("job:")):
+            self._cancel_job()  # the library's job slot runs it: stopped there, it stays resumable
+
+    def _resume_row(self, row: str) -> None:
+        if not row.startswith("job:"):
+            self.downloads.resume(row)
+        elif (job := self.acquirer.find(row.removeprefix("job:"))) is not None and not self.acquirer.is_running(job.id):
+            self.spawn(self._resume_jobs([job]))
+
+    def _cancel_row(self, row: str) -> None:
+        if row.startswith("job:"):
+            self._forget_row(row)  # a cancelled job keeps nothing: forgotten with all it fetched
+        else:
+            self.downloads.cancel(row)
+
+    def _forget_row(self, row: str) -> None:
+        if row.startswith("job:"):
+            self.spawn(self.acquirer.forget(row.removeprefix("job:")))
+        else:
+            self.downloads.forget(row)
+            self.window.library.downloads.remove_item(row)
 
     def _choose_import(self) -> None:
         dialog = QFileDialog(self.window, "Import GGUF", str(Path.home()), "GGUF models (*.gguf)")

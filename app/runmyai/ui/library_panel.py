@@ -36,9 +36,13 @@ def human_eta(seconds: float | None) -> str:
 
 
 class DownloadsTable(QTableWidget):
+    """Downloads and model jobs, one row each; a finished one leaves (the controller removes it), a failed or
+    cancelled one stays until Forget."""
+
     pause_requested = Signal(str)
     resume_requested = Signal(str)
     cancel_requested = Signal(str)
+    forget_requested = Signal(str)
 
     COLUMNS = ("File", "Progress", "Speed", "ETA", "State", "")
 
@@ -81,6 +85,16 @@ class DownloadsTable(QTableWidget):
         self._set(row, 4, message or state)
         self._set_buttons(row, state)
 
+    def remove_item(self, item_id: str) -> None:
+        row = self._rows.pop(item_id, None)
+        if row is None:
+            return
+        self.removeRow(row)
+        self._rows = {key: r - 1 if r > row else r for key, r in self._rows.items()}
+
+    def item_ids(self) -> list[str]:
+        return sorted(self._rows, key=self._rows.__getitem__)
+
     def _set(self, row: int, col: int, text: str) -> None:
         item = self.item(row, col)
         if item is not None and item.text() != text:
@@ -94,6 +108,7 @@ class DownloadsTable(QTableWidget):
             ("Pause", self.pause_requested),
             ("Resume", self.resume_requested),
             ("Cancel", self.cancel_requested),
+            ("Forget", self.forget_requested),
         ):
             button = QPushButton(label)
             button.setObjectName(label.lower())
@@ -107,7 +122,8 @@ class DownloadsTable(QTableWidget):
         for name, enabled in (
             ("pause", active),
             ("resume", state in ("paused", "failed")),
-            ("cancel", state not in ("done", "cancelled")),
+            ("cancel", state not in ("done", "cancelled", "failed")),
+            ("forget", state in ("done", "cancelled", "failed")),
         ):
             button = box.findChild(QPushButton, name)
             if button is not None:

@@ -128,6 +128,11 @@ def hub_entry(h: HubModel, quants: RepoQuants | None) -> LibraryEntry:
         f"<h3>{html.escape(h.repo)}</h3><p>{h.downloads} downloads · {h.likes} likes · "
         f"{html.escape(', '.join(h.tags[:8]))}</p>"
     )
+    blocked = quants.cannot_run() if quants is not None else None
+    if blocked is not None:  # not offered as a model to run: one line says why (`runmyai get` can still name one)
+        table = quant_table_html(quants, None) if quants is not None and quants.choices else ""
+        body = f"<p><b>{html.escape(blocked)}</b></p>"
+        return LibraryEntry(key, h.repo, "can't run here", head + body + table, can_download=False)
     if quants is None or not quants.choices:
         files = [f for f in h.files if f.path.endswith(".gguf")]
         rows = "".join(f"<li>{html.escape(f.path)} ({human_bytes(f.size)})</li>" for f in files)
