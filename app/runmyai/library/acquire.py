@@ -46,7 +46,7 @@ from runmyai.library.keys import HubKey
 from runmyai.library.local import LibraryError, LocalLibrary, LocalModel, repacked_name
 from runmyai.library.quants import Quant, QuantError, find_quant, group_quants
 from runmyai.machine import MachineInfo, disk_free
-from runmyai.units import human_bytes
+from runmyai.units import SizeSum, human_bytes
 
 log = logging.getLogger(__name__)
 
@@ -581,15 +581,27 @@ class Acquirer:
         already = _allocated_under(_engine_state(dest)) + sum(
             _size(p) for p in [*parts, *(job.shard_file(i) for i in range(len(job.shards)))]
         )
-        need = max(0, stream_peak - already) + self.disk_margin
+        held = min(already, stream_peak)  # what the job has on the drive already counts toward its peak
+        margin = self.disk_margin
         free = disk_free(dest.parent)
-        if free < need:
-            raise AcquireError(
-                f"Not enough free space for {job.quant} of {job.repo}: repacking while downloading needs "
-                f"{human_bytes(need)} more at its peak (the repacked file {human_bytes(out)} + the largest shard "
-                f"{human_bytes(largest)}; {human_bytes(copy_peak)} if it were repacked after the download), but "
-                f"{human_bytes(free)} is free in {dest.parent}."
-            )
+        if free >= stream_peak - held + margin:
+            return
+        # every number in one unit and each sum worked out from the numbers as shown, so that they add up
+        u: SizeSum | None = SizeSum(out, largest, margin, held, free, copy_peak)
+        while u is not None:
+            need = u.q(out) + u.q(largest) + u.q(margin) - u.q(held)
+            if need > u.q(free):
+                break
+            u = u.finer()  # rounded, the shortfall vanished: state it more precisely
+        assert u is not None  # in whole bytes the shown sums are the true ones
+        less = f" − {u.text(u.q(held))} this job already holds" if u.q(held) else ""
+        copy = u.q(copy_peak) + u.q(margin) - u.q(held)
+        raise AcquireError(
+            f"Not enough free space for {job.quant} of {job.repo}: repacking while downloading needs {u.text(need)} "
+            f"at its peak (the repacked file {u.text(u.q(out))} + the largest shard {u.text(u.q(largest))} + "
+            f"{u.text(u.q(margin))} kept free{less}; {u.text(copy)} if it were repacked after the download), but "
+            f"{u.text(u.q(free))} is free in {dest.parent}: {u.text(need - u.q(free))} short."
+        )
 
 
 class _Transfer:

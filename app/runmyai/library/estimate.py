@@ -36,6 +36,7 @@ from runmyai.engine.info import EngineInfo
 from runmyai.library.local import LocalModel
 from runmyai.library.presets import Preset
 from runmyai.machine import MachineInfo
+from runmyai.units import SizeSum
 from runmyai.units import human_bytes as hb
 
 ENGINE_RESERVE = 256 << 20  # the engine process (Python, ggml), compute buffers, prompt working memory
@@ -434,13 +435,11 @@ def estimate(
     reasons.append(f"About {tps:.1f} tokens/s ({seconds * 1000:.0f} ms per token).")
 
     # ---- disk and verdict
-    need = (disk_needed if disk_needed is not None else fp.size_bytes) + DISK_MARGIN
-    disk_ok = installed or machine.disk_free >= need
+    files = disk_needed if disk_needed is not None else fp.size_bytes
+    disk_ok = installed or machine.disk_free >= files + DISK_MARGIN
     if not installed:
-        reasons.append(
-            f"Disk: needs {hb(need - DISK_MARGIN)}; {hb(machine.disk_free)} free in the models folder"
-            + ("." if disk_ok else f" — {hb(need - machine.disk_free)} short.")
-        )
+        peak = "at the peak of its download and repack" if disk_needed is not None else "for the model"
+        reasons.append(disk_reason(files, peak, machine.disk_free))
     verdict: Verdict
     if not engine.runs(fp.arch):
         verdict = "unsupported"
@@ -497,6 +496,25 @@ def launch_flags_context(flags: Sequence[str]) -> int | None:
         if a == "--ctx" and flags[i + 1].isdigit() and int(flags[i + 1]) > 0:
             ctx = int(flags[i + 1])
     return ctx
+
+
+def disk_reason(files: int, what: str, free: int) -> str:
+    """An estimate's disk line, "Disk: needs N (F what + M kept free); X free in the models folder — S short.",
+    whose sums add up as shown (runmyai.units.SizeSum; issue 29, defect 5: the shortfall counted the margin, the
+    "needs" did not)."""
+    short = files + DISK_MARGIN - free
+    u: SizeSum | None = SizeSum(files, DISK_MARGIN, free)
+    while u is not None:
+        need = u.q(files) + u.q(DISK_MARGIN)
+        if (need - u.q(free) > 0) == (short > 0):  # else rounding turned a shortfall into none, or back
+            break
+        u = u.finer()
+    assert u is not None  # in whole bytes the shown sums are the true ones
+    line = (
+        f"Disk: needs {u.text(need)} ({u.text(u.q(files))} {what} + {u.text(u.q(DISK_MARGIN))} kept free); "
+        f"{u.text(u.q(free))} free in the models folder"
+    )
+    return line + (f" — {u.text(need - u.q(free))} short." if short > 0 else ".")
 
 
 def launch_estimate(
