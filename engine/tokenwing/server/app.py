@@ -26,6 +26,7 @@ from tokenwing.server.protocol import (
 )
 from tokenwing.server.tokens import detokenize, parse_detokenize, parse_tokenize, tokenize
 from tokenwing.server.worker import EngineWorker, Job
+from tokenwing.text.tools.reply import prepare
 from tokenwing.version import __version__
 
 API_VERSION = "1"
@@ -175,14 +176,16 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
     async def apply_template(request: Request) -> Response:
         # The prompt a chat request makes (llama.cpp's route): rendered beside the engine's thread, not in it.
         req = parse_apply_template(await read_json(request))
-        assert worker.chat is not None  # set before the state turns ok (guarded)
+        assert worker.chat is not None and worker.syntax is not None  # set before the state turns ok (guarded)
         template = worker.chat.template
         try:
+            # as the chat endpoint makes it: where the template shows no tools, the engine's words for them
+            messages = prepare(worker.syntax, req.messages, req.tools)
             prompt = await asyncio.to_thread(
-                template.render, req.messages, req.add_generation_prompt, tools=req.tools, **req.variables
+                template.render, messages, req.add_generation_prompt, tools=req.tools, **req.variables
             )
         except BadInputError as e:
-            raise RequestError(str(e), "messages") from None
+            raise RequestError(str(e), "tools" if str(e).startswith("tools:") else "messages") from None
         return JSONResponse({"prompt": prompt})
 
     async def tokenize_route(request: Request) -> Response:

@@ -111,7 +111,7 @@ def _common(body: dict[str, Any], req: GenerationRequest, chat: bool = False) ->
     try:
         req.grammar = grammar_of(body.get("response_format"))
     except BadInputError as e:
-        raise RequestError(str(e), "response_format") from None
+        raise RequestError(f"response_format: {e}", "response_format") from None
     n = body.get("n", 1)
     if n != 1:
         raise RequestError("only n = 1 is supported", "n")
@@ -268,7 +268,7 @@ class TemplateRequest:
     template's own variables (`chat_template_kwargs`: `enable_thinking`, `reasoning_effort`, …)."""
 
     messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None  # None also where tool_choice is none (the model is not shown them)
     add_generation_prompt: bool = True
     variables: dict[str, Any] = field(default_factory=dict)
 
@@ -452,9 +452,11 @@ def parse_apply_template(body: Any) -> TemplateRequest:
     agp = body.get("add_generation_prompt", True)
     if not isinstance(agp, bool):
         raise RequestError("'add_generation_prompt' must be a boolean", "add_generation_prompt")
+    tools = _tools(body.get("tools"))
+    choice = _tool_choice(body.get("tool_choice"), tools)[0]
     return TemplateRequest(
         messages=[_template_message(m, i) for i, m in enumerate(msgs)],
-        tools=_tools(body.get("tools")),
+        tools=tools if choice != "none" else None,
         add_generation_prompt=agp,
         variables=_template_variables(body),
     )

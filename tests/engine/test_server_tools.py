@@ -1,0 +1,337 @@
+"""Tool calls through a real `tokenwing serve`, with the official `openai` client: a generated model carrying
+each family's own chat template (the publisher's, from llama.cpp's pinned source distribution, written into
+the GGUF by gguf-py's metadata copier), a request with tools, the family's native call as the reply, OpenAI's
+`tool_calls` back (non-streaming, and streamed as OpenAI streams them), the result sent back, and the next
+prompt rendering it.
+
+Random weights never write a call, so the replies' tokens are scripted (TOKENWING_TEST_TOKENS, test-only, one
+reply per request): the tokenizer, the text stream, the readers and the HTTP shapes are the real ones."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import ModelFactory
+from tests.engine.test_server import KEY, Server
+from tests.engine.test_server_apply_template import _templated
+from tokenwing.format.reader import ModelFile
+from tokenwing.text.tokenizer import tokenizer_from_metadata
+
+EOS = "<｜end▁of▁sentence｜>"  # the generated deepseek2 model's end of generation
+# typed loosely: the client's own parameter types are unions of TypedDicts
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather now in a city, in °C",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+ARGS = {"city": "Zürich"}
+RESULT = "21 °C, sunny"
+ANSWER = "It is 21 °C in Zürich."
+USER: list[Any] = [{"role": "user", "content": "What is the weather in Zürich?"}]
+THOUGHT = "The user wants the weather."
+
+# template → (the native call as the family writes it, the answer after the result, reasoning, content)
+FAMILIES: dict[str, tuple[str, str, str | None, str | None]] = {
+    "Qwen-Qwen3-0.6B.jinja": (
+        f'<think>\n{THOUGHT}\n</think>\n\n<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "Zürich"}}}}'
+        "\n</tool_call>",
+        f"<think>\n\n</think>\n\n{ANSWER}",
+        THOUGHT,
+        None,
+    ),
+    "Qwen3.5-4B.jinja": (  # its prompt opens the thinking
+        f"{THOUGHT}\n</think>\n\nLet me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n"
+        "</parameter>\n</function>\n</tool_call>",
+        f"Got it.\n</think>\n\n{ANSWER}",
+        THOUGHT,
+        "Let me check.",
+    ),
+    "deepseek-ai-DeepSeek-V3.1.jinja": (
+        '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Zürich"}<｜tool▁call▁end｜>'
+        "<｜tool▁calls▁end｜>",
+        ANSWER,
+        None,
+        None,
+    ),
+    "deepseek-ai-DeepSeek-V4.jinja": (
+        '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">'
+        "Zürich</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+        ANSWER,
+        None,
+        None,
+    ),
+    "moonshotai-Kimi-K2.jinja": (
+        "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+        '{"city": "Zürich"}<|tool_call_end|><|tool_calls_section_end|>',
+        ANSWER,
+        None,
+        "Checking.",
+    ),
+    "Kimi-K3.jinja": (  # its prompt opens the think section
+        f"{THOUGHT}<|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|>"
+        '<|open|>call tool="get_weather" index="1"<|sep|><|open|>argument key="city" type="string"<|sep|>Zürich'
+        "<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>",
+        f"Done.<|close|>think<|sep|><|open|>response<|sep|>{ANSWER}<|close|>response<|sep|><|close|>message<|sep|>",
+        THOUGHT,
+        None,
+    ),
+    "GLM-4.7-Flash.jinja": (  # its prompt opens the thinking
+        f"{THOUGHT}</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Zürich</arg_value></tool_call>",
+        f"</think>{ANSWER}",
+        THOUGHT,
+        None,
+    ),
+    "MiniMax-M2.jinja": (  # its prompt opens the thinking
+        f'{THOUGHT}\n</think>\n\n<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Zürich'
+        "</parameter>\n</invoke>\n</minimax:tool_call>",
+        f"Done.\n</think>\n\n{ANSWER}",
+        THOUGHT,
+        None,
+    ),
+    "openai-gpt-oss-120b.jinja": (
+        f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>commentary "
+        'to=functions.get_weather <|constrain|>json<|message|>{"city":"Zürich"}<|call|>',
+        f"<|channel|>final<|message|>{ANSWER}<|return|>",
+        THOUGHT,
+        None,
+    ),
+}
+
+
+def script(model: Path, replies: list[str]) -> str:
+    """TOKENWING_TEST_TOKENS for these replies, one per request, each ended by the model's end of generation."""
+    with ModelFile.open(str(model)) as mf:
+        tok = tokenizer_from_metadata({k: v.value for k, v in mf.header.kv.items()}, str(model))
+    (eos,) = tok.encode(EOS, special=True, add_bos=False)
+    assert eos in tok.eos_ids
+    out = []
+    for text in replies:
+        ids = tok.encode(text, special=True, add_bos=False)
+        assert tok.decode(ids) == text  # every marker comes back as its text (as a token or as plain text)
+        out.append(",".join(str(i) for i in [*ids, eos]))
+    return ";".join(out)
+
+
+@pytest.fixture(scope="module")
+def base_model(repacked_factory: ModelFactory) -> Path:
+    return repacked_factory(arch="deepseek2", type="Q8_0")
+
+
+def _serve(model: Path, replies: list[str], monkeypatch: pytest.MonkeyPatch) -> Server:
+    monkeypatch.setenv("TOKENWING_TEST_TOKENS", script(model, replies))
+    return Server(model, "--ctx", "4096")  # the templates' tool descriptions are long for the test vocabulary
+
+
+def _post(server: Server, path: str, body: dict[str, Any]) -> Any:
+    r = httpx.post(server.url + path, json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("template", list(FAMILIES))
+def test_round_trip(
+    template: str, tmp_path: Path, model_factory: ModelFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    call, answer, reasoning, content = FAMILIES[template]
+    model = _templated(model_factory, tmp_path, template)
+    server = _serve(model, [call, call, answer], monkeypatch)
+    try:
+        client = server.client()
+        # 1. non-streaming: the native call comes back as OpenAI's tool_calls
+        r = client.chat.completions.create(model="m", messages=USER, tools=TOOLS, max_tokens=400)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        msg = choice.message
+        assert msg.content == content
+        assert (msg.model_extra or {}).get("reasoning_content") == reasoning
+        assert msg.tool_calls is not None and len(msg.tool_calls) == 1
+        tc: Any = msg.tool_calls[0]
+        assert tc.type == "function" and tc.id and tc.function.name == "get_weather"
+        assert json.loads(tc.function.arguments) == ARGS
+
+        # 2. streamed: the call's id, type and name first (arguments empty), then its arguments
+        stream = client.chat.completions.create(
+            model="m",
+            messages=USER,
+            tools=TOOLS,
+            max_tokens=400,
+            stream=True,
+        )
+        deltas: list[Any] = []
+        finish, text = None, []
+        for chunk in stream:
+            if not chunk.choices:
+                continue
+            d = chunk.choices[0].delta
+            text.append(d.content or "")
+            deltas += d.tool_calls or []
+            finish = chunk.choices[0].finish_reason or finish
+        assert finish == "tool_calls"
+        assert "".join(text) == (content or "")  # no marker ever went out as text
+        first, rest = deltas[0], deltas[1:]
+        assert first.index == 0 and first.id and first.type == "function"
+        assert first.function is not None and first.function.name == "get_weather" and first.function.arguments == ""
+        assert all(d.index == 0 and d.id is None and d.function and d.function.name is None for d in rest)
+        assert json.loads("".join(d.function.arguments or "" for d in rest if d.function)) == ARGS
+
+        # 3. the result goes back; the next prompt renders the call and the result, and the model answers
+        assistant = msg.model_dump(exclude_none=True)
+        turn2: list[Any] = [*USER, assistant, {"role": "tool", "tool_call_id": tc.id, "content": RESULT}]
+        prompt = _post(server, "/apply-template", {"messages": turn2, "tools": TOOLS})["prompt"]
+        after_user = prompt.split("What is the weather in Zürich?", 1)[1]
+        assert "get_weather" in after_user and "Zürich" in after_user and RESULT in after_user
+        tokens = _post(server, "/tokenize", {"content": prompt, "add_special": True})["tokens"]
+        r2 = client.chat.completions.create(model="m", messages=turn2, tools=TOOLS, max_tokens=400)
+        assert r2.choices[0].finish_reason == "stop"
+        assert r2.choices[0].message.content == ANSWER and not r2.choices[0].message.tool_calls
+        assert r2.usage is not None and r2.usage.prompt_tokens == len(tokens)  # the chat ran that very prompt
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------------------------ the generic format, rules
+@pytest.fixture(scope="module")
+def generic(base_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    """The generated model with the factory's own template, which knows no tools: the engine's format. Every
+    reply is first a call, then not a call, then a call to an undeclared function, then that last repeats."""
+    mp = pytest.MonkeyPatch()
+    replies = [
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}\n</tool_call>',
+        ANSWER,
+        'Calling. <tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>',
+    ]
+    server = _serve(base_model, replies, mp)
+    try:
+        yield server, base_model
+    finally:
+        server.stop()
+        mp.undo()
+
+
+def test_generic_format_and_what_is_not_a_call(generic: tuple[Server, Path]) -> None:
+    server, _ = generic
+    client = server.client()
+    r = client.chat.completions.create(model="m", messages=USER, tools=TOOLS, max_tokens=100)
+    assert r.choices[0].finish_reason == "tool_calls"
+    calls: list[Any] | None = r.choices[0].message.tool_calls
+    assert calls is not None and json.loads(calls[0].function.arguments) == ARGS
+    # the engine described the tools in the system message (the template would not)
+    prompt = _post(server, "/apply-template", {"messages": USER, "tools": TOOLS})["prompt"]
+    assert prompt.startswith("# Tools") and "The weather now in a city, in °C" in prompt
+    # required without a call: said plainly (the content, finish_reason stop), no error
+    r = client.chat.completions.create(model="m", messages=USER, tools=TOOLS, tool_choice="required", max_tokens=50)
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == ANSWER
+    # a call to a function that was not declared is not a call: the text as written, never a 500
+    bad = 'Calling. <tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
+    r = client.chat.completions.create(model="m", messages=USER, tools=TOOLS, max_tokens=100)
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == bad
+    assert not r.choices[0].message.tool_calls
+    # tool_choice none: the model is not shown the tools, and nothing is read as a call
+    r = client.chat.completions.create(model="m", messages=USER, tools=TOOLS, tool_choice="none", max_tokens=100)
+    plain = client.chat.completions.create(model="m", messages=USER, max_tokens=100)
+    assert r.usage is not None and plain.usage is not None and r.usage.prompt_tokens == plain.usage.prompt_tokens
+    assert r.choices[0].message.content == bad and r.choices[0].finish_reason == "stop"
+
+
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Bern"}'}}
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "words"),
+    [
+        ({"tools": {"get_weather": {}}}, "tools", "'tools' must be a list"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools", "tools[0].function.name"),
+        ({"tools": [*TOOLS, *TOOLS]}, "tools", "declared twice"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strng"}}}]},
+            "tools",
+            "tools[0].function.parameters.type 'strng' is not a JSON Schema type",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": 5}}}},
+                    }
+                ]
+            },
+            "tools",
+            "tools[0].function.parameters.properties.x.type",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"required": "x"}}}]},
+            "tools",
+            "parameters.required must be a list",
+        ),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+            "tool_choice",
+            "'get_time', which is not in tools",
+        ),
+        ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice", "'tool_choice' must be"),
+        ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+        ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls", "boolean"),
+        ({"functions": [{"name": "f"}]}, "functions", "use tools"),
+        (
+            {"messages": [*USER, {"role": "assistant", "tool_calls": [CALL]}, {"role": "tool", "content": "21"}]},
+            "messages",
+            "messages[2].tool_call_id is required",
+        ),
+        (
+            {
+                "messages": [
+                    *USER,
+                    {"role": "assistant", "tool_calls": [CALL]},
+                    {"role": "tool", "tool_call_id": "call_9", "content": "21"},
+                ]
+            },
+            "messages",
+            "messages[2].tool_call_id 'call_9' answers no tool call",
+        ),
+        (
+            {"messages": [*USER, {"role": "assistant", "tool_calls": [{**CALL, "id": None}]}]},
+            "messages",
+            "messages[1].tool_calls[0].id is required",
+        ),
+        (
+            {
+                "messages": [
+                    *USER,
+                    {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f"} | {"arguments": "{"}}]},
+                ]
+            },
+            "messages",
+            "arguments is not valid JSON",
+        ),
+    ],
+)
+def test_bad_tool_input_is_a_400_naming_the_field(
+    generic: tuple[Server, Path], extra: dict[str, Any], param: str, words: str
+) -> None:
+    server, _ = generic
+    body = {"model": "m", "messages": USER, **extra}
+    r = httpx.post(
+        server.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+    )
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and words in err["message"] and "\n" not in err["message"], err
+
+
+def test_tools_are_for_chat_only(generic: tuple[Server, Path]) -> None:
+    server, _ = generic
+    with pytest.raises(openai.BadRequestError, match="chat/completions only"):
+        server.client().completions.create(model="m", prompt="x", extra_body={"tools": TOOLS})
