@@ -13,6 +13,7 @@ from tokenwing import testpause
 from tokenwing.errors import BadInputError
 from tokenwing.runtime.sampler import Sampler
 from tokenwing.runtime.session import SESSION_COUNTERS, Session
+from tokenwing.text.grammar import Constraint
 
 
 @dataclass
@@ -30,8 +31,8 @@ class Generation:
     text: str = ""
     tokens: list[int] = field(default_factory=list)
     finish_reason: str = "length"
-    # why it ended: "eos", "stop" (a stop string), "cancelled", "max_tokens" or "context_full" (finish_reason
-    # is "length" for the last two: OpenAI's one word for both)
+    # why it ended: "eos", "stop" (a stop string), "grammar" (a response format's end), "cancelled",
+    # "max_tokens" or "context_full" (finish_reason is "length" for the last two: OpenAI's one word for both)
     finish_detail: str = "max_tokens"
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_tokens: int = 0
@@ -101,13 +102,16 @@ def generate(
     cached: int = 0,
     logprobs: int | None = None,
     on_logprob: Callable[[TokenLogprob], None] | None = None,
+    constraint: Constraint | None = None,
 ) -> Generation:
     """Generates after `prompt`, whose first `cached` tokens are already in the session's KV cache
     (`Session.reuse_prefix`); the whole prompt still counts for repetition penalties.
 
     At most `max_tokens`, and never past the context: prompt and reply together fill it at most (then
     `finish_detail` is "context_full"). With `logprobs` (a count of alternatives, 0 for none), every token's
-    log-probability goes to `gen.logprobs` and `on_logprob`, before its text goes to `on_text`."""
+    log-probability goes to `gen.logprobs` and `on_logprob`, before its text goes to `on_text`. With a
+    `constraint` (a response format), only the tokens its grammar allows are sampled, and the reply ends where
+    the grammar does (`finish_detail` "grammar"); log-probabilities stay the model's own."""
     room = session.n_ctx - len(prompt)
     if room <= 0:
         raise BadInputError(
@@ -126,10 +130,15 @@ def generate(
     script = testpause.scripted_tokens()  # tests only: a reply of known tokens through the real pipeline
     t1 = time.perf_counter()
     for _ in range(limit):
-        tok = sampler.sample(logits, history) if script is None else script[min(len(gen.tokens), len(script) - 1)]
+        if script is not None:
+            tok = script[min(len(gen.tokens), len(script) - 1)]
+        else:
+            tok = sampler.sample(logits if constraint is None else constraint.apply(logits), history)
         if tok in session.tokenizer.eos_ids:
             gen.finish_reason, gen.finish_detail = "stop", "eos"
             break
+        if constraint is not None and script is None:
+            constraint.accept(tok)
         gen.tokens.append(tok)
         history.append(tok)
         if logprobs is not None:
@@ -142,6 +151,9 @@ def generate(
             on_text(piece)
         if stream.stopped:
             gen.finish_reason, gen.finish_detail = "stop", "stop"
+            break
+        if constraint is not None and script is None and constraint.finished:
+            gen.finish_reason, gen.finish_detail = "stop", "grammar"  # nothing may follow but an end token
             break
         if should_stop is not None and should_stop():
             gen.finish_reason, gen.finish_detail = "stop", "cancelled"

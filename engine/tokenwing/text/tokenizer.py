@@ -100,6 +100,8 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "glm4": PreTokenizer((_LLAMA3,), ignore_merges=True, bos=False),
     "glm5": PreTokenizer((_LLAMA3,), ignore_merges=True, bos=False),
     "deepseek-v3": PreTokenizer(_DEEPSEEK_V3),
+    # DeepSeek V4's files: its tokenizer hashes as JoyAI-LLM-Flash's, whose type llama.cpp splits as DeepSeek-V3
+    "joyai-llm": PreTokenizer(_DEEPSEEK_V3),
     "gpt-4o": PreTokenizer((_GPT4O,)),
     "minimax-m2": PreTokenizer((_GPT4O,)),  # MiniMax M2 shares o200k's split (LLAMA_VOCAB_PRE_TYPE_MINIMAX_M2)
     "kimi-k2": PreTokenizer((_KIMI_K2,)),
@@ -171,6 +173,11 @@ class TextTokenizer:
 
     def _encode(self, text: str, special: bool) -> list[int]:
         raise NotImplementedError
+
+    def encode_exact(self, text: str) -> list[int]:
+        """Ids whose token bytes are exactly `text`'s (no special tokens, no BOS, no space put before it): what
+        constrained decoding tokenizes continuations with."""
+        return self._encode(text, False)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes of one token (streamed output may split a UTF-8 character across tokens)."""
@@ -245,6 +252,12 @@ class SpmTokenizer(TextTokenizer):
         by_len = sorted(self.user_ids | self.special_ids, key=lambda i: -len(tokens[i]))
         self._partition_all = [(tokens[i], i) for i in by_len if tokens[i]]
         self._partition_user = [(t, i) for t, i in self._partition_all if i in self.user_ids]
+
+    def encode_exact(self, text: str) -> list[int]:
+        out: list[int] = []
+        if text:
+            self._merge(text.replace(" ", _SPACE), out)
+        return out
 
     def _encode(self, text: str, special: bool) -> list[int]:
         fragments: list[str | int] = [text] if text else []

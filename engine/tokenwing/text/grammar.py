@@ -1,0 +1,124 @@
+"""Structured output: a response format (OpenAI's `json_object` / `json_schema`) enforced while sampling, token by
+token, with llguidance (docs/api.md, "Structured output").
+
+llguidance and not xgrammar: xgrammar 0.2.9 imports torch (and requires triton and transformers), gigabytes in
+the installer for a mask; llguidance needs nothing but itself (3 MB) and fills a numpy bitmask. Its cost per token
+is measured in bench/grammar_bench.py (docs/results.md).
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from typing import Any
+
+import llguidance
+import llguidance.numpy
+import numpy as np
+
+from tokenwing.errors import BadInputError
+from tokenwing.text.tokenizer import TextTokenizer
+
+MAX_SCHEMA = 256 << 10  # a schema's JSON text: more is not a response format but an attack on the compiler
+
+_LL: weakref.WeakKeyDictionary[TextTokenizer, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
+
+
+class _Vocabulary:
+    """What llguidance's TokenizerWrapper reads of a tokenizer: every token's bytes (control tokens by name,
+    marked special), the end tokens, and text to ids (without special tokens, as model output is parsed)."""
+
+    def __init__(self, tok: TextTokenizer) -> None:
+        self._tok = tok
+        self.eos_token_id = min(tok.eos_ids) if tok.eos_ids else tok.vocab_size - 1
+        self.bos_token_id = tok.bos_id
+        self.tokens = [tok.piece_bytes(i) for i in range(tok.vocab_size)]
+        self.special_token_ids = sorted(tok.special_ids)
+
+    def __call__(self, text: bytes) -> list[int]:
+        return self._tok.encode_exact(text.decode("utf-8", errors="replace"))
+
+
+def ll_tokenizer(tok: TextTokenizer) -> llguidance.LLTokenizer:
+    """The tokenizer as llguidance sees it, built once per tokenizer (a vocabulary's token trie: ~0.1-1 s)."""
+    ll = _LL.get(tok)
+    if ll is None:
+        ll = llguidance.LLTokenizer(
+            llguidance.TokenizerWrapper(_Vocabulary(tok)), n_vocab=tok.vocab_size, eos_token=sorted(tok.eos_ids)
+        )
+        _LL[tok] = ll
+    return ll
+
+
+def grammar_of(response_format: Any) -> str | None:
+    """The grammar an OpenAI `response_format` asks for (None: plain text); BadInputError names what is wrong."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict):
+        raise BadInputError("'response_format' must be an object")
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return _compile({"type": "object"})
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise BadInputError("'response_format.json_schema' must be an object with a 'schema' object")
+        return _compile(spec.get("schema", {}))
+    raise BadInputError("'response_format.type' must be 'text', 'json_object' or 'json_schema'")
+
+
+def schema_grammar(schema: dict[str, Any]) -> str:
+    """The grammar of one JSON value matching `schema` (a tool call's arguments, for example)."""
+    return _compile(schema)
+
+
+def _compile(schema: dict[str, Any]) -> str:
+    try:
+        text = json.dumps(schema)
+    except (TypeError, ValueError):
+        raise BadInputError("the JSON schema is not JSON") from None
+    if len(text) > MAX_SCHEMA:
+        raise BadInputError(f"the JSON schema is larger than {MAX_SCHEMA >> 10} KiB")
+    # whitespace as compact JSON writes it: a model may not pad a reply with spaces forever
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(text, overrides={"whitespace_flexible": False})
+    except ValueError as e:
+        raise BadInputError(f"the JSON schema is not valid: {e}") from None
+    error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    if error:
+        raise BadInputError(f"the JSON schema is not valid: {messages[0] if messages else 'unknown error'}")
+    return grammar
+
+
+class Constraint:
+    """One reply under a grammar: which tokens may come next, and the tokens that came."""
+
+    def __init__(self, tok: TextTokenizer, grammar: str) -> None:
+        self._matcher = llguidance.LLMatcher(ll_tokenizer(tok), grammar, log_level=0)
+        if self._matcher.is_error():
+            raise BadInputError(f"the response format cannot be enforced: {self._matcher.get_error()}")
+        self._n = tok.vocab_size
+        self._bits = llguidance.numpy.allocate_token_bitmask(1, self._n)
+
+    def allowed(self) -> np.ndarray:
+        """A boolean mask over the vocabulary: the tokens the grammar allows next (an end token where it may end)."""
+        llguidance.numpy.fill_next_token_bitmask(self._matcher, self._bits)
+        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
+        return bits[: self._n].astype(bool)
+
+    def apply(self, logits: np.ndarray) -> np.ndarray:
+        """The logits with every token the grammar forbids at -inf."""
+        out = np.array(logits, dtype=np.float32).reshape(-1)
+        out[~self.allowed()] = -np.inf
+        return out
+
+    def accept(self, token: int) -> None:
+        if not self._matcher.consume_token(token):
+            raise BadInputError(f"the response format refused token {token}: {self._matcher.get_error()}")
+
+    @property
+    def finished(self) -> bool:
+        """The grammar is complete and nothing more may follow (only an end token)."""
+        return bool(self._matcher.is_stopped())
