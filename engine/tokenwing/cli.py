@@ -18,8 +18,17 @@ from tokenwing.progress import use_json_lines
 from tokenwing.testpause import pause
 from tokenwing.version import __version__
 
+
+def _int_list(text: str) -> tuple[int, ...]:
+    """A comma-separated list of integers (deepseek4's --compress-ratios 0,0,4,128)."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+
+
 # `tokenwing testmodel` shape flags: dest → type (each overrides the preset's value when given).
-_SHAPE_FLAGS: dict[str, type] = {
+_SHAPE_FLAGS: dict[str, Callable[[str], object]] = {
     **dict.fromkeys(
         (
             "n_layer",
@@ -50,6 +59,14 @@ _SHAPE_FLAGS: dict[str, type] = {
             "ssm_n_group",
             "ssm_dt_rank",
             "full_attention_interval",
+            "hc_mult",
+            "hc_sinkhorn_iters",
+            "indexer_n_head",
+            "indexer_head_size",
+            "indexer_top_k",
+            "o_group_count",
+            "o_lora_rank",
+            "hash_layer_count",
         ),
         int,
     ),
@@ -62,9 +79,12 @@ _SHAPE_FLAGS: dict[str, type] = {
             "yarn_beta_slow",
             "kda_gate_lower_bound",
             "swiglu_limit",
+            "hc_eps",
+            "compress_rope_base",
         ),
         float,
     ),
+    "compress_ratios": _int_list,
     "tokenizer": str,
 }
 
@@ -605,12 +625,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--arch",
         help="qwen3moe (the default), qwen2moe, ernie4_5-moe, glm4moe, deepseek2, gpt-oss, qwen3next, qwen35moe, "
-        "bailingmoe3 or minimax-m2",
+        "bailingmoe3, minimax-m2 or deepseek4",
     )
     t.add_argument(
         "--preset",
         default="tiny",
-        help="tiny, kquant, small, bench (any architecture); kimi-tiny, ds-bench, oss-bench, ling-bench, mm-bench",
+        help="tiny, kquant, small, bench (any architecture); kimi-tiny, ds-bench, oss-bench, ling-bench, mm-bench, "
+        "ds4-bench",
     )
     t.add_argument("--type", default="F32", help="F32 F16 BF16 Q8_0 Q4_0, MXFP4_MOE, or a K-quant such as Q4_K_M")
     t.add_argument("--expert-type", help="MXFP4: the routed experts in this type, the rest in --type")

@@ -2,7 +2,8 @@
 
 Size presets (tiny, kquant, small, bench) apply to every architecture: `preset_shape(name, arch)` fills in what
 a family needs beyond them (deepseek2's MLA ranks, routing groups and YaRN; gpt-oss's YaRN and sliding
-window), as the real models have them. Family presets (`kimi-*`, `ds-bench`, `oss-bench`) fix their family.
+window; deepseek4's attention, indexer and hyper-connections), as the real models have them. Family presets
+(`kimi-*`, `ds-bench`, `oss-bench`, `ds4-bench`, ...) fix their family.
 """
 
 from __future__ import annotations
@@ -58,7 +59,19 @@ class ModelShape:
     kda_gate_lower_bound: float = -5.0
     rope_sections: tuple[int, ...] = ()  # qwen35moe: IMRoPE's rotary pairs per axis (4 counts)
     legacy_ssm_in: bool = False  # qwen3next: the older converter's joint ssm_in instead of attn_qkv + attn_gate
-    swiglu_limit: float = 0.0  # bailingmoe3: SwiGLU limits (experts and shared expert) in the last layer
+    swiglu_limit: float = 0.0  # SwiGLU limit of experts and shared expert (bailingmoe3: last layer; deepseek4: all)
+    # deepseek4 (DeepSeek V4), by llama.cpp's hparams (dsv4_*, indexer_*); 0 or () for the other families
+    hc_mult: int = 0  # hyper-connection streams (llama.cpp's graph takes exactly 4)
+    hc_sinkhorn_iters: int = 0  # Sinkhorn normalisations of the streams' mixing matrix
+    hc_eps: float = 0.0
+    compress_ratios: tuple[int, ...] = ()  # per layer: 0 window only, 4 CSA + indexer, 128 HCA (): V4's pattern
+    compress_rope_base: float = 0.0  # rope base of the compressing layers (the window-only ones take rope_base)
+    indexer_n_head: int = 0  # the lightning indexer's heads, head size and top-k compressed blocks
+    indexer_head_size: int = 0
+    indexer_top_k: int = 0
+    o_group_count: int = 0  # grouped low-rank output projection: head groups and each group's rank
+    o_lora_rank: int = 0
+    hash_layer_count: int = 0  # leading layers whose experts come from a token-id table (ffn_gate_tid2eid)
     tokenizer: str = "qwen2"  # the vocabulary's family, by llama.cpp's pre-tokenizer name
     chat_template: bool = True  # False: no tokenizer.chat_template (as some GGUFs on the hub)
 
@@ -193,6 +206,56 @@ _KIMI_K2 = {
 # own tokenizer.
 _MINIMAX_M2 = {"rope_base": 5_000_000.0, "rms_eps": 1e-6, "tokenizer": "minimax-m2"}
 
+# DeepSeek V4 Flash as its GGUF has it (43 layers, hidden 4096, 64 query heads of 512 sharing one KV head, 64
+# rotated; q rank 1024; output in 8 groups of rank 1024; 4 hyper-connection streams, 20 Sinkhorn steps; 256 experts
+# of 2048, top-6 by sqrt(softplus), weights x1.5, SwiGLU clamped at 10; one shared expert; the first 3 layers
+# hash-routed; a window of 128; the indexer's 64 heads of 128 keep 512 blocks; YaRN x16 from 65,536 positions).
+_DEEPSEEK_V4 = {
+    "n_head_kv": 1,
+    "n_shared_exp": 1,
+    "context_length": 1048576,
+    "rope_base": 10000.0,
+    "compress_rope_base": 160000.0,
+    "yarn_factor": 16.0,
+    "yarn_orig_ctx": 65536,
+    "yarn_beta_fast": 32.0,
+    "yarn_beta_slow": 1.0,
+    "expert_weights_scale": 1.5,
+    "swiglu_limit": 10.0,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "tokenizer": "joyai-llm",  # llama.cpp's converter names V4's pre-tokenizer so (testmodel/tokenizer.py)
+}
+
+# DeepSeek V4's attention per size preset, its proportions kept where they fit (the head 8x its rotated part, 2-4x
+# the indexer's head): every row is a multiple of 32 (Q8_0), of 256 in `kquant` where the real model's is; the
+# indexer's head is a multiple of 64 (llama.cpp rotates it by a Hadamard matrix of 64 or more); the window and
+# top-k are small enough that a few hundred tokens pass both; the real model's pattern of layers (see
+# architectures.dsv4_compress_ratios) needs 4 layers for all three kinds.
+_DSV4: dict[str, dict[str, int]] = {
+    "tiny": {
+        "n_layer": 4, "head_dim": 128, "n_rot": 16, "q_lora_rank": 32, "o_group_count": 2, "o_lora_rank": 32,
+        "indexer_n_head": 4, "indexer_head_size": 64, "indexer_top_k": 8, "sliding_window": 16,
+        "hash_layer_count": 2,
+    },
+    "kquant": {
+        "n_layer": 4, "head_dim": 256, "n_rot": 32, "q_lora_rank": 256, "o_group_count": 2, "o_lora_rank": 256,
+        "indexer_n_head": 4, "indexer_head_size": 128, "indexer_top_k": 16, "sliding_window": 32,
+        "hash_layer_count": 2,
+    },
+    "small": {
+        "n_layer": 6, "head_dim": 256, "n_rot": 32, "q_lora_rank": 256, "o_group_count": 4, "o_lora_rank": 256,
+        "indexer_n_head": 8, "indexer_head_size": 128, "indexer_top_k": 32, "sliding_window": 64,
+        "hash_layer_count": 2,
+    },
+    "bench": {
+        "n_layer": 12, "head_dim": 512, "n_rot": 64, "q_lora_rank": 512, "o_group_count": 8, "o_lora_rank": 512,
+        "indexer_n_head": 32, "indexer_head_size": 128, "indexer_top_k": 128, "sliding_window": 128,
+        "hash_layer_count": 2,
+    },
+}  # fmt: skip
+
 FAMILY_PRESETS: dict[str, ModelShape] = {
     "kimi-tiny": PRESETS["tiny"].with_(arch="deepseek2", n_layer=3, **_MLA["tiny"], **_KIMI_K2),
     # Ling 3.0 Flash (bailingmoe3: 42 layers, hidden 2560, 512 experts, top-8, KDA:MLA 5:1, one shared expert,
@@ -267,6 +330,30 @@ FAMILY_PRESETS: dict[str, ModelShape] = {
         n_ff_exp=768,
         vocab_size=32000,
     ).with_(**_MINIMAX_M2),
+    # DeepSeek V4 Flash scaled to this machine: hidden 2048, 256 experts of 512, top-6, one shared expert, 32
+    # query heads of 256 in 8 output groups, V4's layer pattern over 10 layers (window-only, then CSA and HCA in
+    # turn), the first 3 hash-routed: ~4.6 GB with MXFP4 experts and the rest in Q8_0 (`--type MXFP4_MOE`, as the
+    # converter writes V4's experts).
+    "ds4-bench": ModelShape(
+        arch="deepseek4",
+        n_layer=10,
+        n_embd=2048,
+        n_head=32,
+        head_dim=256,
+        n_rot=32,
+        n_expert=256,
+        n_expert_used=6,
+        n_ff_exp=512,
+        vocab_size=32000,
+        q_lora_rank=512,
+        o_group_count=8,
+        o_lora_rank=256,
+        indexer_n_head=32,
+        indexer_head_size=128,
+        indexer_top_k=128,
+        sliding_window=128,
+        hash_layer_count=3,
+    ).with_(**_DEEPSEEK_V4),
 }
 
 
@@ -309,6 +396,9 @@ def _family_defaults(s: ModelShape, size: str) -> ModelShape:
             n_expert_group=groups,
             n_group_used=groups // 2 if groups > 1 else 1,
         )
+    if s.arch == "deepseek4" and s.hc_mult == 0:
+        geometry = _DSV4.get(size, _DSV4["small"])
+        return s.with_(**_DEEPSEEK_V4, **{**geometry, "n_layer": max(s.n_layer, geometry["n_layer"])})
     if s.arch == "gpt-oss" and s.yarn_factor == 0:
         return s.with_(**_GPT_OSS)
     if s.arch == "minimax-m2" and s.n_rot == 0:

@@ -7,6 +7,7 @@ vocabulary size (the vocabulary must match the embedding's rows) the way each fa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -275,6 +276,10 @@ FAMILIES: dict[str, Family] = {
         model="llama",
     ),
 }
+
+# DeepSeek V4: its files name the pre-tokenizer `joyai-llm` (its tokenizer hashes as JoyAI-LLM-Flash's in llama.cpp's
+# converter), which llama.cpp splits exactly as `deepseek-v3`; the markers and template here are V3's.
+FAMILIES["joyai-llm"] = dataclasses.replace(FAMILIES["deepseek-v3"], pre="joyai-llm")
 
 
 @dataclass

@@ -40,9 +40,11 @@ _MXFP4_STD = float(np.sqrt(np.mean(_MXFP4_KVALUES**2)))
 def tensor_type(
     spec: TensorSpec, wanted: GGMLQuantizationType, experts: GGMLQuantizationType | None = None
 ) -> GGMLQuantizationType:
-    """Norms, biases and routers stay F32 (as llama.cpp keeps them); matrices take the wanted type, routed
-    experts `experts` where given."""
-    if spec.role in ("norm", "vector", "router", "decay_neg", "decay_pos") or len(spec.shape) == 1:
+    """Norms, biases, routers and hyper-connection mixes stay F32 (as llama.cpp keeps them), expert-id tables I32;
+    matrices take the wanted type, routed experts `experts` where given."""
+    if spec.role == "expert_ids":
+        return GGMLQuantizationType.I32
+    if spec.role in ("norm", "vector", "router", "decay_neg", "decay_pos", "mixer") or len(spec.shape) == 1:
         return GGMLQuantizationType.F32
     if spec.role == "expert" and experts is not None:
         wanted = experts
@@ -106,14 +108,25 @@ def _mxfp4(rng: np.random.Generator, n_blocks: int, std: float) -> bytes:
     return out.tobytes()
 
 
+def _expert_ids(rng: np.random.Generator, n_rows: int, per_row: int, n_ids: int) -> bytes:
+    """Each row `per_row` distinct ids below `n_ids`, uniformly drawn (a hash layer routes a token to distinct
+    experts)."""
+    order = np.argsort(rng.random((n_rows, n_ids)), axis=1)[:, :per_row]
+    return order.astype(np.int32).tobytes()
+
+
 def generate(spec: TensorSpec, qtype: GGMLQuantizationType, rng: np.random.Generator, std: float) -> Iterator[bytes]:
     """Yields the tensor's bytes in chunks of whole rows."""
     row = spec.shape[0]
     rows = math.prod(spec.shape[1:])
-    rows_per_chunk = max(1, CHUNK_ELEMENTS // row)
+    rows_per_chunk = max(1, CHUNK_ELEMENTS // max(row, spec.id_range))
     for start in range(0, rows, rows_per_chunk):
         n = min(rows_per_chunk, rows - start) * row
-        if qtype == GGMLQuantizationType.Q8_0:
+        if qtype == GGMLQuantizationType.I32:
+            if spec.role != "expert_ids" or not 0 < row <= spec.id_range:
+                raise ValueError(f"{spec.name}: only expert-id tables are generated as I32")
+            yield _expert_ids(rng, n // row, row, spec.id_range)
+        elif qtype == GGMLQuantizationType.Q8_0:
             yield _q8_0(rng, n // 32, std)
         elif qtype == GGMLQuantizationType.Q4_0:
             yield _q4_0(rng, n // 32, std)
