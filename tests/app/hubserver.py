@@ -170,22 +170,24 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             for key, value in headers.items():
                 self.send_header(key, value)
             self.send_header("Content-Length", str(len(body)))
+            # logged before the client can have the answer: a test reading `hub.log` after its call returned
+            # must find it there, whatever the threads' timing
+            self._log(status, 0 if head else len(body))
             self.end_headers()
             if not head and body:
                 self.wfile.write(body)
-            self._log(status, 0 if head else len(body))
 
-        def _log(self, status: int, body_bytes: int) -> None:
-            hub._record(
-                RequestLog(
-                    self.command,
-                    urlsplit(self.path).path,
-                    self.headers.get("Range"),
-                    status,
-                    body_bytes,
-                    self.headers.get("Authorization"),
-                )
+        def _log(self, status: int, body_bytes: int) -> RequestLog:
+            entry = RequestLog(
+                self.command,
+                urlsplit(self.path).path,
+                self.headers.get("Range"),
+                status,
+                body_bytes,
+                self.headers.get("Authorization"),
             )
+            hub._record(entry)
+            return entry
 
         def _json(self, data: Any) -> None:
             if hub.faults.malformed_json:
@@ -375,9 +377,9 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(body)))
             if status == 206:
                 self.send_header("Content-Range", f"bytes {start}-{end}/{total}")
+            entry = self._log(status, 0)  # counting each piece before it goes out (see `_send`)
             self.end_headers()
             if head:
-                self._log(status, 0)
                 return
             limit = len(body)
             cut = False
@@ -396,6 +398,7 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                     if hold is not None and sent < hold:
                         end = min(end, hold)
                     piece = body[sent:end]
+                    entry.body_bytes = sent + len(piece)
                     self.wfile.write(piece)
                     sent += len(piece)
                     if hold is not None and sent == hold:
@@ -411,9 +414,8 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                     self.wfile.flush()
                     hub._stop.wait(faults.stall_s)
             except (BrokenPipeError, ConnectionResetError):
+                entry.body_bytes = sent
                 cut = True
-            finally:
-                self._log(status, sent)
             if cut or stall or sent < len(body):
                 self.close_connection = True
 
