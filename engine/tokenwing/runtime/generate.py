@@ -129,42 +129,48 @@ def generate(
     history = list(prompt)
     script = testpause.scripted_tokens()  # tests only: a reply of known tokens through the real pipeline
     t1 = time.perf_counter()
-    for _ in range(limit):
-        if script is not None:
-            tok = script[min(len(gen.tokens), len(script) - 1)]
-        else:
-            tok = sampler.sample(logits if constraint is None else constraint.apply(logits), history)
-        if tok in session.tokenizer.eos_ids:
-            gen.finish_reason, gen.finish_detail = "stop", "eos"
-            break
-        if constraint is not None and script is None:
-            constraint.accept(tok)
-        gen.tokens.append(tok)
-        history.append(tok)
-        if logprobs is not None:
-            lp = token_logprob(logits, tok, logprobs)
-            gen.logprobs.append(lp)
-            if on_logprob:
-                on_logprob(lp)
-        piece = stream.push(session.tokenizer.token_bytes(tok))
-        if piece and on_text:
-            on_text(piece)
-        if stream.stopped:
-            gen.finish_reason, gen.finish_detail = "stop", "stop"
-            break
-        if constraint is not None and script is None and constraint.finished:
-            gen.finish_reason, gen.finish_detail = "stop", "grammar"  # nothing may follow but an end token
-            break
-        if should_stop is not None and should_stop():
-            gen.finish_reason, gen.finish_detail = "stop", "cancelled"
-            break
-        if len(gen.tokens) == limit:
-            gen.finish_detail = "max_tokens" if limit == max_tokens else "context_full"
-            break  # the last token needs no forward pass
-        before_tok = session.counters()
-        logits = session.forward([tok])
-        if on_token:
-            on_token(tok, session.counters() - before_tok)
+    try:
+        for _ in range(limit):
+            if script is not None:
+                tok = script[min(len(gen.tokens), len(script) - 1)]
+            else:
+                tok = sampler.sample(logits if constraint is None else constraint.apply(logits), history)
+            if tok in session.tokenizer.eos_ids:
+                gen.finish_reason, gen.finish_detail = "stop", "eos"
+                break
+            if constraint is not None and script is None:
+                constraint.accept(tok)
+            gen.tokens.append(tok)
+            history.append(tok)
+            if logprobs is not None:
+                lp = token_logprob(logits, tok, logprobs)
+                gen.logprobs.append(lp)
+                if on_logprob:
+                    on_logprob(lp)
+            piece = stream.push(session.tokenizer.token_bytes(tok))
+            if piece and on_text:
+                on_text(piece)
+            if stream.stopped:
+                gen.finish_reason, gen.finish_detail = "stop", "stop"
+                break
+            if constraint is not None and script is None and constraint.finished:
+                gen.finish_reason, gen.finish_detail = "stop", "grammar"  # nothing may follow but an end token
+                break
+            if should_stop is not None and should_stop():
+                gen.finish_reason, gen.finish_detail = "stop", "cancelled"
+                break
+            if len(gen.tokens) == limit:
+                gen.finish_detail = "max_tokens" if limit == max_tokens else "context_full"
+                break  # the last token needs no forward pass
+            before_tok = session.counters()
+            if constraint is not None and script is None:
+                constraint.prepare()  # the next mask, while this forward pass runs
+            logits = session.forward([tok])
+            if on_token:
+                on_token(tok, session.counters() - before_tok)
+    finally:
+        if constraint is not None:
+            constraint.close()
     gen.decode_seconds = time.perf_counter() - t1
     tail = stream.flush() if not stream.stopped else ""
     if tail and on_text:

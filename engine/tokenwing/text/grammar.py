@@ -9,7 +9,9 @@ is measured in bench/grammar_bench.py (docs/results.md).
 from __future__ import annotations
 
 import json
+import threading
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import llguidance
@@ -22,6 +24,7 @@ from tokenwing.text.tokenizer import TextTokenizer
 MAX_SCHEMA = 256 << 10  # a schema's JSON text: more is not a response format but an attack on the compiler
 
 _LL: weakref.WeakKeyDictionary[TextTokenizer, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
+_LL_LOCK = threading.Lock()
 
 
 class _Vocabulary:
@@ -40,14 +43,16 @@ class _Vocabulary:
 
 
 def ll_tokenizer(tok: TextTokenizer) -> llguidance.LLTokenizer:
-    """The tokenizer as llguidance sees it, built once per tokenizer (a vocabulary's token trie: ~0.1-1 s)."""
-    ll = _LL.get(tok)
-    if ll is None:
-        ll = llguidance.LLTokenizer(
-            llguidance.TokenizerWrapper(_Vocabulary(tok)), n_vocab=tok.vocab_size, eos_token=sorted(tok.eos_ids)
-        )
-        _LL[tok] = ll
-    return ll
+    """The tokenizer as llguidance sees it, built once per tokenizer: its token trie takes seconds for a 200k
+    vocabulary (bench/grammar_bench.py), paid by the first request that asks for a response format."""
+    with _LL_LOCK:
+        ll = _LL.get(tok)
+        if ll is None:
+            ll = llguidance.LLTokenizer(
+                llguidance.TokenizerWrapper(_Vocabulary(tok)), n_vocab=tok.vocab_size, eos_token=sorted(tok.eos_ids)
+            )
+            _LL[tok] = ll
+        return ll
 
 
 def grammar_of(response_format: Any) -> str | None:
@@ -93,7 +98,11 @@ def _compile(schema: dict[str, Any]) -> str:
 
 
 class Constraint:
-    """One reply under a grammar: which tokens may come next, and the tokens that came."""
+    """One reply under a grammar: which tokens may come next, and the tokens that came.
+
+    The next mask is computed on a thread of its own as soon as a token is accepted (`prepare`), while the
+    engine computes that token's forward pass: llguidance releases the GIL, so the mask's cost (up to ~10 ms a
+    token on a 200k vocabulary, inside a free-form string) hides behind the model's."""
 
     def __init__(self, tok: TextTokenizer, grammar: str) -> None:
         self._matcher = llguidance.LLMatcher(ll_tokenizer(tok), grammar, log_level=0)
@@ -101,12 +110,31 @@ class Constraint:
             raise BadInputError(f"the response format cannot be enforced: {self._matcher.get_error()}")
         self._n = tok.vocab_size
         self._bits = llguidance.numpy.allocate_token_bitmask(1, self._n)
+        self._pool: ThreadPoolExecutor | None = None
+        self._next: Future[np.ndarray] | None = None
 
-    def allowed(self) -> np.ndarray:
-        """A boolean mask over the vocabulary: the tokens the grammar allows next (an end token where it may end)."""
+    def _mask(self) -> np.ndarray:
         llguidance.numpy.fill_next_token_bitmask(self._matcher, self._bits)
         bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
         return bits[: self._n].astype(bool)
+
+    def prepare(self) -> None:
+        """Start computing the next mask (after `accept`, before the forward pass)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self._next = self._pool.submit(self._mask)
+
+    def allowed(self) -> np.ndarray:
+        """A boolean mask over the vocabulary: the tokens the grammar allows next (an end token where it may end)."""
+        if self._next is not None:
+            mask, self._next = self._next.result(), None
+            return mask
+        return self._mask()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def apply(self, logits: np.ndarray) -> np.ndarray:
         """The logits with every token the grammar forbids at -inf."""
@@ -115,6 +143,9 @@ class Constraint:
         return out
 
     def accept(self, token: int) -> None:
+        if self._next is not None:  # a mask nobody asked for: let it finish before the matcher moves on
+            self._next.result()
+            self._next = None
         if not self._matcher.consume_token(token):
             raise BadInputError(f"the response format refused token {token}: {self._matcher.get_error()}")
 
