@@ -110,14 +110,15 @@ FAMILIES: dict[str, tuple[str, str, str | None, str | None]] = {
 }
 
 
-def script(model: Path, replies: list[str]) -> str:
-    """TOKENWING_TEST_TOKENS for these replies, one per request, each ended by the model's end of generation."""
+def script(model: Path, replies: list[str], ends: list[str] | None = None) -> str:
+    """TOKENWING_TEST_TOKENS for these replies, one per request, each ended by a token that ends generation
+    (`ends`: each reply's own; the model's EOS by default)."""
     with ModelFile.open(str(model)) as mf:
         tok = tokenizer_from_metadata({k: v.value for k, v in mf.header.kv.items()}, str(model))
-    (eos,) = tok.encode(EOS, special=True, add_bos=False)
-    assert eos in tok.eos_ids
     out = []
-    for text in replies:
+    for text, end in zip(replies, ends or [EOS] * len(replies), strict=True):
+        (eos,) = tok.encode(end, special=True, add_bos=False)
+        assert eos in tok.eos_ids
         ids = tok.encode(text, special=True, add_bos=False)
         assert tok.decode(ids) == text  # every marker comes back as its text (as a token or as plain text)
         out.append(",".join(str(i) for i in [*ids, eos]))
@@ -197,6 +198,32 @@ def test_round_trip(
         assert r2.choices[0].finish_reason == "stop"
         assert r2.choices[0].message.content == ANSWER and not r2.choices[0].message.tool_calls
         assert r2.usage is not None and r2.usage.prompt_tokens == len(tokens)  # the chat ran that very prompt
+    finally:
+        server.stop()
+
+
+def test_gpt_oss_vocabulary(repacked_factory: ModelFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generated gpt-oss model, its own vocabulary and template: <|call|> is a token that ends generation,
+    so the call's end never reaches the text; the template shows no tools, so the engine lists them."""
+    model = repacked_factory(arch="gpt-oss", type="Q8_0")
+    call = (
+        f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>commentary "
+        'to=functions.get_weather <|constrain|>json<|message|>{"city": "Zürich"}'
+    )
+    answer = f"<|channel|>final<|message|>{ANSWER}"
+    monkeypatch.setenv("TOKENWING_TEST_TOKENS", script(model, [call, answer], ["<|call|>", "<|return|>"]))
+    server = Server(model, "--ctx", "4096")
+    try:
+        client = server.client()
+        r = client.chat.completions.create(model="m", messages=USER, tools=TOOLS, max_tokens=200)
+        msg: Any = r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls" and msg.reasoning_content == THOUGHT
+        assert msg.tool_calls[0].function.name == "get_weather"
+        assert json.loads(msg.tool_calls[0].function.arguments) == ARGS
+        turn2 = [*USER, msg.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": msg.tool_calls[0].id}]
+        turn2[-1]["content"] = RESULT
+        r2 = client.chat.completions.create(model="m", messages=turn2, tools=TOOLS, max_tokens=200)
+        assert r2.choices[0].message.content == ANSWER and r2.choices[0].finish_reason == "stop"
     finally:
         server.stop()
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from tests.llama_source import chat_templates
 from tokenwing.errors import BadInputError
+from tokenwing.testmodel.templates import HARMONY
 from tokenwing.text.chat import CHATML, ChatTemplate
 from tokenwing.text.tools.base import Tools, typed_value
 from tokenwing.text.tools.reply import GENERIC, ReplyReader, prepare, syntax
@@ -421,3 +422,16 @@ def test_an_unreadable_format_is_refused_with_tools() -> None:
     with pytest.raises(BadInputError, match="MiniMax M3"):
         prepare(syntax(m3), user, TOOLS)
     assert prepare(syntax(m3), user, None) == user  # a chat without tools is fine  # a chat without tools is fine
+
+
+def test_a_harmony_template_without_tools_gets_their_definitions() -> None:
+    """The generated gpt-oss models' template shows no tools: the engine lists them for the model, which calls
+    a function by its own harmony means, and writes a turn's calls into the messages."""
+    syn = syntax(HARMONY)
+    assert syn.name == "harmony" and not syn.describes_tools and not syn.renders_calls
+    system = prepare(syn, [{"role": "user", "content": "Weather?"}], TOOLS)[0]
+    assert (
+        system["role"] == "system"
+        and "Weather now, in °C" in system["content"]
+        and "<tool_call>" not in system["content"]
+    )

@@ -45,8 +45,11 @@ class Syntax:
 def syntax(source: str) -> Syntax:
     """The tool-call syntax of a chat template's source."""
     found = _syntax(source)
-    # a template that never names `tools` does not show them (DeepSeek V3.1's): the engine does
-    return replace(found, describes_tools=re.search(r"\btools\b", source) is not None)
+    # a template that never names `tools` does not show them (DeepSeek V3.1's), one that never reads `tool_calls`
+    # drops a turn's calls (templates without tool support): the engine writes them instead
+    return replace(
+        found, describes_tools=re.search(r"\btools\b", source) is not None, renders_calls="tool_calls" in source
+    )
 
 
 def _syntax(source: str) -> Syntax:
@@ -69,7 +72,7 @@ def _syntax(source: str) -> Syntax:
         return Syntax("glm", glm.Glm(), think)
     if qwen.BEGIN in source:
         return Syntax("qwen", qwen.Qwen(), think)
-    return Syntax(GENERIC, qwen.Qwen(), think, renders_calls="tool_calls" in source)
+    return Syntax(GENERIC, qwen.Qwen(), think)
 
 
 class ReplyReader:
@@ -130,7 +133,8 @@ def prepare(
     if not syn.renders_calls:
         out = _calls_as_text(out)
     if tools and not syn.describes_tools:
-        prompt = (syn.block or qwen.Qwen()).tool_prompt(tools)
+        # harmony models address a function by name themselves: they need the definitions, no call format
+        prompt = (syn.block or BlockFormat()).tool_prompt(tools)
         if out and out[0].get("role") == "system":
             out[0] = {**out[0], "content": f"{out[0].get('content') or ''}\n\n{prompt}".lstrip("\n")}
         else:
