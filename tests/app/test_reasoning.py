@@ -8,6 +8,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PySide6.QtWidgets import QApplication
@@ -87,11 +88,13 @@ def test_client_reasoning_cut_by_max_tokens(gptoss: Engine) -> None:
 class RecordingClient(ChatClient):
     """The real client; it also keeps the messages each request carried."""
 
-    sent: list[list[dict[str, str]]]
+    sent: list[list[dict[str, Any]]]
 
-    async def stream_chat(self, messages: list[dict[str, str]], settings: ChatSettings) -> AsyncIterator[ChatDelta]:
+    async def stream_chat(
+        self, messages: list[dict[str, Any]], settings: ChatSettings, tools: list[dict[str, Any]] | None = None
+    ) -> AsyncIterator[ChatDelta]:
         self.sent = [*getattr(self, "sent", []), [dict(m) for m in messages]]
-        async for d in super().stream_chat(messages, settings):
+        async for d in super().stream_chat(messages, settings, tools):
             yield d
 
 

@@ -7,15 +7,19 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from runmyai.chat.store import ConversationStore, Message, StoreError
-from runmyai.engine.client import ChatClient, ChatDelta, ChatError
+from runmyai.chat.tools import ToolCall, ToolRunner
+from runmyai.engine.client import ChatClient, ChatDelta, ChatError, ToolCallAccumulator
 
 Sink = Callable[[str], None]  # receives each new piece of a streaming reply (its text, or its reasoning)
 
 SAVE_EVERY_S = 1.0  # a streaming reply is saved this often, so a crash keeps what had arrived
 TITLE_CHARS = 48
+# model turns with tool calls in one reply before the model is asked to answer without tools: a model that calls
+# tools in a loop must end somewhere
+MAX_TOOL_ROUNDS = 8
 
 
 class NoEngine(ChatError):
@@ -58,9 +62,18 @@ class ChatSession:
         self._model_name = model_name
         self._editing: dict[int, int] = {}  # conversation → the user message being edited
 
-    async def send(self, conversation_id: int, text: str, on_delta: Sink, on_reasoning: Sink | None = None) -> Reply:
+    async def send(
+        self,
+        conversation_id: int,
+        text: str,
+        on_delta: Sink,
+        on_reasoning: Sink | None = None,
+        tools: ToolRunner | None = None,
+    ) -> Reply:
         """Adds the user's message (or replaces the one being edited, dropping what followed) and replies;
-        `on_reasoning` gets the model's thinking as it comes (it is saved either way)."""
+        `on_reasoning` gets the model's thinking as it comes (it is saved either way). With `tools`, the model is
+        offered them; its calls are run by `tools` and their results sent back, turn after turn, until it replies
+        without calls (the saved reply is the text of all those turns; the calls and results are not saved)."""
         editing = self._editing.pop(conversation_id, None)
         try:
             if editing is not None:
@@ -71,16 +84,18 @@ class ChatSession:
                 self.store.add_message(conversation_id, "user", text)
         except StoreError as e:  # e.g. a full disk: one sentence, like any other failed turn
             raise ChatError(str(e)) from None
-        return await self._reply(conversation_id, on_delta, on_reasoning)
+        return await self._reply(conversation_id, on_delta, on_reasoning, tools)
 
-    async def regenerate(self, conversation_id: int, on_delta: Sink, on_reasoning: Sink | None = None) -> Reply:
+    async def regenerate(
+        self, conversation_id: int, on_delta: Sink, on_reasoning: Sink | None = None, tools: ToolRunner | None = None
+    ) -> Reply:
         try:
             history = self.store.drop_last_assistant(conversation_id)
         except StoreError as e:
             raise ChatError(str(e)) from None
         if not history or history[-1].role != "user":
             raise ChatError("There is no question to answer again in this conversation.")
-        return await self._reply(conversation_id, on_delta, on_reasoning)
+        return await self._reply(conversation_id, on_delta, on_reasoning, tools)
 
     def begin_edit(self, conversation_id: int) -> str | None:
         """Edit-and-resend, step one: the last user message's text (the next send replaces it)."""
@@ -93,50 +108,73 @@ class ChatSession:
     def cancel_edit(self, conversation_id: int) -> None:
         self._editing.pop(conversation_id, None)
 
-    async def _reply(self, conversation_id: int, on_delta: Sink, on_reasoning: Sink | None) -> Reply:
+    async def _reply(
+        self, conversation_id: int, on_delta: Sink, on_reasoning: Sink | None, tools: ToolRunner | None
+    ) -> Reply:
         try:
-            return await self._stream_reply(conversation_id, on_delta, on_reasoning)
+            return await self._stream_reply(conversation_id, on_delta, on_reasoning, tools)
         except StoreError as e:  # the reply could not be saved (a full disk): the stream is closed, one sentence
             raise ChatError(str(e)) from None
 
-    async def _stream_reply(self, conversation_id: int, on_delta: Sink, on_reasoning: Sink | None) -> Reply:
+    async def _stream_reply(
+        self, conversation_id: int, on_delta: Sink, on_reasoning: Sink | None, tools: ToolRunner | None
+    ) -> Reply:
         client = self._client()
         if client is None:
             raise NoEngine()
         conv = self.store.get(conversation_id)
         if conv is None:
             raise ChatError("That conversation no longer exists.")
-        payload = self.store.chat_payload(conversation_id)  # content only: earlier replies' reasoning stays here
+        payload: list[dict[str, Any]] = list(self.store.chat_payload(conversation_id))  # no earlier reasoning
         reply = _Partial()
         saved: Message | None = None
         last_save = time.monotonic()
         finish: str | None = None
         try:
-            # aclosing: a stop closes the HTTP stream at once (the engine cancels on disconnect)
-            stream_gen = cast(AsyncGenerator[ChatDelta, None], client.stream_chat(payload, conv.settings))
-            async with aclosing(stream_gen) as stream:
-                async for delta in stream:
-                    if delta.reasoning:
-                        reply.reasoning += delta.reasoning
-                        if on_reasoning is not None:
-                            on_reasoning(delta.reasoning)
-                    if delta.text:
-                        reply.text += delta.text
-                        on_delta(delta.text)
-                    if delta.text or delta.reasoning:
-                        if saved is None:
-                            saved = self.store.add_message(
-                                conversation_id,
-                                "assistant",
-                                reply.text,
-                                model=self._model_name(),
-                                reasoning=reply.reasoning,
-                            )
-                        elif time.monotonic() - last_save > SAVE_EVERY_S:
-                            self.store.update_message(saved.id, reply.text, reasoning=reply.reasoning)
-                            last_save = time.monotonic()
-                    if delta.finish_reason:
-                        finish = delta.finish_reason
+            for round_ in range(MAX_TOOL_ROUNDS + 1):
+                offered = tools.openai_tools() if tools is not None and round_ < MAX_TOOL_ROUNDS else []
+                calls = ToolCallAccumulator()
+                round_text = ""
+                # aclosing: a stop closes the HTTP stream at once (the engine cancels on disconnect)
+                made = (
+                    client.stream_chat(payload, conv.settings, offered)
+                    if offered
+                    else client.stream_chat(payload, conv.settings)
+                )
+                stream_gen = cast(AsyncGenerator[ChatDelta, None], made)
+                async with aclosing(stream_gen) as stream:
+                    async for delta in stream:
+                        if delta.reasoning:
+                            reply.reasoning += delta.reasoning
+                            if on_reasoning is not None:
+                                on_reasoning(delta.reasoning)
+                        if delta.text:
+                            reply.text += delta.text
+                            round_text += delta.text
+                            on_delta(delta.text)
+                        calls.add(delta.tool_calls)
+                        if delta.text or delta.reasoning:
+                            if saved is None:
+                                saved = self.store.add_message(
+                                    conversation_id,
+                                    "assistant",
+                                    reply.text,
+                                    model=self._model_name(),
+                                    reasoning=reply.reasoning,
+                                )
+                            elif time.monotonic() - last_save > SAVE_EVERY_S:
+                                self.store.update_message(saved.id, reply.text, reasoning=reply.reasoning)
+                                last_save = time.monotonic()
+                        if delta.finish_reason:
+                            finish = delta.finish_reason
+                asked = [ToolCall(c["id"], c["name"], c["arguments"]) for c in calls.calls()]
+                if tools is None or not offered or not asked:
+                    break
+                # the model's turn with its calls, then one `tool` message per call, in order: the next request
+                payload.append({"role": "assistant", "content": round_text, "tool_calls": [c.message() for c in asked]})
+                for call in asked:
+                    payload.append((await tools.run(call)).message(call))
+                finish = None
         except asyncio.CancelledError:
             self._finish(conversation_id, saved, reply, client, "stopped")
             raise

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
@@ -77,6 +77,42 @@ class ChatDelta:
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     reasoning: str = ""  # the model's thinking (gpt-oss's analysis channel, a DeepSeek-R1 style <think>), if any
+    # OpenAI's streamed tool-call pieces as they came ({"index", "id"?, "function": {"name"?, "arguments"?}}):
+    # ToolCallAccumulator puts them together
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ToolCallAccumulator:
+    """A reply's tool calls from OpenAI's streamed pieces: the first piece of a call (by `index`) brings its id
+    and name, later ones add to its arguments."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, dict[str, str]] = {}
+
+    def add(self, pieces: list[dict[str, Any]]) -> None:
+        for piece in pieces:
+            index = piece.get("index", len(self._calls))
+            if not isinstance(index, int):
+                continue
+            call = self._calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+            if isinstance(piece.get("id"), str):
+                call["id"] = piece["id"]
+            fn = piece.get("function")
+            if isinstance(fn, dict):
+                if isinstance(fn.get("name"), str):
+                    call["name"] += fn["name"]
+                if isinstance(fn.get("arguments"), str):
+                    call["arguments"] += fn["arguments"]
+
+    def calls(self) -> list[dict[str, str]]:
+        """{"id", "name", "arguments"} per call, in index order (an id made up where the server sent none)."""
+        out = []
+        for index in sorted(self._calls):
+            c = dict(self._calls[index])
+            c["id"] = c["id"] or f"call_{index}"
+            if c["name"]:
+                out.append(c)
+        return out
 
 
 # where servers put the thinking: `reasoning_content` (llama.cpp's server, TokenWing, DeepSeek's API), `reasoning`
@@ -200,6 +236,7 @@ class ChatClient:
         self._source = endpoint
         self._clients: dict[tuple[bool, bool], httpx.AsyncClient] = {}
         self.last_stats: ReplyStats | None = None
+        self.last_body: dict[str, Any] | None = None
         self.skipped_lines = 0  # malformed stream lines skipped (over this client's life)
 
     def _endpoint(self) -> Endpoint:
@@ -239,10 +276,16 @@ class ChatClient:
         except (ValueError, KeyError, TypeError):
             raise ChatError("The server's model list is not in the OpenAI format.") from None
 
-    async def stream_chat(self, messages: list[dict[str, str]], settings: ChatSettings) -> AsyncIterator[ChatDelta]:
-        """Streams one reply. Yields text and reasoning deltas (possibly empty) and, last, one with the finish reason
-        and the usage when the server sends them. `last_stats` is set when the reply ends (also when it is
-        cancelled)."""
+    async def stream_chat(
+        self,
+        messages: list[dict[str, Any]],
+        settings: ChatSettings,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> AsyncIterator[ChatDelta]:
+        """Streams one reply. Yields text, reasoning and tool-call deltas (possibly empty) and, last, one with the
+        finish reason and the usage when the server sends them. `tools`: OpenAI function definitions offered to
+        the model. `last_stats` is set when the reply ends (also when it is cancelled); `last_body` is the request
+        as sent."""
         ep = self._endpoint()
         body: dict[str, Any] = {
             "model": ep.model or "default",
@@ -251,6 +294,9 @@ class ChatClient:
             "stream_options": {"include_usage": True},
             **settings.request_fields(),
         }
+        if tools:
+            body["tools"] = tools
+        self.last_body = body
         self.last_stats = None
         sent = time.monotonic()
         first: float | None = None
@@ -284,7 +330,7 @@ class ChatClient:
                     parsed = self._parse_chunk(data)
                     if parsed is None:
                         continue
-                    text, reasoning, fr, u = parsed
+                    text, reasoning, fr, u, calls = parsed
                     if u is not None:
                         usage = u
                     if fr is not None:
@@ -294,8 +340,8 @@ class ChatClient:
                         first = first if first is not None else now
                         last = now
                         chunks += 1
-                    if text or reasoning or fr is not None or u is not None:
-                        yield ChatDelta(text, fr, u, reasoning)
+                    if text or reasoning or fr is not None or u is not None or calls:
+                        yield ChatDelta(text, fr, u, reasoning, calls)
                     if line is None:
                         break
         except httpx.TransportError as e:
@@ -313,9 +359,11 @@ class ChatClient:
         if not done and finish is None:
             raise ChatError("The reply ended before it was finished (the connection closed without an end marker).")
 
-    def _parse_chunk(self, data: str) -> tuple[str, str, str | None, dict[str, Any] | None] | None:
-        """(text, reasoning, finish reason, usage) of one chunk; None for a malformed one (skipped); ChatError for an
-        error object in the stream."""
+    def _parse_chunk(
+        self, data: str
+    ) -> tuple[str, str, str | None, dict[str, Any] | None, list[dict[str, Any]]] | None:
+        """(text, reasoning, finish reason, usage, tool-call pieces) of one chunk; None for a malformed one
+        (skipped); ChatError for an error object in the stream."""
         try:
             obj = json.loads(data)
         except ValueError:
@@ -330,6 +378,7 @@ class ChatClient:
         usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
         text = reasoning = ""
         finish: str | None = None
+        calls: list[dict[str, Any]] = []
         choices = obj.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             c = choices[0]
@@ -338,6 +387,8 @@ class ChatClient:
                 text = delta["content"]
             elif isinstance(c.get("text"), str):  # a completions-style chunk
                 text = c["text"]
+            if isinstance(delta, dict) and isinstance(delta.get("tool_calls"), list):
+                calls = [c for c in delta["tool_calls"] if isinstance(c, dict)]
             if isinstance(delta, dict):
                 reasoning = next((r for f in REASONING_FIELDS if isinstance(r := delta.get(f), str) and r), "")
             if isinstance(c.get("finish_reason"), str):
@@ -348,4 +399,4 @@ class ChatClient:
         elif usage is None:
             self.skipped_lines += 1
             return None
-        return text, reasoning, finish, usage
+        return text, reasoning, finish, usage, calls

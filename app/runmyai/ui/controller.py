@@ -15,6 +15,7 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFileDialog, QFormLayou
 from runmyai import __version__
 from runmyai.chat.session import ChatSession, ReplyCutOff, Sink, footer
 from runmyai.chat.store import ConversationStore
+from runmyai.chat.tools import ToolCall, ToolResult
 from runmyai.engine.autotune import AutotuneError, AutotuneRunner
 from runmyai.engine.client import ChatClient, ChatError, ChatSettings
 from runmyai.engine.endpoint import Endpoint
@@ -30,12 +31,17 @@ from runmyai.library.launch import launch_flags
 from runmyai.library.local import ImportCancelled, LibraryError, LocalLibrary, LocalModel
 from runmyai.library.presets import Catalog, Preset, check_flags, load_catalog
 from runmyai.machine import MachineInfo, probe_machine_async
+from runmyai.mcp.approval import ApprovalPolicy, Decision
+from runmyai.mcp.config import ConfigError, ConfigFile, set_disabled
+from runmyai.mcp.runner import McpToolRunner, ToolEvents
+from runmyai.mcp.servers import CallFailed, McpManager, ToolInfo
 from runmyai.monitor import device_note
 from runmyai.paths import AppPaths, bundled_dir
 from runmyai.ui import render
 from runmyai.ui.autotune_dialog import AutotuneDialog
 from runmyai.ui.chat_panel import SamplingValues
 from runmyai.ui.main_window import MainWindow
+from runmyai.ui.mcp_dialog import ApprovalBox, McpDialog, parse_arguments
 from runmyai.ui.render import LibraryEntry, View
 
 STATE_WORDS: dict[EngineState, str] = {
@@ -100,6 +106,13 @@ class AppController(QObject):
         self._engine_task: asyncio.Task[Any] | None = None
         self.ready = asyncio.Event()  # set when a model can be chatted with
         self.errors: list[str] = list(self.catalog.errors)  # one line each, also shown to the user
+        # MCP servers: mcp.json and the "always allow" choices in the app's home, the connections on this loop
+        self.mcp_config = ConfigFile(paths.home / "mcp.json")
+        self.mcp = McpManager(paths.logs, on_change=self._mcp_changed)
+        self.mcp_policy = ApprovalPolicy(paths.home / "mcp-approvals.json")
+        self.mcp_dialog: McpDialog | None = None
+        self.approval: ApprovalBox | None = None  # the tool-call question on screen, if any
+        self._tool_keys: dict[str, str] = {}  # a running turn's call id → its line in the transcript
         self._connect()
 
     # ------------------------------------------------------------------------------------------ wiring
@@ -128,6 +141,7 @@ class AppController(QObject):
         w.connect_endpoint_requested.connect(self._ask_endpoint)
         w.stop_engine_requested.connect(lambda: self.spawn(self.stop_engine()))
         w.restart_engine_requested.connect(lambda: self.spawn(self._restart_engine()))
+        w.mcp_requested.connect(self.open_mcp)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Runs a coroutine on the loop; its failure becomes a status line, never an unhandled exception."""
@@ -167,6 +181,7 @@ class AppController(QObject):
         await self.refresh_library()
         for job in self.acquirer.started():  # a job that failed for good is listed, not run again
             self._on_job(self.acquirer.status(job))
+        self.spawn(self.start_mcp())
         await self.run_job("Preparing the built-in model", self._ensure_demo)
         if self.acquirer.unfinished():
             self.spawn(self._resume_jobs())
@@ -180,6 +195,7 @@ class AppController(QObject):
         self.stop_reply()
         self._cancel_job()
         await self.stop_engine()
+        await self.mcp.close()
         await self.downloads.close()
         for task in list(self._tasks):
             task.cancel()
@@ -669,7 +685,9 @@ class AppController(QObject):
             return
         self.window.chat.transcript.add_message("user", text)
         self._reply_task = self.spawn(
-            self._stream(lambda text_to, reasoning_to: self.session.send(cid, text, text_to, reasoning_to))
+            self._stream(
+                lambda text_to, reasoning_to: self.session.send(cid, text, text_to, reasoning_to, self._tools())
+            )
         )
 
     def _regenerate(self) -> None:
@@ -678,7 +696,7 @@ class AppController(QObject):
             return
 
         async def again(text_to: Sink, reasoning_to: Sink) -> Any:
-            reply = self.session.regenerate(cid, text_to, reasoning_to)
+            reply = self.session.regenerate(cid, text_to, reasoning_to, self._tools())
             self.open_conversation(cid)  # the dropped reply leaves the transcript
             self.window.chat.transcript.begin_reply()
             return await reply
@@ -707,6 +725,8 @@ class AppController(QObject):
             transcript.end_reply(footer(reply.message))
             chat.set_status(footer(reply.message))
         except asyncio.CancelledError:
+            for key in self._tool_keys.values():  # a call (or its question) the stop cut short
+                transcript.update_tool_call(key, "stopped")
             transcript.end_reply("stopped")
             chat.set_status("Stopped.")
         except ChatError as e:
@@ -715,6 +735,7 @@ class AppController(QObject):
             chat.set_status(str(e))
             self.window.log_view.append(f"[chat] {e}")
         finally:
+            self._tool_keys.clear()
             chat.set_busy(False)
             if self.conversation_id is not None:
                 self._show_conversations_keep_transcript()
@@ -736,3 +757,138 @@ class AppController(QObject):
         cid = self.conversation_id
         messages = self.store.messages(cid) if cid is not None else []
         return messages[-1].content if messages and messages[-1].role == "assistant" else ""
+
+    # ------------------------------------------------------------------------------------------ MCP
+    async def start_mcp(self) -> None:
+        """Connects the configured servers (each on its own task: a slow one holds up nothing)."""
+        try:
+            servers = self.mcp_config.servers()
+        except ConfigError as e:
+            self.report(f"MCP: {e}")
+            return
+        await self.mcp.apply(servers)
+
+    def _mcp_changed(self) -> None:
+        if self.mcp_dialog is not None:
+            self.mcp_dialog.show_servers(self.mcp.views())
+        for v in self.mcp.views():
+            if v.state == "error":
+                self.window.log_view.append(f"[mcp] {v.name}: {v.line}")
+
+    def open_mcp(self) -> None:
+        if self.mcp_dialog is None:
+            d = McpDialog(self.window)
+            d.save_requested.connect(self._save_mcp)
+            d.enabled_changed.connect(self._enable_mcp)
+            d.insert_prompt_requested.connect(lambda s, n, a: self.spawn(self.insert_prompt(s, n, parse_arguments(a))))
+            d.attach_resource_requested.connect(lambda s, u: self.spawn(self.attach_resource(s, u)))
+            self.mcp_dialog = d
+        self.mcp_dialog.set_text(self.mcp_config.text())
+        self.mcp_dialog.show_servers(self.mcp.views())
+        self.mcp_dialog.show()
+        self.mcp_dialog.raise_()
+
+    def _save_mcp(self, text: str) -> None:
+        try:
+            servers = self.mcp_config.save(text)
+        except (ConfigError, OSError) as e:
+            if self.mcp_dialog is not None:
+                self.mcp_dialog.set_error(str(e))
+            return
+        if self.mcp_dialog is not None:
+            self.mcp_dialog.set_error("")
+        self.spawn(self.mcp.apply(servers))
+
+    def _enable_mcp(self, name: str, enabled: bool) -> None:
+        try:
+            text = set_disabled(self.mcp_config.text(), name, not enabled)
+        except (ValueError, KeyError) as e:
+            self.report(f"MCP: could not change {name}: {e}")
+            return
+        if self.mcp_dialog is not None:
+            self.mcp_dialog.set_text(text)
+        self._save_mcp(text)
+
+    async def insert_prompt(self, server: str, name: str, arguments: dict[str, str]) -> None:
+        conn = self.mcp.connection(server)
+        try:
+            if conn is None:
+                raise CallFailed(f"The MCP server '{server}' is gone.")
+            text = await conn.prompt_text(name, arguments)
+        except CallFailed as e:
+            self.report(str(e))
+            return
+        self.window.chat.input.insertPlainText(text)
+
+    async def attach_resource(self, server: str, uri: str) -> None:
+        conn = self.mcp.connection(server)
+        try:
+            if conn is None:
+                raise CallFailed(f"The MCP server '{server}' is gone.")
+            text = await conn.resource_text(uri)
+        except CallFailed as e:
+            self.report(str(e))
+            return
+        self.window.chat.input.appendPlainText(f"\n[{uri}]\n```\n{text}\n```\n")
+
+    def _tools(self) -> McpToolRunner | None:
+        """The runner of this turn's tool calls; None when no server offers any (the request then has none)."""
+        if not self.mcp.exposed():
+            return None
+        return McpToolRunner(self.mcp, self.mcp_policy, self._approve, _TranscriptEvents(self))
+
+    async def _approve(self, call: ToolCall, tool: ToolInfo) -> Decision:
+        """Asks in a box that does not block the loop; Stop (cancelling the turn) closes it."""
+        box = ApprovalBox(call, tool, self.window)
+        answer: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+
+        def clicked(button: object) -> None:
+            decision: Decision = "once" if button is box.once else "always" if button is box.always else "deny"
+            if not answer.done():
+                answer.set_result(decision)
+
+        box.buttonClicked.connect(clicked)
+        box.finished.connect(lambda _: None if answer.done() else answer.set_result("deny"))
+        self.approval = box
+        self.window.chat.set_status(f"Waiting for your approval of {tool.name}…")
+        box.open()
+        try:
+            decision = await answer
+        finally:
+            self.approval = None
+            box.blockSignals(True)
+            box.close()
+            box.deleteLater()
+        key = self._tool_keys.get(call.id)
+        if key is not None:
+            self.window.chat.transcript.update_tool_call(key, "running…" if decision != "deny" else "denied")
+        self.window.chat.set_status(f"Running {tool.name}…" if decision != "deny" else "Thinking…")
+        return decision
+
+
+class _TranscriptEvents(ToolEvents):
+    """A turn's tool calls in the transcript, each one collapsed line (unfold: its arguments and result)."""
+
+    def __init__(self, controller: AppController) -> None:
+        self.c = controller
+
+    def started(self, call: ToolCall, tool: ToolInfo | None) -> None:
+        key = f"{len(self.c._tool_keys)}-{call.id}"
+        self.c._tool_keys[call.id] = key
+        where = f" ({tool.server})" if tool is not None else ""
+        asks = tool is not None and self.c.mcp_policy.needs_asking(tool.server, tool.name)
+        self.c.window.chat.transcript.add_tool_call(
+            key, f"{call.name}{where}", "waiting for approval…" if asks else "running…", f"Arguments: {call.arguments}"
+        )
+
+    def finished(self, call: ToolCall, result: ToolResult) -> None:
+        key = self.c._tool_keys.pop(call.id, None)
+        if key is None:
+            return
+        shown = result.content if len(result.content) <= 4000 else result.content[:4000] + "…"
+        self.c.window.chat.transcript.update_tool_call(
+            key, result.line, f"Arguments: {call.arguments}\nResult: {shown}"
+        )
+        self.c.window.chat.set_status("Thinking…")
+        if result.outcome == "failed":
+            self.c.window.log_view.append(f"[mcp] {result.line}")

@@ -18,6 +18,7 @@ class MainWindow(QMainWindow):
     connect_endpoint_requested = Signal()
     stop_engine_requested = Signal()
     restart_engine_requested = Signal()
+    mcp_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -69,6 +70,11 @@ class MainWindow(QMainWindow):
             action = QAction(title, self)
             action.triggered.connect(slot)
             engine_menu.addAction(action)
+
+        tools_menu = self.menuBar().addMenu("&Tools")
+        mcp = QAction("&MCP servers…", self)
+        mcp.triggered.connect(self.mcp_requested.emit)
+        tools_menu.addAction(mcp)
 
     def set_engine_state(self, text: str, fault: str | None = None) -> None:
         self.engine_label.setText(f"Engine: {text}")

@@ -37,6 +37,21 @@ class _Thought:
     expanded: bool = False
 
 
+@dataclass
+class _ToolEntry:
+    """A tool call in a reply, collapsed to one line (its arguments and result under it when unfolded)."""
+
+    frame: QTextFrame
+    title: str
+    status: str
+    detail: str
+    expanded: bool = False
+
+
+def tool_label(entry: _ToolEntry) -> str:
+    return f"{'▾' if entry.expanded else '▸'} Tool {entry.title} — {entry.status}"
+
+
 def thought_label(text: str, expanded: bool) -> str:
     """The folded reasoning's one line."""
     n = len(text.split())
@@ -70,6 +85,8 @@ class Transcript(QTextBrowser):
         self._stream_tail_start = -1  # document position where the plain tail begins
         self._stream_body_start = -1  # document position where the streaming reply's body begins
         self._thoughts: dict[int, _Thought] = {}  # message index → its reasoning
+        self._tools: dict[str, _ToolEntry] = {}  # a tool call's key → its line
+        self._stream_prefix = ""  # the streaming reply's text before its last tool call
         self.renders = 0  # markdown renders (tests check they stay per block, not per token)
 
     # -- whole messages ------------------------------------------------------------------------------
@@ -77,6 +94,7 @@ class Transcript(QTextBrowser):
         self.clear()
         self._messages = []
         self._thoughts = {}
+        self._tools = {}
         self._stream_tail_start = -1
 
     def add_message(self, role: str, text: str, footer: str = "", reasoning: str = "") -> None:
@@ -97,8 +115,78 @@ class Transcript(QTextBrowser):
         cursor = self._end_cursor()
         self._insert_header(cursor, "assistant")
         self._stream_text = ""
+        self._stream_prefix = ""
         self._stream_committed = 0
         self._stream_tail_start = self._stream_body_start = cursor.position()
+
+    def add_tool_call(self, key: str, title: str, status: str, detail: str) -> None:
+        """A tool call in the streaming reply: the text so far is rendered, the call's line goes below it, and the
+        reply's text goes on after it."""
+        if self._stream_tail_start < 0:
+            return
+        self._fold_live_thought()
+        cursor = self._end_cursor()
+        cursor.setPosition(self._stream_tail_start, QTextCursor.MoveMode.KeepAnchor)
+        cursor.removeSelectedText()
+        tail = self._stream_text[self._stream_committed :]
+        if tail.strip():
+            cursor.insertFragment(markdown_fragment(tail))
+            self.renders += 1
+        cursor.insertBlock()
+        entry = _ToolEntry(self._new_frame(cursor), title, status, detail)
+        self._tools[key] = entry
+        self._fill_tool(key, entry)
+        self._stream_prefix += self._stream_text
+        self._stream_text = ""
+        self._stream_committed = 0
+        cursor = self._end_cursor()
+        self._stream_tail_start = self._stream_body_start = cursor.position()
+        self._follow()
+
+    def update_tool_call(self, key: str, status: str, detail: str | None = None) -> None:
+        entry = self._tools.get(key)
+        if entry is None:
+            return
+        entry.status = status
+        if detail is not None:
+            entry.detail = detail
+        self._edit_frame(entry.frame, lambda: self._fill_tool(key, entry))
+
+    def tool_call_text(self, key: str) -> str:
+        """The call's line as shown (and its detail when unfolded)."""
+        entry = self._tools[key]
+        cursor = entry.frame.firstCursorPosition()
+        cursor.setPosition(entry.frame.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
+        return cursor.selectedText().replace("\u2029", "\n")
+
+    def toggle_tool_call(self, key: str) -> None:
+        entry = self._tools.get(key)
+        if entry is not None:
+            entry.expanded = not entry.expanded
+            self._edit_frame(entry.frame, lambda: self._fill_tool(key, entry))
+
+    def _fill_tool(self, key: str, entry: _ToolEntry) -> None:
+        cursor = entry.frame.firstCursorPosition()
+        cursor.setPosition(entry.frame.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
+        cursor.removeSelectedText()
+        link = _muted()
+        link.setAnchor(True)
+        link.setAnchorHref(f"tool:{key}")
+        cursor.insertText(tool_label(entry), link)
+        if entry.expanded:
+            cursor.insertBlock()
+            cursor.insertText(entry.detail, _muted())
+
+    def _edit_frame(self, frame: QTextFrame, edit: Callable[[], None]) -> None:
+        """Changes a frame's content; the streaming reply's positions after it move with the text."""
+        at = frame.firstPosition()
+        before = self.document().characterCount()
+        edit()
+        shift = self.document().characterCount() - before
+        if self._stream_tail_start > at:
+            self._stream_tail_start += shift
+        if self._stream_body_start > at:
+            self._stream_body_start += shift
 
     def append_reasoning(self, delta: str) -> None:
         """More of the streaming reply's reasoning: shown as it comes while the reply's text has not started,
@@ -144,14 +232,14 @@ class Transcript(QTextBrowser):
 
     def end_reply(self, footer: str = "") -> str:
         """Render the rest of the reply and add its footer; returns the reply's text."""
-        text = self._stream_text
+        text = self._stream_prefix + self._stream_text
         if self._stream_tail_start < 0:
             return text
         self._fold_live_thought()
         cursor = self._end_cursor()
         cursor.setPosition(self._stream_tail_start, QTextCursor.MoveMode.KeepAnchor)
         cursor.removeSelectedText()
-        tail = text[self._stream_committed :]
+        tail = self._stream_text[self._stream_committed :]
         if tail.strip():
             cursor.insertFragment(markdown_fragment(tail))
             self.renders += 1
@@ -278,6 +366,9 @@ class Transcript(QTextBrowser):
         try:
             if kind == "think":
                 self.toggle_reasoning(int(rest))
+                return
+            if kind == "tool":
+                self.toggle_tool_call(rest)
                 return
             if kind == "copy":
                 text = self._messages[int(rest)]
