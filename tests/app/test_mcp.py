@@ -266,7 +266,7 @@ def test_app_tool_calls_approve_deny_crash_and_stop(
         prompt = r.json()["prompt"]
         assert "2 + 3 = 5" in prompt.split("What is 2 + 3?", 1)[1]  # the engine's prompt carries the result
         last = c.store.messages(cid)[-1]
-        assert last.content == "Let me add. The sum is five." and last.finish_reason == "stop"
+        assert last.content == "Let me add.\n\nThe sum is five." and last.finish_reason == "stop"
         shown = transcript.toPlainText()
         assert "Tool add (tools) — add returned 9 characters" in shown and "2 + 3 = 5" not in shown  # collapsed
         key = next(k for k in transcript._tools if k.startswith("0-"))

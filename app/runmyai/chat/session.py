@@ -149,6 +149,8 @@ class ChatSession:
                             if on_reasoning is not None:
                                 on_reasoning(delta.reasoning)
                         if delta.text:
+                            if round_ and not round_text and reply.text:
+                                reply.text += "\n\n"  # the turns' texts around a tool call, saved as paragraphs
                             reply.text += delta.text
                             round_text += delta.text
                             on_delta(delta.text)
