@@ -59,6 +59,42 @@ def llama_greedy(gguf: Path, prompt: list[int], n: int, tmp: Path) -> list[int]:
     return tokens
 
 
+MESSAGES = [{"role": "user", "content": "Hello! Who are you?"}]
+
+
+def chat_streamed_like_llama_cpp(model: Path, source: Path, budget: str, arch: str, tmp: Path) -> None:
+    """The library entry chats through the supervised engine with its experts streamed under `budget`, and at
+    temperature 0 answers with llama.cpp's greedy tokens on the GGUF it came from."""
+
+    async def chat() -> tuple[str, dict[str, object]]:
+        sup = EngineSupervisor(model, ["--ctx", "512", "--ram-budget", budget], load_timeout_s=120)
+        endpoint = await sup.start()
+        client = ChatClient(endpoint)
+        try:
+            text = ""
+            async for d in client.stream_chat(MESSAGES, ChatSettings(max_tokens=10, temperature=0)):
+                text += d.text
+            async with httpx.AsyncClient(headers=endpoint.headers()) as http:
+                stats = (await http.get(endpoint.url("tokenwing/stats"))).json()
+            return text, stats
+        finally:
+            await client.aclose()
+            await sup.stop()
+
+    reply, stats = run(chat)
+    with ModelFile.open(str(model)) as mf:
+        meta = {k: v.value for k, v in mf.header.kv.items()}
+        n_expert = mf.index.n_expert
+    session = stats["session"]
+    assert isinstance(session, dict) and 0 < session["slots_per_layer"] < n_expert  # streamed
+    if arch == "gpt-oss":
+        return  # random weights write no harmony channels: the reply's split is tested with a scripted one
+    tok = tokenizer_from_metadata(meta, str(model))
+    prompt = tok.encode(ChatTemplate(meta["tokenizer.chat_template"]).render(MESSAGES), special=True)  # as the server
+    want = [t for t in llama_greedy(source, prompt, 10, tmp) if t not in tok.eos_ids]
+    assert len(want) >= 5 and reply == tok.decode(want)
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_split_gguf_imports_and_chats_streamed(model_factory: ModelFactory, tmp_path: Path, family: str) -> None:
     shape, arch = FAMILIES[family]
@@ -70,36 +106,7 @@ def test_split_gguf_imports_and_chats_streamed(model_factory: ModelFactory, tmp_
     assert model.error is None and model.arch == arch
     info = run(lambda: ask_engine(tmp_path / "info"))
     assert info.runs(arch), f"the installed engine does not list {arch}"
-
-    messages = [{"role": "user", "content": "Hello! Who are you?"}]
-
-    async def chat() -> tuple[str, dict[str, object]]:
-        sup = EngineSupervisor(model.path, ["--ctx", "512", "--ram-budget", "10%"], load_timeout_s=120)
-        endpoint = await sup.start()
-        client = ChatClient(endpoint)
-        try:
-            text = ""
-            async for d in client.stream_chat(messages, ChatSettings(max_tokens=10, temperature=0)):
-                text += d.text
-            async with httpx.AsyncClient(headers=endpoint.headers()) as http:
-                stats = (await http.get(endpoint.url("tokenwing/stats"))).json()
-            return text, stats
-        finally:
-            await client.aclose()
-            await sup.stop()
-
-    reply, stats = run(chat)
-    with ModelFile.open(str(model.path)) as mf:
-        meta = {k: v.value for k, v in mf.header.kv.items()}
-        n_expert = mf.index.n_expert
-    session = stats["session"]
-    assert isinstance(session, dict) and 0 < session["slots_per_layer"] < n_expert  # streamed
-    if arch == "gpt-oss":
-        return  # random weights write no harmony channels: the reply's split is tested with a scripted one
-    tok = tokenizer_from_metadata(meta, str(model.path))
-    prompt = tok.encode(ChatTemplate(meta["tokenizer.chat_template"]).render(messages), special=True)  # as the server
-    want = [t for t in llama_greedy(first, prompt, 10, tmp_path) if t not in tok.eos_ids]
-    assert len(want) >= 5 and reply == tok.decode(want)
+    chat_streamed_like_llama_cpp(model.path, first, "10%", arch, tmp_path)
 
 
 # The families new since (issue 25 on): from a split GGUF repository on the local hub to a streamed chat, as the
@@ -125,30 +132,4 @@ def test_from_a_split_gguf_on_the_hub_to_a_streamed_chat(
         env = Env(tmp_path / "home", hub, info)
         model = run(lambda: env.get(HubKey(repo, "Q8_0")))
     assert model is not None and model.error is None and model.arch == arch
-    messages = [{"role": "user", "content": "Hello! Who are you?"}]
-
-    async def chat() -> tuple[str, dict[str, object]]:
-        sup = EngineSupervisor(model.path, ["--ctx", "512", "--ram-budget", "25%"], load_timeout_s=120)
-        endpoint = await sup.start()
-        client = ChatClient(endpoint)
-        try:
-            text = ""
-            async for d in client.stream_chat(messages, ChatSettings(max_tokens=10, temperature=0)):
-                text += d.text
-            async with httpx.AsyncClient(headers=endpoint.headers()) as http:
-                stats = (await http.get(endpoint.url("tokenwing/stats"))).json()
-            return text, stats
-        finally:
-            await client.aclose()
-            await sup.stop()
-
-    reply, stats = run(chat)
-    with ModelFile.open(str(model.path)) as mf:
-        meta = {k: v.value for k, v in mf.header.kv.items()}
-        n_expert = mf.index.n_expert
-    session = stats["session"]
-    assert isinstance(session, dict) and 0 < session["slots_per_layer"] < n_expert  # streamed
-    tok = tokenizer_from_metadata(meta, str(model.path))
-    prompt = tok.encode(ChatTemplate(meta["tokenizer.chat_template"]).render(messages), special=True)
-    want = [t for t in llama_greedy(first, prompt, 10, tmp_path) if t not in tok.eos_ids]
-    assert len(want) >= 5 and reply == tok.decode(want)
+    chat_streamed_like_llama_cpp(model.path, first, "25%", arch, tmp_path)
