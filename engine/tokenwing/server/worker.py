@@ -28,7 +28,7 @@ from tokenwing.text.chat import FALLBACK_NOTICE, ChatFormat, chat_format
 from tokenwing.text.grammar import Constraint
 from tokenwing.text.tokenizer import TextTokenizer
 from tokenwing.text.tools.base import Event, Tools
-from tokenwing.text.tools.reply import ReplyReader, Syntax, prepare, syntax
+from tokenwing.text.tools.reply import ReplyReader, Syntax, call_grammar, prepare, syntax
 
 _C = {name: i for i, name in enumerate(SESSION_COUNTERS)}
 # A stats event's counts per streamed layer (docs/api.md): where the selected experts came from (VRAM, RAM, the
@@ -169,6 +169,7 @@ class EngineWorker:
         req = job.request
         stops = list(req.stop)
         reader: ReplyReader | None = None
+        grammar = req.grammar
         if req.messages:
             # tool_choice none: the model is not shown the tools (OpenAI's meaning) and nothing is read as a call
             tools = req.tools if req.tools and req.tool_choice != "none" else None
@@ -178,6 +179,12 @@ class EngineWorker:
             stops += fmt.stops
             # the reply read back: reasoning (harmony's analysis channel, think tags) and the family's calls
             reader = ReplyReader(syn, text, Tools(tools, req.tool_name) if tools else None, req.parallel_tool_calls)
+            if tools and req.tool_choice in ("required", "function"):
+                # the reply is calls, in the family's format, to allowed functions with valid arguments: a model of
+                # any quality writes a valid call (a response_format is for content, which such a reply has none of)
+                names = [req.tool_name] if req.tool_name else [t["function"]["name"] for t in tools]
+                parallel = req.parallel_tool_calls and req.tool_name is None
+                grammar = call_grammar(syn, s.tokenizer, text, Tools(tools, req.tool_name), names, parallel)
         else:
             prompt = s.tokenizer.encode(req.prompt or "", special=False)
         if not prompt:
@@ -187,7 +194,7 @@ class EngineWorker:
                 f"the prompt ({len(prompt)} tokens) does not fit the context ({s.n_ctx} tokens)", "messages"
             )
         # a response format's matcher (the vocabulary's trie is built once per model, on the first such request)
-        constraint = Constraint(s.tokenizer, req.grammar) if req.grammar is not None else None
+        constraint = Constraint(s.tokenizer, grammar) if grammar is not None else None
         job.emit({"type": "accepted"})  # the HTTP status can be sent: nothing below is the request's fault
         if self.options.prompt_cache:
             cached = s.reuse_prefix(prompt)  # a chat's next turn: only the new tokens are computed

@@ -26,8 +26,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tokenwing.text.tools.base import ToolCall, Tools, new_call_id
+
+if TYPE_CHECKING:
+    from tokenwing.text.tools.constrain import CallGrammar
 
 CHANNEL, MESSAGE, START, END, RETURN, CALL, CONSTRAIN = (
     "<|channel|>",
@@ -92,6 +96,20 @@ def _held(text: str, markers: tuple[str, ...]) -> int:
         if any(m.startswith(tail) for m in markers):
             return n
     return 0
+
+
+def harmony_grammar(g: CallGrammar) -> str:
+    """A reply that is one harmony call, what HarmonyParser reads: a commentary message to functions.NAME whose
+    body is the arguments' JSON under the function's schema. Its <|call|> ends generation, so one call only; the
+    grammar ends with the JSON, where the model's <|call|> (an end token) may follow."""
+    return g.calls(
+        lambda name: " ".join(
+            [
+                g.lit(f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"),
+                g.json(g.schema(name)),
+            ]
+        )
+    )
 
 
 class HarmonyParser:

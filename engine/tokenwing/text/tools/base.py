@@ -15,7 +15,10 @@ import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from tokenwing.text.tools.constrain import CallGrammar
 
 MAX_BLOCK = 1 << 20  # characters: a block still open past this is not a block, and goes out as content
 
@@ -142,6 +145,7 @@ class BlockFormat:
     name: ClassVar[str]
     begins: ClassVar[tuple[str, ...]]
     drops: ClassVar[tuple[str, ...]] = ()
+    after_think: ClassVar[str] = "\n\n"  # what the format writes between a closed reasoning block and the calls
 
     def end(self, block: str) -> int | None:
         raise NotImplementedError
@@ -153,6 +157,11 @@ class BlockFormat:
         return f"# Tools\n\nYou can call the functions below (JSON Schema definitions):\n{lines}"
 
     def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
+        raise NotImplementedError
+
+    def grammar(self, g: CallGrammar) -> str:
+        """The Lark expression of a reply that is nothing but calls in this format, to the functions `g` allows,
+        with arguments matching their schemas (tool_choice required or a named function): what `parse` reads."""
         raise NotImplementedError
 
 

@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, only_whitespace_between
-from tokenwing.text.tools.minimax import invokes
+from tokenwing.text.tools.constrain import CallGrammar
+from tokenwing.text.tools.minimax import element_param, invokes
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -71,6 +72,10 @@ class DeepSeekV3(BlockFormat):
                 calls.append(RawCall(left.strip(), right))
         return calls
 
+    def grammar(self, g: CallGrammar) -> str:  # V3.1's form (V3 and R1's fenced one is read, not written)
+        call = g.calls(lambda name: " ".join([g.lit(CALL_BEGIN + name + SEP), g.json(g.schema(name)), g.lit(CALL_END)]))
+        return f"{g.lit(CALLS_BEGIN)} {call} {g.lit(CALLS_END)}"
+
 
 DSML = "｜DSML｜"
 _DSML_BLOCKS = ("function_calls", "tool_calls")
@@ -79,8 +84,14 @@ _PARAMETER = re.compile(f'<{DSML}parameter name="([^"]*)"(?: string="(true|false
 
 
 class DeepSeekDsml(BlockFormat):
+    """`kind`: the block's name constrained calls are written in (the template's: function_calls for V3.2,
+    tool_calls for V4); both are read."""
+
     name = "deepseek-dsml"
     begins = tuple(f"<{DSML}{b}>" for b in _DSML_BLOCKS)
+
+    def __init__(self, kind: str = "tool_calls") -> None:
+        self.kind = kind
 
     def end(self, block: str) -> int | None:
         kind = next(b for b in _DSML_BLOCKS if block.startswith(f"<{DSML}{b}>"))
@@ -90,3 +101,16 @@ class DeepSeekDsml(BlockFormat):
         kind = next(b for b in _DSML_BLOCKS if block.startswith(f"<{DSML}{b}>"))
         body = block[len(f"<{DSML}{kind}>") :].removesuffix(f"</{DSML}{kind}>")
         return invokes(body, _INVOKE, _PARAMETER, tools)
+
+    def grammar(self, g: CallGrammar) -> str:
+        def param(key: str, schema: Mapping[str, Any], text: bool) -> str:
+            head = f'<{DSML}parameter name="{key}" string="{"true" if text else "false"}">'
+            tags = (f"</{DSML}invoke>", f"</{DSML}{self.kind}>")
+            return element_param(g, head, f"</{DSML}parameter>", schema, text, tags)
+
+        invoke = g.calls(
+            lambda name: " ".join(
+                [g.lit(f'<{DSML}invoke name="{name}">\n'), g.params(name, param), g.lit(f"</{DSML}invoke>\n")]
+            )
+        )
+        return f"{g.lit(f'<{DSML}{self.kind}>' + chr(10))} {invoke} {g.lit(f'</{DSML}{self.kind}>')}"

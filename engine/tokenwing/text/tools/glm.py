@@ -6,8 +6,11 @@ for a string parameter, JSON for any other."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, only_whitespace_between, typed_value
+from tokenwing.text.tools.constrain import CallGrammar
 
 BEGIN, END = "<tool_call>", "</tool_call>"
 _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
@@ -15,8 +18,15 @@ _NAME = re.compile(r"[^\s<>]+")
 
 
 class Glm(BlockFormat):
+    """`newlines`: the template puts a newline before each argument and the end (GLM-4.6, Ling), as constrained
+    calls are then written; GLM-4.7 writes none."""
+
     name = "glm"
     begins = (BEGIN,)
+    after_think = ""
+
+    def __init__(self, newlines: bool = False) -> None:
+        self.newlines = newlines
 
     def end(self, block: str) -> int | None:
         return after(block, END, len(BEGIN))
@@ -33,3 +43,14 @@ class Glm(BlockFormat):
             return None
         args = {m.group(1).strip(): typed_value(m.group(2), tools.types(name, m.group(1).strip())) for m in args_found}
         return [RawCall(name, args)]
+
+    def grammar(self, g: CallGrammar) -> str:
+        nl = "\n" if self.newlines else ""
+
+        def param(key: str, schema: Mapping[str, Any], text: bool) -> str:
+            head = g.lit(f"{nl}<arg_key>{key}</arg_key>{nl}<arg_value>")
+            if text:
+                return f"{head} {g.text(schema, '</arg_value>', edges=False, tags=(END,))}"
+            return f"{head} {g.json(schema)} {g.lit('</arg_value>')}"
+
+        return g.calls(lambda name: " ".join([g.lit(BEGIN + name), g.params(name, param), g.lit(nl + END)]), sep="\n")

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, only_whitespace_between, typed_value
+from tokenwing.text.tools.constrain import CallGrammar
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 _K2_CALL = re.compile(
@@ -44,6 +47,20 @@ class KimiK2(BlockFormat):
             calls.append(RawCall(name.group(1), m.group(2), id=call_id))
         return calls
 
+    def grammar(self, g: CallGrammar) -> str:
+        call = g.calls(
+            lambda name: " ".join(
+                [
+                    g.lit(f"<|tool_call_begin|>functions.{name}:"),
+                    g.number(),  # the call's index in the conversation, part of its id
+                    g.lit("<|tool_call_argument_begin|>"),
+                    g.json(g.schema(name)),
+                    g.lit("<|tool_call_end|>"),
+                ]
+            )
+        )
+        return f"{g.lit(SECTION_BEGIN)} {call} {g.lit(SECTION_END)}"
+
 
 OPEN, CLOSE, SEP = "<|open|>", "<|close|>", "<|sep|>"
 TOOLS_BEGIN, TOOLS_END = f"{OPEN}tools{SEP}", f"{CLOSE}tools{SEP}"
@@ -68,8 +85,34 @@ class KimiK3(BlockFormat):
         "<|end_of_msg|>",
     )
 
+    after_think = ""
+
     def end(self, block: str) -> int | None:
         return after(block, TOOLS_END, len(TOOLS_BEGIN))
+
+    def grammar(self, g: CallGrammar) -> str:
+        def param(key: str, schema: Mapping[str, Any], text: bool) -> str:
+            t = schema.get("type")
+            kind = "string" if text else t if isinstance(t, str) else None  # none: the reader asks the schema
+            head = g.lit(f'{OPEN}argument key="{html.escape(key)}"' + (f' type="{kind}"' if kind else "") + SEP)
+            close = f"{CLOSE}argument{SEP}"
+            if text:
+                return f"{head} {g.text(schema, close, edges=False, tags=(CLOSE + 'call' + SEP, TOOLS_END))}"
+            return f"{head} {g.json(schema)} {g.lit(close)}"
+
+        call = g.calls(
+            lambda name: " ".join(
+                [
+                    g.lit(f'{OPEN}call tool="{html.escape(name)}" index="'),
+                    g.number(),
+                    g.lit(f'"{SEP}'),
+                    g.params(name, param),
+                    g.lit(f"{CLOSE}call{SEP}"),
+                ]
+            )
+        )
+        # an empty response section, as the template writes a turn of calls, then the tools section
+        return f"{g.lit(f'{OPEN}response{SEP}{CLOSE}response{SEP}{TOOLS_BEGIN}')} {call} {g.lit(TOOLS_END)}"
 
     def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
         body = block[len(TOOLS_BEGIN) :].removesuffix(TOOLS_END)

@@ -5,8 +5,11 @@ JSON for any other."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, only_whitespace_between, typed_value
+from tokenwing.text.tools.constrain import CallGrammar
 
 BEGIN, END = "<minimax:tool_call>", "</minimax:tool_call>"
 _INVOKE = re.compile(r'<invoke name="([^"]*)">(.*?)</invoke>', re.S)
@@ -23,6 +26,25 @@ class MiniMax(BlockFormat):
     def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
         body = block[len(BEGIN) :].removesuffix(END)
         return invokes(body, _INVOKE, _PARAMETER, tools)
+
+    def grammar(self, g: CallGrammar) -> str:
+        def param(key: str, schema: Mapping[str, Any], text: bool) -> str:
+            return element_param(g, f'<parameter name="{key}">', "</parameter>", schema, text, ("</invoke>", END))
+
+        invoke = g.calls(
+            lambda name: " ".join([g.lit(f'<invoke name="{name}">\n'), g.params(name, param), g.lit("</invoke>\n")])
+        )
+        return f"{g.lit(BEGIN + chr(10))} {invoke} {g.lit(END)}"
+
+
+def element_param(
+    g: CallGrammar, head: str, close: str, schema: Mapping[str, Any], text: bool, tags: tuple[str, ...]
+) -> str:
+    """One parameter element of the invoke formats (MiniMax's XML, DeepSeek's DSML) and the newline after it:
+    a string parameter's raw text, anything else as JSON."""
+    if text:
+        return " ".join([g.lit(head), g.text(schema, close, edges=False, tags=tags), g.lit("\n")])
+    return " ".join([g.lit(head), g.json(schema), g.lit(close + "\n")])
 
 
 def invokes(body: str, invoke: re.Pattern[str], parameter: re.Pattern[str], tools: Tools) -> list[RawCall] | None:

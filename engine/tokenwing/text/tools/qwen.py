@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, only_whitespace_between, typed_value
+from tokenwing.text.tools.constrain import CallGrammar
 
 BEGIN, END = "<tool_call>", "</tool_call>"
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
@@ -26,8 +27,14 @@ TOOL_PROMPT = (
 
 
 class Qwen(BlockFormat):
+    """`xml`: the template shows the XML form (Qwen3-Coder, Qwen3.5), which constrained calls are written in;
+    else the JSON form (Qwen3, the engine's own)."""
+
     name = "qwen"
     begins = (BEGIN,)
+
+    def __init__(self, xml: bool = False) -> None:
+        self.xml = xml
 
     def end(self, block: str) -> int | None:
         return after(block, END, len(BEGIN))
@@ -47,6 +54,33 @@ class Qwen(BlockFormat):
             return None
         args = obj.get("arguments", obj.get("parameters", {}))
         return [RawCall(obj["name"], args)]
+
+    def grammar(self, g: CallGrammar) -> str:
+        if not self.xml:
+            return g.calls(
+                lambda name: (
+                    g.lit(BEGIN + '\n{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ')
+                    + " "
+                    + g.json(g.schema(name))
+                    + " "
+                    + g.lit("}\n" + END)
+                ),
+                sep="\n",
+            )
+
+        def param(key: str, schema: Mapping[str, Any], text: bool) -> str:
+            head = g.lit(f"<parameter={key}>\n")
+            if text:  # the reader drops the newline on each side as the format's: the value may have its own
+                value = g.text(schema, "\n</parameter>", edges=True, tags=("</function>", END))
+                return " ".join([head, value, g.lit("\n")])
+            return " ".join([head, g.json(schema), g.lit("\n</parameter>\n")])
+
+        return g.calls(
+            lambda name: " ".join(
+                [g.lit(f"{BEGIN}\n<function={name}>\n"), g.params(name, param), g.lit(f"</function>\n{END}")]
+            ),
+            sep="\n",
+        )
 
 
 def _xml(body: str, tools: Tools) -> list[RawCall] | None:

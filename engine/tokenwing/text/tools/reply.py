@@ -17,10 +17,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import llguidance
+
 from tokenwing.errors import BadInputError
-from tokenwing.text.reasoning import Delta, HarmonyParser, ThinkParser, harmony_template
+from tokenwing.text.reasoning import Delta, HarmonyParser, ThinkParser, harmony_grammar, harmony_template
+from tokenwing.text.tokenizer import TextTokenizer
 from tokenwing.text.tools import deepseek, glm, kimi, minimax, qwen
 from tokenwing.text.tools.base import BlockFormat, CallReader, Event, ToolCall, Tools
+from tokenwing.text.tools.constrain import CallGrammar
 
 HARMONY = "harmony"
 GENERIC = "generic"
@@ -62,17 +66,42 @@ def _syntax(source: str) -> Syntax:
         return Syntax("kimi-k3", kimi.KimiK3(), (kimi.THINK_BEGIN, kimi.THINK_END))
     if "]<]minimax[>[" in source:
         return Syntax("minimax-m3", None, think, unsupported="MiniMax M3's")
-    if deepseek.DSML in source:
-        return Syntax("deepseek-dsml", deepseek.DeepSeekDsml(), think)
+    if deepseek.DSML in source:  # V3.2 names its block function_calls, V4 tool_calls
+        kind = "function_calls" if "function_calls" in source else "tool_calls"
+        return Syntax("deepseek-dsml", deepseek.DeepSeekDsml(kind), think)
     if "tool▁calls▁begin" in source:
         return Syntax("deepseek-v3", deepseek.DeepSeekV3(), think)
     if minimax.BEGIN in source:
         return Syntax("minimax-m2", minimax.MiniMax(), think)
     if "<arg_key>" in source:
-        return Syntax("glm", glm.Glm(), think)
+        return Syntax("glm", glm.Glm(newlines="\n<arg_key>" in source), think)  # GLM-4.6 and Ling; 4.7 writes none
     if qwen.BEGIN in source:
-        return Syntax("qwen", qwen.Qwen(), think)
+        return Syntax("qwen", qwen.Qwen(xml="<function=" in source), think)
     return Syntax(GENERIC, qwen.Qwen(), think)
+
+
+def call_grammar(syn: Syntax, tok: TextTokenizer, prompt: str, tools: Tools, names: list[str], parallel: bool) -> str:
+    """The grammar (llguidance's Lark) of a reply that must be calls (tool_choice required: to any of `names`;
+    a named function: to that one), in the template's own format, arguments matching their schemas.
+
+    The model does not reason first: where the prompt opened the reasoning tags they are closed at once, empty
+    (free reasoning would let a weak model think until max_tokens and never call; a request that wants the
+    reasoning asks with tool_choice auto; harmony's analysis channel is skipped the same way). BadInputError
+    where a schema cannot be compiled (naming tools)."""
+    if syn.unsupported:
+        raise BadInputError(f"tools: this model's tool-call format ({syn.unsupported}) is not supported yet")
+    g = CallGrammar(tok, tools, names, parallel=parallel and syn.block is not None)  # harmony: <|call|> ends it
+    start = syn.block.grammar(g) if syn.block is not None else harmony_grammar(g)
+    if syn.block is not None and syn.think is not None and prompt.rstrip().endswith(syn.think[0]):
+        start = f"{g.lit(syn.think[1] + syn.block.after_think)} {start}"
+    try:
+        grammar = llguidance.grammar_from("lark", g.build(start))
+    except ValueError as e:
+        raise BadInputError(f"tools: the functions' parameters cannot be enforced: {e}") from None
+    error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    if error:
+        raise BadInputError(f"tools: the functions' parameters cannot be enforced: {messages[0] if messages else ''}")
+    return grammar
 
 
 class ReplyReader:
