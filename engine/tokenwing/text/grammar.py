@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -87,13 +88,21 @@ def _compile(schema: dict[str, Any]) -> str:
     if len(text) > MAX_SCHEMA:
         raise BadInputError(f"the JSON schema is larger than {MAX_SCHEMA >> 10} KiB")
     # whitespace as compact JSON writes it: a model may not pad a reply with spaces forever
+    return checked(
+        lambda: llguidance.LLMatcher.grammar_from_json_schema(text, overrides={"whitespace_flexible": False}),
+        "the JSON schema is not valid",
+    )
+
+
+def checked(make: Callable[[], str], what: str) -> str:
+    """A grammar `make` builds, validated by llguidance: BadInputError ("WHAT: why") where it cannot be used."""
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(text, overrides={"whitespace_flexible": False})
+        grammar = make()
     except ValueError as e:
-        raise BadInputError(f"the JSON schema is not valid: {e}") from None
+        raise BadInputError(f"{what}: {e}") from None
     error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if error:
-        raise BadInputError(f"the JSON schema is not valid: {messages[0] if messages else 'unknown error'}")
+        raise BadInputError(f"{what}: {messages[0] if messages else 'unknown error'}")
     return grammar
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import llguidance
 
 from tokenwing.errors import BadInputError
+from tokenwing.text.grammar import checked
 from tokenwing.text.reasoning import Delta, HarmonyParser, ThinkParser, harmony_grammar, harmony_template
 from tokenwing.text.tokenizer import TextTokenizer
 from tokenwing.text.tools import deepseek, glm, kimi, minimax, qwen
@@ -94,14 +95,9 @@ def call_grammar(syn: Syntax, tok: TextTokenizer, prompt: str, tools: Tools, nam
     start = syn.block.grammar(g) if syn.block is not None else harmony_grammar(g)
     if syn.block is not None and syn.think is not None and prompt.rstrip().endswith(syn.think[0]):
         start = f"{g.lit(syn.think[1] + syn.block.after_think)} {start}"
-    try:
-        grammar = llguidance.grammar_from("lark", g.build(start))
-    except ValueError as e:
-        raise BadInputError(f"tools: the functions' parameters cannot be enforced: {e}") from None
-    error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-    if error:
-        raise BadInputError(f"tools: the functions' parameters cannot be enforced: {messages[0] if messages else ''}")
-    return grammar
+    return checked(
+        lambda: llguidance.grammar_from("lark", g.build(start)), "tools: the functions' parameters cannot be enforced"
+    )
 
 
 class ReplyReader:
