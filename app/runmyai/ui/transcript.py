@@ -119,11 +119,8 @@ class Transcript(QTextBrowser):
         self._stream_committed = 0
         self._stream_tail_start = self._stream_body_start = cursor.position()
 
-    def add_tool_call(self, key: str, title: str, status: str, detail: str) -> None:
-        """A tool call in the streaming reply: the text so far is rendered, the call's line goes below it, and the
-        reply's text goes on after it."""
-        if self._stream_tail_start < 0:
-            return
+    def _render_stream_tail(self) -> QTextCursor:
+        """The streamed reply's live tail replaced by its final markdown; the cursor after it."""
         self._fold_live_thought()
         cursor = self._end_cursor()
         cursor.setPosition(self._stream_tail_start, QTextCursor.MoveMode.KeepAnchor)
@@ -132,6 +129,14 @@ class Transcript(QTextBrowser):
         if tail.strip():
             cursor.insertFragment(markdown_fragment(tail))
             self.renders += 1
+        return cursor
+
+    def add_tool_call(self, key: str, title: str, status: str, detail: str) -> None:
+        """A tool call in the streaming reply: the text so far is rendered, the call's line goes below it, and the
+        reply's text goes on after it."""
+        if self._stream_tail_start < 0:
+            return
+        cursor = self._render_stream_tail()
         cursor.insertBlock()
         entry = _ToolEntry(self._new_frame(cursor), title, status, detail)
         self._tools[key] = entry
@@ -235,14 +240,7 @@ class Transcript(QTextBrowser):
         text = self._stream_prefix + self._stream_text
         if self._stream_tail_start < 0:
             return text
-        self._fold_live_thought()
-        cursor = self._end_cursor()
-        cursor.setPosition(self._stream_tail_start, QTextCursor.MoveMode.KeepAnchor)
-        cursor.removeSelectedText()
-        tail = self._stream_text[self._stream_committed :]
-        if tail.strip():
-            cursor.insertFragment(markdown_fragment(tail))
-            self.renders += 1
+        cursor = self._render_stream_tail()
         self._messages[-1] = text
         self._insert_footer(cursor, len(self._messages) - 1, text, footer)
         self._stream_tail_start = -1

@@ -112,7 +112,25 @@ def harmony_grammar(g: CallGrammar) -> str:
     )
 
 
-class HarmonyParser:
+class _StreamParser:
+    """Text in as it streams, split into a Delta of reasoning and content; what could still be a marker is held
+    back in `_buf` until `_drain` can tell, or the generation ends (`finish`)."""
+
+    _buf = ""
+
+    def push(self, text: str) -> Delta:
+        self._buf += text
+        return self._drain(final=False)
+
+    def finish(self) -> Delta:
+        """End of generation: flushes what was held back."""
+        return self._drain(final=True)
+
+    def _drain(self, final: bool) -> Delta:
+        raise NotImplementedError
+
+
+class HarmonyParser(_StreamParser):
     """`tools`: the request's declared functions; a message to one of them is a call (its body the arguments'
     JSON, ended by <|call|>, which ends generation), one to anything else is dropped as before. Without tools
     every message to a recipient is dropped. `parallel` False: calls after the first are dropped."""
@@ -130,14 +148,6 @@ class HarmonyParser:
         self._pending_ws = ""  # whitespace-only reasoning so far (llama.cpp drops it when that is all there is)
         self.reasoning = ""
         self.content = ""
-
-    def push(self, text: str) -> Delta:
-        self._buf += text
-        return self._drain(final=False)
-
-    def finish(self) -> Delta:
-        """End of generation: flushes what was held back (an unterminated header is dropped)."""
-        return self._drain(final=True)
 
     def _drain(self, final: bool) -> Delta:
         out = Delta()
@@ -226,7 +236,7 @@ def parse_harmony(text: str) -> Delta:
 _WS = " \t\r\n"
 
 
-class ThinkParser:
+class ThinkParser(_StreamParser):
     """Reasoning inside `open`…`close` tags, then content. `thinking`: the prompt already opened the tags (its
     generation prompt ends with `open`), so the reply starts inside them; else it is reasoning only if the reply
     starts with `open`. Whitespace around the reasoning and before the content is the format's, not text.
@@ -237,13 +247,6 @@ class ThinkParser:
         self._state = "think" if thinking else "start"  # start, think, after, content
         self._started = False  # reasoning text other than whitespace went out
         self._buf = ""
-
-    def push(self, text: str) -> Delta:
-        self._buf += text
-        return self._drain(final=False)
-
-    def finish(self) -> Delta:
-        return self._drain(final=True)
 
     def _drain(self, final: bool) -> Delta:
         out = Delta()
