@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import numpy as np
+
 from tokenwing.compute.ggml_lib import ROPE_NEOX, Tensor, ops
 from tokenwing.errors import BadInputError, UnsupportedError
 from tokenwing.models import common
@@ -72,9 +74,10 @@ class TensorCheck:
         if bias or (bias is None and self.has(p + "exp_probs_b.bias")):
             self.need(p + "exp_probs_b.bias", (self.hp.n_expert,))
 
-    def experts(self, il: int, width: int) -> None:
-        if width != self.hp.n_embd:
-            raise BadInputError(f"{self.where}: the experts of layer {il} have width {width}, not {self.hp.n_embd}")
+    def experts(self, il: int, width: int, expected: int) -> None:
+        """The width the repack recorded for layer il's experts is the one the family computes them at."""
+        if width != expected:
+            raise BadInputError(f"{self.where}: the experts of layer {il} have width {width}, not {expected}")
 
     def shared_expert(self, il: int, gated: bool) -> bool:
         """Checks the layer's shared expert, if the file has one; returns whether it has."""
@@ -168,7 +171,7 @@ class MoEModel:
                 c.dense_ffn(il)
                 continue
             c.router(il, cls.selection_bias)
-            c.experts(il, streamed[il])
+            c.experts(il, streamed[il], cls.expert_width(hp, il))
             has = c.shared_expert(il, cls.shared_gated)
             if has != (cls.shared_experts == "required") and cls.shared_experts != "optional":
                 what = "without shared experts" if not has else "with shared experts"
@@ -184,10 +187,12 @@ class MoEModel:
 
     # --------------------------------------------------------------------------------------------- graph
     def layer(self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache) -> common.LayerOut:
-        """Layer il's graph on the hidden state x: attention (writing the cache; a linear-attention layer updates
-        its recurrent state), then a dense FFN (`out`) or the FFN norm, shared expert and router of the routed
-        experts (`routed`)."""
+        """Layer il's graph on the residual state x (`state_width` floats a token; read through `mix_in`):
+        attention (writing the cache; a linear-attention layer updates its recurrent state), then a dense FFN
+        (`out`, the next state) or the FFN norm, shared expert and router of the routed experts (`routed`, which
+        `tail` makes the next state)."""
         w = self.w[il]
+        x = self.mix_in(ctx, il, x)
         attn, writes = self.attention(ctx, il, self.norm(ctx, x, w["attn_norm"]), at, kv)
         residual = ops.ggml_add(ctx, attn, x)
         cur = self.norm(ctx, residual, w[self.ffn_norm])
@@ -252,10 +257,52 @@ class MoEModel:
         """Position values per token the graphs take: 4 with multi-axis RoPE (qwen35moe), else 1."""
         return 4 if self.rope.sections else 1
 
+    # --------------------------------------------------------------- the residual state between layers
+    # What passes from layer to layer is the family's own (docs/families/residual-state.md): one hidden vector a
+    # token by default; a family with several streams or a stack of checkpoints (DeepSeek V4, Kimi K3) widens it.
+    # The runtime only keeps `state_width` floats a token and hands them back: it never reads them.
+    @classmethod
+    def state_width(cls, hp: HParams) -> int:
+        """Floats per token between layers (a class method: the memory plan sizes a prompt's by it)."""
+        return hp.n_embd
+
+    @classmethod
+    def expert_width(cls, hp: HParams, il: int) -> int:
+        """The width of layer il's routed experts: their input, and the sum `tail` receives."""
+        return hp.n_embd
+
     def embed(self, ctx: Any, ids: Tensor) -> Tensor:
+        """The state [state_width, n] the first layer reads, from token ids."""
         return ops.ggml_get_rows(ctx, self.weights.get("token_embd.weight"), ids)
 
+    def mix_in(self, ctx: Any, il: int, state: Tensor) -> Tensor:
+        """What layer il's block reads from the state (the default layer's input hook): the state itself here."""
+        return state
+
+    def tail(self, ctx: Any, il: int, experts: Tensor, shared: Tensor | None, residual: Tensor) -> Tensor:
+        """The next state from layer il's weighted expert sum and its `Routed` shared and residual parts: here
+        (experts + shared) + residual, as llama.cpp adds them. The decode paths call this in their graphs."""
+        return common.moe_tail(ctx, experts, shared, residual)
+
+    def tail_array(
+        self, il: int, experts: np.ndarray, shared: np.ndarray | None, residual: np.ndarray
+    ) -> np.ndarray | None:
+        """`tail` on the prompt path's arrays, with the same operations in the same order (in place in `experts`);
+        None where the tail needs ggml (a matrix product): the runtime then computes `tail` in a graph."""
+        return common.moe_tail_array(experts, shared, residual)
+
+    def router_input(self, ctx: Any, lo: common.LayerOut) -> Tensor:
+        """The hidden vector the router lookahead applies later layers' routers to (before their norm): a MoE
+        layer's residual plus its shared expert (adding the shared expert cut misses by 11 % on Ling, spec §6);
+        a dense layer's output (its FFN plays the shared expert's part)."""
+        r = lo.routed
+        if r is None:
+            assert lo.out is not None
+            return lo.out
+        return r.residual if r.shared is None else ops.ggml_add(ctx, r.residual, r.shared)
+
     def head(self, ctx: Any, x: Tensor) -> Tensor:
+        """Logits from the state (a wider state is folded here, before the output norm)."""
         out = self.norm(ctx, x, self.weights.get("output_norm.weight"))
         name = "output.weight" if self.weights.has("output.weight") else "token_embd.weight"
         return ops.ggml_mul_mat(ctx, self.weights.get(name), out)

@@ -73,12 +73,7 @@ class Lookahead:
         la = self.fused.get(il)
         if la is None:
             return None
-        r = lo.routed
-        if r is None:
-            assert lo.out is not None
-            pred_in = lo.out
-        else:
-            pred_in = r.residual if r.shared is None else ops.ggml_add(ctx, r.residual, r.shared)
+        pred_in = self.model.router_input(ctx, lo)  # (the family's: its state may be wider than one vector)
         # (the families' norm is RMSNorm times a weight, folded into the stacked routers above)
         norm = ops.ggml_rms_norm(ctx, pred_in, self.model.hp.rms_eps)
         return ops.ggml_mul_mat(ctx, la[0] if routers is None else routers, norm)

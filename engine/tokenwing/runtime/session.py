@@ -175,7 +175,8 @@ class Session:
         ffn = {il: self.model.expert_ffn(il) for il in streamed}
         self.experts = ExpertCompute(self.scheduler, self.pools, self.graph, opts.max_batch, ffn)
         shared = any("ffn_gate_shexp" in w for w in self.model.w)
-        per_token = prompt_bytes_per_token(hp, shared)
+        expert_width = max((self.model.expert_width(hp, il) for il in streamed), default=0)
+        per_token = prompt_bytes_per_token(hp, shared, self.model.state_width(hp), expert_width)
         self.prompt_memory = PromptMemory(
             per_token,
             opts.max_batch * per_token * 5 // 4,  # a batch's working memory is covered by the graph reserve
@@ -442,9 +443,26 @@ class Session:
         else:
             out = self.experts.prompt(il, r["cur"], sel, weights, self.vram)
         if out is not None:
-            out = common.moe_tail_array(out, r.get("shared"), r["residual"])
+            out = self._tail(il, out, r)
         preds[-1] = self.lookahead.row(il)
         return out, sel, preds, fused
+
+    def _tail(self, il: int, experts: np.ndarray, r: Parts) -> np.ndarray:
+        """The layer's next state from its experts' sum (the family's `tail`): on the arrays where the family has
+        a numpy twin, else a graph per chunk, written over the residual (which `_put` made `h`: a chunk reads only
+        its own rows)."""
+        shared, residual = r.get("shared"), r["residual"]
+        out = self.model.tail_array(il, experts, shared, residual)
+        if out is not None:
+            return out
+        g = self.graph
+        for c in self._chunks(experts.shape[0], self.pos):
+            ctx = g.reset()
+            sh = g.input(shared[c]) if shared is not None else None
+            x = self.model.tail(ctx, il, g.input(experts[c]), sh, g.input(residual[c]))
+            g.compute(x)
+            residual[c] = to_numpy(x).reshape(c.stop - c.start, -1)
+        return residual
 
     def _decode_experts(self, il: int, r: Parts, ahead: list[Ahead]) -> tuple[np.ndarray | None, Parts | None]:
         """One token's experts: handed to the scheduler (demand reads), then the lookahead's predictions.
@@ -489,7 +507,7 @@ class Session:
         ids = g.input(sel[0].astype(np.int32).reshape(1, -1)) if self.experts.needs_ids(il) else None
         total = self.experts.token(ctx, il, g.input(r["cur"][0]), slots, g.input(r["weights"][0]), ids)
         shared = g.input(r["shared"]) if "shared" in r else None
-        x = common.moe_tail(ctx, total, shared, g.input(r["residual"]))
+        x = self.model.tail(ctx, il, total, shared, g.input(r["residual"]))
         out, writes = self._layer_graph(ctx, il + 1, x, self._placement(self.pos, 1, True), True)
         g.compute(*writes, *out.values())
         return {name: to_numpy(t).reshape(1, -1) for name, t in out.items()}
@@ -637,7 +655,7 @@ class Session:
         ctx = g.reset()
         x = self.model.embed(ctx, g.input(np.array(tokens, np.int32)))
         g.compute(x)
-        return to_numpy(x).reshape(len(tokens), self.hp.n_embd)
+        return to_numpy(x).reshape(len(tokens), self.model.state_width(self.hp))
 
     def _logits(self, h: np.ndarray) -> np.ndarray:
         if self.vram is not None and self.vram.head:

@@ -7,7 +7,7 @@ is built once per 256 positions of the KV cache (decode attends over a masked, r
 new inputs: a token costs a few input copies and one call into ggml, as in llama.cpp.
 
 The same ggml ops in the same order as the per-layer path (the family's layer graph, the experts through the
-slot pool, `common.moe_tail`), so outputs are bit-identical to it (tested).
+slot pool, the family's `tail`), so outputs are bit-identical to it (tested).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class TokenGraph:
             table = g.constant(slot_map[il].astype(np.int32).reshape(-1, 1))
             slots = ops.ggml_reshape_2d(ctx, ops.ggml_get_rows(ctx, table, r.ids), hp.n_expert_used, 1)
             total = experts.token(ctx, il, r.cur, slots, r.weights, r.ids)
-            x = common.moe_tail(ctx, total, r.shared, r.residual)
+            x = model.tail(ctx, il, total, r.shared, r.residual)
             self.routed.append((il, r.ids))
         self.logits = model.head(ctx, x)
         g.finish(self.logits, *(ids for _, ids in self.routed))

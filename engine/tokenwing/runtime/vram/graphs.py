@@ -44,6 +44,7 @@ class DeviceGraphs:
         self.source, self.weights, self.layer_graph, self.log = source, weights, layer_graph, log
         self._reads = reads  # the decode steps' outputs, read into pinned memory behind their graph
         self.hp, self.n_ctx = weights.hp, weights.n_ctx
+        self.state = weights.model.state_width(self.hp)  # what a layer graph takes and gives, and the head takes
         self.layers: set[int] = set()  # the layers whose graphs run on the device
         self.head = False  # the output head's graph on the device
         self._decode: dict[int, _Step] = {}
@@ -96,7 +97,7 @@ class DeviceGraphs:
     def _build_step(self, il: int, window: int) -> _Step:
         g = self.source.graph(MAX_NODES)
         try:
-            x = g.input(F32, (self.hp.n_embd, 1))
+            x = g.input(F32, (self.state, 1))
             at = self._placement(g, 1, window)
             out = self._layer(g, il, x, at, True)
             g.finish(*out.values(), check=True)
@@ -125,7 +126,7 @@ class DeviceGraphs:
         m = rows.shape[0]
         g = self.source.graph(MAX_NODES, prompt=True)
         try:
-            x = g.input(F32, (self.hp.n_embd, m))
+            x = g.input(F32, (self.state, m))
             # (over the KV cache rounded up as decode's, masked: the CPU's prompt chunks attend so, Session._placement)
             at = self._placement(g, m, common.decode_window(pos0 + m - 1, self.n_ctx))
             out = self._layer(g, il, x, at, False)
@@ -139,7 +140,7 @@ class DeviceGraphs:
 
     # ---------------------------------------------------------------------------------------------- head
     def logits(self, h: np.ndarray) -> np.ndarray:
-        """The output head over hidden states h [n, n_embd] on the device: logits [n, vocab]."""
+        """The output head over states h [n, state width] on the device: logits [n, vocab]."""
         if h.shape[0] == 1:
             if self._head_step is None:
                 self._head_step = self._build_head(1)
@@ -151,7 +152,7 @@ class DeviceGraphs:
     def _build_head(self, n: int, prompt: bool = False) -> _Step:
         g = self.source.graph(64, prompt)
         try:
-            x = g.input(F32, (self.hp.n_embd, n))
+            x = g.input(F32, (self.state, n))
             logits = self.weights.view.head(g.ctx, x)
             g.finish(logits, check=True)
         except Exception:
@@ -170,10 +171,10 @@ class DeviceGraphs:
 
     # ------------------------------------------------------------------------------------------- experts
     def expert_graph(self, g: DeviceGraph, block: int, views: Views, m: int) -> ExpertIO:
-        """m (input row, slot) pairs through the experts of `views`, weighted: out [n_embd, 1, m]."""
-        n_embd = self.hp.n_embd
+        """m (input row, slot) pairs through the experts of `views`, weighted: out [width, 1, m] at their width."""
+        width = self.weights.model.expert_width(self.hp, block)
         ffn = self.weights.view.expert_ffn(block)
-        x = g.input(F32, (n_embd, 1, m))
+        x = g.input(F32, (width, 1, m))
         ids = g.input(I32, (1, m))
         w = g.input(F32, (1, 1, m))
         eids = g.input(I32, (1, m)) if ffn.biases is not None else None
@@ -197,12 +198,12 @@ class DeviceGraphs:
         for il in sorted(self.layers):
 
             def layer(g: DeviceGraph, il: int = il) -> list[Tensor]:
-                x = g.input(F32, (self.hp.n_embd, m))
+                x = g.input(F32, (self.state, m))
                 return list(self._layer(g, il, x, self._placement(g, m, self.n_ctx), False).values())
 
             out.append(layer)
         if self.head:
-            out.append(lambda g: [self.weights.view.head(g.ctx, g.input(F32, (self.hp.n_embd, m)))])
+            out.append(lambda g: [self.weights.view.head(g.ctx, g.input(F32, (self.state, m)))])
         k = self.hp.n_expert_used
         for block, places in self.weights.places.items():
             # (over the waves' places: a graph's buffer depends on its pool's geometry only, and they are there

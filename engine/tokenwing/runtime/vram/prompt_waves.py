@@ -33,11 +33,11 @@ class PromptWaves:
     def from_vram(
         self, block: int, cur: np.ndarray, tokens: np.ndarray, experts: np.ndarray, weights: np.ndarray
     ) -> np.ndarray:
-        """Weighted outputs [m, n_embd] of m (token, expert) pairs whose experts the VRAM holds."""
+        """Weighted outputs [m, width] of m (token, expert) pairs whose experts the VRAM holds."""
         cache = self.weights.experts
         assert cache is not None
         slots = cache.slots(block, experts)
-        out = np.empty((len(tokens), self.hp.n_embd), np.float32)
+        out = np.empty((len(tokens), cur.shape[1]), np.float32)  # (the experts' width)
         for pool, lo, hi in cache.segments(block):
             at = np.flatnonzero((slots >= lo) & (slots < hi))
             if at.size:
@@ -65,7 +65,7 @@ class PromptWaves:
     ) -> np.ndarray:
         """A prompt wave's pairs (sorted by expert) on the GPU: its experts are copied from their RAM slots into
         VRAM places, WAVE_PLACES at a time in two alternating sets (the next set's copies are queued before the
-        current set computes: the host never waits for a copy), and computed there. Weighted outputs [m, n_embd]
+        current set computes: the host never waits for a copy), and computed there. Weighted outputs [m, width]
         in pair order."""
         assert self.weights.experts is not None
         streamer = self.weights.streamer
@@ -74,7 +74,7 @@ class PromptWaves:
         stage = self.weights.places[block]
         bounds = np.r_[0, np.flatnonzero(np.diff(experts)) + 1, len(experts)].tolist()
         groups = [(bounds[i], bounds[min(i + n, len(bounds) - 1)]) for i in range(0, len(bounds) - 1, n)]
-        out = np.empty((len(experts), self.hp.n_embd), np.float32)
+        out = np.empty((len(experts), cur.shape[1]), np.float32)
         places: list[dict[int, int]] = []
 
         def copy_up(i: int) -> None:
@@ -128,7 +128,7 @@ class PromptWaves:
         weights: np.ndarray,
     ) -> np.ndarray:
         """Weighted outputs of (token, slot) pairs through `views`, at most a prompt chunk's rows per graph."""
-        out = np.empty((len(tokens), self.hp.n_embd), np.float32)
+        out = np.empty((len(tokens), cur.shape[1]), np.float32)  # (the experts' width)
         step = self.source.device_chunk * self.hp.n_expert_used
         for lo in range(0, len(tokens), step):
             hi = min(lo + step, len(tokens))
