@@ -38,6 +38,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="open the window, start the engine on the built-in model, chat one reply, close; exit 0 if all worked",
     )
     p.add_argument("--screenshot", type=Path, help="with --self-test: save a screenshot of the screen (PNG) first")
+    p.add_argument(
+        "--screenshots",
+        type=Path,
+        metavar="DIR",
+        help="with --self-test: every page at 1280x800, 1600x1000 and 1920x1080 in light and dark, checked for "
+        "clipped text and charts, saved as PNGs in DIR (docs/screenshots); exit 1 on a clipped widget",
+    )
     p.add_argument("--offscreen", action="store_true", help="no window on screen (QT_QPA_PLATFORM=offscreen)")
     return p.parse_args(argv)
 

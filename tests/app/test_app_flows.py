@@ -75,7 +75,7 @@ def test_search_import_endpoint_and_download_buttons(
         assert c.supervisor is None and c.endpoint is not None and not c.endpoint.local
         assert await c.chat_once("Hello, remote")
         await c.use_endpoint("not a url", None)
-        assert "not an endpoint address" in window.chat.status.text()
+        assert any("not an endpoint address" in t for t in window.notice_area.texts())
         await c.shutdown()
 
     try:

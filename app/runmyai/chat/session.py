@@ -87,12 +87,21 @@ class ChatSession:
         return await self._reply(conversation_id, on_delta, on_reasoning, tools)
 
     async def regenerate(
-        self, conversation_id: int, on_delta: Sink, on_reasoning: Sink | None = None, tools: ToolRunner | None = None
+        self,
+        conversation_id: int,
+        on_delta: Sink,
+        on_reasoning: Sink | None = None,
+        tools: ToolRunner | None = None,
+        dropped: Callable[[], None] | None = None,
     ) -> Reply:
+        """Answers the last question again. `dropped` is called once the old reply has left the store, before the
+        new one starts (the window redraws the conversation without it)."""
         try:
             history = self.store.drop_last_assistant(conversation_id)
         except StoreError as e:
             raise ChatError(str(e)) from None
+        if dropped is not None:
+            dropped()
         if not history or history[-1].role != "user":
             raise ChatError("There is no question to answer again in this conversation.")
         return await self._reply(conversation_id, on_delta, on_reasoning, tools)

@@ -125,6 +125,8 @@ class ReplyStats:
     ttft_s: float | None  # request sent -> first text or reasoning (a thinking model's first token is thinking)
     tokens: int  # completion tokens (the server's usage when it sent one, else the text chunks)
     tokens_per_s: float | None  # decode speed: tokens after the first over the time since the first
+    prompt_tokens: int | None = None  # the server's usage: the prompt the reply was generated after
+    n_ctx: int | None = None  # TokenWing's context length (its last chunk says it): the footer's context use
 
 
 _CONNECT_TIMEOUT = 10.0
@@ -236,6 +238,7 @@ class ChatClient:
         self._source = endpoint
         self._clients: dict[tuple[bool, bool], httpx.AsyncClient] = {}
         self.last_stats: ReplyStats | None = None
+        self._n_ctx: int | None = None  # the context length the engine reported in the reply being read
         self.last_body: dict[str, Any] | None = None
         self.skipped_lines = 0  # malformed stream lines skipped (over this client's life)
 
@@ -298,6 +301,7 @@ class ChatClient:
             body["tools"] = tools
         self.last_body = body
         self.last_stats = None
+        self._n_ctx = None
         sent = time.monotonic()
         first: float | None = None
         last: float | None = None
@@ -355,7 +359,14 @@ class ChatClient:
             rate = None
             if first is not None and last is not None and last > first and tokens > 1:
                 rate = (tokens - 1) / (last - first)
-            self.last_stats = ReplyStats(first - sent if first is not None else None, tokens, rate)
+            prompt = usage.get("prompt_tokens") if usage is not None else None
+            self.last_stats = ReplyStats(
+                first - sent if first is not None else None,
+                tokens,
+                rate,
+                prompt if isinstance(prompt, int) else None,
+                self._n_ctx,
+            )
         if not done and finish is None:
             raise ChatError("The reply ended before it was finished (the connection closed without an end marker).")
 
@@ -394,6 +405,8 @@ class ChatClient:
             if isinstance(c.get("finish_reason"), str):
                 finish = c["finish_reason"]
             tw = obj.get("tokenwing")
+            if isinstance(tw, dict) and isinstance(tw.get("n_ctx"), int):
+                self._n_ctx = int(tw["n_ctx"])
             if finish == "length" and isinstance(tw, dict) and tw.get("finish_detail") == "context_full":
                 finish = "context_full"  # TokenWing says which "length": the context, not max_tokens
         elif usage is None:

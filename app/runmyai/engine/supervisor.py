@@ -118,11 +118,15 @@ class EngineSupervisor:
         log_dir: Path | None = None,
         keep_logs: int = 10,
         exit_codes: Mapping[str, int] | None = None,
+        port: int = 0,
+        api_key: str | None = None,
     ) -> None:
         """`command`: the argv prefix that runs tokenwing (default: engine_command(); tests and developers may
         wrap it). `log_dir`: keep each engine's log there (AppPaths.logs). `exit_codes`: the engine's names of its
         exit codes (`EngineInfo.exit_codes`), so that a fault is worded by its kind. The other timings are
-        seconds."""
+        seconds. `port` and `api_key`: the local server the user turned on (Server page) — a fixed port other
+        programs are pointed at, with the key they were given; by default any free port and a fresh key per start,
+        known only to the app."""
         self.exit_codes = dict(exit_codes or {})
         self.model = Path(model)
         self.flags = list(flags)
@@ -155,7 +159,9 @@ class EngineSupervisor:
         self._watch_task: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
         self._key: str | None = None
-        self._port = 0
+        self._port = port
+        self.fixed_port = port != 0  # the user's port: if it is taken, say so (another port would reach nobody)
+        self.api_key = api_key
         self._ready_at: float | None = None
         self._traceback_at: float | None = None
         self._stopping = False
@@ -185,7 +191,7 @@ class EngineSupervisor:
             self._stopping = False
             self.restarts = 0
             self.fault = None
-            self._key = secrets.token_urlsafe(32)
+            self._key = self.api_key or secrets.token_urlsafe(32)
             if self._http is None:
                 self._http = await http_client(None, httpx.Timeout(2.0))
             try:
@@ -254,7 +260,8 @@ class EngineSupervisor:
             return await self._launch_once(self._port)
         except _Failure as f:
             # the old port was taken while the engine was down: any free port will do
-            if self._port != 0 and f.fault.kind == "bad_input" and "cannot listen on" in (f.fault.detail or ""):
+            taken = f.fault.kind == "bad_input" and "cannot listen on" in (f.fault.detail or "")
+            if self._port != 0 and not self.fixed_port and taken:
                 self._port = 0
                 return await self._launch_once(0)
             raise

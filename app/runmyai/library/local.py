@@ -83,6 +83,7 @@ class LocalLibrary:
         self.bundled_dir = bundled_dir
         self.presets = tuple(presets)
         self.engine = list(engine) if engine is not None else engine_command()
+        self.extra_dirs: list[Path] = []  # more folders the user keeps models in (Settings), scanned as found
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     # ------------------------------------------------------------------------------------------ listing
@@ -97,11 +98,45 @@ class LocalLibrary:
         return sorted((m for m in models if m is not None), key=lambda m: (not m.bundled, m.name.lower()))
 
     def _model_paths(self) -> list[Path]:
+        paths: set[Path] = set()
+        for folder in (self.models_dir, *self.extra_dirs):
+            try:
+                found = folder.rglob("*.tw.gguf")
+                paths.update(p for p in found if not any(part.startswith(".") for part in p.parts[-3:]))
+            except OSError:
+                continue  # a folder the user named that is gone (an unplugged drive): the others still count
+        return sorted(paths)
+
+    # ------------------------------------------------------------------------------------------ managing
+    async def verify(self, path: Path, *, full: bool = True) -> None:
+        """`tokenwing verify [--full] PATH`: every expert's checksum (a sample without `full`); the engine's
+        reason as a LibraryError. Cancelling the task stops the engine."""
+        rc, _, lines = await self._run(["verify", *(["--full"] if full else []), str(path)])
+        if rc != 0:
+            raise LibraryError(f"{path.name} failed verification: {_engine_error(lines, rc)}.", rc)
+
+    def delete(self, path: Path) -> None:
+        """Removes a model file and what the engine keeps beside it (its usage table); only files in a models
+        folder this library scans (a stray path is refused, never deleted)."""
+        folders = (self.models_dir, *self.extra_dirs)
+        if not path.name.endswith(".tw.gguf") or not any(path.is_relative_to(f) for f in folders):
+            raise LibraryError(f"{path} is not in a models folder; nothing was deleted.")
         try:
-            found = self.models_dir.rglob("*.tw.gguf")
-            return sorted(p for p in found if not any(part.startswith(".") for part in p.parts[-3:]))
-        except OSError:
-            return []
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise LibraryError(f"Couldn't delete {path.name}: {e.strerror or e}.") from None
+        usage = path.with_name(path.name + ".usage.json")  # the engine's name for it (streaming/usage.py)
+        with contextlib.suppress(OSError):
+            usage.unlink()
+        folder = path.parent
+        while folder != self.models_dir and folder.is_relative_to(self.models_dir):  # an emptied <owner>/<repo>/
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+            folder = folder.parent
 
     def _key(self, path: Path) -> str:
         try:

@@ -83,6 +83,39 @@ def save_screenshot(path: Path) -> bool:
     return bool(screen.grabWindow(0).save(str(path), "PNG"))  # (no processEvents here: it would re-enter the loop)
 
 
+# (width, height), and which pages are saved at that size: every page at the middle size, the chat at all three
+SCREENSHOT_SIZES = ((1280, 800), (1600, 1000), (1920, 1080))
+SCREENSHOT_PAGES = ("Chat", "Discover", "My models", "Server", "Settings")
+
+
+async def take_screenshots(controller: AppController, folder: Path) -> list[str]:
+    """Every page at each size in both themes, checked for clipped text and charts (layout_check); the chat page
+    at every size and every page at 1600×1000 saved to `folder` as PNGs. Returns the problems found."""
+    from runmyai.ui import layout_check
+
+    folder.mkdir(parents=True, exist_ok=True)
+    window = controller.window
+    problems: list[str] = []
+    page_before = window.current_page()
+    for theme_name in ("light", "dark"):
+        controller.settings = controller.settings.__class__(**{**controller.settings.__dict__, "theme": theme_name})
+        controller._apply_theme()
+        for width, height in SCREENSHOT_SIZES:
+            window.resize(width, height)
+            for page in SCREENSHOT_PAGES:
+                window.show_page(page)
+                window.graphs._dirty = True
+                await asyncio.sleep(0.35)  # layouts settle, the graphs redraw on their 250 ms timer
+                found = layout_check.clipped(window) + layout_check.chart_problems(window)
+                problems += [f"{page} at {width}x{height}, {theme_name}: {p}" for p in found]
+                if page == "Chat" or (width, height) == (1600, 1000):
+                    name = f"{page.lower().replace(' ', '-')}-{width}x{height}-{theme_name}.png"
+                    if not window.grab().save(str(folder / name), "PNG"):
+                        problems.append(f"could not save {folder / name}")
+    window.show_page(page_before)
+    return problems
+
+
 async def self_test(controller: AppController, args: argparse.Namespace) -> int:
     """Opens, finds the engine, gets one reply from the built-in model (or --model), closes. 0 if all worked."""
     started = time.monotonic()
@@ -115,6 +148,12 @@ async def self_test(controller: AppController, args: argparse.Namespace) -> int:
         await asyncio.sleep(0.6)  # the graphs redraw on their timer
         if not save_screenshot(args.screenshot):
             print(f"runmyai self-test: could not save a screenshot to {args.screenshot}", file=sys.stderr)
+            return 1
+    if getattr(args, "screenshots", None) is not None:
+        problems = await take_screenshots(controller, args.screenshots)
+        for line in problems:
+            print(f"runmyai self-test: {line}", file=sys.stderr)
+        if problems:
             return 1
     version = (controller.supervisor.handshake or {}).get("version") if controller.supervisor else None
     print(

@@ -7,11 +7,14 @@ from dataclasses import dataclass
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
     QDoubleSpinBox,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QListWidget,
     QListWidgetItem,
     QPlainTextEdit,
@@ -136,6 +139,38 @@ class SettingsBox(QGroupBox):
             w.blockSignals(False)
 
 
+class ElidedLabel(QLabel):
+    """One line that never re-lays out its window and never shows a cut word: a text too long for it ends in "…"
+    and is whole in its tooltip (and in text()). For passing state ("Thinking…"); errors go to the notification
+    area, whole."""
+
+    def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._full = ""
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+        self.setFixedHeight(self.fontMetrics().height() + 4)
+        self.setText(text)
+
+    def setText(self, text: str) -> None:  # Qt's name
+        self._full = text
+        self.setToolTip(text if text else "")
+        self._elide()
+
+    def text(self) -> str:  # the whole text, as set
+        return self._full
+
+    def shown_text(self) -> str:
+        return super().text()
+
+    def resizeEvent(self, event):  # type: ignore[no-untyped-def]  # Qt's override signature
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        width = max(0, self.contentsRect().width())
+        super().setText(self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, width))
+
+
 class ChatPanel(QWidget):
     send_requested = Signal(str)
     stop_requested = Signal()
@@ -143,25 +178,58 @@ class ChatPanel(QWidget):
     edit_last_requested = Signal()
     new_conversation_requested = Signal()
     delete_conversation_requested = Signal(str)
+    rename_conversation_requested = Signal(str, str)  # id, new title
     conversation_selected = Signal(str)
+    search_changed = Signal(str)
+    model_chosen = Signal(str)  # a library key
     settings_changed = Signal()
+    performance_toggled = Signal(bool)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search chats")
+        self.search.setClearButtonEnabled(True)
+        self.search.textChanged.connect(lambda text: self.search_changed.emit(text.strip()))
         self.conversations = QListWidget()
+        self.conversations.setObjectName("conversations")
         self.conversations.currentItemChanged.connect(self._on_select)
-        new_button = QPushButton("New chat")
-        new_button.clicked.connect(self.new_conversation_requested)
+        self.conversations.itemChanged.connect(self._on_renamed)
+        self.conversations.setEditTriggers(
+            QAbstractItemView.EditTrigger.DoubleClicked | QAbstractItemView.EditTrigger.EditKeyPressed
+        )
+        self.new_button = QPushButton("New chat")
+        self.new_button.setObjectName("primary")
+        self.new_button.clicked.connect(self.new_conversation_requested)
+        self.rename_button = QPushButton("Rename")
+        self.rename_button.clicked.connect(self.rename_current)
         delete_button = QPushButton("Delete")
         delete_button.clicked.connect(self._on_delete)
         left = QWidget()
+        left.setObjectName("sidebar")
         left_layout = QVBoxLayout(left)
-        left_layout.setContentsMargins(0, 0, 0, 0)
+        left_layout.setContentsMargins(12, 12, 6, 12)
+        left_layout.addWidget(self.new_button)
+        left_layout.addWidget(self.search)
         left_layout.addWidget(self.conversations, 1)
         row = QHBoxLayout()
-        row.addWidget(new_button)
+        row.addWidget(self.rename_button)
         row.addWidget(delete_button)
         left_layout.addLayout(row)
+
+        self.model_picker = QComboBox()
+        self.model_picker.setMinimumContentsLength(28)
+        self.model_picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.model_picker.setToolTip("The model to chat with (Ctrl+Shift+L)")
+        self.model_picker.activated.connect(self._on_model)
+        self.perf_button = QPushButton("Performance")
+        self.perf_button.setCheckable(True)
+        self.perf_button.setToolTip("Show or hide the live performance panel (Ctrl+Shift+P)")
+        self.perf_button.toggled.connect(self.performance_toggled)
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Model"))
+        top.addWidget(self.model_picker, 1)
+        top.addWidget(self.perf_button)
 
         self.transcript = Transcript()
         self.settings = SettingsBox()
@@ -171,6 +239,7 @@ class ChatPanel(QWidget):
         self.input.setMaximumHeight(110)
         self.input.submitted.connect(self._on_send)
         self.send_button = QPushButton("Send")
+        self.send_button.setObjectName("primary")
         self.send_button.clicked.connect(self._on_send)
         self.stop_button = QPushButton("Stop")
         self.stop_button.clicked.connect(self.stop_requested)
@@ -178,35 +247,46 @@ class ChatPanel(QWidget):
         self.regenerate_button.clicked.connect(self.regenerate_requested)
         self.edit_button = QPushButton("Edit last")
         self.edit_button.clicked.connect(self.edit_last_requested)
-        self.status = QLabel("")
-        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)  # no re-layout per status
-        self.status.setFixedHeight(self.status.fontMetrics().height() + 4)
+        self.status = ElidedLabel("")
+        self.status.setObjectName("footer")
+        self.context_label = QLabel("Context: —")
+        self.context_label.setObjectName("footer")
+        self.speed_label = QLabel("")
+        self.speed_label.setObjectName("footer")
         buttons = QHBoxLayout()
-        for b in (self.send_button, self.stop_button, self.regenerate_button, self.edit_button):
-            buttons.addWidget(b)
         buttons.addStretch(1)
+        for b in (self.edit_button, self.regenerate_button, self.stop_button, self.send_button):
+            buttons.addWidget(b)
+        footer = QHBoxLayout()
+        footer.addWidget(self.status, 1)
+        footer.addWidget(self.speed_label)
+        footer.addSpacing(12)
+        footer.addWidget(self.context_label)
         right = QWidget()
         right_layout = QVBoxLayout(right)
-        right_layout.setContentsMargins(0, 0, 0, 0)
+        right_layout.setContentsMargins(6, 12, 12, 8)
+        right_layout.addLayout(top)
         right_layout.addWidget(self.transcript, 1)
         right_layout.addWidget(self.settings)
         right_layout.addWidget(self.input)
         right_layout.addLayout(buttons)
-        right_layout.addWidget(self.status)
+        right_layout.addLayout(footer)
 
         splitter = QSplitter()
         splitter.addWidget(left)
         splitter.addWidget(right)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([180, 600])
+        splitter.setCollapsible(1, False)
+        splitter.setSizes([230, 700])
+        self.splitter = splitter
         layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(splitter)
 
-        QShortcut(QKeySequence("Ctrl+N"), self, self.new_conversation_requested.emit)
         QShortcut(QKeySequence("Esc"), self, self.stop_requested.emit)
         QShortcut(QKeySequence("Ctrl+R"), self, self.regenerate_requested.emit)
         QShortcut(QKeySequence("Ctrl+E"), self, self.edit_last_requested.emit)
-        QShortcut(QKeySequence("Ctrl+L"), self, self.input.setFocus)
+        QShortcut(QKeySequence("F2"), self, self.rename_current)
         self.set_busy(False)
 
     # -- intents -------------------------------------------------------------------------------------
@@ -225,6 +305,22 @@ class ChatPanel(QWidget):
         if item is not None:
             self.delete_conversation_requested.emit(str(item.data(Qt.ItemDataRole.UserRole)))
 
+    def rename_current(self) -> None:
+        """Edits the current conversation's title in place (Enter keeps it, Esc drops it)."""
+        item = self.conversations.currentItem()
+        if item is not None:
+            self.conversations.editItem(item)
+
+    def _on_renamed(self, item: QListWidgetItem) -> None:
+        title = item.text().strip()
+        if title:
+            self.rename_conversation_requested.emit(str(item.data(Qt.ItemDataRole.UserRole)), title)
+
+    def _on_model(self, index: int) -> None:
+        key = self.model_picker.itemData(index)
+        if key:
+            self.model_chosen.emit(str(key))
+
     # -- state from the controller -------------------------------------------------------------------
     def set_conversations(self, items: list[tuple[str, str]], current: str | None) -> None:
         self.conversations.blockSignals(True)
@@ -232,16 +328,35 @@ class ChatPanel(QWidget):
         for conv_id, title in items:
             item = QListWidgetItem(title or "New chat")
             item.setData(Qt.ItemDataRole.UserRole, conv_id)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
+            item.setToolTip(title or "New chat")
             self.conversations.addItem(item)
             if conv_id == current:
                 self.conversations.setCurrentItem(item)
         self.conversations.blockSignals(False)
+
+    def set_models(self, models: list[tuple[str, str]], current: str | None) -> None:
+        """The picker's choices: (library key, name) of each model that can be chatted with."""
+        self.model_picker.blockSignals(True)
+        self.model_picker.clear()
+        for key, name in models:
+            self.model_picker.addItem(name, key)
+        if not models:
+            self.model_picker.addItem("No model yet: find one in Discover", None)
+        index = self.model_picker.findData(current) if current else -1
+        self.model_picker.setCurrentIndex(max(0, index))
+        self.model_picker.blockSignals(False)
+
+    def set_footer(self, speed: str, context: str) -> None:
+        self.speed_label.setText(speed)
+        self.context_label.setText(context)
 
     def set_busy(self, busy: bool) -> None:
         self.send_button.setEnabled(not busy)
         self.stop_button.setEnabled(busy)
         self.regenerate_button.setEnabled(not busy)
         self.edit_button.setEnabled(not busy)
+        self.model_picker.setEnabled(not busy)
 
     def set_status(self, text: str) -> None:
         self.status.setText(text)

@@ -9,8 +9,17 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject
-from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QLineEdit
+from PySide6.QtCore import QObject, QUrl
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import (
+    QApplication,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QFormLayout,
+    QLineEdit,
+    QMessageBox,
+)
 
 from runmyai import __version__
 from runmyai.chat.session import ChatSession, ReplyCutOff, Sink, footer
@@ -37,12 +46,26 @@ from runmyai.mcp.runner import McpToolRunner, ToolEvents
 from runmyai.mcp.servers import CallFailed, McpManager, ToolInfo
 from runmyai.monitor import device_note
 from runmyai.paths import AppPaths, bundled_dir
-from runmyai.ui import render
+from runmyai.ui import render, theme
 from runmyai.ui.autotune_dialog import AutotuneDialog
 from runmyai.ui.chat_panel import SamplingValues
 from runmyai.ui.main_window import MainWindow
 from runmyai.ui.mcp_dialog import ApprovalBox, McpDialog, parse_arguments
 from runmyai.ui.render import LibraryEntry, View
+from runmyai.ui.viewmodels import (
+    AppSettings,
+    ModelRow,
+    ServerSettings,
+    SettingsFile,
+    ago,
+    context_flags,
+    context_line,
+    new_api_key,
+    repo_of,
+    search_messages,
+    server_url,
+)
+from runmyai.units import human_bytes
 
 STATE_WORDS: dict[EngineState, str] = {
     "stopped": "stopped",
@@ -113,6 +136,17 @@ class AppController(QObject):
         self.mcp_dialog: McpDialog | None = None
         self.approval: ApprovalBox | None = None  # the tool-call question on screen, if any
         self._tool_keys: dict[str, str] = {}  # a running turn's call id → its line in the transcript
+        self.settings_file = SettingsFile(paths.settings / "app.json")
+        self.settings = self.settings_file.load()
+        if not self.settings.server.api_key:  # the server never runs without a key: one is made at first start
+            self.settings = self.settings.with_server(api_key=new_api_key())
+            self._save_app_settings()
+        self.library.extra_dirs = [Path(d) for d in self.settings.model_dirs]
+        self._retry: dict[str, Callable[[], Any]] = {}  # a notification's key → what its Retry does
+        self._conversation_query = ""
+        self._cards_asked: set[str] = set()  # entries whose model card was asked for
+        self._last_used_file = paths.settings / "last-used.json"
+        self._apply_theme()
         self._connect()
 
     # ------------------------------------------------------------------------------------------ wiring
@@ -142,6 +176,33 @@ class AppController(QObject):
         w.stop_engine_requested.connect(lambda: self.spawn(self.stop_engine()))
         w.restart_engine_requested.connect(lambda: self.spawn(self._restart_engine()))
         w.mcp_requested.connect(self.open_mcp)
+        chat.rename_conversation_requested.connect(self._rename_conversation)
+        chat.search_changed.connect(self._search_conversations)
+        chat.model_chosen.connect(lambda key: self.spawn(self.use_model(key)))
+        w.notice_area.retry_requested.connect(self._retry_notice)
+        w.notice_area.forget_requested.connect(self._forget_notice)
+        models = w.models_page
+        models.use_requested.connect(self._chat_with)
+        models.verify_requested.connect(lambda path: self.spawn(self.verify_model(Path(path))))
+        models.open_folder_requested.connect(
+            lambda path: QDesktopServices.openUrl(QUrl.fromLocalFile(str(Path(path).parent)))
+        )
+        models.delete_requested.connect(self._ask_delete)
+        w.server_page.changed.connect(lambda s: self.spawn(self.set_server(s)))
+        sp = w.settings_page
+        sp.theme_changed.connect(self._set_theme)
+        sp.context_changed.connect(self._set_context)
+        sp.folders_changed.connect(lambda folders: self.spawn(self._set_folders(folders)))
+        sp.add_folder_requested.connect(self._choose_folder)
+        sp.preset_save_requested.connect(self._save_preset)
+        sp.preset_apply_requested.connect(self._apply_preset)
+        sp.preset_delete_requested.connect(self._delete_preset)
+        w.server_page.set_settings(self.settings.server)
+        sp.set_settings(self.settings, str(self.paths.models))
+        self._show_presets()
+        hints = QApplication.styleHints()
+        if hints is not None:  # "follow the system": the desktop switching to dark switches the app
+            hints.colorSchemeChanged.connect(lambda _scheme: self._apply_theme())
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Runs a coroutine on the loop; its failure becomes a status line, never an unhandled exception."""
@@ -158,10 +219,129 @@ class AppController(QObject):
         if e is not None:
             self.report(f"{type(e).__name__}: {e}" if not str(e) else str(e))
 
-    def report(self, line: str) -> None:
+    def report(self, line: str, key: str = "app", title: str = "Something went wrong") -> None:
+        """A failure, whole, in the notification area (Details: the full text; Retry where `key` has one and
+        trying again can change it), and in the log."""
         self.errors.append(line)
         self.window.log_view.append(f"[app] {line}")
-        self.window.chat.set_status(line)
+        self.window.notifications.fail(key, title, line, retry=key in self._retry)
+
+    def _retry_notice(self, key: str) -> None:
+        again = self._retry.get(key)
+        self.window.notifications.forget(key)
+        if again is not None:
+            again()
+
+    def _forget_notice(self, key: str) -> None:
+        self.window.notifications.forget(key)
+        self._retry.pop(key, None)
+
+    # ------------------------------------------------------------------------------------------ settings
+    def _save_app_settings(self) -> None:
+        try:
+            self.settings_file.save(self.settings)
+        except OSError as e:
+            self.report(f"Couldn't save the settings: {e.strerror or e}.", "settings", "Settings")
+
+    def _apply_theme(self) -> None:
+        app = QApplication.instance()
+        if isinstance(app, QApplication):
+            c = theme.apply(app, self.settings.theme)
+            self.window.graphs.set_colours(c.plot_bg, c.plot_fg)
+
+    def _set_theme(self, value: str) -> None:
+        self.settings = AppSettings(**{**self.settings.__dict__, "theme": self.window.settings_page.theme_value()})
+        self._save_app_settings()
+        self._apply_theme()
+
+    def _set_context(self, n: int) -> None:
+        """The context length for the next start of a model (the running one keeps its own until restarted)."""
+        if n == self.settings.context_length:
+            return
+        self.settings = AppSettings(**{**self.settings.__dict__, "context_length": n})
+        self._save_app_settings()
+        self.window.library.set_entries(self._entries())
+        if self.supervisor is not None:
+            self.spawn(self._restart_engine())
+
+    async def _set_folders(self, folders: list[str]) -> None:
+        self.settings = AppSettings(**{**self.settings.__dict__, "model_dirs": tuple(folders)})
+        self._save_app_settings()
+        self.library.extra_dirs = [Path(f) for f in folders]
+        self.window.settings_page.set_settings(self.settings, str(self.paths.models))
+        await self.refresh_library()
+
+    def _choose_folder(self) -> None:
+        dialog = QFileDialog(self.window, "A folder with models", str(Path.home()))
+        dialog.setFileMode(QFileDialog.FileMode.Directory)
+        dialog.fileSelected.connect(
+            lambda folder: (
+                self.spawn(self._set_folders([*self.settings.model_dirs, folder]))
+                if folder and folder not in self.settings.model_dirs
+                else None
+            )
+        )
+        dialog.open()
+
+    def _preset_model(self) -> str | None:
+        return self.model_name
+
+    def _show_presets(self) -> None:
+        model = self._preset_model()
+        names = sorted(self.settings.presets.get(model or "", {}))
+        self.window.settings_page.set_presets(model, names)
+
+    def _save_preset(self, name: str) -> None:
+        """The current chat's system prompt and sampling settings, saved under a name for the current model."""
+        model = self._preset_model()
+        if model is None:
+            self.report("Load a model first: presets are saved per model.", "presets", "Chat presets")
+            return
+        values = self.window.chat.settings.values().__dict__
+        presets = {k: dict(v) for k, v in self.settings.presets.items()}
+        presets.setdefault(model, {})[name] = dict(values)
+        self.settings = AppSettings(**{**self.settings.__dict__, "presets": presets})
+        self._save_app_settings()
+        self._show_presets()
+
+    def _apply_preset(self, name: str) -> None:
+        values = self.settings.presets.get(self._preset_model() or "", {}).get(name)
+        if values is None:
+            return
+        fields = SamplingValues.__dataclass_fields__
+        self.window.chat.settings.set_values(SamplingValues(**{k: v for k, v in values.items() if k in fields}))
+        self._save_settings()
+        self.window.show_page("Chat")
+
+    def _delete_preset(self, name: str) -> None:
+        model = self._preset_model() or ""
+        presets = {k: dict(v) for k, v in self.settings.presets.items()}
+        presets.get(model, {}).pop(name, None)
+        self.settings = AppSettings(**{**self.settings.__dict__, "presets": presets})
+        self._save_app_settings()
+        self._show_presets()
+
+    async def set_server(self, server: ServerSettings) -> None:
+        """The local server switch: the engine is restarted on the user's port with the user's key (and the
+        allowed origins), or back on a private port with a key only the app knows."""
+        self.settings = AppSettings(**{**self.settings.__dict__, "server": server})
+        self._save_app_settings()
+        self._show_server_state()
+        if self.supervisor is not None:
+            await self._restart_engine()
+            self._show_server_state()
+
+    def _show_server_state(self) -> None:
+        s, sup = self.settings.server, self.supervisor
+        if not s.enabled:
+            text = "Off. The app's own engine listens on a private port, with a key only the app knows."
+        elif sup is not None and sup.state == "ready" and sup.fixed_port:
+            text = f"On: {self.model_name} answers at {server_url(s.port)} (with the key above)."
+        elif sup is None:
+            text = "On: it starts with the next model you load."
+        else:
+            text = f"Starting on port {s.port}…"
+        self.window.server_page.set_state(text)
 
     # ------------------------------------------------------------------------------------------ start / stop
     async def start(self) -> None:
@@ -178,7 +358,9 @@ class AppController(QObject):
         for preset in self.catalog.presets:  # its flags against the engine's own (names, kinds, defaults)
             for line in check_flags(preset, self.engine_info):
                 self.window.log_view.append(f"[presets] {line}")
+        self.window.graphs.set_has_gpu(bool(self.machine.gpus))
         await self.refresh_library()
+        self._show_server_state()
         for job in self.acquirer.started():  # a job that failed for good is listed, not run again
             self._on_job(self.acquirer.status(job))
         self.spawn(self.start_mcp())
@@ -207,6 +389,96 @@ class AppController(QObject):
     async def refresh_library(self, select: str | None = None) -> None:
         self.local_models = await self.library.scan()
         self.window.library.set_entries(self._entries(), select)
+        self._show_models()
+
+    def _show_models(self) -> None:
+        """The model picker and the My models page, from the library and the one estimate."""
+        entries = {e.key: e for e in self._entries()}
+        in_use = self.supervisor.model if self.supervisor is not None else None
+        usable = [
+            (str(LocalKey(m.path)), m.name)
+            for m in self.local_models
+            if entries.get(str(LocalKey(m.path))) and entries[str(LocalKey(m.path))].can_use
+        ]
+        self.window.chat.set_models(usable, str(LocalKey(in_use)) if in_use is not None else None)
+        used = self._read_last_used()
+        rows = []
+        for m in self.local_models:
+            key = str(LocalKey(m.path))
+            e = entries.get(key)
+            rows.append(
+                ModelRow(
+                    key=key,
+                    name=m.name,
+                    repo=repo_of(m.path, self.paths.models),
+                    size=human_bytes(m.size_bytes),
+                    arch=m.arch or "?",
+                    estimate=(e.line if e is not None and e.line else (m.error or "—")),
+                    last_used=ago(used.get(str(m.path))),
+                    path=m.path,
+                    bundled=m.bundled,
+                    in_use=m.path == in_use,
+                )
+            )
+        self.window.models_page.set_rows(rows)
+
+    def _read_last_used(self) -> dict[str, float]:
+        from runmyai.jsonfile import read_json
+
+        data = read_json(self._last_used_file) or {}
+        return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))}
+
+    def _mark_used(self, path: Path) -> None:
+        import time as _time
+
+        from runmyai.jsonfile import write_json_atomic
+
+        used = self._read_last_used()
+        used[str(path)] = _time.time()
+        with contextlib.suppress(OSError):
+            write_json_atomic(self._last_used_file, used)
+
+    def _chat_with(self, key: str) -> None:
+        self.window.show_page("Chat")
+        self.spawn(self.use_model(key))
+
+    async def verify_model(self, path: Path) -> bool:
+        """Re-verify from My models: every expert's checksum, as a long job with progress and Cancel."""
+
+        async def work(progress: Callable[[float, str], None]) -> None:
+            progress(0.0, "checking every expert's checksum")
+            await self.library.verify(path)
+
+        ok = await self.run_job(f"Verifying {path.name}", work, key=f"verify:{path}")
+        if ok:
+            self.window.notifications.info(f"verify:{path}", f"{path.name} is intact", "Every expert checked out.")
+        return ok
+
+    def _ask_delete(self, path_text: str) -> None:
+        path = Path(path_text)
+        box = QMessageBox(
+            QMessageBox.Icon.Warning,
+            "Delete the model?",
+            f"Delete {path.name} ({human_bytes(path.stat().st_size) if path.exists() else '?'}) from this computer?",
+            QMessageBox.StandardButton.Cancel,
+            self.window,
+        )
+        delete = box.addButton("Delete", QMessageBox.ButtonRole.DestructiveRole)
+        box.buttonClicked.connect(lambda b: self.spawn(self.delete_model(path)) if b is delete else None)
+        box.open()  # not exec(): the loop keeps running
+
+    async def delete_model(self, path: Path) -> bool:
+        if self.supervisor is not None and self.supervisor.model == path:
+            self.report(f"{path.name} is in use: load another model first.", "delete", "Deleting a model")
+            return False
+        try:
+            await asyncio.to_thread(self.library.delete, path)
+        except LibraryError as e:
+            self.report(str(e), "delete", "Deleting a model")
+            return False
+        self.window.notifications.succeeded("delete")
+        await self.refresh_library()
+        return True
 
     def _view(self) -> View:
         return View(self.machine, self.engine_info, lambda m, p: launch_flags(m.path, m, p, self.autotune))
@@ -226,12 +498,14 @@ class AppController(QObject):
         if not query:
             self.hub_results = []
         else:
+            self._retry["search"] = lambda: self.spawn(self.search(query))
             try:
                 found = await self.hub.search(query, "repacked")
                 found += [m for m in await self.hub.search(query, "gguf") if m.repo not in {f.repo for f in found}]
             except HubError as e:
-                self.report(str(e))
+                self.report(str(e), "search", f"Searching the hub for “{query}”")
                 return
+            self.window.notifications.succeeded("search")
             self.hub_results = found[:20]
         self.window.library.set_entries(self._entries())
         if self.hub_results:
@@ -247,7 +521,8 @@ class AppController(QObject):
         try:
             quants = await self.acquirer.quants(repo)
         except HubError as e:
-            self.report(str(e))
+            self._retry[f"quants:{repo}"] = lambda: self.spawn(self.load_quants(repo))
+            self.report(str(e), f"quants:{repo}", f"Reading the quants of {repo}")
             return None
         finally:
             self._quants_loading.discard(repo)
@@ -259,6 +534,20 @@ class AppController(QObject):
         key = parse_key(text)
         if isinstance(key, HubKey) and any(h.repo == key.repo for h in self.hub_results):
             self.spawn(self.load_quants(key.repo))
+        entry = next((e for e in self._entries() if e.key == text), None)
+        if entry is not None and entry.card_repo is not None and text not in self._cards_asked:
+            self._cards_asked.add(text)
+            self.spawn(self.load_model_card(text, entry.card_repo))
+
+    async def load_model_card(self, key: str, repo: str) -> None:
+        """The repository's README as the model card (the hub client retries with backoff)."""
+        try:
+            text = await self.hub.readme(repo)
+        except HubError as e:
+            self._cards_asked.discard(key)  # asked again the next time it is picked
+            self.window.library.set_model_card(key, f"*The model card could not be read:* {e}")
+            return
+        self.window.library.set_model_card(key, text if text else f"*{repo} has no README.*")
 
     def _download(self, text: str) -> None:
         key = parse_key(text)
@@ -285,7 +574,12 @@ class AppController(QObject):
         async def work(progress: Callable[[float, str], None]) -> None:
             result.append(await self.acquirer.get(key, lambda p: progress(p.fraction, p.message)))
 
-        await self.run_job(f"Getting {key.repo}" + (f" ({key.quant})" if key.quant else ""), work)
+        await self.run_job(
+            f"Getting {key.repo}" + (f" ({key.quant})" if key.quant else ""),
+            work,
+            f"get:{key.repo}",
+            lambda: self.spawn(self.get_model(key)),
+        )
         await self.refresh_library(select=str(LocalKey(result[0].path)) if result else None)
         return result[0] if result else None
 
@@ -360,28 +654,45 @@ class AppController(QObject):
         async def job(progress: Callable[[float, str], None]) -> None:
             result.append(await self.library.import_gguf(files, progress))
 
-        await self.run_job(f"Importing {files[0].name}", job)
+        await self.run_job(f"Importing {files[0].name}", job, "import", lambda: self.spawn(self.import_files(files)))
         await self.refresh_library(select=str(LocalKey(result[0].path)) if result else None)
         return result[0] if result else None
 
-    async def run_job(self, label: str, work: Callable[[Callable[[float, str], None]], Awaitable[object]]) -> bool:
-        """One long library job with progress and Cancel, one at a time; False if it failed or was cancelled."""
+    async def run_job(
+        self,
+        label: str,
+        work: Callable[[Callable[[float, str], None]], Awaitable[object]],
+        key: str = "job",
+        again: Callable[[], Any] | None = None,
+    ) -> bool:
+        """One long library job with progress and Cancel, one at a time; False if it failed or was cancelled.
+        It shows in the notification area under `key` while it runs; a failure stays there, whole, with Retry
+        (`again`) unless it is permanent; a success clears an earlier failure of the same key."""
         panel = self.window.library
+        notes = self.window.notifications
 
         def progress(fraction: float, message: str) -> None:
             panel.set_task(f"{label}: {message}" if message else label, fraction)
+            notes.job(key, label, message, fraction)
 
         async with self._job_lock:
             panel.set_task(label, None)
+            notes.job(key, label)
             self._job = asyncio.current_task()
             try:
                 await work(progress)
+                notes.succeeded(key)
+                self._retry.pop(key, None)
                 return True
             except (asyncio.CancelledError, ImportCancelled):
-                self.report(f"{label}: stopped.")
+                notes.forget(key)
+                self.errors.append(f"{label}: stopped.")
+                self.window.log_view.append(f"[app] {label}: stopped.")
                 return False
             except (LibraryError, AcquireError, HubError) as e:
-                self.report(f"{label} failed: {e}")
+                if again is not None:
+                    self._retry[key] = again
+                self.report(f"{label} failed: {e}", key, f"{label} failed")
                 return False
             finally:
                 self._job = None
@@ -404,12 +715,15 @@ class AppController(QObject):
     async def use_model(self, key: str) -> Endpoint | None:
         path = self.model_path(key)
         if path is None:
-            self.report("Download or import this model first.")
+            self.report("Download or import this model first.", "engine", "Loading a model")
             return None
         await self.stop_engine()
         local = next((m for m in self.local_models if m.path == path), None)
         preset = self.catalog.get(local.preset_id) if local and local.preset_id else None
-        flags = launch_flags(path, local, preset, self.autotune)
+        flags = launch_flags(path, local, preset, self.autotune) + context_flags(self.settings.context_length)
+        server = self.settings.server
+        if server.enabled:
+            flags += [f for origin in server.cors_origins for f in ("--cors-origin", origin)]
         self.model_name = local.name if local else path.name
         sup = EngineSupervisor(
             path,
@@ -418,13 +732,17 @@ class AppController(QObject):
             on_log=self._on_engine_log,
             log_dir=self.paths.logs,
             exit_codes=self.engine_info.exit_codes,
+            port=server.port if server.enabled else 0,
+            api_key=server.api_key if server.enabled else None,
         )
         self.supervisor = sup
+        self._retry["engine"] = lambda: self.spawn(self.use_model(key))
         self._engine_task = asyncio.current_task()
         try:
             endpoint = await sup.start()
         except EngineError as e:
-            self.report(str(e))
+            self.report(str(e), "engine", f"{self.model_name} could not start")
+            self._show_models()
             return None
         finally:
             self._engine_task = None
@@ -440,7 +758,12 @@ class AppController(QObject):
             self._apply_chat_defaults(self.conversation_id, preset)
         with contextlib.suppress(OSError):
             self._last_model_file().write_text(str(path), encoding="utf-8")
+        self._mark_used(path)
+        self.window.notifications.succeeded("engine")
         self._attach(endpoint)
+        self._show_models()
+        self._show_presets()
+        self._show_server_state()
         return endpoint
 
     async def use_default_model(self) -> Endpoint | None:
@@ -486,6 +809,9 @@ class AppController(QObject):
         note = device_note(line)
         if note is not None:  # where it computes (a GPU and its share, or the CPU and why) beside the graphs
             self.window.graphs.set_device(note)
+            on_gpu = note.startswith("Computing on ") and not note.startswith("Computing on the CPU")
+            if on_gpu != self.window.graphs.has_gpu:
+                self.window.graphs.set_has_gpu(on_gpu)
 
     def _on_engine_state(self, state: EngineState, fault: Fault | None) -> None:
         sentence = fault.sentence if fault else None
@@ -493,6 +819,8 @@ class AppController(QObject):
         if state == "ready" and last is not None:
             sentence = f"Restarted after a fault: {last.sentence}"  # the user should know it happened
         self.window.set_engine_state(STATE_WORDS.get(state, state), sentence)
+        if state in ("ready", "failed", "stopped"):
+            self._show_server_state()
         if state != "ready":
             self.ready.clear()
         elif self.chat_client is not None:
@@ -536,7 +864,7 @@ class AppController(QObject):
         try:
             endpoint = Endpoint.remote(base_url, api_key)
         except ValueError as e:
-            self.report(f"That is not an endpoint address: {e}.")
+            self.report(f"That is not an endpoint address: {e}.", "endpoint", "Connecting to an endpoint")
             return
         await self.stop_engine()
         client = ChatClient(endpoint)
@@ -544,9 +872,11 @@ class AppController(QObject):
             models = await client.models()
         except ChatError as e:
             await client.aclose()
-            self.report(str(e))
+            self._retry["endpoint"] = lambda: self.spawn(self.use_endpoint(base_url, api_key))
+            self.report(str(e), "endpoint", f"Connecting to {base_url}")
             return
         await client.aclose()
+        self.window.notifications.succeeded("endpoint")
         endpoint = Endpoint.remote(base_url, api_key, models[0] if models else None)
         self.model_name = endpoint.model or base_url
         self.window.set_engine_state(f"remote endpoint {base_url}")
@@ -601,11 +931,32 @@ class AppController(QObject):
             conversations = [self.store.create()]
         if self.conversation_id is None or self.store.get(self.conversation_id) is None:
             self.conversation_id = conversations[0].id
-        self.window.chat.set_conversations([(str(c.id), c.title) for c in conversations], str(self.conversation_id))
+        self._list_conversations()
         self.open_conversation(self.conversation_id)
 
-    def open_conversation(self, conversation_id: int) -> None:
-        if self._reply_task is not None and not self._reply_task.done():
+    def _list_conversations(self) -> None:
+        """The sidebar's list: every conversation, or those whose title or messages hold the search's words."""
+        items = [(str(c.id), c.title) for c in self.store.list()]
+        if self._conversation_query:
+            items = search_messages(
+                items, lambda cid: (m.content for m in self.store.messages(int(cid))), self._conversation_query
+            )
+        self.window.chat.set_conversations(items, str(self.conversation_id))
+
+    def _search_conversations(self, query: str) -> None:
+        self._conversation_query = query
+        self._list_conversations()
+
+    def _rename_conversation(self, cid: str, title: str) -> None:
+        conv = self.store.get(int(cid))
+        if conv is not None and conv.title != title:
+            self.store.rename(int(cid), title)
+        self._list_conversations()
+
+    def open_conversation(self, conversation_id: int, *, while_streaming: bool = False) -> None:
+        """Shows a conversation. `while_streaming`: the turn that streams redraws its own conversation (a
+        regenerate drops the old reply first); a user's click is refused meanwhile."""
+        if not while_streaming and self._reply_task is not None and not self._reply_task.done():
             return  # switching is disabled while a reply streams (the list is re-selected below)
         conv = self.store.get(conversation_id)
         if conv is None:
@@ -695,11 +1046,15 @@ class AppController(QObject):
         if cid is None:
             return
 
-        async def again(text_to: Sink, reasoning_to: Sink) -> Any:
-            reply = self.session.regenerate(cid, text_to, reasoning_to, self._tools())
-            self.open_conversation(cid)  # the dropped reply leaves the transcript
+        def redraw() -> None:
+            # the dropped reply leaves the transcript: this task is the streaming one, so the redraw is its own
+            # (issue 29, defect 5: the redraw came before the drop, and open_conversation refused it while a
+            # reply streamed, so the old reply stayed on screen above the new one)
+            self.open_conversation(cid, while_streaming=True)
             self.window.chat.transcript.begin_reply()
-            return await reply
+
+        async def again(text_to: Sink, reasoning_to: Sink) -> Any:
+            return await self.session.regenerate(cid, text_to, reasoning_to, self._tools(), dropped=redraw)
 
         self._reply_task = self.spawn(self._stream(again, begin=False))
 
@@ -722,8 +1077,10 @@ class AppController(QObject):
         chat.set_status("Thinking…")
         try:
             reply = await turn(transcript.append_reply, transcript.append_reasoning)
-            transcript.end_reply(footer(reply.message))
-            chat.set_status(footer(reply.message))
+            transcript.end_reply(footer(reply.message))  # (the reply's own line; the footer has speed, context)
+            chat.set_status(f"Chatting with {self.model_name}." if self.model_name else "")
+            self._show_footer()
+            self.window.notifications.succeeded("chat")
         except asyncio.CancelledError:
             for key in self._tool_keys.values():  # a call (or its question) the stop cut short
                 transcript.update_tool_call(key, "stopped")
@@ -734,6 +1091,7 @@ class AppController(QObject):
             transcript.end_reply(footer(e.message) if isinstance(e, ReplyCutOff) else "")
             chat.set_status(str(e))
             self.window.log_view.append(f"[chat] {e}")
+            self.window.notifications.fail("chat", "The reply failed", str(e), retry=False)
         finally:
             self._tool_keys.clear()
             chat.set_busy(False)
@@ -741,8 +1099,16 @@ class AppController(QObject):
                 self._show_conversations_keep_transcript()
 
     def _show_conversations_keep_transcript(self) -> None:
-        items = [(str(c.id), c.title) for c in self.store.list()]
-        self.window.chat.set_conversations(items, str(self.conversation_id))
+        self._list_conversations()
+
+    def _show_footer(self) -> None:
+        """The chat footer: the last reply's speed and how much of the context the conversation now holds."""
+        stats = self.chat_client.last_stats if self.chat_client is not None else None
+        if stats is None:
+            return
+        speed = f"{stats.tokens_per_s:.1f} tok/s" if stats.tokens_per_s else ""
+        used = (stats.prompt_tokens or 0) + stats.tokens if stats.prompt_tokens is not None else None
+        self.window.chat.set_footer(speed, context_line(used, stats.n_ctx))
 
     def stop_reply(self) -> None:
         if self._reply_task is not None and not self._reply_task.done():

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import math
+
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, Qt, QTimer
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from runmyai.monitor import StatsSeries, TokenEvent
 
 EXPLANATION = (
-    "Only part of the model's experts fit in the memory given to it; each token, the experts its router picks "
-    "come from the GPU's memory (VRAM), from RAM, or are read from the drive. Bars: those three shares per layer "
-    "for the last token, the line the mean share found in memory; below: the time spent waiting for the drive, "
-    "the bytes it read, and the experts moved into and out of VRAM, per token."
+    "Only part of the model's experts fit in memory. For each token, the experts a layer picks come from the "
+    "GPU's memory (VRAM), from RAM, or from the drive. Below: the wait for the drive and the bytes it read."
 )
+PLOT_MIN_HEIGHT = 150  # below this a plot's axis labels crowd its bars; the panel scrolls instead
 TIER_COLOURS = {"VRAM": "#8e44ad", "RAM": "#4a90d9", "drive": "#e08e0b"}
 REDRAW_MS = 250  # events are batched: a redraw costs ~9 ms, so one per token at 20 tokens/s would cost 18 % of a core
+
+
+def _swatch(colour: str, glyph: str) -> str:
+    return f"<span style='color:{colour}'>{glyph}</span>"
 
 
 class GraphsPanel(QWidget):
@@ -28,23 +33,29 @@ class GraphsPanel(QWidget):
         self._layer_span: tuple[int, int] | None = None
         pg.setConfigOptions(antialias=False, background="w", foreground="k")
 
-        self.hits_plot = pg.PlotWidget(title="Where each layer's experts came from: VRAM · RAM · drive")
+        self.hits_plot = pg.PlotWidget(title="Where each layer's experts came from")
         self.hits_plot.setYRange(0, 1.0, padding=0.02)
         self.hits_plot.setLabel("bottom", "layer")
+        self.hits_plot.getAxis("left").setTicks([[(0, "0"), (0.5, "50%"), (1.0, "100%")]])
+        self.hits_plot.getAxis("bottom").setStyle(hideOverlappingLabels=False)  # the first and last layer's labels
         # stacked: VRAM at the bottom, RAM above it, the drive on top (each bar sums to 1)
-        self.tier_bars = {t: pg.BarGraphItem(x=[], height=[], width=0.8, brush=c) for t, c in TIER_COLOURS.items()}
+        self.tier_bars = {
+            t: pg.BarGraphItem(x=[], height=[], width=0.8, brush=c, pen=pg.mkPen(None), name=t)
+            for t, c in TIER_COLOURS.items()
+        }
         self.hits_bars = self.tier_bars["RAM"]
-        self.hits_mean = pg.PlotDataItem(pen=pg.mkPen("#d9534f", width=2), name="mean")  # symbols cost 3x the paint
+        # symbols cost 3x the paint
+        self.hits_mean = pg.PlotDataItem(pen=pg.mkPen("#d9534f", width=2), name="in memory (mean)")
         for bars in self.tier_bars.values():
             self.hits_plot.addItem(bars)
         self.hits_plot.addItem(self.hits_mean)
+        self.has_gpu = True  # until told otherwise: set_has_gpu hides what only a GPU has
 
-        self.wait_plot = pg.PlotWidget(title="SSD wait per token (ms)")
+        self.wait_plot = pg.PlotWidget(title="Drive wait per token (ms)")
         self.wait_line = self.wait_plot.plot(pen=pg.mkPen("#e08e0b", width=1.5))
         self.bytes_plot = pg.PlotWidget(title="Bytes read per token (MiB)")
         self.bytes_line = self.bytes_plot.plot(pen=pg.mkPen("#5cb85c", width=1.5))
-        self.vram_plot = pg.PlotWidget(title="VRAM expert swaps per token: in · out")
-        self.vram_plot.addLegend(offset=(-4, 4))  # (before the lines: a legend lists the lines added after it)
+        self.vram_plot = pg.PlotWidget(title="VRAM expert swaps per token")
         self.vram_line = self.vram_plot.plot(pen=pg.mkPen("#8e44ad", width=1.5), name="in")
         # out is dashed: a cache that is still filling takes experts in while none go out, so the two lines part
         self.vram_out_line = self.vram_plot.plot(
@@ -58,10 +69,14 @@ class GraphsPanel(QWidget):
             plot.setXRange(-self.series.window, 0, padding=0)
         for plot in (self.hits_plot, self.wait_plot, self.bytes_plot, self.vram_plot):
             plot.getAxis("left").setWidth(44)  # a tick label growing a digit must not re-lay out the panel
+            plot.getPlotItem().setContentsMargins(0, 0, 14, 0)  # room for the last tick label's right half
             plot.setMouseEnabled(x=False, y=False)
             plot.hideButtons()
             plot.setMenuEnabled(False)
 
+        # legends as labels above their plots: inside a plot they covered its bars
+        self.hits_legend = QLabel("")
+        self.vram_legend = QLabel(f"{_swatch('#8e44ad', '━')} in &nbsp; {_swatch('#7f8c8d', '┅')} out")
         self.explain = QLabel(EXPLANATION)  # what a newcomer is looking at, in one line
         self.explain.setWordWrap(True)
         self.device = QLabel("")  # the engine's line: where it computes (the GPU and its share, or the CPU and why)
@@ -70,9 +85,11 @@ class GraphsPanel(QWidget):
         self.summary = QLabel("no tokens yet")
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.hover = QLabel("")
-        for label in (self.summary, self.hover):  # text changes must not re-lay out the plots
+        for label in (self.summary, self.hover):  # text changes must not re-lay out the plots: room for 3 lines
+            label.setWordWrap(True)
             label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
-            label.setFixedHeight(label.fontMetrics().height() + 4)
+            label.setFixedHeight(label.fontMetrics().lineSpacing() * 3 + 4)
+            label.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         self.pause_button = QPushButton("Pause")
         self.pause_button.setCheckable(True)
         self.pause_button.toggled.connect(self.set_paused)
@@ -88,9 +105,26 @@ class GraphsPanel(QWidget):
         layout.addWidget(self.explain)
         layout.addWidget(self.device)
         layout.addWidget(self.summary)
+        plots = QWidget()
+        plots_layout = QVBoxLayout(plots)
+        plots_layout.setContentsMargins(0, 0, 0, 0)
         for plot in (self.hits_plot, self.wait_plot, self.bytes_plot, self.vram_plot):
-            layout.addWidget(plot, 1)
+            plot.setMinimumHeight(PLOT_MIN_HEIGHT)
+            if plot is self.hits_plot:
+                plots_layout.addWidget(self.hits_legend)
+            if plot is self.vram_plot:
+                plots_layout.addWidget(self.vram_legend)
+            plots_layout.addWidget(plot, 1)
+        self.hits_plot.setMinimumHeight(int(PLOT_MIN_HEIGHT * 1.4))
+        scroll = QScrollArea()  # a short window scrolls the plots; it never squeezes them past reading
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        scroll.setWidget(plots)
+        layout.addWidget(scroll, 1)
         layout.addWidget(self.hover)
+        self.explain.setObjectName("muted")
+        self.device.setVisible(False)
+        self.set_has_gpu(False)
 
         for plot in (self.hits_plot, self.wait_plot, self.bytes_plot, self.vram_plot):
             plot.scene().sigMouseMoved.connect(lambda pos, p=plot: self._on_hover(p, pos))
@@ -107,6 +141,84 @@ class GraphsPanel(QWidget):
     def set_device(self, text: str) -> None:
         """The engine's device line (runmyai.monitor.device_note picks it out of the engine's log)."""
         self.device.setText(text)
+        self.device.setVisible(bool(text))
+
+    def set_has_gpu(self, has_gpu: bool) -> None:
+        """The VRAM chart and the VRAM tier's legend entry only where a GPU computes (the machine probe or the
+        engine's device line says so): on a CPU they would be a flat zero."""
+        self.has_gpu = has_gpu
+        self.vram_plot.setVisible(has_gpu)
+        self.vram_legend.setVisible(has_gpu)
+        tiers = [t for t in TIER_COLOURS if has_gpu or t != "VRAM"]
+        self.hits_legend.setText(
+            " &nbsp; ".join(_swatch(TIER_COLOURS[t], "■") + f" {t}" for t in tiers)
+            + f" &nbsp; {_swatch('#d9534f', '━')} in memory, mean"
+        )
+        self._layer_span = None
+        self._dirty = True
+
+    def set_colours(self, background: str, foreground: str) -> None:
+        """The theme's plot colours (pyqtgraph reads its defaults only when a plot is made)."""
+        for plot in (self.hits_plot, self.wait_plot, self.bytes_plot, self.vram_plot):
+            plot.setBackground(background)
+            item = plot.getPlotItem()
+            for name in ("left", "bottom"):
+                axis = item.getAxis(name)
+                axis.setPen(foreground)
+                axis.setTextPen(foreground)
+            item.titleLabel.setText(item.titleLabel.text, color=foreground)
+
+    def axes_problems(self) -> list[str]:
+        """What a reader could not see (the screenshot tests check it): a layer outside the per-layer plot's x axis,
+        shares outside its y axis, a line above its plot's y axis, a plot title wider than its plot."""
+        problems = []
+        s = self.series
+        plots = [self.hits_plot, self.wait_plot, self.bytes_plot] + ([self.vram_plot] if self.has_gpu else [])
+        if s.layer_ids:
+            (x0, x1), (y0, y1) = self.hits_plot.viewRange()
+            lo, hi = s.layer_ids[0], s.layer_ids[-1]
+            if x0 > lo - 0.4 or x1 < hi + 0.4:
+                problems.append(f"layers {lo}..{hi} but the axis shows {x0:.1f}..{x1:.1f}")
+            if y0 > 0 or y1 < 1:
+                problems.append(f"shares 0..1 but the axis shows {y0:.2f}..{y1:.2f}")
+            ticks = self.hits_plot.getAxis("bottom")._tickLevels
+            shown = {v for level in (ticks or []) for v, _ in level}
+            if ticks is not None and (lo not in shown or hi not in shown):
+                problems.append(f"the first or last layer ({lo}, {hi}) has no tick")
+        for plot, values in (
+            (self.wait_plot, list(s.ssd_wait_ms)),
+            (self.bytes_plot, [b / 2**20 for b in s.bytes_read]),
+        ):
+            (_x0, _x1), (y0, y1) = plot.viewRange()
+            if values and (max(values) > y1 + 1e-9 or min(values) < y0 - 1e-9):
+                problems.append(f"{plot.getPlotItem().titleLabel.text}: values outside its y axis")
+        for plot in plots:
+            title = plot.getPlotItem().titleLabel
+            need = title.item.boundingRect().width()
+            if plot.isVisible() and need > plot.width():
+                problems.append(f"the title '{title.text}' is wider than its plot ({need:.0f} > {plot.width()})")
+        return problems
+
+    def _layer_ticks(self, lo: int, hi: int) -> None:
+        """Ticks at every k-th layer, k so that the labels fit the plot's width, always the first and last."""
+        axis = self.hits_plot.getAxis("bottom")
+        label = self.hits_plot.fontMetrics().horizontalAdvance(str(hi)) + 12
+        width = max(1, self.hits_plot.width() - 60)
+        n = hi - lo + 1
+        k = max(1, math.ceil(n * label / width))
+        k = next(step for step in (1, 2, 5, 10, 20, 25, 50, 100, 1000) if step >= k)
+        values = list(range(lo, hi + 1, k))
+        if values[-1] != hi:
+            if hi - values[-1] < k / 2 and len(values) > 1:
+                values[-1] = hi  # the last layer's label, not one crowding it
+            else:
+                values.append(hi)
+        axis.setTicks([[(v, str(v)) for v in values]])
+
+    def resizeEvent(self, event):  # type: ignore[no-untyped-def]  # Qt's override signature
+        super().resizeEvent(event)
+        self._layer_span = None  # the ticks depend on the width
+        self._dirty = True
 
     def set_paused(self, paused: bool) -> None:
         self.series.paused = paused
@@ -130,6 +242,7 @@ class GraphsPanel(QWidget):
         if s.layer_ids and self._layer_span != (s.layer_ids[0], s.layer_ids[-1]):
             self._layer_span = (s.layer_ids[0], s.layer_ids[-1])
             self.hits_plot.setXRange(s.layer_ids[0] - 0.5, s.layer_ids[-1] + 0.5, padding=0)
+            self._layer_ticks(s.layer_ids[0], s.layer_ids[-1])
         x = [t - s.tokens for t in s.token_index]
         self.wait_line.setData(x, list(s.ssd_wait_ms))
         self.bytes_line.setData(x, [b / 2**20 for b in s.bytes_read])

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal, SignalInstance
+from PySide6.QtCore import QSize, Qt, Signal, SignalInstance
+from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
@@ -16,13 +17,28 @@ from PySide6.QtWidgets import (
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
+    QTabWidget,
     QTextBrowser,
     QVBoxLayout,
     QWidget,
 )
 
 from runmyai.ui.render import LibraryEntry
+from runmyai.ui.viewmodels import BADGE_RGB
 from runmyai.units import human_bytes
+
+
+def _dot(colour: str) -> QIcon:
+    """The card's badge: a filled circle in its colour (green, yellow, red, grey)."""
+    pix = QPixmap(28, 28)
+    pix.fill(QColor(0, 0, 0, 0))
+    p = QPainter(pix)
+    p.setRenderHint(QPainter.RenderHint.Antialiasing)
+    p.setBrush(QColor(BADGE_RGB.get(colour, BADGE_RGB["grey"])))
+    p.setPen(QColor(0, 0, 0, 0))
+    p.drawEllipse(2, 2, 24, 24)
+    p.end()
+    return QIcon(pix)
 
 
 def human_eta(seconds: float | None) -> str:
@@ -49,8 +65,30 @@ class DownloadsTable(QTableWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(0, len(self.COLUMNS), parent)
         self.setHorizontalHeaderLabels(self.COLUMNS)
-        self.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header = self.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        # Every other column has a fixed width worked out once from its widest content (the buttons, "1.23 GB /
+        # 45.67 GB", "123.4 MB/s"), so a row's changing text never re-lays out the table, nor the window: a
+        # column sized to its contents grew with each update and took the window with it ("Pause/esum/ance").
+        sample = self._buttons("")
+        fm = self.fontMetrics()
+        widths = {
+            1: fm.horizontalAdvance("999.9 GB / 999.9 GB") + 24,
+            2: fm.horizontalAdvance("999.9 MB/s") + 16,
+            3: fm.horizontalAdvance("99 min") + 16,
+            4: fm.horizontalAdvance("downloading…") + 24,
+            5: sample.sizeHint().width() + 8,
+        }
+        sample.deleteLater()
+        for col, width in widths.items():
+            header.setSectionResizeMode(col, QHeaderView.ResizeMode.Fixed)
+            self.setColumnWidth(col, width)
+        header.setMinimumSectionSize(40)
+        self.setSizeAdjustPolicy(QTableWidget.SizeAdjustPolicy.AdjustIgnored)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        self.setWordWrap(False)
         self.verticalHeader().setVisible(False)
+        self.verticalHeader().setDefaultSectionSize(sample.sizeHint().height() + 6)
         self._rows: dict[str, int] = {}
 
     def update_item(
@@ -83,6 +121,9 @@ class DownloadsTable(QTableWidget):
         self._set(row, 2, f"{human_bytes(speed_bps)}/s" if state == "downloading" else "")
         self._set(row, 3, human_eta(eta_s) if state == "downloading" else "")
         self._set(row, 4, message or state)
+        state_item = self.item(row, 4)
+        if state_item is not None:
+            state_item.setToolTip(message or state)  # a long reason is whole in its tooltip and the notification
         self._set_buttons(row, state)
 
     def remove_item(self, item_id: str) -> None:
@@ -103,7 +144,8 @@ class DownloadsTable(QTableWidget):
     def _buttons(self, item_id: str) -> QWidget:
         box = QWidget()
         layout = QHBoxLayout(box)
-        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setContentsMargins(2, 1, 2, 1)
+        layout.setSpacing(3)
         for label, signal in (
             ("Pause", self.pause_requested),
             ("Resume", self.resume_requested),
@@ -131,6 +173,10 @@ class DownloadsTable(QTableWidget):
 
 
 class LibraryPanel(QWidget):
+    """The Discover page: curated models and hub search as cards, each with its "will it run here?" badge; the
+    chosen one's overview (facts, estimate, quant table), its model card (the repository's README), the quant
+    picker and Download; the downloads below."""
+
     download_requested = Signal(str)  # the entry's key, or the key of the quant chosen in the combo box
     selected = Signal(str)
     use_requested = Signal(str)
@@ -142,16 +188,35 @@ class LibraryPanel(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.search = QLineEdit()
-        self.search.setPlaceholderText("Search the hub for models…")
+        self.search.setPlaceholderText("Search the hub for models (Enter)…")
+        self.search.setClearButtonEnabled(True)
         self.search.returnPressed.connect(lambda: self.search_requested.emit(self.search.text().strip()))
         self.models = QListWidget()
+        self.models.setObjectName("cards")
+        self.models.setIconSize(QSize(14, 14))
+        self.models.setWordWrap(True)
+        self.models.setSpacing(3)
         self.models.currentItemChanged.connect(self._on_current)
         self.details = QTextBrowser()
         self.details.setOpenExternalLinks(False)
+        self.model_card = QTextBrowser()
+        self.model_card.setOpenExternalLinks(True)
+        self.model_card.setPlaceholderText("The repository's README shows here.")
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.details, "Overview")
+        self.tabs.addTab(self.model_card, "Model card")
+        self.headline = QLabel("")
+        self.headline.setObjectName("pageTitle")
+        self.headline.setWordWrap(True)
+        self.badge_line = QLabel("")
+        self.badge_line.setWordWrap(True)
         self.quant = QComboBox()  # a GGUF repository's quants: the preselected one first
         self.quant.setToolTip("Which quant to download (size, and whether it runs well here)")
+        self.quant.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.quant.setMinimumContentsLength(20)
         self.use_button = QPushButton("Chat with this model")
         self.download_button = QPushButton("Download")
+        self.download_button.setObjectName("primary")
         self.autotune_button = QPushButton("Autotune…")
         self.import_button = QPushButton("Import GGUF…")
         self.use_button.clicked.connect(lambda: self._emit_current(self.use_requested))
@@ -159,34 +224,60 @@ class LibraryPanel(QWidget):
         self.autotune_button.clicked.connect(lambda: self._emit_current(self.autotune_requested))
         self.import_button.clicked.connect(self.import_requested)
         self.task_label = QLabel("")
+        self.task_label.setWordWrap(True)
         self.task_progress = QProgressBar()
         self.task_progress.setRange(0, 1000)
         self.task_cancel = QPushButton("Cancel")
         self.task_cancel.clicked.connect(self.cancel_task_requested)
         self.downloads = DownloadsTable()
+        self.downloads_title = QLabel("<b>Downloads</b>")
         self._entries: dict[str, LibraryEntry] = {}
+        self._cards: dict[str, str] = {}  # entry key -> the model card's markdown, once read
+
+        left = QWidget()
+        left_layout = QVBoxLayout(left)
+        left_layout.setContentsMargins(0, 0, 0, 0)
+        title = QLabel("Discover")
+        title.setObjectName("pageTitle")
+        left_layout.addWidget(title)
+        left_layout.addWidget(self.search)
+        left_layout.addWidget(self.models, 1)
+        left_layout.addWidget(self.import_button)
 
         buttons = QHBoxLayout()
-        for b in (self.use_button, self.download_button, self.autotune_button, self.import_button):
+        buttons.addWidget(self.quant, 1)
+        for b in (self.download_button, self.use_button, self.autotune_button):
             buttons.addWidget(b)
         task = QHBoxLayout()
         task.addWidget(self.task_label, 1)
         task.addWidget(self.task_progress, 1)
         task.addWidget(self.task_cancel)
-        top = QWidget()
-        top_layout = QVBoxLayout(top)
-        top_layout.setContentsMargins(0, 0, 0, 0)
-        top_layout.addWidget(self.search)
-        top_layout.addWidget(self.models, 2)
-        top_layout.addWidget(self.details, 3)
-        top_layout.addWidget(self.quant)
-        top_layout.addLayout(buttons)
-        top_layout.addLayout(task)
+        right = QWidget()
+        right_layout = QVBoxLayout(right)
+        right_layout.setContentsMargins(0, 0, 0, 0)
+        right_layout.addWidget(self.headline)
+        right_layout.addWidget(self.badge_line)
+        right_layout.addLayout(buttons)
+        right_layout.addLayout(task)
+        right_layout.addWidget(self.tabs, 1)
+
+        top = QSplitter(Qt.Orientation.Horizontal)
+        top.addWidget(left)
+        top.addWidget(right)
+        top.setStretchFactor(1, 1)
+        top.setSizes([340, 700])
+        bottom = QWidget()
+        bottom_layout = QVBoxLayout(bottom)
+        bottom_layout.setContentsMargins(0, 0, 0, 0)
+        bottom_layout.addWidget(self.downloads_title)
+        bottom_layout.addWidget(self.downloads)
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(top)
-        splitter.addWidget(self.downloads)
-        splitter.setSizes([500, 150])
+        splitter.addWidget(bottom)
+        splitter.setStretchFactor(0, 1)
+        splitter.setSizes([600, 160])
         layout = QVBoxLayout(self)
+        layout.setContentsMargins(20, 16, 20, 12)
         layout.addWidget(splitter)
         self.set_task(None)
         self._update_buttons(None)
@@ -197,8 +288,9 @@ class LibraryPanel(QWidget):
         self.models.blockSignals(True)
         self.models.clear()
         for e in entries:
-            item = QListWidgetItem(f"{e.title}  —  {e.badge}")
+            item = QListWidgetItem(_dot(e.colour), f"{e.title}\n{e.line or e.badge} · {e.badge}")
             item.setData(Qt.ItemDataRole.UserRole, e.key)
+            item.setToolTip(f"{e.title}: {e.line or e.badge}")
             self.models.addItem(item)
             if e.key == keep:
                 self.models.setCurrentItem(item)
@@ -235,6 +327,18 @@ class LibraryPanel(QWidget):
     def _show(self, key: str | None) -> None:
         entry = self._entries.get(key or "")
         self.details.setHtml(entry.details_html if entry else "<p>Pick a model.</p>")
+        self.headline.setText(entry.title if entry else "Pick a model")
+        self.badge_line.setText(
+            f"<span style='color:{BADGE_RGB.get(entry.colour, BADGE_RGB['grey'])}'>●</span> {entry.line or entry.badge}"
+            if entry
+            else ""
+        )
+        card = self._cards.get(key or "")
+        if card is not None:
+            self.model_card.setMarkdown(card)
+        else:
+            self.model_card.setPlainText("" if entry is None or entry.card_repo is None else "Reading the model card…")
+        self.tabs.setTabEnabled(1, bool(entry and entry.card_repo))
         self.quant.clear()
         if entry is not None and entry.choices:
             for choice_key, label in entry.choices:
@@ -245,6 +349,12 @@ class LibraryPanel(QWidget):
         self._update_buttons(entry)
         if key:
             self.selected.emit(key)
+
+    def set_model_card(self, key: str, markdown: str) -> None:
+        """The repository's README (or why there is none) for an entry; shown now if it is the current one."""
+        self._cards[key] = markdown
+        if self.current_key() == key:
+            self.model_card.setMarkdown(markdown)
 
     def _download(self) -> None:
         key = self.current_key()

@@ -15,6 +15,7 @@ from runmyai.library.keys import HubKey, LocalKey, PresetKey
 from runmyai.library.local import LocalModel
 from runmyai.library.presets import Preset
 from runmyai.machine import MachineInfo
+from runmyai.ui.viewmodels import badge
 from runmyai.units import human_bytes
 
 VERDICT_WORDS = {
@@ -37,6 +38,9 @@ class LibraryEntry:
     can_use: bool = False
     choices: tuple[tuple[str, str], ...] = ()  # (key, label): the quants a download may pick
     choice: str | None = None  # the preselected one
+    colour: str = "grey"  # the "will it run here?" badge (viewmodels.badge): green, yellow, red, grey
+    line: str = ""  # the estimate in one line, beside the badge
+    card_repo: str | None = None  # the hub repository whose README is the model card
 
 
 @dataclass(frozen=True)
@@ -64,31 +68,49 @@ def local_entry(m: LocalModel, preset: Preset | None, view: View) -> LibraryEntr
         lines.append(f"<p><b>{_unsupported(m.arch or '?', view.engine)}</b></p>")
     if preset is not None:
         lines.append(preset_html(preset, view))
+    est = None
     if view.machine is not None and m.error is None:  # every installed model, with or without a preset
         est = installed_estimate(m, preset, view.machine, view.engine, view.flags_of(m, preset))
         lines.append(estimate_html(est) if est is not None else "<p>No estimate: the engine's facts are not known.</p>")
-    badge = "built-in" if m.bundled else ("cannot be used" if m.error or not runs else "installed")
-    return LibraryEntry(str(LocalKey(m.path)), m.name, badge, "".join(lines), can_use=m.error is None and runs)
+    kind = "built-in" if m.bundled else ("cannot be used" if m.error or not runs else "installed")
+    b = badge(est, supported=runs, error=m.error)
+    repo = preset.gguf.repo if preset is not None and preset.gguf is not None else (preset.repo if preset else None)
+    return LibraryEntry(
+        str(LocalKey(m.path)),
+        m.name,
+        kind,
+        "".join(lines),
+        can_use=m.error is None and runs,
+        colour=b.colour,
+        line=b.line,
+        card_repo=repo,
+    )
 
 
 def preset_entry(p: Preset, view: View) -> LibraryEntry:
     runs = view.engine.runs(p.facts.arch)
     downloadable = runs and (p.published or p.gguf is not None)
     if not runs:
-        badge = "not supported yet"
+        kind = "not supported yet"
     elif p.repo or p.gguf:
-        badge = "on the hub"
+        kind = "on the hub"
     else:
-        badge = "built-in (not prepared)"
+        kind = "built-in (not prepared)"
     choices: tuple[tuple[str, str], ...] = ()
     choice = None
     if p.gguf is not None and not p.published:
         choices = tuple((str(HubKey(p.gguf.repo, q)), f"{q} (from {p.gguf.repo})") for q in p.gguf.quants)
         choice = str(HubKey(p.gguf.repo, p.gguf.default))
     text = f"<h3>{html.escape(p.name)}</h3>" + preset_html(p, view)
+    est = None
     if view.machine is not None:
-        text += estimate_html(launch_estimate(p, view.machine, view.engine, p.flags))
-    return LibraryEntry(str(PresetKey(p.id)), p.name, badge, text, downloadable, False, choices, choice)
+        est = launch_estimate(p, view.machine, view.engine, p.flags)
+        text += estimate_html(est)
+    b = badge(est, supported=runs)
+    repo = p.gguf.repo if p.gguf is not None else p.repo
+    return LibraryEntry(
+        str(PresetKey(p.id)), p.name, kind, text, downloadable, False, choices, choice, b.colour, b.line, repo
+    )
 
 
 def preset_html(p: Preset, view: View) -> str:
@@ -132,14 +154,22 @@ def hub_entry(h: HubModel, quants: RepoQuants | None) -> LibraryEntry:
     if blocked is not None:  # not offered as a model to run: one line says why (`runmyai get` can still name one)
         table = quant_table_html(quants, None) if quants is not None and quants.choices else ""
         body = f"<p><b>{html.escape(blocked)}</b></p>"
-        return LibraryEntry(key, h.repo, "can't run here", head + body + table, can_download=False)
+        return LibraryEntry(
+            key, h.repo, "can't run here", head + body + table, False, colour="red", line=blocked, card_repo=h.repo
+        )
     if quants is None or not quants.choices:
         files = [f for f in h.files if f.path.endswith(".gguf")]
         rows = "".join(f"<li>{html.escape(f.path)} ({human_bytes(f.size)})</li>" for f in files)
         note = f"<p>{html.escape(quants.note)}</p>" if quants is not None and quants.note else ""
         wait = "" if quants is not None else "<p><i>Reading its quants…</i></p>"
         return LibraryEntry(
-            key, h.repo, "on the hub", head + note + wait + f"<ul>{rows}</ul>", can_download=bool(files)
+            key,
+            h.repo,
+            "on the hub",
+            head + note + wait + f"<ul>{rows}</ul>",
+            can_download=bool(files),
+            line="Reading its quants…" if quants is None else "No estimate",
+            card_repo=h.repo,
         )
     best = quants.best()
     table = quant_table_html(quants, best)
@@ -147,9 +177,14 @@ def hub_entry(h: HubModel, quants: RepoQuants | None) -> LibraryEntry:
     choice = str(HubKey(h.repo, best.quant.name)) if best is not None else None
     if best is not None and best.estimate is not None:
         detail = estimate_html(best.estimate)
+        b = badge(best.estimate)
+        colour, line = b.colour, f"{best.quant.name}: {b.line}"
     else:  # none recommended: say why
         detail = f"<p><b>{html.escape(quants.why_none())}</b></p>"
-    return LibraryEntry(key, h.repo, "on the hub", head + table + detail, True, False, choices, choice)
+        colour, line = "red", "No quant fits here"
+    return LibraryEntry(
+        key, h.repo, "on the hub", head + table + detail, True, False, choices, choice, colour, line, h.repo
+    )
 
 
 def quant_label(c: QuantChoice, recommended: bool) -> str:

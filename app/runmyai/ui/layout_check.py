@@ -1,0 +1,128 @@
+"""Finds what a user could not read on screen: a label's or a button's text wider (or, wrapped, taller) than the
+room it was given, and a live chart whose axes do not hold every layer. The screenshot tests and
+`runmyai --self-test --screenshots DIR` run it on every page, at every size, in both themes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from PySide6.QtCore import QRect
+from PySide6.QtGui import QTextDocument
+from PySide6.QtWidgets import (
+    QAbstractButton,
+    QAbstractScrollArea,
+    QCheckBox,
+    QLabel,
+    QPushButton,
+    QRadioButton,
+    QWidget,
+)
+
+from runmyai.ui.chat_panel import ElidedLabel
+from runmyai.ui.graphs import GraphsPanel
+
+SLACK_PX = 1  # rounding between a font's advance and the pixels it is given
+
+
+def _visible_widgets(root: QWidget) -> Iterator[QWidget]:
+    for w in root.findChildren(QWidget):
+        if w.isVisibleTo(root) and w.isVisible() and w.width() > 0 and not _scrolled_out(w):
+            yield w
+
+
+def _scrolled_out(w: QWidget) -> bool:
+    """Inside a scroll area's viewport and outside what it shows: scrolled to, not clipped."""
+    p = w.parentWidget()
+    while p is not None:
+        if isinstance(p, QAbstractScrollArea) and p.viewport().isAncestorOf(w):
+            viewport = p.viewport()
+            top_left = w.mapTo(viewport, w.rect().topLeft())
+            return not viewport.rect().intersects(QRect(top_left, w.size()))
+        p = p.parentWidget()
+    return False
+
+
+def _plain(label: QLabel) -> str:
+    text = label.text()
+    if label.textFormat().name != "PlainText" and ("<" in text and ">" in text):
+        doc = QTextDocument()
+        doc.setHtml(text)
+        return doc.toPlainText()
+    return text
+
+
+def label_problem(label: QLabel) -> str | None:
+    text = _plain(label)
+    if not text.strip() or isinstance(label, ElidedLabel):  # an elided label shows "…" and its tooltip, by design
+        return None
+    room = label.contentsRect().width() - 2 * label.margin() - (label.indent() if label.indent() > 0 else 0)
+    fm = label.fontMetrics()
+    if label.wordWrap():
+        need = label.heightForWidth(label.width())
+        if need > label.height() + SLACK_PX:
+            return f"wrapped text needs {need} px of height, has {label.height()}"
+        longest = max((fm.horizontalAdvance(word) for word in text.split()), default=0)
+        if longest > room + SLACK_PX:
+            return f"a word needs {longest} px, has {room}"
+        return None
+    need = max(fm.horizontalAdvance(line) for line in text.split("\n"))
+    if label.textFormat().name != "PlainText" and "<" in label.text():
+        need = label.sizeHint().width() - 2 * label.margin()
+    if need > room + SLACK_PX:
+        return f"needs {need} px, has {room}"
+    lines = text.count("\n") + 1
+    if fm.height() * lines > label.contentsRect().height() + SLACK_PX:
+        return f"needs {fm.height() * lines} px of height, has {label.contentsRect().height()}"
+    return None
+
+
+def button_problem(button: QAbstractButton) -> str | None:
+    """A push button, check box or radio button narrower than its size hint (its text, icon, the style's and the
+    style sheet's padding): layouts never give one less unless the room runs out, and then its text is cut."""
+    if not button.text() or not isinstance(button, (QPushButton, QCheckBox, QRadioButton)):
+        return None
+    need = button.sizeHint().width()
+    if need > button.width() + SLACK_PX:
+        return f"needs {need} px, has {button.width()}"
+    return None
+
+
+def outside_parent(w: QWidget) -> str | None:
+    """A widget that reaches out of its parent is cut by it (a row of buttons in a table cell narrower than the
+    row: each button keeps its width, the cell cuts the last ones — "Pause/esum/ance")."""
+    parent = w.parentWidget()
+    if parent is None or isinstance(parent, QAbstractScrollArea) or w.isWindow():
+        return None
+    g = w.geometry()
+    inside = parent.rect()
+    if g.right() > inside.right() + SLACK_PX or g.bottom() > inside.bottom() + SLACK_PX or g.left() < -SLACK_PX:
+        return f"reaches out of its parent ({g.x()}+{g.width()} > {inside.width()})"
+    return None
+
+
+def clipped(root: QWidget) -> list[str]:
+    """Every visible label and button of `root` whose text does not fit, as 'Class 'text': why'."""
+    problems = []
+    for w in _visible_widgets(root):
+        problem = None
+        text = ""
+        if isinstance(w, QLabel):
+            problem = label_problem(w)
+            text = _plain(w)
+        elif isinstance(w, QAbstractButton):
+            problem = button_problem(w)
+            text = w.text()
+        if problem is None and isinstance(w, (QLabel, QAbstractButton)) and text.strip():
+            problem = outside_parent(w)
+        if problem is not None:
+            short = " ".join(text.split())
+            problems.append(f"{type(w).__name__} '{short[:60]}': {problem}")
+    return problems
+
+
+def chart_problems(root: QWidget) -> list[str]:
+    problems = []
+    for g in root.findChildren(GraphsPanel):
+        if g.isVisible():
+            problems += g.axes_problems()
+    return problems

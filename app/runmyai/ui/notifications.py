@@ -1,0 +1,118 @@
+"""The notification area: errors and long jobs as cards above the pages, each whole sentences (wrapped, never
+cut), with Retry, Details and Forget. It draws `viewmodels.Notifications`; the controller decides what goes in."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QSizePolicy, QVBoxLayout, QWidget
+
+from runmyai.ui.viewmodels import Notice, Notifications
+
+MAX_SHOWN = 3  # the newest; older ones wait behind them (a flood of failures must not push the page away)
+
+
+class NoticeCard(QFrame):
+    def __init__(self, notice: Notice, area: NotificationArea) -> None:
+        super().__init__()
+        self.notice = notice
+        self.setObjectName("notice")
+        self.setProperty("kind", notice.kind)
+        self.title = QLabel(f"<b>{_escape(notice.title)}</b>")
+        self.reason = QLabel(notice.reason)
+        for label in (self.title, self.reason):
+            label.setWordWrap(True)
+            label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.details = QLabel(notice.details)
+        self.details.setWordWrap(True)
+        self.details.setObjectName("muted")
+        self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.details.setVisible(False)
+        self.retry = QPushButton("Retry")
+        self.retry.setObjectName("retry")
+        self.details_button = QPushButton("Details")
+        self.details_button.setObjectName("details")
+        self.forget = QPushButton("Forget" if notice.kind == "error" else "Hide")
+        self.forget.setObjectName("forget")
+        self.retry.setVisible(notice.retry)
+        self.details_button.setVisible(bool(notice.details))
+        self.retry.clicked.connect(lambda: area.retry_requested.emit(notice.key))
+        self.forget.clicked.connect(lambda: area.forget_requested.emit(notice.key))
+        self.details_button.clicked.connect(self._toggle_details)
+        text = QVBoxLayout()
+        text.setSpacing(2)
+        text.addWidget(self.title)
+        text.addWidget(self.reason)
+        if notice.kind == "job":
+            bar = QProgressBar()
+            bar.setTextVisible(False)
+            bar.setFixedHeight(6)
+            if notice.progress is None:
+                bar.setRange(0, 0)
+            else:
+                bar.setRange(0, 1000)
+                bar.setValue(int(1000 * max(0.0, min(1.0, notice.progress))))
+            text.addWidget(bar)
+        text.addWidget(self.details)
+        buttons = QHBoxLayout()
+        buttons.setSpacing(6)
+        for b in (self.retry, self.details_button, self.forget):
+            buttons.addWidget(b, 0, Qt.AlignmentFlag.AlignTop)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(12, 8, 8, 8)
+        row.addLayout(text, 1)
+        row.addLayout(buttons)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
+
+    def _toggle_details(self) -> None:
+        self.details.setVisible(not self.details.isVisible())
+        self.details_button.setText("Hide details" if self.details.isVisible() else "Details")
+
+
+class NotificationArea(QWidget):
+    retry_requested = Signal(str)
+    forget_requested = Signal(str)
+
+    def __init__(self, model: Notifications, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = model
+        self._layout = QVBoxLayout(self)
+        self._layout.setContentsMargins(12, 8, 12, 0)
+        self._layout.setSpacing(6)
+        self.cards: list[NoticeCard] = []
+        self.more = QLabel("")
+        self.more.setObjectName("muted")
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Redraws from the model; a card whose notice did not change keeps its widget (and its open details)."""
+        shown = self.model.items()[-MAX_SHOWN:]
+        old = {c.notice.key: c for c in self.cards}
+        cards: list[NoticeCard] = []
+        for notice in shown:
+            card = old.pop(notice.key, None)
+            if card is None or card.notice != notice:
+                if card is not None:
+                    card.deleteLater()
+                card = NoticeCard(notice, self)
+            cards.append(card)
+        for card in old.values():
+            card.setParent(None)
+            card.deleteLater()
+        while self._layout.count():
+            self._layout.takeAt(0)
+        for card in cards:
+            self._layout.addWidget(card)
+        hidden = len(self.model.items()) - len(shown)
+        self.more.setText(f"and {hidden} more (Forget one to see the next)" if hidden else "")
+        self._layout.addWidget(self.more)
+        self.more.setVisible(bool(hidden))
+        self.cards = cards
+        self.setVisible(bool(cards))
+
+    def texts(self) -> list[str]:
+        """Each card's title and reason as shown (tests, and the self-test's report)."""
+        return [f"{c.notice.title}: {c.notice.reason}" for c in self.cards]
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -1,0 +1,375 @@
+"""The shell's pages besides Chat and Discover: My models, Server, Settings. Thin: each emits intents and draws
+what the controller gives it (viewmodels.ModelRow, AppSettings)."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal, SignalInstance
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QComboBox,
+    QFormLayout,
+    QFrame,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from runmyai.ui.viewmodels import SHORTCUTS, AppSettings, ModelRow, ServerSettings, Theme, server_url
+
+
+def page_title(text: str, subtitle: str = "") -> QWidget:
+    box = QWidget()
+    layout = QVBoxLayout(box)
+    layout.setContentsMargins(0, 0, 0, 6)
+    title = QLabel(text)
+    title.setObjectName("pageTitle")
+    layout.addWidget(title)
+    if subtitle:
+        sub = QLabel(subtitle)
+        sub.setObjectName("muted")
+        sub.setWordWrap(True)
+        layout.addWidget(sub)
+    return box
+
+
+def page_layout(widget: QWidget) -> QVBoxLayout:
+    layout = QVBoxLayout(widget)
+    layout.setContentsMargins(20, 16, 20, 16)
+    return layout
+
+
+# ------------------------------------------------------------------------------------------ My models
+class ModelsPage(QWidget):
+    """The installed models: size, architecture, estimate, last used, where from; chat, re-verify, open the
+    folder, delete."""
+
+    use_requested = Signal(str)  # a library key
+    verify_requested = Signal(str)  # a model path
+    open_folder_requested = Signal(str)
+    delete_requested = Signal(str)
+    import_requested = Signal()
+
+    COLUMNS = ("Model", "From", "Size", "Architecture", "Here", "Last used")
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.table = QTableWidget(0, len(self.COLUMNS))
+        self.table.setHorizontalHeaderLabels(self.COLUMNS)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setShowGrid(False)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for col in range(1, len(self.COLUMNS)):
+            header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+        self.table.itemSelectionChanged.connect(self._update_buttons)
+        self.table.itemDoubleClicked.connect(lambda _item: self._emit(self.use_requested, key=True))
+        self.use_button = QPushButton("Chat with it")
+        self.use_button.setObjectName("primary")
+        self.verify_button = QPushButton("Re-verify")
+        self.folder_button = QPushButton("Open folder")
+        self.delete_button = QPushButton("Delete…")
+        self.import_button = QPushButton("Import GGUF…")
+        self.use_button.clicked.connect(lambda: self._emit(self.use_requested, key=True))
+        self.verify_button.clicked.connect(lambda: self._emit(self.verify_requested))
+        self.folder_button.clicked.connect(lambda: self._emit(self.open_folder_requested))
+        self.delete_button.clicked.connect(lambda: self._emit(self.delete_requested))
+        self.import_button.clicked.connect(self.import_requested)
+        self.empty = QLabel("No models yet: find one in Discover, or import a GGUF file.")
+        self.empty.setObjectName("muted")
+        self._rows: list[ModelRow] = []
+
+        layout = page_layout(self)
+        layout.addWidget(page_title("My models", "The models on this machine, and how each would run here."))
+        layout.addWidget(self.table, 1)
+        layout.addWidget(self.empty)
+        buttons = QHBoxLayout()
+        for b in (self.use_button, self.verify_button, self.folder_button, self.delete_button):
+            buttons.addWidget(b)
+        buttons.addStretch(1)
+        buttons.addWidget(self.import_button)
+        layout.addLayout(buttons)
+        self._update_buttons()
+
+    def set_rows(self, rows: list[ModelRow]) -> None:
+        keep = self.current()
+        self._rows = rows
+        self.table.setRowCount(len(rows))
+        for r, row in enumerate(rows):
+            name = f"{row.name}{'  (in use)' if row.in_use else ''}{'  · built-in' if row.bundled else ''}"
+            for c, text in enumerate((name, row.repo or "—", row.size, row.arch, row.estimate, row.last_used)):
+                item = QTableWidgetItem(text)
+                item.setToolTip(str(row.path) if c == 0 else text)
+                self.table.setItem(r, c, item)
+            if keep is not None and row.path == keep.path:
+                self.table.selectRow(r)
+        self.empty.setVisible(not rows)
+        self._update_buttons()
+
+    def current(self) -> ModelRow | None:
+        rows = self.table.selectionModel().selectedRows() if self.table.selectionModel() else []
+        if not rows or rows[0].row() >= len(self._rows):
+            return None
+        return self._rows[rows[0].row()]
+
+    def _emit(self, signal: SignalInstance, key: bool = False) -> None:
+        row = self.current()
+        if row is not None:
+            signal.emit(row.key if key else str(row.path))
+
+    def _update_buttons(self) -> None:
+        row = self.current()
+        for b in (self.use_button, self.verify_button, self.folder_button):
+            b.setEnabled(row is not None)
+        self.delete_button.setEnabled(row is not None and not row.bundled and not row.in_use)
+
+
+# ------------------------------------------------------------------------------------------ Server
+class ServerPage(QWidget):
+    """The local OpenAI-compatible server: on/off, its port, its API key (always one), the URL to copy."""
+
+    changed = Signal(object)  # ServerSettings
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.enabled = QCheckBox("Let programs on this computer use the model (OpenAI-compatible API)")
+        self.port = QSpinBox()
+        self.port.setRange(1024, 65535)
+        self.key = QLineEdit()
+        self.key.setReadOnly(True)
+        self.new_key = QPushButton("New key")
+        self.copy_key = QPushButton("Copy")
+        self.url = QLineEdit()
+        self.url.setReadOnly(True)
+        self.copy_url = QPushButton("Copy")
+        self.cors = QLineEdit()
+        self.cors.setPlaceholderText("none (browsers' pages cannot call it); e.g. http://localhost:3000")
+        self.state = QLabel("Off.")
+        self.state.setWordWrap(True)
+        self.example = QLabel("")
+        self.example.setObjectName("muted")
+        self.example.setWordWrap(True)
+        self.example.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self._settings = ServerSettings()
+
+        key_row = QHBoxLayout()
+        key_row.addWidget(self.key, 1)
+        key_row.addWidget(self.copy_key)
+        key_row.addWidget(self.new_key)
+        url_row = QHBoxLayout()
+        url_row.addWidget(self.url, 1)
+        url_row.addWidget(self.copy_url)
+        form = QFormLayout()
+        form.addRow("Port", self.port)
+        form.addRow("API key", key_row)
+        form.addRow("Base URL", url_row)
+        form.addRow("Allowed web origins", self.cors)
+        layout = page_layout(self)
+        layout.addWidget(
+            page_title(
+                "Local server",
+                "Other programs (editors, scripts, chat front-ends) can use the model loaded here, as they would "
+                "OpenAI's API. Only this computer can reach it, and only with the key.",
+            )
+        )
+        layout.addWidget(self.enabled)
+        layout.addLayout(form)
+        layout.addWidget(self.state)
+        layout.addWidget(self.example)
+        layout.addStretch(1)
+
+        self.enabled.toggled.connect(lambda _on: self._emit())
+        self.port.editingFinished.connect(self._emit)
+        self.cors.editingFinished.connect(self._emit)
+        self.new_key.clicked.connect(lambda: self._emit(new_key=True))
+        self.copy_key.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.key.text()))
+        self.copy_url.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.url.text()))
+
+    def set_settings(self, s: ServerSettings) -> None:
+        self._settings = s
+        for w in (self.enabled, self.port, self.cors):
+            w.blockSignals(True)
+        self.enabled.setChecked(s.enabled)
+        self.port.setValue(s.port)
+        self.cors.setText(", ".join(s.cors_origins))
+        for w in (self.enabled, self.port, self.cors):
+            w.blockSignals(False)
+        self.key.setText(s.api_key)
+        self.url.setText(server_url(s.port))
+        self.example.setText(
+            f'curl {server_url(s.port)}/chat/completions -H "Authorization: Bearer {s.api_key}" '
+            '-H "Content-Type: application/json" -d \'{"messages": [{"role": "user", "content": "Hello"}]}\''
+        )
+
+    def set_state(self, text: str) -> None:
+        self.state.setText(text)
+
+    def _emit(self, new_key: bool = False) -> None:
+        from dataclasses import replace
+
+        from runmyai.ui.viewmodels import new_api_key
+
+        origins = tuple(o.strip() for o in self.cors.text().replace(" ", ",").split(",") if o.strip())
+        s = replace(
+            self._settings,
+            enabled=self.enabled.isChecked(),
+            port=self.port.value(),
+            cors_origins=origins,
+            api_key=new_api_key() if new_key or not self._settings.api_key else self._settings.api_key,
+        )
+        if s != self._settings:
+            self.set_settings(s)
+            self.changed.emit(s)
+
+
+# ------------------------------------------------------------------------------------------ Settings
+class SettingsPage(QWidget):
+    theme_changed = Signal(str)
+    folders_changed = Signal(list)  # list[str]
+    add_folder_requested = Signal()
+    context_changed = Signal(int)
+    preset_apply_requested = Signal(str)
+    preset_save_requested = Signal(str)
+    preset_delete_requested = Signal(str)
+    mcp_requested = Signal()
+    connect_endpoint_requested = Signal()
+    show_log_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.theme = QComboBox()
+        for label, value in (("Follow the system", "system"), ("Light", "light"), ("Dark", "dark")):
+            self.theme.addItem(label, value)
+        self.theme.currentIndexChanged.connect(lambda _i: self.theme_changed.emit(self.theme.currentData()))
+        self.models_folder = QLabel("")
+        self.models_folder.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.models_folder.setWordWrap(True)
+        self.folders = QListWidget()
+        self.folders.setMaximumHeight(90)
+        add = QPushButton("Add folder…")
+        remove = QPushButton("Remove")
+        add.clicked.connect(self.add_folder_requested)
+        remove.clicked.connect(self._remove_folder)
+        self.context = QSpinBox()
+        self.context.setRange(0, 1_048_576)
+        self.context.setSingleStep(1024)
+        self.context.setSpecialValueText("the model's own (capped by memory)")
+        self.context.editingFinished.connect(lambda: self.context_changed.emit(self.context.value()))
+        self.preset_model = QLabel("")
+        self.preset_model.setWordWrap(True)
+        self.presets = QComboBox()
+        self.preset_name = QLineEdit()
+        self.preset_name.setPlaceholderText("a name for the current chat's settings")
+        apply_button = QPushButton("Apply to this chat")
+        save_button = QPushButton("Save")
+        delete_button = QPushButton("Delete")
+        apply_button.clicked.connect(lambda: self._preset(self.preset_apply_requested))
+        delete_button.clicked.connect(lambda: self._preset(self.preset_delete_requested))
+        save_button.clicked.connect(self._save_preset)
+        mcp = QPushButton("MCP servers…")
+        mcp.clicked.connect(self.mcp_requested)
+        endpoint = QPushButton("Connect to another OpenAI-compatible server…")
+        endpoint.clicked.connect(self.connect_endpoint_requested)
+        log = QPushButton("Engine log")
+        log.clicked.connect(self.show_log_requested)
+
+        appearance = QFormLayout()
+        appearance.addRow("Theme", self.theme)
+        folder_buttons = QHBoxLayout()
+        folder_buttons.addWidget(add)
+        folder_buttons.addWidget(remove)
+        folder_buttons.addStretch(1)
+        models = QFormLayout()
+        models.addRow("Downloads go to", self.models_folder)
+        models.addRow("Also look in", self.folders)
+        models.addRow("", folder_buttons)
+        models.addRow("Context length", self.context)
+        preset_row = QHBoxLayout()
+        preset_row.addWidget(self.presets, 1)
+        preset_row.addWidget(apply_button)
+        preset_row.addWidget(delete_button)
+        save_row = QHBoxLayout()
+        save_row.addWidget(self.preset_name, 1)
+        save_row.addWidget(save_button)
+        presets = QFormLayout()
+        presets.addRow("For", self.preset_model)
+        presets.addRow("Saved", preset_row)
+        presets.addRow("Save as", save_row)
+        tools = QHBoxLayout()
+        for b in (mcp, endpoint, log):
+            tools.addWidget(b)
+        tools.addStretch(1)
+        keys = QFormLayout()
+        for key, what in SHORTCUTS:
+            keys.addRow(QLabel(f"<b>{key}</b>"), QLabel(what))
+
+        inner = QWidget()
+        layout = page_layout(inner)
+        layout.addWidget(page_title("Settings"))
+        for title, body in (
+            ("Appearance", appearance),
+            ("Models", models),
+            ("Chat presets", presets),
+            ("Tools and connections", tools),
+            ("Keyboard shortcuts", keys),
+        ):
+            group = QGroupBox(title)
+            group.setLayout(body)
+            layout.addWidget(group)
+        layout.addStretch(1)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(inner)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
+
+    def set_settings(self, s: AppSettings, models_folder: str) -> None:
+        self.theme.blockSignals(True)
+        self.theme.setCurrentIndex(max(0, self.theme.findData(s.theme)))
+        self.theme.blockSignals(False)
+        self.models_folder.setText(models_folder)
+        self.folders.clear()
+        self.folders.addItems(list(s.model_dirs))
+        self.context.setValue(s.context_length)
+
+    def set_presets(self, model: str | None, names: list[str]) -> None:
+        self.preset_model.setText(model or "no model loaded")
+        self.presets.clear()
+        self.presets.addItems(names)
+
+    def theme_value(self) -> Theme:
+        value = self.theme.currentData()
+        return value if value in ("system", "light", "dark") else "system"
+
+    def _remove_folder(self) -> None:
+        row = self.folders.currentRow()
+        if row >= 0:
+            self.folders.takeItem(row)
+            self.folders_changed.emit([self.folders.item(i).text() for i in range(self.folders.count())])
+
+    def _preset(self, signal: SignalInstance) -> None:
+        name = self.presets.currentText()
+        if name:
+            signal.emit(name)
+
+    def _save_preset(self) -> None:
+        name = self.preset_name.text().strip()
+        if name:
+            self.preset_save_requested.emit(name)
+            self.preset_name.clear()
