@@ -352,9 +352,13 @@ def _session_options(args: argparse.Namespace) -> Any:
     if args.ram_budget:
         with ModelFile.open(args.model, announce_fallback=False) as mf:
             budget = parse_size(args.ram_budget, mf.index.total_bytes)
+    parallel = getattr(args, "parallel", "1")  # (serve's; one sequence elsewhere)
+    if parallel != "auto" and not (parallel.isdigit() and 1 <= int(parallel) <= 64):
+        raise BadInputError("--parallel must be auto or a number of requests from 1 to 64")
     return SessionOptions(
         ram_budget=budget,
         lookahead=args.lookahead,
+        parallel=0 if parallel == "auto" else int(parallel),
         n_ctx=args.ctx,
         kv_type=args.kv_type,
         n_threads=args.threads,
@@ -707,6 +711,13 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=0, help="0: any free port (printed in the JSON handshake)")
     sv.add_argument("--watch-stdin", action="store_true", help="stop when stdin closes (for supervisors)")
+    sv.add_argument(
+        "--parallel",
+        default="auto",
+        metavar="N",
+        help="requests served at once, decoded together (each slot has its own KV cache of the context); auto: "
+        "as many as memory holds with the context one would get, at most 4 (default)",
+    )
     sv.add_argument(
         "--allowed-host",
         action="append",

@@ -257,12 +257,13 @@ class ExpertCompute:
     def decode_weighted(
         self, block: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray, wave: list[int], ready: list[bool]
     ) -> np.ndarray:
-        """A token's experts when some are still on their way: the ready ones first, then the others as they
-        land. Returns their weighted outputs [1, k, n_embd] (zero at the ranks of experts computed elsewhere: the
-        GPU's), which the caller sums in rank order (the same additions as in one graph). With split demand
+        """A token's experts (or a decode step's, a row per sequence: runtime/batch.py) when some are still on
+        their way: the ready ones first, then the others as they land. Returns their weighted outputs [n, k,
+        n_embd] (zero at the ranks of experts computed elsewhere: the GPU's, or another wave's), which the caller
+        sums in rank order (the same additions as in one graph). With split demand
         reads, the late experts' gate/up half is computed as soon as those projections are in, while their down
         projections are still being read (spec §9)."""
-        weighted = np.zeros((1, sel.shape[1], cur.shape[1]), np.float32)
+        weighted = np.zeros((sel.shape[0], sel.shape[1], cur.shape[1]), np.float32)
         first = [e for e, ok in zip(wave, ready, strict=True) if ok]
         rest = [e for e, ok in zip(wave, ready, strict=True) if not ok]
         for part in (first, rest) if first and rest else (wave,):

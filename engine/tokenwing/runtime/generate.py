@@ -90,6 +90,103 @@ class TextStream:
         return out
 
 
+class Decoding:
+    """One reply, token by token: its sampling, stop strings, grammar, log-probabilities and streamed text. The
+    driver computes; this decides. `first(logits)` takes the prompt's logits, `step(logits)` each decode step's;
+    both return the token to compute next, or None when the reply has ended (`gen` says why). `generate` drives
+    one sequence; the server's batch (server/worker.py) drives several, each with its own."""
+
+    def __init__(
+        self,
+        session: Session,
+        prompt: list[int],
+        max_tokens: int,
+        sampler: Sampler,
+        stops: Sequence[str] = (),
+        on_text: Callable[[str], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        cached: int = 0,
+        logprobs: int | None = None,
+        on_logprob: Callable[[TokenLogprob], None] | None = None,
+        constraint: Constraint | None = None,
+    ) -> None:
+        room = session.n_ctx - len(prompt)
+        if room <= 0:
+            raise BadInputError(
+                f"the prompt ({len(prompt)} tokens) does not fit the context ({session.n_ctx} tokens): shorten it"
+                " or use a longer context"
+            )
+        self.session, self.max_tokens, self.sampler = session, max_tokens, sampler
+        self.limit = min(max_tokens, room)
+        self.on_text, self.should_stop = on_text, should_stop
+        self.logprobs, self.on_logprob, self.constraint = logprobs, on_logprob, constraint
+        self.gen = Generation(prompt_tokens=len(prompt), cached_tokens=cached)
+        self.stream = TextStream(stops)
+        self.history = list(prompt)
+        self.script = testpause.scripted_tokens()  # tests only: a reply of known tokens through the real pipeline
+        self.done = False
+
+    def step(self, logits: np.ndarray) -> int | None:
+        """The next token from these logits; None when the reply ends here (then `finish`)."""
+        gen, script, constraint = self.gen, self.script, self.constraint
+        if len(gen.tokens) >= self.limit:
+            self.done = True
+            return None
+        if script is not None:
+            tok = script[min(len(gen.tokens), len(script) - 1)]
+        else:
+            tok = self.sampler.sample(logits if constraint is None else constraint.apply(logits), self.history)
+        if tok in self.session.tokenizer.eos_ids:
+            gen.finish_reason, gen.finish_detail = "stop", "eos"
+            self.done = True
+            return None
+        if constraint is not None and script is None:
+            constraint.accept(tok)
+        gen.tokens.append(tok)
+        self.history.append(tok)
+        if self.logprobs is not None:
+            lp = token_logprob(logits, tok, self.logprobs)
+            gen.logprobs.append(lp)
+            if self.on_logprob:
+                self.on_logprob(lp)
+        piece = self.stream.push(self.session.tokenizer.token_bytes(tok))
+        if piece and self.on_text:
+            self.on_text(piece)
+        if self.stream.stopped:
+            gen.finish_reason, gen.finish_detail = "stop", "stop"
+            self.done = True
+            return None
+        if constraint is not None and script is None and constraint.finished:
+            gen.finish_reason, gen.finish_detail = "stop", "grammar"  # nothing may follow but an end token
+            self.done = True
+            return None
+        if self.should_stop is not None and self.should_stop():
+            gen.finish_reason, gen.finish_detail = "stop", "cancelled"
+            self.done = True
+            return None
+        if len(gen.tokens) == self.limit:
+            gen.finish_detail = "max_tokens" if self.limit == self.max_tokens else "context_full"
+            self.done = True
+            return None  # the last token needs no forward pass
+        if constraint is not None and script is None:
+            constraint.prepare()  # the next mask, while the forward pass runs
+        return tok
+
+    def close(self) -> None:
+        """Lets go of what the reply holds (its grammar's mask thread); `finish` does it too."""
+        if self.constraint is not None:
+            self.constraint.close()
+
+    def finish(self) -> Generation:
+        """The reply's text and end (after `step` returned None, or to end it here)."""
+        self.close()
+        tail = self.stream.flush() if not self.stream.stopped else ""
+        if tail and self.on_text:
+            self.on_text(tail)
+        self.gen.text = self.stream.text
+        return self.gen
+
+
 def generate(
     session: Session,
     prompt: list[int],
@@ -112,70 +209,29 @@ def generate(
     log-probability goes to `gen.logprobs` and `on_logprob`, before its text goes to `on_text`. With a
     `constraint` (a response format), only the tokens its grammar allows are sampled, and the reply ends where
     the grammar does (`finish_detail` "grammar"); log-probabilities stay the model's own."""
-    room = session.n_ctx - len(prompt)
-    if room <= 0:
-        raise BadInputError(
-            f"the prompt ({len(prompt)} tokens) does not fit the context ({session.n_ctx} tokens): shorten it"
-            " or use a longer context"
-        )
-    limit = min(max_tokens, room)
-    gen = Generation(prompt_tokens=len(prompt), cached_tokens=cached)
+    d = Decoding(
+        session, prompt, max_tokens, sampler, stops, on_text, should_stop, cached, logprobs, on_logprob, constraint
+    )
+    gen = d.gen
     before = session.counters()
-    t0 = time.perf_counter()
-    logits = session.forward(prompt[cached:], prompt=True)
-    gen.prompt_seconds = time.perf_counter() - t0
-    after_prompt = session.counters()
-    stream = TextStream(stops)
-    history = list(prompt)
-    script = testpause.scripted_tokens()  # tests only: a reply of known tokens through the real pipeline
-    t1 = time.perf_counter()
     try:
-        for _ in range(limit):
-            if script is not None:
-                tok = script[min(len(gen.tokens), len(script) - 1)]
-            else:
-                tok = sampler.sample(logits if constraint is None else constraint.apply(logits), history)
-            if tok in session.tokenizer.eos_ids:
-                gen.finish_reason, gen.finish_detail = "stop", "eos"
-                break
-            if constraint is not None and script is None:
-                constraint.accept(tok)
-            gen.tokens.append(tok)
-            history.append(tok)
-            if logprobs is not None:
-                lp = token_logprob(logits, tok, logprobs)
-                gen.logprobs.append(lp)
-                if on_logprob:
-                    on_logprob(lp)
-            piece = stream.push(session.tokenizer.token_bytes(tok))
-            if piece and on_text:
-                on_text(piece)
-            if stream.stopped:
-                gen.finish_reason, gen.finish_detail = "stop", "stop"
-                break
-            if constraint is not None and script is None and constraint.finished:
-                gen.finish_reason, gen.finish_detail = "stop", "grammar"  # nothing may follow but an end token
-                break
-            if should_stop is not None and should_stop():
-                gen.finish_reason, gen.finish_detail = "stop", "cancelled"
-                break
-            if len(gen.tokens) == limit:
-                gen.finish_detail = "max_tokens" if limit == max_tokens else "context_full"
-                break  # the last token needs no forward pass
+        t0 = time.perf_counter()
+        logits = session.forward(prompt[cached:], prompt=True)
+        gen.prompt_seconds = time.perf_counter() - t0
+        after_prompt = session.counters()
+        t1 = time.perf_counter()
+        tok = d.step(logits)
+        while tok is not None:
             before_tok = session.counters()
-            if constraint is not None and script is None:
-                constraint.prepare()  # the next mask, while this forward pass runs
             logits = session.forward([tok])
             if on_token:
                 on_token(tok, session.counters() - before_tok)
-    finally:
-        if constraint is not None:
-            constraint.close()
-    gen.decode_seconds = time.perf_counter() - t1
-    tail = stream.flush() if not stream.stopped else ""
-    if tail and on_text:
-        on_text(tail)
-    gen.text = stream.text
+            tok = d.step(logits)
+        gen.decode_seconds = time.perf_counter() - t1
+    except BaseException:
+        d.close()
+        raise
+    d.finish()
     gen.stats = run_stats(session, before, after_prompt, session.counters(), gen)
     return gen
 

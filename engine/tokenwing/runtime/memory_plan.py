@@ -98,26 +98,41 @@ class MemoryPlan:
     """A session's memory (`plan_memory`): its context, the compute graph's reserve, the recurrent state's, and
     the expert cache's budget, with the KV cache in files beside the model (`spill`) or in RAM."""
 
-    n_ctx: int
+    n_ctx: int  # each sequence's context
     kv_per_token: int  # bytes of K and V per position, all layers
     graph_mem: int  # the compute graph context's reserve (graph_bytes)
-    states: StatePlan
+    states: StatePlan  # one sequence's recurrent states
     budget: int  # bytes for the expert cache
     spill: str | None  # the folder the KV cache's files go to; None: the cache is in RAM
     info: MemoryInfo  # the memory it was planned for
     notes: tuple[str, ...] = ()  # lines to say as the session starts, in order (the spill's is `spill_note`)
+    n_seq: int = 1  # sequences decoded together (the server's slots), each with its own KV cache and states
 
     @property
     def kv_bytes(self) -> int:
-        return self.kv_per_token * self.n_ctx
+        """Every sequence's KV cache."""
+        return self.kv_per_token * self.n_ctx * self.n_seq
+
+    @property
+    def states_bytes(self) -> int:
+        return self.states.reserved * self.n_seq
+
+    def slots_that_fit(self, weights_bytes: int, most: int) -> int:
+        """How many sequences, each with this plan's context and states, fit where `plan_context` lets the KV
+        cache go (half of what is left after the weights), at least one and at most `most`: the server's slot
+        count when none was asked for. A context capped to fit memory leaves room for one."""
+        room = max(self.info.usable - HEADROOM - self.graph_mem - weights_bytes, 0) // 2
+        one = self.kv_per_token * self.n_ctx + self.states.reserved
+        return max(1, min(most, room // max(one, 1)))
 
     @property
     def spill_note(self) -> str | None:
         """The line to say once the KV cache's files exist."""
         if self.spill is None:
             return None
+        seqs = f" in each of {self.n_seq} sequences" if self.n_seq > 1 else ""
         return (
-            f"the KV cache for {self.n_ctx} tokens ({human_bytes(self.kv_bytes)}) would leave the expert "
+            f"the KV cache for {self.n_ctx} tokens{seqs} ({human_bytes(self.kv_bytes)}) would leave the expert "
             "cache less than its minimum under the memory limit: it is kept in files beside the model, which "
             "the limit can reclaim (slower: attention then reads them back from the drive)"
         )
@@ -125,7 +140,7 @@ class MemoryPlan:
     def without_spill(self) -> MemoryPlan:
         """The plan when the KV cache's files cannot be made: the cache stays in RAM, and the expert cache is
         planned beside it again."""
-        budget = expert_budget(self.info, HEADROOM, self.kv_bytes + self.graph_mem + self.states.reserved)
+        budget = expert_budget(self.info, HEADROOM, self.kv_bytes + self.graph_mem + self.states_bytes)
         return dataclasses.replace(self, spill=None, budget=budget)
 
 
@@ -142,24 +157,27 @@ def plan_memory(
     least_expert_bytes: int,
     model_dir: str,
     info: MemoryInfo,
+    n_seq: int = 1,
 ) -> MemoryPlan:
     """The memory of a session whose KV cache takes `kv_per_token` bytes a position (the model family's
     `kv_bytes_per_token`) and whose options ask for context `n_ctx` (0: the model's, capped by memory), prompts
     in graphs of `max_batch` tokens, `checkpoints` recurrent-state checkpoints and `ram_budget` bytes for the
     expert cache (None: what is left of `info` beside the rest). `least_expert_bytes`: the streaming core's
     minimum slots (plan_slots). When the KV cache in RAM would leave the expert cache less than that, it is kept
-    in files in `model_dir` (its pages are reclaimable: the expert cache is planned without it)."""
+    in files in `model_dir` (its pages are reclaimable: the expert cache is planned without it). `n_seq`
+    sequences (the server's slots) each have a KV cache of the context and their own recurrent states."""
     graph_mem = graph_bytes(hp, max_batch, n_ctx or hp.n_ctx_train, state_specs)
     states = StatePlan.of(state_specs, checkpoints, info)
-    ctx = plan_context(n_ctx, hp.n_ctx_train, kv_per_token, weights_bytes + states.reserved, graph_mem, info)
+    held = weights_bytes + states.reserved * n_seq
+    ctx = plan_context(n_ctx, hp.n_ctx_train, kv_per_token * n_seq, held, graph_mem, info)
     notes = tuple(note for note in (states.note, ctx.note) if note)
     budget, spill = ram_budget, None
     if budget is None:
-        budget = expert_budget(info, HEADROOM, ctx.kv_bytes + graph_mem + states.reserved)
+        budget = expert_budget(info, HEADROOM, ctx.kv_bytes + graph_mem + states.reserved * n_seq)
         if budget < least_expert_bytes and ctx.kv_bytes:  # the context asked for does not fit beside the minimum
             spill = model_dir
-            budget = expert_budget(info, HEADROOM, graph_mem + states.reserved)
-    return MemoryPlan(ctx.n_ctx, kv_per_token, graph_mem, states, budget, spill, info, notes)
+            budget = expert_budget(info, HEADROOM, graph_mem + states.reserved * n_seq)
+    return MemoryPlan(ctx.n_ctx, kv_per_token, graph_mem, states, budget, spill, info, notes, n_seq)
 
 
 def prompt_bytes_per_token(hp: HParams, shared: bool, state: int = 0, experts: int = 0) -> int:

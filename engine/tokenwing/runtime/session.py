@@ -35,7 +35,7 @@ from tokenwing.models.weights import ModelWeights
 from tokenwing.runtime.experts import ExpertCompute, ExpertPools
 from tokenwing.runtime.kvcache import KVCaches, kv_element, v_width
 from tokenwing.runtime.lookahead import Ahead, Lookahead
-from tokenwing.runtime.memory_plan import PromptMemory, plan_memory, prompt_bytes_per_token
+from tokenwing.runtime.memory_plan import MemoryPlan, PromptMemory, plan_memory, prompt_bytes_per_token
 from tokenwing.runtime.preflight import preflight
 from tokenwing.runtime.recurrent import Checkpoints, StateBuffers
 from tokenwing.runtime.scheduler import ExpertScheduler
@@ -61,6 +61,9 @@ class SessionOptions:
     kv_type: str = "f16"
     n_threads: int = 0  # 0: the cores this process may use
     max_batch: int = 64  # prompt tokens per graph (longer prompts are split, never refused)
+    # sequences decoded together (the server's slots, runtime/batch.py), each with its own KV cache; 0: as many as
+    # memory holds with the context one would get, at most AUTO_PARALLEL
+    parallel: int = 1
     prompt_memory: int | None = None  # free memory a prompt pass may take beyond the cache (None: measured)
     prompt_cache: bool = True  # the server keeps the previous request's KV cache for a shared prefix
     state_checkpoints: int = 8  # linear-attention models: recurrent-state checkpoints kept for prompt caching
@@ -74,6 +77,23 @@ class SessionOptions:
     stream: StreamSettings = field(default_factory=StreamSettings)
     device: DeviceChoice | None = None  # where to compute (compute/devices.py `choose`); None: the CPU
     vram: VramOptions = field(default_factory=VramOptions)
+
+
+AUTO_PARALLEL = 4  # slots when none are asked for (llama.cpp's server starts 4 too), if memory holds them
+
+
+@dataclass
+class SeqState:
+    """One sequence's state (a server slot): its KV cache and recurrent states with their checkpoints, and the
+    tokens in them. The session computes for one at a time (`Session.use`), or for several in one decode step
+    (runtime/batch.py)."""
+
+    kv: KVCaches
+    checkpoints: Checkpoints
+    pos: int = 0
+    kv_high: int = 0  # KV positions ever written (their memory is touched, hence charged)
+    history: list[int] = field(default_factory=list)  # the tokens whose keys and values are in the cache
+    state_dirty: bool = False  # a failed pass left the recurrent state half-updated
 
 
 # The session's counters per streamed layer: the streaming core's (RAM and drive), then the VRAM tier's.
@@ -108,46 +128,64 @@ class Session:
         self.chat_template = pre.chat_template
         streamed = sorted(layer for layer in widths if layer < hp.n_layer)
         # KV caches or recurrent states (live and prompt-end snapshot), lookahead routers, slot-pool views
-        n_tensors = 5 * hp.n_layer + 3 * len(streamed)
+        gpu = opts.device is not None and opts.device.device is not None
+        n_seq = max(opts.parallel, 0)
+        if gpu and n_seq != 1:
+            # (the tier's device-side KV cache and graphs are one sequence's)
+            log("one sequence at a time: the VRAM tier keeps one KV cache on the device (--parallel is the CPU's)")
+            n_seq = 1
+        n_tensors = 5 * hp.n_layer + 3 * len(streamed) + 4 * hp.n_layer * (max(n_seq, AUTO_PARALLEL) - 1)
         weights = ModelWeights(self.mf, n_tensors + 64, opts.cpu_repack)
         self.model: MoEModel = model_class(hp, weights, streamed)
 
         specs = [self.model.kv_spec(il) for il in range(hp.n_layer)]
         state_specs = [self.model.state_spec(il) for il in range(hp.n_layer)]
-        memory = plan_memory(
-            hp,
-            model_class.kv_bytes_per_token(hp, kv_element(opts.kv_type)[1]),
-            state_specs,
-            n_ctx=opts.n_ctx,
-            max_batch=opts.max_batch,
-            checkpoints=opts.state_checkpoints if opts.prompt_cache else 0,
-            ram_budget=opts.ram_budget,
-            weights_bytes=weights.bytes,
-            least_expert_bytes=plan_slots(self.mf.index, 0, hp.n_expert_used, streamed).bytes,
-            model_dir=os.path.dirname(os.path.abspath(self.mf.path)),
-            info=memory_info(),
-        )
+        info = memory_info()
+
+        def plan(n: int, n_ctx: int) -> MemoryPlan:
+            return plan_memory(
+                hp,
+                model_class.kv_bytes_per_token(hp, kv_element(opts.kv_type)[1]),
+                state_specs,
+                n_ctx=n_ctx,
+                max_batch=opts.max_batch,
+                checkpoints=opts.state_checkpoints if opts.prompt_cache else 0,
+                ram_budget=opts.ram_budget,
+                weights_bytes=weights.bytes,
+                least_expert_bytes=plan_slots(self.mf.index, 0, hp.n_expert_used, streamed).bytes,
+                model_dir=os.path.dirname(os.path.abspath(self.mf.path)),
+                info=info,
+                n_seq=n,
+            )
+
+        memory = plan(max(n_seq, 1), opts.n_ctx)
+        if n_seq == 0:  # as many slots as memory holds, each with the context one would get
+            n_seq = memory.slots_that_fit(weights.bytes, AUTO_PARALLEL)
+            if n_seq > 1:
+                memory = plan(n_seq, memory.n_ctx)
         for note in memory.notes:
             log(note)
         self.n_ctx = memory.n_ctx
         states = memory.states
-        live = StateBuffers(weights.arena, state_specs) if states.per_copy else None
-        snapshot = StateBuffers(weights.arena, state_specs) if live is not None and states.checkpoints else None
+        interval = -(-max(opts.checkpoint_interval, 1) // opts.max_batch) * opts.max_batch  # chunks end there
+
+        def sequence(spill: str | None) -> SeqState:
+            live = StateBuffers(weights.arena, state_specs) if states.per_copy else None
+            snapshot = StateBuffers(weights.arena, state_specs) if live is not None and states.checkpoints else None
+            kv = KVCaches(weights.arena, specs, self.n_ctx, opts.kv_type, live, spill)
+            empty = StateBuffers(weights.arena, [])
+            return SeqState(kv, Checkpoints(live or empty, snapshot or empty, states.checkpoints, interval))
+
         try:
-            self.kv = KVCaches(weights.arena, specs, self.n_ctx, opts.kv_type, live, memory.spill)
+            self.seqs = [sequence(memory.spill) for _ in range(memory.n_seq)]
         except OSError as e:
             log(f"the KV cache stays in RAM: no room for its files in {memory.spill} ({e.strerror or e})")
             memory = memory.without_spill()
-            self.kv = KVCaches(weights.arena, specs, self.n_ctx, opts.kv_type, live)
+            self.seqs = [sequence(None) for _ in range(memory.n_seq)]
+        self._seq = self.seqs[0]
+        self.slot = 0  # the sequence `forward` computes for (`use`)
         if memory.spill_note is not None:
             log(memory.spill_note)
-        interval = -(-max(opts.checkpoint_interval, 1) // opts.max_batch) * opts.max_batch  # chunks end there
-        self.checkpoints = Checkpoints(
-            live or StateBuffers(weights.arena, []),
-            snapshot or StateBuffers(weights.arena, []),
-            states.checkpoints,
-            interval,
-        )
         self._v_width = v_width(specs)
         self.scheduler = ExpertScheduler(
             self.mf, streamed, hp.n_expert_used, memory.budget, opts.stream, opts.preload, opts.usage_table, log
@@ -161,7 +199,6 @@ class Session:
         # costs ~0.9 ms of CPU per expert, which took 40 % of capped decode speed on a 2-core machine
         # (docs/results.md). (The debug mode that checksums delivered experts needs them as in the file; the
         # VRAM tier copies them from RAM to the GPU as the file has them.)
-        gpu = opts.device is not None and opts.device.device is not None
         repack_experts = opts.cpu_repack and self.scheduler.preloaded and not opts.stream.verify and not gpu
         self.pools = ExpertPools(self.scheduler, weights.arena, repack_experts)
         self._token_graph: TokenGraph | None = None
@@ -180,7 +217,9 @@ class Session:
         self.prompt_memory = PromptMemory(
             per_token,
             opts.max_batch * per_token * 5 // 4,  # a batch's working memory is covered by the graph reserve
-            0 if self.kv.spilled else memory.kv_per_token,  # (a spilled cache's pages are reclaimable, never promised)
+            # every sequence's (a spilled cache's pages are reclaimable, never promised); `_free_room` passes the
+            # sequences' mean written positions, so what is promised is the sum of each one's unwritten rest
+            0 if self.kv.spilled else memory.kv_per_token * memory.n_seq,
             self.n_ctx,
             memory.graph_mem,
             self.scheduler.capacity,
@@ -189,10 +228,6 @@ class Session:
         )
         self._cuts: list[int] = []  # a prompt pass's checkpoint positions (where chunks end)
         self._snap_at: int | None = None  # the position a prompt's last chunk also keeps the state of
-        self._state_dirty = False  # a failed pass left the recurrent state half-updated
-        self.pos = 0
-        self._kv_high = 0  # KV positions ever written (their memory is touched, hence charged)
-        self.history: list[int] = []  # the tokens whose keys and values are in the cache, positions 0..pos-1
         self.trace: list[tuple[np.ndarray, np.ndarray, int]] | None = None
         self._warned_prompt = False
         self._prompt_memory_held = False  # a prompt pass ran since the last decode step (`Graph.release`)
@@ -239,6 +274,52 @@ class Session:
         self._rewind(0)
         if seen:
             self._forward(seen, False, snapshot=True, prompt=True)
+
+    # ------------------------------------------------------------------------------------------ sequences
+    # What `forward` reads and writes is the current sequence's (`use`): its cache, checkpoints, position and
+    # history. One sequence (the CLI, a 1-slot server) is what the session always was.
+    @property
+    def kv(self) -> KVCaches:
+        return self._seq.kv
+
+    @property
+    def checkpoints(self) -> Checkpoints:
+        return self._seq.checkpoints
+
+    @property
+    def pos(self) -> int:
+        return self._seq.pos
+
+    @pos.setter
+    def pos(self, value: int) -> None:
+        self._seq.pos = value
+
+    @property
+    def history(self) -> list[int]:
+        return self._seq.history
+
+    @history.setter
+    def history(self, value: list[int]) -> None:
+        self._seq.history = value
+
+    @property
+    def _state_dirty(self) -> bool:
+        return self._seq.state_dirty
+
+    @_state_dirty.setter
+    def _state_dirty(self, value: bool) -> None:
+        self._seq.state_dirty = value
+
+    @property
+    def n_seq(self) -> int:
+        """Sequences this session holds (the server's slots)."""
+        return len(self.seqs)
+
+    def use(self, slot: int) -> None:
+        """`forward`, `reuse_prefix` and `reset` act on this sequence from now on."""
+        if slot != self.slot:
+            self._drop_token_graph()  # (built over one sequence's KV cache)
+            self.slot, self._seq = slot, self.seqs[slot]
 
     # ---------------------------------------------------------------------------------------- what it holds
     @property
@@ -309,7 +390,9 @@ class Session:
         return kept
 
     # ------------------------------------------------------------------------------------------- forward
-    def forward(self, tokens: list[int], all_logits: bool = False, prompt: bool = False) -> np.ndarray:
+    def forward(
+        self, tokens: list[int], all_logits: bool = False, prompt: bool = False, end: bool = True
+    ) -> np.ndarray:
         """Runs `tokens` from the current position; returns logits of the last token (or of every token). One token
         is a decode step unless `prompt` says it is (the rest of a prompt whose start was cached): prompt tokens
         attend the same way however the prompt is split.
@@ -317,18 +400,19 @@ class Session:
         Layer-major: the whole prompt passes one layer before the next, so each layer's experts are read at
         most once per prompt (in waves that fit the slots); attention and expert graphs run in chunks of
         `max_batch` tokens, so a long prompt is split, never refused. A GPU that fails on the way leaves the
-        CPU to compute (`_drop_vram`), never the run failing.
+        CPU to compute (`_drop_vram`), never the run failing. `end`: False for a part of a prompt that more
+        parts follow (the server's, between decode steps of other sequences): no checkpoint at its end.
         """
         if self.vram is None:
-            return self._forward_all(tokens, all_logits, prompt)
+            return self._forward_all(tokens, all_logits, prompt, end)
         seen = list(self.history)  # (a long prompt runs in parts: those done already are computed again too)
         try:
-            return self._forward_all(tokens, all_logits, prompt)
+            return self._forward_all(tokens, all_logits, prompt, end)
         except DeviceError as e:
             self._drop_vram(e, seen)
-            return self._forward_all(tokens, all_logits, prompt)
+            return self._forward_all(tokens, all_logits, prompt, end)
 
-    def _forward_all(self, tokens: list[int], all_logits: bool, prompt: bool) -> np.ndarray:
+    def _forward_all(self, tokens: list[int], all_logits: bool, prompt: bool, end: bool = True) -> np.ndarray:
         hp, n = self.hp, len(tokens)
         if not tokens:
             raise BadInputError("nothing to evaluate")
@@ -346,11 +430,11 @@ class Session:
                 self.log(f"a {n}-token prompt does not fit in memory in one pass: running it {span} tokens at a time")
             # (chunks end at multiples of max_batch whatever the passes: the numbers are those of one pass)
             outs = [
-                self._forward(tokens[i : i + span], all_logits, snapshot=i + span >= n, prompt=True)
+                self._forward(tokens[i : i + span], all_logits, snapshot=end and i + span >= n, prompt=True)
                 for i in range(0, n, span)
             ]
             return np.concatenate(outs, axis=0) if all_logits else outs[-1]
-        return self._forward(tokens, all_logits, snapshot=n > 1 or prompt, prompt=prompt)
+        return self._forward(tokens, all_logits, snapshot=end and (n > 1 or prompt), prompt=prompt)
 
     def _forward(self, tokens: list[int], all_logits: bool, snapshot: bool, prompt: bool) -> np.ndarray:
         """One pass; `snapshot`: the request's prompt ends with it (its state one token before the end is kept
@@ -416,7 +500,7 @@ class Session:
         if self.kv.spilled and self.pos // SPILL_WRITE_BACK != (self.pos + len(tokens)) // SPILL_WRITE_BACK:
             self.kv.write_back()
         self.pos += len(tokens)
-        self._kv_high = max(self._kv_high, self.pos)
+        self._seq.kv_high = max(self._seq.kv_high, self.pos)
         self.history.extend(tokens)
         self.scheduler.usage.tokens += len(tokens)
 
@@ -631,7 +715,8 @@ class Session:
     # ------------------------------------------------------------------------------------ a prompt's memory
     def _free_room(self) -> int:
         s = self.scheduler
-        return self.prompt_memory.free_room(self._kv_high, s.cache_filled(), s.loaned, self.checkpoints.held)
+        written = sum(q.kv_high for q in self.seqs) // len(self.seqs)  # (the promise is per position of every one)
+        return self.prompt_memory.free_room(written, s.cache_filled(), s.loaned, self.checkpoints.held)
 
     def _prompt_span(self) -> int:
         """The longest prompt pass whose working memory fits: free memory plus what the cache can lend."""
@@ -695,6 +780,8 @@ class Session:
             "slots_per_layer": self.slots_per_layer,
             "expert_cache_bytes": self.scheduler.capacity,
             "resident_weight_bytes": self.model.weights.bytes,
+            "parallel": self.n_seq,
+            "n_ctx": self.n_ctx,
         }
 
     def describe(self) -> str:
@@ -702,5 +789,5 @@ class Session:
         return (
             f"{hp.arch}: {hp.n_layer} layers, {hp.n_expert} experts (top-{hp.n_expert_used}); expert cache "
             f"{self.slots_per_layer}/{hp.n_expert} per layer ({human_bytes(self.scheduler.capacity)}), "
-            f"context {self.n_ctx}"
+            f"context {self.n_ctx}" + (f" in each of {self.n_seq} parallel sequences" if self.n_seq > 1 else "")
         )

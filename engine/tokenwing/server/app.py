@@ -89,6 +89,9 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         return JSONResponse({"object": "list", "data": [{**entry, "chat_template": template}]})
 
     async def run(request: Request, req: GenerationRequest, chat: bool) -> Response:
+        if not req.wait and worker.free_slots() <= 0:
+            n = worker.session.n_seq if worker.session is not None else 1
+            return error(RequestError(f"all {n} slots are busy (the request asked not to wait)", "wait", status=503))
         loop = asyncio.get_running_loop()
         job = Job(req, loop, asyncio.Queue())
         worker.submit(job)

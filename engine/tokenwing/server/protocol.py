@@ -43,6 +43,7 @@ class GenerationRequest:
     include_usage: bool = False
     logprobs: int | None = None  # None: off; else how many alternatives per token (top_logprobs)
     grammar: str | None = None  # response_format's grammar (llguidance), enforced while sampling
+    wait: bool = True  # False: a 503 at once when every slot is busy, instead of waiting in the queue
 
 
 def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
@@ -94,6 +95,10 @@ def _common(body: dict[str, Any], req: GenerationRequest, chat: bool = False) ->
     if not isinstance(stream, bool):
         raise RequestError("'stream' must be a boolean", "stream")
     req.stream = stream
+    wait = body.get("wait", True)  # (TokenWing's: the official clients send it through extra_body)
+    if not isinstance(wait, bool):
+        raise RequestError("'wait' must be a boolean", "wait")
+    req.wait = wait
     opts = body.get("stream_options")
     if opts is not None:
         if not isinstance(opts, dict):

@@ -1,12 +1,16 @@
-"""The engine thread: loads the model, runs one generation at a time in arrival order, publishes stats.
+"""The engine thread: loads the model, serves requests in the session's slots (several replies decoded in one
+step, runtime/batch.py; a request waits in arrival order while every slot is busy), publishes stats.
 
 HTTP handlers never touch the session: they submit a job and read its events from an asyncio queue.
-A client that goes away sets the job's cancel flag, which the decode loop checks every token.
+A client that goes away sets the job's cancel flag, which the engine checks at every step: its slot is free
+for the next one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import errno
 import queue
 import threading
@@ -20,7 +24,8 @@ import numpy as np
 
 from tokenwing import testpause
 from tokenwing.errors import CorruptModelError, TokenWingError
-from tokenwing.runtime.generate import TokenLogprob, generate
+from tokenwing.runtime.batch import decode_step
+from tokenwing.runtime.generate import Decoding, TokenLogprob, run_stats
 from tokenwing.runtime.sampler import Sampler
 from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
 from tokenwing.server.protocol import GenerationRequest, RequestError
@@ -63,7 +68,10 @@ class EngineWorker:
         self.lock = threading.Lock()
         self.totals = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "errors": 0}
         self.last_token_stats: dict[str, Any] = {}
-        self.queued = 0
+        self.queued = 0  # requests waiting for a slot
+        self.replies: dict[int, Reply] = {}  # by slot: the requests being served
+        self._last_used: dict[int, float] = {}  # when each slot's last reply ended
+        self._steps = 0  # decode steps since the engine was last idle
         self.on_fatal: Callable[[], None] = lambda: None
         self.thread = threading.Thread(target=self._run, name="tokenwing-engine", daemon=True)
 
@@ -71,7 +79,8 @@ class EngineWorker:
         self.thread.start()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Ends the engine thread after the job in progress and waits for it (up to `timeout`): it closes the
+        """Ends the engine thread at its next step (replies in progress end with an error) and waits for it (up
+        to `timeout`): it closes the
         session and drops it, so the native objects it holds (`tokenwing._core`'s StreamCore and DirectFile) are
         gone before the interpreter exits, where nanobind reports every one still alive as leaked (two dozen
         lines on the app's log at every stop)."""
@@ -132,40 +141,116 @@ class EngineWorker:
             self.state, self.error = "error", f"loading failed: {type(e).__name__}: {e}"
             self.on_fatal()
             return
-        while True:
-            job = self.jobs.get()
-            if job is None:
-                break
-            with self.lock:
-                self.queued -= 1
-            if job.cancelled.is_set():
-                continue
-            try:
-                self._serve(job)
-                self.session.save_usage()  # after each request: a crash later keeps what was learnt
-            except CorruptModelError as e:
-                # The model file went bad under a running server (a flipped bit on the drive, a file rewritten in
-                # place): this request fails, the server stays up and /health says what is wrong.
-                self.totals["errors"] += 1
-                self.state, self.error = "degraded", f"the model file is damaged: {e}"
-                self.log(f"error: {self.error}")
-                self.session.reset()  # the failed pass left the KV cache half-written: no prefix to reuse
-                job.emit({"type": "error", "message": self.error, "status": 500})
-            except (TokenWingError, RequestError) as e:
-                self.totals["errors"] += 1
-                job.emit({"type": "error", "message": str(e)})
-            except Exception as e:
-                self.totals["errors"] += 1
-                self.session.reset()
-                self.log("internal error:\n" + traceback.format_exc())
-                job.emit({"type": "error", "message": f"internal error: {type(e).__name__}: {e}", "status": 500})
-        if self.session is not None:
+        try:
+            self._serve_all()
+        finally:
             self.session.close()
             self.session = None
 
-    def _serve(self, job: Job) -> None:
+    # ---------------------------------------------------------------------------------------- the slots
+    def _serve_all(self) -> None:
+        """Serves the queue with the session's slots (continuous batching): a request takes a free slot as soon
+        as there is one, its prompt runs between decode steps (a part of at most one chunk while others decode,
+        so they are never stalled longer), and every reply past its prompt decodes in one step with the others
+        (runtime/batch.py: each layer's union of experts read once). A reply that ends or whose client goes
+        leaves its slot free for the next step."""
+        s = self.session
+        assert s is not None
+        waiting: collections.deque[Job] = collections.deque()
+        while True:
+            jobs: list[Job | None] = []
+            if not self.replies and not waiting:
+                jobs.append(self.jobs.get())  # idle: wait for one
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    jobs.append(self.jobs.get_nowait())
+            if any(j is None for j in jobs):
+                self._stop_all(waiting)
+                return
+            waiting.extend(j for j in jobs if j is not None)
+            if waiting:
+                testpause.pause("serve.admit")  # tests: requests gather in the queue, then start in one step
+            while waiting and len(self.replies) < s.n_seq:
+                job = waiting.popleft()
+                with self.lock:
+                    self.queued -= 1
+                if not job.cancelled.is_set():
+                    self._admit(job)
+            for job in [j for j in waiting if j.cancelled.is_set()]:  # a client that left frees its place
+                waiting.remove(job)
+                with self.lock:
+                    self.queued -= 1
+            pending = [r for r in self.replies.values() if r.prompt_left]
+            if pending:
+                self._guarded(pending[:1], self._prompt_part)
+            decoding = [r for r in self.replies.values() if not r.prompt_left]
+            if decoding:
+                self._guarded(decoding, self._decode)
+            if not self.replies:
+                self._steps = 0
+
+    def _guarded(self, replies: list[Reply], work: Callable[[list[Reply]], None]) -> None:
+        """Runs engine work for these replies; a failure ends them with an error (the others go on)."""
+        try:
+            work(replies)
+        except CorruptModelError as e:
+            # The model file went bad under a running server (a flipped bit on the drive, a file rewritten in
+            # place): these requests fail, the server stays up and /health says what is wrong.
+            self.state, self.error = "degraded", f"the model file is damaged: {e}"
+            self.log(f"error: {self.error}")
+            self._fail(replies, {"type": "error", "message": self.error, "status": 500}, reset=True)
+        except (TokenWingError, RequestError) as e:
+            self._fail(replies, {"type": "error", "message": str(e)}, reset=False)
+        except Exception as e:
+            self.log("internal error:\n" + traceback.format_exc())
+            event = {"type": "error", "message": f"internal error: {type(e).__name__}: {e}", "status": 500}
+            self._fail(replies, event, reset=True)
+
+    def _fail(self, replies: list[Reply], event: dict[str, Any], reset: bool) -> None:
+        s = self.session
+        assert s is not None
+        self.totals["errors"] += len(replies)
+        for r in replies:
+            r.decoding.close()
+            if reset:  # the failed pass left the KV cache half-written: no prefix to reuse
+                s.use(r.slot)
+                s.reset()
+            r.job.emit(dict(event))
+            self.replies.pop(r.slot, None)
+
+    def _stop_all(self, waiting: collections.deque[Job]) -> None:
+        for r in self.replies.values():
+            r.decoding.close()
+            r.job.emit({"type": "error", "message": "the server is stopping", "status": 503})
+        self.replies.clear()
+        for job in waiting:
+            job.emit({"type": "error", "message": "the server is stopping", "status": 503})
+
+    def free_slots(self) -> int:
+        """Slots no request holds or waits for (a request that may not wait is refused when there are none)."""
+        s = self.session
+        with self.lock:
+            return (s.n_seq if s is not None else 1) - len(self.replies) - self.queued
+
+    def _admit(self, job: Job) -> None:
+        """Starts a request in a free slot: its prompt (rendered, tokenized, checked), its reply's reader and
+        grammar, and the slot whose cached tokens share the longest start with it (prompt caching per slot)."""
         s, fmt, syn = self.session, self.chat, self.syntax
         assert s is not None and fmt is not None and syn is not None
+        try:
+            reply = self._prepare(job, s, fmt, syn)
+        except (TokenWingError, RequestError) as e:
+            self.totals["errors"] += 1
+            job.emit({"type": "error", "message": str(e)})
+            return
+        except Exception as e:
+            self.totals["errors"] += 1
+            self.log("internal error:\n" + traceback.format_exc())
+            job.emit({"type": "error", "message": f"internal error: {type(e).__name__}: {e}", "status": 500})
+            return
+        self.replies[reply.slot] = reply
+
+    def _prepare(self, job: Job, s: Session, fmt: ChatFormat, syn: Syntax) -> Reply:
         req = job.request
         stops = list(req.stop)
         reader: ReplyReader | None = None
@@ -195,70 +280,165 @@ class EngineWorker:
             )
         # a response format's matcher (the vocabulary's trie is built once per model, on the first such request)
         constraint = Constraint(s.tokenizer, grammar) if grammar is not None else None
+        slot = self._pick_slot(prompt)
+        s.use(slot)
         job.emit({"type": "accepted"})  # the HTTP status can be sent: nothing below is the request's fault
         if self.options.prompt_cache:
             cached = s.reuse_prefix(prompt)  # a chat's next turn: only the new tokens are computed
         else:
             s.reset()
             cached = 0
-        start = time.perf_counter()
-        n = [0]
-
-        def on_token(tok: int, delta: np.ndarray) -> None:
-            n[0] += 1
-            self._publish(_token_event(s, delta, n[0], time.perf_counter() - start))
-
-        pieces = [0]
-
-        def emit(events: list[Event]) -> None:
-            for e in events:
-                if e.call is not None:
-                    c = e.call
-                    job.emit(
-                        {"type": "tool_call", "index": e.index, "id": c.id, "name": c.name, "arguments": c.arguments}
-                    )
-                elif e.text:
-                    job.emit({"type": "reasoning" if e.kind == "reasoning" else "text", "text": e.text})
+        reply = Reply(job, slot, prompt, cached, reader, time.perf_counter(), s.counters())
 
         def on_text(piece: str) -> None:
-            pieces[0] += 1
-            point = f"serve.piece{pieces[0]}" if testpause.armed else ""
+            reply.pieces += 1
+            point = f"serve.piece{reply.pieces}" if testpause.armed else ""
             holding = testpause.arrive(point)  # tests: marked before the client can see the piece ...
-            emit(reader.push(piece) if reader is not None else [Event("content", piece)])
+            reply.emit(reader.push(piece) if reader is not None else [Event("content", piece)])
             if holding:  # ... then held mid-reply until the client goes (or this process dies)
                 testpause.hold(point, until=job.cancelled.is_set)
 
-        gen = generate(
+        reply.decoding = Decoding(
             s,
             prompt,
             req.max_tokens,
             Sampler(req.sampler),
             stops,
             on_text=on_text,
-            on_token=on_token,
             should_stop=job.cancelled.is_set,
             cached=cached,
             logprobs=req.logprobs,
             on_logprob=lambda lp: job.emit({"type": "logprob", "entry": logprob_entry(s.tokenizer, lp)}),
             constraint=constraint,
         )
+        return reply
+
+    def _pick_slot(self, prompt: list[int]) -> int:
+        """The free slot whose cached tokens share the longest start with the prompt; ties: the one used least
+        recently (its cache is the least likely to be continued)."""
+        s = self.session
+        assert s is not None
+        free = [i for i in range(s.n_seq) if i not in self.replies]
+
+        def shared(i: int) -> int:
+            h, n = s.seqs[i].history, 0
+            limit = min(len(h), len(prompt))
+            while n < limit and h[n] == prompt[n]:
+                n += 1
+            return n
+
+        return max(free, key=lambda i: (shared(i), -self._last_used.get(i, 0.0)))
+
+    def _prompt_part(self, replies: list[Reply]) -> None:
+        """The next part of a reply's prompt: all of it when nothing else decodes (a prompt's experts are read
+        once per pass), else up to the next chunk boundary, so the others wait one chunk at most."""
+        s, r = self.session, replies[0]
+        assert s is not None
+        if r.job.cancelled.is_set():
+            r.decoding.gen.finish_reason, r.decoding.gen.finish_detail = "stop", "cancelled"
+            self._end(r)
+            return
+        s.use(r.slot)
+        todo = r.prompt[s.pos :]
+        alone = all(x is r for x in self.replies.values() if not x.prompt_left)
+        b = self.options.max_batch
+        n = len(todo) if alone else min(len(todo), b - s.pos % b)
+        t0 = time.perf_counter()
+        logits = s.forward(todo[:n], prompt=True, end=n == len(todo))
+        r.prompt_seconds += time.perf_counter() - t0
+        if n < len(todo):
+            return
+        r.after_prompt = s.counters()
+        r.decode_start = time.perf_counter()
+        r.next = r.decoding.step(logits)
+        if r.next is None:
+            self._end(r)
+
+    def _decode(self, replies: list[Reply]) -> None:
+        """One decode step for every reply past its prompt, then each one's next token."""
+        s = self.session
+        assert s is not None
+        before = s.counters()
+        steps = [(r.slot, r.next) for r in replies if r.next is not None]
+        logits = decode_step(s, steps)
+        delta = s.counters() - before
+        self._steps += 1
+        for r, lg in zip(replies, logits, strict=True):
+            r.decoded += 1
+            r.largest_batch = max(r.largest_batch, len(replies))
+            r.next = r.decoding.step(lg)
+        self._publish(_token_event(s, delta, self._steps, replies, time.perf_counter()))
+        for r in replies:
+            if r.next is None:
+                self._end(r)
+
+    def _end(self, r: Reply) -> None:
+        """A reply is over: its last text and calls, its statistics, its slot free."""
+        s = self.session
+        assert s is not None
+        gen = r.decoding.finish()
+        gen.prompt_seconds = r.prompt_seconds
+        gen.decode_seconds = time.perf_counter() - r.decode_start if r.decode_start else 0.0
+        after_prompt = r.after_prompt if r.after_prompt is not None else s.counters()
+        gen.stats = run_stats(s, r.before, after_prompt, s.counters(), gen)
+        # (the counters are the engine's: with several replies at once, every one's reads in those steps)
+        gen.stats.update(slot=r.slot, largest_batch=r.largest_batch)
+        del self.replies[r.slot]
+        self._last_used[r.slot] = time.perf_counter()
         finish_reason = gen.finish_reason
-        if reader is not None:
-            emit(reader.finish())
-            if reader.calls and finish_reason == "stop":
+        if r.reader is not None:
+            r.emit(r.reader.finish())
+            if r.reader.calls and finish_reason == "stop":
                 finish_reason = "tool_calls"  # OpenAI's: the reply ended in calls to run
         self.totals["requests"] += 1
-        self.totals["prompt_tokens"] += len(prompt)
+        self.totals["prompt_tokens"] += len(r.prompt)
         self.totals["completion_tokens"] += len(gen.tokens)
-        job.emit(
+        r.job.emit(
             {
                 "type": "done",
                 "finish_reason": finish_reason,
-                "prompt_tokens": len(prompt),
+                "prompt_tokens": len(r.prompt),
                 "completion_tokens": len(gen.tokens),
                 "stats": gen.stats,
             }
         )
+        s.save_usage()  # after each request: a crash later keeps what was learnt
+
+
+@dataclass(eq=False)
+class Reply:
+    """A request in a slot: its prompt (computed up to the slot's position), its decoding, and the counters
+    its statistics are taken from."""
+
+    job: Job
+    slot: int
+    prompt: list[int]
+    cached: int
+    reader: ReplyReader | None
+    start: float
+    before: np.ndarray
+    decoding: Decoding = field(init=False)
+    next: int | None = None  # the token the next decode step computes
+    after_prompt: np.ndarray | None = None
+    prompt_seconds: float = 0.0
+    decode_start: float = 0.0
+    decoded: int = 0
+    largest_batch: int = 0  # the most replies its decode steps were computed with
+    pieces: int = 0
+
+    @property
+    def prompt_left(self) -> bool:
+        return self.after_prompt is None
+
+    def emit(self, events: list[Event]) -> None:
+        for e in events:
+            if e.call is not None:
+                c = e.call
+                self.job.emit(
+                    {"type": "tool_call", "index": e.index, "id": c.id, "name": c.name, "arguments": c.arguments}
+                )
+            elif e.text:
+                self.job.emit({"type": "reasoning" if e.kind == "reasoning" else "text", "text": e.text})
 
 
 def logprob_entry(tok: TextTokenizer, lp: TokenLogprob) -> dict[str, Any]:
@@ -282,8 +462,18 @@ def _offer(q: asyncio.Queue[dict[str, Any]], event: dict[str, Any]) -> None:
     q.put_nowait(event)
 
 
-def _token_event(s: Session, delta: np.ndarray, index: int, elapsed: float) -> dict[str, Any]:
+def _token_event(s: Session, delta: np.ndarray, index: int, replies: list[Reply], now: float) -> dict[str, Any]:
+    """A decode step's event: its counters per layer (every sequence's experts: one union per layer), the
+    step's number since the engine was last idle, and each slot's reply so far (docs/api.md)."""
     recall = s.stats()["prediction_recall"]
+    slots = [
+        {
+            "slot": r.slot,
+            "tokens": r.decoded,
+            "tokens_per_s": r.decoded / (now - r.decode_start) if now > r.decode_start else 0.0,
+        }
+        for r in replies
+    ]
     return {
         "token": index,
         "layers": [
@@ -298,5 +488,7 @@ def _token_event(s: Session, delta: np.ndarray, index: int, elapsed: float) -> d
         "vram_swaps": int(delta[:, _C["vram_swaps_in"]].sum()),  # experts moved into VRAM before this token
         "vram_bytes_up": int(delta[:, _C["vram_bytes_up"]].sum()),
         "prediction_recall": recall,
-        "tokens_per_s": index / elapsed if elapsed > 0 else 0.0,
+        "batch": len(replies),  # sequences in this step
+        "slots": slots,
+        "tokens_per_s": sum(x["tokens_per_s"] for x in slots),  # all of them together
     }

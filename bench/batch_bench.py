@@ -1,0 +1,192 @@
+"""Several conversations decoded together (runtime/batch.py) against the limit of the experts they share.
+
+    python bench/batch_bench.py [--model models/bench/bench-q4_k_m.gguf] [--streams 1,2,4,8] [--caps 0.40,0.25]
+                                [--prompt 16] [--decode 24] [--rounds 1] [--budget-caps] [--corpus]
+
+N streams each have their own prompt and token stream (teacher-forced: every stream's next token is the next
+of its own stream, so the routing is what those tokens give, not what greedy decoding loops into); after their
+prompts, every decode step computes one token of each in one step. Per N it reports each layer's union of
+experts per step against N × top-k, the expert bytes read per step, the bytes a step touches, and the aggregate
+tokens per second.
+
+The limit of a step (issue 26): its union of experts plus every stream's dense weights and KV window, at RAM
+bandwidth in RAM; under a cap, the union's bytes at the drive ceiling (as if every expert of the union came from
+the drive), or RAM bandwidth when that binds more. The aggregate is N tokens per step against it. Under caps the
+run is a cgroup of that share of the model file (the session sizes its cache from the group's limit, as in real
+use), or with --budget-caps a --ram-budget share of the experts (the demo model is too small for a cgroup cap).
+--corpus: the streams are text of the repository's corpus through the model's tokenizer (the trained demo
+model routes real text as it was trained to), else pseudo-random ids (the random-weight bench model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from limits import MB, memory_bandwidth, probe_drive
+from memcap import evict_from_page_cache, run_capped
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None, corpus: bool) -> None:
+    """In the (capped) child: one session of n slots; prints one JSON line."""
+    from limits import decode_bytes_touched
+
+    from tokenwing.fsutil import parse_size
+    from tokenwing.format.reader import ModelFile
+    from tokenwing.runtime.batch import decode_step
+    from tokenwing.runtime.kvcache import kv_element
+    from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
+
+    size = None
+    if budget:
+        with ModelFile.open(model, announce_fallback=False) as mf:
+            size = parse_size(budget, mf.index.total_bytes)
+    per = n_prompt + n_decode
+    opts = SessionOptions(ram_budget=size, lookahead=2, n_ctx=per + 16, max_batch=64, usage_table=False, parallel=n)
+    notes: list[str] = []
+    s = Session(model, opts, log=notes.append)
+    streams = _streams(s, n, per, corpus)
+    c = {name: i for i, name in enumerate(SESSION_COUNTERS)}
+    for slot in range(n):
+        s.use(slot)
+        s.forward(streams[slot][:n_prompt], prompt=True)
+    unions: list[list[int]] = []  # per step, per streamed layer: the union's size
+    rows: list[np.ndarray] = []
+    observe = s.scheduler.observe
+
+    def recording(block: int, sel: np.ndarray) -> None:
+        rows.append(sel.reshape(-1))
+        observe(block, sel)
+
+    s.scheduler.observe = recording  # type: ignore[method-assign]
+    before = s.counters()
+    t0 = time.perf_counter()
+    for i in range(n_decode):
+        rows.clear()
+        decode_step(s, [(slot, streams[slot][n_prompt + i]) for slot in range(n)])
+        per_layer = [rows[j :: len(s.streamed)] for j in range(len(s.streamed))] if n > 1 else None
+        if per_layer is not None:
+            unions.append([len(set(np.concatenate(r).tolist())) for r in per_layer])
+        else:
+            unions.append([len(set(r.tolist())) for r in rows])
+    dt = time.perf_counter() - t0
+    d = s.counters() - before
+    records = [el.record_size for el in s.scheduler.streamer.layers]
+    union = np.asarray(unions, np.float64)
+    union_bytes = float((union * np.asarray(records)).sum(axis=1).mean())
+    kv_pos = s.model.kv_bytes_per_token(s.hp, kv_element(opts.kv_type)[1])
+    windows = [min(s.n_ctx, -(-(n_prompt + i + 1) // 256) * 256) for i in range(n_decode)]
+    touched = decode_bytes_touched(model, windows, kv_pos)
+    print(
+        json.dumps(
+            {
+                "streams": n,
+                "notes": notes,
+                "slots_per_layer": s.slots_per_layer,
+                "k": s.hp.n_expert_used,
+                "union_per_layer": float(union.mean()),
+                "union_bytes_per_step": union_bytes,
+                "read_bytes_per_step": float(d[:, c["bytes_read"]].sum()) / n_decode,
+                "touched_bytes_per_step": union_bytes + n * (touched["dense"] + touched["kv"]),
+                "aggregate_tok_s": n * n_decode / dt,
+                "step_ms": dt * 1e3 / n_decode,
+                "hit_rate": float(d[:, c["hits"]].sum() / max(d[:, c["hits"]].sum() + d[:, c["misses"]].sum(), 1)),
+            }
+        ),
+        flush=True,
+    )
+    s.close()
+
+
+def _streams(s: object, n: int, per: int, corpus: bool) -> list[list[int]]:
+    from tokenwing.runtime.session import Session
+
+    assert isinstance(s, Session)
+    if corpus:
+        from tokenwing.testmodel.corpus import CORPUS
+
+        ids = s.tokenizer.encode(CORPUS * (1 + n * per // 2000), special=False)
+        step = max(1, (len(ids) - per) // max(n, 1))
+        return [ids[i * step : i * step + per] for i in range(n)]
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, s.hp.vocab_size - 16, per).tolist() for _ in range(n)]
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--runner":
+        path, count, n_prompt, n_decode, budget, corpus = sys.argv[2:8]
+        runner(path, int(count), int(n_prompt), int(n_decode), budget or None, corpus == "1")
+        return 0
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="models/bench/bench-q4_k_m.gguf")
+    ap.add_argument("--streams", default="1,2,4,8")
+    ap.add_argument("--caps", default="0.40,0.25", help="memory caps as shares of the model file ('' for none)")
+    ap.add_argument("--budget-caps", action="store_true", help="a --ram-budget share of the experts, no cgroup")
+    ap.add_argument("--prompt", type=int, default=16)
+    ap.add_argument("--decode", type=int, default=24)
+    ap.add_argument("--rounds", type=int, default=1, help="runs per row (the median's shown, every run's listed)")
+    ap.add_argument("--corpus", action="store_true", help="streams of corpus text (the trained demo model)")
+    ap.add_argument("--timeout", type=float, default=900)
+    args = ap.parse_args()
+    model = args.model if args.model.endswith(".tw.gguf") else args.model.removesuffix(".gguf") + ".tw.gguf"
+    streams = [int(x) for x in args.streams.split(",") if x]
+    caps = [float(x) for x in args.caps.split(",") if x]
+    size = os.path.getsize(model)
+    ceiling = probe_drive(model, budget=256 << 20, quick=True).mb_per_s
+    ram_bw = memory_bandwidth(2)
+    print(f"model {model}: {size / 1e9:.2f} GB; {args.prompt} prompt + {args.decode} decode tokens per stream")
+    print(f"drive ceiling {ceiling:.0f} MB/s (quick probe); RAM read bandwidth {ram_bw / 1e9:.1f} GB/s (2 threads)\n")
+    print(
+        "| memory | streams | union per layer (N × k) | expert MB read per step | MB touched per step "
+        "| aggregate tok/s | limit tok/s | of the limit | × one stream | runs |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for frac in [None, *caps]:
+        one = None
+        for n in streams:
+            budget, label = "", "in RAM"
+            cap: int | None = None
+            if frac is not None and args.budget_caps:
+                budget, label = f"{frac:.0%}", f"budget {frac:.0%} of the experts"
+            elif frac is not None:
+                cap, label = int(size * frac), f"cap {frac:.0%}"
+            runs = []
+            for _ in range(args.rounds):
+                evict_from_page_cache(model)
+                cmd = [sys.executable, __file__, "--runner", model, str(n), str(args.prompt), str(args.decode)]
+                r = run_capped([*cmd, budget, "1" if args.corpus else "0"], cap, args.timeout)
+                if r.returncode != 0:
+                    print(f"| {label} | {n} | failed: exit {r.returncode} {r.stderr.strip()[-160:]} |")
+                    break
+                runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+            if not runs:
+                continue
+            runs.sort(key=lambda x: x["aggregate_tok_s"])
+            m = runs[len(runs) // 2]
+            ram_s = m["touched_bytes_per_step"] / ram_bw
+            drive_s = m["union_bytes_per_step"] / (ceiling * MB) if frac is not None else 0.0
+            limit = n / max(ram_s, drive_s)
+            one = one if one is not None else (m["aggregate_tok_s"] if n == 1 else None)
+            times = f"{m['aggregate_tok_s'] / one:.2f}×" if one else "—"
+            every = ", ".join(f"{x['aggregate_tok_s']:.2f}" for x in runs)
+            print(
+                f"| {label} | {n} | {m['union_per_layer']:.1f} ({n * m['k']}) | "
+                f"{m['read_bytes_per_step'] / MB:.1f} | {m['touched_bytes_per_step'] / MB:.1f} | "
+                f"{m['aggregate_tok_s']:.2f} | {limit:.2f} | {m['aggregate_tok_s'] / limit:.0%} | {times} | {every} |",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory():
+        raise SystemExit(main())

@@ -1,0 +1,122 @@
+"""Several sequences decoded together (runtime/batch.py): each gets the logits it gets alone, bit for bit, and a
+step reads each layer's union of experts once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import ModelFactory
+from tokenwing.runtime.batch import decode_step
+from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
+
+PROMPTS = [[5, 17, 99, 3, 42, 7], [8, 8, 150, 61], [120, 33, 2, 77, 91, 14, 60, 9, 1]]
+STEPS = 6
+_C = {name: i for i, name in enumerate(SESSION_COUNTERS)}
+
+
+def _options(parallel: int, budget: int | None, lookahead: int = 2) -> SessionOptions:
+    return SessionOptions(
+        kv_type="f32",
+        n_ctx=128,
+        max_batch=16,
+        parallel=parallel,
+        ram_budget=budget,
+        lookahead=lookahead,
+        usage_table=False,
+    )
+
+
+def _alone(model: str, options: SessionOptions, prompt: list[int]) -> list[np.ndarray]:
+    """Greedy decoding of one prompt on a session of its own: the logits of every step."""
+    s = Session(model, options, log=lambda line: None)
+    try:
+        logits = s.forward(prompt, prompt=True)
+        out = [logits]
+        for _ in range(STEPS):
+            logits = s.forward([int(logits.argmax())])
+            out.append(logits)
+        return out
+    finally:
+        s.close()
+
+
+def _together(model: str, options: SessionOptions, prompts: list[list[int]]) -> list[list[np.ndarray]]:
+    """The same prompts in the slots of one session, then decoded in steps of all of them; the last one starts
+    two steps late (a request joining a running batch)."""
+    s = Session(model, options, log=lambda line: None)
+    try:
+        assert s.n_seq == len(prompts)
+        out: list[list[np.ndarray]] = [[] for _ in prompts]
+        late = len(prompts) - 1
+        for slot, prompt in enumerate(prompts[:late]):
+            s.use(slot)
+            out[slot].append(s.forward(prompt, prompt=True))
+        for step in range(STEPS + 2):
+            if step == 2:
+                s.use(late)
+                out[late].append(s.forward(prompts[late], prompt=True))
+            active = [i for i in range(len(prompts)) if len(out[i]) and len(out[i]) <= STEPS]
+            got = decode_step(s, [(i, int(out[i][-1].argmax())) for i in active])
+            for i, logits in zip(active, got, strict=True):
+                out[i].append(logits)
+        return out
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize(
+    ("shape", "budget"),
+    [
+        ({"type": "Q8_0"}, None),  # every expert in RAM: alone, a decode step is one graph
+        ({"type": "Q4_K_M"}, 1),  # streamed, k slots a layer: the union runs in waves
+        ({"type": "Q8_0", "arch": "bailingmoe3", "n_layer": 4}, 1),  # recurrent layers, a dense first layer
+    ],
+    ids=["in-ram", "streamed", "ling"],
+)
+def test_each_sequence_gets_what_it_gets_alone(
+    repacked_factory: ModelFactory, shape: dict[str, object], budget: int | None
+) -> None:
+    model = str(repacked_factory(**shape))
+    want = [_alone(model, _options(1, budget), p) for p in PROMPTS]
+    got = _together(model, _options(len(PROMPTS), budget), PROMPTS)
+    for w, g in zip(want, got, strict=True):
+        assert len(g) == len(w)
+        for step, (a, b) in enumerate(zip(w, g, strict=True)):
+            assert np.array_equal(a, b), f"step {step}: max |diff| {np.abs(a - b).max()}"
+
+
+def test_a_step_reads_each_expert_of_the_union_once(repacked_factory: ModelFactory) -> None:
+    """k slots a layer and no lookahead: the union of three sequences is larger than the slots, so it runs in
+    waves; each layer's drive reads are at most its union, each one record."""
+    model = str(repacked_factory(type="Q4_K_M"))
+    s = Session(model, _options(3, 1, lookahead=0), log=lambda line: None)
+    try:
+        assert s.slots_per_layer == s.hp.n_expert_used
+        last = []
+        for slot, prompt in enumerate(PROMPTS):
+            s.use(slot)
+            last.append(int(s.forward(prompt, prompt=True).argmax()))
+        sel: list[np.ndarray] = []
+        observe = s.scheduler.observe
+
+        def recording(block: int, rows: np.ndarray) -> None:
+            sel.append(rows.copy())
+            observe(block, rows)
+
+        s.scheduler.observe = recording  # type: ignore[method-assign,assignment]
+        before = s.counters()
+        decode_step(s, [(i, t) for i, t in enumerate(last)])
+        delta = s.counters() - before
+        rows = iter(sel)
+        waves = 0
+        for li, layer in enumerate(s.streamed):
+            union = set(np.concatenate([next(rows) for _ in PROMPTS]).reshape(-1).tolist())
+            waves += len(union) > s.slots_per_layer
+            misses = int(delta[li, _C["misses"]])
+            assert misses <= len(union)
+            assert delta[li, _C["hits"]] + misses >= len(union)
+            assert delta[li, _C["bytes_read"]] == misses * s.scheduler.record_sizes[layer]
+        assert waves  # (the case the test is for)
+    finally:
+        s.close()
