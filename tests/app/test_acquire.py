@@ -521,6 +521,7 @@ def test_the_window_shows_the_quants_and_gets_the_one_picked(
         resources_dir=tmp_path / "resources",
     )
     window.show()
+    window.show_page("Discover")  # where a user searches and picks a quant
     lib = window.library
 
     async def flow() -> None:
@@ -534,6 +535,10 @@ def test_the_window_shows_the_quants_and_gets_the_one_picked(
         assert [t.split(":")[0] for t in labels] == ["Q8_0", "F16", "F32"] and lib.quant.isVisible()
         assert "recommended" in lib.quant.currentText() and lib.quant.currentText().startswith("F32")
         assert "Bits/weight" in lib.details.toHtml()
+        hub.add_file(REPO, "README.md", b"# Tiny\n\nA **tiny** model for the tests.\n")
+        lib.tabs.setCurrentIndex(1)  # the model card: the repository's README, read when looked at
+        await until(lambda: "A tiny model for the tests." in lib.model_card.toPlainText(), 30, "model card")
+        lib.tabs.setCurrentIndex(0)
         lib.quant.setCurrentIndex(0)  # the user prefers the smallest
         lib.download_button.click()
         await until(lambda: any(m.path.name == "Tiny-Q8_0.tw.gguf" for m in c.local_models), 120, "get")
@@ -610,6 +615,8 @@ def test_the_window_lists_a_failed_job_without_running_it_again_and_forgets_it(
     [job] = c.acquirer.started()
     requests = len(hub.log)
     lib, table = window.library, window.library.downloads
+    window.show()
+    window.show_page("Discover")  # where a user sees the downloads and picks a repository
 
     async def flow() -> None:
         await c.start()

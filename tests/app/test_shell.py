@@ -5,6 +5,7 @@ resizes the window nor squeezes its buttons. Offscreen, with the real engine on 
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from pytestqt.qtbot import QtBot
 
 from runmyai.ui import layout_check
 from runmyai.ui.app import SCREENSHOT_PAGES, SCREENSHOT_SIZES
+from runmyai.ui.controller import AppController
 from runmyai.ui.library_panel import DownloadsTable
 from runmyai.ui.main_window import MainWindow
 from runmyai.ui.viewmodels import Notifications, plain_reason, search_conversations
@@ -41,7 +43,8 @@ def test_notifications_say_the_reason_whole_and_clear_on_success() -> None:
     n = Notifications(lambda: changes.append(1))
     error = "Importing garbage.gguf failed: Couldn't import garbage.gguf: tokenwing: error: not a GGUF file: no"
     notice = n.fail("import", "Importing garbage.gguf", error)
-    assert notice.reason == "Not a GGUF file: no." and notice.details == error  # plain words; the rest on click
+    # the title says what failed; the reason says why, whole, without the engine's prefixes; the rest on click
+    assert notice.reason == "Couldn't import garbage.gguf: not a GGUF file: no." and notice.details == error
     assert not notice.retry  # a file that is not a GGUF stays one: no Retry
     n.fail("get:x/y", "Getting x/y", "Could not reach the hub at http://h for x/y after 4 tries: timed out")
     assert n.get("get:x/y") is not None and n.get("get:x/y").retry  # type: ignore[union-attr]
@@ -59,7 +62,9 @@ def test_plain_reason_keeps_a_whole_sentence() -> None:
 
 # ---------------------------------------------------------------------------------------------- the window
 @pytest.fixture
-def chatting(qapp: QApplication, tiny_hub: tuple[HubServer, bytes], tmp_path: Path) -> tuple[MainWindow, object, Path]:
+def chatting(
+    qapp: QApplication, tiny_hub: tuple[HubServer, bytes], tmp_path: Path
+) -> tuple[MainWindow, AppController, Path]:
     server, data = tiny_hub
     model = tmp_path / "home" / "models" / "local.tw.gguf"
     model.parent.mkdir(parents=True)
@@ -69,20 +74,21 @@ def chatting(qapp: QApplication, tiny_hub: tuple[HubServer, bytes], tmp_path: Pa
 
 
 def test_every_page_at_three_sizes_in_both_themes_is_unclipped_and_a_regenerate_replaces_the_reply(
-    qapp: QApplication, chatting: tuple[MainWindow, object, Path]
+    qapp: QApplication, chatting: tuple[MainWindow, AppController, Path]
 ) -> None:
     window, c, model = chatting
-    assert hasattr(c, "use_model")
     seen: list[str] = []
 
     async def scenario() -> None:
-        await c.start()  # type: ignore[attr-defined]
-        assert await c.use_model(f"local:{model}") is not None  # type: ignore[attr-defined]
-        cid = c.conversation_id  # type: ignore[attr-defined]
-        settings = c.store.get(cid).settings  # type: ignore[attr-defined]
-        c.store.set_settings(cid, settings.__class__(temperature=0.0, max_tokens=60))  # type: ignore[attr-defined]
-        c.open_conversation(cid)  # type: ignore[attr-defined]
-        first = await c.chat_once("Tell me a story")  # type: ignore[attr-defined]
+        await c.start()
+        assert await c.use_model(f"local:{model}") is not None
+        cid = c.conversation_id or 0
+        conversation = c.store.get(cid)
+        assert conversation is not None
+        settings = conversation.settings
+        c.store.set_settings(cid, settings.__class__(temperature=0.0, max_tokens=60))
+        c.open_conversation(cid)
+        first = await c.chat_once("Tell me a story")
         assert first.strip()
         transcript = window.chat.transcript
         head = " ".join(first.split())[:30]
@@ -90,10 +96,10 @@ def test_every_page_at_three_sizes_in_both_themes_is_unclipped_and_a_regenerate_
 
         # defect 5: regenerate (greedy: the same reply again) shows one reply, not the old one above the new one
         window.chat.regenerate_button.click()
-        await until(lambda: c._reply_task is not None and c._reply_task.done(), 120, "regenerate")  # type: ignore[attr-defined]
+        await until(lambda: c._reply_task is not None and c._reply_task.done(), 120, "regenerate")
         shown = " ".join(transcript.toPlainText().split())
         assert shown.count(head) == 1, shown
-        assert shown.count("You") == 1 and [m.role for m in c.store.messages(cid)] == ["user", "assistant"]  # type: ignore[attr-defined]
+        assert shown.count("You") == 1 and [m.role for m in c.store.messages(cid)] == ["user", "assistant"]
         assert "tok/s" in window.chat.speed_label.text() and "Context" in window.chat.context_label.text()
         await until(lambda: window.graphs.series.tokens > 0, 30, "stats")
 
@@ -107,8 +113,6 @@ def test_every_page_at_three_sizes_in_both_themes_is_unclipped_and_a_regenerate_
                     window.show_page(page)
                     window.graphs._dirty = True
                     await until(lambda: not window.graphs._dirty, 10, "redraw")
-                    import asyncio
-
                     await asyncio.sleep(0.05)  # the layouts settle
                     assert (window.width(), window.height()) == (width, height)
                     problems = layout_check.clipped(window) + layout_check.chart_problems(window)
@@ -127,7 +131,7 @@ def test_every_page_at_three_sizes_in_both_themes_is_unclipped_and_a_regenerate_
         layers = window.graphs.series.layer_ids
         window.graphs.hits_plot.setXRange(layers[0], layers[-1] - 1, padding=0)
         assert any("layers" in p for p in layout_check.chart_problems(window))
-        await c.shutdown()  # type: ignore[attr-defined]
+        await c.shutdown()
 
     try:
         run_qt(qapp, scenario)

@@ -156,6 +156,7 @@ class AppController(QObject):
         lib.use_requested.connect(lambda key: self.spawn(self.use_model(key)))
         lib.download_requested.connect(self._download)
         lib.selected.connect(self._selected)
+        lib.model_card_requested.connect(self._card_wanted)
         lib.import_requested.connect(self._choose_import)
         lib.autotune_requested.connect(self._open_autotune)
         lib.search_requested.connect(lambda q: self.spawn(self.search(q)))
@@ -534,10 +535,12 @@ class AppController(QObject):
         key = parse_key(text)
         if isinstance(key, HubKey) and any(h.repo == key.repo for h in self.hub_results):
             self.spawn(self.load_quants(key.repo))
-        entry = next((e for e in self._entries() if e.key == text), None)
-        if entry is not None and entry.card_repo is not None and text not in self._cards_asked:
-            self._cards_asked.add(text)
-            self.spawn(self.load_model_card(text, entry.card_repo))
+
+    def _card_wanted(self, key: str) -> None:
+        entry = next((e for e in self._entries() if e.key == key), None)
+        if entry is not None and entry.card_repo is not None and key not in self._cards_asked:
+            self._cards_asked.add(key)
+            self.spawn(self.load_model_card(key, entry.card_repo))
 
     async def load_model_card(self, key: str, repo: str) -> None:
         """The repository's README as the model card (the hub client retries with backoff)."""

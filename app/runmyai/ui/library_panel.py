@@ -184,6 +184,7 @@ class LibraryPanel(QWidget):
     autotune_requested = Signal(str)
     search_requested = Signal(str)
     cancel_task_requested = Signal()
+    model_card_requested = Signal(str)  # an entry's key: its card tab is open and its README not read yet
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -205,6 +206,7 @@ class LibraryPanel(QWidget):
         self.tabs = QTabWidget()
         self.tabs.addTab(self.details, "Overview")
         self.tabs.addTab(self.model_card, "Model card")
+        self.tabs.currentChanged.connect(lambda _i: self._want_card())  # read when looked at, not for every card
         self.headline = QLabel("")
         self.headline.setObjectName("pageTitle")
         self.headline.setWordWrap(True)
@@ -339,6 +341,7 @@ class LibraryPanel(QWidget):
         else:
             self.model_card.setPlainText("" if entry is None or entry.card_repo is None else "Reading the model card…")
         self.tabs.setTabEnabled(1, bool(entry and entry.card_repo))
+        self._want_card()
         self.quant.clear()
         if entry is not None and entry.choices:
             for choice_key, label in entry.choices:
@@ -349,6 +352,12 @@ class LibraryPanel(QWidget):
         self._update_buttons(entry)
         if key:
             self.selected.emit(key)
+
+    def _want_card(self) -> None:
+        key = self.current_key()
+        entry = self._entries.get(key or "")
+        if key and entry is not None and entry.card_repo and self.tabs.currentIndex() == 1 and key not in self._cards:
+            self.model_card_requested.emit(key)
 
     def set_model_card(self, key: str, markdown: str) -> None:
         """The repository's README (or why there is none) for an entry; shown now if it is the current one."""

@@ -58,19 +58,19 @@ def is_permanent(reason: str) -> bool:
 
 def plain_reason(text: str) -> tuple[str, str]:
     """(the reason in plain words, the details): an error's text as the app's layers stack it ("Importing x
-    failed: Couldn't import x: tokenwing: error: ...") becomes its last, most specific sentence, capitalised and
-    ended; the whole text stays in the details."""
+    failed: Couldn't import x: tokenwing: error: not a GGUF file") loses what the notice's title already says (the
+    leading "… failed") and the engine's prefixes ("tokenwing", "error"); the rest is kept whole, capitalised and
+    ended. The details are the whole text when anything was dropped."""
     whole = " ".join(text.split())
     parts = [p.strip() for p in re.split(r"(?<!\d): (?=\S)", whole) if p.strip()]
-    # the engine's prefixes ("tokenwing", "error") and the stacked "X failed" say nothing to a user
-    words = [p for p in parts if p.lower() not in ("tokenwing", "error", "runmyai")]
-    reason = words[-1] if words else whole
-    if len(words) >= 2 and len(reason) < 24:  # a short tail ("no") needs the sentence before it
-        reason = f"{words[-2]}: {reason}"
+    while len(parts) > 1 and parts[0].lower().endswith(" failed"):
+        parts.pop(0)
+    kept = [p for p in parts if p.lower() not in ("tokenwing", "error", "runmyai")] or parts
+    reason = ": ".join(kept)
     reason = reason[0].upper() + reason[1:] if reason else reason
     if reason and reason[-1] not in ".!?)":
         reason += "."
-    return reason, whole if whole != reason else ""
+    return reason, whole if whole.rstrip(".") != reason.rstrip(".") else ""
 
 
 class Notifications:
