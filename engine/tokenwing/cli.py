@@ -67,6 +67,8 @@ _SHAPE_FLAGS: dict[str, Callable[[str], object]] = {
             "o_group_count",
             "o_lora_rank",
             "hash_layer_count",
+            "n_expert_latent",
+            "attn_res_block",
         ),
         int,
     ),
@@ -81,6 +83,8 @@ _SHAPE_FLAGS: dict[str, Callable[[str], object]] = {
             "swiglu_limit",
             "hc_eps",
             "compress_rope_base",
+            "situ_beta",
+            "situ_linear_beta",
         ),
         float,
     ),
@@ -629,7 +633,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--arch",
         help="qwen3moe (the default), qwen2moe, ernie4_5-moe, glm4moe, deepseek2, gpt-oss, qwen3next, qwen35moe, "
-        "bailingmoe3, minimax-m2 or deepseek4",
+        "bailingmoe3, minimax-m2, deepseek4 or kimi-k3",
     )
     t.add_argument(
         "--preset",

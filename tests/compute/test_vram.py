@@ -127,6 +127,8 @@ FAMILIES: dict[str, dict[str, object]] = {
 HYBRIDS: dict[str, dict[str, object]] = {
     "qwen3next": {"arch": "qwen3next", "n_layer": 4},
     "bailingmoe3": {"arch": "bailingmoe3", "n_layer": 4},
+    # Kimi K3 (its head's residual mix over 4 checkpoints: ggml's Vulkan shader mixes exactly 4)
+    "kimi-k3": {"arch": "kimi-k3", "n_layer": 8},
 }
 # Every model the device tests compare with llama.cpp: key → (type, model_factory's arguments, the tokens' seed).
 # bench/gpu_refs.py makes their references from this table for the GPU machine, which has no llama.cpp.
@@ -187,8 +189,8 @@ def test_each_family_on_the_device_matches_llama_cpp(
 def test_a_linear_attention_model_keeps_its_layers_on_the_cpu(
     kind: str, model_factory: ModelFactory, tmp_path: Path, family: str
 ) -> None:
-    """Qwen3-Next and Ling 3.0 with a GPU: every expert and the head in VRAM, every layer (its recurrent state or
-    KV cache) on the CPU, and llama.cpp's logits."""
+    """Qwen3-Next, Ling 3.0 and Kimi K3 with a GPU: every expert and the head in VRAM, every layer (its recurrent
+    state or KV cache) on the CPU, and llama.cpp's logits."""
     path, tokens, ref = case(f"vram-{family}-Q8_0", model_factory, tmp_path)
     everything = run(path, tokens, kind, 256 * MiB)
     layers, slots, hits = _tier_use(everything, 0)

@@ -74,6 +74,7 @@ def test_server_reuses_the_previous_conversation(repacked_factory: ModelFactory,
 HYBRIDS = {
     "qwen35moe": {"arch": "qwen35moe", "n_layer": 4},  # gated DeltaNet ×3, gated attention
     "ling": {"arch": "bailingmoe3", "n_layer": 4},  # KDA ×2, MLA ×2
+    "kimi-k3": {"arch": "kimi-k3", "n_layer": 6},  # KDA ×3, MLA ×3, the residual's checkpoints every 2 layers
 }
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ModelFactory
+from tests.oracle.test_families import VARIANTS as FAMILY_VARIANTS
 from tests.oracle.test_families import clear_top1, steps, streamed_matches_resident
 from tests.oracle.test_logits import _repacked, _tokens, kl_per_position, llama_logits
 from tokenwing.format.reader import ModelFile
@@ -89,12 +90,13 @@ def _session(model: Path, **opts: object) -> Session:
     return Session(str(model), options, log=lambda line: None)
 
 
-@pytest.mark.parametrize("variant", ["qwen35moe", "ling"])
+@pytest.mark.parametrize("variant", ["qwen35moe", "ling", "kimi-k3"])
 def test_prompt_split_into_passes_is_identical(model_factory: ModelFactory, tmp_path: Path, variant: str) -> None:
     """No free memory beyond a 2-slot cache: a 120-token prompt runs as passes of one chunk each, every layer's
     state carried from pass to pass — the same logits, to the bit, as one pass (and as one pass with all experts
-    in RAM)."""
-    model = _repacked(model_factory(type="Q8_0", **VARIANTS[variant]), tmp_path)  # type: ignore[arg-type]
+    in RAM). (Kimi K3: its residual's checkpoints are per token, rebuilt by each pass.)"""
+    shape = VARIANTS.get(variant) or FAMILY_VARIANTS[variant]
+    model = _repacked(model_factory(type="Q8_0", **shape), tmp_path)  # type: ignore[arg-type]
     tokens = _tokens(120, 512, seed=24).tolist()
     lines: list[str] = []
     split = Session(

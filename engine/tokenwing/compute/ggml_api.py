@@ -499,6 +499,7 @@ ggml_sum_rows = _g.fn("ggml_sum_rows", TENSOR, CONTEXT, TENSOR)
 ggml_sigmoid = _g.fn("ggml_sigmoid", TENSOR, CONTEXT, TENSOR)
 ggml_silu = _g.fn("ggml_silu", TENSOR, CONTEXT, TENSOR)
 ggml_softplus = _g.fn("ggml_softplus", TENSOR, CONTEXT, TENSOR)
+ggml_tanh = _g.fn("ggml_tanh", TENSOR, CONTEXT, TENSOR)
 ggml_swiglu_split = _g.fn("ggml_swiglu_split", TENSOR, CONTEXT, TENSOR, TENSOR)
 ggml_swiglu_oai = _g.fn("ggml_swiglu_oai", TENSOR, CONTEXT, TENSOR, TENSOR, FLOAT, FLOAT)
 ggml_rms_norm = _g.fn("ggml_rms_norm", TENSOR, CONTEXT, TENSOR, FLOAT)
@@ -529,6 +530,8 @@ ggml_soft_max_ext = _g.fn("ggml_soft_max_ext", TENSOR, CONTEXT, TENSOR, TENSOR, 
 ggml_soft_max_ext_inplace = _g.fn("ggml_soft_max_ext_inplace", TENSOR, CONTEXT, TENSOR, TENSOR, FLOAT, FLOAT)
 ggml_soft_max_add_sinks = _g.fn("ggml_soft_max_add_sinks", VOID, TENSOR, TENSOR)
 ggml_argsort_top_k = _g.fn("ggml_argsort_top_k", TENSOR, CONTEXT, TENSOR, INT)
+# [n_embd, hc, n] weighted by [hc, n] and summed over hc (DeepSeek V4's hyper-connections; Kimi K3's residual mix)
+ggml_dsv4_hc_pre = _g.fn("ggml_dsv4_hc_pre", TENSOR, CONTEXT, TENSOR, TENSOR)
 ggml_rope_ext = _g.fn(
     "ggml_rope_ext",
     TENSOR,

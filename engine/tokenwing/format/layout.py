@@ -60,6 +60,7 @@ KNOWN_MOE_ARCHS = frozenset(
         "phimoe",
         "arctic",
         "minimax-m2",
+        "kimi-k3",
         "grok",
         "dbrx",
         "llama",

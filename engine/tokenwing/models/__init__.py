@@ -12,6 +12,7 @@ from tokenwing.models.ernie4_5_moe import Ernie45MoE
 from tokenwing.models.glm4moe import Glm4MoE
 from tokenwing.models.gpt_oss import GptOss
 from tokenwing.models.hparams import read_hparams
+from tokenwing.models.kimi_k3 import KimiK3
 from tokenwing.models.minimax_m2 import MiniMaxM2
 from tokenwing.models.qwen2moe import Qwen2MoE
 from tokenwing.models.qwen3moe import Qwen3MoE
@@ -30,6 +31,7 @@ FAMILIES: dict[str, type[MoEModel]] = {
         Qwen35MoE,
         BailingMoE3,
         MiniMaxM2,
+        KimiK3,
     )
 }
 

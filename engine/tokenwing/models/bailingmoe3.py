@@ -17,6 +17,7 @@ next-token-prediction block is neither loaded nor run.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -27,8 +28,6 @@ from tokenwing.models import common, delta_net, mla
 from tokenwing.models.base import MoEModel, TensorCheck
 from tokenwing.models.hparams import HParams
 from tokenwing.models.weights import ModelWeights
-
-_PROJECTIONS = (("attn_q", "ssm_conv1d_q"), ("attn_k", "ssm_conv1d_k"), ("attn_v", "ssm_conv1d_v"))
 
 
 class BailingMoE3(MoEModel):
@@ -56,7 +55,7 @@ class BailingMoE3(MoEModel):
         if any(hp.recurrent):
             if hp.kda_head_dim < 1 or hp.ssm_d_conv < 2:
                 raise BadInputError(f"{where}: KDA layers need kda.head_dim and ssm.conv_kernel (at least 2)")
-            if not hp.kda_gate_lower_bound < 0:
+            if not -math.inf < hp.kda_gate_lower_bound < 0:  # (-inf: the file has none)
                 raise BadInputError(f"{where}: kda.gate_lower_bound must be negative")
         super().check(hp, shapes, streamed, where)
 
@@ -67,19 +66,9 @@ class BailingMoE3(MoEModel):
             mla.check(c, il, split=True)
             c.need(p + "attn_gate.weight", (e, hp.n_head))
             return
-        hd, nh, d_conv = hp.kda_head_dim, hp.n_head, hp.ssm_d_conv
-        d_inner = hd * nh
-        c.need(p + "attn_norm.weight", (e,))
-        for proj, conv in _PROJECTIONS:
-            c.need(p + proj + ".weight", (e, d_inner))
-            c.need(p + conv + ".weight", (d_conv, 1, d_inner, 1))
-        c.need(p + "ssm_f_a.weight", (e, d_inner))
-        c.need(p + "ssm_dt.bias", (d_inner,))
-        c.need(p + "ssm_a", (1, nh))
-        c.need(p + "ssm_beta.weight", (e, nh))
-        c.need(p + "ssm_g_a.weight", (e, d_inner))
-        c.need(p + "ssm_norm.weight", (hd,))
-        c.need(p + "attn_output.weight", (d_inner, e))
+        d_inner = hp.kda_head_dim * hp.n_head
+        gates = {"ssm_f_a.weight": (e, d_inner), "ssm_a": (1, hp.n_head), "ssm_g_a.weight": (e, d_inner)}
+        delta_net.check_kda(c, il, gates)
 
     # ------------------------------------------------------------------------------------------- caches
     @classmethod
@@ -112,15 +101,8 @@ class BailingMoE3(MoEModel):
     def kda(self, ctx: Any, il: int, x: Tensor, n: int, cache: common.RecurrentCache) -> tuple[Tensor, list[Tensor]]:
         """Kimi Delta Attention over n tokens, from and into the layer's state: [n_embd, n] and the state writes."""
         hp, w = self.hp, self.w[il]
-        hd, nh, eps, d_inner = hp.kda_head_dim, hp.n_head, hp.rms_eps, self.d_inner
-        qkv, writes = [], []
-        for slot, (proj, conv) in enumerate(_PROJECTIONS):
-            kernel = ops.ggml_reshape_2d(ctx, w[conv], hp.ssm_d_conv, d_inner)
-            out, conv_writes = delta_net.short_conv(ctx, cache, ops.ggml_mul_mat(ctx, w[proj], x), kernel, slot)
-            out = ops.ggml_silu(ctx, ops.ggml_reshape_2d(ctx, out, d_inner, n))
-            qkv.append(ops.ggml_reshape_4d(ctx, out, hd, nh, n, 1))
-            writes += conv_writes
-        q, k, v = qkv
+        hd, nh = hp.kda_head_dim, hp.n_head
+        qkv, writes = delta_net.kda_qkv(ctx, w, x, cache, hp.ssm_d_conv, hd, nh)
         gate = ops.ggml_add(ctx, ops.ggml_mul_mat(ctx, w["ssm_f_a"], x), w["ssm_dt.bias"])
         gate = ops.ggml_mul(
             ctx, ops.ggml_reshape_3d(ctx, gate, hd, nh, n), ops.ggml_reshape_3d(ctx, w["ssm_a"], 1, nh, 1)
@@ -129,13 +111,9 @@ class BailingMoE3(MoEModel):
         gate = ops.ggml_reshape_4d(ctx, gate, hd, nh, n, 1)
         beta = ops.ggml_mul_mat(ctx, w["ssm_beta"], x)
         beta = ops.ggml_sigmoid(ctx, ops.ggml_reshape_4d(ctx, beta, 1, nh, n, 1))
-        q, k = delta_net.l2_norm(ctx, q, eps), delta_net.l2_norm(ctx, k, eps)
-        out, state_writes = delta_net.delta_rule(ctx, q, k, v, gate, beta, cache)
-        writes += state_writes
-        out = ops.ggml_reshape_3d(ctx, ops.ggml_cont(ctx, out), hd, nh, n)
-        out_gate = ops.ggml_reshape_3d(ctx, ops.ggml_mul_mat(ctx, w["ssm_g_a"], x), hd, nh, n)
-        out = ops.ggml_mul(ctx, common.rms_norm(ctx, out, w["ssm_norm"], eps), ops.ggml_sigmoid(ctx, out_gate))
-        return ops.ggml_mul_mat(ctx, w["attn_output"], ops.ggml_cont_2d(ctx, out, d_inner, n)), writes
+        out_gate = ops.ggml_mul_mat(ctx, w["ssm_g_a"], x)
+        out, state_writes = delta_net.kda_out(ctx, w, qkv, gate, beta, out_gate, cache, hp.rms_eps)
+        return out, writes + state_writes
 
     # ----------------------------------------------------------------------------------------------- FFN
     def expert_ffn(self, il: int) -> common.ExpertFFN:

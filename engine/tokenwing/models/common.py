@@ -519,13 +519,28 @@ class ExpertFFN:
     oai: bool = False
     biases: tuple[Tensor, Tensor, Tensor] | None = None
     limit: float = 0.0  # a SwiGLU limit (`swiglu`)
+    situ: tuple[float, float] | None = None  # SiTU's (beta, linear beta) in place of SwiGLU (Kimi K3, `situ`)
 
 
 SWIGLU = ExpertFFN()
 OAI_ALPHA, OAI_LIMIT = 1.702, 7.0  # llama.cpp hard-codes gpt-oss's swiglu_oai parameters (build_moe_ffn)
 
 
+def situ(ctx: Any, gate: Tensor, up: Tensor, beta: float, linear_beta: float) -> Tensor:
+    """Kimi K3's SiTU: β·tanh(gate/β)·sigmoid(gate) · β'·tanh(up/β') (up as it is where β' ≤ 0), as llama.cpp writes
+    it; 1/β in float32, as C divides it (a Python division rounded to float could differ in the last bit)."""
+    f32 = np.float32
+    act = ops.ggml_scale(ctx, ops.ggml_tanh(ctx, ops.ggml_scale(ctx, gate, float(f32(1.0) / f32(beta)))), beta)
+    act = ops.ggml_mul(ctx, act, ops.ggml_sigmoid(ctx, gate))
+    if linear_beta > 0.0:
+        up = ops.ggml_tanh(ctx, ops.ggml_scale(ctx, up, float(f32(1.0) / f32(linear_beta))))
+        up = ops.ggml_scale(ctx, up, linear_beta)
+    return ops.ggml_mul(ctx, act, up)
+
+
 def _activate(ctx: Any, gate: Tensor, up: Tensor, ffn: ExpertFFN) -> Tensor:
+    if ffn.situ is not None:
+        return situ(ctx, gate, up, *ffn.situ)
     if ffn.oai:
         return ops.ggml_swiglu_oai(ctx, gate, up, OAI_ALPHA, OAI_LIMIT)
     return swiglu(ctx, gate, up, ffn.limit)

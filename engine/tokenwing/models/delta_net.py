@@ -14,12 +14,14 @@ including the K snapshot slots of gated_delta_net.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from tokenwing.compute.ggml_lib import Tensor, ops
 from tokenwing.models import common
+from tokenwing.models.base import TensorCheck
 
 
 def l2_norm(ctx: Any, x: Tensor, eps: float) -> Tensor:
@@ -77,6 +79,68 @@ def delta_rule(
         assert n >= 2, "a snapshot one token back needs a graph of two tokens or more"
         writes.append(ops.ggml_cpy(ctx, state(1), cache.snapshot.state))
     return out, writes
+
+
+# Kimi Delta Attention's three projections and their convolutions, in the order of the layer's convolution
+# states (llama.cpp's: q, k, v)
+KDA_PROJECTIONS = (("attn_q", "ssm_conv1d_q"), ("attn_k", "ssm_conv1d_k"), ("attn_v", "ssm_conv1d_v"))
+
+
+def check_kda(c: TensorCheck, il: int, gates: Mapping[str, tuple[int, ...]]) -> None:
+    """The tensors of KDA layer il that Ling 3.0 and Kimi K3 share, and the family's own decay and output gates
+    (`gates`: name → shape)."""
+    hp, p, e = c.hp, f"blk.{il}.", c.hp.n_embd
+    hd, nh = hp.kda_head_dim, hp.n_head
+    d_inner = hd * nh
+    c.need(p + "attn_norm.weight", (e,))
+    for proj, conv in KDA_PROJECTIONS:
+        c.need(p + proj + ".weight", (e, d_inner))
+        c.need(p + conv + ".weight", (hp.ssm_d_conv, 1, d_inner, 1))
+    c.need(p + "ssm_dt.bias", (d_inner,))
+    c.need(p + "ssm_beta.weight", (e, nh))
+    c.need(p + "ssm_norm.weight", (hd,))
+    c.need(p + "attn_output.weight", (d_inner, e))
+    for name, shape in gates.items():
+        c.need(p + name, shape)
+
+
+def kda_qkv(
+    ctx: Any, w: dict[str, Tensor], x: Tensor, cache: common.RecurrentCache, d_conv: int, hd: int, nh: int
+) -> tuple[list[Tensor], list[Tensor]]:
+    """KDA's q, k and v [hd, nh, n, 1] from the normed input x [n_embd, n]: each projection through its own short
+    convolution (slot 0, 1, 2 of the layer's states) and SiLU (Ling 3.0 and Kimi K3 alike); and the state writes."""
+    n, d_inner = int(x.contents.ne[1]), hd * nh
+    qkv, writes = [], []
+    for slot, (proj, conv) in enumerate(KDA_PROJECTIONS):
+        kernel = ops.ggml_reshape_2d(ctx, w[conv], d_conv, d_inner)
+        out, conv_writes = short_conv(ctx, cache, ops.ggml_mul_mat(ctx, w[proj], x), kernel, slot)
+        out = ops.ggml_silu(ctx, ops.ggml_reshape_2d(ctx, out, d_inner, n))
+        qkv.append(ops.ggml_reshape_4d(ctx, out, hd, nh, n, 1))
+        writes += conv_writes
+    return qkv, writes
+
+
+def kda_out(
+    ctx: Any,
+    w: dict[str, Tensor],
+    qkv: list[Tensor],
+    gate: Tensor,
+    beta: Tensor,
+    out_gate: Tensor,
+    cache: common.RecurrentCache,
+    eps: float,
+) -> tuple[Tensor, list[Tensor]]:
+    """The rest of a KDA layer once its decay gate [hd, nh, n, 1] and write strength β [1, nh, n, 1] are known: q and
+    k L2-normalised, the gated delta rule over the state, each head's output RMS-normed (ssm_norm) times
+    sigmoid(out_gate [hd · nh, n]), then attn_output: [n_embd, n], and the state writes."""
+    q, k, v = qkv
+    hd, nh, n = int(v.contents.ne[0]), int(v.contents.ne[1]), int(v.contents.ne[2])
+    q, k = l2_norm(ctx, q, eps), l2_norm(ctx, k, eps)
+    out, writes = delta_rule(ctx, q, k, v, gate, beta, cache)
+    out = ops.ggml_reshape_3d(ctx, ops.ggml_cont(ctx, out), hd, nh, n)
+    out_gate = ops.ggml_reshape_3d(ctx, out_gate, hd, nh, n)
+    out = ops.ggml_mul(ctx, common.rms_norm(ctx, out, w["ssm_norm"], eps), ops.ggml_sigmoid(ctx, out_gate))
+    return ops.ggml_mul_mat(ctx, w["attn_output"], ops.ggml_cont_2d(ctx, out, hd * nh, n)), writes
 
 
 def repeat_interleaved(ctx: Any, x: Tensor, times: int) -> Tensor:

@@ -53,10 +53,19 @@ class HParams:
     ssm_dt_rank: int = 0  # ssm.time_step_rank: value heads
     ssm_n_group: int = 0  # ssm.group_count: key heads
     kda_head_dim: int = 0  # kda.head_dim (bailingmoe3: every KDA head, q, k and v alike)
-    kda_gate_lower_bound: float = 0.0  # kda.gate_lower_bound: the decay gate's floor (negative)
+    # kda.gate_lower_bound: the decay gate's floor (negative); -inf where the file has none (llama.cpp's default:
+    # Kimi K3 then takes kimi-linear's softplus gate)
+    kda_gate_lower_bound: float = -math.inf
     rope_sections: tuple[int, ...] = ()  # rope.dimension_sections: multi-axis RoPE (qwen35moe's IMRoPE)
     swiglu_limit_exp: tuple[float, ...] = ()  # swiglu_clamp_exp: per layer, the routed experts' SwiGLU limit
     swiglu_limit_shexp: tuple[float, ...] = ()  # swiglu_clamp_shexp: the shared expert's (and a dense FFN's)
+    # Kimi K3: routed experts in a latent space of this width (expert_latent_length; 0: n_embd), the cross-layer
+    # residual's block size (attn_res.block_size; 0: none) and SiTU's betas (activation.situ_*): None where the
+    # file has no such key (llama.cpp requires the last three of a kimi-k3 file)
+    n_expert_latent: int = 0
+    attn_res_block: int | None = None
+    situ_beta: float | None = None
+    situ_linear_beta: float | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -131,13 +140,19 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str, recurrence: str = 
         ssm_dt_rank=get("ssm.time_step_rank", 0),
         ssm_n_group=get("ssm.group_count", 0),
         kda_head_dim=get("kda.head_dim", 0),
-        kda_gate_lower_bound=get("kda.gate_lower_bound", 0.0, kind=float),
+        kda_gate_lower_bound=get("kda.gate_lower_bound", -math.inf, kind=float),
         rope_sections=tuple(_ints(meta.get(f"{arch}.rope.dimension_sections", []), f"{where}: {arch}.rope")),
         swiglu_limit_exp=_floats(
             meta.get(f"{arch}.swiglu_clamp_exp", []), n_layer, f"{where}: {arch}.swiglu_clamp_exp"
         ),
         swiglu_limit_shexp=_floats(
             meta.get(f"{arch}.swiglu_clamp_shexp", []), n_layer, f"{where}: {arch}.swiglu_clamp_shexp"
+        ),
+        n_expert_latent=get("expert_latent_length", 0),
+        attn_res_block=get("attn_res.block_size", 0) if f"{arch}.attn_res.block_size" in meta else None,
+        situ_beta=get("activation.situ_beta", kind=float) if f"{arch}.activation.situ_beta" in meta else None,
+        situ_linear_beta=(
+            get("activation.situ_linear_beta", kind=float) if f"{arch}.activation.situ_linear_beta" in meta else None
         ),
     )
     if hp.n_mtp < 0:

@@ -86,11 +86,12 @@ def attention(
     x: Tensor,
     at: common.Placement,
     kv: common.KVCache,
-    r: common.Rope,
+    r: common.Rope | None,
     kq_scale: float,
 ) -> tuple[Tensor, list[Tensor]]:
     """The attention of the normed input x over the cache, [v_head · n_head, n] before attn_output, and the
-    cache writes (`common.attend`)."""
+    cache writes (`common.attend`). `r` None: the rope dims are used as they are, never rotated (Kimi K3's MLA is
+    nope-only: its converter asserts it, and llama.cpp builds no position input for it)."""
     n, rank, rot, nh = at.n, hp.kv_lora_rank, hp.n_rot, hp.n_head
     heads = Heads.of(hp)
     nope = heads.nope(hp)
@@ -104,11 +105,14 @@ def attention(
     row, f = int(latent_pe.contents.nb[1]), int(latent_pe.contents.nb[0])
     latent = ops.ggml_view_2d(ctx, latent_pe, rank, n, row, 0)
     k_pe = ops.ggml_view_3d(ctx, latent_pe, rot, 1, n, row, row, f * rank)
-    k_pe = common.rope(ctx, k_pe, at.positions, r)
+    if r is not None:
+        k_pe = common.rope(ctx, k_pe, at.positions, r)
     latent = common.rms_norm(ctx, latent, w["attn_kv_a_norm"], hp.rms_eps)
     elt, nb1, nb2 = int(q.contents.nb[0]), int(q.contents.nb[1]), int(q.contents.nb[2])
     q_nope = ops.ggml_view_3d(ctx, q, nope, nh, n, nb1, nb2, 0)
-    q_pe = common.rope(ctx, ops.ggml_view_3d(ctx, q, rot, nh, n, nb1, nb2, elt * nope), at.positions, r)
+    q_pe = ops.ggml_view_3d(ctx, q, rot, nh, n, nb1, nb2, elt * nope)
+    if r is not None:
+        q_pe = common.rope(ctx, q_pe, at.positions, r)
     if hp.is_mla:
         # each head's no-rope query into the latent space: attention over the cache as one shared KV head
         absorbed = ops.ggml_mul_mat(ctx, w["attn_k_b"], ops.ggml_permute(ctx, q_nope, 0, 2, 1, 3))

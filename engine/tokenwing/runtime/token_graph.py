@@ -80,7 +80,9 @@ class TokenGraph:
         g = self.g
         g.set(self.token, np.array([token], np.int32))
         for name, values in a.items():
-            g.set(getattr(self.at, name), values)
+            t = getattr(self.at, name)
+            if t.contents.data:  # (an input no node reads is not allocated: positions where nothing rotates)
+                g.set(t, values)
         g.compute()
         return to_numpy(self.logits).reshape(-1), [(il, to_numpy(ids).reshape(-1)) for il, ids in self.routed]
 

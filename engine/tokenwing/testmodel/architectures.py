@@ -6,6 +6,7 @@ Shapes are in GGUF order (row length first). One function per architecture famil
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -374,6 +375,63 @@ def _bailingmoe3(s: ModelShape) -> list[TensorSpec]:
     return first + layers + last
 
 
+def _kimi_k3_kda(s: ModelShape, i: int) -> list[TensorSpec]:
+    """A KDA layer of Kimi K3: Ling's projections and convolutions, the decay gate through a low-rank pair
+    (ssm_f_a → ssm_f_b), ssm_a as -exp(A_log) over the heads (1-D), and a full-rank output gate (ssm_g)."""
+    e, hd = s.n_embd, s.ssm_d_state
+    d_inner = hd * s.n_head
+    kda = [t for t in _kda(s, i) if t.name.split(".")[2] not in ("ssm_f_a", "ssm_a", "ssm_g_a")]
+    return [
+        *kda,
+        TensorSpec(f"blk.{i}.ssm_f_a.weight", (e, hd), "matrix"),
+        TensorSpec(f"blk.{i}.ssm_f_b.weight", (hd, d_inner), "matrix"),
+        TensorSpec(f"blk.{i}.ssm_a", (s.n_head,), "decay_neg"),
+        TensorSpec(f"blk.{i}.ssm_g.weight", (e, d_inner), "matrix"),
+    ]
+
+
+def _kimi_k3(s: ModelShape) -> list[TensorSpec]:
+    """Kimi K3: KDA and gated nope-only MLA, the residual's score vectors, leading dense layers, a latent MoE
+    (routed experts at n_expert_latent between ffn_routed_down and ffn_routed_norm/ffn_routed_up) with a sigmoid
+    router and selection bias on the full width, a shared expert, an output head of its own."""
+    first, last = _head(s)
+    e, latent = s.n_embd, s.n_expert_latent or s.n_embd
+    layers: list[TensorSpec] = []
+    for i in range(s.n_layer):
+        if ling_full_attention(s, i):
+            gate = TensorSpec(f"blk.{i}.attn_gate.weight", (e, s.n_head * s.v_dim), "matrix")
+            layers += [*_mla_attention(s, i), gate]
+        else:
+            layers += _kimi_k3_kda(s, i)
+        if s.attn_res_block:
+            layers += [
+                TensorSpec(f"blk.{i}.attn_res_score.weight", (e,), "vector"),
+                TensorSpec(f"blk.{i}.ffn_res_score.weight", (e,), "vector"),
+            ]
+        if i < s.n_dense_lead:
+            layers += _dense_ffn(s, i)
+            continue
+        layers += [
+            TensorSpec(f"blk.{i}.ffn_norm.weight", (e,), "norm"),
+            TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (e, s.n_expert), "router"),
+            TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector"),
+            TensorSpec(f"blk.{i}.ffn_gate_exps.weight", (latent, s.n_ff_exp, s.n_expert), "expert"),
+            TensorSpec(f"blk.{i}.ffn_up_exps.weight", (latent, s.n_ff_exp, s.n_expert), "expert"),
+            TensorSpec(f"blk.{i}.ffn_down_exps.weight", (s.n_ff_exp, latent, s.n_expert), "expert"),
+        ]
+        if s.n_expert_latent:
+            layers += [
+                TensorSpec(f"blk.{i}.ffn_routed_down.weight", (e, latent), "matrix"),
+                TensorSpec(f"blk.{i}.ffn_routed_norm.weight", (latent,), "norm"),
+                TensorSpec(f"blk.{i}.ffn_routed_up.weight", (latent, e), "matrix"),
+            ]
+        if s.n_shared_exp:
+            layers += _shared_expert(s, i, gated=False, ff=s.n_ff_exp * s.n_shared_exp)
+    if s.attn_res_block:
+        last.append(TensorSpec("output_res_score.weight", (e,), "vector"))
+    return first + layers + last
+
+
 def dsv4_compress_ratios(s: ModelShape) -> tuple[int, ...]:
     """Each layer's KV compression: `s.compress_ratios`, or DeepSeek V4's pattern (two window-only layers, then CSA
     (4) and HCA (128) in turn; fewer window-only layers in a model too short for all three kinds)."""
@@ -624,6 +682,29 @@ def _bailingmoe3_kv(s: ModelShape) -> dict[str, KV]:
     return kv
 
 
+def _kimi_k3_kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes Kimi K3: head_count_kv per block (1 in MLA layers, 0 in KDA ones), MLA's
+    sizes, the KDA keys (a lower bound only where set), routing, the latent width, the residual's block size and
+    SiTU's betas."""
+    a = "kimi-k3"
+    kv = _common_kv(s, a)
+    kv.update(_sigmoid_routed_kv(s, a))
+    kv[f"{a}.attention.head_count_kv"] = KV.array(
+        ValueType.UINT32, [1 if ling_full_attention(s, i) else 0 for i in range(s.n_layer)]
+    )
+    kv.update(_mla_kv(s, a))
+    kv[f"{a}.ssm.conv_kernel"] = KV.u32(s.ssm_d_conv)
+    kv[f"{a}.kda.head_dim"] = KV.u32(s.ssm_d_state)
+    if math.isfinite(s.kda_gate_lower_bound):
+        kv[f"{a}.kda.gate_lower_bound"] = KV.f32(s.kda_gate_lower_bound)
+    if s.n_expert_latent:
+        kv[f"{a}.expert_latent_length"] = KV.u32(s.n_expert_latent)
+    kv[f"{a}.attn_res.block_size"] = KV.u32(s.attn_res_block)
+    kv[f"{a}.activation.situ_beta"] = KV.f32(s.situ_beta)
+    kv[f"{a}.activation.situ_linear_beta"] = KV.f32(s.situ_linear_beta)
+    return kv
+
+
 def _deepseek4_kv(s: ModelShape) -> dict[str, KV]:
     """As llama.cpp's converter writes DeepSeek V4: MQA over one KV head of head_dim, sqrt-softplus routing
     (gating func 4), SwiGLU limits per layer, the compression ratios (one more than the blocks: the config lists
@@ -736,6 +817,13 @@ ARCHITECTURES: dict[str, Architecture] = {
         _minimax_m2_kv,
         "MiniMax M2: GQA with whole-vector q/k RMSNorm, partial RoPE, sigmoid router with selection bias",
     ),
+    "kimi-k3": Architecture(
+        "kimi-k3",
+        _kimi_k3,
+        _kimi_k3_kv,
+        "Kimi K3: KDA and gated nope-only MLA, cross-layer residual mixing, a latent MoE with a sigmoid router "
+        "and selection bias, SiTU",
+    ),
     "deepseek4": Architecture(
         "deepseek4",
         _deepseek4,
@@ -773,6 +861,7 @@ _ROUTED = (
     "bailingmoe3",
     "minimax-m2",
     "deepseek4",
+    "kimi-k3",
 )
 TOKENIZERS = tuple(tokenizer_families)
 
@@ -784,10 +873,13 @@ def _is_lite(s: ModelShape) -> bool:
 def check_shape(s: ModelShape) -> None:
     """Rejects geometry the architecture cannot express (llama.cpp would refuse, misread or abort on it)."""
     architecture(s.arch)
-    if s.n_dense_lead and s.arch not in ("ernie4_5-moe", "glm4moe", "deepseek2", "bailingmoe3"):
+    if s.n_dense_lead and s.arch not in ("ernie4_5-moe", "glm4moe", "deepseek2", "bailingmoe3", "kimi-k3"):
         raise ValueError(
-            f"{s.arch} has no leading dense layers (use --arch ernie4_5-moe, glm4moe, deepseek2 or bailingmoe3)"
+            f"{s.arch} has no leading dense layers (use --arch ernie4_5-moe, glm4moe, deepseek2, bailingmoe3 or "
+            "kimi-k3)"
         )
+    if s.arch != "kimi-k3" and (s.n_expert_latent or s.attn_res_block or s.situ_beta or s.situ_linear_beta):
+        raise ValueError("latent experts, the residual's checkpoints and SiTU are kimi-k3's (use --arch kimi-k3)")
     if s.n_shared_exp and s.arch in ("qwen3moe", "gpt-oss"):
         raise ValueError(f"{s.arch} has no shared experts (use --arch qwen2moe, ernie4_5-moe or deepseek2)")
     if s.n_dense_lead >= s.n_layer:
@@ -798,7 +890,7 @@ def check_shape(s: ModelShape) -> None:
         raise ValueError("--n-head must be a multiple of --n-head-kv")
     if s.tokenizer not in TOKENIZERS:
         raise ValueError(f"unknown tokenizer {s.tokenizer!r} (choose from {', '.join(TOKENIZERS)})")
-    optional = {"n_dense_lead", "n_shared_exp", "n_rot", "n_expert_group", "n_group_used", "n_mtp"}
+    optional = {"n_dense_lead", "n_shared_exp", "n_rot", "n_expert_group", "n_group_used", "n_mtp", "n_expert_latent"}
     small = [
         k for k, v in vars(s).items() if k.startswith("n_") and k not in optional and isinstance(v, int) and v <= 0
     ]
@@ -815,7 +907,7 @@ def check_shape(s: ModelShape) -> None:
             "hyper-connections, compression ratios, the indexer, output groups and hash layers are deepseek4's "
             "(use --arch deepseek4)"
         )
-    if s.arch in ("deepseek2", "bailingmoe3"):
+    if s.arch in ("deepseek2", "bailingmoe3", "kimi-k3"):
         _check_deepseek2(s)
     elif s.arch == "deepseek4":
         _check_deepseek4(s)
@@ -829,6 +921,8 @@ def check_shape(s: ModelShape) -> None:
             )
     if s.arch in _QWEN_NEXT or s.arch == "bailingmoe3":
         _check_linear(s)
+    if s.arch == "kimi-k3":
+        _check_kimi_k3(s)
     if s.arch == "glm4moe" and s.head_dim % 4:
         raise ValueError("glm4moe rotates half of each head: --head-dim must be a multiple of 4")
     if s.arch != "deepseek2" and s.head_dim % 2:
@@ -862,12 +956,26 @@ def _check_linear(s: ModelShape) -> None:
         raise ValueError("qwen35moe's IMRoPE needs four section counts whose pairs fit in --n-rot")
 
 
+def _check_kimi_k3(s: ModelShape) -> None:
+    """What llama.cpp's Kimi K3 loader and graph take."""
+    if s.ssm_d_conv < 2 or s.ssm_d_state < 1 or s.full_attention_interval < 1:
+        raise ValueError("KDA needs a convolution of 2 or more, a positive head size and a full-attention interval")
+    if s.situ_beta <= 0 or s.situ_linear_beta < 0 or s.attn_res_block < 0 or s.n_expert_latent < 0:
+        raise ValueError(
+            "--situ-beta must be positive; --situ-linear-beta, the block size and latent width not negative"
+        )
+    if s.kda_gate_lower_bound >= 0:
+        raise ValueError("the KDA gate's lower bound must be negative (-inf: none, kimi-linear's softplus gate)")
+    if s.n_mtp or s.n_expert_group or s.legacy_kv_b:
+        raise ValueError("kimi-k3 has no next-token-prediction block, expert groups or combined attn_kv_b")
+
+
 def _check_deepseek2(s: ModelShape) -> None:
     if s.kv_lora_rank <= 0:
         raise ValueError(f"{s.arch} needs --kv-lora-rank")
     if not 0 < s.rot < s.head_dim or s.rot % 2:
         raise ValueError(f"{s.arch}'s --n-rot (qk_rope_head_dim) must be even, positive and below --head-dim")
-    if s.n_shared_exp < 1:
+    if s.n_shared_exp < 1 and s.arch != "kimi-k3":  # (kimi-k3's shared expert is optional)
         raise ValueError(f"{s.arch} runs a shared expert in every MoE layer: --n-shared-exp must be at least 1")
     if s.n_mtp > 1:
         raise ValueError("llama.cpp's converter writes one next-token-prediction block: --n-mtp must be 0 or 1")

@@ -72,6 +72,12 @@ class ModelShape:
     o_group_count: int = 0  # grouped low-rank output projection: head groups and each group's rank
     o_lora_rank: int = 0
     hash_layer_count: int = 0  # leading layers whose experts come from a token-id table (ffn_gate_tid2eid)
+    # kimi-k3 (Kimi K3): routed experts in a latent space of this width (0: n_embd), a checkpoint of the residual
+    # every attn_res_block layers (0: none), SiTU's betas (linear beta 0: the up branch as it is)
+    n_expert_latent: int = 0
+    attn_res_block: int = 0
+    situ_beta: float = 0.0
+    situ_linear_beta: float = 0.0
     tokenizer: str = "qwen2"  # the vocabulary's family, by llama.cpp's pre-tokenizer name
     chat_template: bool = True  # False: no tokenizer.chat_template (as some GGUFs on the hub)
 
@@ -357,6 +363,24 @@ FAMILY_PRESETS: dict[str, ModelShape] = {
 }
 
 
+# Kimi K3 (llama.cpp's converter and graph): KDA in most layers, nope-only MLA with an output gate in every
+# full_attention_interval-th and the last, one dense layer first, a latent MoE (experts at half the width here)
+# with one shared expert, a checkpoint of the residual every attn_res_block layers, SiTU with both betas set,
+# KDA's decay gate bounded below at -5, its own tokenizer (K2's vocabulary: the converter borrows kimi-linear's).
+_KIMI_K3 = {
+    "n_head_kv": 1,
+    "n_shared_exp": 1,
+    "full_attention_interval": 4,
+    "attn_res_block": 2,
+    "situ_beta": 2.0,
+    "situ_linear_beta": 4.0,
+    "kda_gate_lower_bound": -5.0,
+    "expert_weights_scale": 2.5,
+    "context_length": 262144,
+    "tokenizer": "kimi-k2",
+}
+
+
 # Qwen3-Next / Qwen3.5: gated full attention with a quarter of each head rotated (partial_rotary_factor 0.25),
 # one gated shared expert; Qwen3.5's IMRoPE splits the rotary pairs over three axes ([11, 11, 10] of 32).
 _QWEN_NEXT = {"n_shared_exp": 1, "rms_eps": 1e-6, "rope_base": 10_000_000.0}
@@ -385,6 +409,17 @@ def _family_defaults(s: ModelShape, size: str) -> ModelShape:
             ssm_d_state=s.head_dim,  # KDA heads as wide as the preset's attention heads
             expert_weights_scale=2.5,
         )
+    if s.arch == "kimi-k3" and s.kv_lora_rank == 0:
+        mla = _MLA.get(size, _MLA["small"])
+        return s.with_(
+            **mla,
+            **_KIMI_K3,
+            n_layer=max(s.n_layer, 5),  # room for three checkpoints, a dense layer and both attentions
+            n_dense_lead=s.n_dense_lead or 1,
+            n_expert_latent=s.n_embd if size == "kquant" else s.n_embd // 2,  # (K-quant rows: multiples of 256)
+            ssm_d_state=s.head_dim,  # KDA heads as wide as the preset's attention heads
+        )
+
     if s.arch == "deepseek2" and s.kv_lora_rank == 0:
         groups = 4 if s.n_expert >= 8 and s.n_expert % 4 == 0 else 1
         return s.with_(

@@ -61,6 +61,12 @@ class DeviceGraphs:
             except (DeviceError, KeyError) as e:
                 self.layers.discard(il)
                 self.log(f"layer {il} computes on the CPU: {e}")
+        if self.head:  # (a family's head may fold its state with an op the device lacks: Kimi K3's residual mix)
+            try:
+                self._build_head(1).graph.close()
+            except (DeviceError, KeyError) as e:
+                self.head = False
+                self.log(f"the output head computes on the CPU: {e}")
 
     # --------------------------------------------------------------------------------------- layer graphs
     def has_layer(self, il: int) -> bool:

@@ -150,8 +150,10 @@ class VramWeights:
         return costs, head
 
     def _head_names(self) -> list[str]:
-        out = "output.weight" if self.ram_weights.has("output.weight") else "token_embd.weight"
-        return ["output_norm.weight", out]
+        """The head's weights: every resident tensor outside the layers but the embedding (the output norm and
+        projection, and a family's own: Kimi K3's final residual score), or the embedding where the output is it."""
+        names = [n for n in self.ram_weights.tensors if not n.startswith("blk.") and n != "token_embd.weight"]
+        return names if "output.weight" in names else [*names, "token_embd.weight"]
 
     def plan(self, budget: int, max_layers: int | None, lend: bool) -> tuple[VramPlan, bool]:
         """The plan for `budget`, and whether it lends the prompts' compute buffers from the expert cache (`lend`

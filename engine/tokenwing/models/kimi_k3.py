@@ -1,0 +1,275 @@
+"""Kimi K3 (`kimi-k3`): Kimi Delta Attention (KDA) and gated latent attention in one hybrid stack, a latent MoE,
+the SiTU activation, and a residual stream that attends over earlier layers' inputs (llama.cpp:
+src/models/kimi-k3.cpp; docs/families/kimi-k3.md walks through it).
+
+The state between layers is the running sum plus a stack of checkpoints: every attn_res.block_size-th layer banks
+its raw input and restarts the sum from its attention output. Before its attention and before its FFN a layer
+reads a mix of the stack and the sum: a softmax over each one's RMS-normed dot product with the layer's score
+vector (attn_res_score / ffn_res_score: the converter's res_norm · res_proj) weights the raw vectors
+(`res_mix`). The head mixes them once more (output_res_score). Here the state is one row a token of
+(1 + checkpoints) · n_embd floats: the sum, then the checkpoints in the order they were banked, then the slots
+later layers fill (`state_width`).
+
+A layer: res_mix → RMSNorm → KDA (q, k, v through short convolutions; the decay gate through the low-rank
+ssm_f_a → ssm_f_b, lower_bound · sigmoid(-(ssm_a · (g + dt_bias))), or kimi-linear's softplus form where the file
+has no lower bound; a full-rank output gate ssm_g) or nope-only MLA (the rope dims never rotated; the result
+times sigmoid(attn_gate · x), per element) → the running sum → res_mix → RMSNorm → a dense SiTU FFN (leading
+layers) or the latent MoE: a sigmoid router with a selection bias on the full-width input, the routed experts
+(SiTU) on its projection ffn_routed_down, their weighted sum RMS-normed (ffn_routed_norm) and projected back up
+(ffn_routed_up), plus a SiTU shared expert on the full-width input → the running sum. Linear layers are those
+whose head_count_kv is 0. The caches are Ling 3.0's: a KDA layer's convolution and delta-rule state, an MLA
+layer's latent and rope key.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from tokenwing.compute.ggml_lib import F32, Tensor, ops
+from tokenwing.errors import BadInputError
+from tokenwing.models import common, delta_net, mla
+from tokenwing.models.bailingmoe3 import BailingMoE3
+from tokenwing.models.base import TensorCheck
+from tokenwing.models.hparams import HParams
+from tokenwing.models.weights import ModelWeights
+
+
+class KimiK3(BailingMoE3):
+    arch = "kimi-k3"
+    shared_experts = "optional"
+
+    def __init__(self, hp: HParams, weights: ModelWeights, streamed: list[int]) -> None:
+        super().__init__(hp, weights, streamed)
+        self.block = hp.attn_res_block or 0
+        self.slots = self.state_width(hp) // hp.n_embd  # the running sum, then the checkpoints
+        assert hp.situ_beta is not None and hp.situ_linear_beta is not None  # (`check` refused files without them)
+        self.situ = (hp.situ_beta, hp.situ_linear_beta)
+
+    # -------------------------------------------------------------------------------------------- checks
+    @classmethod
+    def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
+        if hp.gating == 0:
+            raise BadInputError(f"{where}: {cls.arch}.expert_gating_func is missing from the metadata")
+        if hp.attn_res_block is None or hp.situ_beta is None or hp.situ_linear_beta is None:
+            raise BadInputError(
+                f"{where}: {cls.arch}.attn_res.block_size, activation.situ_beta and activation.situ_linear_beta "
+                "are required (llama.cpp stops without them too)"
+            )
+        if hp.situ_beta <= 0:
+            raise BadInputError(f"{where}: {cls.arch}.activation.situ_beta must be positive (SiTU divides by it)")
+        if any(hp.recurrent) and (hp.kda_head_dim < 1 or hp.ssm_d_conv < 2):
+            raise BadInputError(f"{where}: KDA layers need kda.head_dim and ssm.conv_kernel (at least 2)")
+        super(BailingMoE3, cls).check(hp, shapes, streamed, where)  # (the common checks, not Ling's)
+        c = TensorCheck(hp, shapes, where)
+        e, latent = hp.n_embd, cls.expert_width(hp, 0)
+        c.need("output.weight", (e, hp.vocab_size))  # (never tied to the embedding)
+        if hp.attn_res_block:
+            c.need("output_res_score.weight", (e,))
+        for il in range(hp.n_layer):
+            p = f"blk.{il}."
+            if hp.attn_res_block:
+                c.need(p + "attn_res_score.weight", (e,))
+                c.need(p + "ffn_res_score.weight", (e,))
+            if il in streamed and hp.n_expert_latent:
+                c.need(p + "ffn_routed_down.weight", (e, latent))
+                c.need(p + "ffn_routed_up.weight", (latent, e))
+                if c.has(p + "ffn_routed_norm.weight"):
+                    c.need(p + "ffn_routed_norm.weight", (latent,))
+
+    @classmethod
+    def check_attention(cls, c: TensorCheck, il: int) -> None:
+        hp, p, e = c.hp, f"blk.{il}.", c.hp.n_embd
+        if not hp.is_recurrent(il):
+            mla.check(c, il, split=True)  # (the converter always splits attn_kv_b)
+            if c.has(p + "attn_gate.weight"):
+                c.need(p + "attn_gate.weight", (e, hp.n_head * mla.Heads.of(hp).v))
+            return
+        hd = hp.kda_head_dim
+        d_inner = hd * hp.n_head
+        gates = {  # the decay gate through a low-rank pair, -exp(A_log) per head (1-D), a full-rank output gate
+            "ssm_f_a.weight": (e, hd),
+            "ssm_f_b.weight": (hd, d_inner),
+            "ssm_a": (hp.n_head,),
+            "ssm_g.weight": (e, d_inner),
+        }
+        delta_net.check_kda(c, il, gates)
+
+    # -------------------------------------------------------------------------- the state between layers
+    @classmethod
+    def state_width(cls, hp: HParams) -> int:
+        """The running sum and every checkpoint the layers bank (one per attn_res.block_size layers)."""
+        block = hp.attn_res_block or 0
+        return hp.n_embd * (1 + (-(-hp.n_layer // block) if block else 0))
+
+    @classmethod
+    def expert_width(cls, hp: HParams, il: int) -> int:
+        return hp.n_expert_latent or hp.n_embd
+
+    def embed(self, ctx: Any, ids: Tensor) -> Tensor:
+        x = super().embed(ctx, ids)
+        if self.slots == 1:
+            return x
+        e, n = self.hp.n_embd, int(ids.contents.ne[0])
+        # the slots no layer has banked yet: never read before a layer writes them, zero until then
+        empty = ops.ggml_fill(ctx, ops.ggml_new_tensor_3d(ctx, F32, e, self.slots - 1, n), 0.0)
+        return self._flat(ctx, ops.ggml_concat(ctx, ops.ggml_reshape_3d(ctx, x, e, 1, n), empty, 1))
+
+    def _slots(self, ctx: Any, st: Tensor, first: int, count: int) -> Tensor:
+        """Slots first … first + count - 1 of the state st [n_embd, slots, n], as a view [n_embd, count, n]."""
+        nb = st.contents.nb
+        return ops.ggml_view_3d(
+            ctx, st, self.hp.n_embd, count, int(st.contents.ne[2]), int(nb[1]), int(nb[2]), first * int(nb[1])
+        )
+
+    def _split(self, ctx: Any, state: Tensor) -> tuple[Tensor, Tensor]:
+        """The state [width, n] as [n_embd, slots, n], and its running sum (slot 0) as a contiguous [n_embd, n]."""
+        e, n = self.hp.n_embd, int(state.contents.ne[1])
+        st = ops.ggml_reshape_3d(ctx, state, e, self.slots, n)
+        return st, ops.ggml_cont_2d(ctx, self._slots(ctx, st, 0, 1), e, n)
+
+    def _flat(self, ctx: Any, st: Tensor) -> Tensor:
+        return ops.ggml_reshape_2d(ctx, st, self.hp.n_embd * self.slots, int(st.contents.ne[2]))
+
+    def _with_sum(self, ctx: Any, st: Tensor, total: Tensor) -> Tensor:
+        """The state st with its running sum replaced by total [n_embd, n]."""
+        e, n = self.hp.n_embd, int(st.contents.ne[2])
+        head = ops.ggml_reshape_3d(ctx, total, e, 1, n)
+        if self.slots == 1:
+            return self._flat(ctx, head)
+        return self._flat(ctx, ops.ggml_concat(ctx, head, self._slots(ctx, st, 1, self.slots - 1), 1))
+
+    def res_mix(self, ctx: Any, cur: Tensor, stack: Tensor | None, score: Tensor) -> Tensor:
+        """The mix a block reads: softmax over the scores of the checkpoints and of the running sum cur [n_embd, n]
+        (each RMS-normed, times the score vector, summed), weighting the raw vectors; cur alone before the first
+        checkpoint. llama.cpp's ops in its order (the checkpoints through ggml_dsv4_hc_pre, cur by a broadcast)."""
+        if stack is None:
+            return cur
+        eps, k, n = self.hp.rms_eps, int(stack.contents.ne[1]), int(cur.contents.ne[1])
+        sc_src = ops.ggml_sum_rows(ctx, ops.ggml_mul(ctx, ops.ggml_rms_norm(ctx, stack, eps), score))
+        sc_src = ops.ggml_reshape_2d(ctx, sc_src, k, n)
+        sc_cur = ops.ggml_sum_rows(ctx, ops.ggml_mul(ctx, ops.ggml_rms_norm(ctx, cur, eps), score))
+        probs = ops.ggml_soft_max(ctx, ops.ggml_concat(ctx, sc_src, sc_cur, 0))  # [k + 1, n]
+        row, f = int(probs.contents.nb[1]), int(probs.contents.nb[0])
+        p_src = ops.ggml_cont(ctx, ops.ggml_view_2d(ctx, probs, k, n, row, 0))
+        p_cur = ops.ggml_cont(ctx, ops.ggml_view_2d(ctx, probs, 1, n, row, f * k))
+        return ops.ggml_add(ctx, ops.ggml_dsv4_hc_pre(ctx, stack, p_src), ops.ggml_mul(ctx, cur, p_cur))
+
+    # --------------------------------------------------------------------------------------------- graph
+    def layer(self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache) -> common.LayerOut:
+        hp, w, n = self.hp, self.w[il], at.n
+        st, total = self._split(ctx, x)
+        mixing = self.block > 0
+        banked = -(-il // self.block) if mixing else 0  # checkpoints banked before this layer
+        stack = self._slots(ctx, st, 1, banked) if banked else None
+        cur = self.res_mix(ctx, total, stack, w["attn_res_score"]) if mixing else total
+        banks = mixing and il % self.block == 0
+        if banks:  # the raw layer input (not the mix) is the new checkpoint; the sum restarts from the attention
+            pushed = self._slots(ctx, st, 0, 1)
+            stack = pushed if stack is None else ops.ggml_concat(ctx, stack, pushed, 1)
+        attn, writes = self.attention(ctx, il, self.norm(ctx, cur, w["attn_norm"]), at, kv)
+        total = attn if banks else ops.ggml_add(ctx, total, attn)
+        cur = self.res_mix(ctx, total, stack, w["ffn_res_score"]) if mixing else total
+        cur = self.norm(ctx, cur, w[self.ffn_norm])
+        # the state short of the FFN's output: the sum, the checkpoints, the slots later layers fill
+        parts = [ops.ggml_reshape_3d(ctx, total, hp.n_embd, 1, n)]
+        rest = 1
+        if banks:
+            assert stack is not None
+            parts.append(stack)
+            rest = banked + 2
+        if rest < self.slots:
+            parts.append(self._slots(ctx, st, rest, self.slots - rest))
+        state = parts[0]
+        for part in parts[1:]:
+            state = ops.ggml_concat(ctx, state, part, 1)
+        residual = self._flat(ctx, state)
+        if il not in self._moe:
+            ffn = self._situ_ffn(ctx, w, cur, "")
+            return common.LayerOut(writes, out=self.tail(ctx, il, ffn, None, residual, latent=False))
+        logits = ops.ggml_mul_mat(ctx, w["ffn_gate_inp"], cur)  # (the router scores the full-width input)
+        ids, weights = common.route(ctx, logits, self.router, w["exp_probs_b.bias"])
+        routed_in = ops.ggml_mul_mat(ctx, w["ffn_routed_down"], cur) if "ffn_routed_down" in w else cur
+        shared = self._situ_ffn(ctx, w, cur, "_shexp") if "ffn_gate_shexp" in w else None
+        return common.LayerOut(writes, routed=common.Routed(routed_in, residual, ids, weights, shared))
+
+    def _situ_ffn(self, ctx: Any, w: dict[str, Tensor], x: Tensor, suffix: str) -> Tensor:
+        """A dense SiTU FFN: ffn_down(situ(ffn_gate · x, ffn_up · x)), of the dense layer or the shared expert."""
+        gate = ops.ggml_mul_mat(ctx, w["ffn_gate" + suffix], x)
+        up = ops.ggml_mul_mat(ctx, w["ffn_up" + suffix], x)
+        return ops.ggml_mul_mat(ctx, w["ffn_down" + suffix], common.situ(ctx, gate, up, *self.situ))
+
+    def tail(
+        self, ctx: Any, il: int, experts: Tensor, shared: Tensor | None, residual: Tensor, latent: bool = True
+    ) -> Tensor:
+        """The experts' latent sum normed and projected up, plus the shared expert, added to the running sum."""
+        w = self.w[il]
+        out = experts
+        if latent and "ffn_routed_norm" in w:
+            out = self.norm(ctx, out, w["ffn_routed_norm"])
+        if latent and "ffn_routed_up" in w:
+            out = ops.ggml_mul_mat(ctx, w["ffn_routed_up"], out)
+        if shared is not None:
+            out = ops.ggml_add(ctx, out, shared)
+        st, total = self._split(ctx, residual)
+        return self._with_sum(ctx, st, ops.ggml_add(ctx, total, out))
+
+    def tail_array(
+        self, il: int, experts: np.ndarray, shared: np.ndarray | None, residual: np.ndarray
+    ) -> np.ndarray | None:
+        return None  # (a norm and a matrix product: the session computes `tail` in a graph)
+
+    def router_input(self, ctx: Any, lo: common.LayerOut) -> Tensor:
+        """The running sum (plus the shared expert): the part of the state that changes the most layer to layer."""
+        r = lo.routed
+        state = lo.out if r is None else r.residual
+        assert state is not None
+        total = self._split(ctx, state)[1]
+        return total if r is None or r.shared is None else ops.ggml_add(ctx, total, r.shared)
+
+    def head(self, ctx: Any, x: Tensor) -> Tensor:
+        st, total = self._split(ctx, x)
+        if self.block:
+            total = self.res_mix(
+                ctx, total, self._slots(ctx, st, 1, self.slots - 1), self.weights.get("output_res_score.weight")
+            )
+        return super().head(ctx, total)
+
+    # ------------------------------------------------------------------------------------------ attention
+    def attention(
+        self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache
+    ) -> tuple[Tensor, list[Tensor]]:
+        hp, w = self.hp, self.w[il]
+        if hp.is_recurrent(il):
+            return self.kda(ctx, il, x, at.n, common.recurrent_cache(kv))
+        cur, writes = mla.attention(ctx, hp, w, x, at, common.kv_cache(kv), None, self.kq_scale)
+        if "attn_gate" in w:  # the attention output times sigmoid(attn_gate · x), element by element
+            cur = ops.ggml_mul(ctx, cur, ops.ggml_sigmoid(ctx, ops.ggml_mul_mat(ctx, w["attn_gate"], x)))
+        return ops.ggml_mul_mat(ctx, w["attn_output"], cur), writes
+
+    def kda(self, ctx: Any, il: int, x: Tensor, n: int, cache: common.RecurrentCache) -> tuple[Tensor, list[Tensor]]:
+        hp, w = self.hp, self.w[il]
+        hd, nh = hp.kda_head_dim, hp.n_head
+        qkv, writes = delta_net.kda_qkv(ctx, w, x, cache, hp.ssm_d_conv, hd, nh)
+        gate = ops.ggml_mul_mat(ctx, w["ssm_f_b"], ops.ggml_mul_mat(ctx, w["ssm_f_a"], x))
+        gate = ops.ggml_add(ctx, gate, w["ssm_dt.bias"])
+        decay = ops.ggml_reshape_3d(ctx, w["ssm_a"], 1, nh, 1)  # -exp(A_log), folded by the converter
+        if hp.kda_gate_lower_bound > -math.inf:  # K3: lower_bound · sigmoid(exp(A_log) · (g + dt_bias))
+            gate = ops.ggml_mul(ctx, ops.ggml_reshape_3d(ctx, gate, hd, nh, n), decay)
+            gate = ops.ggml_scale(ctx, ops.ggml_sigmoid(ctx, ops.ggml_scale(ctx, gate, -1.0)), hp.kda_gate_lower_bound)
+        else:  # kimi-linear's: -exp(A_log) · softplus(g + dt_bias)
+            gate = ops.ggml_mul(ctx, ops.ggml_reshape_3d(ctx, ops.ggml_softplus(ctx, gate), hd, nh, n), decay)
+        gate = ops.ggml_reshape_4d(ctx, gate, hd, nh, n, 1)
+        beta = ops.ggml_sigmoid(ctx, ops.ggml_reshape_4d(ctx, ops.ggml_mul_mat(ctx, w["ssm_beta"], x), 1, nh, n, 1))
+        out_gate = ops.ggml_mul_mat(ctx, w["ssm_g"], x)
+        out, state_writes = delta_net.kda_out(ctx, w, qkv, gate, beta, out_gate, cache, hp.rms_eps)
+        return out, writes + state_writes
+
+    # ----------------------------------------------------------------------------------------------- FFN
+    def expert_ffn(self, il: int) -> common.ExpertFFN:
+        return common.ExpertFFN(situ=self.situ)
+
+    def swiglu_limit(self, il: int) -> float:
+        return 0.0
