@@ -41,10 +41,14 @@ def _alone(model: str, options: SessionOptions, prompt: list[int]) -> list[np.nd
         s.close()
 
 
-def _together(model: str, options: SessionOptions, prompts: list[list[int]]) -> list[list[np.ndarray]]:
+def _together(
+    model: str, options: SessionOptions, prompts: list[list[int]], apart: bool = False
+) -> list[list[np.ndarray]]:
     """The same prompts in the slots of one session, then decoded in steps of all of them; the last one starts
     two steps late (a request joining a running batch)."""
     s = Session(model, options, log=lambda line: None)
+    if apart:  # each sequence's dense products apart, whatever `rows_batch` measures on this CPU
+        s.rows_ok.update({n: False for n in range(2, len(prompts) + 1)})
     try:
         assert s.n_seq == len(prompts)
         out: list[list[np.ndarray]] = [[] for _ in prompts]
@@ -71,15 +75,21 @@ def _together(model: str, options: SessionOptions, prompts: list[list[int]]) -> 
         ({"type": "Q8_0"}, None),  # every expert in RAM: alone, a decode step is one graph
         ({"type": "Q4_K_M"}, 1),  # streamed, k slots a layer: the union runs in waves
         ({"type": "Q8_0", "arch": "bailingmoe3", "n_layer": 4}, 1),  # recurrent layers, a dense first layer
+        ({"type": "Q8_0", "arch": "gpt-oss"}, 1),  # sliding-window layers, attention sinks
+        ({"type": "Q8_0", "arch": "deepseek2"}, 1),  # MLA
+        ({"type": "Q8_0", "arch": "kimi-k3"}, None),  # a state wider than a vector between layers, KDA
     ],
-    ids=["in-ram", "streamed", "ling"],
+    ids=["in-ram", "streamed", "ling", "gpt-oss", "mla", "kimi-k3"],
 )
+@pytest.mark.parametrize("apart", [False, True], ids=["as-measured", "apart"])
 def test_each_sequence_gets_what_it_gets_alone(
-    repacked_factory: ModelFactory, shape: dict[str, object], budget: int | None
+    repacked_factory: ModelFactory, shape: dict[str, object], budget: int | None, apart: bool
 ) -> None:
+    """Each sequence's logits at every step, with the dense products as rows of one product where this CPU's
+    kernels allow it (`rows_batch`; the tests' small models: all but Ling's), and with them apart."""
     model = str(repacked_factory(**shape))
     want = [_alone(model, _options(1, budget), p) for p in PROMPTS]
-    got = _together(model, _options(len(PROMPTS), budget), PROMPTS)
+    got = _together(model, _options(len(PROMPTS), budget), PROMPTS, apart)
     for w, g in zip(want, got, strict=True):
         assert len(g) == len(w)
         for step, (a, b) in enumerate(zip(w, g, strict=True)):

@@ -45,6 +45,9 @@ class Placement:
     # (see `attend`); None: the two matrix products
     flash_mask: Tensor | None = None
     flash_mask_swa: Tensor | None = None
+    # Several sequences' decode tokens in one graph (runtime/batch.py): token i is sequence i's, at its own
+    # position of its own cache (`BatchKV`), placed by parts[i]; `attend` attends each over its cache alone
+    parts: tuple[Placement, ...] = ()
 
 
 FLASH_ROWS = 64  # ggml's CPU flash attention runs its F32 tiled kernel for 64 queries or more (GGML_FA_TILE_Q)
@@ -172,6 +175,14 @@ class RecurrentCache:
     snapshot: RecurrentCache | None = None
 
 
+@dataclass(frozen=True)
+class BatchKV(KVCache):
+    """One layer's caches of several sequences whose decode tokens share a graph (`Placement.parts`): the
+    fields are the first sequence's (what a family reads of a cache's shape), `caches` every one's."""
+
+    caches: tuple[KVCache, ...] = ()
+
+
 LayerCache = KVCache | RecurrentCache
 
 
@@ -252,6 +263,8 @@ def attend(
     Returns [hd_v · n_head, n] and the cache writes, which the caller must put in the graph first (as llama.cpp
     does) so that the attention reads see them. llama.cpp's ops (build_attn_mha without flash attention).
     """
+    if isinstance(kv, BatchKV):
+        return _attend_each(ctx, q, k, v, at, kv, scale, mask, sinks, v_up)
     hd, nh, n = int(q.contents.ne[0]), int(q.contents.ne[1]), at.n
     nkv = int(k.contents.ne[1])
     elt, kc = kv.elt, kv.k
@@ -282,6 +295,44 @@ def attend(
     if v_up is not None:
         kqv = ops.ggml_mul_mat(ctx, v_up, kqv)
     return ops.ggml_cont_2d(ctx, ops.ggml_permute(ctx, kqv, 0, 2, 1, 3), int(kqv.contents.ne[0]) * nh, n), writes
+
+
+def _attend_each(
+    ctx: Any,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor | None,
+    at: Placement,
+    kv: BatchKV,
+    scale: float,
+    mask: Tensor | None,
+    sinks: Tensor | None,
+    v_up: Tensor | None,
+) -> tuple[Tensor, list[Tensor]]:
+    """Several sequences' tokens (one each, `at.parts`): each attends over its own cache with its own placement,
+    through the ops it gets alone; the results side by side as the tokens are."""
+
+    def token(t: Tensor, i: int) -> Tensor:
+        """Token i's slice of [a, b, n] (or of [a, n]: a projection not yet split into heads)."""
+        ne, nb = t.contents.ne, t.contents.nb
+        if int(ne[2]) == at.n:
+            return ops.ggml_view_3d(ctx, t, int(ne[0]), int(ne[1]), 1, int(nb[1]), int(nb[2]), i * int(nb[2]))
+        assert int(ne[1]) == at.n and int(ne[2]) == 1
+        return ops.ggml_view_2d(ctx, t, int(ne[0]), 1, int(nb[1]), i * int(nb[1]))
+
+    assert mask is None or mask is at.mask_swa, "a batch attends with the placement's masks only"
+    outs, writes = [], []
+    for i, (part, cache) in enumerate(zip(at.parts, kv.caches, strict=True)):
+        m = None if mask is None else part.mask_swa
+        out, w = attend(
+            ctx, token(q, i), token(k, i), None if v is None else token(v, i), part, cache, scale, m, sinks, v_up
+        )
+        outs.append(out)
+        writes += w
+    cur = outs[0]
+    for out in outs[1:]:
+        cur = ops.ggml_concat(ctx, cur, out, 1)
+    return cur, writes
 
 
 def _flash(
@@ -780,6 +831,29 @@ def weighted_down(
         assert experts is not None
         down = ops.ggml_add_id(ctx, down, ffn.biases[2], experts)
     return ops.ggml_mul(ctx, down, w)
+
+
+def tokens_experts(
+    ctx: Any,
+    views: tuple[Tensor, Tensor, Tensor],
+    x: Tensor,
+    slots: Tensor,
+    weights: Tensor,
+    ffn: ExpertFFN = SWIGLU,
+    experts: Tensor | None = None,
+) -> Tensor:
+    """`token_experts` for n tokens at once (several sequences' decode tokens, runtime/batch.py): x [n_embd, n],
+    slots I32 [k, n], weights F32 [k, n] → [n_embd, n]. mul_mat_id computes each row as it does for one token
+    (row by row), and each token's k outputs are added in rank order: every token's bits are those it gets
+    alone."""
+    n_embd, k, n = int(x.contents.ne[0]), int(slots.contents.ne[0]), int(slots.contents.ne[1])
+    w = ops.ggml_reshape_3d(ctx, weights, 1, k, n)
+    weighted = weighted_experts(ctx, views, ops.ggml_reshape_3d(ctx, x, n_embd, 1, n), slots, w, ffn, experts)
+    row = n_embd * 4
+    total = ops.ggml_view_2d(ctx, weighted, n_embd, n, row * k, 0)
+    for i in range(1, k):
+        total = ops.ggml_add(ctx, total, ops.ggml_view_2d(ctx, weighted, n_embd, n, row * k, i * row))
+    return total
 
 
 def sum_rows(ctx: Any, weighted: Tensor, k: int, n_embd: int) -> Tensor:

@@ -19,14 +19,17 @@ traffic is N × dense + union of experts; under a memory cap, where the drive bi
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tokenwing.compute.ggml_lib import to_numpy
+from tokenwing.compute.ggml_lib import Tensor, ops, to_numpy
 from tokenwing.errors import BadInputError
 from tokenwing.models import common
+from tokenwing.runtime.kvcache import KVCaches
 from tokenwing.runtime.lookahead import Ahead
+from tokenwing.runtime.token_graph import TokenGraph
 
 if TYPE_CHECKING:
     from tokenwing.runtime.session import Parts, Session
@@ -53,14 +56,18 @@ def decode_step(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray]:
         s._prompt_memory_held = False
     s.scheduler.after_prompt()
     s.scheduler.begin_token(0)
+    whole = _one_graph(s, steps)
+    if whole is not None:
+        return whole
     s.lookahead.made.clear()
     hs = []
     for slot, token in steps:
         s.use(slot)
         hs.append(s._embed([token]))
+    rows = rows_batch(s, len(steps))
     try:
         for il in range(s.hp.n_layer):
-            hs = _layer(s, il, slots, hs)
+            hs = _layer(s, il, slots, hs, rows)
     except BaseException:
         for slot in slots:  # a failed step leaves no half-updated recurrent state behind
             seq = s.seqs[slot]
@@ -77,8 +84,104 @@ def decode_step(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray]:
     return logits
 
 
-def _layer(s: Session, il: int, slots: list[int], hs: list[np.ndarray]) -> list[np.ndarray]:
-    parts = _layer_parts(s, il, slots, hs)
+def rows_batch(s: Session, n: int) -> bool:
+    """Whether n decode tokens of different sequences may go through the dense products as the n rows of one
+    product (each matrix read once a step, one graph node instead of n), their attention still each over its own
+    cache (`common.BatchKV`): only where that gives every row the bits it gets alone. That is a property of
+    ggml's kernels on this CPU, so it is measured, once per n: every resident matrix (and the lookahead's
+    routers) times n random rows against each row alone. Q8_0 and F32 products are row by row; ggml's repacked
+    K-quant products run a 4-row kernel on groups of four that rounds differently from its 1-row one, so a model
+    in those runs each sequence's products apart (each matrix then read once per sequence). Linear-attention
+    layers (a recurrent state per sequence) and resident 3-D matrices (MLA's per-head ones) are not batched."""
+    if n in s.rows_ok:
+        return s.rows_ok[n]
+    ok = s.kv.states is None and s.vram is None
+    w = s.model.weights
+    seen: set[tuple[int, bool, int, int]] = set()
+    mats = [w.get(name) for name in w.tensors if name != "token_embd.weight"]
+    mats += [t for t, _ in s.lookahead.fused.values()]
+    rng = np.random.default_rng(0)
+    for t in mats if ok else []:
+        ne = [int(t.contents.ne[i]) for i in range(4)]
+        if ne[1] == 1:
+            continue  # a vector (norms, biases): elementwise
+        if ne[2] > 1 or ne[3] > 1:
+            ok = False
+            break
+        key = (int(t.contents.type), bool(t.contents.extra), ne[0], ne[1])
+        if key in seen:
+            continue
+        seen.add(key)
+        x = rng.standard_normal((n, ne[0])).astype(np.float32)
+        together = _product(s, t, x)
+        if not all(np.array_equal(_product(s, t, x[i : i + 1])[0], together[i]) for i in range(n)):
+            ok = False
+    s.rows_ok[n] = ok
+    return ok
+
+
+def _product(s: Session, t: Tensor, x: np.ndarray) -> np.ndarray:
+    g = s.graph
+    ctx = g.reset()
+    y = ops.ggml_mul_mat(ctx, t, g.input(x))
+    g.compute(y)
+    return to_numpy(y).reshape(x.shape[0], -1).copy()
+
+
+def rows_placement(
+    parts: list[common.Placement], positions: Tensor, caches: list[KVCaches], il: int
+) -> tuple[common.Placement, common.BatchKV]:
+    """Several sequences' decode tokens as the rows of one graph: a placement whose positions are theirs (in
+    order; what RoPE reads) and whose parts each attend over their own cache, and the layer's caches."""
+    first = parts[0]
+    at = dataclasses.replace(first, n=len(parts), positions=positions, parts=tuple(parts))
+    layer = [common.kv_cache(kv[il]) for kv in caches]
+    c0 = layer[0]
+    return at, common.BatchKV(c0.k, c0.v, c0.elt, c0.v_width, tuple(layer))
+
+
+def _one_graph(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray] | None:
+    """With every expert in RAM: the step as one graph (runtime/token_graph.py, every sequence's subgraph side
+    by side), rebuilt when the sequences or one's attention window change; None when that graph is off or does
+    not fit (the per-layer path runs instead). The scheduler still sees each layer's union and each sequence's
+    selection, as in the per-layer path."""
+    if not s._token_graph_on or s.scheduler.slot_map is None:
+        return None
+    windows = [common.decode_window(s.seqs[slot].pos, s.n_ctx) for slot, _ in steps]
+    rows = rows_batch(s, len(steps))
+    key = (rows, *((slot, w) for (slot, _), w in zip(steps, windows, strict=True)))
+    if s.batch_graph is None or s.batch_graph[0] != key:
+        if s.batch_graph is not None:
+            s.batch_graph[1].close()
+            s.batch_graph = None
+        try:
+            kvs = [s.seqs[slot].kv for slot, _ in steps]
+            graph = TokenGraph(s.model, kvs, windows, s.experts, s.scheduler.slot_map, s.graph, rows)
+        except MemoryError as e:
+            s._token_graph_on = False
+            s.log(f"decode runs one graph per layer: the one-graph step did not fit in memory ({e})")
+            return None
+        s.batch_graph = (key, graph)
+    got = s.batch_graph[1].run_all([t for _, t in steps], [s.seqs[slot].pos for slot, _ in steps])
+    by_layer: dict[int, list[np.ndarray]] = {}
+    for _, routed in got:
+        for il, experts in routed:
+            by_layer.setdefault(il, []).append(experts)
+    k = s.hp.n_expert_used
+    for il, selected in by_layer.items():
+        s.scheduler.touch(il, list(dict.fromkeys(np.concatenate(selected).tolist())))
+        for row in selected:
+            s.scheduler.observe(il, row.reshape(1, k))
+    logits = []
+    for (slot, token), (lg, _) in zip(steps, got, strict=True):
+        s.use(slot)
+        s._advance([token])
+        logits.append(lg)
+    return logits
+
+
+def _layer(s: Session, il: int, slots: list[int], hs: list[np.ndarray], rows: bool) -> list[np.ndarray]:
+    parts = _rows_parts(s, il, slots, hs) if rows else _layer_parts(s, il, slots, hs)
     ahead = [s.lookahead.predict(il, r["ahead"]) if "ahead" in r else [] for r in parts]
     merged = _merge(s, ahead)
     if "out" in parts[0]:  # a dense layer: it predicts the streamed layers after it, as a MoE layer does
@@ -112,6 +215,26 @@ def _layer_parts(s: Session, il: int, slots: list[int], hs: list[np.ndarray]) ->
         writes += w
     g.compute(*writes, *[t for out in outs for t in out.values()])
     return [{name: to_numpy(t).reshape(1, -1).copy() for name, t in out.items()} for out in outs]
+
+
+def _rows_parts(s: Session, il: int, slots: list[int], hs: list[np.ndarray]) -> list[Parts]:
+    """The layer for every sequence as the rows of one graph (`rows_batch`), split back into each one's
+    results."""
+    g = s.graph
+    ctx = g.reset()
+    parts = []
+    for slot in slots:
+        s.use(slot)
+        parts.append(s._placement(s.pos, 1, True))
+    axes = s.model.position_axes
+    pos = np.array([s.seqs[slot].pos for slot in slots], np.int32)
+    positions = np.concatenate([np.tile(pos, 3), np.zeros(len(slots) * (axes - 3), np.int32)]) if axes > 1 else pos
+    at, cache = rows_placement(parts, g.input(positions), [s.seqs[slot].kv for slot in slots], il)
+    out, writes = s._layer_graph(ctx, il, g.input(np.concatenate(hs)), at, True, cache=cache)
+    g.compute(*writes, *out.values())
+    n = len(slots)
+    got = {name: to_numpy(t).reshape(n, -1).copy() for name, t in out.items()}
+    return [{name: v[i : i + 1] for name, v in got.items()} for i in range(n)]
 
 
 def _merge(s: Session, ahead: list[list[Ahead]]) -> list[Ahead]:

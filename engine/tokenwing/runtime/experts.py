@@ -251,6 +251,10 @@ class ExpertCompute:
         their ids I32 [k, 1] (needed by families whose experts have biases)."""
         return common.token_experts(ctx, self.pools.views[block], x, slots, weights, self.ffn[block], experts)
 
+    def tokens(self, ctx: Any, block: int, x: Tensor, slots: Tensor, weights: Tensor, experts: Tensor | None) -> Tensor:
+        """`token` for several tokens [n_embd, n] (slots, weights, ids [k, n]): each gets the bits it gets alone."""
+        return common.tokens_experts(ctx, self.pools.views[block], x, slots, weights, self.ffn[block], experts)
+
     def needs_ids(self, block: int) -> bool:
         return self.ffn[block].biases is not None
 

@@ -203,7 +203,10 @@ class Session:
         self.pools = ExpertPools(self.scheduler, weights.arena, repack_experts)
         self._token_graph: TokenGraph | None = None
         self._token_graph_on = opts.token_graph
-        self.scheduler.on_slot_map_change = self._drop_token_graph
+        # several sequences' decode step as one graph (runtime/batch.py), for the slots and windows it was built for
+        self.batch_graph: tuple[tuple[object, ...], TokenGraph] | None = None
+        self.rows_ok: dict[int, bool] = {}  # n sequences' tokens may share the dense products (batch.rows_batch)
+        self.scheduler.on_slot_map_change = self._drop_graphs
         self.scheduler.start()
         if gpu:
             self._start_vram()
@@ -346,7 +349,7 @@ class Session:
 
     def close(self) -> None:
         self.save_usage()
-        self._drop_token_graph()
+        self._drop_graphs()
         if self.vram is not None:
             self.vram.close()
             self.vram = None
@@ -705,7 +708,13 @@ class Session:
     def _build_token_graph(self, window: int) -> TokenGraph:
         slot_map = self.scheduler.slot_map
         assert slot_map is not None
-        return TokenGraph(self.model, self.kv, window, self.experts, slot_map, self.graph)
+        return TokenGraph(self.model, [self.kv], [window], self.experts, slot_map, self.graph)
+
+    def _drop_graphs(self) -> None:
+        self._drop_token_graph()
+        if self.batch_graph is not None:
+            self.batch_graph[1].close()
+            self.batch_graph = None
 
     def _drop_token_graph(self) -> None:
         if self._token_graph is not None:

@@ -12,6 +12,8 @@ slot pool, the family's `tail`), so outputs are bit-identical to it (tested).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from tokenwing.compute.ggml_lib import F32, I32, I64, Graph, StaticGraph, Tensor, ops, to_numpy
@@ -22,53 +24,123 @@ from tokenwing.runtime.kvcache import KVCaches, v_width
 
 
 class TokenGraph:
+    """A decode step as one graph, for one sequence or several (the server's batch, runtime/batch.py): each
+    sequence's step is its own subgraph — its token, its KV cache and window, every layer, its logits — side by
+    side in one graph, the one computation of the step; the experts' slot tables are shared. Each subgraph is
+    the one a sequence alone gets, so its numbers are too."""
+
     def __init__(
         self,
         model: MoEModel,
-        kv: KVCaches,
-        window: int,
+        kvs: list[KVCaches],
+        windows: list[int],
         experts: ExpertCompute,
         slot_map: dict[int, np.ndarray],
         pool_owner: Graph,
+        rows: bool = False,
     ) -> None:
-        """slot_map: for each layer with routed experts, the slot of each expert."""
+        """kvs, windows: each sequence's KV cache and attention window; slot_map: for each layer with routed
+        experts, the slot of each expert; `rows`: the sequences' tokens as the rows of one graph (runtime/batch.py
+        `rows_batch`: where this CPU's kernels give each row its own bits), else a subgraph each."""
         hp = model.hp
-        self.window, self.n_ctx = window, kv.n_ctx
+        self.windows, self.n_ctx = windows, kvs[0].n_ctx
         self.width = v_width([model.kv_spec(il) for il in range(hp.n_layer)])
         self.axes = model.position_axes
+        self.swa = model.window
         # ~90 nodes per layer at top-8 (each expert's output is a view and an addition), ~60 more in a KDA layer
         # (three convolutions and their state writes): room to spare
-        g = self.g = StaticGraph(hp.n_layer * (160 + 8 * hp.n_expert_used) + 256, pool_owner)
+        per_seq = hp.n_layer * (160 + 8 * hp.n_expert_used) + 256
+        g = self.g = StaticGraph(per_seq * len(kvs), pool_owner)
         ctx = g.ctx
-        self.token = g.input(I32, (1,))
-        self.at = common.Placement(
-            n=1,
-            n_kv=window,
-            positions=g.input(I32, (self.axes,)),
-            mask=g.input(F32, (window, 1)),
-            k_rows=g.input(I64, (1,)),
-            v_cells=g.input(I64, (self.width,)) if self.width else None,
-            mask_swa=g.input(F32, (window, 1)) if model.window else None,
-        )
-        self.swa = model.window
-        x = model.embed(ctx, self.token)
-        self.routed: list[tuple[int, Tensor]] = []  # (layer, its selected experts)
+        tables = {il: g.constant(m.astype(np.int32).reshape(-1, 1)) for il, m in slot_map.items()}
+        self.seqs: list[_Seq] = []
+        self.rows: _Rows | None = None
+        if rows:
+            b = self.rows = self._build_rows(model, kvs, experts, tables)
+            g.finish(b.logits, *(ids for _, ids in b.routed))
+            return
+        xs: list[Tensor] = []
+        for window in windows:
+            token = g.input(I32, (1,))
+            at = common.Placement(
+                n=1,
+                n_kv=window,
+                positions=g.input(I32, (self.axes,)),
+                mask=g.input(F32, (window, 1)),
+                k_rows=g.input(I64, (1,)),
+                v_cells=g.input(I64, (self.width,)) if self.width else None,
+                mask_swa=g.input(F32, (window, 1)) if model.window else None,
+            )
+            self.seqs.append(_Seq(token, at, token, []))
+            xs.append(model.embed(ctx, token))
+        # Layer by layer, every sequence's layer before the next layer (each sequence's nodes are still those of
+        # its own graph): a layer's weights are read for the first sequence and found in the CPU's caches by the
+        # others where they fit.
         for il in range(hp.n_layer):
-            lo = model.layer(ctx, il, x, self.at, kv[il])
+            for i, (q, kv) in enumerate(zip(self.seqs, kvs, strict=True)):
+                lo = model.layer(ctx, il, xs[i], q.at, kv[il])
+                for w in lo.writes:
+                    g.expand(w)  # before the attention reads of the cache
+                if lo.routed is None:
+                    assert lo.out is not None
+                    xs[i] = lo.out
+                    continue
+                r = lo.routed
+                slots = ops.ggml_reshape_2d(ctx, ops.ggml_get_rows(ctx, tables[il], r.ids), hp.n_expert_used, 1)
+                total = experts.token(ctx, il, r.cur, slots, r.weights, r.ids)
+                xs[i] = model.tail(ctx, il, total, r.shared, r.residual)
+                q.routed.append((il, r.ids))
+            if len(kvs) > 1:
+                for x in xs:
+                    g.expand(x)  # (the nodes' order is their expansion's: layer by layer)
+        for q, x in zip(self.seqs, xs, strict=True):
+            q.logits = model.head(ctx, x)
+        g.finish(*(q.logits for q in self.seqs), *(ids for q in self.seqs for _, ids in q.routed))
+
+    def _build_rows(
+        self, model: MoEModel, kvs: list[KVCaches], experts: ExpertCompute, tables: dict[int, Tensor]
+    ) -> _Rows:
+        from tokenwing.runtime.batch import rows_placement  # (batch.py builds these graphs)
+
+        hp, g, n = model.hp, self.g, len(kvs)
+        ctx = g.ctx
+        parts = []
+        for window in self.windows:
+            parts.append(
+                common.Placement(
+                    n=1,
+                    n_kv=window,
+                    positions=g.input(I32, (self.axes,)),
+                    mask=g.input(F32, (window, 1)),
+                    k_rows=g.input(I64, (1,)),
+                    v_cells=g.input(I64, (self.width,)) if self.width else None,
+                    mask_swa=g.input(F32, (window, 1)) if model.window else None,
+                )
+            )
+        tokens, positions = g.input(I32, (n,)), g.input(I32, (self.axes * n,))
+        x = model.embed(ctx, tokens)
+        routed: list[tuple[int, Tensor]] = []
+        for il in range(hp.n_layer):
+            at, cache = rows_placement(parts, positions, kvs, il)
+            lo = model.layer(ctx, il, x, at, cache)
             for w in lo.writes:
-                g.expand(w)  # before the attention reads of the cache
+                g.expand(w)
             if lo.routed is None:
                 assert lo.out is not None
                 x = lo.out
                 continue
             r = lo.routed
-            table = g.constant(slot_map[il].astype(np.int32).reshape(-1, 1))
-            slots = ops.ggml_reshape_2d(ctx, ops.ggml_get_rows(ctx, table, r.ids), hp.n_expert_used, 1)
-            total = experts.token(ctx, il, r.cur, slots, r.weights, r.ids)
+            k = hp.n_expert_used
+            flat = ops.ggml_view_1d(ctx, r.ids, k * n, 0)  # (the ids are contiguous: a flat view)
+            slots = ops.ggml_reshape_2d(ctx, ops.ggml_get_rows(ctx, tables[il], flat), k, n)
+            total = experts.tokens(ctx, il, r.cur, slots, r.weights, r.ids)
             x = model.tail(ctx, il, total, r.shared, r.residual)
-            self.routed.append((il, r.ids))
-        self.logits = model.head(ctx, x)
-        g.finish(self.logits, *(ids for _, ids in self.routed))
+            routed.append((il, r.ids))
+        return _Rows(tokens, positions, parts, model.head(ctx, x), routed)
+
+    @property
+    def window(self) -> int:
+        return self.windows[0]
 
     @property
     def bytes(self) -> int:
@@ -76,15 +148,64 @@ class TokenGraph:
 
     def run(self, token: int, pos: int) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
         """The token at `pos` (within this graph's window): its logits and each routed layer's experts."""
-        a = common.placement_arrays(pos, 1, self.window, self.n_ctx, self.width, self.swa, self.axes)
+        return self.run_all([token], [pos])[0]
+
+    def run_all(self, tokens: list[int], positions: list[int]) -> list[tuple[np.ndarray, list[tuple[int, np.ndarray]]]]:
+        """Each sequence's token at its position (within its window): its logits and each routed layer's experts."""
         g = self.g
-        g.set(self.token, np.array([token], np.int32))
-        for name, values in a.items():
-            t = getattr(self.at, name)
-            if t.contents.data:  # (an input no node reads is not allocated: positions where nothing rotates)
-                g.set(t, values)
+        if self.rows is not None:
+            return self._run_rows(tokens, positions)
+        for q, window, token, pos in zip(self.seqs, self.windows, tokens, positions, strict=True):
+            a = common.placement_arrays(pos, 1, window, self.n_ctx, self.width, self.swa, self.axes)
+            g.set(q.token, np.array([token], np.int32))
+            for name, values in a.items():
+                t = getattr(q.at, name)
+                if t.contents.data:  # (an input no node reads is not allocated: positions where nothing rotates)
+                    g.set(t, values)
         g.compute()
-        return to_numpy(self.logits).reshape(-1), [(il, to_numpy(ids).reshape(-1)) for il, ids in self.routed]
+        return [
+            (to_numpy(q.logits).reshape(-1).copy(), [(il, to_numpy(ids).reshape(-1).copy()) for il, ids in q.routed])
+            for q in self.seqs
+        ]
+
+    def _run_rows(
+        self, tokens: list[int], positions: list[int]
+    ) -> list[tuple[np.ndarray, list[tuple[int, np.ndarray]]]]:
+        g, b = self.g, self.rows
+        assert b is not None
+        n = len(tokens)
+        g.set(b.tokens, np.array(tokens, np.int32))
+        pos = np.array(positions, np.int32)
+        if self.axes > 1:  # (multi-axis RoPE: a text position on three axes, 0 on the fourth)
+            pos = np.concatenate([np.tile(pos, 3), np.zeros(n * (self.axes - 3), np.int32)])
+        g.set(b.positions, pos)
+        for part, window, p in zip(b.parts, self.windows, positions, strict=True):
+            a = common.placement_arrays(p, 1, window, self.n_ctx, self.width, self.swa, self.axes)
+            for name, values in a.items():
+                t = getattr(part, name)
+                if name != "positions" and t.contents.data:  # (inputs no node reads are not allocated)
+                    g.set(t, values)
+        g.compute()
+        logits = to_numpy(b.logits).reshape(n, -1)
+        ids = [(il, to_numpy(t).reshape(n, -1)) for il, t in b.routed]
+        return [(logits[i].copy(), [(il, v[i].copy()) for il, v in ids]) for i in range(n)]
 
     def close(self) -> None:
         self.g.close()
+
+
+@dataclass
+class _Rows:
+    tokens: Tensor
+    positions: Tensor
+    parts: list[common.Placement]
+    logits: Tensor
+    routed: list[tuple[int, Tensor]]
+
+
+@dataclass
+class _Seq:
+    token: Tensor
+    at: common.Placement
+    logits: Tensor
+    routed: list[tuple[int, Tensor]]
