@@ -20,6 +20,7 @@ import httpx
 import pytest
 from PySide6.QtWidgets import QApplication
 
+from runmyai.chat.store import ConversationStore
 from runmyai.chat.tools import ToolCall
 from runmyai.mcp.approval import ApprovalPolicy, Decision
 from runmyai.mcp.config import ConfigError, ConfigFile, parse, set_disabled
@@ -272,6 +273,26 @@ def test_app_tool_calls_approve_deny_crash_and_stop(
         key = next(k for k in transcript._tools if k.startswith("0-"))
         transcript.toggle_tool_call(key)
         assert "Result: 2 + 3 = 5" in transcript.tool_call_text(key)
+        # the call and its result are saved with the reply: the conversation reopened (in a store opened anew,
+        # as after a restart) shows the call where it was, and sends it back
+        asked = {"role": "assistant", "content": "Let me add.", "tool_calls": body["messages"][-2]["tool_calls"]}
+        first_round = [
+            {"role": "user", "content": "What is 2 + 3?"},
+            asked,
+            {"role": "tool", "tool_call_id": asked["tool_calls"][0]["id"], "content": "2 + 3 = 5"},
+            {"role": "assistant", "content": "The sum is five."},
+        ]
+        again = ConversationStore(c.store.path)
+        assert again.chat_payload(cid)[-4:] == first_round
+        (saved_round,) = again.messages(cid)[-1].tool_rounds
+        assert saved_round.at == len("Let me add.") and saved_round.results[0].line == "add returned 9 characters"
+        again.close()
+        c.open_conversation(cid)
+        shown = transcript.toPlainText()
+        assert "Let me add.\n▸ Tool add — add returned 9 characters\nThe sum is five." in shown, shown
+        (key,) = transcript._tools
+        transcript.toggle_tool_call(key)
+        assert transcript.tool_call_text(key).endswith("Arguments: {\"a\": 2, \"b\": 3}\nResult: 2 + 3 = 5")
 
         # 2. denied: the model hears it and answers
         await send("Echo my secret")
@@ -279,6 +300,8 @@ def test_app_tool_calls_approve_deny_crash_and_stop(
         await done()
         assert c.chat_client is not None and c.chat_client.last_body is not None
         assert "denied" in c.chat_client.last_body["messages"][-1]["content"]
+        # the next turn's requests carried the earlier turn's call and result (the engine took them)
+        assert c.chat_client.last_body["messages"][-7:-3] == first_round
         assert c.store.messages(cid)[-1].content == "I may not echo."
         assert "You denied the call of echo." in transcript.toPlainText()
 
@@ -304,6 +327,21 @@ def test_app_tool_calls_approve_deny_crash_and_stop(
         assert "Tool hang (tools) — stopped" in transcript.toPlainText()
         assert window.chat.status.text() == "Stopped."
         assert c.mcp.servers["tools"].state == "ready"  # the server itself lives on
+        c.open_conversation(cid)
+        assert "Tool hang — stopped" in transcript.toPlainText()  # saved without a result: shown stopped
+        # the stopped call goes back with a result that says so (a call without one is refused), and the chat
+        # goes on
+        await send("Never mind")
+        await done()
+        sent = c.chat_client.last_body["messages"]
+        assert sent[-3]["tool_calls"][0]["function"]["name"] == "hang"
+        assert sent[-2] == {
+            "role": "tool",
+            "tool_call_id": sent[-3]["tool_calls"][0]["id"],
+            "content": "Error: the user stopped this call before it finished.",
+        }
+        assert sent[-1] == {"role": "user", "content": "Never mind"}
+        assert c.store.messages(cid)[-1].content == "unused" and c.store.messages(cid)[-1].finish_reason == "stop"
         await c.shutdown()
 
     run_qt(qapp, scenario, timeout=400)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from runmyai.chat.store import ConversationStore, StoreError
+from runmyai.chat.store import SCHEMA_VERSION, ConversationStore, StoreError
+from runmyai.chat.tools import STOPPED, ToolCall, ToolResult, ToolRound
 from runmyai.engine.client import ChatSettings
 
 
@@ -215,8 +216,72 @@ def test_an_old_database_is_upgraded_in_place_and_keeps_everything(tmp_path: Pat
     s = ConversationStore(path)  # opened again: the upgraded file, as any new one
     assert [m.reasoning for m in s.messages(conv.id)] == ["", "", "The user greets; answer briefly."]
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone() == (2,)
+        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (3,)
     s.close()
+
+
+def test_a_database_from_before_tool_calls_were_kept_opens_and_keeps_them_from_then_on(tmp_path: Path) -> None:
+    path = tmp_path / "conversations.sqlite3"
+    with sqlite3.connect(path) as db:  # schema 2 as shipped: 1 with the reasoning column
+        db.executescript(SCHEMA_1.replace("PRAGMA user_version=1;", ""))
+        db.execute("ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''")
+        db.execute("PRAGMA user_version=2")
+        db.execute("INSERT INTO conversations (title, created_at, updated_at) VALUES ('old', 1.0, 2.0)")
+        db.executemany(
+            "INSERT INTO messages (conversation_id, role, content, created_at, reasoning) VALUES (1, ?, ?, 1.5, ?)",
+            [("user", "question", ""), ("assistant", "Let me look.\n\nIt is sunny.", "plan")],
+        )
+    db.close()
+    s = ConversationStore(path)
+    old = s.messages(1)
+    assert [(m.content, m.reasoning, m.tool_rounds) for m in old] == [
+        ("question", "", ()),
+        ("Let me look.\n\nIt is sunny.", "plan", ()),
+    ]
+    assert s.chat_payload(1)[-1] == {"role": "assistant", "content": "Let me look.\n\nIt is sunny."}
+    s.update_message(old[1].id, tool_rounds=[ROUND])
+    s.close()
+    s = ConversationStore(path)
+    assert s.messages(1)[1].tool_rounds == (ROUND,)
+    s.close()
+
+
+CALLS = (ToolCall("c1", "weather", '{"city": "Zürich"}'), ToolCall("c2", "time", "{}"))
+ROUND = ToolRound(
+    len("Let me look."), "Let me look.", CALLS, (ToolResult("ok", "sunny, 21 °C", "weather returned 12"),)
+)
+
+
+def test_a_replys_tool_calls_are_kept_and_sent_back_as_its_turns(store: ConversationStore) -> None:
+    conv = store.create()
+    store.add_message(conv.id, "user", "Weather?")
+    reply = store.add_message(conv.id, "assistant", "Let me look.")
+    done = ToolResult("ok", "12:00", "time returned 5")
+    later = ToolRound(len("Let me look."), "", (ToolCall("c3", "time", '{"tz": "UTC"}'),), (done,))
+    store.update_message(reply.id, "Let me look.\n\nIt is sunny.", tool_rounds=[ROUND, later])
+    assert store.messages(conv.id)[-1].tool_rounds == (ROUND, later)
+    calls = [c.message() for c in CALLS]
+    assert store.chat_payload(conv.id) == [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "Let me look.", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny, 21 °C"},
+        # the second call never finished (Stop): sent back as stopped, since every call needs its result
+        {"role": "tool", "tool_call_id": "c2", "content": STOPPED.content},
+        {"role": "assistant", "content": "", "tool_calls": [later.calls[0].message()]},
+        {"role": "tool", "tool_call_id": "c3", "content": "12:00"},
+        {"role": "assistant", "content": "It is sunny."},  # the last turn's text, without the break before it
+    ]
+    # a reply stopped during its calls has no last turn's text: it ends with the results
+    store.update_message(reply.id, "Let me look.", tool_rounds=[ROUND])
+    assert store.chat_payload(conv.id)[-1] == {"role": "tool", "tool_call_id": "c2", "content": STOPPED.content}
+    # the first turn wrote no text: the reply's text is all the last turn's
+    store.update_message(reply.id, "Sunny.", tool_rounds=[ToolRound(0, "", CALLS[1:], (done,))])
+    assert store.chat_payload(conv.id)[-1] == {"role": "assistant", "content": "Sunny."}
+    # a damaged column does not keep the conversation from opening: the text stays
+    with sqlite3.connect(store.path) as db:
+        db.execute('UPDATE messages SET tool_rounds = \'[{"at": "x"}, 7\' WHERE id = ?', (reply.id,))
+    db.close()
+    assert store.messages(conv.id)[-1].tool_rounds == () and store.chat_payload(conv.id)[-1]["content"] == "Sunny."
 
 
 def test_reasoning_is_kept_but_never_sent_back(store: ConversationStore) -> None:

@@ -6,11 +6,11 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
-from runmyai.chat.store import ConversationStore, Message, StoreError
-from runmyai.chat.tools import ToolCall, ToolRunner
+from runmyai.chat.store import TURN_BREAK, ConversationStore, Message, StoreError
+from runmyai.chat.tools import ToolCall, ToolRound, ToolRunner
 from runmyai.engine.client import ChatClient, ChatDelta, ChatError, ToolCallAccumulator
 
 Sink = Callable[[str], None]  # receives each new piece of a streaming reply (its text, or its reasoning)
@@ -42,6 +42,7 @@ class _Partial:
 
     text: str = ""
     reasoning: str = ""
+    rounds: list[ToolRound] = field(default_factory=list)  # its turns that called tools
 
 
 @dataclass
@@ -73,7 +74,8 @@ class ChatSession:
         """Adds the user's message (or replaces the one being edited, dropping what followed) and replies;
         `on_reasoning` gets the model's thinking as it comes (it is saved either way). With `tools`, the model is
         offered them; its calls are run by `tools` and their results sent back, turn after turn, until it replies
-        without calls (the saved reply is the text of all those turns; the calls and results are not saved)."""
+        without calls (the saved reply is the text of all those turns, with its calls and their results: a reloaded
+        conversation shows them, and the next request sends them back)."""
         editing = self._editing.pop(conversation_id, None)
         try:
             if editing is not None:
@@ -159,7 +161,7 @@ class ChatSession:
                                 on_reasoning(delta.reasoning)
                         if delta.text:
                             if round_ and not round_text and reply.text:
-                                reply.text += "\n\n"  # the turns' texts around a tool call, saved as paragraphs
+                                reply.text += TURN_BREAK  # the turns' texts around a tool call, saved as paragraphs
                             reply.text += delta.text
                             round_text += delta.text
                             on_delta(delta.text)
@@ -181,10 +183,15 @@ class ChatSession:
                 asked = [ToolCall(c["id"], c["name"], c["arguments"]) for c in calls.calls()]
                 if tools is None or not offered or not asked:
                     break
-                # the model's turn with its calls, then one `tool` message per call, in order: the next request
-                payload.append({"role": "assistant", "content": round_text, "tool_calls": [c.message() for c in asked]})
+                # the model's turn with its calls, then one `tool` message per call, in order: the next request.
+                # Saved before each call runs and after it ends, so a stop or a crash keeps the calls made so far.
+                reply.rounds.append(ToolRound(len(reply.text), round_text, tuple(asked)))
+                saved = self._save(conversation_id, saved, reply)
                 for call in asked:
-                    payload.append((await tools.run(call)).message(call))
+                    result = await tools.run(call)
+                    reply.rounds[-1] = replace(reply.rounds[-1], results=(*reply.rounds[-1].results, result))
+                    saved = self._save(conversation_id, saved, reply)
+                payload += reply.rounds[-1].messages()
                 finish = None
         except asyncio.CancelledError:
             self._finish(conversation_id, saved, reply, client, "stopped")
@@ -196,6 +203,13 @@ class ChatSession:
             raise
         message = self._finish(conversation_id, saved, reply, client, finish or "stop")
         return Reply(message, stopped=False)
+
+    def _save(self, conversation_id: int, saved: Message | None, reply: _Partial) -> Message:
+        if saved is None:
+            saved = self.store.add_message(
+                conversation_id, "assistant", reply.text, model=self._model_name(), reasoning=reply.reasoning
+            )
+        return self.store.update_message(saved.id, reply.text, reasoning=reply.reasoning, tool_rounds=reply.rounds)
 
     def _finish(
         self, conversation_id: int, saved: Message | None, reply: _Partial, client: ChatClient, finish: str
@@ -224,6 +238,7 @@ class ChatSession:
             tokens=tokens,
             finish_reason=finish,
             reasoning=reply.reasoning,
+            tool_rounds=reply.rounds,
         )
 
 

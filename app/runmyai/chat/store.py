@@ -10,7 +10,8 @@
 * `list()` orders by last activity: creating a conversation, and adding, editing or removing its messages.
 * Schema changes are migrations run on open (`user_version`): a database of an older app is upgraded in place,
   in one transaction, keeping every message. 2 added `messages.reasoning` (a thinking model's reasoning, shown
-  folded and never sent back).
+  folded and never sent back); 3 added `messages.tool_rounds` (a reply's tool calls and their results, JSON:
+  shown again on reload and sent back to the model, as OpenAI's API expects a conversation's calls to be).
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from runmyai.chat.tools import ToolRound
 from runmyai.engine.client import ChatSettings
 
 Role = Literal["system", "user", "assistant"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant"})
 DEFAULT_TITLE = "New chat"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # the latest schema, for a new file; an older file gets the same through _MIGRATIONS
 _SCHEMA = """
@@ -55,7 +57,8 @@ CREATE TABLE IF NOT EXISTS messages (
     tokens INTEGER,
     finish_reason TEXT,
     model TEXT,
-    reasoning TEXT NOT NULL DEFAULT ''
+    reasoning TEXT NOT NULL DEFAULT '',
+    tool_rounds TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 CREATE INDEX IF NOT EXISTS conversations_by_activity ON conversations(updated_at DESC, id DESC);
@@ -65,6 +68,7 @@ CREATE INDEX IF NOT EXISTS conversations_by_activity ON conversations(updated_at
 # version -> the statements that bring a file of the version before it there (the tables exist at version 1)
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: ("ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''",),
+    3: ("ALTER TABLE messages ADD COLUMN tool_rounds TEXT NOT NULL DEFAULT '[]'",),
 }
 
 
@@ -92,6 +96,24 @@ class Message:
     finish_reason: str | None = None
     model: str | None = None
     reasoning: str = ""  # the model's thinking before `content`: shown folded, never sent back to it
+    tool_rounds: tuple[ToolRound, ...] = ()  # the reply's turns that called tools, in order
+
+    def openai_messages(self) -> builtins.list[dict[str, Any]]:
+        """The message as the API takes it back: a reply that called tools is its turns (each the assistant's
+        calls and one `tool` message per call), then its last turn's text, if it has any."""
+        if not self.tool_rounds:
+            return [{"role": self.role, "content": self.content}]
+        out = [m for r in self.tool_rounds for m in r.messages()]
+        at = self.tool_rounds[-1].at
+        final = self.content[at:]
+        if at and final.startswith(TURN_BREAK):  # the session's break between the turns' texts (see ToolRound)
+            final = final[len(TURN_BREAK) :]
+        if final:
+            out.append({"role": "assistant", "content": final})
+        return out
+
+
+TURN_BREAK = "\n\n"  # between the texts of a reply's turns around its tool calls, as saved and shown
 
 
 class StoreError(Exception):
@@ -251,9 +273,10 @@ class ConversationStore:
         tokens: int | None = None,
         finish_reason: str | None = None,
         reasoning: str | None = None,
+        tool_rounds: builtins.list[ToolRound] | None = None,
     ) -> Message:
-        """Changes a message's text, reasoning and/or stats (None keeps a value): a streamed reply can be saved as
-        it grows, so a crash mid-reply keeps what had arrived."""
+        """Changes a message's text, reasoning, tool rounds and/or stats (None keeps a value): a streamed reply can
+        be saved as it grows, so a crash mid-reply keeps what had arrived."""
         changes: dict[str, Any] = {
             k: v
             for k, v in (
@@ -263,6 +286,7 @@ class ConversationStore:
                 ("tokens_per_s", tokens_per_s),
                 ("tokens", tokens),
                 ("finish_reason", finish_reason),
+                ("tool_rounds", _rounds_json(tool_rounds) if tool_rounds is not None else None),
             )
             if v is not None
         }
@@ -329,12 +353,16 @@ class ConversationStore:
             mid = self._insert(db, conversation_id, "assistant", content, stats)
         return self._message(mid)
 
-    def chat_payload(self, conversation_id: int) -> builtins.list[dict[str, str]]:
-        """The messages to send (OpenAI format): the system prompt first when there is one. Content only: a reply's
-        reasoning is never sent back (llama.cpp's server and OpenAI's API expect it dropped from the history)."""
+    def chat_payload(self, conversation_id: int) -> builtins.list[dict[str, Any]]:
+        """The messages to send (OpenAI format): the system prompt first when there is one; a reply that called
+        tools as its calls and their results (Message.openai_messages). A reply's reasoning is never sent back
+        (llama.cpp's server and OpenAI's API expect it dropped from the history)."""
         conv = self._conversation(conversation_id)
-        out = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
-        out += [{"role": m.role, "content": m.content} for m in self.messages(conversation_id)]
+        out: builtins.list[dict[str, Any]] = []
+        if conv.system_prompt.strip():
+            out.append({"role": "system", "content": conv.system_prompt})
+        for m in self.messages(conversation_id):
+            out += m.openai_messages()
         return out
 
     # ------------------------------------------------------------------------------------------ helpers
@@ -399,6 +427,20 @@ def _to_conversation(row: sqlite3.Row) -> Conversation:
     )
 
 
+def _rounds_json(rounds: builtins.list[ToolRound]) -> str:
+    return json.dumps([r.to_json() for r in rounds], ensure_ascii=False)
+
+
+def _rounds(text: str) -> tuple[ToolRound, ...]:
+    """The saved rounds; what does not read as one is left out (the message itself still opens)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return ()
+    rounds = [ToolRound.from_json(v) for v in value] if isinstance(value, builtins.list) else []
+    return tuple(r for r in rounds if r is not None)
+
+
 def _to_message(row: sqlite3.Row) -> Message:
     role: Role = row["role"]
     return Message(
@@ -413,4 +455,5 @@ def _to_message(row: sqlite3.Row) -> Message:
         finish_reason=row["finish_reason"],
         model=row["model"],
         reasoning=str(row["reasoning"]),
+        tool_rounds=_rounds(str(row["tool_rounds"])),
     )

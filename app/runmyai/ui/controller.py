@@ -23,8 +23,8 @@ from PySide6.QtWidgets import (
 
 from runmyai import __version__
 from runmyai.chat.session import ChatSession, ReplyCutOff, Sink, footer
-from runmyai.chat.store import ConversationStore
-from runmyai.chat.tools import ToolCall, ToolResult
+from runmyai.chat.store import ConversationStore, Message
+from runmyai.chat.tools import ToolCall, ToolResult, call_detail
 from runmyai.engine.autotune import AutotuneError, AutotuneRunner
 from runmyai.engine.client import ChatClient, ChatError, ChatSettings
 from runmyai.engine.endpoint import Endpoint
@@ -52,6 +52,7 @@ from runmyai.ui.chat_panel import SamplingValues
 from runmyai.ui.main_window import MainWindow
 from runmyai.ui.mcp_dialog import ApprovalBox, McpDialog, parse_arguments
 from runmyai.ui.render import LibraryEntry, View
+from runmyai.ui.transcript import ToolMark
 from runmyai.ui.viewmodels import (
     AppSettings,
     ModelRow,
@@ -968,7 +969,7 @@ class AppController(QObject):
         t = self.window.chat.transcript
         t.clear_messages()
         for m in self.store.messages(conversation_id):
-            t.add_message(m.role, m.content, footer(m) if m.role == "assistant" else "", m.reasoning)
+            t.add_message(m.role, m.content, footer(m) if m.role == "assistant" else "", m.reasoning, _marks(m))
         s = conv.settings
         self.window.chat.settings.set_values(
             SamplingValues(
@@ -1247,17 +1248,23 @@ class _TranscriptEvents(ToolEvents):
         where = f" ({tool.server})" if tool is not None else ""
         asks = tool is not None and self.c.mcp_policy.needs_asking(tool.server, tool.name)
         self.c.window.chat.transcript.add_tool_call(
-            key, f"{call.name}{where}", "waiting for approval…" if asks else "running…", f"Arguments: {call.arguments}"
+            key, f"{call.name}{where}", "waiting for approval…" if asks else "running…", call_detail(call)
         )
 
     def finished(self, call: ToolCall, result: ToolResult) -> None:
         key = self.c._tool_keys.pop(call.id, None)
         if key is None:
             return
-        shown = result.content if len(result.content) <= 4000 else result.content[:4000] + "…"
-        self.c.window.chat.transcript.update_tool_call(
-            key, result.line, f"Arguments: {call.arguments}\nResult: {shown}"
-        )
+        self.c.window.chat.transcript.update_tool_call(key, result.line, call_detail(call, result))
         self.c.window.chat.set_status("Thinking…")
         if result.outcome == "failed":
             self.c.window.log_view.append(f"[mcp] {result.line}")
+
+
+def _marks(m: Message) -> list[ToolMark]:
+    """A saved reply's tool calls as the transcript draws them, each with the line and detail it had live."""
+    return [
+        ToolMark(r.at, f"{m.id}.{n}.{i}", call.name, result.line, call_detail(call, result))
+        for n, r in enumerate(m.tool_rounds)
+        for i, (call, result) in enumerate(zip(r.calls, r.outcomes(), strict=True))
+    ]

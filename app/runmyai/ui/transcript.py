@@ -4,7 +4,7 @@ model's reasoning folded above its reply."""
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from PySide6.QtCore import QUrl, Signal
@@ -46,6 +46,17 @@ class _ToolEntry:
     status: str
     detail: str
     expanded: bool = False
+
+
+@dataclass(frozen=True)
+class ToolMark:
+    """A saved tool call to draw in a message: after the first `at` characters of its text."""
+
+    at: int
+    key: str
+    title: str
+    status: str
+    detail: str
 
 
 def tool_label(entry: _ToolEntry) -> str:
@@ -97,7 +108,11 @@ class Transcript(QTextBrowser):
         self._tools = {}
         self._stream_tail_start = -1
 
-    def add_message(self, role: str, text: str, footer: str = "", reasoning: str = "") -> None:
+    def add_message(
+        self, role: str, text: str, footer: str = "", reasoning: str = "", tools: Sequence[ToolMark] = ()
+    ) -> None:
+        """A whole message; `tools`: its saved tool calls, each collapsed in its place in the text (as they showed
+        while the reply streamed)."""
         index = len(self._messages)
         self._messages.append(text)
         cursor = self._end_cursor()
@@ -105,8 +120,21 @@ class Transcript(QTextBrowser):
         if reasoning:
             self._insert_thought(_Thought(index, reasoning, self._new_frame(cursor)))
             cursor = self._end_cursor()
-        cursor.insertFragment(markdown_fragment(text) if role == "assistant" else self._plain_fragment(text))
-        self.renders += 1
+        start = 0
+        for mark in tools:
+            if text[start : mark.at].strip():
+                cursor.insertFragment(markdown_fragment(text[start : mark.at]))
+                self.renders += 1
+            cursor.insertBlock()  # as add_tool_call does while the reply streams
+            start = max(start, mark.at)
+            entry = _ToolEntry(self._new_frame(cursor), mark.title, mark.status, mark.detail)
+            self._tools[mark.key] = entry
+            self._fill_tool(mark.key, entry)
+            cursor = self._end_cursor()
+        rest = text[start:]
+        if rest.strip() or not tools:
+            cursor.insertFragment(markdown_fragment(rest) if role == "assistant" else self._plain_fragment(rest))
+            self.renders += 1
         self._insert_footer(cursor, index, text, footer)
 
     # -- streaming -----------------------------------------------------------------------------------
