@@ -134,6 +134,8 @@ def test_start_chat_and_staged_stop(model: Path) -> None:
         r = httpx.get(ep.url("models"), headers={"Authorization": "Bearer wrong"})
         assert r.status_code == 401  # the key is really required
         assert await sup.start() == ep  # already running: the same endpoint
+        # the engine's slots as its /health says them (the server page shows them)
+        assert isinstance(sup.last_health.get("slots"), int) and sup.last_health["slots"] >= 1
         assert isinstance(await _chat(ep), str)
         await sup.stop()
         assert not any("SIGTERM" in line for line in rec.lines)  # closing stdin was enough: no escalation

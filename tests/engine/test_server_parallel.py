@@ -161,6 +161,8 @@ def test_with_every_slot_busy_a_request_waits_or_gets_a_503(
         holder = threading.Thread(target=lambda: first.append(_ask(server.client(), body)))
         holder.start()
         pauses.wait("serve.piece1", lambda: server.proc.poll() is None)
+        health = httpx.get(server.url + "/health").json()
+        assert (health["slots"], health["busy"], health["queued"]) == (1, 1, 0)
         with pytest.raises(openai.APIStatusError) as refused:
             server.client().chat.completions.create(model="x", extra_body={"wait": False}, **body)
         assert refused.value.status_code == 503 and "slots are busy" in refused.value.message

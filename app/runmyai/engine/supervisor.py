@@ -136,6 +136,7 @@ class EngineSupervisor:
         self.max_restarts = max_restarts
         self.stall_timeout_s = stall_timeout_s
         self.health_interval_s = health_interval_s
+        self.last_health: dict[str, Any] = {}  # the engine's last /health answer
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.stop_grace_s = stop_grace_s
@@ -399,9 +400,11 @@ class EngineSupervisor:
         except httpx.HTTPError:
             return None
         try:
-            status = r.json().get("status")
+            body = r.json()
+            status = body.get("status")
         except (ValueError, AttributeError):
             return "error"
+        self.last_health = body  # (the engine's facts of the moment: its slots, the queue)
         return status if isinstance(status, str) else "error"
 
     # ------------------------------------------------------------------------------------------ running

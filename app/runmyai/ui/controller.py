@@ -339,6 +339,9 @@ class AppController(QObject):
             text = "Off. The app's own engine listens on a private port, with a key only the app knows."
         elif sup is not None and sup.state == "ready" and sup.fixed_port:
             text = f"On: {self.model_name} answers at {server_url(s.port)} (with the key above)."
+            slots = sup.last_health.get("slots")
+            if isinstance(slots, int):  # the engine's count (--parallel auto: what memory holds)
+                text += f" {slots} request{'s' if slots > 1 else ''} at once; more wait their turn."
         elif sup is None:
             text = "On: it starts with the next model you load."
         else:

@@ -78,6 +78,9 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
                 "api_version": API_VERSION,
                 "model": model_id,
                 "queued": worker.queued,
+                # the slots (requests served at once; --parallel) and how many are serving a request now
+                "slots": worker.session.n_seq if worker.session is not None else None,
+                "busy": len(worker.replies),
             },
             status_code=status,
         )
@@ -234,7 +237,10 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         lines = [
             f'tokenwing_up{{version="{__version__}"}} {1 if worker.state == "ok" else 0}',
             f"tokenwing_queued_requests {worker.queued}",
+            f"tokenwing_busy_slots {len(worker.replies)}",
         ]
+        if worker.session is not None:
+            lines.append(f"tokenwing_slots {worker.session.n_seq}")
         for k, v in worker.totals.items():
             lines.append(f"tokenwing_{k}_total {v}")
         if worker.session is not None:
