@@ -37,6 +37,10 @@ FAMILIES = {
     "ling-3.0": ({"arch": "bailingmoe3", "n_layer": 4}, "bailingmoe3"),
     # issue 25: MiniMax M2, with its own vocabulary and template shape
     "minimax-m2": ({"arch": "minimax-m2", "n_layer": 4, "n_expert": 16, "n_expert_used": 4}, "minimax-m2"),
+    # issue 25: Kimi K3, the residual wider than one vector (K2's vocabulary); its weights at 0.03, where its
+    # F16 KV cache is KL 1e-7 from llama.cpp's (at the default 1/sqrt(fan_in) this random model is chaotic:
+    # llama.cpp's F16 cache is KL 1e-3 from its own F32 one, and greedy replies part after a few tokens)
+    "kimi-k3": ({"arch": "kimi-k3", "n_layer": 6, "n_expert": 16, "n_expert_used": 4, "weight_std": 0.03}, "kimi-k3"),
 }
 GREEDY = Path(__file__).parents[1] / "demomodel" / "llama_greedy.py"
 
@@ -111,7 +115,7 @@ def test_split_gguf_imports_and_chats_streamed(model_factory: ModelFactory, tmp_
 
 # The families new since (issue 25 on): from a split GGUF repository on the local hub to a streamed chat, as the
 # app gets a model (header planning, the chosen quant's shards, repack as they land), then llama.cpp's tokens.
-FROM_HUB = ["minimax-m2"]
+FROM_HUB = ["minimax-m2", "kimi-k3"]
 
 
 @pytest.mark.parametrize("family", FROM_HUB)

@@ -32,6 +32,7 @@ EXPECTED = {
     "ling-3.0-flash": "bailingmoe3",
     "qwen3-next-80b-a3b": "qwen3next",
     "minimax-m2": "minimax-m2",
+    "kimi-k3": "kimi-k3",
     "tokenwing-demo-moe": "qwen3moe",
 }
 
@@ -112,6 +113,11 @@ def test_known_numbers() -> None:
     assert demo.facts.experts == 32 and demo.facts.top_k == 4 and demo.facts.layers == 6
     kimi = c.get("kimi-k2")
     assert kimi is not None and kimi.facts.experts == 384
+    # Kimi K3's experts run in its 3584-wide latent, not its 7168 hidden: 3584 x 3072 MXFP4 weights at 4.25 bits =
+    # 5,849,088 bytes (1,428 x 4096), three projections
+    k3 = c.get("kimi-k3")
+    assert k3 is not None and k3.facts.hidden == 7168
+    assert k3.expert_bytes == 3 * 5_849_088
 
 
 def _catalog_with(tmp_path: Path, bad: str, name: str = "bad.toml") -> tuple[tuple[str, ...], list[str]]:

@@ -1,4 +1,4 @@
-"""Hyper-parameters from metadata: the GLM-4.5 keys (partial RoPE, routing, MTP blocks) and bad values."""
+"""Hyper-parameters from metadata: the GLM-4.5 keys (partial RoPE, routing, MTP blocks), Kimi K3's, and bad values."""
 
 from __future__ import annotations
 
@@ -101,3 +101,33 @@ def test_bad_linear_attention_values_are_clean_errors(arch: str, recurrence: str
     meta = {k.replace("glm4moe", arch): v for k, v in glm_meta(**{key: value}).items()}
     with pytest.raises(BadInputError, match=r"m\.gguf"):
         read_hparams(meta, arch, "m.gguf", recurrence)
+
+
+def test_kimi_k3_keys_and_the_ones_it_cannot_run_without() -> None:
+    """Kimi K3's own keys (the latent width, the residual's block size, SiTU's betas, a KDA bound only where set);
+    a file without the keys llama.cpp requires, or with a SiTU beta it would divide by zero, is refused in one line
+    before any tensor is looked at; the experts must have the latent width."""
+    from tokenwing.models.base import TensorCheck
+    from tokenwing.models.kimi_k3 import KimiK3
+
+    meta = {k.replace("glm4moe", "kimi-k3"): v for k, v in glm_meta(block_count=4, nextn_predict_layers=0).items()}
+    meta["kimi-k3.attention.head_count_kv"] = np.array([0, 0, 0, 1], np.uint32)
+    keys = {"expert_latent_length": 2048, "attn_res.block_size": 2, "activation.situ_beta": 2.0}
+    meta.update({f"kimi-k3.{k}": v for k, v in {**keys, "activation.situ_linear_beta": 0.0}.items()})
+    hp = read_hparams(meta, "kimi-k3", "m", KimiK3.recurrence)
+    assert (hp.n_expert_latent, hp.attn_res_block, hp.situ_beta, hp.situ_linear_beta) == (2048, 2, 2.0, 0.0)
+    assert hp.recurrent == (True, True, True, False) and hp.kda_gate_lower_bound == -np.inf
+    assert KimiK3.state_width(hp) == 3 * 4096 and KimiK3.expert_width(hp, 1) == 2048
+    for key in ("attn_res.block_size", "activation.situ_beta", "activation.situ_linear_beta"):
+        hp = read_hparams({k: v for k, v in meta.items() if k != f"kimi-k3.{key}"}, "kimi-k3", "m", "kv_heads")
+        with pytest.raises(BadInputError, match="required"):
+            KimiK3.check(hp, {}, {}, "m")
+    # (the latent is optional: without it the experts run at the hidden width, as llama.cpp's loader does)
+    hp = read_hparams({k: v for k, v in meta.items() if "latent" not in k}, "kimi-k3", "m", "kv_heads")
+    assert KimiK3.expert_width(hp, 1) == 4096
+    hp = read_hparams({**meta, "kimi-k3.activation.situ_beta": 0.0}, "kimi-k3", "m", "kv_heads")
+    with pytest.raises(BadInputError, match="situ_beta must be positive"):
+        KimiK3.check(hp, {}, {}, "m")
+    hp = read_hparams(meta, "kimi-k3", "m", "kv_heads")
+    with pytest.raises(BadInputError, match="width 4096, not 2048"):
+        TensorCheck(hp, {}, "m").experts(1, 4096, KimiK3.expert_width(hp, 1))

@@ -30,6 +30,7 @@ QUANT_BITS: dict[str, float] = {
     "Q4_K_S": 4.5,
     "Q4_0": 4.5,
     "MXFP4": 4.25,
+    "MXFP4_MOE": 4.25,  # (llama.cpp's name for a file whose routed experts are MXFP4: the experts' type here)
     "Q3_K_M": (3.4375 + 3.4375 + 4.5) / 3,
     "Q2_K": (2.625 + 2.625 + 3.4375) / 3,
 }
@@ -71,15 +72,20 @@ class ArchFacts:
     # The F16 KV cache one token of context takes over all layers (0: not stated), as the engine's rule for the
     # family gives it (`tokenwing info --json MODEL` / `inspect --json`): stated, never computed here.
     kv_bytes_per_token: int = 0
+    expert_hidden: int = 0  # the routed experts' width where it is not `hidden` (Kimi K3's latent experts)
 
     @property
     def moe_layers(self) -> int:
         return self.layers - self.dense_layers
 
     @property
+    def expert_width(self) -> int:
+        return self.expert_hidden or self.hidden
+
+    @property
     def expert_params(self) -> int:
         """Weights of one routed expert: gate, up and down."""
-        return 3 * self.hidden * self.expert_ffn
+        return 3 * self.expert_width * self.expert_ffn
 
 
 @dataclass(frozen=True)
@@ -339,7 +345,7 @@ class _Parser:
         if stated_expert_bytes is not None:
             expert_bytes = stated_expert_bytes
         elif quant in QUANT_BITS:
-            expert_bytes = expert_bytes_for(facts.hidden, facts.expert_ffn, quant)
+            expert_bytes = expert_bytes_for(facts.expert_width, facts.expert_ffn, quant)
         else:
             raise self.fail(
                 "quant", f"unknown type {quant!r} (known: {', '.join(QUANT_BITS)}); or state arch.expert_bytes"
@@ -395,7 +401,7 @@ class _Parser:
     def facts(self, t: Mapping[str, Any]) -> tuple[ArchFacts, int | None]:
         p = "arch."
         keys = {"arch", "total_params", "active_params", "layers", "dense_layers", "experts", "shared_experts"}
-        keys |= {"top_k", "hidden", "expert_ffn", "context", "expert_bytes", "kv_bytes_per_token"}
+        keys |= {"top_k", "hidden", "expert_ffn", "context", "expert_bytes", "kv_bytes_per_token", "expert_hidden"}
         self.check_keys(t, keys, p)
         arch = self.string(t, "arch", p)
         if not _ARCH.fullmatch(arch):
@@ -418,6 +424,7 @@ class _Parser:
         context = self.integer(t, "context", p, minimum=1)
         stated = self.integer(t, "expert_bytes", p, minimum=1) if "expert_bytes" in t else None
         kv = self.integer(t, "kv_bytes_per_token", p, minimum=1) if "kv_bytes_per_token" in t else 0
+        latent = self.integer(t, "expert_hidden", p, minimum=1) if "expert_hidden" in t else 0
         facts = ArchFacts(
             arch,
             total,
@@ -431,19 +438,20 @@ class _Parser:
             ffn,
             context,
             kv,
+            latent,
         )
         # Cross-checks of the published numbers against the shape (1 % for the rounding of "30.5B").
         if facts.moe_layers * experts * facts.expert_params > total * 1.01:
             raise self.fail(
                 p + "total_params",
                 f"{total:g} is less than the routed experts alone ({facts.moe_layers} × {experts} × "
-                f"3 × {hidden} × {ffn})",
+                f"3 × {facts.expert_width} × {ffn})",
             )
         if facts.moe_layers * top_k * facts.expert_params > active * 1.01:
             raise self.fail(
                 p + "active_params",
                 f"{active:g} is less than the routed experts a token uses ({facts.moe_layers} × {top_k} × "
-                f"3 × {hidden} × {ffn})",
+                f"3 × {facts.expert_width} × {ffn})",
             )
         if stated is not None and stated < facts.expert_params / 8:
             raise self.fail(p + "expert_bytes", f"{stated:,} is under 1 bit per weight of one expert")
