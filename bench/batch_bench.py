@@ -9,9 +9,11 @@ prompts, every decode step computes one token of each in one step. Per N it repo
 experts per step against N × top-k, the expert bytes read per step, the bytes a step touches, and the aggregate
 tokens per second.
 
-The limit of a step (issue 26): its union of experts plus every stream's dense weights and KV window, at RAM
-bandwidth in RAM; under a cap, the union's bytes at the drive ceiling (as if every expert of the union came from
-the drive), or RAM bandwidth when that binds more. The aggregate is N tokens per step against it. Under caps the
+The limit of a step (issue 26): its union of experts plus the dense weights (once where the streams are the rows
+of one product — "rows" —, once per stream where this CPU's kernels would round them differently — "apart",
+runtime/batch.py `rows_batch`) and every stream's KV window, at RAM bandwidth in RAM; under a cap, the union's
+bytes at the drive ceiling (as if every expert of the union came from the drive), or RAM bandwidth when that
+binds more. The aggregate is N tokens per step against it. Under caps the
 run is a cgroup of that share of the model file (the session sizes its cache from the group's limit, as in real
 use), or with --budget-caps a --ram-budget share of the experts (the demo model is too small for a cgroup cap).
 --corpus: the streams are text of the repository's corpus through the model's tokenizer (the trained demo
@@ -40,8 +42,8 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
     """In the (capped) child: one session of n slots; prints one JSON line."""
     from limits import decode_bytes_touched
 
-    from tokenwing.fsutil import parse_size
     from tokenwing.format.reader import ModelFile
+    from tokenwing.fsutil import parse_size
     from tokenwing.runtime.batch import decode_step
     from tokenwing.runtime.kvcache import kv_element
     from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
@@ -80,6 +82,7 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
             unions.append([len(set(r.tolist())) for r in rows])
     dt = time.perf_counter() - t0
     d = s.counters() - before
+    as_rows = n > 1 and s.rows_ok.get(n, False)
     records = [el.record_size for el in s.scheduler.streamer.layers]
     union = np.asarray(unions, np.float64)
     union_bytes = float((union * np.asarray(records)).sum(axis=1).mean())
@@ -96,7 +99,9 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
                 "union_per_layer": float(union.mean()),
                 "union_bytes_per_step": union_bytes,
                 "read_bytes_per_step": float(d[:, c["bytes_read"]].sum()) / n_decode,
-                "touched_bytes_per_step": union_bytes + n * (touched["dense"] + touched["kv"]),
+                # the dense weights once a step where the sequences are the rows of one product, else once each
+                "rows": as_rows,
+                "touched_bytes_per_step": union_bytes + (1 if as_rows else n) * touched["dense"] + n * touched["kv"],
                 "aggregate_tok_s": n * n_decode / dt,
                 "step_ms": dt * 1e3 / n_decode,
                 "hit_rate": float(d[:, c["hits"]].sum() / max(d[:, c["hits"]].sum() + d[:, c["misses"]].sum(), 1)),
@@ -147,9 +152,9 @@ def main() -> int:
     print(f"drive ceiling {ceiling:.0f} MB/s (quick probe); RAM read bandwidth {ram_bw / 1e9:.1f} GB/s (2 threads)\n")
     print(
         "| memory | streams | union per layer (N × k) | expert MB read per step | MB touched per step "
-        "| aggregate tok/s | limit tok/s | of the limit | × one stream | runs |"
+        "| products | aggregate tok/s | limit tok/s | of the limit | × one stream | runs |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for frac in [None, *caps]:
         one = None
         for n in streams:
@@ -181,6 +186,7 @@ def main() -> int:
             print(
                 f"| {label} | {n} | {m['union_per_layer']:.1f} ({n * m['k']}) | "
                 f"{m['read_bytes_per_step'] / MB:.1f} | {m['touched_bytes_per_step'] / MB:.1f} | "
+                f"{'rows' if m['rows'] else 'apart' if n > 1 else '—'} | "
                 f"{m['aggregate_tok_s']:.2f} | {limit:.2f} | {m['aggregate_tok_s'] / limit:.0%} | {times} | {every} |",
                 flush=True,
             )
