@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from tokenwing.fsutil import human_bytes
+from tokenwing.models import family
 from tokenwing.models.common import StateSpec
 from tokenwing.models.hparams import HParams
 from tokenwing.runtime.recurrent import state_bytes
@@ -31,6 +32,10 @@ def graph_bytes(hp: HParams, max_batch: int, n_ctx: int, states: list[StateSpec 
         + 4 * hp.n_expert_used * max(hp.n_embd, 1)
         + hp.vocab_size
     )
+    # A residual state wider than one vector (Kimi K3's checkpoints): a layer's graph holds about eight copies of
+    # the part beyond n_embd a token (its input, the state it returns, the checkpoints' norms and products in its
+    # two mixes)
+    per_token += 4 * 8 * (family(hp.arch).state_width(hp) - hp.n_embd)
     attn = 4 * hp.n_head * max_batch * n_ctx
     linear = 0
     for spec in states or []:
