@@ -41,6 +41,7 @@ RESULT = "21 °C, sunny"
 ANSWER = "It is 21 °C in Zürich."
 USER: list[Any] = [{"role": "user", "content": "What is the weather in Zürich?"}]
 THOUGHT = "The user wants the weather."
+NS = "]<]minimax[>["  # MiniMax M3's namespace token, before each of its tags
 
 # template → (the native call as the family writes it, the answer after the result, reasoning, content)
 FAMILIES: dict[str, tuple[str, str, str | None, str | None]] = {
@@ -97,6 +98,13 @@ FAMILIES: dict[str, tuple[str, str, str | None, str | None]] = {
         f'{THOUGHT}\n</think>\n\n<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Zürich'
         "</parameter>\n</invoke>\n</minimax:tool_call>",
         f"Done.\n</think>\n\n{ANSWER}",
+        THOUGHT,
+        None,
+    ),
+    "MiniMax-M3.jinja": (  # its thinking "adaptive" by default: the model opens it, or answers after </mm:think>
+        f'<mm:think>{THOUGHT}</mm:think>{NS}<tool_call>\n{NS}<invoke name="get_weather">{NS}<city>Zürich{NS}</city>'
+        f"{NS}</invoke>\n{NS}</tool_call>",
+        f"</mm:think>{ANSWER}",
         THOUGHT,
         None,
     ),

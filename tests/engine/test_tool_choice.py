@@ -85,6 +85,7 @@ FORMATS = {
     "GLM-4.6.jinja": "glm",  # newlines between the arguments
     "GLM-4.7-Flash.jinja": "glm",
     "MiniMax-M2.jinja": "minimax-m2",
+    "MiniMax-M3.jinja": "minimax-m3",  # a string as text, anything else as JSON (not its nested elements)
     "CHATML": "generic",
 }
 

@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.llama_source import chat_templates
-from tokenwing.errors import BadInputError
 from tokenwing.testmodel.templates import HARMONY
 from tokenwing.text.chat import CHATML, ChatTemplate
 from tokenwing.text.tools.base import Tools, typed_value
@@ -45,6 +44,7 @@ TOOLS = [
 WEATHER = ("get_weather", {"city": "Zürich", "days": 2})
 TIME = ("get_time", {"zone": "Europe/Zürich"})
 THOUGHT = "The user wants the weather; call the tool."
+NS = "]<]minimax[>["  # MiniMax M3's namespace token, before each of its tags
 
 # (template, format, the prompt's end, a native reply as the model writes it, reasoning, content, calls)
 NATIVE: list[tuple[str, str, str, str, str, str, list[tuple[str, dict[str, Any]]]]] = [
@@ -190,6 +190,17 @@ NATIVE: list[tuple[str, str, str, str, str, str, list[tuple[str, dict[str, Any]]
         '<parameter name="city">Zürich</parameter>\n<parameter name="days">2</parameter>\n</invoke>\n'
         '<invoke name="get_time">\n<parameter name="zone">Europe/Zürich</parameter>\n</invoke>\n'
         "</minimax:tool_call>",
+        THOUGHT,
+        "Let me check.",
+        [WEATHER, TIME],
+    ),
+    (
+        "MiniMax-M3.jinja",
+        "minimax-m3",
+        "]~b]ai\n",  # thinking "adaptive" (the default): the model opens its thinking itself
+        f'<mm:think>{THOUGHT}</mm:think>Let me check.{NS}<tool_call>\n{NS}<invoke name="get_weather">{NS}<city>Zürich'
+        f'{NS}</city>{NS}<days>2{NS}</days>{NS}</invoke>\n{NS}<invoke name="get_time">{NS}<zone>Europe/Zürich'
+        f"{NS}</zone>{NS}</invoke>\n{NS}</tool_call>",
         THOUGHT,
         "Let me check.",
         [WEATHER, TIME],
@@ -416,12 +427,79 @@ def test_a_template_without_tools_gets_the_engines_own_format() -> None:
     assert prepare(syn, messages[:2], None) == messages[:2]
 
 
-def test_an_unreadable_format_is_refused_with_tools() -> None:
+NESTED = [
+    {
+        "type": "function",
+        "function": {
+            "name": "plan",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "title": {"type": "string"},
+                    "steps": {
+                        "type": "array",
+                        "items": {"type": "object", "properties": {"n": {"type": "integer"}, "do": {"type": "string"}}},
+                    },
+                    "opts": {
+                        "type": "object",
+                        "properties": {
+                            "loud": {"type": "boolean"},
+                            "ratio": {"type": "number"},
+                            "tags": {"type": "array", "items": {"type": "string"}},
+                            "item": {"type": "string"},  # an object's key may be "item" too
+                        },
+                    },
+                    "none_yet": {"type": "array"},
+                    "empty": {"type": "object"},
+                    "code": {"type": "string"},
+                },
+            },
+        },
+    }
+]
+
+
+def test_minimax_m3_nested_arguments_read_back_as_the_template_writes_them() -> None:
+    """MiniMax M3 writes an object or array argument as nested elements (its template's to_xml): the reader
+    rebuilds the value by the schema, for every type the template writes (an empty array or object is no
+    elements at all; a string that holds the format's tags stays that string)."""
     m3 = chat_templates()["MiniMax-M3.jinja"]
-    user: list[dict[str, Any]] = [{"role": "user", "content": "x"}]
-    with pytest.raises(BadInputError, match="MiniMax M3"):
-        prepare(syntax(m3), user, TOOLS)
-    assert prepare(syntax(m3), user, None) == user  # a chat without tools is fine  # a chat without tools is fine
+    args = {
+        "title": "Trip <to> Zürich",
+        "steps": [{"n": 1, "do": "pack"}, {"n": 2, "do": "go"}],
+        "opts": {"loud": False, "ratio": 0.5, "tags": ["a", "2"], "item": "x"},
+        "none_yet": [],
+        "empty": {},
+        "code": f"{NS}<b>bold{NS}</b>",
+    }
+    call = {"id": "c", "type": "function", "function": {"name": "plan", "arguments": args}}
+    user = [{"role": "user", "content": "Plan it"}]
+    template = ChatTemplate(m3, "]~!b[", "[e~[")
+    prompt = template.render(user, tools=NESTED)
+    full = template.render([*user, {"role": "assistant", "content": "", "tool_calls": [call]}], False, tools=NESTED)
+    assert full.startswith(prompt) and f"{NS}<item>{NS}<n>1{NS}</n>" in full
+    reply = full[len(prompt) :]
+    assert read(m3, reply, prompt, tools=NESTED, cuts=[]) == [("call", "plan", args), ("content", "[e~[\n")]
+    # without a schema for them, elements that are all <item> are an array, others an object, text a string
+    loose = [{"type": "function", "function": {"name": "plan", "parameters": {"type": "object"}}}]
+    got = read(m3, reply, prompt, tools=loose, cuts=[])
+    assert got[0][2]["steps"] == [{"n": "1", "do": "pack"}, {"n": "2", "do": "go"}]
+    assert got[0][2]["opts"]["tags"] == ["a", "2"] and got[0][2]["empty"] == ""
+    # a tag closed out of turn is not a call: the text as written
+    bad = f'{NS}<tool_call>\n{NS}<invoke name="plan">{NS}<steps>{NS}<item>{NS}</steps>{NS}</invoke>\n{NS}</tool_call>'
+    assert read(m3, bad, prompt, tools=NESTED) == [("content", bad)]
+
+
+def test_minimax_m3_reply_without_thinking() -> None:
+    """M3 answers without thinking after a bare closing tag (its template writes one for a turn without
+    reasoning, and its prompt ends with one when thinking is disabled): the tag is the format's, not content."""
+    m3 = chat_templates()["MiniMax-M3.jinja"]
+    prompt = ChatTemplate(m3).render([{"role": "user", "content": "Hi"}])
+    assert read(m3, "</mm:think>Hello!", prompt, tools=None) == [("content", "Hello!")]
+    off = ChatTemplate(m3).render([{"role": "user", "content": "Hi"}], thinking_mode="disabled")
+    assert off.endswith("</mm:think>") and read(m3, "Hello!", off, tools=None) == [("content", "Hello!")]
+    on = ChatTemplate(m3).render([{"role": "user", "content": "Hi"}], thinking_mode="enabled")
+    assert read(m3, f"{THOUGHT}</mm:think>Hello!", on, tools=None) == [("reasoning", THOUGHT), ("content", "Hello!")]
 
 
 def test_a_harmony_template_without_tools_gets_their_definitions() -> None:

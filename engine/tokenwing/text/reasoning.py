@@ -239,7 +239,7 @@ _WS = " \t\r\n"
 class ThinkParser(_StreamParser):
     """Reasoning inside `open`…`close` tags, then content. `thinking`: the prompt already opened the tags (its
     generation prompt ends with `open`), so the reply starts inside them; else it is reasoning only if the reply
-    starts with `open`. Whitespace around the reasoning and before the content is the format's, not text.
+    starts with `open` (a reply that starts with `close` has none: the tag is the format's). Whitespace around the reasoning and before the content is the format's, not text.
     Thinking that never closes is all reasoning (generation stopped while the model thought)."""
 
     def __init__(self, thinking: bool, open: str = "<think>", close: str = "</think>") -> None:
@@ -253,10 +253,14 @@ class ThinkParser(_StreamParser):
         while self._buf:
             if self._state == "start":
                 head = self._buf.lstrip(_WS)
-                if not final and (not head or (self._open.startswith(head) and head != self._open)):
+                tags = (self._open, self._close)
+                if not final and (not head or any(t.startswith(head) and head != t for t in tags)):
                     break  # not enough text to tell yet
                 if head.startswith(self._open):
                     self._buf, self._state = head[len(self._open) :], "think"
+                elif head.startswith(self._close):
+                    # no reasoning, said with the closing tag alone (MiniMax M3 starts a reply without thinking so)
+                    self._buf, self._state = head[len(self._close) :], "after"
                 else:
                     self._state = "content"
             elif self._state == "think":

@@ -77,16 +77,21 @@ class Tools:
     def types(self, name: str, key: str) -> frozenset[str] | None:
         """The JSON types a parameter may have by its schema; None where the schema does not say."""
         props = self.schemas.get(name, {}).get("properties")
-        prop = props.get(key) if isinstance(props, Mapping) else None
-        if not isinstance(prop, Mapping):
-            return None
-        found: set[str] = set()
-        for schema in [prop, *(s for k in ("anyOf", "oneOf") for s in prop.get(k) or () if isinstance(s, Mapping))]:
-            t = schema.get("type")
-            found.update(x for x in ([t] if isinstance(t, str) else t or ()) if x in _JSON_TYPES)
-            if "enum" in schema and all(isinstance(v, str) for v in schema["enum"] or ()):
-                found.add("string")
-        return frozenset(found) or None
+        return schema_types(props.get(key) if isinstance(props, Mapping) else None)
+
+
+def schema_types(prop: Any) -> frozenset[str] | None:
+    """The JSON types a value may have by its schema (its own, anyOf's and oneOf's; string for an enum of
+    strings); None where the schema does not say."""
+    if not isinstance(prop, Mapping):
+        return None
+    found: set[str] = set()
+    for schema in [prop, *(s for k in ("anyOf", "oneOf") for s in prop.get(k) or () if isinstance(s, Mapping))]:
+        t = schema.get("type")
+        found.update(x for x in ([t] if isinstance(t, str) else t or ()) if x in _JSON_TYPES)
+        if "enum" in schema and all(isinstance(v, str) for v in schema["enum"] or ()):
+            found.add("string")
+    return frozenset(found) or None
 
 
 def typed_value(text: str, types: frozenset[str] | None) -> Any:

@@ -1,6 +1,10 @@
 """MiniMax M2: a `<minimax:tool_call>…</minimax:tool_call>` block of one or more
 `<invoke name="NAME"><parameter name="KEY">VALUE</parameter>…</invoke>`; a value is text for a string parameter,
-JSON for any other."""
+JSON for any other.
+
+MiniMax M3: a `NS<tool_call>` … `NS</tool_call>` block (NS: `]<]minimax[>[`) of one or more
+`NS<invoke name="NAME">NS<KEY>VALUE NS</KEY>… NS</invoke>`, where a value is text (a number or a boolean as JSON
+writes it) or nested elements: an object's keys, an array's `NS<item>`s."""
 
 from __future__ import annotations
 
@@ -8,7 +12,15 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, only_whitespace_between, typed_value
+from tokenwing.text.tools.base import (
+    BlockFormat,
+    RawCall,
+    Tools,
+    after,
+    only_whitespace_between,
+    schema_types,
+    typed_value,
+)
 from tokenwing.text.tools.constrain import CallGrammar
 
 BEGIN, END = "<minimax:tool_call>", "</minimax:tool_call>"
@@ -69,3 +81,108 @@ def invokes(body: str, invoke: re.Pattern[str], parameter: re.Pattern[str], tool
             args[key] = typed_value(value, types)
         calls.append(RawCall(name, args))
     return calls
+
+
+# MiniMax M3: every tag of its calls starts with the namespace marker (a token of its own in MiniMax's vocabulary),
+# and an argument is an element whose value is text, or nested elements for an object (one per key) or an array
+# (one <item> each), as the template's to_xml writes it.
+NS = "]<]minimax[>["
+M3_BEGIN, M3_END = NS + "<tool_call>", NS + "</tool_call>"
+M3_THINK = ("<mm:think>", "</mm:think>")
+_M3_INVOKE = re.compile(re.escape(NS) + r'<invoke name="([^"]*)">(.*?)' + re.escape(NS) + "</invoke>", re.S)
+_M3_TAG = re.compile(re.escape(NS) + r"<(/?)([^<>/\s]+)>")
+_BAD = object()  # a value that does not read as the format's elements
+
+
+class MiniMaxM3(BlockFormat):
+    name = "minimax-m3"
+    begins = (M3_BEGIN,)
+    after_think = ""  # the template writes the calls right after </mm:think> and the text
+
+    def end(self, block: str) -> int | None:
+        return after(block, M3_END, len(M3_BEGIN))
+
+    def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
+        body = block[len(M3_BEGIN) :].removesuffix(M3_END)
+        found = list(_M3_INVOKE.finditer(body))
+        if not found or not only_whitespace_between(body, [m.span() for m in found]):
+            return None
+        calls = []
+        for m in found:
+            name = m.group(1)
+            value = _m3_value(m.group(2), tools.schemas.get(name) or {"type": "object"})
+            if not isinstance(value, dict):
+                return None
+            calls.append(RawCall(name, value))
+        return calls
+
+    def grammar(self, g: CallGrammar) -> str:
+        tags = (NS + "</invoke>", M3_END)
+
+        def param(key: str, schema: Mapping[str, Any], text: bool) -> str:
+            # a string as its text; anything else as JSON, which the reader takes where the schema says it is no
+            # string (the template's nested elements are not generated: a schema's shape is JSON's to enforce)
+            head, close = f"{NS}<{key}>", f"{NS}</{key}>"
+            if text:
+                return f"{g.lit(head)} {g.text(schema, close, edges=False, tags=tags)}"
+            return f"{g.lit(head)} {g.json(schema)} {g.lit(close)}"
+
+        invoke = g.calls(
+            lambda name: " ".join(
+                [g.lit(f'{NS}<invoke name="{name}">'), g.params(name, param), g.lit(f"{NS}</invoke>\n")]
+            )
+        )
+        return f"{g.lit(M3_BEGIN + chr(10))} {invoke} {g.lit(M3_END)}"
+
+
+def _m3_elements(text: str) -> list[tuple[str, str]] | None:
+    """The top-level elements of `text` as (tag, inner text); None where anything else but whitespace lies
+    between them or a tag is left open or closed out of turn."""
+    out: list[tuple[str, str]] = []
+    stack: list[str] = []
+    start = end = 0
+    for m in _M3_TAG.finditer(text):
+        closing, tag = m.group(1) == "/", m.group(2)
+        if not closing:
+            if not stack:
+                if text[end : m.start()].strip():
+                    return None
+                start = m.end()
+            stack.append(tag)
+        elif not stack or stack.pop() != tag:
+            return None
+        elif not stack:
+            out.append((tag, text[start : m.start()]))
+            end = m.end()
+    return None if stack or text[end:].strip() else out
+
+
+def _m3_value(text: str, schema: Any) -> Any:
+    """An element's value, typed by its schema: nested elements are an object or (all <item>, or the schema
+    says array) an array; text is a leaf (typed_value); empty text is the schema's empty object or array."""
+    types = schema_types(schema)
+    sub = schema if isinstance(schema, Mapping) else {}
+    if types is not None and not types & {"object", "array"}:
+        return typed_value(text, types)  # a string that holds the format's tags is still that string
+    if _M3_TAG.search(text) is None:
+        if not text.strip() and types is not None and "string" not in types:
+            if "object" in types:
+                return {}
+            if "array" in types:
+                return []
+        return typed_value(text, types)
+    children = _m3_elements(text)
+    if children is None:
+        return _BAD
+    array = "array" in types if types is not None and ("array" in types) != ("object" in types) else None
+    if array is None:
+        array = all(tag == "item" for tag, _ in children)
+    if array:
+        if any(tag != "item" for tag, _ in children):
+            return _BAD
+        items = [_m3_value(inner, sub.get("items")) for _, inner in children]
+        return _BAD if any(v is _BAD for v in items) else items
+    props = sub.get("properties")
+    props = props if isinstance(props, Mapping) else {}
+    obj = {tag: _m3_value(inner, props.get(tag)) for tag, inner in children}
+    return _BAD if any(v is _BAD for v in obj.values()) else obj

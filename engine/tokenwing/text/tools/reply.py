@@ -3,11 +3,11 @@ reply: the reasoning split first, then the calls in what is left.
 
 The formats are told apart by the markers only their templates write, checked in an order where no earlier
 test matches a later family's template (llama.cpp's common/chat.cpp does the same; its checks were read, not
-copied): harmony's <|channel|>, Kimi K2's tool-call section, Kimi K3's <|open|>/<|close|> tags, DeepSeek's DSML
-(V3.2, V4) and tool-call tokens (V3, V3.1), MiniMax's <minimax:tool_call>, GLM's and Ling's <arg_key>, Qwen's
-<tool_call>. A template with none of them (the ChatML fallback, a template without tools) gets the engine's
-own: Qwen's JSON calls, the tools described in the system message, and a turn's calls and results written into
-the messages as text, since such a template would drop them."""
+copied): harmony's <|channel|>, Kimi K2's tool-call section, Kimi K3's <|open|>/<|close|> tags, MiniMax M3's
+namespace token, DeepSeek's DSML (V3.2, V4) and tool-call tokens (V3, V3.1), MiniMax M2's <minimax:tool_call>,
+GLM's and Ling's <arg_key>, Qwen's <tool_call>. A template with none of them (the ChatML fallback, a template
+without tools) gets the engine's own: Qwen's JSON calls, the tools described in the system message, and a turn's
+calls and results written into the messages as text, since such a template would drop them."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from typing import Any
 
 import llguidance
 
-from tokenwing.errors import BadInputError
 from tokenwing.text.grammar import checked
 from tokenwing.text.reasoning import Delta, HarmonyParser, ThinkParser, harmony_grammar, harmony_template
 from tokenwing.text.tokenizer import TextTokenizer
@@ -37,14 +36,13 @@ class Syntax:
     """How a model's template writes tools and calls. `block`: its call format (None: harmony's messages);
     `think`: the tags its reasoning sits in, where it has them; `describes_tools`: the template shows the
     tools to the model itself; `renders_calls`: it writes a turn's calls and the results (else the engine writes
-    them into the messages); `unsupported`: a format this engine cannot read yet (its name)."""
+    them into the messages)."""
 
     name: str
     block: BlockFormat | None
     think: tuple[str, str] | None = None
     describes_tools: bool = True
     renders_calls: bool = True
-    unsupported: str | None = None
 
 
 def syntax(source: str) -> Syntax:
@@ -65,8 +63,8 @@ def _syntax(source: str) -> Syntax:
         return Syntax("kimi-k2", kimi.KimiK2(), think)
     if kimi.OPEN in source and kimi.CLOSE in source and "<|end_of_msg|>" in source:
         return Syntax("kimi-k3", kimi.KimiK3(), (kimi.THINK_BEGIN, kimi.THINK_END))
-    if "]<]minimax[>[" in source:
-        return Syntax("minimax-m3", None, think, unsupported="MiniMax M3's")
+    if minimax.NS in source:  # (its template builds the markers from this namespace token)
+        return Syntax("minimax-m3", minimax.MiniMaxM3(), minimax.M3_THINK)
     if deepseek.DSML in source:  # V3.2 names its block function_calls, V4 tool_calls
         kind = "function_calls" if "function_calls" in source else "tool_calls"
         return Syntax("deepseek-dsml", deepseek.DeepSeekDsml(kind), think)
@@ -89,8 +87,6 @@ def call_grammar(syn: Syntax, tok: TextTokenizer, prompt: str, tools: Tools, nam
     (free reasoning would let a weak model think until max_tokens and never call; a request that wants the
     reasoning asks with tool_choice auto; harmony's analysis channel is skipped the same way). BadInputError
     where a schema cannot be compiled (naming tools)."""
-    if syn.unsupported:
-        raise BadInputError(f"tools: this model's tool-call format ({syn.unsupported}) is not supported yet")
     g = CallGrammar(tok, tools, names, parallel=parallel and syn.block is not None)  # harmony: <|call|> ends it
     start = syn.block.grammar(g) if syn.block is not None else harmony_grammar(g)
     if syn.block is not None and syn.think is not None and prompt.rstrip().endswith(syn.think[0]):
@@ -152,8 +148,6 @@ def prepare(
     system message (in the words of the format the reply is read in); where it knows nothing of calls, a turn's
     calls and the results are written into the messages as text (Qwen's form). Other templates get the
     messages as they are."""
-    if syn.unsupported and tools:
-        raise BadInputError(f"tools: this model's tool-call format ({syn.unsupported}) is not supported yet")
     out = [dict(m) for m in messages]
     if not syn.renders_calls:
         out = _calls_as_text(out)
