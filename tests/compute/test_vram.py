@@ -136,6 +136,8 @@ CASES: dict[str, tuple[str, dict[str, object], int]] = {
     "vram-qwen3moe-Q8_0": ("Q8_0", QWEN3, 21),
     "vram-qwen3moe-Q4_K_M": ("Q4_K_M", {**QWEN3, "preset": "kquant", "weight_std": 0.03}, 21),
     **{f"vram-{f}-Q8_0": ("Q8_0", {**shape, "weight_std": 0.03}, 22) for f, shape in {**FAMILIES, **HYBRIDS}.items()},
+    # Kimi K3 whose head mixes 3 checkpoints (6 layers, one every 2)
+    "vram-kimi-k3-3-checkpoints-Q8_0": ("Q8_0", {"arch": "kimi-k3", "n_layer": 6, "weight_std": 0.03}, 22),
 }
 
 
@@ -196,6 +198,20 @@ def test_a_linear_attention_model_keeps_its_layers_on_the_cpu(
     layers, slots, hits = _tier_use(everything, 0)
     assert layers == 0 and slots == everything.costs[0].n_expert and hits > 0, (layers, slots, hits)
     assert everything.stats["vram"]["head"]
+    check(ref, everything.logits)
+
+
+def test_a_head_the_device_cannot_run_computes_on_the_cpu(
+    kind: str, model_factory: ModelFactory, tmp_path: Path
+) -> None:
+    """Kimi K3's head mixes every checkpoint of its residual (3 here) through ggml_dsv4_hc_pre, whose Vulkan shader
+    mixes exactly 4: the tier checks the head's graph and keeps it on the CPU (where the device runs it, there), the
+    experts still in VRAM; llama.cpp's logits either way."""
+    path, tokens, ref = case("vram-kimi-k3-3-checkpoints-Q8_0", model_factory, tmp_path)
+    everything = run(path, tokens, kind, 256 * MiB)
+    layers, slots, hits = _tier_use(everything, 0)
+    assert layers == 0 and slots == everything.costs[0].n_expert and hits > 0, (layers, slots, hits)
+    assert everything.stats["vram"]["head"] == (kind != "vulkan")
     check(ref, everything.logits)
 
 
