@@ -309,3 +309,50 @@ def test_untrusted_template_limits(evil: str) -> None:
     assert "\n" not in str(e.value)
     assert time.monotonic() - start < 10  # stopped at the limit, long before memory or time run out
     assert MAX_OUTPUT == 4 << 20
+
+
+# Mutating methods of the template's own values, as Jinja's immutable sandbox (Hugging Face's, and ours) allows or
+# refuses them: a list's pop is allowed, its append/extend/insert/sort/reverse/remove are not, nor a dict's pop,
+# update, setdefault, popitem or clear (jinja2.sandbox's table of mutating methods). Kimi K2-Instruct's and
+# K2-Thinking's templates append to a list for each call in the history, so transformers refuses a conversation
+# with calls and so does the engine; the same conversation without calls, or with tools only, renders.
+MUTATIONS = [
+    "{% set ns = namespace(a=[1, 2, 3]) %}{{ ns.a.pop(0) }}{{ ns.a }}",
+    "{% set a = [3, 1] %}{{ a.pop() }}{{ a }}",
+    *(
+        f"{{% set a = [3, 1] %}}{{% set _ = a.{call} %}}{{{{ a }}}}"
+        for call in ("append(2)", "extend([2])", "insert(0, 2)", "sort()", "reverse()", "remove(1)", "clear()")
+    ),
+    *(
+        f"{{% set d = {{'k': 1}} %}}{{{{ d.{call} }}}}{{{{ d }}}}"
+        for call in ("pop('k')", "update({'j': 2})", "setdefault('j', 2)", "popitem()", "clear()", "copy()")
+    ),
+    "{% set d = {'k': 1} %}{{ d.get('k') }}{{ d.items() | list }}{{ [1, 2].index(2) }}{{ 'a,b'.split(',') }}",
+]
+
+
+@pytest.mark.parametrize("source", MUTATIONS)
+def test_list_and_dict_methods_as_hugging_face(source: str) -> None:
+    try:
+        want: str | None = _hf(source, (None, None), [USER])
+    except Exception:
+        want = None
+    try:
+        got: str | None = ChatTemplate(source).render([USER])
+    except BadInputError as e:
+        got = None
+        assert "unsafe" in str(e) and "\n" not in str(e), e
+    assert got == want
+
+
+def test_kimi_k2_instruct_with_and_without_calls() -> None:
+    source = chat_templates()["Kimi-K2-Instruct.jinja"]
+    ours = ChatTemplate(source, *KIMI)
+    for tools in (None, TOOLS):
+        plain = [SYSTEM, USER, {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "Thanks"}]
+        want = _hf(source, KIMI, copy.deepcopy(plain), tools=tools, add_generation_prompt=True)
+        assert ours.render(plain, tools=tools) == want
+        with pytest.raises(Exception, match="access to attribute 'append' of 'list' object is unsafe"):
+            _hf(source, KIMI, _tool_round(False), tools=tools)
+        with pytest.raises(BadInputError, match="access to attribute 'append' of 'list' object is unsafe"):
+            ours.render(_tool_round(False), tools=tools)
