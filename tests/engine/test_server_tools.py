@@ -155,7 +155,7 @@ def test_round_trip(
 ) -> None:
     call, answer, reasoning, content = FAMILIES[template]
     model = _templated(model_factory, tmp_path, template)
-    server = _serve(model, [call, call, answer], monkeypatch)
+    server = _serve(model, [call, call, call, answer], monkeypatch)
     try:
         client = server.client()
         # 1. non-streaming: the native call comes back as OpenAI's tool_calls
@@ -194,6 +194,16 @@ def test_round_trip(
         assert first.function is not None and first.function.name == "get_weather" and first.function.arguments == ""
         assert all(d.index == 0 and d.id is None and d.function and d.function.name is None for d in rest)
         assert json.loads("".join(d.function.arguments or "" for d in rest if d.function)) == ARGS
+
+        # 2b. the official client's streaming helper puts those deltas together into the call
+        with client.chat.completions.stream(model="m", messages=USER, tools=TOOLS, max_tokens=400) as helper:
+            done = [e for e in helper if e.type == "tool_calls.function.arguments.done"]
+            final = helper.get_final_completion()
+        assert [(e.name, json.loads(e.arguments)) for e in done] == [("get_weather", ARGS)]
+        # (its content is "" rather than None: the stream's first delta opens the message with an empty content)
+        assert final.choices[0].finish_reason == "tool_calls" and (final.choices[0].message.content or None) == content
+        (whole,) = final.choices[0].message.tool_calls or []
+        assert whole.id and whole.function.name == "get_weather" and json.loads(whole.function.arguments) == ARGS
 
         # 3. the result goes back; the next prompt renders the call and the result, and the model answers
         assistant = msg.model_dump(exclude_none=True)
