@@ -262,6 +262,23 @@ _DSV4: dict[str, dict[str, int]] = {
     },
 }  # fmt: skip
 
+# Kimi K3 (llama.cpp's converter and graph): KDA in most layers, nope-only MLA with an output gate in every
+# full_attention_interval-th and the last, one dense layer first, a latent MoE (experts at half the width here)
+# with one shared expert, a checkpoint of the residual every attn_res_block layers, SiTU with both betas set,
+# KDA's decay gate bounded below at -5, its own tokenizer (K2's vocabulary: the converter borrows kimi-linear's).
+_KIMI_K3 = {
+    "n_head_kv": 1,
+    "n_shared_exp": 1,
+    "full_attention_interval": 4,
+    "attn_res_block": 2,
+    "situ_beta": 2.0,
+    "situ_linear_beta": 4.0,
+    "kda_gate_lower_bound": -5.0,
+    "expert_weights_scale": 2.5,
+    "context_length": 262144,
+    "tokenizer": "kimi-k2",
+}
+
 FAMILY_PRESETS: dict[str, ModelShape] = {
     "kimi-tiny": PRESETS["tiny"].with_(arch="deepseek2", n_layer=3, **_MLA["tiny"], **_KIMI_K2),
     # Ling 3.0 Flash (bailingmoe3: 42 layers, hidden 2560, 512 experts, top-8, KDA:MLA 5:1, one shared expert,
@@ -336,6 +353,25 @@ FAMILY_PRESETS: dict[str, ModelShape] = {
         n_ff_exp=768,
         vocab_size=32000,
     ).with_(**_MINIMAX_M2),
+    # Kimi K3 (93 layers, hidden 7168, 896 experts of 3072 in a 3584-wide latent, top-16, KDA:MLA 3:1, a
+    # checkpoint every 12 layers) scaled to this machine: hidden 2048, experts of 768 in a 1024-wide latent, 288
+    # of them, top-8, 12 layers (MLA in layers 3, 7, 11, KDA of 16 heads of 128 in the others), one dense layer, a
+    # checkpoint every 4 layers (the head mixes 3 and the sum), MXFP4 experts as K3 ships them and the rest in
+    # Q8_0 (`--type MXFP4_MOE`): ~4.3 GB.
+    "k3-bench": ModelShape(
+        arch="kimi-k3",
+        n_layer=12,
+        n_embd=2048,
+        n_head=16,
+        n_expert=288,
+        n_expert_used=8,
+        n_ff_exp=768,
+        n_dense_lead=1,
+        n_ff_dense=4096,
+        vocab_size=32000,
+        ssm_d_state=128,
+        n_expert_latent=1024,
+    ).with_(**_MLA["bench"], **{**_KIMI_K3, "attn_res_block": 4}),
     # DeepSeek V4 Flash scaled to this machine: hidden 2048, 256 experts of 512, top-6, one shared expert, 32
     # query heads of 256 in 8 output groups, V4's layer pattern over 10 layers (window-only, then CSA and HCA in
     # turn), the first 3 hash-routed: ~4.6 GB with MXFP4 experts and the rest in Q8_0 (`--type MXFP4_MOE`, as the
@@ -360,24 +396,6 @@ FAMILY_PRESETS: dict[str, ModelShape] = {
         sliding_window=128,
         hash_layer_count=3,
     ).with_(**_DEEPSEEK_V4),
-}
-
-
-# Kimi K3 (llama.cpp's converter and graph): KDA in most layers, nope-only MLA with an output gate in every
-# full_attention_interval-th and the last, one dense layer first, a latent MoE (experts at half the width here)
-# with one shared expert, a checkpoint of the residual every attn_res_block layers, SiTU with both betas set,
-# KDA's decay gate bounded below at -5, its own tokenizer (K2's vocabulary: the converter borrows kimi-linear's).
-_KIMI_K3 = {
-    "n_head_kv": 1,
-    "n_shared_exp": 1,
-    "full_attention_interval": 4,
-    "attn_res_block": 2,
-    "situ_beta": 2.0,
-    "situ_linear_beta": 4.0,
-    "kda_gate_lower_bound": -5.0,
-    "expert_weights_scale": 2.5,
-    "context_length": 262144,
-    "tokenizer": "kimi-k2",
 }
 
 
