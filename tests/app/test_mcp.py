@@ -292,7 +292,7 @@ def test_app_tool_calls_approve_deny_crash_and_stop(
         assert "Let me add.\n▸ Tool add — add returned 9 characters\nThe sum is five." in shown, shown
         (key,) = transcript._tools
         transcript.toggle_tool_call(key)
-        assert transcript.tool_call_text(key).endswith("Arguments: {\"a\": 2, \"b\": 3}\nResult: 2 + 3 = 5")
+        assert transcript.tool_call_text(key).endswith('Arguments: {"a": 2, "b": 3}\nResult: 2 + 3 = 5')
 
         # 2. denied: the model hears it and answers
         await send("Echo my secret")

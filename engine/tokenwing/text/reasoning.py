@@ -239,8 +239,9 @@ _WS = " \t\r\n"
 class ThinkParser(_StreamParser):
     """Reasoning inside `open`…`close` tags, then content. `thinking`: the prompt already opened the tags (its
     generation prompt ends with `open`), so the reply starts inside them; else it is reasoning only if the reply
-    starts with `open` (a reply that starts with `close` has none: the tag is the format's). Whitespace around the reasoning and before the content is the format's, not text.
-    Thinking that never closes is all reasoning (generation stopped while the model thought)."""
+    starts with `open` (a reply that starts with `close` has none: the tag is the format's). Whitespace around
+    the reasoning and before the content is the format's, not text. Thinking that never closes is all reasoning
+    (generation stopped while the model thought)."""
 
     def __init__(self, thinking: bool, open: str = "<think>", close: str = "</think>") -> None:
         self._open, self._close = open, close

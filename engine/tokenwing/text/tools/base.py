@@ -12,6 +12,7 @@ an error."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -129,6 +130,13 @@ def after(block: str, marker: str, start: int = 0) -> int | None:
     """The index just after the first `marker` in `block` from `start`; None if it is not there yet."""
     i = block.find(marker, start)
     return None if i < 0 else i + len(marker)
+
+
+def matches_only(pattern: re.Pattern[str], text: str) -> list[re.Match[str]] | None:
+    """The matches of `pattern` in `text` (the elements of a block), or None where anything but whitespace lies
+    around them: a block with stray text in it is not read."""
+    found = list(pattern.finditer(text))
+    return found if only_whitespace_between(text, [m.span() for m in found]) else None
 
 
 def only_whitespace_between(text: str, spans: Sequence[tuple[int, int]]) -> bool:

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, only_whitespace_between
+from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, matches_only
 from tokenwing.text.tools.constrain import CallGrammar
 from tokenwing.text.tools.minimax import element_param, invokes
 
@@ -57,8 +57,8 @@ class DeepSeekV3(BlockFormat):
 
     def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
         body = block.removeprefix(CALLS_BEGIN).removesuffix(CALLS_END)
-        found = list(_CALL.finditer(body))
-        if not found or not only_whitespace_between(body, [m.span() for m in found]):
+        found = matches_only(_CALL, body)
+        if not found:
             return None
         calls = []
         for m in found:

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, only_whitespace_between, typed_value
+from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, matches_only, typed_value
 from tokenwing.text.tools.constrain import CallGrammar
 
 BEGIN, END = "<tool_call>", "</tool_call>"
@@ -38,8 +38,8 @@ class Glm(BlockFormat):
         if not _NAME.fullmatch(name):
             return None
         rest = body[len(head) :]
-        args_found = list(_ARG.finditer(rest))
-        if not only_whitespace_between(rest, [m.span() for m in args_found]):
+        args_found = matches_only(_ARG, rest)
+        if args_found is None:
             return None
         args = {m.group(1).strip(): typed_value(m.group(2), tools.types(name, m.group(1).strip())) for m in args_found}
         return [RawCall(name, args)]

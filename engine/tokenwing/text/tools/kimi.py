@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, only_whitespace_between, typed_value
+from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, matches_only, typed_value
 from tokenwing.text.tools.constrain import CallGrammar
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
@@ -36,8 +36,8 @@ class KimiK2(BlockFormat):
 
     def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
         body = block[len(SECTION_BEGIN) :].removesuffix(SECTION_END)
-        found = list(_K2_CALL.finditer(body))
-        if not found or not only_whitespace_between(body, [m.span() for m in found]):
+        found = matches_only(_K2_CALL, body)
+        if not found:
             return None
         calls = []
         for m in found:
@@ -116,8 +116,8 @@ class KimiK3(BlockFormat):
 
     def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
         body = block[len(TOOLS_BEGIN) :].removesuffix(TOOLS_END)
-        found = list(_K3_CALL.finditer(body))
-        if not found or not only_whitespace_between(body, [m.span() for m in found]):
+        found = matches_only(_K3_CALL, body)
+        if not found:
             return None
         calls = []
         for m in found:
@@ -126,8 +126,8 @@ class KimiK3(BlockFormat):
             if whole:
                 calls.append(RawCall(name, whole.group(1)))
                 continue
-            found_args = list(_K3_ARG.finditer(inner))
-            if not only_whitespace_between(inner, [a.span() for a in found_args]):
+            found_args = matches_only(_K3_ARG, inner)
+            if found_args is None:
                 return None
             args = {}
             for a in found_args:

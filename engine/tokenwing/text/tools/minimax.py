@@ -17,7 +17,7 @@ from tokenwing.text.tools.base import (
     RawCall,
     Tools,
     after,
-    only_whitespace_between,
+    matches_only,
     schema_types,
     typed_value,
 )
@@ -63,14 +63,14 @@ def invokes(body: str, invoke: re.Pattern[str], parameter: re.Pattern[str], tool
     """Calls written as invoke elements holding parameter elements (MiniMax's XML, DeepSeek's DSML): the
     parameter pattern's groups are the key, then optionally whether the value is a string ("true"/"false"),
     then the value."""
-    found = list(invoke.finditer(body))
-    if not found or not only_whitespace_between(body, [m.span() for m in found]):
+    found = matches_only(invoke, body)
+    if not found:
         return None
     calls = []
     for m in found:
         name, inner = m.group(1), m.group(2)
-        params = list(parameter.finditer(inner))
-        if not only_whitespace_between(inner, [p.span() for p in params]):
+        params = matches_only(parameter, inner)
+        if params is None:
             return None
         args = {}
         for p in params:
@@ -104,8 +104,8 @@ class MiniMaxM3(BlockFormat):
 
     def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
         body = block[len(M3_BEGIN) :].removesuffix(M3_END)
-        found = list(_M3_INVOKE.finditer(body))
-        if not found or not only_whitespace_between(body, [m.span() for m in found]):
+        found = matches_only(_M3_INVOKE, body)
+        if not found:
             return None
         calls = []
         for m in found:

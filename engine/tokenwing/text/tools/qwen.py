@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, only_whitespace_between, typed_value
+from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, matches_only, typed_value
 from tokenwing.text.tools.constrain import CallGrammar
 
 BEGIN, END = "<tool_call>", "</tool_call>"
@@ -84,14 +84,14 @@ class Qwen(BlockFormat):
 
 
 def _xml(body: str, tools: Tools) -> list[RawCall] | None:
-    fns = list(_FUNCTION.finditer(body))
-    if not fns or not only_whitespace_between(body, [m.span() for m in fns]):
+    fns = matches_only(_FUNCTION, body)
+    if not fns:
         return None
     calls = []
     for fn in fns:
         name, inner = fn.group(1).strip(), fn.group(2)
-        params = list(_PARAMETER.finditer(inner))
-        if not only_whitespace_between(inner, [m.span() for m in params]):
+        params = matches_only(_PARAMETER, inner)
+        if params is None:
             return None
         args = {}
         for p in params:
