@@ -46,6 +46,15 @@ VARIANTS: dict[str, dict[str, object]] = {
         "q_lora_rank": 0,
         "n_shared_exp": 0,
     },
+    # ... and without the residual's checkpoints (block size 0: one vector a token, no mix) or a dense layer, MLA in
+    # every other layer
+    "kimi-k3-unmixed": {
+        "arch": "kimi-k3",
+        "n_layer": 4,
+        "attn_res_block": 0,
+        "n_dense_lead": 0,
+        "full_attention_interval": 2,
+    },
 }
 # The weights' std of the quantized tests (0.03 by default): Kimi K3's Q4_K_M shape at 0.03 is chaotic enough that
 # llama.cpp disagrees with itself by KL 2.2e-4 when only its weight layout changes (plain against repacked; we were
