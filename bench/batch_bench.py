@@ -38,7 +38,7 @@ from memcap import evict_from_page_cache, run_capped
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None, corpus: bool) -> None:
+def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None, corpus: bool, threads: int) -> None:
     """In the (capped) child: one session of n slots; prints one JSON line."""
     from limits import decode_bytes_touched
 
@@ -53,7 +53,15 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
         with ModelFile.open(model, announce_fallback=False) as mf:
             size = parse_size(budget, mf.index.total_bytes)
     per = n_prompt + n_decode
-    opts = SessionOptions(ram_budget=size, lookahead=2, n_ctx=per + 16, max_batch=64, usage_table=False, parallel=n)
+    opts = SessionOptions(
+        ram_budget=size,
+        lookahead=2,
+        n_ctx=per + 16,
+        max_batch=64,
+        usage_table=False,
+        parallel=n,
+        n_threads=threads,
+    )
     notes: list[str] = []
     s = Session(model, opts, log=notes.append)
     streams = _streams(s, n, per, corpus)
@@ -128,8 +136,8 @@ def _streams(s: object, n: int, per: int, corpus: bool) -> list[list[int]]:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--runner":
-        path, count, n_prompt, n_decode, budget, corpus = sys.argv[2:8]
-        runner(path, int(count), int(n_prompt), int(n_decode), budget or None, corpus == "1")
+        path, count, n_prompt, n_decode, budget, corpus, threads = sys.argv[2:9]
+        runner(path, int(count), int(n_prompt), int(n_decode), budget or None, corpus == "1", int(threads))
         return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="models/bench/bench-q4_k_m.gguf")
@@ -141,15 +149,19 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1, help="runs per row (the median's shown, every run's listed)")
     ap.add_argument("--corpus", action="store_true", help="streams of corpus text (the trained demo model)")
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--threads", type=int, default=2, help="compute threads (RAM bandwidth measured with as many)")
     args = ap.parse_args()
     model = args.model if args.model.endswith(".tw.gguf") else args.model.removesuffix(".gguf") + ".tw.gguf"
     streams = [int(x) for x in args.streams.split(",") if x]
     caps = [float(x) for x in args.caps.split(",") if x]
     size = os.path.getsize(model)
     ceiling = probe_drive(model, budget=256 << 20, quick=True).mb_per_s
-    ram_bw = memory_bandwidth(2)
+    ram_bw = memory_bandwidth(args.threads)
     print(f"model {model}: {size / 1e9:.2f} GB; {args.prompt} prompt + {args.decode} decode tokens per stream")
-    print(f"drive ceiling {ceiling:.0f} MB/s (quick probe); RAM read bandwidth {ram_bw / 1e9:.1f} GB/s (2 threads)\n")
+    print(
+        f"drive ceiling {ceiling:.0f} MB/s (quick probe); "
+        f"RAM read bandwidth {ram_bw / 1e9:.1f} GB/s ({args.threads} threads)\n"
+    )
     print(
         "| memory | streams | union per layer (N × k) | expert MB read per step | MB touched per step "
         "| products | aggregate tok/s | limit tok/s | of the limit | × one stream | runs |"
@@ -168,7 +180,7 @@ def main() -> int:
             for _ in range(args.rounds):
                 evict_from_page_cache(model)
                 cmd = [sys.executable, __file__, "--runner", model, str(n), str(args.prompt), str(args.decode)]
-                r = run_capped([*cmd, budget, "1" if args.corpus else "0"], cap, args.timeout)
+                r = run_capped([*cmd, budget, "1" if args.corpus else "0", str(args.threads)], cap, args.timeout)
                 if r.returncode != 0:
                     print(f"| {label} | {n} | failed: exit {r.returncode} {r.stderr.strip()[-160:]} |")
                     break
