@@ -64,10 +64,10 @@ def decode_step(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray]:
     for slot, token in steps:
         s.use(slot)
         hs.append(s._embed([token]))
-    rows = rows_batch(s, len(steps))
+    group = rows_group(s, len(steps))
     try:
         for il in range(s.hp.n_layer):
-            hs = _layer(s, il, slots, hs, rows)
+            hs = _layer(s, il, slots, hs, group)
     except BaseException:
         for slot in slots:  # a failed step leaves no half-updated recurrent state behind
             seq = s.seqs[slot]
@@ -82,6 +82,22 @@ def decode_step(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray]:
         s.checkpoints.commit()
         logits.append(s._logits(h)[-1])
     return logits
+
+
+def rows_group(s: Session, n: int) -> int:
+    """How many of n sequences' tokens may share each dense product as its rows (`rows_batch` for every count up
+    to it): the sequences then go in groups of that many, each matrix read once per group (1: each sequence
+    apart). ggml's repacked K-quant products keep their 1-row kernel up to 3 rows, so a Q4_K_M model's 8
+    sequences go as 3 + 3 + 2 rather than 8 apart."""
+    group = 1
+    while group < n and rows_batch(s, group + 1):
+        group += 1
+    return group
+
+
+def groups_of(items: list[int], size: int) -> list[list[int]]:
+    """`items` in consecutive groups of `size` (the last one shorter)."""
+    return [items[i : i + size] for i in range(0, len(items), max(size, 1))]
 
 
 def rows_batch(s: Session, n: int) -> bool:
@@ -148,15 +164,15 @@ def _one_graph(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray] | N
     if not s._token_graph_on or s.scheduler.slot_map is None:
         return None
     windows = [common.decode_window(s.seqs[slot].pos, s.n_ctx) for slot, _ in steps]
-    rows = rows_batch(s, len(steps))
-    key = (rows, *((slot, w) for (slot, _), w in zip(steps, windows, strict=True)))
+    group = rows_group(s, len(steps))
+    key = (group, *((slot, w) for (slot, _), w in zip(steps, windows, strict=True)))
     if s.batch_graph is None or s.batch_graph[0] != key:
         if s.batch_graph is not None:
             s.batch_graph[1].close()
             s.batch_graph = None
         try:
             kvs = [s.seqs[slot].kv for slot, _ in steps]
-            graph = TokenGraph(s.model, kvs, windows, s.experts, s.scheduler.slot_map, s.graph, rows)
+            graph = TokenGraph(s.model, kvs, windows, s.experts, s.scheduler.slot_map, s.graph, group)
         except MemoryError as e:
             s._token_graph_on = False
             s.log(f"decode runs one graph per layer: the one-graph step did not fit in memory ({e})")
@@ -180,8 +196,13 @@ def _one_graph(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray] | N
     return logits
 
 
-def _layer(s: Session, il: int, slots: list[int], hs: list[np.ndarray], rows: bool) -> list[np.ndarray]:
-    parts = _rows_parts(s, il, slots, hs) if rows else _layer_parts(s, il, slots, hs)
+def _layer(s: Session, il: int, slots: list[int], hs: list[np.ndarray], group: int) -> list[np.ndarray]:
+    if group > 1:
+        parts = []
+        for idx in groups_of(list(range(len(slots))), group):
+            parts += _rows_parts(s, il, [slots[i] for i in idx], [hs[i] for i in idx])
+    else:
+        parts = _layer_parts(s, il, slots, hs)
     ahead = [s.lookahead.predict(il, r["ahead"]) if "ahead" in r else [] for r in parts]
     merged = _merge(s, ahead)
     if "out" in parts[0]:  # a dense layer: it predicts the streamed layers after it, as a MoE layer does

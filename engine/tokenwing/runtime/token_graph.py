@@ -37,11 +37,12 @@ class TokenGraph:
         experts: ExpertCompute,
         slot_map: dict[int, np.ndarray],
         pool_owner: Graph,
-        rows: bool = False,
+        group: int = 1,
     ) -> None:
         """kvs, windows: each sequence's KV cache and attention window; slot_map: for each layer with routed
-        experts, the slot of each expert; `rows`: the sequences' tokens as the rows of one graph (runtime/batch.py
-        `rows_batch`: where this CPU's kernels give each row its own bits), else a subgraph each."""
+        experts, the slot of each expert; `group`: the sequences' tokens as the rows of one subgraph, this many at a
+        time (runtime/batch.py `rows_group`: as many as this CPU's kernels give each row its own bits), 1: a
+        subgraph each."""
         hp = model.hp
         self.windows, self.n_ctx = windows, kvs[0].n_ctx
         self.width = v_width([model.kv_spec(il) for il in range(hp.n_layer)])
@@ -54,10 +55,14 @@ class TokenGraph:
         ctx = g.ctx
         tables = {il: g.constant(m.astype(np.int32).reshape(-1, 1)) for il, m in slot_map.items()}
         self.seqs: list[_Seq] = []
-        self.rows: _Rows | None = None
-        if rows:
-            b = self.rows = self._build_rows(model, kvs, experts, tables)
-            g.finish(b.logits, *(ids for _, ids in b.routed))
+        self.rows: list[_Rows] = []
+        if group > 1:
+            from tokenwing.runtime.batch import groups_of  # (batch.py builds these graphs)
+
+            for idx in groups_of(list(range(len(kvs))), group):
+                windows_i = [windows[i] for i in idx]
+                self.rows.append(self._build_rows(model, [kvs[i] for i in idx], windows_i, experts, tables))
+            g.finish(*(b.logits for b in self.rows), *(ids for b in self.rows for _, ids in b.routed))
             return
         xs: list[Tensor] = []
         for window in windows:
@@ -98,14 +103,19 @@ class TokenGraph:
         g.finish(*(q.logits for q in self.seqs), *(ids for q in self.seqs for _, ids in q.routed))
 
     def _build_rows(
-        self, model: MoEModel, kvs: list[KVCaches], experts: ExpertCompute, tables: dict[int, Tensor]
+        self,
+        model: MoEModel,
+        kvs: list[KVCaches],
+        windows: list[int],
+        experts: ExpertCompute,
+        tables: dict[int, Tensor],
     ) -> _Rows:
-        from tokenwing.runtime.batch import rows_placement  # (batch.py builds these graphs)
+        from tokenwing.runtime.batch import rows_placement
 
         hp, g, n = model.hp, self.g, len(kvs)
         ctx = g.ctx
         parts = []
-        for window in self.windows:
+        for window in windows:
             parts.append(
                 common.Placement(
                     n=1,
@@ -136,7 +146,7 @@ class TokenGraph:
             total = experts.tokens(ctx, il, r.cur, slots, r.weights, r.ids)
             x = model.tail(ctx, il, total, r.shared, r.residual)
             routed.append((il, r.ids))
-        return _Rows(tokens, positions, parts, model.head(ctx, x), routed)
+        return _Rows(tokens, positions, parts, windows, model.head(ctx, x), routed)
 
     @property
     def window(self) -> int:
@@ -153,7 +163,7 @@ class TokenGraph:
     def run_all(self, tokens: list[int], positions: list[int]) -> list[tuple[np.ndarray, list[tuple[int, np.ndarray]]]]:
         """Each sequence's token at its position (within its window): its logits and each routed layer's experts."""
         g = self.g
-        if self.rows is not None:
+        if self.rows:
             return self._run_rows(tokens, positions)
         for q, window, token, pos in zip(self.seqs, self.windows, tokens, positions, strict=True):
             a = common.placement_arrays(pos, 1, window, self.n_ctx, self.width, self.swa, self.axes)
@@ -171,24 +181,30 @@ class TokenGraph:
     def _run_rows(
         self, tokens: list[int], positions: list[int]
     ) -> list[tuple[np.ndarray, list[tuple[int, np.ndarray]]]]:
-        g, b = self.g, self.rows
-        assert b is not None
-        n = len(tokens)
-        g.set(b.tokens, np.array(tokens, np.int32))
-        pos = np.array(positions, np.int32)
-        if self.axes > 1:  # (multi-axis RoPE: a text position on three axes, 0 on the fourth)
-            pos = np.concatenate([np.tile(pos, 3), np.zeros(n * (self.axes - 3), np.int32)])
-        g.set(b.positions, pos)
-        for part, window, p in zip(b.parts, self.windows, positions, strict=True):
-            a = common.placement_arrays(p, 1, window, self.n_ctx, self.width, self.swa, self.axes)
-            for name, values in a.items():
-                t = getattr(part, name)
-                if name != "positions" and t.contents.data:  # (inputs no node reads are not allocated)
-                    g.set(t, values)
+        g = self.g
+        at = 0
+        for b in self.rows:  # (the groups take the sequences in order)
+            n = len(b.parts)
+            g.set(b.tokens, np.array(tokens[at : at + n], np.int32))
+            pos = np.array(positions[at : at + n], np.int32)
+            if self.axes > 1:  # (multi-axis RoPE: a text position on three axes, 0 on the fourth)
+                pos = np.concatenate([np.tile(pos, 3), np.zeros(n * (self.axes - 3), np.int32)])
+            g.set(b.positions, pos)
+            for part, window, p in zip(b.parts, b.windows, positions[at : at + n], strict=True):
+                a = common.placement_arrays(p, 1, window, self.n_ctx, self.width, self.swa, self.axes)
+                for name, values in a.items():
+                    t = getattr(part, name)
+                    if name != "positions" and t.contents.data:  # (inputs no node reads are not allocated)
+                        g.set(t, values)
+            at += n
         g.compute()
-        logits = to_numpy(b.logits).reshape(n, -1)
-        ids = [(il, to_numpy(t).reshape(n, -1)) for il, t in b.routed]
-        return [(logits[i].copy(), [(il, v[i].copy()) for il, v in ids]) for i in range(n)]
+        out = []
+        for b in self.rows:
+            n = len(b.parts)
+            logits = to_numpy(b.logits).reshape(n, -1)
+            ids = [(il, to_numpy(t).reshape(n, -1)) for il, t in b.routed]
+            out += [(logits[i].copy(), [(il, v[i].copy()) for il, v in ids]) for i in range(n)]
+        return out
 
     def close(self) -> None:
         self.g.close()
@@ -196,9 +212,12 @@ class TokenGraph:
 
 @dataclass
 class _Rows:
+    """A group of sequences whose tokens are the rows of one subgraph."""
+
     tokens: Tensor
     positions: Tensor
     parts: list[common.Placement]
+    windows: list[int]
     logits: Tensor
     routed: list[tuple[int, Tensor]]
 
