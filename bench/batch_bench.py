@@ -44,7 +44,7 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
 
     from tokenwing.format.reader import ModelFile
     from tokenwing.fsutil import parse_size
-    from tokenwing.runtime.batch import decode_step
+    from tokenwing.runtime.batch import decode_step, rows_group
     from tokenwing.runtime.kvcache import kv_element
     from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
 
@@ -90,7 +90,7 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
             unions.append([len(set(r.tolist())) for r in rows])
     dt = time.perf_counter() - t0
     d = s.counters() - before
-    as_rows = n > 1 and s.rows_ok.get(n, False)
+    group = rows_group(s, n)  # (measured already by the steps)
     records = [el.record_size for el in s.scheduler.streamer.layers]
     union = np.asarray(unions, np.float64)
     union_bytes = float((union * np.asarray(records)).sum(axis=1).mean())
@@ -108,8 +108,8 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
                 "union_bytes_per_step": union_bytes,
                 "read_bytes_per_step": float(d[:, c["bytes_read"]].sum()) / n_decode,
                 # the dense weights once a step where the sequences are the rows of one product, else once each
-                "rows": as_rows,
-                "touched_bytes_per_step": union_bytes + (1 if as_rows else n) * touched["dense"] + n * touched["kv"],
+                "rows": group if group > 1 else False,
+                "touched_bytes_per_step": union_bytes + -(-n // group) * touched["dense"] + n * touched["kv"],
                 "aggregate_tok_s": n * n_decode / dt,
                 "step_ms": dt * 1e3 / n_decode,
                 "hit_rate": float(d[:, c["hits"]].sum() / max(d[:, c["hits"]].sum() + d[:, c["misses"]].sum(), 1)),
@@ -194,11 +194,12 @@ def main() -> int:
             limit = n / max(ram_s, drive_s)
             one = one if one is not None else (m["aggregate_tok_s"] if n == 1 else None)
             times = f"{m['aggregate_tok_s'] / one:.2f}×" if one else "—"
+            products = f"rows of {m['rows']}" if m["rows"] else "apart" if n > 1 else "—"
             every = ", ".join(f"{x['aggregate_tok_s']:.2f}" for x in runs)
             print(
                 f"| {label} | {n} | {m['union_per_layer']:.1f} ({n * m['k']}) | "
                 f"{m['read_bytes_per_step'] / MB:.1f} | {m['touched_bytes_per_step'] / MB:.1f} | "
-                f"{'rows' if m['rows'] else 'apart' if n > 1 else '—'} | "
+                f"{products} | "
                 f"{m['aggregate_tok_s']:.2f} | {limit:.2f} | {m['aggregate_tok_s'] / limit:.0%} | {times} | {every} |",
                 flush=True,
             )
