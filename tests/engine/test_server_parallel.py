@@ -58,6 +58,19 @@ def _wait_queued(server: Server, n: int) -> None:
         time.sleep(0.01)
 
 
+def _together(server: Server, pauses: Pauses, threads: list[threading.Thread]) -> None:
+    """Runs the requests' threads so that the engine admits them together: the first one's arrival stops the
+    engine at `serve.admit`, the others join the queue, then it goes on; returns when all have ended."""
+    threads[0].start()
+    pauses.wait("serve.admit", lambda: server.proc.poll() is None)
+    for t in threads[1:]:
+        t.start()
+    _wait_queued(server, len(threads))
+    pauses.release("serve.admit")
+    for t in threads:
+        t.join(TIMEOUT_S)
+
+
 @pytest.fixture(scope="module")
 def model(repacked_factory: ModelFactory) -> Path:
     return repacked_factory(type="Q8_0", n_layer=3)
@@ -86,14 +99,7 @@ def test_concurrent_requests_get_what_they_get_alone(
             got[i] = _ask(server.client(), body)
 
         threads = [threading.Thread(target=one, args=(i, b)) for i, b in enumerate(_requests())]
-        threads[0].start()
-        pauses.wait("serve.admit", lambda: server.proc.poll() is None)
-        for t in threads[1:]:
-            t.start()
-        _wait_queued(server, len(QUESTIONS))
-        pauses.release("serve.admit")
-        for t in threads:
-            t.join(TIMEOUT_S)
+        _together(server, pauses, threads)
         for want, reply in zip(alone, got, strict=True):
             assert reply is not None
             assert reply["stats"]["largest_batch"] >= 2  # (decoded together with others)
@@ -130,14 +136,7 @@ def test_a_cancelled_reply_leaves_the_others_as_they_are(
 
         bodies = [{k: v for k, v in b.items() if k not in ("logprobs", "top_logprobs")} for b in _requests()]
         threads = [threading.Thread(target=one, args=(i, b)) for i, b in enumerate(bodies)]
-        threads[0].start()
-        pauses.wait("serve.admit", lambda: server.proc.poll() is None)
-        for t in threads[1:]:
-            t.start()
-        _wait_queued(server, len(QUESTIONS))
-        pauses.release("serve.admit")
-        for t in threads:
-            t.join(TIMEOUT_S)
+        _together(server, pauses, threads)
         for i, want in enumerate(alone):
             if i != gone:
                 assert texts[i] == want["text"]

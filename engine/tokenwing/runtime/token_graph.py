@@ -67,15 +67,7 @@ class TokenGraph:
         xs: list[Tensor] = []
         for window in windows:
             token = g.input(I32, (1,))
-            at = common.Placement(
-                n=1,
-                n_kv=window,
-                positions=g.input(I32, (self.axes,)),
-                mask=g.input(F32, (window, 1)),
-                k_rows=g.input(I64, (1,)),
-                v_cells=g.input(I64, (self.width,)) if self.width else None,
-                mask_swa=g.input(F32, (window, 1)) if model.window else None,
-            )
+            at = self._placement(window)
             self.seqs.append(_Seq(token, at, token, []))
             xs.append(model.embed(ctx, token))
         # Layer by layer, every sequence's layer before the next layer (each sequence's nodes are still those of
@@ -114,19 +106,7 @@ class TokenGraph:
 
         hp, g, n = model.hp, self.g, len(kvs)
         ctx = g.ctx
-        parts = []
-        for window in windows:
-            parts.append(
-                common.Placement(
-                    n=1,
-                    n_kv=window,
-                    positions=g.input(I32, (self.axes,)),
-                    mask=g.input(F32, (window, 1)),
-                    k_rows=g.input(I64, (1,)),
-                    v_cells=g.input(I64, (self.width,)) if self.width else None,
-                    mask_swa=g.input(F32, (window, 1)) if model.window else None,
-                )
-            )
+        parts = [self._placement(window) for window in windows]
         tokens, positions = g.input(I32, (n,)), g.input(I32, (self.axes * n,))
         x = model.embed(ctx, tokens)
         routed: list[tuple[int, Tensor]] = []
@@ -147,6 +127,19 @@ class TokenGraph:
             x = model.tail(ctx, il, total, r.shared, r.residual)
             routed.append((il, r.ids))
         return _Rows(tokens, positions, parts, windows, model.head(ctx, x), routed)
+
+    def _placement(self, window: int) -> common.Placement:
+        """One token's placement over `window` positions, its inputs written before each run."""
+        g = self.g
+        return common.Placement(
+            n=1,
+            n_kv=window,
+            positions=g.input(I32, (self.axes,)),
+            mask=g.input(F32, (window, 1)),
+            k_rows=g.input(I64, (1,)),
+            v_cells=g.input(I64, (self.width,)) if self.width else None,
+            mask_swa=g.input(F32, (window, 1)) if self.swa else None,
+        )
 
     @property
     def window(self) -> int:
