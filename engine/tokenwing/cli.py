@@ -720,7 +720,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         metavar="N",
         help="requests served at once, decoded together (each slot has its own KV cache of the context); auto: "
-        "as many as memory holds with the context one would get, at most 4 (default)",
+        "as many as memory holds with the context one would get, at most 4, the caches beyond the first taking "
+        "at most a 16th of memory (default)",
     )
     sv.add_argument(
         "--allowed-host",

@@ -108,6 +108,7 @@ def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20, mode
     from tokenwing.autotune.probe import cpu_isa, probe_drive
     from tokenwing.compute.devices import HEADROOM_DIVISOR, HEADROOM_MAX, HEADROOM_MIN
     from tokenwing.models import supported_architectures
+    from tokenwing.runtime.memory_plan import EXTRA_SLOTS_SHARE
     from tokenwing.runtime.session import AUTO_PARALLEL
     from tokenwing.runtime.vram_experts import SWAP_EVERY, SWAP_MAX
     from tokenwing.streaming.settings import DECAY_TOKENS
@@ -137,6 +138,7 @@ def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20, mode
         # serve --parallel auto: slots that fit where the KV cache may go (half the memory left after the
         # weights), each with the context one slot would get, at least 1 and at most this many
         "parallel_auto_most": AUTO_PARALLEL,
+        "parallel_auto_extra_share": 1 / EXTRA_SLOTS_SHARE,  # ... the caches beyond the first: this much memory
         "drive": None,
         "model": model_facts(model) if model is not None else None,
     }

@@ -111,3 +111,32 @@ def test_the_notes_say_what_was_cut_in_order() -> None:
         "of memory",
         f"context capped at {plan.n_ctx} tokens so the KV cache fits in memory",
     )
+
+
+def test_auto_slots_take_little_from_the_expert_cache() -> None:
+    """`--parallel auto`: small caches give the most slots; the caches beyond the first never take more than a
+    16th of usable memory from the expert cache (one person chatting with a large model keeps its speed), and a
+    context that fills memory leaves one."""
+    small = _plan(ROOMY, n_ctx=4096)  # 64 MiB a slot
+    assert small.slots_that_fit(100 * MIB, 4) == 4
+    large = _plan(ROOMY, n_ctx=32768, kv=256 * 1024)  # 8 GiB a slot, a 16th of 32 GiB usable is 2 GiB
+    assert large.slots_that_fit(100 * MIB, 4) == 1
+    middle = _plan(ROOMY, n_ctx=32768, kv=32 * 1024)  # 1 GiB a slot: two more fit in 2 GiB
+    assert middle.slots_that_fit(100 * MIB, 4) == 3
+    four = plan_memory(
+        HP,
+        32 * 1024,
+        [None] * HP.n_layer,
+        n_ctx=32768,
+        max_batch=64,
+        checkpoints=0,
+        ram_budget=None,
+        weights_bytes=100 * MIB,
+        least_expert_bytes=600 * MIB,
+        model_dir="/m",
+        info=ROOMY,
+        n_seq=3,
+    )
+    assert middle.budget - four.budget <= ROOMY.usable // 16  # what the extra slots took from the experts
+    capped = _plan(CAPPED, n_ctx=0)  # the context was capped to fill the room: one slot
+    assert capped.slots_that_fit(100 * MIB, 4) == 1

@@ -98,6 +98,10 @@ def plan_context(
     return ContextPlan(n_ctx, kv_per_token, None)
 
 
+# `--parallel auto`: the slots beyond the first may take this fraction of usable memory (1/16: 4 GiB of 64)
+EXTRA_SLOTS_SHARE = 16
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """A session's memory (`plan_memory`): its context, the compute graph's reserve, the recurrent state's, and
@@ -123,12 +127,16 @@ class MemoryPlan:
         return self.states.reserved * self.n_seq
 
     def slots_that_fit(self, weights_bytes: int, most: int) -> int:
-        """How many sequences, each with this plan's context and states, fit where `plan_context` lets the KV
-        cache go (half of what is left after the weights), at least one and at most `most`: the server's slot
-        count when none was asked for. A context capped to fit memory leaves room for one."""
+        """The server's slot count when none was asked for: sequences with this plan's context and states, at
+        least one and at most `most`, as many as fit where `plan_context` lets the KV cache go (half of what is
+        left after the weights) — and whose caches beyond the first take at most EXTRA_SLOTS_SHARE of usable
+        memory. Every slot's cache is planned beside the expert cache, which gets that much less: one person
+        chatting with a model larger than RAM (the common case) must not lose speed for slots nobody uses. A
+        context capped to fit memory leaves room for one."""
         room = max(self.info.usable - HEADROOM - self.graph_mem - weights_bytes, 0) // 2
-        one = self.kv_per_token * self.n_ctx + self.states.reserved
-        return max(1, min(most, room // max(one, 1)))
+        one = max(self.kv_per_token * self.n_ctx + self.states.reserved, 1)
+        extra = self.info.usable // EXTRA_SLOTS_SHARE // one
+        return max(1, min(most, room // one, 1 + extra))
 
     @property
     def spill_note(self) -> str | None:
