@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.conftest import ModelFactory
-from tests.engine.test_server import Server
+from tests.engine.test_server import KEY, Server
 from tests.pauses import TIMEOUT_S, Pauses
 
 QUESTIONS = [
@@ -162,6 +162,10 @@ def test_with_every_slot_busy_a_request_waits_or_gets_a_503(
         pauses.wait("serve.piece1", lambda: server.proc.poll() is None)
         health = httpx.get(server.url + "/health").json()
         assert (health["slots"], health["busy"], health["queued"]) == (1, 1, 0)
+        slots = httpx.get(server.url + "/v1/tokenwing/stats", headers={"Authorization": f"Bearer {KEY}"}).json()
+        assert slots["slots"]["count"] == 1 and [v["slot"] for v in slots["slots"]["busy"]] == [0]
+        metrics = httpx.get(server.url + "/metrics").text
+        assert "tokenwing_slots 1" in metrics and "tokenwing_busy_slots 1" in metrics
         with pytest.raises(openai.APIStatusError) as refused:
             server.client().chat.completions.create(model="x", extra_body={"wait": False}, **body)
         assert refused.value.status_code == 503 and "slots are busy" in refused.value.message

@@ -210,6 +210,13 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
             {
                 "last_token": worker.last_token_stats,
                 "totals": worker.totals,
+                # the slots: how many, the queue, the last step's batch, and each busy one's reply so far
+                "slots": {
+                    "count": worker.session.n_seq if worker.session else None,
+                    "queued": worker.queued,
+                    "last_batch": worker.last_batch,
+                    "busy": list(worker.slot_view),
+                },
                 "session": worker.session.stats() if worker.session else None,
             }
         )
@@ -241,6 +248,9 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         ]
         if worker.session is not None:
             lines.append(f"tokenwing_slots {worker.session.n_seq}")
+        lines.append(f"tokenwing_last_batch {worker.last_batch}")
+        for view in worker.slot_view:
+            lines.append(f'tokenwing_slot_decoded_tokens{{slot="{view["slot"]}"}} {view["tokens"]}')
         for k, v in worker.totals.items():
             lines.append(f"tokenwing_{k}_total {v}")
         if worker.session is not None:

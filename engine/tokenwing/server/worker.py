@@ -72,6 +72,10 @@ class EngineWorker:
         self.replies: dict[int, Reply] = {}  # by slot: the requests being served
         self._last_used: dict[int, float] = {}  # when each slot's last reply ended
         self._steps = 0  # decode steps since the engine was last idle
+        # what each busy slot is doing, rebuilt by the engine thread after every step (HTTP handlers read it; a
+        # tuple is replaced whole, never changed in place)
+        self.slot_view: tuple[dict[str, Any], ...] = ()
+        self.last_batch = 0  # replies in the last decode step
         self.on_fatal: Callable[[], None] = lambda: None
         self.thread = threading.Thread(target=self._run, name="tokenwing-engine", daemon=True)
 
@@ -176,6 +180,7 @@ class EngineWorker:
                     self.queued -= 1
                 if not job.cancelled.is_set():
                     self._admit(job)
+                    self._update_view()
             for job in [j for j in waiting if j.cancelled.is_set()]:  # a client that left frees its place
                 waiting.remove(job)
                 with self.lock:
@@ -188,6 +193,19 @@ class EngineWorker:
                 self._guarded(decoding, self._decode)
             if not self.replies:
                 self._steps = 0
+            self._update_view()
+
+    def _update_view(self) -> None:
+        self.slot_view = tuple(
+            {
+                "slot": r.slot,
+                "prompt_tokens": len(r.prompt),
+                "phase": "prompt" if r.prompt_left else "decode",
+                "tokens": r.decoded,
+                "largest_batch": r.largest_batch,
+            }
+            for r in sorted(self.replies.values(), key=lambda r: r.slot)
+        )
 
     def _guarded(self, replies: list[Reply], work: Callable[[list[Reply]], None]) -> None:
         """Runs engine work for these replies; a failure ends them with an error (the others go on)."""
@@ -363,6 +381,7 @@ class EngineWorker:
         logits = decode_step(s, steps)
         delta = s.counters() - before
         self._steps += 1
+        self.last_batch = len(steps)
         for r, lg in zip(replies, logits, strict=True):
             r.decoded += 1
             r.largest_batch = max(r.largest_batch, len(replies))
