@@ -89,6 +89,14 @@ _SHAPE_FLAGS: dict[str, Callable[[str], object]] = {
         float,
     ),
     "compress_ratios": _int_list,
+    "hc_low_rank": int,
+    "qsa_ratio": int,
+    "ple_layer": int,
+    "ple_ngram": int,
+    "ple_heads_per_ngram": int,
+    "ple_conv_kernel": int,
+    "ple_head_rows": int,
+    "indexer_types": _int_list,
     "tokenizer": str,
 }
 
@@ -639,7 +647,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--preset",
         default="tiny",
         help="tiny, kquant, small, bench (any architecture); kimi-tiny, ds-bench, oss-bench, ling-bench, mm-bench, "
-        "ds4-bench, k3-bench",
+        "ds4-bench, k3-bench, glm5-bench",
     )
     t.add_argument("--type", default="F32", help="F32 F16 BF16 Q8_0 Q4_0, MXFP4_MOE, or a K-quant such as Q4_K_M")
     t.add_argument("--expert-type", help="MXFP4: the routed experts in this type, the rest in --type")

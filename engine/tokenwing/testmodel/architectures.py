@@ -220,6 +220,39 @@ def _deepseek2(s: ModelShape) -> list[TensorSpec]:
     return first + layers + last
 
 
+def glm_dsa_indexer_full(s: ModelShape, i: int) -> bool:
+    """Whether layer i runs its own indexer (GLM-5.2's shared layers reuse the last one's top-k; GLM-5: all)."""
+    return not s.indexer_types or bool(s.indexer_types[i]) if i < s.n_layer else True
+
+
+def _glm_dsa(s: ModelShape) -> list[TensorSpec]:
+    """GLM-5 / GLM-5.2 (llama.cpp's converter, GlmMoeDsaModel: DeepSeek-V2's tensors plus the DSA indexer): MLA, the
+    indexer's query from the query latent, its one key head with a LayerNorm (weight and bias), its per-head
+    weights; leading dense layers, a sigmoid router with a selection bias, one shared expert; the indexer's tensors
+    only in layers that run their own (GLM-5.2's shared layers have none); next-token-prediction blocks last."""
+    first, last = _head(s)
+    di = s.indexer_head_size
+    layers: list[TensorSpec] = []
+    for i in range(s.n_block):
+        layers += _mla_attention(s, i)
+        if glm_dsa_indexer_full(s, i):
+            layers += [
+                TensorSpec(f"blk.{i}.indexer.k_norm.weight", (di,), "norm"),
+                TensorSpec(f"blk.{i}.indexer.k_norm.bias", (di,), "vector"),
+                TensorSpec(f"blk.{i}.indexer.proj.weight", (s.n_embd, s.indexer_n_head), "matrix"),
+                TensorSpec(f"blk.{i}.indexer.attn_k.weight", (s.n_embd, di), "matrix"),
+                TensorSpec(f"blk.{i}.indexer.attn_q_b.weight", (s.q_lora_rank, s.indexer_n_head * di), "matrix"),
+            ]
+        if i < s.n_dense_lead:
+            layers += _dense_ffn(s, i)
+        else:
+            layers += [*_routed_experts(s, i), TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector")]
+            layers += _shared_expert(s, i, gated=False, ff=s.n_ff_exp * s.n_shared_exp)
+        if i >= s.n_layer:
+            layers += _nextn(s, i)
+    return first + layers + last
+
+
 def _gpt_oss(s: ModelShape) -> list[TensorSpec]:
     """gpt-oss: biased q/k/v/o projections, per-head attention sinks, a post-attention norm, a biased router
     and experts with biases (llama.cpp's tensor names: the converter's `openai-moe` layout)."""
@@ -737,6 +770,25 @@ def _deepseek4_kv(s: ModelShape) -> dict[str, KV]:
     return kv
 
 
+def _glm_dsa_kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes GLM-5: DeepSeek-V2's keys (MLA as MQA over the latent, the sigmoid router,
+    dense layers first), no rope scaling, the indexer's heads, head size and top-k, and GLM-5.2's per-layer
+    indexer types (BOOL, one per block that runs) where the shape has them."""
+    a = "glm-dsa"
+    kv = _common_kv(s, a)
+    kv[f"{a}.attention.head_count_kv"] = KV.u32(1)
+    kv.update(_mla_kv(s, a))
+    kv.update(_sigmoid_routed_kv(s, a))
+    kv[f"{a}.attention.indexer.head_count"] = KV.u32(s.indexer_n_head)
+    kv[f"{a}.attention.indexer.key_length"] = KV.u32(s.indexer_head_size)
+    kv[f"{a}.attention.indexer.top_k"] = KV.u32(s.indexer_top_k)
+    if s.indexer_types:
+        kv[f"{a}.attention.indexer.types"] = KV.array(ValueType.BOOL, [bool(t) for t in s.indexer_types])
+    if s.n_mtp:
+        kv[f"{a}.nextn_predict_layers"] = KV.u32(s.n_mtp)
+    return kv
+
+
 def _minimax_m2_kv(s: ModelShape) -> dict[str, KV]:
     """As llama.cpp's converter writes MiniMax M2: partial rotary dims, the sigmoid scoring function; llama.cpp
     reads no weights-norm or scale key for it (it always renormalises and never scales)."""
@@ -831,6 +883,13 @@ ARCHITECTURES: dict[str, Architecture] = {
         "DeepSeek V4: hyper-connections, compressed sparse attention with a lightning indexer, grouped output, "
         "hash-routed first layers, sqrt-softplus router, clamped SwiGLU",
     ),
+    "glm-dsa": Architecture(
+        "glm-dsa",
+        _glm_dsa,
+        _glm_dsa_kv,
+        "GLM-5 / GLM-5.2: MLA whose keys a lightning indexer picks (top-k tokens per query, shared across layers "
+        "in GLM-5.2), sigmoid router with selection bias, shared expert",
+    ),
 }
 
 
@@ -862,6 +921,7 @@ _ROUTED = (
     "minimax-m2",
     "deepseek4",
     "kimi-k3",
+    "glm-dsa",
 )
 TOKENIZERS = tuple(tokenizer_families)
 
@@ -873,10 +933,15 @@ def _is_lite(s: ModelShape) -> bool:
 def check_shape(s: ModelShape) -> None:
     """Rejects geometry the architecture cannot express (llama.cpp would refuse, misread or abort on it)."""
     architecture(s.arch)
-    if s.n_dense_lead and s.arch not in ("ernie4_5-moe", "glm4moe", "deepseek2", "bailingmoe3", "kimi-k3"):
+    if s.arch == "qwen4exp":  # (its own rules: it shares hyper-connections and an indexer with deepseek4)
+        check_qwen4exp(s)
+        return
+    if s.hc_low_rank or s.qsa_ratio or s.ple_layer >= 0:
+        raise ValueError("low-rank hyper-connections, QSA and the n-gram table are qwen4exp's (use --arch qwen4exp)")
+    if s.n_dense_lead and s.arch not in ("ernie4_5-moe", "glm4moe", "deepseek2", "bailingmoe3", "kimi-k3", "glm-dsa"):
         raise ValueError(
-            f"{s.arch} has no leading dense layers (use --arch ernie4_5-moe, glm4moe, deepseek2, bailingmoe3 or "
-            "kimi-k3)"
+            f"{s.arch} has no leading dense layers (use --arch ernie4_5-moe, glm4moe, deepseek2, bailingmoe3, "
+            "kimi-k3 or glm-dsa)"
         )
     if s.arch != "kimi-k3" and (s.n_expert_latent or s.attn_res_block or s.situ_beta or s.situ_linear_beta):
         raise ValueError("latent experts, the residual's checkpoints and SiTU are kimi-k3's (use --arch kimi-k3)")
@@ -900,15 +965,21 @@ def check_shape(s: ModelShape) -> None:
         raise ValueError("ranks, head sizes and group counts must not be negative")
     if s.yarn_factor and (s.yarn_factor <= 1.0 or s.yarn_orig_ctx <= 0):
         raise ValueError("--yarn-factor must be above 1 (or 0 for none) with a positive --yarn-orig-ctx")
-    dsv4_sizes = [s.hc_mult, s.hc_sinkhorn_iters, s.indexer_n_head, s.indexer_head_size, s.indexer_top_k]
-    dsv4_sizes += [s.o_group_count, s.o_lora_rank, s.hash_layer_count]
+    dsv4_sizes = [s.hc_mult, s.hc_sinkhorn_iters, s.o_group_count, s.o_lora_rank, s.hash_layer_count]
     if s.arch != "deepseek4" and (any(dsv4_sizes) or s.hc_eps or s.compress_ratios or s.compress_rope_base):
         raise ValueError(
-            "hyper-connections, compression ratios, the indexer, output groups and hash layers are deepseek4's "
+            "hyper-connections, compression ratios, output groups and hash layers are deepseek4's "
             "(use --arch deepseek4)"
         )
-    if s.arch in ("deepseek2", "bailingmoe3", "kimi-k3"):
+    indexer = [s.indexer_n_head, s.indexer_head_size, s.indexer_top_k]
+    if s.arch not in ("deepseek4", "glm-dsa") and (any(indexer) or s.indexer_types):
+        raise ValueError("the lightning indexer is deepseek4's and glm-dsa's (use --arch deepseek4 or glm-dsa)")
+    if s.indexer_types and s.arch != "glm-dsa":
+        raise ValueError("per-layer indexer types are glm-dsa's (GLM-5.2): use --arch glm-dsa")
+    if s.arch in ("deepseek2", "bailingmoe3", "kimi-k3", "glm-dsa"):
         _check_deepseek2(s)
+        if s.arch == "glm-dsa":
+            _check_glm_dsa(s)
     elif s.arch == "deepseek4":
         _check_deepseek4(s)
     else:
@@ -1021,6 +1092,29 @@ def _check_deepseek4(s: ModelShape) -> None:
         raise ValueError("deepseek4 needs a positive --sliding-window and a --swiglu-limit of 0 (none) or more")
 
 
+def _check_glm_dsa(s: ModelShape) -> None:
+    """What llama.cpp's GLM-5 loader and graph take (it throws or asserts on the rest)."""
+    if s.q_lora_rank <= 0 or s.legacy_kv_b or s.n_head_kv != 1:
+        raise ValueError(
+            "glm-dsa needs --q-lora-rank (the indexer's query comes from it), MLA's split attn_k_b/"
+            "attn_v_b and one KV head (--n-head-kv 1)"
+        )
+    di = s.indexer_head_size
+    if s.indexer_n_head < 1 or s.indexer_top_k < 1 or di < 64 or di & (di - 1):
+        raise ValueError(
+            "the indexer needs heads, a top-k and --indexer-head-size a power of two of 64 or more (llama.cpp "
+            "multiplies its q and k by a Hadamard matrix of that width)"
+        )
+    if s.rot > di:
+        raise ValueError("--n-rot must be at most --indexer-head-size (the indexer's head is [rope | nope])")
+    if s.n_expert_group or s.n_group_used or s.yarn_factor:
+        raise ValueError("llama.cpp's glm-dsa reads no expert groups and no YaRN keys")
+    if s.indexer_types and (len(s.indexer_types) != s.n_layer or not set(s.indexer_types) <= {0, 1}):
+        raise ValueError("--indexer-types needs one 0 or 1 per layer (1: the layer runs its own indexer)")
+    if s.indexer_types and not s.indexer_types[0]:
+        raise ValueError("layer 0 must run its own indexer (a shared layer reuses an earlier layer's top-k)")
+
+
 def _check_lite(s: ModelShape) -> None:
     if s.q_lora_rank and _is_lite(s):
         raise ValueError(
@@ -1046,3 +1140,168 @@ def _check_groups(s: ModelShape) -> None:
             raise ValueError("--n-group-used must be between 1 and --n-expert-group - 1")
         if used * per_group < s.n_expert_used:
             raise ValueError("the groups used must hold at least --n-expert-used experts")
+
+
+# ------------------------------------------------------------------------------------------------ qwen4exp
+# Qwen3.8 Flash Next (llama.cpp: src/models/qwen4exp.cpp, conversion/qwen4exp.py; docs/families/qwen4exp.md).
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """The SplitMix64 finaliser (the reference derives its n-gram hash multipliers from it)."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def ple_multipliers(s: ModelShape, seed: int = 1234) -> list[int]:
+    """One odd multiplier per n-gram position, below 2^63 / vocab so that token · multiplier never overflows an
+    int64 (the reference's rule for its first PLE module, which is what makes llama.cpp's uint64 hash agree)."""
+    half = max(1, (((1 << 63) - 1) // max(s.vocab_size, 1)) // 2)
+    return [2 * (_splitmix64((seed + 0x9E3779B97F4A7C15 * (i + 1)) & _MASK64) % half) + 1 for i in range(s.ple_ngram)]
+
+
+def _is_prime(n: int) -> bool:
+    return n >= 2 and all(n % d for d in range(2, math.isqrt(n) + 1))
+
+
+def ple_head_vocab_sizes(s: ModelShape) -> list[int]:
+    """Each head's rows: the consecutive primes from ple_head_rows (the reference: from 20,000,000)."""
+    sizes: list[int] = []
+    n = s.ple_head_rows - 1
+    for _ in range(ple_heads(s)):
+        n += 1
+        while not _is_prime(n):
+            n += 1
+        sizes.append(n)
+    return sizes
+
+
+def ple_heads(s: ModelShape) -> int:
+    return (s.ple_ngram - 1) * s.ple_heads_per_ngram
+
+
+def ple_table_rows(s: ModelShape) -> int:
+    """All heads' rows, padded to a multiple of 128 as the reference's table is."""
+    return -(-sum(ple_head_vocab_sizes(s)) // 128) * 128
+
+
+def _qwen4exp(s: ModelShape) -> list[TensorSpec]:
+    """Qwen3.8 Flash Next: Qwen3.5's gated DeltaNet (sigmoid output gate) and gated attention with the QSA indexer,
+    no layer norms but two low-rank hyper-connection mixes a layer (hc_mult streams), the n-gram table and its
+    injection on one linear layer, 512-style routed experts and a gated shared expert, the head's own mix."""
+    e, hc, r = s.n_embd, s.hc_mult, s.hc_low_rank
+    first = [TensorSpec("token_embd.weight", (e, s.vocab_size), "embd")]
+    if s.ple_layer >= 0:
+        first.append(TensorSpec("per_layer_token_embd.weight", (e // ple_heads(s), ple_table_rows(s)), "embd"))
+    layers: list[TensorSpec] = []
+    for i in range(s.n_layer):
+        for part in ("attn", "ffn"):
+            layers += [
+                TensorSpec(f"blk.{i}.hc_{part}_norm.weight", (hc * e,), "norm"),
+                TensorSpec(f"blk.{i}.hc_{part}_down.weight", (hc * e, r), "matrix"),
+                TensorSpec(f"blk.{i}.hc_{part}_up.weight", (r, hc * e), "matrix"),
+                TensorSpec(f"blk.{i}.hc_{part}_inject.weight", (hc * e, hc), "matrix"),
+            ]
+        if qwen_recurrent(s, i):
+            layers += [t for t in _qwen_linear(s, i, True) if not t.name.endswith("attn_norm.weight")]
+        else:
+            di = s.indexer_head_size
+            layers += [t for t in _qwen_gated_attention(s, i) if not t.name.endswith("attn_norm.weight")]
+            layers += [
+                TensorSpec(f"blk.{i}.indexer.q_proj.weight", (e, s.indexer_n_head * di), "matrix"),
+                TensorSpec(f"blk.{i}.indexer.k_proj.weight", (e, di), "matrix"),
+                TensorSpec(f"blk.{i}.indexer.q_norm.weight", (di,), "norm"),
+                TensorSpec(f"blk.{i}.indexer.k_norm.weight", (di,), "norm"),
+            ]
+        if i == s.ple_layer:
+            layers += [
+                TensorSpec(f"blk.{i}.ple_key.weight", (e, hc * e), "matrix"),
+                TensorSpec(f"blk.{i}.ple_value.weight", (e, e), "matrix"),
+                TensorSpec(f"blk.{i}.ple_norm_key.weight", (hc * e,), "norm"),
+                TensorSpec(f"blk.{i}.ple_norm_query.weight", (hc * e,), "norm"),
+                TensorSpec(f"blk.{i}.ple_norm_conv.weight", (hc * e,), "norm"),
+                # (its rows are the kernel's taps: too short for any block type, F32 as the converter falls back)
+                TensorSpec(f"blk.{i}.ple_conv1d.weight", (s.ple_conv_kernel, hc * e), "vector"),
+            ]
+        layers += [t for t in _routed_experts(s, i) if not t.name.endswith("ffn_norm.weight")]
+        layers += _shared_expert(s, i, gated=True)
+    last = [
+        TensorSpec("output.weight", (e, s.vocab_size), "matrix"),
+        TensorSpec("output_hc_norm.weight", (hc * e,), "norm"),
+        TensorSpec("output_hc_down.weight", (hc * e, r), "matrix"),
+        TensorSpec("output_hc_up.weight", (r, hc * e), "matrix"),
+    ]
+    return first + layers + last
+
+
+def _qwen4exp_kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes Qwen3.8 Flash Next: Qwen3.5's keys, the hyper-connections' count and rank, the
+    indexer (its ratio on full-attention layers, 0 on linear ones), and the PLE group where a layer has the table:
+    its hash constants as uint64 arrays, the EOS that resets the n-grams, the table's row width."""
+    from tokenwing.testmodel.tokenizer import build_vocabulary
+
+    a = "qwen4exp"
+    kv = _qwen_next_kv(s, a)
+    kv[f"{a}.hyper_connection.count"] = KV.u32(s.hc_mult)
+    kv[f"{a}.hyper_connection.low_rank"] = KV.u32(s.hc_low_rank)
+    kv[f"{a}.attention.indexer.head_count"] = KV.u32(s.indexer_n_head)
+    kv[f"{a}.attention.indexer.key_length"] = KV.u32(s.indexer_head_size)
+    kv[f"{a}.attention.indexer.top_k"] = KV.u32(s.indexer_top_k)
+    ratios = [0 if qwen_recurrent(s, i) else s.qsa_ratio for i in range(s.n_layer)]
+    kv[f"{a}.attention.compress_ratios"] = KV.array(ValueType.INT32, ratios)
+    if s.ple_layer >= 0:
+        sizes = ple_head_vocab_sizes(s)
+        kv[f"{a}.ple.layers"] = KV.array(ValueType.INT32, [s.ple_layer])
+        kv[f"{a}.ple.ngram_size"] = KV.u32(s.ple_ngram)
+        kv[f"{a}.ple.heads_per_ngram"] = KV.u32(s.ple_heads_per_ngram)
+        kv[f"{a}.ple.conv_kernel"] = KV.u32(s.ple_conv_kernel)
+        kv[f"{a}.ple.eos_token_id"] = KV.u32(build_vocabulary(s.vocab_size, s.tokenizer).eos_id)
+        kv[f"{a}.embedding_length_per_layer_input"] = KV.u32(s.n_embd // ple_heads(s))
+        kv[f"{a}.ple.layer_multipliers"] = KV.array(ValueType.UINT64, ple_multipliers(s))
+        kv[f"{a}.ple.head_offsets"] = KV.array(ValueType.UINT64, [sum(sizes[:h]) for h in range(len(sizes))])
+        kv[f"{a}.ple.head_vocab_sizes"] = KV.array(ValueType.UINT64, sizes)
+    return kv
+
+
+def check_qwen4exp(s: ModelShape) -> None:
+    """What llama.cpp's qwen4exp loader and graph take (qwen4exp.cpp:29-151; it throws or asserts on the rest)."""
+    if s.n_head % s.n_head_kv or s.n_expert_used > s.n_expert or min(s.n_layer, s.n_expert_used) < 1:
+        raise ValueError("--n-head must be a multiple of --n-head-kv, 1 <= --n-expert-used <= --n-expert")
+    if s.tokenizer not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer {s.tokenizer!r} (choose from {', '.join(TOKENIZERS)})")
+    if s.n_dense_lead or s.n_mtp or s.legacy_ssm_in or s.q_lora_rank or s.kv_lora_rank or s.n_expert_group:
+        raise ValueError("qwen4exp has no dense layers, MTP block (the converter drops it), ssm_in or MLA")
+    if s.hc_mult < 2 or s.hc_low_rank < 1:
+        raise ValueError("qwen4exp needs --hc-mult of 2 or more and a positive --hc-low-rank")
+    if min(s.indexer_n_head, s.indexer_head_size, s.indexer_top_k, s.qsa_ratio) < 1:
+        raise ValueError("qwen4exp's QSA needs --indexer-n-head, --indexer-head-size, --indexer-top-k, --qsa-ratio")
+    if s.indexer_top_k % s.qsa_ratio or s.rot > s.indexer_head_size:
+        raise ValueError("--indexer-top-k must be a multiple of --qsa-ratio and --n-rot at most --indexer-head-size")
+    if len(s.rope_sections) != 4 or 2 * sum(s.rope_sections) > s.rot:
+        raise ValueError("qwen4exp's IMRoPE needs four section counts whose pairs fit in --n-rot")
+    if s.n_shared_exp < 1:
+        raise ValueError("qwen4exp runs a shared expert in every layer: --n-shared-exp must be at least 1")
+    _check_linear(s)
+    if s.ple_layer >= 0:
+        heads = ple_heads(s)
+        if s.ple_layer >= s.n_layer or not qwen_recurrent(s, s.ple_layer):
+            raise ValueError("--ple-layer must be a linear-attention layer of the model (-1: no n-gram table)")
+        if not 2 <= s.ple_ngram <= 8 or s.ple_heads_per_ngram < 1 or s.ple_conv_kernel < 1 or heads > 64:
+            raise ValueError("--ple-ngram 2..8, a positive --ple-heads-per-ngram (64 heads at most), --ple-conv-kernel")
+        if s.n_embd % heads:
+            raise ValueError("--n-embd must be a multiple of the n-gram heads ((ple_ngram - 1) · heads_per_ngram)")
+        if not 2 <= s.ple_head_rows or len(ple_head_vocab_sizes(s)) * s.ple_head_rows >= 2**31:
+            raise ValueError("--ple-head-rows must be at least 2, all heads' rows within int32")
+
+
+ARCHITECTURES["qwen4exp"] = Architecture(
+    "qwen4exp",
+    _qwen4exp,
+    _qwen4exp_kv,
+    "Qwen3.8 Flash Next: gated DeltaNet (sigmoid gate) and QSA-indexed gated attention, low-rank "
+    "hyper-connections, an n-gram embedding table on one layer, softmax top-k experts and a gated shared expert",
+)
+_ROUTED = (*_ROUTED, "qwen4exp")

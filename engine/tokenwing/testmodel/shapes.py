@@ -2,8 +2,8 @@
 
 Size presets (tiny, kquant, small, bench) apply to every architecture: `preset_shape(name, arch)` fills in what
 a family needs beyond them (deepseek2's MLA ranks, routing groups and YaRN; gpt-oss's YaRN and sliding
-window; deepseek4's attention, indexer and hyper-connections), as the real models have them. Family presets
-(`kimi-*`, `ds-bench`, `oss-bench`, `ds4-bench`, ...) fix their family.
+window; deepseek4's attention, indexer and hyper-connections; glm-dsa's MLA and indexer), as the real models have
+them. Family presets (`kimi-*`, `ds-bench`, `oss-bench`, `ds4-bench`, `glm5-bench`, ...) fix their family.
 """
 
 from __future__ import annotations
@@ -66,9 +66,12 @@ class ModelShape:
     hc_eps: float = 0.0
     compress_ratios: tuple[int, ...] = ()  # per layer: 0 window only, 4 CSA + indexer, 128 HCA (): V4's pattern
     compress_rope_base: float = 0.0  # rope base of the compressing layers (the window-only ones take rope_base)
-    indexer_n_head: int = 0  # the lightning indexer's heads, head size and top-k compressed blocks
+    indexer_n_head: int = 0  # the lightning indexer's heads, head size and top-k (compressed blocks; glm-dsa: tokens)
     indexer_head_size: int = 0
     indexer_top_k: int = 0
+    # glm-dsa (GLM-5.2): per layer 1 where the layer runs its own indexer, 0 where it reuses the top-k of the last
+    # layer that did (attention.indexer.types); (): no key, every layer its own (GLM-5, 5.1)
+    indexer_types: tuple[int, ...] = ()
     o_group_count: int = 0  # grouped low-rank output projection: head groups and each group's rank
     o_lora_rank: int = 0
     hash_layer_count: int = 0  # leading layers whose experts come from a token-id table (ffn_gate_tid2eid)
@@ -78,6 +81,16 @@ class ModelShape:
     attn_res_block: int = 0
     situ_beta: float = 0.0
     situ_linear_beta: float = 0.0
+    # qwen4exp (Qwen3.8 Flash Next; hc_mult and the indexer's sizes above): the hyper-connections' low rank, QSA's
+    # block of cells (compress_ratios on full layers), the n-gram table's layer (-1: none), n-gram size, heads per
+    # n-gram, its convolution's taps, and each head's rows (consecutive primes from this)
+    hc_low_rank: int = 0
+    qsa_ratio: int = 0
+    ple_layer: int = -1
+    ple_ngram: int = 3
+    ple_heads_per_ngram: int = 2
+    ple_conv_kernel: int = 4
+    ple_head_rows: int = 1000
     tokenizer: str = "qwen2"  # the vocabulary's family, by llama.cpp's pre-tokenizer name
     chat_template: bool = True  # False: no tokenizer.chat_template (as some GGUFs on the hub)
 
@@ -262,6 +275,30 @@ _DSV4: dict[str, dict[str, int]] = {
     },
 }  # fmt: skip
 
+# GLM-5 as its GGUF has it (zai-org/GLM-5's config: 78 layers, hidden 6144, 64 heads of nope 192 + rope 64, values
+# of 256, q rank 2048, kv rank 512; the indexer's 32 heads of 128 keep 2048 tokens; 256 experts of 2048, top-8,
+# sigmoid with a selection bias, weights normalised and x2.5; 3 dense layers; one shared expert; rope base 1e6, no
+# scaling; RMS eps 1e-5; GLM-4.7's vocabulary, whose pre-tokenizer the converter names glm4).
+_GLM5 = {
+    "n_head_kv": 1,
+    "n_shared_exp": 1,
+    "context_length": 202752,
+    "rope_base": 1_000_000.0,
+    "rms_eps": 1e-5,
+    "expert_weights_scale": 2.5,
+    "tokenizer": "glm4",
+}
+
+# The indexer per size preset: its head a power of two of 64 or more (llama.cpp rotates q and k by a Hadamard
+# matrix as wide as the head, ggml_mul_mat asserts the widths equal), at least the rope dims (its head is
+# [rope | nope]); a top-k far below a few hundred tokens, so the selection matters in the tests.
+_GLM_DSA: dict[str, dict[str, int]] = {
+    "tiny": {"indexer_n_head": 4, "indexer_head_size": 64, "indexer_top_k": 8},
+    "kquant": {"indexer_n_head": 4, "indexer_head_size": 128, "indexer_top_k": 16},
+    "small": {"indexer_n_head": 8, "indexer_head_size": 128, "indexer_top_k": 32},
+    "bench": {"indexer_n_head": 32, "indexer_head_size": 128, "indexer_top_k": 256},
+}
+
 # Kimi K3 (llama.cpp's converter and graph): KDA in most layers, nope-only MLA with an output gate in every
 # full_attention_interval-th and the last, one dense layer first, a latent MoE (experts at half the width here)
 # with one shared expert, a checkpoint of the residual every attn_res_block layers, SiTU with both betas set,
@@ -396,6 +433,22 @@ FAMILY_PRESETS: dict[str, ModelShape] = {
         sliding_window=128,
         hash_layer_count=3,
     ).with_(**_DEEPSEEK_V4),
+    # GLM-5 scaled to this machine: hidden 2048, 256 experts of 512, top-8, one shared expert, 2 dense layers, 32
+    # heads of MLA's bench sizes, the indexer's 32 heads of 128 keeping 256 tokens, 10 layers with GLM-5.2's
+    # shared indexers (its own in layers 0, 1, 2, 6; the others reuse the last top-k): ~4.3 GB at Q4_K_M.
+    "glm5-bench": ModelShape(
+        arch="glm-dsa",
+        n_layer=10,
+        n_embd=2048,
+        n_head=32,
+        n_expert=256,
+        n_expert_used=8,
+        n_ff_exp=512,
+        n_dense_lead=2,
+        n_ff_dense=5376,
+        vocab_size=32000,
+        indexer_types=(1, 1, 1, 0, 0, 0, 1, 0, 0, 0),
+    ).with_(**_MLA["bench"], **_GLM5, **_GLM_DSA["bench"]),
 }
 
 
@@ -413,6 +466,8 @@ def _imrope_sections(n_rot: int) -> tuple[int, ...]:
 
 def _family_defaults(s: ModelShape, size: str) -> ModelShape:
     """What a size preset lacks for the family of `s.arch`, as the real models of that family have it."""
+    if s.arch == "qwen4exp" and s.hc_mult == 0:
+        return _qwen4exp_defaults(s, size)
     if s.arch in ("qwen3next", "qwen35moe") and s.n_rot == 0:
         n_rot = max(2, s.head_dim // 4 // 2 * 2)
         sections = _imrope_sections(n_rot) if s.arch == "qwen35moe" else ()
@@ -452,6 +507,13 @@ def _family_defaults(s: ModelShape, size: str) -> ModelShape:
     if s.arch == "deepseek4" and s.hc_mult == 0:
         geometry = _DSV4.get(size, _DSV4["small"])
         return s.with_(**_DEEPSEEK_V4, **{**geometry, "n_layer": max(s.n_layer, geometry["n_layer"])})
+    if s.arch == "glm-dsa" and s.kv_lora_rank == 0:
+        return s.with_(
+            **_MLA.get(size, _MLA["small"]),
+            **_GLM5,
+            **_GLM_DSA.get(size, _GLM_DSA["small"]),
+            n_dense_lead=s.n_dense_lead or (1 if s.n_layer > 1 else 0),
+        )
     if s.arch == "gpt-oss" and s.yarn_factor == 0:
         return s.with_(**_GPT_OSS)
     if s.arch == "minimax-m2" and s.n_rot == 0:
@@ -475,3 +537,54 @@ def preset_shape(name: str, arch: str | None = None) -> ModelShape:
     except KeyError:
         raise ValueError(f"unknown model preset {name!r} (choose from {', '.join(preset_names())})") from None
     return _family_defaults(s.with_(arch=arch) if arch else s, name)
+
+
+# Qwen3.8 Flash Next (transformers' Qwen4ExpTextConfig: hidden 2048, 16 heads and 2 KV heads of 256, a quarter
+# rotated; DeltaNet of 16 key and 32 value heads of 128; 512 experts of 512, top-10, a shared expert of 512; 4
+# streams mixed at rank 320; the n-gram table of 3-grams, 8 heads each, on one linear layer) per size preset: the
+# indexer's head at least the rotated part; its budget above every prompt the tests write unless they set it lower
+# (QSA is dense attention up to budget + ratio - 2 positions).
+_QWEN4EXP: dict[str, dict[str, int]] = {
+    "tiny": {"hc_low_rank": 32, "indexer_n_head": 2, "indexer_head_size": 16, "indexer_top_k": 64, "qsa_ratio": 4},
+    "kquant": {"hc_low_rank": 256, "indexer_n_head": 4, "indexer_head_size": 64, "indexer_top_k": 128, "qsa_ratio": 8},
+    "small": {"hc_low_rank": 64, "indexer_n_head": 4, "indexer_head_size": 64, "indexer_top_k": 256, "qsa_ratio": 16},
+    "bench": {"hc_low_rank": 320, "indexer_n_head": 8, "indexer_head_size": 128, "indexer_top_k": 512, "qsa_ratio": 64},
+}  # fmt: skip
+
+
+def _qwen4exp_defaults(s: ModelShape, size: str) -> ModelShape:
+    n_rot = s.n_rot or max(2, s.head_dim // 4 // 2 * 2)
+    return s.with_(
+        **_QWEN_NEXT,
+        **_QWEN4EXP.get(size, _QWEN4EXP["small"]),
+        n_layer=max(s.n_layer, 4),  # (one full-attention layer in four)
+        n_rot=n_rot,
+        rope_sections=_imrope_sections(n_rot),
+        hc_mult=4,
+        ple_layer=0,
+        tokenizer="qwen35",
+    )
+
+
+# Qwen3.8 Flash Next scaled to this machine: its hidden size, heads, DeltaNet and experts (512 of 512, top-10)
+# over 4 layers (3 linear, 1 full), the n-gram table on layer 0 with 16 heads of ~500k rows (8.0M rows of 128:
+# 1.1 GB at Q8_0, a tenth of the file, read a few rows a token): ~4.6 GB at Q4_K_M.
+FAMILY_PRESETS["q4x-bench"] = _qwen4exp_defaults(
+    ModelShape(
+        arch="qwen4exp",
+        n_layer=4,
+        n_embd=2048,
+        n_head=16,
+        n_head_kv=2,
+        head_dim=256,
+        n_expert=512,
+        n_expert_used=10,
+        n_ff_exp=512,
+        n_ff_shexp=512,
+        vocab_size=32000,
+        ssm_d_state=128,
+        ssm_n_group=16,
+        ssm_dt_rank=32,
+    ),
+    "bench",
+).with_(ple_heads_per_ngram=8, ple_head_rows=500_000, context_length=262144)
