@@ -185,6 +185,8 @@ def test_the_downloads_table_never_resizes_the_window_nor_squeezes_its_buttons(q
     window.show()
     window.show_page("Discover")
     table: DownloadsTable = window.library.downloads
+    assert not table.isVisible()  # no downloads: no empty table taking the page's room
+    table.update_item("d0", "a/b/c.gguf", "queued", 0, None, 0.0, None, "")
     qtbot.waitUntil(lambda: table.isVisible())
     size = window.size()
     long = "Could not reach the hub at https://huggingface.co for a/b after 4 tries: the connection was reset"
@@ -207,3 +209,6 @@ def test_the_downloads_table_never_resizes_the_window_nor_squeezes_its_buttons(q
     assert not problems, problems
     table.remove_item("d1")
     assert table.item_ids() == ["d0", "d2"]
+    table.remove_item("d0")
+    table.remove_item("d2")
+    assert not table.isVisible()  # the last one gone, the table goes too

@@ -32,7 +32,7 @@ from runmyai.engine.faults import EngineError, Fault
 from runmyai.engine.info import EngineInfo, ask_engine, unknown
 from runmyai.engine.stats import StatsClient
 from runmyai.engine.supervisor import EngineState, EngineSupervisor
-from runmyai.library.acquire import AcquireError, Acquirer, Job, JobStatus, RepoQuants
+from runmyai.library.acquire import PERMANENT_HUB_KINDS, AcquireError, Acquirer, Job, JobStatus, RepoQuants
 from runmyai.library.downloads import DownloadManager, DownloadStatus
 from runmyai.library.hub import HubClient, HubError, HubModel
 from runmyai.library.keys import HubKey, LocalKey, PresetKey, parse_key
@@ -204,7 +204,7 @@ class AppController(QObject):
         self._show_presets()
         hints = QApplication.styleHints()
         if hints is not None:  # "follow the system": the desktop switching to dark switches the app
-            hints.colorSchemeChanged.connect(lambda _scheme: self._apply_theme())
+            hints.colorSchemeChanged.connect(self._system_scheme_changed)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Runs a coroutine on the loop; its failure becomes a status line, never an unhandled exception."""
@@ -250,6 +250,11 @@ class AppController(QObject):
         if isinstance(app, QApplication):
             c = theme.apply(app, self.settings.theme)
             self.window.graphs.set_colours(c.plot_bg, c.plot_fg)
+            self.window.set_icon_colours(c.text, c.accent_text)
+
+    def _system_scheme_changed(self, _scheme: object) -> None:
+        if self.settings.theme == "system":  # a chosen light or dark stays as chosen
+            self._apply_theme()
 
     def _set_theme(self, value: str) -> None:
         self.settings = AppSettings(**{**self.settings.__dict__, "theme": self.window.settings_page.theme_value()})
@@ -379,6 +384,10 @@ class AppController(QObject):
             await self.refresh_library(select=str(LocalKey(demo.path)))
 
     async def shutdown(self) -> None:
+        hints = QApplication.styleHints()
+        if hints is not None:  # (the application outlives this controller: in the tests, many of them)
+            with contextlib.suppress(RuntimeError, TypeError):
+                hints.colorSchemeChanged.disconnect(self._system_scheme_changed)
         self.stop_reply()
         self._cancel_job()
         await self.stop_engine()
@@ -697,8 +706,15 @@ class AppController(QObject):
                 self.window.log_view.append(f"[app] {label}: stopped.")
                 return False
             except (LibraryError, AcquireError, HubError) as e:
-                if again is not None:
+                # a failure the library marks permanent (a repository that is not there, a model the engine
+                # refuses) gets no Retry, whatever its words: the notification said "Retry" for a missing repo
+                permanent = (isinstance(e, AcquireError) and e.permanent) or (
+                    isinstance(e, HubError) and e.kind in PERMANENT_HUB_KINDS
+                )
+                if again is not None and not permanent:
                     self._retry[key] = again
+                else:
+                    self._retry.pop(key, None)
                 self.report(f"{label} failed: {e}", key, f"{label} failed")
                 return False
             finally:

@@ -4,6 +4,7 @@ room it was given, and a live chart whose axes do not hold every layer. The scre
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from PySide6.QtCore import QRect
@@ -20,7 +21,9 @@ from PySide6.QtWidgets import (
 
 from runmyai.ui.chat_panel import ElidedLabel
 from runmyai.ui.graphs import GraphsPanel
+from runmyai.ui.library_panel import CardGrid
 
+ZWSP = "\u200b"  # where a long word (a path) may wrap: notifications.breakable
 SLACK_PX = 1  # rounding between a font's advance and the pixels it is given
 
 
@@ -42,13 +45,15 @@ def _scrolled_out(w: QWidget) -> bool:
     return False
 
 
-def _plain(label: QLabel) -> str:
+def _plain(label: QLabel, keep_breaks: bool = False) -> str:
+    """The label's text as read (its markup gone; without `keep_breaks`, without the zero-width spaces that
+    notifications.breakable puts where a long word may wrap)."""
     text = label.text()
     if label.textFormat().name != "PlainText" and ("<" in text and ">" in text):
         doc = QTextDocument()
         doc.setHtml(text)
-        return doc.toPlainText()
-    return text
+        text = doc.toPlainText()
+    return text if keep_breaks else text.replace(ZWSP, "")
 
 
 def label_problem(label: QLabel) -> str | None:
@@ -61,7 +66,8 @@ def label_problem(label: QLabel) -> str | None:
         need = label.heightForWidth(label.width())
         if need > label.height() + SLACK_PX:
             return f"wrapped text needs {need} px of height, has {label.height()}"
-        longest = max((fm.horizontalAdvance(word) for word in text.split()), default=0)
+        words = re.split(rf"[\s{ZWSP}]+", _plain(label, keep_breaks=True))  # a zero-width space may wrap too
+        longest = max((fm.horizontalAdvance(word) for word in words), default=0)
         if longest > room + SLACK_PX:
             return f"a word needs {longest} px, has {room}"
         return None
@@ -117,6 +123,8 @@ def clipped(root: QWidget) -> list[str]:
         if problem is not None:
             short = " ".join(text.split())
             problems.append(f"{type(w).__name__} '{short[:60]}': {problem}")
+        if isinstance(w, CardGrid):  # cards are painted, not widgets: the grid knows their rectangles
+            problems += w.card_problems()
     return problems
 
 

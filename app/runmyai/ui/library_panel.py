@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt, Signal, SignalInstance
-from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QRect, QRectF, QSize, Qt, Signal, SignalInstance
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPalette, QPen, QResizeEvent
 from PySide6.QtWidgets import (
+    QAbstractItemView,
     QComboBox,
     QHBoxLayout,
     QHeaderView,
@@ -15,6 +16,9 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSplitter,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QTableWidget,
     QTableWidgetItem,
     QTabWidget,
@@ -27,18 +31,130 @@ from runmyai.ui.render import LibraryEntry
 from runmyai.ui.viewmodels import BADGE_RGB
 from runmyai.units import human_bytes
 
+TITLE_ROLE = Qt.ItemDataRole.UserRole + 1  # a card's model name
+LINE_ROLE = Qt.ItemDataRole.UserRole + 2  # the estimate in one line
+COLOUR_ROLE = Qt.ItemDataRole.UserRole + 3  # the badge's colour name
+SOURCE_ROLE = Qt.ItemDataRole.UserRole + 4  # "built-in", "on the hub", "installed", …
 
-def _dot(colour: str) -> QIcon:
-    """The card's badge: a filled circle in its colour (green, yellow, red, grey)."""
-    pix = QPixmap(28, 28)
-    pix.fill(QColor(0, 0, 0, 0))
-    p = QPainter(pix)
-    p.setRenderHint(QPainter.RenderHint.Antialiasing)
-    p.setBrush(QColor(BADGE_RGB.get(colour, BADGE_RGB["grey"])))
-    p.setPen(QColor(0, 0, 0, 0))
-    p.drawEllipse(2, 2, 24, 24)
-    p.end()
-    return QIcon(pix)
+
+class CardDelegate(QStyledItemDelegate):
+    """Draws one entry as a card: the model's name, its "will it run here?" badge (a dot in its colour and the
+    estimate in one line), where it comes from. Each line is elided to the card's width; the whole text is in the
+    item's tooltip (the card grid is laid out so that the card is never narrower than MIN_WIDTH)."""
+
+    PAD = 12
+    MARGIN = 5  # the gap around a card, inside its grid cell
+
+    def __init__(self, grid: CardGrid) -> None:
+        super().__init__(grid)
+        self.grid = grid
+
+    def sizeHint(self, _option: QStyleOptionViewItem, _index: QModelIndex | QPersistentModelIndex) -> QSize:
+        return self.grid.gridSize()
+
+    def paint(self, p: QPainter, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex) -> None:
+        pal: QPalette = option.palette
+        rect: QRect = option.rect.adjusted(self.MARGIN, self.MARGIN, -self.MARGIN, -self.MARGIN)
+        state = option.state
+        selected = bool(state & QStyle.StateFlag.State_Selected)
+        hover = bool(state & QStyle.StateFlag.State_MouseOver)
+        accent = pal.color(QPalette.ColorRole.Highlight)
+        p.save()
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
+        p.setPen(QPen(accent if selected or hover else pal.color(QPalette.ColorRole.Mid), 2 if selected else 1))
+        p.setBrush(pal.color(QPalette.ColorRole.Base))
+        p.drawRoundedRect(QRectF(rect).adjusted(0.5, 0.5, -0.5, -0.5), 10, 10)
+        inner = rect.adjusted(self.PAD, self.PAD, -self.PAD, -self.PAD)
+        base_font = QFont(option.font)
+        title_font = self.grid.title_font()
+        x, y, width = inner.x(), inner.y(), inner.width()
+        p.setFont(title_font)
+        p.setPen(pal.color(QPalette.ColorRole.Text))
+        tfm = p.fontMetrics()
+        p.drawText(x, y + tfm.ascent(), tfm.elidedText(str(index.data(TITLE_ROLE)), Qt.TextElideMode.ElideRight, width))
+        y += tfm.height() + 6
+        p.setFont(base_font)
+        fm = p.fontMetrics()
+        dot = fm.height() * 0.55
+        colour = QColor(BADGE_RGB.get(str(index.data(COLOUR_ROLE)), BADGE_RGB["grey"]))
+        p.setPen(Qt.PenStyle.NoPen)
+        p.setBrush(colour)
+        p.drawEllipse(QRectF(x, y + (fm.height() - dot) / 2, dot, dot))
+        p.setPen(pal.color(QPalette.ColorRole.Text))
+        text_x = x + round(dot + 6)
+        line = fm.elidedText(str(index.data(LINE_ROLE)), Qt.TextElideMode.ElideRight, width - (text_x - x))
+        p.drawText(text_x, y + fm.ascent(), line)
+        y += fm.height() + 4
+        p.setPen(pal.color(QPalette.ColorRole.PlaceholderText))
+        p.drawText(x, y + fm.ascent(), fm.elidedText(str(index.data(SOURCE_ROLE)), Qt.TextElideMode.ElideRight, width))
+        p.restore()
+
+    def card_height(self) -> int:
+        """Padding, the title, the badge line and the source line (CardGrid sizes its cells with it)."""
+        fm, tfm = self.grid.fontMetrics(), self.grid.title_metrics()
+        return 2 * self.PAD + 2 * self.MARGIN + tfm.height() + 6 + fm.height() + 4 + fm.height()
+
+
+class CardGrid(QListWidget):
+    """Discover's models as a grid of cards, as many columns as the width holds at MIN_WIDTH each (two at the
+    smallest window, four or more on a wide one); the cards share the width, so none is ever cut."""
+
+    MIN_WIDTH = 250
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("cards")
+        self.setViewMode(QListWidget.ViewMode.IconMode)
+        self.setMovement(QListWidget.Movement.Static)
+        self.setResizeMode(QListWidget.ResizeMode.Adjust)
+        self.setFlow(QListWidget.Flow.LeftToRight)
+        self.setWrapping(True)
+        self.setUniformItemSizes(True)
+        self.setSpacing(0)
+        self.setMouseTracking(True)  # the hovered card's border
+        self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
+        self.delegate = CardDelegate(self)
+        self.setItemDelegate(self.delegate)
+        self.setMinimumWidth(self.MIN_WIDTH + 2 * self.frameWidth() + 16)
+        self._relayout()
+
+    def title_font(self) -> QFont:
+        font = QFont(self.font())
+        font.setBold(True)
+        font.setPointSizeF(font.pointSizeF() * 1.1)
+        return font
+
+    def title_metrics(self) -> QFontMetrics:
+        return QFontMetrics(self.title_font())
+
+    def columns(self) -> int:
+        return max(1, self.viewport().width() // self.MIN_WIDTH)
+
+    def _relayout(self) -> None:
+        # (a cell a pixel narrower than its share: rounding must never make the last column wrap)
+        width = max(self.MIN_WIDTH, self.viewport().width() // self.columns()) if self.viewport().width() else 300
+        size = QSize(width - 1 if self.viewport().width() >= self.MIN_WIDTH else width, self.delegate.card_height())
+        if size != self.gridSize():
+            self.setGridSize(size)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # Qt's name
+        super().resizeEvent(event)
+        self._relayout()
+
+    def card_problems(self) -> list[str]:
+        """What layout_check reports: a card narrower than it was designed for, or one reaching past the view's
+        right edge (cut)."""
+        problems = []
+        right = self.viewport().width()
+        for row in range(self.count()):
+            r = self.visualItemRect(self.item(row))
+            if r.width() < self.MIN_WIDTH - 1:
+                problems.append(f"card '{self.item(row).data(TITLE_ROLE)}' is {r.width()} px wide (< {self.MIN_WIDTH})")
+            elif r.right() > right + 1 and r.left() < right:
+                problems.append(f"card '{self.item(row).data(TITLE_ROLE)}' is cut at the right ({r.right()} > {right})")
+        return problems
 
 
 def human_eta(seconds: float | None) -> str:
@@ -61,6 +177,7 @@ class DownloadsTable(QTableWidget):
     forget_requested = Signal(str)
 
     COLUMNS = ("File", "Progress", "Speed", "ETA", "State", "")
+    rows_changed = Signal(int)  # the number of rows, after one came or went
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(0, len(self.COLUMNS), parent)
@@ -114,6 +231,7 @@ class DownloadsTable(QTableWidget):
             for col in (2, 3, 4):
                 self.setItem(row, col, QTableWidgetItem(""))
             self.setCellWidget(row, 5, self._buttons(item_id))
+            self.rows_changed.emit(self.rowCount())
         progress = self.cellWidget(row, 1)
         assert isinstance(progress, QProgressBar)
         progress.setValue(int(1000 * done / total) if total else 0)
@@ -132,6 +250,7 @@ class DownloadsTable(QTableWidget):
             return
         self.removeRow(row)
         self._rows = {key: r - 1 if r > row else r for key, r in self._rows.items()}
+        self.rows_changed.emit(self.rowCount())
 
     def item_ids(self) -> list[str]:
         return sorted(self._rows, key=self._rows.__getitem__)
@@ -192,11 +311,7 @@ class LibraryPanel(QWidget):
         self.search.setPlaceholderText("Search the hub for models (Enter)…")
         self.search.setClearButtonEnabled(True)
         self.search.returnPressed.connect(lambda: self.search_requested.emit(self.search.text().strip()))
-        self.models = QListWidget()
-        self.models.setObjectName("cards")
-        self.models.setIconSize(QSize(14, 14))
-        self.models.setWordWrap(True)
-        self.models.setSpacing(3)
+        self.models = CardGrid()
         self.models.currentItemChanged.connect(self._on_current)
         self.details = QTextBrowser()
         self.details.setOpenExternalLinks(False)
@@ -246,10 +361,14 @@ class LibraryPanel(QWidget):
         left_layout.addWidget(self.models, 1)
         left_layout.addWidget(self.import_button)
 
+        quant_row = QHBoxLayout()  # the quant on its own row: beside the buttons it squeezed the cards' grid
+        self.quant_label = QLabel("Quant")
+        quant_row.addWidget(self.quant_label)
+        quant_row.addWidget(self.quant, 1)
         buttons = QHBoxLayout()
-        buttons.addWidget(self.quant, 1)
         for b in (self.download_button, self.use_button, self.autotune_button):
             buttons.addWidget(b)
+        buttons.addStretch(1)
         task = QHBoxLayout()
         task.addWidget(self.task_label, 1)
         task.addWidget(self.task_progress, 1)
@@ -259,6 +378,7 @@ class LibraryPanel(QWidget):
         right_layout.setContentsMargins(0, 0, 0, 0)
         right_layout.addWidget(self.headline)
         right_layout.addWidget(self.badge_line)
+        right_layout.addLayout(quant_row)
         right_layout.addLayout(buttons)
         right_layout.addLayout(task)
         right_layout.addWidget(self.tabs, 1)
@@ -266,9 +386,11 @@ class LibraryPanel(QWidget):
         top = QSplitter(Qt.Orientation.Horizontal)
         top.addWidget(left)
         top.addWidget(right)
-        top.setStretchFactor(1, 1)
-        top.setSizes([340, 700])
-        bottom = QWidget()
+        top.setStretchFactor(0, 3)  # a wider window gives the cards more columns, and the overview some room
+        top.setStretchFactor(1, 2)
+        top.setChildrenCollapsible(False)
+        top.setSizes([600, 460])
+        bottom = self.downloads_box = QWidget()
         bottom_layout = QVBoxLayout(bottom)
         bottom_layout.setContentsMargins(0, 0, 0, 0)
         bottom_layout.addWidget(self.downloads_title)
@@ -281,6 +403,9 @@ class LibraryPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(20, 16, 20, 12)
         layout.addWidget(splitter)
+        # the downloads show while there are any: an empty table took a fifth of the page for nothing
+        self.downloads.rows_changed.connect(lambda n: bottom.setVisible(n > 0))
+        bottom.setVisible(False)
         self.set_task(None)
         self._update_buttons(None)
 
@@ -290,9 +415,13 @@ class LibraryPanel(QWidget):
         self.models.blockSignals(True)
         self.models.clear()
         for e in entries:
-            item = QListWidgetItem(_dot(e.colour), f"{e.title}\n{e.line or e.badge} · {e.badge}")
+            item = QListWidgetItem(e.title)
             item.setData(Qt.ItemDataRole.UserRole, e.key)
-            item.setToolTip(f"{e.title}: {e.line or e.badge}")
+            item.setData(TITLE_ROLE, e.title)
+            item.setData(LINE_ROLE, e.line or e.badge)
+            item.setData(COLOUR_ROLE, e.colour)
+            item.setData(SOURCE_ROLE, e.badge)
+            item.setToolTip(f"{e.title}: {e.line or e.badge} · {e.badge}")
             self.models.addItem(item)
             if e.key == keep:
                 self.models.setCurrentItem(item)
@@ -349,6 +478,7 @@ class LibraryPanel(QWidget):
             index = self.quant.findData(entry.choice) if entry.choice else 0
             self.quant.setCurrentIndex(max(0, index))
         self.quant.setVisible(bool(entry and entry.choices))
+        self.quant_label.setVisible(self.quant.isVisibleTo(self))
         self._update_buttons(entry)
         if key:
             self.selected.emit(key)

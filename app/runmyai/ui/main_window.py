@@ -3,7 +3,7 @@ area above them, and the live performance view as a dock that can sit beside the
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QDockWidget,
@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
 )
 
 from runmyai import __version__
+from runmyai.ui import icons
 from runmyai.ui.chat_panel import ChatPanel
 from runmyai.ui.graphs import GraphsPanel
 from runmyai.ui.library_panel import LibraryPanel
@@ -56,6 +57,7 @@ class MainWindow(QMainWindow):
         self.rail = QListWidget()
         self.rail.setObjectName("rail")
         self.rail.setFixedWidth(176)
+        self.rail.setIconSize(QSize(icons.SIZE, icons.SIZE))
         for name in PAGES:
             item = QListWidgetItem(name)
             item.setData(Qt.ItemDataRole.UserRole, name)
@@ -64,6 +66,7 @@ class MainWindow(QMainWindow):
         for page in (self.chat, self.library, self.models_page, self.server_page, self.settings_page):
             self.pages.addWidget(page)
         self.rail.currentRowChanged.connect(self._on_rail)
+        self.set_icon_colours("#5f6673", "#ffffff")
         self._perf_wanted = True  # the performance panel shows with the chat (until the user hides it)
         brand = QLabel("Run My AI")
         brand.setObjectName("brand")
@@ -74,6 +77,7 @@ class MainWindow(QMainWindow):
         version.setObjectName("muted")
         side = QWidget()
         side.setObjectName("side")
+        side.setAttribute(Qt.WidgetAttribute.WA_StyledBackground)  # (a plain QWidget draws no style sheet background)
         side.setFixedWidth(176)
         side_layout = QVBoxLayout(side)
         side_layout.setContentsMargins(0, 0, 0, 10)
@@ -117,6 +121,11 @@ class MainWindow(QMainWindow):
     # -- navigation ----------------------------------------------------------------------------------
     def show_page(self, name: str) -> None:
         self.rail.setCurrentRow(PAGES.index(name))
+
+    def set_icon_colours(self, colour: str, selected: str) -> None:
+        """The rail's icons in the theme's colours (the selected item's in the accent's text colour)."""
+        for row, name in enumerate(PAGES):
+            self.rail.item(row).setIcon(icons.icon(name, colour, selected))
 
     def current_page(self) -> str:
         return PAGES[self.pages.currentIndex()]

@@ -3,6 +3,8 @@ cut), with Retry, Details and Forget. It draws `viewmodels.Notifications`; the c
 
 from __future__ import annotations
 
+import re
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QSizePolicy, QVBoxLayout, QWidget
 
@@ -18,11 +20,11 @@ class NoticeCard(QFrame):
         self.setObjectName("notice")
         self.setProperty("kind", notice.kind)
         self.title = QLabel(f"<b>{_escape(notice.title)}</b>")
-        self.reason = QLabel(notice.reason)
+        self.reason = QLabel(breakable(notice.reason))
         for label in (self.title, self.reason):
             label.setWordWrap(True)
             label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.details = QLabel(notice.details)
+        self.details = QLabel(breakable(notice.details))
         self.details.setWordWrap(True)
         self.details.setObjectName("muted")
         self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -112,6 +114,30 @@ class NotificationArea(QWidget):
     def texts(self) -> list[str]:
         """Each card's title and reason as shown (tests, and the self-test's report)."""
         return [f"{c.notice.title}: {c.notice.reason}" for c in self.cards]
+
+
+ZWSP = "\u200b"
+LONG_WORD = 24  # characters: a longer word gets places to wrap (a path, a repository's name, a checksum)
+
+
+def breakable(text: str) -> str:
+    """`text` with zero-width spaces where a long word may wrap: after each / \\ _ - . and every LONG_WORD
+    characters without one. A label wraps only at spaces, so a path in an error ("Couldn't import
+    /tmp/…/garbage.gguf") was wider than the card at 1280×800 and its end was cut."""
+
+    def split(word: str) -> str:
+        if len(word) <= LONG_WORD:
+            return word
+        out, run = [], 0
+        for ch in word:
+            out.append(ch)
+            run += 1
+            if ch in "/\\_-." or run >= LONG_WORD:
+                out.append(ZWSP)
+                run = 0
+        return "".join(out).rstrip(ZWSP)
+
+    return re.sub(r"\S+", lambda m: split(m.group(0)), text)
 
 
 def _escape(text: str) -> str:

@@ -54,9 +54,14 @@ DARK = Colours(
 )
 
 
-def system_is_dark() -> bool:
+def system_scheme() -> Qt.ColorScheme:
+    """The desktop's colour scheme as Qt reads it (Unknown where the platform does not say: light is used)."""
     hints = QGuiApplication.styleHints()
-    return hints is not None and hints.colorScheme() == Qt.ColorScheme.Dark
+    return hints.colorScheme() if hints is not None else Qt.ColorScheme.Unknown
+
+
+def system_is_dark() -> bool:
+    return system_scheme() == Qt.ColorScheme.Dark
 
 
 def resolve(theme: Theme) -> Colours:
@@ -99,8 +104,8 @@ def palette(c: Colours) -> QPalette:
 def stylesheet(c: Colours) -> str:
     """Only what a palette cannot say: the rail, cards, rounded fields, the primary button."""
     return f"""
-    QListWidget#rail {{ background: {c.alt}; border: none; border-right: 1px solid {c.border}; padding-top: 8px;
-        outline: none; }}
+    QWidget#side {{ background: {c.alt}; border-right: 1px solid {c.border}; }}
+    QListWidget#rail {{ background: {c.alt}; border: none; padding-top: 8px; outline: none; }}
     QListWidget#rail::item {{ padding: 10px 14px; margin: 2px 8px; border-radius: 8px; color: {c.text}; }}
     QListWidget#rail::item:selected {{ background: {c.accent}; color: {c.accent_text}; }}
     QListWidget#rail::item:hover:!selected {{ background: {c.border}; }}
