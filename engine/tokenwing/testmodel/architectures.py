@@ -1289,11 +1289,13 @@ def check_qwen4exp(s: ModelShape) -> None:
         heads = ple_heads(s)
         if s.ple_layer >= s.n_layer or not qwen_recurrent(s, s.ple_layer):
             raise ValueError("--ple-layer must be a linear-attention layer of the model (-1: no n-gram table)")
-        if not 2 <= s.ple_ngram <= 8 or s.ple_heads_per_ngram < 1 or s.ple_conv_kernel < 1 or heads > 64:
-            raise ValueError("--ple-ngram 2..8, a positive --ple-heads-per-ngram (64 heads at most), --ple-conv-kernel")
+        if not 2 <= s.ple_ngram <= 8 or s.ple_heads_per_ngram < 1 or heads > 64:
+            raise ValueError("--ple-ngram must be 2..8 and --ple-heads-per-ngram positive (64 heads at most)")
+        if s.ple_conv_kernel < 2:  # (llama.cpp takes 1, then crashes on the empty history row: measured)
+            raise ValueError("--ple-conv-kernel must be at least 2")
         if s.n_embd % heads:
             raise ValueError("--n-embd must be a multiple of the n-gram heads ((ple_ngram - 1) · heads_per_ngram)")
-        if not 2 <= s.ple_head_rows or len(ple_head_vocab_sizes(s)) * s.ple_head_rows >= 2**31:
+        if s.ple_head_rows < 2 or len(ple_head_vocab_sizes(s)) * s.ple_head_rows >= 2**31:
             raise ValueError("--ple-head-rows must be at least 2, all heads' rows within int32")
 
 
@@ -1304,4 +1306,4 @@ ARCHITECTURES["qwen4exp"] = Architecture(
     "Qwen3.8 Flash Next: gated DeltaNet (sigmoid gate) and QSA-indexed gated attention, low-rank "
     "hyper-connections, an n-gram embedding table on one layer, softmax top-k experts and a gated shared expert",
 )
-_ROUTED = (*_ROUTED, "qwen4exp")
+_ROUTED = (*_ROUTED, "qwen4exp")  # type: ignore[assignment]  # (a fixed-length tuple above)

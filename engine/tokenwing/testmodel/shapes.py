@@ -568,7 +568,7 @@ def _qwen4exp_defaults(s: ModelShape, size: str) -> ModelShape:
 
 # Qwen3.8 Flash Next scaled to this machine: its hidden size, heads, DeltaNet and experts (512 of 512, top-10)
 # over 4 layers (3 linear, 1 full), the n-gram table on layer 0 with 16 heads of ~500k rows (8.0M rows of 128:
-# 1.1 GB at Q8_0, a tenth of the file, read a few rows a token): ~4.6 GB at Q4_K_M.
+# 1.1 GB at Q8_0, read 16 rows a token): 7.8B weights, 6.4B of them in experts.
 FAMILY_PRESETS["q4x-bench"] = _qwen4exp_defaults(
     ModelShape(
         arch="qwen4exp",
