@@ -86,11 +86,12 @@ def save_screenshot(path: Path) -> bool:
 # (width, height), and which pages are saved at that size: every page at the middle size, the chat at all three
 SCREENSHOT_SIZES = ((1280, 800), (1600, 1000), (1920, 1080))
 SCREENSHOT_PAGES = ("Chat", "Discover", "My models", "Server", "Settings")
+WIDTH_PAGES = ("Chat", "Discover")  # saved at every size: their layout changes with the width (Discover's columns)
 
 
 async def take_screenshots(controller: AppController, folder: Path) -> list[str]:
     """Every page at each size in both themes, checked for clipped text and charts (layout_check); the chat page
-    at every size and every page at 1600×1000 saved to `folder` as PNGs. Returns the problems found."""
+    and Discover at every size and every page at 1600×1000 saved to `folder` as PNGs. Returns the problems found."""
     from runmyai.ui import layout_check
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -108,7 +109,7 @@ async def take_screenshots(controller: AppController, folder: Path) -> list[str]
                 await asyncio.sleep(0.35)  # layouts settle, the graphs redraw on their 250 ms timer
                 found = layout_check.clipped(window) + layout_check.chart_problems(window)
                 problems += [f"{page} at {width}x{height}, {theme_name}: {p}" for p in found]
-                if page == "Chat" or (width, height) == (1600, 1000):
+                if page in WIDTH_PAGES or (width, height) == (1600, 1000):
                     name = f"{page.lower().replace(' ', '-')}-{width}x{height}-{theme_name}.png"
                     if not window.grab().save(str(folder / name), "PNG"):
                         problems.append(f"could not save {folder / name}")

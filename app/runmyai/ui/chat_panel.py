@@ -57,6 +57,7 @@ class SettingsBox(QGroupBox):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Conversation settings", parent)
+        self.setObjectName("conversationSettings")
         self.setCheckable(True)
         self.setChecked(False)  # folded: most people never open it
         self.system_prompt = QPlainTextEdit()
@@ -95,6 +96,9 @@ class SettingsBox(QGroupBox):
         """Folded: only the title row shows (no empty frame under it)."""
         self._inner.setVisible(open_)
         self.setFlat(not open_)
+        self.setProperty("folded", not open_)  # the theme draws no frame then (an empty bar under the title)
+        self.style().unpolish(self)
+        self.style().polish(self)
         self.setMaximumHeight(16777215 if open_ else self.fontMetrics().height() + 12)
 
     def _double(self, lo: float, hi: float, step: float) -> QDoubleSpinBox:

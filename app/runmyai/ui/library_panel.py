@@ -129,13 +129,20 @@ class CardGrid(QListWidget):
     def title_metrics(self) -> QFontMetrics:
         return QFontMetrics(self.title_font())
 
+    def room(self) -> int:
+        """The width the view lays its cells out in. QListView wraps a row at the viewport's largest width less a
+        vertical scroll bar's, whether or not one shows (cells sized to the viewport itself left a row one column
+        short at 1920×1080: 3 × 319 px did not fit in 960 − 15)."""
+        bar = self.style().pixelMetric(QStyle.PixelMetric.PM_ScrollBarExtent, None, self.verticalScrollBar())
+        return max(0, self.maximumViewportSize().width() - bar - 1)
+
     def columns(self) -> int:
-        return max(1, self.viewport().width() // self.MIN_WIDTH)
+        return max(1, self.room() // self.MIN_WIDTH)
 
     def _relayout(self) -> None:
-        # (a cell a pixel narrower than its share: rounding must never make the last column wrap)
-        width = max(self.MIN_WIDTH, self.viewport().width() // self.columns()) if self.viewport().width() else 300
-        size = QSize(width - 1 if self.viewport().width() >= self.MIN_WIDTH else width, self.delegate.card_height())
+        room = self.room()
+        width = max(self.MIN_WIDTH, room // self.columns()) if room else 300
+        size = QSize(width, self.delegate.card_height())
         if size != self.gridSize():
             self.setGridSize(size)
 
@@ -144,10 +151,14 @@ class CardGrid(QListWidget):
         self._relayout()
 
     def card_problems(self) -> list[str]:
-        """What layout_check reports: a card narrower than it was designed for, or one reaching past the view's
-        right edge (cut)."""
+        """What layout_check reports: a card narrower than it was designed for, one reaching past the view's right
+        edge (cut), rows that wrap before the columns the width holds (a gap down the right side)."""
         problems = []
         right = self.viewport().width()
+        top = self.visualItemRect(self.item(0)).top() if self.count() else 0
+        first_row = sum(1 for r in range(self.count()) if self.visualItemRect(self.item(r)).top() == top)
+        if 0 < first_row < min(self.count(), self.columns()):
+            problems.append(f"the cards wrap after {first_row} columns where {self.columns()} fit")
         for row in range(self.count()):
             r = self.visualItemRect(self.item(row))
             if r.width() < self.MIN_WIDTH - 1:

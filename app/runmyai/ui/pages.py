@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QListWidget,
     QPushButton,
     QScrollArea,
+    QSizePolicy,
     QSpinBox,
     QTableWidget,
     QTableWidgetItem,
@@ -50,6 +51,17 @@ def page_layout(widget: QWidget) -> QVBoxLayout:
     return layout
 
 
+# A form's column at most this wide (fields stretched over a 1920-pixel window were hard to read, a port number in
+# a field 1,200 pixels wide); the rest of the page stays empty beside it, as in LM Studio's settings.
+FORM_WIDTH = 880
+
+
+def fixed(*widgets: QWidget) -> None:
+    """Fields that keep the width their content needs (a port, a choice of three): a form does not stretch them."""
+    for w in widgets:
+        w.setSizePolicy(QSizePolicy.Policy.Fixed, w.sizePolicy().verticalPolicy())
+
+
 # ------------------------------------------------------------------------------------------ My models
 class ModelsPage(QWidget):
     """The installed models: size, architecture, estimate, last used, where from; chat, re-verify, open the
@@ -72,7 +84,9 @@ class ModelsPage(QWidget):
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setShowGrid(False)
+        self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 16)  # rows to click, not lines
         header = self.table.horizontalHeader()
+        header.setDefaultAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         for col in range(1, len(self.COLUMNS)):
             header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
@@ -178,7 +192,14 @@ class ServerPage(QWidget):
         form.addRow("API key", key_row)
         form.addRow("Base URL", url_row)
         form.addRow("Allowed web origins", self.cors)
-        layout = page_layout(self)
+        fixed(self.port)
+        column = QWidget()
+        column.setMaximumWidth(FORM_WIDTH)
+        outer = QHBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(column, 1)
+        outer.addStretch(0)
+        layout = page_layout(column)
         layout.addWidget(
             page_title(
                 "Local server",
@@ -287,6 +308,7 @@ class SettingsPage(QWidget):
         log = QPushButton("Engine log")
         log.clicked.connect(self.show_log_requested)
 
+        fixed(self.theme, self.context)
         appearance = QFormLayout()
         appearance.addRow("Theme", self.theme)
         folder_buttons = QHBoxLayout()
@@ -318,6 +340,7 @@ class SettingsPage(QWidget):
             keys.addRow(QLabel(f"<b>{key}</b>"), QLabel(what))
 
         inner = QWidget()
+        inner.setMaximumWidth(FORM_WIDTH)
         layout = page_layout(inner)
         layout.addWidget(page_title("Settings"))
         for title, body in (
@@ -335,6 +358,7 @@ class SettingsPage(QWidget):
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setWidget(inner)
+        scroll.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(scroll)

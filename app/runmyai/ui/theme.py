@@ -105,7 +105,8 @@ def stylesheet(c: Colours) -> str:
     """Only what a palette cannot say: the rail, cards, rounded fields, the primary button."""
     return f"""
     QWidget#side {{ background: {c.alt}; border-right: 1px solid {c.border}; }}
-    QListWidget#rail {{ background: {c.alt}; border: none; padding-top: 8px; outline: none; }}
+    QListWidget#rail {{ background: {c.alt}; border: none; border-radius: 0; padding-top: 8px; outline: none; }}
+    QGroupBox#conversationSettings[folded="true"] {{ border: none; }}
     QListWidget#rail::item {{ padding: 10px 14px; margin: 2px 8px; border-radius: 8px; color: {c.text}; }}
     QListWidget#rail::item:selected {{ background: {c.accent}; color: {c.accent_text}; }}
     QListWidget#rail::item:hover:!selected {{ background: {c.border}; }}
