@@ -48,6 +48,7 @@ KNOWN_MOE_ARCHS = frozenset(
         "deepseek2",
         "gpt-oss",
         "glm4moe",
+        "glm-dsa",
         "bailingmoe",
         "bailingmoe2",
         "bailingmoe3",

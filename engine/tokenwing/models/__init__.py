@@ -10,6 +10,7 @@ from tokenwing.models.base import MoEModel
 from tokenwing.models.deepseek2 import DeepSeek2
 from tokenwing.models.ernie4_5_moe import Ernie45MoE
 from tokenwing.models.glm4moe import Glm4MoE
+from tokenwing.models.glm_dsa import GlmDsa
 from tokenwing.models.gpt_oss import GptOss
 from tokenwing.models.hparams import read_hparams
 from tokenwing.models.kimi_k3 import KimiK3
@@ -32,6 +33,7 @@ FAMILIES: dict[str, type[MoEModel]] = {
         BailingMoE3,
         MiniMaxM2,
         KimiK3,
+        GlmDsa,
     )
 }
 

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from tokenwing.errors import BadInputError
 
 
@@ -66,6 +68,12 @@ class HParams:
     attn_res_block: int | None = None
     situ_beta: float | None = None
     situ_linear_beta: float | None = None
+    # DSA's lightning indexer (glm-dsa): its heads, head size and the keys it keeps per query; per layer that runs,
+    # whether the layer runs its own indexer (attention.indexer.types, GLM-5.2; () where the file has none)
+    indexer_n_head: int = 0
+    indexer_head_size: int = 0
+    indexer_top_k: int = 0
+    indexer_types: tuple[bool, ...] = ()
 
     @property
     def is_mla(self) -> bool:
@@ -154,6 +162,10 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str, recurrence: str = 
         situ_linear_beta=(
             get("activation.situ_linear_beta", kind=float) if f"{arch}.activation.situ_linear_beta" in meta else None
         ),
+        indexer_n_head=get("attention.indexer.head_count", 0),
+        indexer_head_size=get("attention.indexer.key_length", 0),
+        indexer_top_k=get("attention.indexer.top_k", 0),
+        indexer_types=_indexer_types(meta.get(f"{arch}.attention.indexer.types"), n_layer, f"{where}: {arch}"),
     )
     if hp.n_mtp < 0:
         raise BadInputError(f"{where}: nextn_predict_layers must not be negative")
@@ -234,6 +246,16 @@ def _scaling(v: Any, what: str) -> str:
     if v not in ("none", "linear", "yarn"):
         raise BadInputError(f"{what} must be none, linear or yarn (this version does not run {v!r})")
     return str(v)
+
+
+def _indexer_types(v: Any, n_layer: int, where: str) -> tuple[bool, ...]:
+    """attention.indexer.types: one flag per layer that runs (llama.cpp throws on another length)."""
+    if v is None:
+        return ()
+    flags = np.asarray(v).reshape(-1)  # (a BOOL array reads as numpy's)
+    if flags.size != n_layer or flags.dtype.kind not in "biu" or not np.isin(flags, (0, 1)).all():
+        raise BadInputError(f"{where}.attention.indexer.types must list one flag per block that runs")
+    return tuple(bool(x) for x in flags)
 
 
 def _flag(v: Any, what: str) -> bool | None:

@@ -13,6 +13,7 @@ non-MLA path).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,16 +89,22 @@ def attention(
     kv: common.KVCache,
     r: common.Rope | None,
     kq_scale: float,
+    select: Callable[[Tensor], tuple[Tensor, list[Tensor]]] | None = None,
 ) -> tuple[Tensor, list[Tensor]]:
     """The attention of the normed input x over the cache, [v_head · n_head, n] before attn_output, and the
     cache writes (`common.attend`). `r` None: the rope dims are used as they are, never rotated (Kimi K3's MLA is
-    nope-only: its converter asserts it, and llama.cpp builds no position input for it)."""
+    nope-only: its converter asserts it, and llama.cpp builds no position input for it). `select`: DSA's choice
+    of keys (GLM-5): from the normed query latent, the attention mask and the cache writes it makes first."""
     n, rank, rot, nh = at.n, hp.kv_lora_rank, hp.n_rot, hp.n_head
     heads = Heads.of(hp)
     nope = heads.nope(hp)
+    mask: Tensor | None = None
+    writes_first: list[Tensor] = []
     if "attn_q_a" in w:
-        q = ops.ggml_mul_mat(ctx, w["attn_q_a"], x)
-        q = ops.ggml_mul_mat(ctx, w["attn_q_b"], common.rms_norm(ctx, q, w["attn_q_a_norm"], hp.rms_eps))
+        qr = common.rms_norm(ctx, ops.ggml_mul_mat(ctx, w["attn_q_a"], x), w["attn_q_a_norm"], hp.rms_eps)
+        if select is not None:
+            mask, writes_first = select(qr)
+        q = ops.ggml_mul_mat(ctx, w["attn_q_b"], qr)
     else:
         q = ops.ggml_mul_mat(ctx, w["attn_q"], x)
     q = ops.ggml_reshape_3d(ctx, q, heads.k, nh, n)
@@ -118,7 +125,7 @@ def attention(
         absorbed = ops.ggml_mul_mat(ctx, w["attn_k_b"], ops.ggml_permute(ctx, q_nope, 0, 2, 1, 3))
         q_all = ops.ggml_concat(ctx, ops.ggml_permute(ctx, absorbed, 0, 2, 1, 3), q_pe, 0)
         k_all = ops.ggml_concat(ctx, ops.ggml_reshape_3d(ctx, latent, rank, 1, n), k_pe, 0)
-        cur, writes = common.attend(ctx, q_all, k_all, None, at, kv, kq_scale, v_up=w["attn_v_b"])
+        cur, writes = common.attend(ctx, q_all, k_all, None, at, kv, kq_scale, mask, v_up=w["attn_v_b"])
     else:
         # the older form: the latent decompressed into every head's no-rope key and its value
         kv_full = ops.ggml_mul_mat(ctx, w["attn_kv_b"], latent)  # [nh · (nope + v), n]
@@ -128,4 +135,4 @@ def attention(
         q_all = ops.ggml_concat(ctx, q_nope, q_pe, 0)
         k_all = ops.ggml_concat(ctx, k_nope, ops.ggml_repeat_4d(ctx, k_pe, rot, nh, n, 1), 0)
         cur, writes = common.attend(ctx, q_all, k_all, v, at, kv, kq_scale)
-    return cur, writes
+    return cur, writes_first + writes

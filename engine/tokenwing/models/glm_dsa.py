@@ -1,0 +1,170 @@
+"""GLM-5 / GLM-5.1 / GLM-5.2 (`glm-dsa`): DeepSeek-V3's multi-head latent attention whose keys a lightning indexer
+picks (DSA: each query attends to the `top_k` cached positions the indexer scores highest), as llama.cpp 0.3.36
+computes it (src/models/glm-dsa.cpp; docs/families/glm-dsa.md).
+
+The indexer of a layer: a query of `indexer_n_head` heads from the query latent (indexer.attn_q_b), one key head
+from the layer input (indexer.attn_k, then a LayerNorm with bias), both roped on their first rope dims and rotated by
+a Hadamard matrix; per-head weights from the input (indexer.proj, scaled by 1/√(heads · head)); the score of a key
+is Σ_h weight_h · relu(q_h · k), its top-k unmasked in the attention's mask. The indexer's keys are cached beside
+the MLA latent (the layer's K rows: the latent and rope key block, then the indexer's block). GLM-5.2's shared
+layers reuse the last full layer's picks; the engine refuses those files for now.
+
+The rest is DeepSeek-V3's (`deepseek2`) without what llama.cpp does not read for this family: no YaRN log
+multiplier, no expert groups; a sigmoid router by default, with the selection bias, shared expert and leading
+dense layers. The next-token-prediction block is neither loaded nor run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from tokenwing.compute.ggml_lib import F16, F32, ROPE_NORM, Tensor, TensorArena, ops
+from tokenwing.errors import BadInputError, UnsupportedError
+from tokenwing.models import common, mla
+from tokenwing.models.base import MoEModel, TensorCheck
+from tokenwing.models.hparams import HParams
+from tokenwing.models.weights import ModelWeights
+
+# GLM-5.2's indexer types where the file has no key and its context is a million tokens or more (llama.cpp's
+# GLM_5_2_DEFAULT_INDEXER_TYPES, glm-dsa.cpp:6-27): layers 0 and 1, then every fourth from 2, run their own
+_GLM_5_2_CONTEXT = 1048576
+
+
+def indexer_full(hp: HParams, il: int) -> bool:
+    """Whether layer il runs its own indexer (llama.cpp's is_indexer_full with glm-dsa's defaults, :59-66)."""
+    if hp.indexer_types:
+        return hp.indexer_types[il]
+    if hp.n_ctx_train < _GLM_5_2_CONTEXT:  # GLM-5, 5.1: every layer
+        return True
+    return il < 2 or (il - 2) % 4 == 0
+
+
+def hadamard(n: int) -> np.ndarray:
+    """llama.cpp's orthonormal Sylvester-Hadamard matrix (llama-kv-cache.cpp:21-59), F32 as it makes it."""
+    h = np.array([[np.float32(1.0) / np.sqrt(np.float32(n))]], np.float32)
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+class GlmDsa(MoEModel):
+    arch = "glm-dsa"
+    shared_experts = "required"
+    sigmoid_router = True  # llama.cpp's default for glm-dsa where the file has no expert_gating_func
+    normalize_weights = False  # llama.cpp's default where the file has no expert_weights_norm
+    routing_keys = True
+    rope_mode = ROPE_NORM
+    selection_bias = None  # where the file has exp_probs_b
+
+    def __init__(self, hp: HParams, weights: ModelWeights, streamed: list[int]) -> None:
+        super().__init__(hp, weights, streamed)
+        self.rope = common.rope_of(hp, ROPE_NORM, 0.0)  # (llama.cpp reads no yarn_log_multiplier for glm-dsa)
+        k_head = mla.Heads.of(hp).k
+        # llama.cpp's kq_scale (glm-dsa.cpp:222-228) with its rope_yarn_log_mul of 0: mscale is the attention factor
+        f32 = np.float32
+        ln_factor = np.log(f32(1.0) / f32(self.rope.freq_scale))
+        mscale = f32(self.rope.attn_factor) * (f32(1.0) + f32(0.1) * ln_factor)
+        self.kq_scale = float(f32(mscale * mscale) / np.sqrt(f32(k_head)))
+        di = hp.indexer_head_size
+        self._arena = TensorArena(2)
+        self._hadamard = self._arena.wrap(hadamard(di), F32, (di, di))
+        self._weight_scale = float(np.float32(1.0) / np.sqrt(np.float32(di * hp.indexer_n_head)))
+
+    @classmethod
+    def make_router(cls, hp: HParams, has_bias: bool = True) -> common.Router:
+        # llama.cpp reads no expert groups for glm-dsa (glm-dsa.cpp:29-57): every expert competes
+        return dataclasses.replace(super().make_router(hp, has_bias), groups=1, groups_used=1)
+
+    @classmethod
+    def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
+        di = hp.indexer_head_size
+        if hp.indexer_n_head < 1 or hp.indexer_top_k < 1 or di < 64 or di & (di - 1) or hp.n_rot > di:
+            raise BadInputError(
+                f"{where}: glm-dsa needs indexer heads, a top-k, and an indexer head that is a power of two of 64 or "
+                "more and at least the rope dims (llama.cpp rotates it by a Hadamard matrix that wide)"
+            )
+        if not indexer_full(hp, 0):
+            raise BadInputError(f"{where}: layer 0 must run its own indexer (attention.indexer.types)")
+        if not all(indexer_full(hp, il) for il in range(hp.n_layer)):
+            raise UnsupportedError(
+                f"{where}: GLM-5.2's shared indexer layers (attention.indexer.types) cannot run yet; GLM-5 and 5.1 can"
+            )
+        super().check(hp, shapes, streamed, where)
+
+    @classmethod
+    def check_attention(cls, c: TensorCheck, il: int) -> None:
+        hp = c.hp
+        if not hp.q_lora_rank or not hp.is_mla:
+            raise BadInputError(f"{c.where}: glm-dsa needs q_lora_rank and MLA's attn_k_b/attn_v_b")
+        mla.check(c, il, split=True)
+        if indexer_full(hp, il):
+            p, e, di, ni = f"blk.{il}.indexer.", hp.n_embd, hp.indexer_head_size, hp.indexer_n_head
+            c.need(p + "k_norm.weight", (di,))
+            c.need(p + "k_norm.bias", (di,))
+            c.need(p + "proj.weight", (e, ni))
+            c.need(p + "attn_k.weight", (e, di))
+            c.need(p + "attn_q_b.weight", (hp.q_lora_rank, ni * di))
+
+    @classmethod
+    def kv_layer(cls, hp: HParams, il: int) -> common.KVSpec:
+        """The MLA latent and rope key, then (a layer with its own indexer) the indexer's key: llama.cpp's MLA and
+        indexer caches together (llama-kv-cache-dsa.cpp:14-54), in the cache's type."""
+        lid = hp.indexer_head_size if indexer_full(hp, il) else 0
+        return common.KVSpec(hp.kv_lora_rank + hp.n_rot + lid, hp.kv_lora_rank, v_in_k=True)
+
+    # ----------------------------------------------------------------------------------------------- graph
+    def attention(
+        self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache
+    ) -> tuple[Tensor, list[Tensor]]:
+        cache = common.kv_cache(kv)
+        if isinstance(cache, common.BatchKV):
+            raise UnsupportedError("glm-dsa runs one sequence at a time (its indexer picks keys per sequence)")
+        hp, w = self.hp, self.w[il]
+        latent, di = hp.kv_lora_rank + hp.n_rot, hp.indexer_head_size
+        n_ctx, elt = int(cache.k.contents.ne[1]), cache.elt
+        # The layer's K memory holds two blocks: [latent + rope, n_ctx] then [indexer head, n_ctx], each of
+        # contiguous rows (so the MLA attention reads its block as any cache)
+        mla_k = ops.ggml_view_2d(ctx, cache.k, latent, n_ctx, latent * elt, 0)
+        lid_k = ops.ggml_view_2d(ctx, cache.k, di, n_ctx, di * elt, latent * n_ctx * elt)
+        mla_kv = dataclasses.replace(cache, k=mla_k)
+
+        def select(qr: Tensor) -> tuple[Tensor, list[Tensor]]:
+            return self._select(ctx, il, x, qr, at, lid_k, elt)
+
+        cur, writes = mla.attention(ctx, hp, w, x, at, mla_kv, self.rope, self.kq_scale, select)
+        return ops.ggml_mul_mat(ctx, w["attn_output"], cur), writes
+
+    def _select(
+        self, ctx: Any, il: int, x: Tensor, qr: Tensor, at: common.Placement, lid_k: Tensor, elt: int
+    ) -> tuple[Tensor, list[Tensor]]:
+        """The lightning indexer (glm-dsa.cpp:263-345) and the mask that unmasks its picks (llama-graph.cpp:
+        3068-3095): the attention mask and the indexer key's cache write."""
+        hp, w, n = self.hp, self.w[il], at.n
+        di, ni = hp.indexer_head_size, hp.indexer_n_head
+        q = ops.ggml_mul_mat(ctx, w["indexer.attn_q_b"], qr)
+        q = common.rope(ctx, ops.ggml_reshape_3d(ctx, q, di, ni, n), at.positions, self.rope)  # [rope | nope]
+        k = ops.ggml_mul_mat(ctx, w["indexer.attn_k"], x)
+        # LayerNorm with llama.cpp's f_norm_eps, which glm-dsa never reads: 0
+        k = ops.ggml_add(
+            ctx, ops.ggml_mul(ctx, ops.ggml_norm(ctx, k, 0.0), w["indexer.k_norm"]), w["indexer.k_norm.bias"]
+        )
+        k = common.rope(ctx, ops.ggml_reshape_3d(ctx, k, di, 1, n), at.positions, self.rope)
+        q = ops.ggml_mul_mat(ctx, self._hadamard, q)
+        k = ops.ggml_mul_mat(ctx, self._hadamard, k)
+        write = ops.ggml_set_rows(ctx, lid_k, ops.ggml_reshape_2d(ctx, k, di, n), at.k_rows)
+        weights = ops.ggml_scale(ctx, ops.ggml_mul_mat(ctx, w["indexer.proj"], x), self._weight_scale)
+        keys = ops.ggml_view_4d(ctx, lid_k, di, 1, at.n_kv, 1, di * elt, di * elt, di * elt * at.n_kv, 0)
+        mask16 = ops.ggml_cpy(ctx, at.mask, ops.ggml_new_tensor_2d(ctx, F16, at.n_kv, n))  # (the fused op's F16 mask)
+        scores = ops.ggml_lightning_indexer(ctx, q, keys, weights, mask16)  # [n_kv, n]
+        top_k = ops.ggml_cont(ctx, ops.ggml_top_k(ctx, scores, min(at.n_kv, hp.indexer_top_k)))  # I32 [k, n]
+        picks = int(top_k.contents.ne[0])
+        # -inf everywhere but at the picks (0), then the causal mask added: surplus picks of masked keys stay -inf
+        blank = ops.ggml_fill(ctx, ops.ggml_new_tensor_2d(ctx, F32, at.n_kv, n), -np.inf)
+        rows = ops.ggml_reshape_4d(ctx, blank, 1, at.n_kv, n, 1)
+        zeros = ops.ggml_fill(ctx, ops.ggml_new_tensor_4d(ctx, F32, 1, picks, n, 1), 0.0)
+        picked = ops.ggml_set_rows(ctx, rows, zeros, ops.ggml_reshape_3d(ctx, top_k, picks, n, 1))
+        mask = ops.ggml_add(ctx, ops.ggml_reshape_2d(ctx, picked, at.n_kv, n), at.mask)
+        return mask, [write]
