@@ -293,6 +293,7 @@ class SettingsPage(QWidget):
         self.preset_model = QLabel("")
         self.preset_model.setWordWrap(True)
         self.presets = QComboBox()
+        self.presets.setPlaceholderText("none saved for this model yet")
         self.preset_name = QLineEdit()
         self.preset_name.setPlaceholderText("a name for the current chat's settings")
         apply_button = QPushButton("Apply to this chat")

@@ -59,7 +59,8 @@ class View:
 
 
 def local_entry(m: LocalModel, preset: Preset | None, view: View) -> LibraryEntry:
-    lines = [f"<h3>{html.escape(m.name)}</h3>", f"<p>{html.escape(str(m.path))}<br>{human_bytes(m.size_bytes)}"]
+    # (no heading: the page's headline above the overview already names the entry)
+    lines = [f"<p>{html.escape(str(m.path))}<br>{human_bytes(m.size_bytes)}"]
     lines.append(f", architecture {html.escape(m.arch or '?')}</p>")
     runs = m.arch is not None and view.engine.runs(m.arch)
     if m.error:
@@ -101,7 +102,7 @@ def preset_entry(p: Preset, view: View) -> LibraryEntry:
     if p.gguf is not None and not p.published:
         choices = tuple((str(HubKey(p.gguf.repo, q)), f"{q} (from {p.gguf.repo})") for q in p.gguf.quants)
         choice = str(HubKey(p.gguf.repo, p.gguf.default))
-    text = f"<h3>{html.escape(p.name)}</h3>" + preset_html(p, view)
+    text = preset_html(p, view)
     est = None
     if view.machine is not None:
         est = launch_estimate(p, view.machine, view.engine, p.flags)
@@ -146,10 +147,7 @@ def estimate_html(est: Estimate) -> str:
 def hub_entry(h: HubModel, quants: RepoQuants | None) -> LibraryEntry:
     """A hub search result: a repacked repository, or a GGUF repository with its quants once they are known."""
     key = str(HubKey(h.repo))
-    head = (
-        f"<h3>{html.escape(h.repo)}</h3><p>{h.downloads} downloads · {h.likes} likes · "
-        f"{html.escape(', '.join(h.tags[:8]))}</p>"
-    )
+    head = f"<p>{h.downloads} downloads · {h.likes} likes · {html.escape(', '.join(h.tags[:8]))}</p>"
     blocked = quants.cannot_run() if quants is not None else None
     if blocked is not None:  # not offered as a model to run: one line says why (`runmyai get` can still name one)
         table = quant_table_html(quants, None) if quants is not None and quants.choices else ""

@@ -499,9 +499,13 @@ ggml_sum_rows = _g.fn("ggml_sum_rows", TENSOR, CONTEXT, TENSOR)
 ggml_sigmoid = _g.fn("ggml_sigmoid", TENSOR, CONTEXT, TENSOR)
 ggml_silu = _g.fn("ggml_silu", TENSOR, CONTEXT, TENSOR)
 ggml_softplus = _g.fn("ggml_softplus", TENSOR, CONTEXT, TENSOR)
+ggml_sqrt = _g.fn("ggml_sqrt", TENSOR, CONTEXT, TENSOR)  # (DeepSeek V4's sqrt-softplus router)
+ggml_scale_bias = _g.fn("ggml_scale_bias", TENSOR, CONTEXT, TENSOR, FLOAT, FLOAT)  # a·s + b
 ggml_tanh = _g.fn("ggml_tanh", TENSOR, CONTEXT, TENSOR)
 ggml_swiglu_split = _g.fn("ggml_swiglu_split", TENSOR, CONTEXT, TENSOR, TENSOR)
 ggml_swiglu_oai = _g.fn("ggml_swiglu_oai", TENSOR, CONTEXT, TENSOR, TENSOR, FLOAT, FLOAT)
+# silu(min(gate, limit)) · clamp(up, ±limit): the gate clamped before the SiLU (DeepSeek V4)
+ggml_swiglu_clamp = _g.fn("ggml_swiglu_clamp", TENSOR, CONTEXT, TENSOR, TENSOR, FLOAT)
 ggml_rms_norm = _g.fn("ggml_rms_norm", TENSOR, CONTEXT, TENSOR, FLOAT)
 ggml_norm = _g.fn("ggml_norm", TENSOR, CONTEXT, TENSOR, FLOAT)  # LayerNorm (GLM-5's indexer keys)
 ggml_mul_mat = _g.fn("ggml_mul_mat", TENSOR, CONTEXT, TENSOR, TENSOR)
@@ -510,6 +514,7 @@ ggml_prec_set_acc = _g.fn("ggml_prec_set_acc", BOOL, TENSOR, PREC)
 ggml_get_rows = _g.fn("ggml_get_rows", TENSOR, CONTEXT, TENSOR, TENSOR)
 ggml_set_rows = _g.fn("ggml_set_rows", TENSOR, CONTEXT, TENSOR, TENSOR, TENSOR)
 ggml_cpy = _g.fn("ggml_cpy", TENSOR, CONTEXT, TENSOR, TENSOR)
+ggml_cast = _g.fn("ggml_cast", TENSOR, CONTEXT, TENSOR, TYPE)
 ggml_cont = _g.fn("ggml_cont", TENSOR, CONTEXT, TENSOR)
 ggml_cont_2d = _g.fn("ggml_cont_2d", TENSOR, CONTEXT, TENSOR, INT64, INT64)
 ggml_cont_3d = _g.fn("ggml_cont_3d", TENSOR, CONTEXT, TENSOR, INT64, INT64, INT64)
@@ -537,6 +542,10 @@ ggml_top_k = _g.fn("ggml_top_k", TENSOR, CONTEXT, TENSOR, INT)
 ggml_lightning_indexer = _g.fn("ggml_lightning_indexer", TENSOR, CONTEXT, TENSOR, TENSOR, TENSOR, TENSOR)
 # [n_embd, hc, n] weighted by [hc, n] and summed over hc (DeepSeek V4's hyper-connections; Kimi K3's residual mix)
 ggml_dsv4_hc_pre = _g.fn("ggml_dsv4_hc_pre", TENSOR, CONTEXT, TENSOR, TENSOR)
+# the Sinkhorn-normalised stream mix [hc, hc, n] from the mixes [(2 + hc) hc, n], scale [3], base, eps, iterations
+ggml_dsv4_hc_comb = _g.fn("ggml_dsv4_hc_comb", TENSOR, CONTEXT, TENSOR, TENSOR, TENSOR, FLOAT, INT32)
+# the streams [n_embd, hc, n] after a sublayer: out [n_embd, n] · post [hc, n] + residual mixed by comb
+ggml_dsv4_hc_post = _g.fn("ggml_dsv4_hc_post", TENSOR, CONTEXT, TENSOR, TENSOR, TENSOR, TENSOR)
 ggml_rope_ext = _g.fn(
     "ggml_rope_ext",
     TENSOR,
@@ -554,6 +563,25 @@ ggml_rope_ext = _g.fn(
     FLOAT,
     FLOAT,
 )
+ggml_rope_ext_back = _g.fn(  # the inverse rotation (DeepSeek V4 de-ropes its attention output)
+    "ggml_rope_ext_back",
+    TENSOR,
+    CONTEXT,
+    TENSOR,
+    TENSOR,
+    TENSOR,
+    INT,
+    INT,
+    INT,
+    FLOAT,
+    FLOAT,
+    FLOAT,
+    FLOAT,
+    FLOAT,
+    FLOAT,
+)
+# a rope node rotates dims [offset, offset + n_dims) instead of the first n_dims
+ggml_rope_set_offset = _g.fn("ggml_rope_set_offset", TENSOR, TENSOR, INT)
 ggml_rope_multi = _g.fn(
     "ggml_rope_multi",
     TENSOR,

@@ -46,6 +46,7 @@ KNOWN_MOE_ARCHS = frozenset(
         "qwen3vlmoe",
         "deepseek",
         "deepseek2",
+        "deepseek4",
         "gpt-oss",
         "glm4moe",
         "glm-dsa",

@@ -8,6 +8,7 @@ from tokenwing.errors import UnsupportedError
 from tokenwing.models.bailingmoe3 import BailingMoE3
 from tokenwing.models.base import MoEModel
 from tokenwing.models.deepseek2 import DeepSeek2
+from tokenwing.models.deepseek4 import DeepSeek4
 from tokenwing.models.ernie4_5_moe import Ernie45MoE
 from tokenwing.models.glm4moe import Glm4MoE
 from tokenwing.models.glm_dsa import GlmDsa
@@ -27,6 +28,7 @@ FAMILIES: dict[str, type[MoEModel]] = {
         Ernie45MoE,
         Glm4MoE,
         DeepSeek2,
+        DeepSeek4,
         GptOss,
         Qwen3Next,
         Qwen35MoE,

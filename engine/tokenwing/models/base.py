@@ -122,6 +122,10 @@ class MoEModel:
     selection_bias: ClassVar[bool | None] = False  # top-k on probabilities + exp_probs_b (None: where the file has it)
     softmax_selected: ClassVar[bool] = False  # weights: a softmax over the k selected logits (gpt-oss)
     recurrence: ClassVar[str] = "none"  # how the file marks linear-attention layers (hparams.RECURRENCE)
+    # The layer graph depends on its first position (`Placement.pos0`: DeepSeek V4's compressed blocks complete at
+    # given positions): a graph per step, never one reused across positions (the one-graph decode step, several
+    # sequences' steps in one graph)
+    position_graphs: ClassVar[bool] = False
 
     def __init__(self, hp: HParams, weights: ModelWeights, streamed: list[int]) -> None:
         self.hp = hp

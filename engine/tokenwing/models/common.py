@@ -48,6 +48,10 @@ class Placement:
     # Several sequences' decode tokens in one graph (runtime/batch.py): token i is sequence i's, at its own
     # position of its own cache (`BatchKV`), placed by parts[i]; `attend` attends each over its cache alone
     parts: tuple[Placement, ...] = ()
+    # The first position, where the graph is built for its positions (`placement`); None in a graph reused for
+    # several (the one-graph decode step): a family whose layer graph depends on it (DeepSeek V4's compressed
+    # blocks) is never given one (`MoEModel.position_graphs`)
+    pos0: int | None = None
 
 
 FLASH_ROWS = 64  # ggml's CPU flash attention runs its F32 tiled kernel for 64 queries or more (GGML_FA_TILE_Q)
@@ -114,6 +118,7 @@ def placement(
         inputs.get("mask_swa"),
         inputs.get("flash_mask"),
         inputs.get("flash_mask_swa"),
+        pos0=pos0,
     )
 
 
@@ -173,6 +178,9 @@ class RecurrentCache:
     conv: Tensor
     state: Tensor
     snapshot: RecurrentCache | None = None
+    # A layer with a KV cache too (DeepSeek V4's compressing attention: its positions in K, the rows its
+    # compressors carry between graphs in the state)
+    kv: KVCache | None = None
 
 
 @dataclass(frozen=True)
@@ -571,6 +579,7 @@ class ExpertFFN:
     biases: tuple[Tensor, Tensor, Tensor] | None = None
     limit: float = 0.0  # a SwiGLU limit (`swiglu`)
     situ: tuple[float, float] | None = None  # SiTU's (beta, linear beta) in place of SwiGLU (Kimi K3, `situ`)
+    clamp_gate: bool = False  # the limit clamps the gate before the SiLU (ggml_swiglu_clamp: DeepSeek V4)
 
 
 SWIGLU = ExpertFFN()
@@ -594,6 +603,8 @@ def _activate(ctx: Any, gate: Tensor, up: Tensor, ffn: ExpertFFN) -> Tensor:
         return situ(ctx, gate, up, *ffn.situ)
     if ffn.oai:
         return ops.ggml_swiglu_oai(ctx, gate, up, OAI_ALPHA, OAI_LIMIT)
+    if ffn.clamp_gate and ffn.limit > 1e-6:
+        return ops.ggml_swiglu_clamp(ctx, gate, up, ffn.limit)
     return swiglu(ctx, gate, up, ffn.limit)
 
 

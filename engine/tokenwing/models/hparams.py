@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +75,7 @@ class HParams:
     indexer_head_size: int = 0
     indexer_top_k: int = 0
     indexer_types: tuple[bool, ...] = ()
+    dsv4: Dsv4Keys | None = None  # DeepSeek V4's own keys (models/deepseek4.py)
 
     @property
     def is_mla(self) -> bool:
@@ -167,9 +169,11 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str, recurrence: str = 
         indexer_top_k=get("attention.indexer.top_k", 0),
         indexer_types=_indexer_types(meta.get(f"{arch}.attention.indexer.types"), n_layer, f"{where}: {arch}"),
     )
+    if arch == "deepseek4":
+        hp = dataclasses.replace(hp, dsv4=_dsv4_keys(get, n_layer, where))
     if hp.n_mtp < 0:
         raise BadInputError(f"{where}: nextn_predict_layers must not be negative")
-    if hp.gating not in (0, 1, 2):
+    if hp.gating not in (0, 1, 2) and not (hp.gating == 4 and arch == "deepseek4"):
         raise BadInputError(f"{where}: expert_gating_func {hp.gating} is not softmax (1) or sigmoid (2)")
     if not 0 < hp.n_rot <= hp.head_dim or hp.n_rot % 2:
         raise BadInputError(f"{where}: rope.dimension_count must be even, positive and at most the head size")
@@ -262,3 +266,56 @@ def _flag(v: Any, what: str) -> bool | None:
     if v is None or isinstance(v, bool):
         return v
     raise BadInputError(f"{what} must be a boolean")
+
+
+@dataclass(frozen=True)
+class Dsv4Keys:
+    """DeepSeek V4's keys as llama.cpp reads them (deepseek4.cpp load_arch_hparams; docs/families/deepseek4.md §1)."""
+
+    compress_ratios: tuple[int, ...]  # per layer that runs: 0 (the window only), 4 (CSA) or 128 (HCA)
+    compress_rope_base: float
+    hc_mult: int
+    hc_sinkhorn_iters: int
+    hc_eps: float
+    hash_layer_count: int
+    indexer_n_head: int
+    indexer_head_size: int
+    indexer_top_k: int
+    o_group_count: int
+    o_lora_rank: int
+
+
+def _dsv4_keys(get: Any, n_layer: int, where: str) -> Dsv4Keys:
+    ratios = get("attention.compress_ratios", kind=list)
+    if len(ratios) < n_layer or any(r not in (0, 4, 128) for r in ratios[:n_layer]):
+        raise BadInputError(
+            f"{where}: deepseek4.attention.compress_ratios must give every block a ratio of 0, 4 or 128"
+        )
+    return Dsv4Keys(
+        compress_ratios=tuple(int(r) for r in ratios[:n_layer]),
+        compress_rope_base=get("attention.compress_rope_freq_base", kind=float),
+        hc_mult=get("hyper_connection.count"),
+        hc_sinkhorn_iters=get("hyper_connection.sinkhorn_iterations"),
+        hc_eps=get("hyper_connection.epsilon", kind=float),
+        hash_layer_count=get("hash_layer_count", 0),
+        indexer_n_head=get("attention.indexer.head_count", 0),
+        indexer_head_size=get("attention.indexer.key_length", 0),
+        indexer_top_k=get("attention.indexer.top_k", 0),
+        o_group_count=get("attention.output_group_count"),
+        o_lora_rank=get("attention.output_lora_rank"),
+    )
+
+
+def _qsa(hp: HParams, get: Any, ratios: Any, where: str) -> HParams:
+    """qwen4exp's QSA keys, and its context capped at the dense part of QSA, which is what the engine computes: a
+    query that sees more than budget + block - 1 cells would attend to a selection (the indexer, not built yet)."""
+    from dataclasses import replace
+
+    top_k = get("attention.indexer.top_k")
+    per_layer = tuple(_ints(ratios if ratios is not None else [0], f"{where}: qwen4exp.attention.compress_ratios"))
+    per_layer = (per_layer + (0,) * hp.n_layer)[: hp.n_layer]
+    blocks = [r for il, r in enumerate(per_layer) if r and not hp.is_recurrent(il)]
+    if top_k <= 0 or not blocks:
+        raise BadInputError(f"{where}: qwen4exp needs attention.indexer.top_k and a compress ratio per full layer")
+    span = top_k + min(blocks) - 1
+    return replace(hp, qsa_top_k=top_k, qsa_ratios=per_layer, n_ctx_train=min(hp.n_ctx_train, span))

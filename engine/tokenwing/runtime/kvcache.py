@@ -3,6 +3,7 @@ written, so a long context costs only what is used); a linear-attention layer ha
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 
 import numpy as np
@@ -55,15 +56,18 @@ class KVCaches:
             return data
 
         for il, spec in enumerate(specs):
-            if states is not None and il in states.layers:
-                self.layers.append(states.layers[il])
+            state = states.layers.get(il) if states is not None else None
+            if state is not None and not spec.k:
+                self.layers.append(state)
                 continue
             k_mem = memory(il, spec.k * elt * n_ctx)
             v_mem = memory(il, spec.v_stored * elt * n_ctx) if spec.v_stored else None
             self._memory.append((k_mem, v_mem))
             k = arena.wrap(k_mem, gtype, (spec.k, n_ctx))
             v = arena.wrap(v_mem, gtype, (n_ctx, spec.v)) if v_mem is not None else None
-            self.layers.append(KVCache(k, v, elt, spec.v))
+            kv = KVCache(k, v, elt, spec.v)
+            # (a layer with both: DeepSeek V4's compressing attention, its compressors' rows in the state)
+            self.layers.append(kv if state is None else dataclasses.replace(state, kv=kv))
 
     @property
     def nbytes(self) -> int:

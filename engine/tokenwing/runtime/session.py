@@ -134,6 +134,10 @@ class Session:
             # (the tier's device-side KV cache and graphs are one sequence's)
             log("one sequence at a time: the VRAM tier keeps one KV cache on the device (--parallel is the CPU's)")
             n_seq = 1
+        if model_class.position_graphs and n_seq != 1:
+            if n_seq > 1:
+                log(f"one sequence at a time: a {hp.arch} step's graph is built for its positions (no batched steps)")
+            n_seq = 1
         n_tensors = 5 * hp.n_layer + 3 * len(streamed) + 4 * hp.n_layer * (max(n_seq, AUTO_PARALLEL) - 1)
         weights = ModelWeights(self.mf, n_tensors + 64, opts.cpu_repack)
         self.model: MoEModel = model_class(hp, weights, streamed)
@@ -202,7 +206,7 @@ class Session:
         repack_experts = opts.cpu_repack and self.scheduler.preloaded and not opts.stream.verify and not gpu
         self.pools = ExpertPools(self.scheduler, weights.arena, repack_experts)
         self._token_graph: TokenGraph | None = None
-        self._token_graph_on = opts.token_graph
+        self._token_graph_on = opts.token_graph and not model_class.position_graphs
         # several sequences' decode step as one graph (runtime/batch.py), for the slots and windows it was built for
         self.batch_graph: tuple[tuple[object, ...], TokenGraph] | None = None
         self.rows_ok: dict[int, bool] = {}  # n sequences' tokens may share the dense products (batch.rows_batch)
@@ -273,7 +277,7 @@ class Session:
         with contextlib.suppress(Exception):  # a failed device may fail to free too; the CPU needs nothing of it
             self.vram.close()
         self.vram = None
-        self._token_graph_on = self.options.token_graph
+        self._token_graph_on = self.options.token_graph and not self.model.position_graphs
         self._rewind(0)
         if seen:
             self._forward(seen, False, snapshot=True, prompt=True)

@@ -1,0 +1,642 @@
+"""DeepSeek V4 (`deepseek4`) as llama.cpp 0.3.36 computes it (src/models/deepseek4.cpp; the study with file and
+line of every step: docs/families/deepseek4.md).
+
+* The residual is `hc_mult` (4) streams. Each sublayer reads them through `hc_pre` (an RMS-normed mix, sigmoid
+  weights per stream) and writes them back through `hc_post` (its output times 2·sigmoid per stream, plus the
+  streams mixed by a Sinkhorn-normalised matrix). The state between layers is the streams, then the FFN's post and
+  comb mixes (the tail needs them after the experts) and the token id (the hash layers route by it):
+  hc·E + hc + hc² + 1 floats a token.
+* Attention: a low-rank query RMS-normed per head without a weight, one key/value head (keys are values), per-head
+  sinks, rope on the last n_rot dims of a head; the output de-roped at the query position, then projected in
+  o_group_count groups of rank o_lora_rank. Every layer attends over the sliding window of its raw keys; a CSA
+  layer (ratio 4) also over blocks of 4 tokens pooled by a learned softmax (overlapping windows of 8) of which
+  its lightning indexer picks the top-k, an HCA layer (ratio 128) over every completed block of 128.
+* FFN: sqrt(softplus) router with a selection bias (the first hash_layer_count layers: the experts a table gives
+  for the token id), weights normalised and scaled; SwiGLU with the gate clamped before the SiLU; one shared
+  expert.
+
+The cache of a layer: K holds the raw keys of every position (llama-cpp-python's swa_full layout: the window is a
+mask), then the layer's compressed blocks (and the indexer's) in the same memory; the state holds the F32 rows
+of the compressors' last positions (8 for CSA, 128 for HCA), which a block that completes in a later chunk or
+decode step pools. A graph is built for its positions (`position_graphs`): which blocks complete in it is known.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Any
+
+import numpy as np
+
+from tokenwing.compute.ggml_lib import F16, F32, I32, ROPE_NORM, Tensor, ops
+from tokenwing.errors import BadInputError, UnsupportedError
+from tokenwing.models import common
+from tokenwing.models.base import MoEModel, TensorCheck
+from tokenwing.models.hparams import Dsv4Keys, HParams
+from tokenwing.models.weights import ModelWeights
+
+CSA, HCA = 4, 128  # the compression ratios llama.cpp runs (0: the window only)
+ROUTER_FLOOR = 6.103515625e-5  # the normalised weights' sum is clamped here (llama-graph.cpp build_moe_ffn)
+
+
+def keys(hp: HParams) -> Dsv4Keys:
+    assert hp.dsv4 is not None, "a deepseek4 model without its keys"
+    return hp.dsv4
+
+
+def state_rows(ratio: int) -> int:
+    """Rows a compressor keeps between graphs: two blocks for CSA's overlapping windows, one for HCA."""
+    return 2 * ratio if ratio == CSA else ratio
+
+
+def blocks(n_ctx: int, ratio: int) -> int:
+    """Compressed blocks a context can complete (block b completes at position (b + 1) · ratio - 1)."""
+    return n_ctx // ratio
+
+
+class DeepSeek4(MoEModel):
+    arch = "deepseek4"
+    rope_mode = ROPE_NORM
+    shared_experts = "required"
+    position_graphs = True
+    routing_keys = True
+    selection_bias = None
+
+    def __init__(self, hp: HParams, weights: ModelWeights, streamed: list[int]) -> None:
+        super().__init__(hp, weights, streamed)
+        k = self.k = keys(hp)
+        self.hc = k.hc_mult
+        self.head_hc = {name: weights.get(f"output_hc_{name}.weight") for name in ("fn", "base", "scale")}
+        # rope: a compressing layer takes compress_rope_freq_base with the file's YaRN; a window-only layer the plain
+        # base, unscaled (deepseek4.cpp:902-909); the attention factor cancels ggml's YaRN magnitude (:11-17)
+        yarn = hp.rope_scaling == "yarn"
+        fs = hp.rope_freq_scale if hp.rope_scaling != "none" else 1.0
+        ext = 1.0 if yarn else 0.0
+        attn = (
+            1.0
+            if ext == 0.0
+            else float(np.float32(1.0) / (np.float32(1.0) + np.float32(0.1) * np.log(np.float32(1.0) / np.float32(fs))))
+        )
+        orig = hp.n_ctx_orig or hp.n_ctx_train
+        self.rope_compress = common.Rope(hp.n_rot, ROPE_NORM, orig, k.compress_rope_base, fs, ext, attn, 32.0, 1.0)
+        self.rope_window = common.Rope(hp.n_rot, ROPE_NORM, 0, hp.rope_base, 1.0, 0.0, 1.0, 0.0, 0.0)
+
+    # -------------------------------------------------------------------------------------------- checks
+    @classmethod
+    def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
+        k = hp.dsv4
+        if k is None:
+            raise BadInputError(f"{where}: the deepseek4 keys are missing")
+        if hp.gating != 4:
+            raise BadInputError(
+                f"{where}: deepseek4.expert_gating_func must be 4 (sqrt-softplus), as llama.cpp requires"
+            )
+        if k.hc_mult != 4:
+            raise UnsupportedError(f"{where}: {k.hc_mult} hyper-connection streams (llama.cpp runs 4 only)")
+        if hp.n_head_kv != 1 or hp.head_dim_v != hp.head_dim:
+            raise BadInputError(f"{where}: deepseek4 has one key/value head whose keys are its values")
+        if k.o_group_count < 1 or hp.n_head % k.o_group_count:
+            raise BadInputError(f"{where}: the heads must split evenly into attention.output_group_count groups")
+        if CSA in k.compress_ratios and (k.indexer_n_head < 1 or k.indexer_head_size < hp.n_rot or k.indexer_top_k < 1):
+            raise BadInputError(f"{where}: a CSA layer needs the indexer's head count, key length and top-k")
+        if any(il not in streamed for il in range(hp.n_layer)):
+            raise BadInputError(f"{where}: every deepseek4 layer has routed experts")
+        super().check(hp, shapes, streamed, where)
+        c = TensorCheck(hp, shapes, where)
+        e, hc, mix = hp.n_embd, k.hc_mult, (2 + k.hc_mult) * k.hc_mult
+        c.need("output.weight", (e, hp.vocab_size))
+        c.need("output_hc_fn.weight", (hc * e, hc))
+        c.need("output_hc_base.weight", (hc,))
+        c.need("output_hc_scale.weight", (1,))
+        for il in range(hp.n_layer):
+            p = f"blk.{il}."
+            for sub in ("attn", "ffn"):
+                c.need(f"{p}hc_{sub}_fn.weight", (hc * e, mix))
+                c.need(f"{p}hc_{sub}_base.weight", (mix,))
+                c.need(f"{p}hc_{sub}_scale.weight", (3,))
+            if il < k.hash_layer_count:
+                c.need(p + "ffn_gate_tid2eid.weight", (hp.n_expert_used, hp.vocab_size))
+            else:
+                c.need(p + "exp_probs_b.bias", (hp.n_expert,))
+
+    @classmethod
+    def check_attention(cls, c: TensorCheck, il: int) -> None:
+        hp, p = c.hp, f"blk.{il}."
+        k = keys(hp)
+        e, d, q, h = hp.n_embd, hp.head_dim, hp.q_lora_rank, hp.n_head
+        g, o = k.o_group_count, k.o_lora_rank
+        c.need(p + "attn_norm.weight", (e,))
+        c.need(p + "attn_sinks.weight", (h,))
+        c.need(p + "attn_q_a.weight", (e, q))
+        c.need(p + "attn_q_a_norm.weight", (q,))
+        c.need(p + "attn_q_b.weight", (q, h * d))
+        c.need(p + "attn_kv.weight", (e, d))
+        c.need(p + "attn_kv_a_norm.weight", (d,))
+        c.need(p + "attn_output_a.weight", (h * d // g, o * g))
+        c.need(p + "attn_output_b.weight", (g * o, e))
+        ratio = k.compress_ratios[il]
+        if ratio:
+            width = (2 if ratio == CSA else 1) * d
+            c.need(p + "attn_compressor_kv.weight", (e, width))
+            c.need(p + "attn_compressor_gate.weight", (e, width))
+            c.need(p + "attn_compressor_ape.weight", (width, ratio))
+            c.need(p + "attn_compressor_norm.weight", (d,))
+        if ratio == CSA:
+            di, ih = k.indexer_head_size, k.indexer_n_head
+            c.need(p + "indexer.proj.weight", (e, ih))
+            c.need(p + "indexer.attn_q_b.weight", (q, ih * di))
+            c.need(p + "indexer_compressor_kv.weight", (e, 2 * di))
+            c.need(p + "indexer_compressor_gate.weight", (e, 2 * di))
+            c.need(p + "indexer_compressor_ape.weight", (2 * di, ratio))
+            c.need(p + "indexer_compressor_norm.weight", (di,))
+
+    @classmethod
+    def make_router(cls, hp: HParams, has_bias: bool = True) -> common.Router:
+        # (the lookahead's ranking: sigmoid is monotonic in the logits as sqrt(softplus) is; the weights it never uses)
+        return common.Router(hp.n_expert_used, True, True, hp.expert_weights_scale, True)
+
+    def router_bias_name(self, il: int) -> str | None:
+        return None if il < self.k.hash_layer_count else f"blk.{il}.exp_probs_b.bias"
+
+    # ---------------------------------------------------------------------------------------------- cache
+    @classmethod
+    def kv_layer(cls, hp: HParams, il: int) -> common.KVSpec:
+        """K of every position (the raw keys), plus room for the layer's compressed blocks: a CSA layer's D-wide
+        blocks and its indexer's Di-wide ones every 4 positions, an HCA layer's every 128 (`_regions`)."""
+        k, d = keys(hp), hp.head_dim
+        ratio = k.compress_ratios[il]
+        extra = 0
+        if ratio:
+            extra = -(-d // ratio) + (-(-k.indexer_head_size // CSA) if ratio == CSA else 0)
+        return common.KVSpec(d + extra, d, v_in_k=True)
+
+    @classmethod
+    def kv_bytes_per_token(cls, hp: HParams, elt: int = 2) -> int:
+        """What the engine's cache takes a token: the raw keys of every layer (the window is a mask over all
+        positions, as llama-cpp-python's swa_full) and the compressed blocks, which are the study's §3 formula:
+        elt · (N4 · (D + Di) / 4 + N128 · D / 128), rounded up to whole elements per position."""
+        return sum(cls.kv_layer(hp, il).bytes_per_position(elt) for il in range(hp.n_layer))
+
+    def state_spec(self, il: int) -> common.StateSpec | None:
+        """The compressors' carried rows (F32, as llama.cpp's): kv and score side by side, [width, rows, 2]; a
+        CSA layer's attention compressor in `conv`, its indexer's in `state`; an HCA layer's kv in `conv` and its
+        scores in `state`."""
+        ratio, d = self.k.compress_ratios[il], self.hp.head_dim
+        if ratio == CSA:
+            return common.StateSpec((2 * d, state_rows(CSA), 2), (2 * self.k.indexer_head_size, state_rows(CSA), 2))
+        if ratio == HCA:
+            return common.StateSpec((d, HCA), (d, HCA))
+        return None
+
+    # -------------------------------------------------------------------------- the state between layers
+    @classmethod
+    def state_width(cls, hp: HParams) -> int:
+        hc = keys(hp).hc_mult
+        return hc * hp.n_embd + hc + hc * hc + 1
+
+    def _part(self, ctx: Any, x: Tensor, first: int, width: int) -> Tensor:
+        """Floats first … first + width - 1 of every token's state x [state_width, n], as a view [width, n]."""
+        n, row = int(x.contents.ne[1]), int(x.contents.nb[1])
+        return ops.ggml_view_2d(ctx, x, width, n, row, 4 * first)
+
+    def _streams(self, ctx: Any, x: Tensor) -> Tensor:
+        """The streams of the state, contiguous [n_embd, hc, n]."""
+        e, n = self.hp.n_embd, int(x.contents.ne[1])
+        return ops.ggml_cont_3d(ctx, self._part(ctx, x, 0, self.hc * e), e, self.hc, n)
+
+    def embed(self, ctx: Any, ids: Tensor) -> Tensor:
+        e, hc, n = self.hp.n_embd, self.hc, int(ids.contents.ne[0])
+        x = ops.ggml_get_rows(ctx, self.weights.get("token_embd.weight"), ids)
+        streams = ops.ggml_repeat_4d(ctx, ops.ggml_reshape_3d(ctx, x, e, 1, n), e, hc, n, 1)
+        mixes = ops.ggml_fill(ctx, ops.ggml_new_tensor_2d(ctx, F32, hc + hc * hc, n), 0.0)
+        tid = ops.ggml_reshape_2d(ctx, ops.ggml_cast(ctx, ids, F32), 1, n)  # (ids < 2^24: exact as floats)
+        return self._state(ctx, streams, mixes, tid)
+
+    def _state(self, ctx: Any, streams: Tensor, mixes: Tensor, tid: Tensor) -> Tensor:
+        n = int(tid.contents.ne[1])
+        flat = ops.ggml_reshape_2d(ctx, streams, self.hc * self.hp.n_embd, n)
+        return ops.ggml_concat(ctx, ops.ggml_concat(ctx, flat, mixes, 0), tid, 0)
+
+    def _hc_pre(self, ctx: Any, x: Tensor, fn: Tensor, scale: Tensor, base: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """A sublayer's input from the streams x [n_embd, hc, n], and its post [hc, n] and comb [hc, hc, n] mixes
+        (build_hc_pre, deepseek4.cpp:353-409, with the fused comb and pre as llama.cpp takes them on the CPU)."""
+        hc, n, eps = self.hc, int(x.contents.ne[2]), self.k.hc_eps
+        flat = ops.ggml_reshape_2d(ctx, x, hc * self.hp.n_embd, n)
+        mixes = ops.ggml_mul_mat(ctx, fn, ops.ggml_rms_norm(ctx, flat, self.hp.rms_eps))
+        row = int(mixes.contents.nb[1])
+
+        def affine(first: int, scale_at: int) -> Tensor:
+            part = ops.ggml_view_2d(ctx, mixes, hc, n, row, 4 * first)
+            part = ops.ggml_mul(ctx, part, ops.ggml_view_1d(ctx, scale, 1, 4 * scale_at))
+            return ops.ggml_add(ctx, part, ops.ggml_view_1d(ctx, base, hc, 4 * first))
+
+        pre = ops.ggml_scale_bias(ctx, ops.ggml_sigmoid(ctx, affine(0, 0)), 1.0, eps)
+        post = ops.ggml_scale(ctx, ops.ggml_sigmoid(ctx, affine(hc, 1)), 2.0)
+        comb = ops.ggml_dsv4_hc_comb(ctx, mixes, scale, base, eps, self.k.hc_sinkhorn_iters)
+        return ops.ggml_dsv4_hc_pre(ctx, x, pre), post, comb
+
+    # --------------------------------------------------------------------------------------------- graph
+    def layer(self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache) -> common.LayerOut:
+        hp, w, n = self.hp, self.w[il], at.n
+        hc = self.hc
+        streams = self._streams(ctx, x)
+        tid = self._part(ctx, x, self.state_width(hp) - 1, 1)
+        cur, post, comb = self._hc_pre(ctx, streams, w["hc_attn_fn"], w["hc_attn_scale"], w["hc_attn_base"])
+        attn, writes = self.attention(ctx, il, self.norm(ctx, cur, w["attn_norm"]), at, kv)
+        streams = ops.ggml_dsv4_hc_post(ctx, attn, streams, post, comb)
+        cur, post, comb = self._hc_pre(ctx, streams, w["hc_ffn_fn"], w["hc_ffn_scale"], w["hc_ffn_base"])
+        cur = self.norm(ctx, cur, w["ffn_norm"])
+        mixes = ops.ggml_concat(ctx, post, ops.ggml_reshape_2d(ctx, comb, hc * hc, n), 0)
+        residual = self._state(ctx, streams, mixes, ops.ggml_cont(ctx, tid))
+        ids, weights = self._route(ctx, il, cur, tid)
+        shared = self._shared(ctx, il, cur)
+        return common.LayerOut(writes, routed=common.Routed(cur, residual, ids, weights, shared))
+
+    def _route(self, ctx: Any, il: int, cur: Tensor, tid: Tensor) -> tuple[Tensor, Tensor]:
+        """sqrt(softplus) probabilities; the top-k of probabilities + bias, or the token id's row of the hash
+        table; their unbiased probabilities, normalised (sum clamped) and scaled (llama-graph.cpp build_moe_ffn)."""
+        hp, w, n, k = self.hp, self.w[il], int(cur.contents.ne[1]), self.hp.n_expert_used
+        logits = ops.ggml_mul_mat(ctx, w["ffn_gate_inp"], cur)
+        ops.ggml_prec_set_acc(logits, ops.GGML_PREC_F32)
+        probs = ops.ggml_sqrt(ctx, ops.ggml_softplus(ctx, logits))
+        if il < self.k.hash_layer_count:
+            rows = ops.ggml_cast(ctx, ops.ggml_cont(ctx, tid), I32)
+            ids = ops.ggml_get_rows(ctx, w["ffn_gate_tid2eid"], ops.ggml_view_1d(ctx, rows, n, 0))
+        else:
+            ids = ops.ggml_argsort_top_k(ctx, ops.ggml_add(ctx, probs, w["exp_probs_b.bias"]), k)
+        ids = ops.ggml_cont(ctx, ids)
+        picked = ops.ggml_get_rows(ctx, ops.ggml_reshape_3d(ctx, probs, 1, hp.n_expert, n), ids)
+        weights = ops.ggml_reshape_2d(ctx, picked, k, n)
+        if hp.expert_weights_norm is not False:
+            total = ops.ggml_clamp(ctx, ops.ggml_sum_rows(ctx, weights), ROUTER_FLOOR, math.inf)
+            weights = ops.ggml_div(ctx, weights, total)
+        if hp.expert_weights_scale not in (0.0, 1.0):
+            weights = ops.ggml_scale(ctx, weights, hp.expert_weights_scale)
+        return ids, weights
+
+    def _shared(self, ctx: Any, il: int, cur: Tensor) -> Tensor:
+        w = self.w[il]
+        gate = ops.ggml_mul_mat(ctx, w["ffn_gate_shexp"], cur)
+        up = ops.ggml_mul_mat(ctx, w["ffn_up_shexp"], cur)
+        limit = self.swiglu_limit(il)
+        act = ops.ggml_swiglu_clamp(ctx, gate, up, limit) if limit > 1e-6 else ops.ggml_swiglu_split(ctx, gate, up)
+        return ops.ggml_mul_mat(ctx, w["ffn_down_shexp"], act)
+
+    def tail(self, ctx: Any, il: int, experts: Tensor, shared: Tensor | None, residual: Tensor) -> Tensor:
+        """The FFN's output (experts + shared) mixed into the streams by the post and comb the layer left in the
+        state (hc_post, deepseek4.cpp:1323)."""
+        e, hc, n = self.hp.n_embd, self.hc, int(residual.contents.ne[1])
+        out = experts if shared is None else ops.ggml_add(ctx, experts, shared)
+        streams = self._streams(ctx, residual)
+        post = ops.ggml_cont(ctx, self._part(ctx, residual, hc * e, hc))
+        comb = ops.ggml_cont_3d(ctx, self._part(ctx, residual, hc * e + hc, hc * hc), hc, hc, n)
+        streams = ops.ggml_dsv4_hc_post(ctx, out, streams, post, comb)
+        rest = self._part(ctx, residual, hc * e, hc + hc * hc + 1)
+        flat = ops.ggml_reshape_2d(ctx, streams, hc * e, n)
+        return ops.ggml_concat(ctx, flat, rest, 0)
+
+    def tail_array(
+        self, il: int, experts: np.ndarray, shared: np.ndarray | None, residual: np.ndarray
+    ) -> np.ndarray | None:
+        return None  # (hc_post: the session computes `tail` in a graph)
+
+    def router_input(self, ctx: Any, lo: common.LayerOut) -> Tensor:
+        """The streams' mean plus the shared expert: what the lookahead's later routers score."""
+        r = lo.routed
+        assert r is not None
+        streams = self._streams(ctx, r.residual)
+        e, n = self.hp.n_embd, int(streams.contents.ne[2])
+        mean = ops.ggml_scale(
+            ctx, ops.ggml_sum_rows(ctx, ops.ggml_cont(ctx, ops.ggml_permute(ctx, streams, 1, 0, 2, 3))), 1.0 / self.hc
+        )
+        mean = ops.ggml_reshape_2d(ctx, mean, e, n)
+        return mean if r.shared is None else ops.ggml_add(ctx, mean, r.shared)
+
+    def head(self, ctx: Any, x: Tensor) -> Tensor:
+        """hc_head: the streams weighted by sigmoid of their own mixes (+ eps), then the output norm and matrix."""
+        hc, n = self.hc, int(x.contents.ne[1])
+        streams = self._streams(ctx, x)
+        flat = ops.ggml_reshape_2d(ctx, streams, hc * self.hp.n_embd, n)
+        mixes = ops.ggml_mul_mat(ctx, self.head_hc["fn"], ops.ggml_rms_norm(ctx, flat, self.hp.rms_eps))
+        pre = ops.ggml_add(ctx, ops.ggml_mul(ctx, mixes, self.head_hc["scale"]), self.head_hc["base"])
+        pre = ops.ggml_scale_bias(ctx, ops.ggml_sigmoid(ctx, pre), 1.0, self.k.hc_eps)
+        cur = self.norm(ctx, ops.ggml_dsv4_hc_pre(ctx, streams, pre), self.weights.get("output_norm.weight"))
+        return ops.ggml_mul_mat(ctx, self.weights.get("output.weight"), cur)
+
+    def expert_ffn(self, il: int) -> common.ExpertFFN:
+        return common.ExpertFFN(
+            limit=self.hp.swiglu_limit_exp[il] if self.hp.swiglu_limit_exp else 0.0, clamp_gate=True
+        )
+
+    def swiglu_limit(self, il: int) -> float:
+        limits = self.hp.swiglu_limit_shexp or self.hp.swiglu_limit_exp
+        return limits[il] if limits else 0.0
+
+    @property
+    def window(self) -> int:
+        return self.hp.sliding_window
+
+    # ------------------------------------------------------------------------------------------ attention
+    def attention(
+        self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache
+    ) -> tuple[Tensor, list[Tensor]]:
+        hp, w, k = self.hp, self.w[il], self.k
+        if at.pos0 is None:
+            raise UnsupportedError("a deepseek4 layer graph is built for its positions")
+        d, h, n = hp.head_dim, hp.n_head, at.n
+        ratio = k.compress_ratios[il]
+        rope = self.rope_compress if ratio else self.rope_window
+        cache = kv.kv if isinstance(kv, common.RecurrentCache) else kv
+        assert isinstance(cache, common.KVCache)
+        qr = self.norm(ctx, ops.ggml_mul_mat(ctx, w["attn_q_a"], x), w["attn_q_a_norm"])
+        q = ops.ggml_reshape_3d(ctx, ops.ggml_mul_mat(ctx, w["attn_q_b"], qr), d, h, n)
+        q = _rope_tail(ctx, ops.ggml_rms_norm(ctx, q, hp.rms_eps), at.positions, rope, d)
+        kv_new = self.norm(ctx, ops.ggml_mul_mat(ctx, w["attn_kv"], x), w["attn_kv_a_norm"])
+        kv_new = _rope_tail(ctx, ops.ggml_reshape_3d(ctx, kv_new, d, 1, n), at.positions, rope, d)
+        regions = _Regions(cache, d, k.indexer_head_size, ratio)
+        writes = [ops.ggml_set_rows(ctx, regions.raw(ctx), ops.ggml_reshape_2d(ctx, kv_new, d, n), at.k_rows)]
+        keys_all = regions.raw_view(ctx, at.n_kv)
+        assert at.mask_swa is not None
+        mask = at.mask_swa
+        if ratio:
+            assert isinstance(kv, common.RecurrentCache)
+            writes += self._compress(ctx, il, x, at, kv, regions)
+            n_blocks = min(at.n_kv // ratio, regions.n_blocks)
+            if n_blocks:
+                visible = _data(ctx, _block_mask(at.pos0, n, n_blocks, ratio))
+                if ratio == CSA:
+                    visible = self._indexer_mask(ctx, il, qr, x, at, regions, n_blocks, visible)
+                keys_all = ops.ggml_concat(ctx, keys_all, regions.comp_view(ctx, n_blocks), 2)
+                mask = ops.ggml_concat(ctx, mask, visible, 0)
+        out = _attend(ctx, q, keys_all, mask, 1.0 / math.sqrt(d), w["attn_sinks"])  # [d, h, n]
+        out = _rope_tail(ctx, out, at.positions, rope, d, back=True)
+        g, o = k.o_group_count, k.o_lora_rank
+        out = ops.ggml_permute(ctx, ops.ggml_reshape_3d(ctx, out, d * h // g, g, n), 0, 2, 1, 3)
+        wo_a = ops.ggml_reshape_3d(ctx, w["attn_output_a"], d * h // g, o, g)
+        oa = ops.ggml_permute(ctx, ops.ggml_mul_mat(ctx, wo_a, out), 0, 2, 1, 3)
+        oa = ops.ggml_cont_2d(ctx, oa, o * g, n)
+        return ops.ggml_mul_mat(ctx, w["attn_output_b"], oa), writes
+
+    def _indexer_mask(
+        self,
+        ctx: Any,
+        il: int,
+        qr: Tensor,
+        x: Tensor,
+        at: common.Placement,
+        regions: _Regions,
+        n_blocks: int,
+        visible: Tensor,
+    ) -> Tensor:
+        """The CSA blocks' mask: -inf except the indexer's top-k of each query (build_lid_top_k and
+        build_top_k_mask, deepseek4.cpp:590-705), plus the visibility mask."""
+        k, w, n = self.k, self.w[il], at.n
+        di, ih = k.indexer_head_size, k.indexer_n_head
+        iq = ops.ggml_reshape_3d(ctx, ops.ggml_mul_mat(ctx, w["indexer.attn_q_b"], qr), di, ih, n)
+        iq = _rope_tail(ctx, iq, at.positions, self.rope_compress, di)
+        iw = ops.ggml_scale(ctx, ops.ggml_mul_mat(ctx, w["indexer.proj"], x), 1.0 / math.sqrt(float(di * ih)))
+        ik = regions.lid_view(ctx, n_blocks)
+        assert at.pos0 is not None
+        mask16 = _data(ctx, _block_mask(at.pos0, n, n_blocks, CSA).astype(np.float16))
+        score = ops.ggml_lightning_indexer(ctx, iq, ik, iw, mask16)
+        top = ops.ggml_cont(ctx, ops.ggml_top_k(ctx, score, min(n_blocks, k.indexer_top_k)))
+        kk = int(top.contents.ne[0])
+        hidden = ops.ggml_fill(ctx, ops.ggml_new_tensor_3d(ctx, F32, 1, n_blocks, n), -math.inf)
+        zeros = ops.ggml_fill(ctx, ops.ggml_new_tensor_3d(ctx, F32, 1, kk, n), 0.0)
+        picked = ops.ggml_reshape_2d(ctx, ops.ggml_set_rows(ctx, hidden, zeros, top), n_blocks, n)
+        return ops.ggml_add(ctx, picked, visible)
+
+    def _compress(
+        self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.RecurrentCache, regions: _Regions
+    ) -> list[Tensor]:
+        """The compressors of layer il over the graph's tokens: every block that completes here pooled into its
+        cache row, and the carried rows updated (deepseek4.cpp:944-1176)."""
+        w, d, ratio, eps = self.w[il], self.hp.head_dim, self.k.compress_ratios[il], self.hp.rms_eps
+        assert at.pos0 is not None
+        if ratio == HCA:
+            rings = (kv.conv, kv.state)
+            snap = (kv.snapshot.conv, kv.snapshot.state) if kv.snapshot is not None else None
+            return _compressor(
+                ctx,
+                w,
+                "attn_compressor",
+                x,
+                at.pos0,
+                rings,
+                snap,
+                ratio,
+                d,
+                regions.comp(ctx),
+                self.rope_compress,
+                False,
+                eps,
+            )
+        out = _compressor(
+            ctx,
+            w,
+            "attn_compressor",
+            x,
+            at.pos0,
+            _pair(ctx, kv.conv),
+            _pair(ctx, kv.snapshot.conv) if kv.snapshot is not None else None,
+            ratio,
+            d,
+            regions.comp(ctx),
+            self.rope_compress,
+            True,
+            eps,
+        )
+        return out + _compressor(
+            ctx,
+            w,
+            "indexer_compressor",
+            x,
+            at.pos0,
+            _pair(ctx, kv.state),
+            _pair(ctx, kv.snapshot.state) if kv.snapshot is not None else None,
+            ratio,
+            self.k.indexer_head_size,
+            regions.lid(ctx),
+            self.rope_compress,
+            True,
+            eps,
+        )
+
+
+# ------------------------------------------------------------------------------------------ the pieces
+class _Regions:
+    """A layer's K memory as the family lays it out (elements): the raw keys [d, n_ctx], then the compressed blocks
+    [d, n_ctx / ratio], then (CSA) the indexer's [di, n_ctx / 4]. `kv_layer` leaves room for all three."""
+
+    def __init__(self, cache: common.KVCache, d: int, di: int, ratio: int) -> None:
+        self.k, self.d, self.di, self.ratio = cache.k, d, di, ratio
+        self.elt = cache.elt
+        self.n_ctx = int(cache.k.contents.ne[1])
+        self.n_blocks = blocks(self.n_ctx, ratio) if ratio else 0
+
+    def _view(self, ctx: Any, offset: int, width: int, rows: int) -> Tensor:
+        return ops.ggml_view_2d(ctx, self.k, width, rows, width * self.elt, offset * self.elt)
+
+    def raw(self, ctx: Any) -> Tensor:
+        return self._view(ctx, 0, self.d, self.n_ctx)
+
+    def raw_view(self, ctx: Any, n_kv: int) -> Tensor:
+        """The raw keys of the first n_kv positions as [d, 1, n_kv]."""
+        e = self.elt
+        return ops.ggml_view_3d(ctx, self.k, self.d, 1, n_kv, self.d * e, self.d * e, 0)
+
+    def comp(self, ctx: Any) -> Tensor:
+        return self._view(ctx, self.d * self.n_ctx, self.d, self.n_blocks)
+
+    def comp_view(self, ctx: Any, n: int) -> Tensor:
+        e = self.elt
+        return ops.ggml_view_3d(ctx, self.k, self.d, 1, n, self.d * e, self.d * e, self.d * self.n_ctx * e)
+
+    def lid(self, ctx: Any) -> Tensor:
+        return self._view(ctx, self.d * (self.n_ctx + self.n_blocks), self.di, self.n_blocks)
+
+    def lid_view(self, ctx: Any, n: int) -> Tensor:
+        e = self.elt
+        offset = self.d * (self.n_ctx + self.n_blocks) * e
+        return ops.ggml_view_3d(ctx, self.k, self.di, 1, n, self.di * e, self.di * e, offset)
+
+
+def _pair(ctx: Any, t: Tensor) -> tuple[Tensor, Tensor]:
+    """A state [width, rows, 2] as its kv and score halves [width, rows]."""
+    ne, nb = t.contents.ne, t.contents.nb
+    width, rows = int(ne[0]), int(ne[1])
+    return tuple(ops.ggml_view_2d(ctx, t, width, rows, int(nb[1]), i * int(nb[2])) for i in range(2))  # type: ignore[return-value]
+
+
+def _data(ctx: Any, a: np.ndarray) -> Tensor:
+    """A tensor of the graph's context holding `a` (the graph is built for its positions: its masks and indices
+    are known now). numpy's shape reversed, as ggml orders dimensions."""
+    a = np.ascontiguousarray(a)
+    gtype = {np.dtype(np.float32): F32, np.dtype(np.float16): F16, np.dtype(np.int32): I32}[a.dtype]
+    shape = tuple(reversed(a.shape))
+    if len(shape) == 1:
+        t = ops.ggml_new_tensor_1d(ctx, gtype, shape[0])
+    elif len(shape) == 2:
+        t = ops.ggml_new_tensor_2d(ctx, gtype, *shape)
+    else:
+        t = ops.ggml_new_tensor_3d(ctx, gtype, *shape)
+    ctypes.memmove(t.contents.data, a.ctypes.data, a.nbytes)
+    return t
+
+
+def _block_mask(pos0: int, n: int, n_blocks: int, ratio: int) -> np.ndarray:
+    """[n, n_blocks]: 0 where block b has completed by the query's position ((p + 1) / ratio blocks), else -inf."""
+    done = (np.arange(pos0, pos0 + n)[:, None] + 1) // ratio
+    return np.where(np.arange(n_blocks)[None, :] < done, 0.0, -np.inf).astype(np.float32)
+
+
+def _rope_tail(ctx: Any, x: Tensor, positions: Tensor, r: common.Rope, width: int, back: bool = False) -> Tensor:
+    """RoPE (NORM pairs) on the last n_rot dims of each head of `width` (ggml_rope_set_offset); `back`: the inverse
+    rotation (the attention output's de-rope)."""
+    fn = ops.ggml_rope_ext_back if back else ops.ggml_rope_ext
+    out = fn(
+        ctx, x, positions, None, r.n_rot, r.mode, r.n_ctx_orig, r.base, r.freq_scale, r.ext_factor, r.attn_factor,
+        r.beta_fast, r.beta_slow,
+    )  # fmt: skip
+    return ops.ggml_rope_set_offset(out, width - r.n_rot)
+
+
+def _attend(ctx: Any, q: Tensor, k: Tensor, mask: Tensor, scale: float, sinks: Tensor) -> Tensor:
+    """Softmax attention of q [d, h, n] over the keys k [d, 1, n_kv], which are also the values, with per-head
+    sinks (build_attn_mha without flash attention, as common.attend computes it) → [d, h, n]."""
+    d, h, n = (int(v) for v in q.contents.ne[:3])
+    kq = ops.ggml_mul_mat(ctx, ops.ggml_permute(ctx, k, 0, 2, 1, 3), ops.ggml_permute(ctx, q, 0, 2, 1, 3))
+    kq = ops.ggml_soft_max_ext(ctx, kq, mask, scale, 0.0)
+    ops.ggml_soft_max_add_sinks(kq, sinks)
+    v = ops.ggml_cont(ctx, ops.ggml_transpose(ctx, ops.ggml_permute(ctx, k, 0, 2, 1, 3)))
+    kqv = ops.ggml_mul_mat(ctx, v, kq)  # [d, n, h]
+    return ops.ggml_cont_3d(ctx, ops.ggml_permute(ctx, kqv, 0, 2, 1, 3), d, h, n)
+
+
+def _compressor(
+    ctx: Any,
+    w: dict[str, Tensor],
+    name: str,
+    x: Tensor,
+    pos0: int,
+    rings: tuple[Tensor, Tensor],
+    snap: tuple[Tensor, Tensor] | None,
+    ratio: int,
+    d: int,
+    cache: Tensor,
+    rope: common.Rope,
+    overlap: bool,
+    eps: float,
+) -> list[Tensor]:
+    """One compressor (`name`: the attention's or the indexer's) over the graph's n tokens at pos0…: their kv and
+    score rows (score + the position's ape row), every block completing at a position here pooled — a softmax of
+    the scores over the block's tokens per channel weighting their kv (CSA, `overlap`: the previous block's tokens
+    through the first half of the rows and the block's own through the second, 8 in all) —, RMS-normed, roped at
+    the block's first position and written to its cache row; then the last positions' rows into the carried rings
+    (and into `snap` as they are one token before the end). The writes in the order they must run."""
+    n = int(x.contents.ne[1])
+    size = int(rings[0].contents.ne[1])
+    kv_rows = ops.ggml_mul_mat(ctx, w[name + "_kv"], x)
+    score = ops.ggml_mul_mat(ctx, w[name + "_gate"], x)
+    ape_at = _data(ctx, (np.arange(pos0, pos0 + n) % ratio).astype(np.int32))
+    score = ops.ggml_add(ctx, score, ops.ggml_get_rows(ctx, w[name + "_ape"], ape_at))
+    writes: list[Tensor] = []
+    ends = [p for p in range(pos0, pos0 + n) if (p + 1) % ratio == 0]
+    if ends:
+        width = int(kv_rows.contents.ne[0])
+        zero = ops.ggml_scale(ctx, ops.ggml_view_2d(ctx, kv_rows, width, 1, int(kv_rows.contents.nb[1]), 0), 0.0)
+        ninf = ops.ggml_scale_bias(
+            ctx, ops.ggml_view_2d(ctx, score, width, 1, int(score.contents.nb[1]), 0), 0.0, -math.inf
+        )
+        src_kv = ops.ggml_concat(ctx, ops.ggml_concat(ctx, rings[0], kv_rows, 1), zero, 1)
+        src_sc = ops.ggml_concat(ctx, ops.ggml_concat(ctx, rings[1], score, 1), ninf, 1)
+
+        def at(p: int) -> int:
+            return size + n if p < 0 else size + p - pos0 if p >= pos0 else p % size
+
+        starts = [p + 1 - ratio for p in ends]
+        nb = len(ends)
+        if overlap:
+            prev = [at(s - ratio + j) for s in starts for j in range(ratio)]
+            own = [at(s + j) for s in starts for j in range(ratio)]
+            idx = _data(ctx, np.array(prev + own, np.int32))
+            kr, sr = ops.ggml_get_rows(ctx, src_kv, idx), ops.ggml_get_rows(ctx, src_sc, idx)
+            m = ratio * nb
+
+            def halves(t: Tensor) -> Tensor:
+                row = int(t.contents.nb[1])
+                first = ops.ggml_cont(ctx, ops.ggml_view_2d(ctx, t, d, m, row, 0))
+                second = ops.ggml_cont(ctx, ops.ggml_view_2d(ctx, t, d, m, row, m * row + 4 * d))
+                a, b = (ops.ggml_reshape_3d(ctx, part, d, ratio, nb) for part in (first, second))
+                return ops.ggml_concat(ctx, a, b, 1)
+
+            values, scores = halves(kr), halves(sr)
+        else:
+            idx = _data(ctx, np.array([at(s + j) for s in starts for j in range(ratio)], np.int32))
+            values = ops.ggml_reshape_3d(ctx, ops.ggml_get_rows(ctx, src_kv, idx), d, ratio, nb)
+            scores = ops.ggml_reshape_3d(ctx, ops.ggml_get_rows(ctx, src_sc, idx), d, ratio, nb)
+        values = ops.ggml_cont(ctx, ops.ggml_permute(ctx, values, 1, 0, 2, 3))
+        scores = ops.ggml_cont(ctx, ops.ggml_permute(ctx, scores, 1, 0, 2, 3))
+        comp = ops.ggml_sum_rows(ctx, ops.ggml_mul(ctx, values, ops.ggml_soft_max(ctx, scores)))
+        comp = ops.ggml_cont(ctx, ops.ggml_permute(ctx, comp, 1, 0, 2, 3))  # [d, 1, nb]
+        comp = common.rms_norm(ctx, comp, w[name + "_norm"], eps)
+        comp = _rope_tail(ctx, comp, _data(ctx, np.array(starts, np.int32)), rope, d)
+        rows = _data(ctx, np.array([p // ratio for p in ends], np.int32))
+        writes.append(ops.ggml_set_rows(ctx, cache, ops.ggml_reshape_2d(ctx, comp, d, nb), rows))
+    # the carried rows: the last `size` positions' (the snapshot: those before the last token), after every read
+    for ring, rows_new, snap_ring in zip(rings, (kv_rows, score), snap or (None, None), strict=True):
+        if snap_ring is not None:
+            copied = ops.ggml_cpy(ctx, ring, snap_ring)
+            keep = [p for p in range(max(pos0, pos0 + n - 1 - size), pos0 + n - 1)]
+            if keep:
+                src = _data(ctx, np.array([p - pos0 for p in keep], np.int32))
+                dst = _data(ctx, np.array([p % size for p in keep], np.int32))
+                copied = ops.ggml_set_rows(ctx, copied, ops.ggml_get_rows(ctx, rows_new, src), dst)
+            writes.append(copied)
+    for ring, rows_new in zip(rings, (kv_rows, score), strict=True):
+        keep = list(range(max(pos0, pos0 + n - size), pos0 + n))
+        src = _data(ctx, np.array([p - pos0 for p in keep], np.int32))
+        dst = _data(ctx, np.array([p % size for p in keep], np.int32))
+        writes.append(ops.ggml_set_rows(ctx, ring, ops.ggml_get_rows(ctx, rows_new, src), dst))
+    return writes

@@ -1,0 +1,113 @@
+"""DeepSeek V4 (`deepseek4`, models/deepseek4.py) against llama.cpp on the factory's files: the logits of a prompt and
+of decode steps after it, in RAM and streamed, and the compressors' carried rows across passes and checkpoints.
+
+Every test runs 300 positions: a 200-token prompt in chunks of 64 (blocks complete across chunk ends, the carried
+rows cross them), then 100 decode steps past a full HCA block (128) and past position 256 (a wider attention view);
+the window (16 on the tiny preset) is far shorter, so most of the history reaches the queries only through the
+compressed blocks (tests/oracle/test_deepseek4_loads.py shows llama.cpp's logits depend on them there).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import ModelFactory
+from tests.oracle.test_families import steps
+from tests.oracle.test_logits import _repacked, _tokens, kl_per_position, llama_logits
+from tokenwing.format.reader import ModelFile
+from tokenwing.runtime.session import Session, SessionOptions
+
+pytestmark = pytest.mark.oracle
+
+A = "deepseek4"
+N, PROMPT, BATCH = 300, 200, 64
+# The tiny preset (window, window, CSA, HCA; two hash layers), and one whose layer kinds, hash layers, output
+# groups, indexer and head differ from it: HCA first, a CSA layer whose indexer keeps a single block, one output
+# group, one hash layer, YaRN on the compressing layers, a head of 64 as wide as the indexer's (llama.cpp then
+# rotates every cache by its Hadamard matrix, the engine none: equal up to rounding).
+GEOMETRIES: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "hca-first-yarn": {
+        "compress_ratios": (128, 4, 0, 4, 4), "n_layer": 5, "hash_layer_count": 1, "o_group_count": 1,
+        "indexer_n_head": 2, "indexer_top_k": 1, "head_dim": 64, "n_rot": 32, "sliding_window": 24,
+        "yarn_factor": 4.0, "yarn_orig_ctx": 128, "n_expert_used": 3,
+    },
+}  # fmt: skip
+
+
+def _session(model: Path, **opts: Any) -> Session:
+    return Session(str(model), SessionOptions(kv_type="f32", n_ctx=512, max_batch=BATCH, **opts), log=lambda line: None)
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_f32_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path, geometry: str) -> None:
+    """The prompt's logits and each decode step's: max |Δ| ≤ 1e-4 (std 1) and mean KL ≤ 1e-8 (measured ~3e-6 and
+    ~1e-13: rounding); a graph per decode step (its blocks complete at known positions)."""
+    src = model_factory(arch=A, type="F32", **GEOMETRIES[geometry])
+    tokens = _tokens(N, 512, seed=31)
+    ref = llama_logits(src, tokens, tmp_path)
+    got, s = steps(_repacked(src, tmp_path), tokens, PROMPT, max_batch=BATCH)
+    assert not s.one_graph_steps  # type: ignore[attr-defined]
+    assert np.abs(ref - got).max() <= 1e-4
+    assert kl_per_position(ref, got).mean() <= 1e-8
+
+
+def test_streamed_at_a_quarter_is_bit_identical_to_resident(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """25 % of the expert bytes (a prompt's experts in waves, decode experts read as selected or predicted, the
+    hash layers' from the token's table), lookahead 0 and 2: the same logits as every expert in RAM."""
+    model = _repacked(model_factory(arch=A, type="Q8_0", **GEOMETRIES["hca-first-yarn"]), tmp_path)
+    with ModelFile.open(str(model)) as mf:
+        budget = mf.index.total_bytes // 4
+    tokens = _tokens(N, 512, seed=32)
+    resident, s = steps(model, tokens, PROMPT, max_batch=BATCH)
+    assert s.slots_per_layer == s.hp.n_expert
+    for lookahead in (0, 2):
+        streamed, s = steps(model, tokens, PROMPT, max_batch=BATCH, ram_budget=budget, lookahead=lookahead)
+        assert s.slots_per_layer < s.hp.n_expert
+        assert np.array_equal(resident, streamed), lookahead
+
+
+def test_prompt_resumed_from_checkpoints_is_identical(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """The compressors' carried rows are a recurrent state: a prompt split into passes of one chunk, a request that
+    repeats a prompt (resumed from the checkpoint one token before its end) and one that shares only its start
+    (resumed from a chunk-end checkpoint) give the logits of one fresh pass, to the bit."""
+    model = _repacked(model_factory(arch=A, type="Q8_0"), tmp_path)
+    tokens = _tokens(N, 512, seed=33).tolist()
+    fresh = _session(model)
+    try:
+        want = fresh.forward(tokens[:PROMPT], all_logits=True)
+        want_next = fresh.forward(tokens[PROMPT : PROMPT + 1])
+        other = tokens[:130] + tokens[150 : PROMPT + 20]
+        fresh.reset()
+        want_other = fresh.forward(other, all_logits=True)
+    finally:
+        fresh.close()
+    s = _session(model, checkpoint_interval=BATCH)
+    try:
+        assert np.array_equal(s.forward(tokens[:PROMPT], all_logits=True), want)
+        assert np.array_equal(s.forward(tokens[PROMPT : PROMPT + 1]), want_next)
+        kept = s.reuse_prefix(tokens[:PROMPT])  # the same prompt again: from the checkpoint before its last token
+        assert kept == PROMPT - 1
+        assert np.array_equal(s.forward(tokens[kept:PROMPT], all_logits=True), want[kept:])
+        kept = s.reuse_prefix(other)  # diverges at 130: the last chunk end before it
+        assert kept == 128
+        assert np.array_equal(s.forward(other[kept:], all_logits=True), want_other[kept:])
+    finally:
+        s.close()
+
+
+def test_kv_bytes_per_token_counts_the_raw_keys_and_the_compressed_blocks(model_factory: ModelFactory) -> None:
+    """The family's rule (what the cache allocates a position): every layer's raw key row, plus a CSA layer's blocks
+    and its indexer's every 4 positions and an HCA layer's every 128, at 2 bytes an element (F16)."""
+    from tokenwing.format.gguf_io import read_header
+    from tokenwing.models import kv_bytes_per_token
+
+    path = model_factory(arch=A, type="F32")
+    meta = {k: v.value for k, v in read_header(str(path)).kv.items()}
+    d, di = 128, 64  # the tiny preset's head and indexer head; layers: window, window, CSA, HCA
+    want = 2 * (4 * d + (d // 4 + di // 4) + d // 128)
+    assert kv_bytes_per_token(meta, A, str(path)) == want
