@@ -43,6 +43,7 @@ KNOWN_MOE_ARCHS = frozenset(
         "qwen3moe",
         "qwen3next",
         "qwen35moe",
+        "qwen4exp",
         "qwen3vlmoe",
         "deepseek",
         "deepseek2",

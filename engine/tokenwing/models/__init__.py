@@ -19,6 +19,7 @@ from tokenwing.models.minimax_m2 import MiniMaxM2
 from tokenwing.models.qwen2moe import Qwen2MoE
 from tokenwing.models.qwen3moe import Qwen3MoE
 from tokenwing.models.qwen3next import Qwen3Next, Qwen35MoE
+from tokenwing.models.qwen4exp import Qwen4Exp
 
 FAMILIES: dict[str, type[MoEModel]] = {
     cls.arch: cls
@@ -35,6 +36,7 @@ FAMILIES: dict[str, type[MoEModel]] = {
         BailingMoE3,
         MiniMaxM2,
         KimiK3,
+        Qwen4Exp,
         GlmDsa,
     )
 }

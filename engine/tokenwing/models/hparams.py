@@ -69,6 +69,11 @@ class HParams:
     attn_res_block: int | None = None
     situ_beta: float | None = None
     situ_linear_beta: float | None = None
+    # qwen4exp: QSA's budget of cells a query keeps (attention.indexer.top_k) and each layer's block of cells
+    # (attention.compress_ratios: 0 on linear layers); attention is dense while a query sees at most
+    # budget + block - 1 cells (docs/families/qwen4exp.md 2.5)
+    qsa_top_k: int = 0
+    qsa_ratios: tuple[int, ...] = ()
     # DSA's lightning indexer (glm-dsa): its heads, head size and the keys it keeps per query; per layer that runs,
     # whether the layer runs its own indexer (attention.indexer.types, GLM-5.2; () where the file has none)
     indexer_n_head: int = 0
@@ -171,6 +176,8 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str, recurrence: str = 
     )
     if arch == "deepseek4":
         hp = dataclasses.replace(hp, dsv4=_dsv4_keys(get, n_layer, where))
+    if arch == "qwen4exp":
+        hp = _qsa(hp, get, meta.get(f"{arch}.attention.compress_ratios"), where)
     if hp.n_mtp < 0:
         raise BadInputError(f"{where}: nextn_predict_layers must not be negative")
     if hp.gating not in (0, 1, 2) and not (hp.gating == 4 and arch == "deepseek4"):
@@ -304,6 +311,21 @@ def _dsv4_keys(get: Any, n_layer: int, where: str) -> Dsv4Keys:
         o_group_count=get("attention.output_group_count"),
         o_lora_rank=get("attention.output_lora_rank"),
     )
+
+
+def _qsa(hp: HParams, get: Any, ratios: Any, where: str) -> HParams:
+    """qwen4exp's QSA keys, and its context capped at the dense part of QSA, which is what the engine computes: a
+    query that sees more than budget + block - 1 cells would attend to a selection (the indexer, not built yet)."""
+    from dataclasses import replace
+
+    top_k = get("attention.indexer.top_k")
+    per_layer = tuple(_ints(ratios if ratios is not None else [0], f"{where}: qwen4exp.attention.compress_ratios"))
+    per_layer = (per_layer + (0,) * hp.n_layer)[: hp.n_layer]
+    blocks = [r for il, r in enumerate(per_layer) if r and not hp.is_recurrent(il)]
+    if top_k <= 0 or not blocks:
+        raise BadInputError(f"{where}: qwen4exp needs attention.indexer.top_k and a compress ratio per full layer")
+    span = top_k + min(blocks) - 1
+    return replace(hp, qsa_top_k=top_k, qsa_ratios=per_layer, n_ctx_train=min(hp.n_ctx_train, span))
 
 
 def _qsa(hp: HParams, get: Any, ratios: Any, where: str) -> HParams:

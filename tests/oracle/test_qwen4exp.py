@@ -1,0 +1,125 @@
+"""Qwen3.8 Flash Next (`qwen4exp`) against llama.cpp on the same GGUF: hyper-connections, the sigmoid-gated DeltaNet
+and QSA's dense part (a query seeing at most budget + block - 1 cells), exact in F32 and at the quantised types'
+floor, streamed at 25 % of the experts, a prompt split into passes; and what the engine refuses (the n-gram table,
+a context past the dense part, stream counts other than 4).
+
+Each prompt spans several layer-major chunks, the decode steps run past position 256 (a new decode window), and the
+recurrent state and the streams carry across all of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ModelFactory
+from tests.oracle.test_families import clear_top1, steps
+from tests.oracle.test_logits import _repacked, _tokens, kl_per_position, llama_logits
+from tokenwing.errors import UnsupportedError
+from tokenwing.format.reader import ModelFile
+from tokenwing.runtime.session import Session, SessionOptions
+
+pytestmark = pytest.mark.oracle
+
+A = "qwen4exp"
+DENSE = {"arch": A, "ple_layer": -1, "indexer_top_k": 512}  # (QSA keeps 515 cells: every test prompt sees all)
+VARIANTS: dict[str, dict[str, object]] = {
+    "tiny": DENSE,  # DeltaNet ×3 (2 key heads shared by 4 value heads), QSA attention ×1
+    # 8 layers with full attention every other one, a wider model, 10 of 16 experts, rank 64, 8 value heads
+    "wide": {
+        **DENSE, "n_layer": 8, "full_attention_interval": 2, "n_embd": 128, "n_head": 8, "head_dim": 32,
+        "n_expert": 16, "n_expert_used": 10, "hc_low_rank": 64, "ssm_dt_rank": 8, "n_rot": 16,
+        "rope_sections": (3, 3, 1, 1), "indexer_head_size": 32,
+    },
+    # a rank of 1, one key head for every value head, a single full layer first of 6 (interval 6 puts it last)
+    "narrow": {**DENSE, "n_layer": 6, "full_attention_interval": 6, "hc_low_rank": 1, "ssm_n_group": 4},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_f32_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path, variant: str) -> None:
+    """320 positions: a 200-token prompt (4 chunks), then 120 decode steps across position 256."""
+    src = model_factory(type="F32", **VARIANTS[variant])  # type: ignore[arg-type]
+    tokens = _tokens(320, 512, seed=31)
+    ref = llama_logits(src, tokens, tmp_path)
+    got, s = steps(_repacked(src, tmp_path), tokens, 200)
+    assert s.one_graph_steps  # type: ignore[attr-defined]
+    assert np.abs(ref - got).max() <= 1e-4
+    assert kl_per_position(ref, got).mean() <= 1e-8
+
+
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K_M"])
+def test_quantized_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path, type_name: str) -> None:
+    """300 positions: mean KL <= 1e-4 and the same top-1 where llama.cpp's leads by more than 0.1 logit (weights at
+    0.03, as test_families.py explains)."""
+    shape = dict(VARIANTS["tiny"], weight_std=0.03)
+    if type_name.startswith("Q4_K"):
+        shape["preset"] = "kquant"
+    src = model_factory(type=type_name, **shape)  # type: ignore[arg-type]
+    tokens = _tokens(300, 512, seed=32)
+    ref = llama_logits(src, tokens, tmp_path)
+    got, _ = steps(_repacked(src, tmp_path), tokens, 200)
+    kl = kl_per_position(ref, got)
+    assert kl.mean() <= 1e-4, kl.mean()
+    assert clear_top1(ref, got) >= 0.99, clear_top1(ref, got)
+
+
+def test_streamed_at_a_quarter_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """25 % of the expert bytes in RAM, the rest read from the file, lookahead 2: llama.cpp's logits (mean KL <= 1e-4)
+    and, to the bit, those of every expert in RAM."""
+    src = model_factory(type="Q8_0", **dict(VARIANTS["wide"], weight_std=0.03))  # type: ignore[arg-type]
+    model = _repacked(src, tmp_path)
+    tokens = _tokens(200, 512, seed=33)
+    with ModelFile.open(str(model)) as mf:
+        budget = mf.index.total_bytes // 4
+    resident, _ = steps(model, tokens, 120, cpu_repack=False)
+    streamed, s = steps(model, tokens, 120, cpu_repack=False, ram_budget=budget, lookahead=2)
+    assert s.slots_per_layer < s.hp.n_expert
+    assert np.array_equal(resident, streamed)
+    assert kl_per_position(llama_logits(src, tokens, tmp_path), streamed).mean() <= 1e-4
+
+
+def test_prompt_split_into_passes_is_identical(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """A 2-slot cache and no prompt memory: a 120-token prompt as passes of one chunk, the streams and every layer's
+    state carried between them — the same logits, to the bit, as one pass."""
+    model = _repacked(model_factory(type="Q8_0", **VARIANTS["tiny"]), tmp_path)  # type: ignore[arg-type]
+    tokens = _tokens(120, 512, seed=34).tolist()
+    lines: list[str] = []
+    opts = {"kv_type": "f32", "n_ctx": 512, "max_batch": 16}
+    split = Session(str(model), SessionOptions(ram_budget=1, prompt_memory=0, **opts), lines.append)  # type: ignore[arg-type]
+    one = Session(str(model), SessionOptions(**opts), log=lambda line: None)  # type: ignore[arg-type]
+    try:
+        assert np.array_equal(split.forward(tokens, all_logits=True), one.forward(tokens, all_logits=True))
+        assert np.array_equal(split.forward([7]), one.forward([7]))
+    finally:
+        split.close()
+        one.close()
+    assert any("running it 16 tokens at a time" in line for line in lines), lines
+
+
+def test_context_stays_in_qsa_dense_part(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """The tiny preset's QSA keeps 64 cells in blocks of 4: the session's context is 67 tokens, the last one a
+    query attends to all of (tests/oracle/test_qwen4exp_loads.py: beyond it llama.cpp selects); the engine gives
+    llama.cpp's logits up to there."""
+    src = model_factory(type="F32", arch=A, ple_layer=-1)
+    model = _repacked(src, tmp_path)
+    s = Session(str(model), SessionOptions(kv_type="f32"), log=lambda line: None)
+    try:
+        assert s.n_ctx == 64 + 4 - 1
+    finally:
+        s.close()
+    tokens = _tokens(67, 512, seed=35)
+    got, _ = steps(model, tokens, 40)
+    assert kl_per_position(llama_logits(src, tokens, tmp_path), got).mean() <= 1e-8
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [({"arch": A}, "n-gram embedding table"), ({**DENSE, "hc_mult": 2}, "2 hyper-connection streams")],
+)
+def test_what_is_refused(model_factory: ModelFactory, tmp_path: Path, shape: dict[str, object], message: str) -> None:
+    model = _repacked(model_factory(type="F32", **shape), tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedError, match=message):
+        Session(str(model), SessionOptions(kv_type="f32"), log=lambda line: None)
