@@ -12,21 +12,22 @@ import pytest
 from tests.conftest import ModelFactory
 from tests.oracle.test_families import clear_top1, steps
 from tests.oracle.test_logits import _repacked, _tokens, kl_per_position, llama_logits
-from tokenwing.errors import UnsupportedError
 from tokenwing.format.gguf_io import read_header
 from tokenwing.format.reader import ModelFile
 from tokenwing.models import kv_bytes_per_token
 from tokenwing.models.glm_dsa import GlmDsa, hadamard, indexer_full
 from tokenwing.models.hparams import read_hparams
-from tokenwing.runtime.session import Session, SessionOptions
 
 pytestmark = pytest.mark.oracle
 
 A = "glm-dsa"
-# Geometries: the tiny preset (an indexer of 4 heads of 64 keeping 8 of 160 tokens), one indexer head keeping one
-# token over wider MLA heads, a top-k above the context (every key: plain MLA), an MTP block in the file.
+# Geometries: the tiny preset (an indexer of 4 heads of 64 keeping 8 of 160 tokens), GLM-5.2's shared layers (each
+# after its full one; three after two full ones, keeping 5), one indexer head keeping one token over wider MLA
+# heads, a top-k above the context (every key: plain MLA), an MTP block in the file.
 VARIANTS: dict[str, dict[str, object]] = {
     "tiny": {"n_layer": 3},
+    "glm-5.2": {"n_layer": 4, "indexer_types": (1, 0, 1, 0)},
+    "glm-5.2-runs": {"n_layer": 5, "indexer_types": (1, 1, 0, 0, 0), "indexer_top_k": 5},
     "one-pick": {"n_layer": 2, "indexer_n_head": 1, "indexer_top_k": 1, "head_dim": 80, "n_rot": 32},
     "dense": {"n_layer": 2, "indexer_top_k": 4096, "n_dense_lead": 0},
     "mtp": {"n_layer": 3, "n_mtp": 1, "indexer_head_size": 128, "indexer_top_k": 24},
@@ -46,9 +47,9 @@ def test_f32_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path, vari
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K_M", "MXFP4_MOE"])
 def test_quantized_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path, type_name: str) -> None:
     """300 positions (a 200-token prompt, then 100 decode steps across position 256), weights at 0.03 (tame, as
-    the other families' tests): mean KL ≤ 1e-4 and no larger than llama.cpp's with only its KV cache in F16, and the
-    same top-1 where llama.cpp's leads by more than 0.1 logit."""
-    shape: dict[str, object] = {"n_layer": 3, "weight_std": 0.03}
+    the other families' tests), GLM-5.2's sharing: mean KL ≤ 1e-4 and no larger than llama.cpp's with only its KV
+    cache in F16, and the same top-1 where llama.cpp's leads by more than 0.1 logit."""
+    shape: dict[str, object] = {"n_layer": 3, "weight_std": 0.03, "indexer_types": (1, 0, 1)}
     if type_name.startswith("Q4_K"):
         shape["preset"] = "kquant"
     src = model_factory(arch=A, type=type_name, **shape)
@@ -64,7 +65,9 @@ def test_quantized_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path
 def test_streamed_at_a_quarter_is_resident_and_llama_cpp(model_factory: ModelFactory, tmp_path: Path) -> None:
     """A quarter of the expert bytes (experts read as they are selected, lookahead 2): the logits of every expert in
     RAM, bit for bit, and llama.cpp's (Q8_0: bit-exact there too)."""
-    src = model_factory(arch=A, type="Q8_0", n_layer=4, n_expert=16, n_expert_used=4, weight_std=0.03)
+    src = model_factory(
+        arch=A, type="Q8_0", n_layer=4, n_expert=16, n_expert_used=4, weight_std=0.03, indexer_types=(1, 0, 1, 0)
+    )
     model = _repacked(src, tmp_path)
     tokens = _tokens(160, 512, seed=13)
     with ModelFile.open(str(model)) as mf:
@@ -80,16 +83,17 @@ def test_streamed_at_a_quarter_is_resident_and_llama_cpp(model_factory: ModelFac
 def test_kv_bytes_per_token_holds_the_latent_and_the_indexer_keys(model_factory: ModelFactory) -> None:
     """Per layer the latent and rope key (MLA) and the indexer's key, in the cache's type — llama.cpp's two caches;
     GLM-5 (78 layers of 512 + 64 + 128 at F16) 109,824 bytes a token; GLM-5.2 (21 of its 78 layers with an
-    indexer, by llama.cpp's default types for a million-token context) 95,232."""
+    indexer, by llama.cpp's default types for a million-token context) 95,232, and the 2,048 picks its shared layers
+    read, 8,192 more."""
     path = model_factory(arch=A, n_layer=3)
     meta = {k: v.value for k, v in read_header(str(path)).kv.items()}
     hp = read_hparams(meta, A, "t")
     assert kv_bytes_per_token(meta, A, "t") == 3 * (64 + 16 + 64) * 2
-    glm5 = dataclasses.replace(hp, n_layer=78, kv_lora_rank=512, n_rot=64, indexer_head_size=128)
+    glm5 = dataclasses.replace(hp, n_layer=78, kv_lora_rank=512, n_rot=64, indexer_head_size=128, indexer_top_k=2048)
     assert GlmDsa.kv_bytes_per_token(glm5) == 109_824
     glm52 = dataclasses.replace(glm5, n_ctx_train=1_048_576)
     assert sum(indexer_full(glm52, il) for il in range(78)) == 21
-    assert GlmDsa.kv_bytes_per_token(glm52) == 95_232
+    assert GlmDsa.kv_bytes_per_token(glm52) == 95_232 + 4 * 2048
 
 
 def test_hadamard_is_llama_cpps_rotation() -> None:
@@ -97,10 +101,3 @@ def test_hadamard_is_llama_cpps_rotation() -> None:
     assert h.dtype == np.float32 and np.allclose(h @ h, np.eye(128), atol=1e-6)
     assert np.all(np.abs(h) == np.float32(1.0) / np.sqrt(np.float32(128)))
     assert np.all(h[0] > 0) and h[1, 1] < 0  # Sylvester's order: [[H, H], [H, -H]]
-
-
-def test_glm_5_2_shared_indexers_are_refused_in_one_line(model_factory: ModelFactory, tmp_path: Path) -> None:
-    model = _repacked(model_factory(arch=A, n_layer=3, indexer_types=(1, 0, 1)), tmp_path)
-    with pytest.raises(UnsupportedError) as e:
-        Session(str(model), SessionOptions(kv_type="f32", n_ctx=512), log=lambda line: None)
-    assert "shared indexer layers" in str(e.value) and "\n" not in str(e.value)

@@ -6,8 +6,11 @@ The indexer of a layer: a query of `indexer_n_head` heads from the query latent 
 from the layer input (indexer.attn_k, then a LayerNorm with bias), both roped on their first rope dims and rotated by
 a Hadamard matrix; per-head weights from the input (indexer.proj, scaled by 1/√(heads · head)); the score of a key
 is Σ_h weight_h · relu(q_h · k), its top-k unmasked in the attention's mask. The indexer's keys are cached beside
-the MLA latent (the layer's K rows: the latent and rope key block, then the indexer's block). GLM-5.2's shared
-layers reuse the last full layer's picks; the engine refuses those files for now.
+the MLA latent (the layer's K memory: the latent and rope key block, then the indexer's block). GLM-5.2's shared
+layers reuse the picks of the last layer that ran its own indexer: that layer writes them to a buffer by position
+(F32, exact for positions below 2^24), which they read — the prompt runs layer by layer over all its chunks, and
+a decode graph expands a layer's writes before the next layer's reads, so a shared layer always reads its own
+positions' picks.
 
 The rest is DeepSeek-V3's (`deepseek2`) without what llama.cpp does not read for this family: no YaRN log
 multiplier, no expert groups; a sigmoid router by default, with the selection bias, shared expert and leading
@@ -21,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenwing.compute.ggml_lib import F16, F32, ROPE_NORM, Tensor, TensorArena, ops
+from tokenwing.compute.ggml_lib import F16, F32, I32, ROPE_NORM, Tensor, TensorArena, ops
 from tokenwing.errors import BadInputError, UnsupportedError
 from tokenwing.models import common, mla
 from tokenwing.models.base import MoEModel, TensorCheck
@@ -69,8 +72,10 @@ class GlmDsa(MoEModel):
         mscale = f32(self.rope.attn_factor) * (f32(1.0) + f32(0.1) * ln_factor)
         self.kq_scale = float(f32(mscale * mscale) / np.sqrt(f32(k_head)))
         di = hp.indexer_head_size
-        self._arena = TensorArena(2)
+        self._arena = TensorArena(16)
         self._hadamard = self._arena.wrap(hadamard(di), F32, (di, di))
+        self._shared = not all(indexer_full(hp, il) for il in range(hp.n_layer))
+        self._picks: dict[int, Tensor] = {}  # n_ctx → [min(top_k, n_ctx), n_ctx] F32: the last full layer's picks
         self._weight_scale = float(np.float32(1.0) / np.sqrt(np.float32(di * hp.indexer_n_head)))
 
     @classmethod
@@ -88,10 +93,6 @@ class GlmDsa(MoEModel):
             )
         if not indexer_full(hp, 0):
             raise BadInputError(f"{where}: layer 0 must run its own indexer (attention.indexer.types)")
-        if not all(indexer_full(hp, il) for il in range(hp.n_layer)):
-            raise UnsupportedError(
-                f"{where}: GLM-5.2's shared indexer layers (attention.indexer.types) cannot run yet; GLM-5 and 5.1 can"
-            )
         super().check(hp, shapes, streamed, where)
 
     @classmethod
@@ -115,6 +116,13 @@ class GlmDsa(MoEModel):
         lid = hp.indexer_head_size if indexer_full(hp, il) else 0
         return common.KVSpec(hp.kv_lora_rank + hp.n_rot + lid, hp.kv_lora_rank, v_in_k=True)
 
+    @classmethod
+    def kv_bytes_per_token(cls, hp: HParams, elt: int = 2) -> int:
+        """The caches' widths, and with GLM-5.2's shared layers the picks they read: 4 bytes for each of the top-k
+        a position keeps (F32 whatever the cache's type; at most, as a context shorter than top-k keeps fewer)."""
+        picks = 4 * hp.indexer_top_k if not all(indexer_full(hp, il) for il in range(hp.n_layer)) else 0
+        return super().kv_bytes_per_token(hp, elt) + picks
+
     # ----------------------------------------------------------------------------------------------- graph
     def attention(
         self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache
@@ -125,6 +133,13 @@ class GlmDsa(MoEModel):
         hp, w = self.hp, self.w[il]
         latent, di = hp.kv_lora_rank + hp.n_rot, hp.indexer_head_size
         n_ctx, elt = int(cache.k.contents.ne[1]), cache.elt
+        if not indexer_full(hp, il):  # GLM-5.2: the last full layer's picks at these positions
+            picks = self._picks_buffer(ctx, n_ctx, at.n_kv)
+            rows = ops.ggml_get_rows(ctx, picks, ops.ggml_view_1d(ctx, at.positions, at.n, 0))
+            top_k = ops.ggml_cpy(ctx, rows, ops.ggml_new_tensor_2d(ctx, I32, int(rows.contents.ne[0]), at.n))
+            mask = self._mask(ctx, top_k, at)
+            cur, writes = mla.attention(ctx, hp, w, x, at, cache, self.rope, self.kq_scale, lambda qr: (mask, []))
+            return ops.ggml_mul_mat(ctx, w["attn_output"], cur), writes
         # The layer's K memory holds two blocks: [latent + rope, n_ctx] then [indexer head, n_ctx], each of
         # contiguous rows (so the MLA attention reads its block as any cache)
         mla_k = ops.ggml_view_2d(ctx, cache.k, latent, n_ctx, latent * elt, 0)
@@ -160,11 +175,30 @@ class GlmDsa(MoEModel):
         mask16 = ops.ggml_cpy(ctx, at.mask, ops.ggml_new_tensor_2d(ctx, F16, at.n_kv, n))  # (the fused op's F16 mask)
         scores = ops.ggml_lightning_indexer(ctx, q, keys, weights, mask16)  # [n_kv, n]
         top_k = ops.ggml_cont(ctx, ops.ggml_top_k(ctx, scores, min(at.n_kv, hp.indexer_top_k)))  # I32 [k, n]
-        picks = int(top_k.contents.ne[0])
-        # -inf everywhere but at the picks (0), then the causal mask added: surplus picks of masked keys stay -inf
+        writes = [write]
+        if self._shared:  # kept by position for the shared layers after this one
+            k = int(top_k.contents.ne[0])
+            buf = self._picks_buffer(ctx, int(lid_k.contents.ne[1]), at.n_kv)
+            as_f32 = ops.ggml_cpy(ctx, top_k, ops.ggml_new_tensor_2d(ctx, F32, k, n))
+            writes.append(ops.ggml_set_rows(ctx, buf, as_f32, at.k_rows))
+        return self._mask(ctx, top_k, at), writes
+
+    def _picks_buffer(self, ctx: Any, n_ctx: int, n_kv: int) -> Tensor:
+        """The picks by position, [k, n_ctx] of the buffer for this context (k = min(top_k, n_kv): the picks of a
+        graph over n_kv keys)."""
+        k_max = min(self.hp.indexer_top_k, n_ctx)
+        if n_ctx not in self._picks:
+            self._picks[n_ctx] = self._arena.wrap(np.zeros((n_ctx, k_max), np.float32), F32, (k_max, n_ctx))
+        buf = self._picks[n_ctx]
+        return ops.ggml_view_2d(ctx, buf, min(k_max, n_kv), n_ctx, 4 * k_max, 0)
+
+    @staticmethod
+    def _mask(ctx: Any, top_k: Tensor, at: common.Placement) -> Tensor:
+        """-inf everywhere but at the picks (0), then the causal mask added: surplus picks of masked keys stay -inf
+        (llama-graph.cpp:3068-3095)."""
+        picks, n = int(top_k.contents.ne[0]), at.n
         blank = ops.ggml_fill(ctx, ops.ggml_new_tensor_2d(ctx, F32, at.n_kv, n), -np.inf)
         rows = ops.ggml_reshape_4d(ctx, blank, 1, at.n_kv, n, 1)
         zeros = ops.ggml_fill(ctx, ops.ggml_new_tensor_4d(ctx, F32, 1, picks, n, 1), 0.0)
         picked = ops.ggml_set_rows(ctx, rows, zeros, ops.ggml_reshape_3d(ctx, top_k, picks, n, 1))
-        mask = ops.ggml_add(ctx, ops.ggml_reshape_2d(ctx, picked, at.n_kv, n), at.mask)
-        return mask, [write]
+        return ops.ggml_add(ctx, ops.ggml_reshape_2d(ctx, picked, at.n_kv, n), at.mask)
