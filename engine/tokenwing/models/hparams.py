@@ -326,18 +326,3 @@ def _qsa(hp: HParams, get: Any, ratios: Any, where: str) -> HParams:
         raise BadInputError(f"{where}: qwen4exp needs attention.indexer.top_k and a compress ratio per full layer")
     span = top_k + min(blocks) - 1
     return replace(hp, qsa_top_k=top_k, qsa_ratios=per_layer, n_ctx_train=min(hp.n_ctx_train, span))
-
-
-def _qsa(hp: HParams, get: Any, ratios: Any, where: str) -> HParams:
-    """qwen4exp's QSA keys, and its context capped at the dense part of QSA, which is what the engine computes: a
-    query that sees more than budget + block - 1 cells would attend to a selection (the indexer, not built yet)."""
-    from dataclasses import replace
-
-    top_k = get("attention.indexer.top_k")
-    per_layer = tuple(_ints(ratios if ratios is not None else [0], f"{where}: qwen4exp.attention.compress_ratios"))
-    per_layer = (per_layer + (0,) * hp.n_layer)[: hp.n_layer]
-    blocks = [r for il, r in enumerate(per_layer) if r and not hp.is_recurrent(il)]
-    if top_k <= 0 or not blocks:
-        raise BadInputError(f"{where}: qwen4exp needs attention.indexer.top_k and a compress ratio per full layer")
-    span = top_k + min(blocks) - 1
-    return replace(hp, qsa_top_k=top_k, qsa_ratios=per_layer, n_ctx_train=min(hp.n_ctx_train, span))
