@@ -413,3 +413,37 @@ def test_the_theme_follows_the_system_and_the_rail_icons_follow_the_theme(
         run_qt(qapp, flow)
     finally:
         window.close()
+
+
+# ---------------------------------------------------------------------------------------------- Discover's cards
+def test_discover_cards_fill_the_width_and_a_click_shows_the_details(qapp: QApplication) -> None:
+    from runmyai.ui.library_panel import CardGrid
+    from runmyai.ui.render import LibraryEntry
+
+    window = MainWindow()
+    window.show()
+    entries = [
+        LibraryEntry(f"preset:m{i}", f"Model {i}", "on the hub", f"<p>details of model {i}</p>", line="Runs well")
+        for i in range(13)
+    ]
+    window.library.set_entries(entries)
+    window.show_page("Discover")
+    grid: CardGrid = window.library.models
+    columns = {}
+    try:
+        for width, height in ((1280, 800), (1600, 1000), (1920, 1080)):
+            window.resize(width, height)
+            for _ in range(5):
+                QApplication.processEvents()
+            first_row = [r for r in range(grid.count()) if grid.visualItemRect(grid.item(r)).top() == 0]
+            columns[width] = len(first_row)
+            assert len(first_row) == grid.room() // CardGrid.MIN_WIDTH, (width, grid.room())
+            assert not grid.card_problems()
+        assert columns[1280] >= 2 and columns[1920] > columns[1280]  # more room, more columns
+        # a real click on the fourth card selects it and shows its overview
+        rect = grid.visualItemRect(grid.item(3))
+        QTest.mouseClick(grid.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+        assert window.library.current_key() == "preset:m3" and window.library.headline.text() == "Model 3"
+        assert "details of model 3" in window.library.details.toPlainText()
+    finally:
+        window.close()
