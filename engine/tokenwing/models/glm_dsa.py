@@ -177,9 +177,9 @@ class GlmDsa(MoEModel):
         top_k = ops.ggml_cont(ctx, ops.ggml_top_k(ctx, scores, min(at.n_kv, hp.indexer_top_k)))  # I32 [k, n]
         writes = [write]
         if self._shared:  # kept by position for the shared layers after this one
-            k = int(top_k.contents.ne[0])
+            count = int(top_k.contents.ne[0])
             buf = self._picks_buffer(ctx, int(lid_k.contents.ne[1]), at.n_kv)
-            as_f32 = ops.ggml_cpy(ctx, top_k, ops.ggml_new_tensor_2d(ctx, F32, k, n))
+            as_f32 = ops.ggml_cpy(ctx, top_k, ops.ggml_new_tensor_2d(ctx, F32, count, n))
             writes.append(ops.ggml_set_rows(ctx, buf, as_f32, at.k_rows))
         return self._mask(ctx, top_k, at), writes
 
