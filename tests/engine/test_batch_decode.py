@@ -133,3 +133,57 @@ def test_a_step_reads_each_expert_of_the_union_once(repacked_factory: ModelFacto
         assert waves  # (the case the test is for)
     finally:
         s.close()
+
+
+LONG = [(7 * i + 3) % 200 + 1 for i in range(70)]  # past the first 64-position window
+
+
+@pytest.mark.parametrize(
+    ("slots", "prompts", "runs"),
+    [
+        ((0, 1, 2), [LONG, PROMPTS[0], PROMPTS[1]], [2]),  # the long one's window is wider: it attends alone
+        ((0, 2, 3), PROMPTS, [2]),  # slot 1 idle: slots 2 and 3 attend in one product, slot 0 alone
+        ((0, 1, 2, 3), [*PROMPTS, PROMPTS[0]], [4]),  # every slot, one product
+    ],
+    ids=["windows", "gap", "all"],
+)
+def test_stacked_attention_runs_get_what_each_gets_alone(
+    repacked_factory: ModelFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    slots: tuple[int, ...],
+    prompts: list[list[int]],
+    runs: list[int],
+) -> None:
+    """The slots' caches are one stack per layer, so sequences of consecutive slots with equal windows attend in
+    one product over it (`common.Run`); a sequence with another window, or after an idle slot, attends on its own.
+    Either way each one's logits are those it gets alone."""
+    from tokenwing.models import common
+
+    model = str(repacked_factory(type="Q8_0"))
+    want = [_alone(model, _options(1, None), p) for p in prompts]
+    seen: list[int] = []
+    stacked = common._attend_stacked
+
+    def spy(*args: object, **kwargs: object) -> object:
+        run = args[3]
+        assert isinstance(run, common.Run)
+        seen.append(run.count)
+        return stacked(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(common, "_attend_stacked", spy)
+    s = Session(model, _options(4, None), log=lambda line: None)
+    try:
+        out: list[list[np.ndarray]] = []
+        for slot, prompt in zip(slots, prompts, strict=True):
+            s.use(slot)
+            out.append([s.forward(prompt, prompt=True)])
+        for _ in range(STEPS):
+            got = decode_step(s, [(slot, int(o[-1].argmax())) for slot, o in zip(slots, out, strict=True)])
+            for o, logits in zip(out, got, strict=True):
+                o.append(logits)
+    finally:
+        s.close()
+    assert sorted(set(seen)) == runs  # (the graphs were built with these runs)
+    for w, g in zip(want, out, strict=True):
+        for step, (a, b) in enumerate(zip(w, g, strict=True)):
+            assert np.array_equal(a, b), f"step {step}: max |diff| {np.abs(a - b).max()}"

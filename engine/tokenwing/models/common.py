@@ -25,14 +25,20 @@ def rms_norm(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------------ where tokens go
-DECODE_WINDOW = 256  # decode attends over the cache rounded up to this many positions (masked), as llama.cpp does
+# Decode attends over the cache rounded up to this many positions, masked (llama.cpp pads to 256): one graph
+# serves that many positions, and the masked keys add exact zeros to sums whose SIMD blocks (32 F16 values) are
+# unchanged, so the bits do not depend on it (tested: 384 decode steps of the demo model give identical logits with
+# 64 and 256). Why not 256: a query's dot products with masked keys are most of a short context's attention — on
+# the demo model at 512 positions of context, one thread, a token took 1.04 ms over 256-position windows and
+# 0.69 ms over 64-position ones, and 4 sequences' step 3.26 against 2.06 ms; a graph is rebuilt 4× as often.
+DECODE_WINDOW = 64
 
 
 @dataclass(frozen=True)
 class Placement:
     """Where a graph's `n` tokens go: positions pos0…pos0+n-1 of the KV cache, attending over its first `n_kv`
     positions (decode: rounded up to DECODE_WINDOW and masked, so that one graph, and one rounding of the
-    attention sums, serves 256 positions). The tensors are inputs of the graph, shared by its layers."""
+    attention sums, serves DECODE_WINDOW positions). The tensors are inputs of the graph, shared by its layers."""
 
     n: int
     n_kv: int
@@ -52,6 +58,46 @@ class Placement:
     # several (the one-graph decode step): a family whose layer graph depends on it (DeepSeek V4's compressed
     # blocks) is never given one (`MoEModel.position_graphs`)
     pos0: int | None = None
+    # ... and which of them attend in one product (`batch_runs`): consecutive tokens of consecutive slots of the
+    # caches' stack with equal windows; empty: each apart
+    runs: tuple[Run, ...] = ()
+
+
+@dataclass(frozen=True)
+class Run:
+    """`count` consecutive tokens of a batch, from `start`, whose sequences' caches are consecutive slots of one
+    `KVStack` and whose windows are equal: their attention reads go through one product over the stack (the
+    parts' masks stacked, [n_kv, 1, 1, count])."""
+
+    start: int
+    count: int
+    mask: Tensor
+    mask_swa: Tensor | None
+
+
+def batch_runs(ctx: Any, parts: list[Placement], slots: list[int]) -> tuple[Run, ...]:
+    """The runs of a batch whose tokens belong to the caches' stack slots `slots` (in token order): maximal
+    stretches of consecutive slots with equal windows; a run of one attends on its own. The stacked masks are
+    built here, once per graph (every layer reads them)."""
+
+    def stacked(masks: list[Tensor]) -> Tensor:
+        m = ops.ggml_reshape_4d(ctx, masks[0], int(masks[0].contents.ne[0]), 1, 1, 1)
+        for other in masks[1:]:
+            m = ops.ggml_concat(ctx, m, ops.ggml_reshape_4d(ctx, other, int(other.contents.ne[0]), 1, 1, 1), 3)
+        return m
+
+    runs: list[Run] = []
+    start = 0
+    for i in range(1, len(parts) + 1):
+        if i < len(parts) and slots[i] == slots[i - 1] + 1 and parts[i].n_kv == parts[start].n_kv:
+            continue
+        group = parts[start:i]
+        if len(group) > 1:
+            swa_masks = [p.mask_swa for p in group if p.mask_swa is not None]
+            swa = stacked(swa_masks) if swa_masks else None
+            runs.append(Run(start, len(group), stacked([p.mask for p in group]), swa))
+        start = i
+    return tuple(runs)
 
 
 FLASH_ROWS = 64  # ggml's CPU flash attention runs its F32 tiled kernel for 64 queries or more (GGML_FA_TILE_Q)
@@ -143,14 +189,27 @@ class KVSpec:
 
 
 @dataclass(frozen=True)
+class KVStack:
+    """One layer's caches of every slot in one tensor each (the server's sequences, runtime/kvcache.py): K [k_width,
+    n_ctx, slots] and V [n_ctx, v_width, slots] (None: V lives in K). Several sequences' attention then reads
+    them as one product (`Run`)."""
+
+    k: Tensor
+    v: Tensor | None
+
+
+@dataclass(frozen=True)
 class KVCache:
     """One layer's cache: K [k_width, n_ctx] (a row per position) and V transposed [n_ctx, v_width]; or K alone
-    (`v` None: V is the first `v_width` values of each K row, as MLA's latent is)."""
+    (`v` None: V is the first `v_width` values of each K row, as MLA's latent is). `stack`: the every-slot tensors
+    whose slot `index` this cache is, if it is one."""
 
     k: Tensor
     v: Tensor | None
     elt: int  # bytes per element
     v_width: int
+    stack: KVStack | None = None
+    index: int = 0
 
 
 @dataclass(frozen=True)
@@ -277,12 +336,7 @@ def attend(
     nkv = int(k.contents.ne[1])
     elt, kc = kv.elt, kv.k
     row = hd * nkv * elt
-    writes = [ops.ggml_set_rows(ctx, kc, ops.ggml_reshape_2d(ctx, k, hd * nkv, n), at.k_rows)]
-    if kv.v is not None:
-        assert v is not None and at.v_cells is not None
-        n_ctx = int(kv.v.contents.ne[0])
-        v_flat = ops.ggml_view_2d(ctx, kv.v, 1, n_ctx * kv.v_width, elt, 0)  # one row per element
-        writes.append(ops.ggml_set_rows(ctx, v_flat, ops.ggml_reshape_2d(ctx, v, 1, kv.v_width * n), at.v_cells))
+    writes = _cache_writes(ctx, k, v, at, kv)
     flash_mask = at.flash_mask if mask is None else at.flash_mask_swa if mask is at.mask_swa else None
     if flash_mask is not None and (kv.v_width // nkv) % FLASH_ALIGN == 0:
         return _flash(ctx, q, nkv, at, kv, scale, flash_mask, sinks, v_up), writes
@@ -303,6 +357,66 @@ def attend(
     if v_up is not None:
         kqv = ops.ggml_mul_mat(ctx, v_up, kqv)
     return ops.ggml_cont_2d(ctx, ops.ggml_permute(ctx, kqv, 0, 2, 1, 3), int(kqv.contents.ne[0]) * nh, n), writes
+
+
+def _cache_writes(ctx: Any, k: Tensor, v: Tensor | None, at: Placement, kv: KVCache) -> list[Tensor]:
+    """The new tokens' K (and V) into their rows of the cache."""
+    hd, nkv, n = int(k.contents.ne[0]), int(k.contents.ne[1]), at.n
+    writes = [ops.ggml_set_rows(ctx, kv.k, ops.ggml_reshape_2d(ctx, k, hd * nkv, n), at.k_rows)]
+    if kv.v is not None:
+        assert v is not None and at.v_cells is not None
+        n_ctx = int(kv.v.contents.ne[0])
+        v_flat = ops.ggml_view_2d(ctx, kv.v, 1, n_ctx * kv.v_width, kv.elt, 0)  # one row per element
+        writes.append(ops.ggml_set_rows(ctx, v_flat, ops.ggml_reshape_2d(ctx, v, 1, kv.v_width * n), at.v_cells))
+    return writes
+
+
+def _attend_stacked(
+    ctx: Any,
+    q: Tensor,
+    nkv: int,
+    run: Run,
+    n_kv: int,
+    caches: tuple[KVCache, ...],
+    scale: float,
+    mask: Tensor,
+    sinks: Tensor | None,
+    v_up: Tensor | None,
+) -> Tensor:
+    """The attention reads of a run's sequences (q [hd, n_head, count], their K and V already written) as one
+    product over their slots of the stack: each (sequence, head) slice of the 4-D products is the product that
+    sequence gets alone, over the same window, so the same bits (ggml computes a 4-D product slice by slice; the
+    window is equal within a run). One node each instead of one per sequence: on the demo model, 4 sequences'
+    attention was ~400 of a decode step's ~700 nodes."""
+    hd, nh, r = int(q.contents.ne[0]), int(q.contents.ne[1]), run.count
+    first = caches[0]
+    stack = first.stack
+    consecutive = all(c.stack is stack and c.index == first.index + i for i, c in enumerate(caches))
+    assert stack is not None and consecutive, "a run's caches are consecutive slots of one stack"
+    elt, kc = first.elt, stack.k
+    row = hd * nkv * elt
+    n_ctx = int(kc.contents.ne[1])
+    k_all = ops.ggml_view_4d(ctx, kc, hd, nkv, n_kv, r, hd * elt, row, n_ctx * row, first.index * n_ctx * row)
+    nb = q.contents.nb
+    q4 = ops.ggml_view_4d(ctx, q, hd, nh, 1, r, int(nb[1]), int(nb[2]), int(nb[2]), 0)
+    kq = ops.ggml_mul_mat(ctx, ops.ggml_permute(ctx, k_all, 0, 2, 1, 3), ops.ggml_permute(ctx, q4, 0, 2, 1, 3))
+    kq = ops.ggml_soft_max_ext_inplace(ctx, kq, mask, scale, 0.0)  # [n_kv, 1, n_head, r]
+    if sinks is not None:
+        ops.ggml_soft_max_add_sinks(kq, sinks)
+    if stack.v is not None:
+        hd_v = first.v_width // nkv
+        col = n_ctx * elt  # the transposed V: a row per element
+        per_slot = col * first.v_width
+        v_all = ops.ggml_view_4d(ctx, stack.v, n_kv, hd_v, nkv, r, col, col * hd_v, per_slot, first.index * per_slot)
+    else:  # V is the start of each K row: a transposed copy of the window, as one sequence makes it
+        v_view = ops.ggml_view_4d(
+            ctx, kc, first.v_width, nkv, n_kv, r, hd * elt, row, n_ctx * row, first.index * n_ctx * row
+        )
+        v_all = ops.ggml_cont(ctx, ops.ggml_transpose(ctx, ops.ggml_permute(ctx, v_view, 0, 2, 1, 3)))
+    kqv = ops.ggml_mul_mat(ctx, v_all, kq)  # [hd_v, 1, n_head, r]
+    if v_up is not None:
+        kqv = ops.ggml_mul_mat(ctx, v_up, kqv)
+    return ops.ggml_cont_2d(ctx, ops.ggml_permute(ctx, kqv, 0, 2, 1, 3), int(kqv.contents.ne[0]) * nh, r)
 
 
 def _attend_each(
@@ -330,13 +444,30 @@ def _attend_each(
 
     assert mask is None or mask is at.mask_swa, "a batch attends with the placement's masks only"
     outs, writes = [], []
-    for i, (part, cache) in enumerate(zip(at.parts, kv.caches, strict=True)):
-        m = None if mask is None else part.mask_swa
-        out, w = attend(
-            ctx, token(q, i), token(k, i), None if v is None else token(v, i), part, cache, scale, m, sinks, v_up
-        )
-        outs.append(out)
-        writes += w
+    runs = {run.start: run for run in at.runs}
+    nkv = int(k.contents.ne[1])
+    i = 0
+    while i < at.n:
+        run = runs.get(i)
+        if run is None:
+            part, cache = at.parts[i], kv.caches[i]
+            m = None if mask is None else part.mask_swa
+            out, w = attend(
+                ctx, token(q, i), token(k, i), None if v is None else token(v, i), part, cache, scale, m, sinks, v_up
+            )
+            outs.append(out)
+            writes += w
+            i += 1
+            continue
+        for j in range(i, i + run.count):
+            writes += _cache_writes(ctx, token(k, j), None if v is None else token(v, j), at.parts[j], kv.caches[j])
+        m = run.mask if mask is None else run.mask_swa
+        assert m is not None
+        ne, nb = q.contents.ne, q.contents.nb
+        q_run = ops.ggml_view_3d(ctx, q, int(ne[0]), int(ne[1]), run.count, int(nb[1]), int(nb[2]), i * int(nb[2]))
+        caches = kv.caches[i : i + run.count]
+        outs.append(_attend_stacked(ctx, q_run, nkv, run, at.parts[i].n_kv, caches, scale, m, sinks, v_up))
+        i += run.count
     cur = outs[0]
     for out in outs[1:]:
         cur = ops.ggml_concat(ctx, cur, out, 1)

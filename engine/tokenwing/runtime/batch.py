@@ -20,7 +20,7 @@ traffic is N × dense + union of experts; under a memory cap, where the drive bi
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -145,15 +145,21 @@ def _product(s: Session, t: Tensor, x: np.ndarray) -> np.ndarray:
 
 
 def rows_placement(
-    parts: list[common.Placement], positions: Tensor, caches: list[KVCaches], il: int
-) -> tuple[common.Placement, common.BatchKV]:
+    ctx: Any, parts: list[common.Placement], positions: Tensor, caches: list[KVCaches]
+) -> common.Placement:
     """Several sequences' decode tokens as the rows of one graph: a placement whose positions are theirs (in
-    order; what RoPE reads) and whose parts each attend over their own cache, and the layer's caches."""
-    first = parts[0]
-    at = dataclasses.replace(first, n=len(parts), positions=positions, parts=tuple(parts))
+    order; what RoPE reads) and whose parts each attend over their own cache — those of consecutive slots of the
+    stacked caches with equal windows in one product (`common.batch_runs`)."""
+    slots = [kv.slot for kv in caches]
+    runs = common.batch_runs(ctx, parts, [s for s in slots if s is not None]) if None not in slots else ()
+    return dataclasses.replace(parts[0], n=len(parts), positions=positions, parts=tuple(parts), runs=runs)
+
+
+def rows_cache(caches: list[KVCaches], il: int) -> common.BatchKV:
+    """The caches of layer il of a batch's sequences (`rows_placement`)."""
     layer = [common.kv_cache(kv[il]) for kv in caches]
     c0 = layer[0]
-    return at, common.BatchKV(c0.k, c0.v, c0.elt, c0.v_width, tuple(layer))
+    return common.BatchKV(c0.k, c0.v, c0.elt, c0.v_width, c0.stack, c0.index, tuple(layer))
 
 
 def _one_graph(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray] | None:
@@ -250,8 +256,9 @@ def _rows_parts(s: Session, il: int, slots: list[int], hs: list[np.ndarray]) -> 
     axes = s.model.position_axes
     pos = np.array([s.seqs[slot].pos for slot in slots], np.int32)
     positions = np.concatenate([np.tile(pos, 3), np.zeros(len(slots) * (axes - 3), np.int32)]) if axes > 1 else pos
-    at, cache = rows_placement(parts, g.input(positions), [s.seqs[slot].kv for slot in slots], il)
-    out, writes = s._layer_graph(ctx, il, g.input(np.concatenate(hs)), at, True, cache=cache)
+    kvs = [s.seqs[slot].kv for slot in slots]
+    at = rows_placement(ctx, parts, g.input(positions), kvs)
+    out, writes = s._layer_graph(ctx, il, g.input(np.concatenate(hs)), at, True, cache=rows_cache(kvs, il))
     g.compute(*writes, *out.values())
     n = len(slots)
     got = {name: to_numpy(t).reshape(n, -1).copy() for name, t in out.items()}

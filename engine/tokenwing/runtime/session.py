@@ -33,7 +33,7 @@ from tokenwing.models.base import MoEModel
 from tokenwing.models.hparams import HParams
 from tokenwing.models.weights import ModelWeights
 from tokenwing.runtime.experts import ExpertCompute, ExpertPools
-from tokenwing.runtime.kvcache import KVCaches, kv_element, v_width
+from tokenwing.runtime.kvcache import KVCaches, KVStacks, kv_element, v_width
 from tokenwing.runtime.lookahead import Ahead, Lookahead
 from tokenwing.runtime.memory_plan import MemoryPlan, PromptMemory, plan_memory, prompt_bytes_per_token
 from tokenwing.runtime.preflight import preflight
@@ -139,6 +139,7 @@ class Session:
                 log(f"one sequence at a time: a {hp.arch} step's graph is built for its positions (no batched steps)")
             n_seq = 1
         n_tensors = 5 * hp.n_layer + 3 * len(streamed) + 4 * hp.n_layer * (max(n_seq, AUTO_PARALLEL) - 1)
+        n_tensors += 2 * hp.n_layer  # (the slots' stacked K and V)
         weights = ModelWeights(self.mf, n_tensors + 64, opts.cpu_repack)
         self.model: MoEModel = model_class(hp, weights, streamed)
 
@@ -173,19 +174,25 @@ class Session:
         states = memory.states
         interval = -(-max(opts.checkpoint_interval, 1) // opts.max_batch) * opts.max_batch  # chunks end there
 
-        def sequence(spill: str | None) -> SeqState:
+        def sequence(spill: str | None, stacks: KVStacks | None) -> SeqState:
             live = StateBuffers(weights.arena, state_specs) if states.per_copy else None
             snapshot = StateBuffers(weights.arena, state_specs) if live is not None and states.checkpoints else None
-            kv = KVCaches(weights.arena, specs, self.n_ctx, opts.kv_type, live, spill)
+            kv = KVCaches(weights.arena, specs, self.n_ctx, opts.kv_type, live, spill, stacks)
             empty = StateBuffers(weights.arena, [])
             return SeqState(kv, Checkpoints(live or empty, snapshot or empty, states.checkpoints, interval))
 
+        def sequences(spill: str | None) -> list[SeqState]:
+            # several slots' caches side by side, so that a batch's attention is one product (runtime/batch.py)
+            n = memory.n_seq
+            stacks = KVStacks(weights.arena, specs, self.n_ctx, opts.kv_type, n, spill) if n > 1 else None
+            return [sequence(spill, stacks) for _ in range(n)]
+
         try:
-            self.seqs = [sequence(memory.spill) for _ in range(memory.n_seq)]
+            self.seqs = sequences(memory.spill)
         except OSError as e:
             log(f"the KV cache stays in RAM: no room for its files in {memory.spill} ({e.strerror or e})")
             memory = memory.without_spill()
-            self.seqs = [sequence(None) for _ in range(memory.n_seq)]
+            self.seqs = sequences(None)
         self._seq = self.seqs[0]
         self.slot = 0  # the sequence `forward` computes for (`use`)
         if memory.spill_note is not None:

@@ -3,8 +3,9 @@
 With the whole model resident there is nothing to stream: the router's top-k can stay inside the graph (the
 selected experts' slots come from the fixed expert→slot map), so a token is one graph computation — embedding,
 every layer, output head — instead of a graph per layer with a round trip through Python between them. The graph
-is built once per 256 positions of the KV cache (decode attends over a masked, rounded-up window) and rerun with
-new inputs: a token costs a few input copies and one call into ggml, as in llama.cpp.
+is built once per 64 positions of the KV cache (decode attends over a masked window rounded up to
+common.DECODE_WINDOW) and rerun with new inputs: a token costs a few input copies and one call into ggml, as in
+llama.cpp.
 
 The same ggml ops in the same order as the per-layer path (the family's layer graph, the experts through the
 slot pool, the family's `tail`), so outputs are bit-identical to it (tested).
@@ -102,7 +103,7 @@ class TokenGraph:
         experts: ExpertCompute,
         tables: dict[int, Tensor],
     ) -> _Rows:
-        from tokenwing.runtime.batch import rows_placement
+        from tokenwing.runtime.batch import rows_cache, rows_placement
 
         hp, g, n = model.hp, self.g, len(kvs)
         ctx = g.ctx
@@ -110,9 +111,9 @@ class TokenGraph:
         tokens, positions = g.input(I32, (n,)), g.input(I32, (self.axes * n,))
         x = model.embed(ctx, tokens)
         routed: list[tuple[int, Tensor]] = []
+        at = rows_placement(ctx, parts, positions, kvs)
         for il in range(hp.n_layer):
-            at, cache = rows_placement(parts, positions, kvs, il)
-            lo = model.layer(ctx, il, x, at, cache)
+            lo = model.layer(ctx, il, x, at, rows_cache(kvs, il))
             for w in lo.writes:
                 g.expand(w)
             if lo.routed is None:
