@@ -377,6 +377,8 @@ class SettingsPage(QWidget):
         self.preset_model.setText(model or "no model loaded")
         self.presets.clear()
         self.presets.addItems(names)
+        # (with a placeholder a combo box selects nothing by itself: Apply and Delete then did nothing)
+        self.presets.setCurrentIndex(0 if names else -1)
 
     def theme_value(self) -> Theme:
         value = self.theme.currentData()
