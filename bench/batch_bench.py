@@ -2,6 +2,7 @@
 
     python bench/batch_bench.py [--model models/bench/bench-q4_k_m.gguf] [--streams 1,2,4,8] [--caps 0.40,0.25]
                                 [--prompt 16] [--decode 24] [--rounds 1] [--budget-caps] [--corpus]
+                                [--llama MODEL.gguf]
 
 N streams each have their own prompt and token stream (teacher-forced: every stream's next token is the next
 of its own stream, so the routing is what those tokens give, not what greedy decoding loops into); after their
@@ -18,6 +19,9 @@ run is a cgroup of that share of the model file (the session sizes its cache fro
 use), or with --budget-caps a --ram-budget share of the experts (the demo model is too small for a cgroup cap).
 --corpus: the streams are text of the repository's corpus through the model's tokenizer (the trained demo
 model routes real text as it was trained to), else pseudo-random ids (the random-weight bench model).
+--llama: llama.cpp's own parallel decoding of the same streams in RAM, from the GGUF the model was repacked from
+(one sequence per stream, each its own KV cache, as its server's slots): how much llama.cpp itself gains from
+decoding N together on this model, and TokenWing's aggregate against it.
 """
 
 from __future__ import annotations
@@ -124,17 +128,73 @@ def _streams(s: object, n: int, per: int, corpus: bool) -> list[list[int]]:
     from tokenwing.runtime.session import Session
 
     assert isinstance(s, Session)
+    return _token_streams(s.tokenizer, s.hp.vocab_size, n, per, corpus)
+
+
+def _token_streams(tokenizer: object, vocab: int, n: int, per: int, corpus: bool) -> list[list[int]]:
+    """n streams of `per` tokens: corpus text through the model's tokenizer, or pseudo-random ids."""
+    from tokenwing.text.tokenizer import TextTokenizer
+
+    assert isinstance(tokenizer, TextTokenizer)
     if corpus:
         from tokenwing.testmodel.corpus import CORPUS
 
-        ids = s.tokenizer.encode(CORPUS * (1 + n * per // 2000), special=False)
+        ids = tokenizer.encode(CORPUS * (1 + n * per // 2000), special=False)
         step = max(1, (len(ids) - per) // max(n, 1))
         return [ids[i * step : i * step + per] for i in range(n)]
     rng = np.random.default_rng(0)
-    return [rng.integers(0, s.hp.vocab_size - 16, per).tolist() for _ in range(n)]
+    return [rng.integers(0, vocab - 16, per).tolist() for _ in range(n)]
+
+
+def llama_runner(gguf: str, tw: str, n: int, n_prompt: int, n_decode: int, corpus: bool, threads: int) -> None:
+    """In the child: llama.cpp's own parallel decoding of the same n streams (llama-cpp-python's low-level API:
+    one sequence per stream in a context of n sequences, each with its own KV cache as llama.cpp's server's
+    slots, llama.cpp's default context settings otherwise); each step is one batch of every stream's token.
+    Prints one JSON line."""
+    import llama_cpp as lc
+
+    from tokenwing.text.tokenizer import tokenizer_from_file
+
+    per = n_prompt + n_decode
+    lc.llama_backend_init()
+    model = lc.llama_model_load_from_file(gguf.encode(), lc.llama_model_default_params())
+    params = lc.llama_context_default_params()
+    params.n_ctx = (per + 16) * n
+    params.n_batch = params.n_ubatch = 512
+    params.n_seq_max = n
+    params.n_threads = params.n_threads_batch = threads
+    params.kv_unified = False
+    ctx = lc.llama_init_from_model(model, params)
+    vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+    streams = _token_streams(tokenizer_from_file(tw), vocab, n, per, corpus)
+    batch = lc.llama_batch_init(512, 0, n)
+
+    def decode(items: list[tuple[int, int, int, bool]]) -> None:
+        batch.n_tokens = len(items)
+        for i, (token, pos, seq, logits) in enumerate(items):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, logits
+            batch.seq_id[i][0] = seq
+        if lc.llama_decode(ctx, batch) != 0:
+            raise SystemExit("llama_decode failed")
+
+    for seq in range(n):
+        decode([(streams[seq][p], p, seq, p == n_prompt - 1) for p in range(n_prompt)])
+    t0 = time.perf_counter()
+    for i in range(n_decode):
+        p = n_prompt + i
+        decode([(streams[seq][p], p, seq, True) for seq in range(n)])
+    dt = time.perf_counter() - t0
+    print(json.dumps({"streams": n, "aggregate_tok_s": n * n_decode / dt}), flush=True)
+    lc.llama_batch_free(batch)
+    lc.llama_free(ctx)
+    lc.llama_model_free(model)
 
 
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--llama-runner":
+        gguf, tw, count, n_prompt, n_decode, corpus, threads = sys.argv[2:9]
+        llama_runner(gguf, tw, int(count), int(n_prompt), int(n_decode), corpus == "1", int(threads))
+        return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--runner":
         path, count, n_prompt, n_decode, budget, corpus, threads = sys.argv[2:9]
         runner(path, int(count), int(n_prompt), int(n_decode), budget or None, corpus == "1", int(threads))
@@ -150,6 +210,12 @@ def main() -> int:
     ap.add_argument("--corpus", action="store_true", help="streams of corpus text (the trained demo model)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--threads", type=int, default=2, help="compute threads (RAM bandwidth measured with as many)")
+    ap.add_argument(
+        "--llama",
+        metavar="GGUF",
+        default=None,
+        help="llama.cpp's parallel decoding of the same streams in RAM from this GGUF (the model's source), beside",
+    )
     args = ap.parse_args()
     model = args.model if args.model.endswith(".tw.gguf") else args.model.removesuffix(".gguf") + ".tw.gguf"
     streams = [int(x) for x in args.streams.split(",") if x]
@@ -167,6 +233,7 @@ def main() -> int:
         "| products | aggregate tok/s | limit tok/s | of the limit | × one stream | runs |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
+    in_ram: dict[int, float] = {}  # TokenWing's aggregate in RAM per stream count (beside llama.cpp's)
     for frac in [None, *caps]:
         one = None
         for n in streams:
@@ -193,6 +260,8 @@ def main() -> int:
             drive_s = m["union_bytes_per_step"] / (ceiling * MB) if frac is not None else 0.0
             limit = n / max(ram_s, drive_s)
             one = one if one is not None else (m["aggregate_tok_s"] if n == 1 else None)
+            if frac is None:
+                in_ram[n] = m["aggregate_tok_s"]
             times = f"{m['aggregate_tok_s'] / one:.2f}×" if one else "—"
             products = f"rows of {m['rows']}" if m["rows"] else "apart" if n > 1 else "—"
             every = ", ".join(f"{x['aggregate_tok_s']:.2f}" for x in runs)
@@ -203,7 +272,35 @@ def main() -> int:
                 f"{m['aggregate_tok_s']:.2f} | {limit:.2f} | {m['aggregate_tok_s'] / limit:.0%} | {times} | {every} |",
                 flush=True,
             )
+    if args.llama:
+        _llama_rows(args, model, streams, in_ram)
     return 0
+
+
+def _llama_rows(args: argparse.Namespace, model: str, streams: list[int], in_ram: dict[int, float]) -> None:
+    """llama.cpp's parallel decoding of the same streams in RAM, the same threads, medians of the same rounds."""
+    print("\nllama.cpp, the same streams in RAM (its parallel sequences, default settings):\n")
+    print("| streams | llama.cpp aggregate tok/s | × its one stream | TokenWing / llama.cpp | runs |")
+    print("|---|---|---|---|---|")
+    one = None
+    for n in streams:
+        runs = []
+        for _ in range(args.rounds):
+            cmd = [sys.executable, __file__, "--llama-runner", args.llama, model, str(n), str(args.prompt)]
+            r = run_capped([*cmd, str(args.decode), "1" if args.corpus else "0", str(args.threads)], None, args.timeout)
+            if r.returncode != 0:
+                print(f"| {n} | failed: exit {r.returncode} {r.stderr.strip()[-160:]} |")
+                break
+            runs.append(json.loads(r.stdout.strip().splitlines()[-1])["aggregate_tok_s"])
+        if not runs:
+            continue
+        runs.sort()
+        m = runs[len(runs) // 2]
+        one = one if one is not None else (m if n == 1 else None)
+        times = f"{m / one:.2f}×" if one else "—"
+        ours = f"{in_ram[n] / m:.2f}×" if n in in_ram else "—"
+        every = ", ".join(f"{x:.2f}" for x in runs)
+        print(f"| {n} | {m:.2f} | {times} | {ours} | {every} |", flush=True)
 
 
 if __name__ == "__main__":
