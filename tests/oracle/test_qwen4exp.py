@@ -9,16 +9,21 @@ recurrent state and the streams carry across all of them.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 
 from tests.conftest import ModelFactory
+from tests.oracle.test_deepseek4_loads import long_probe
 from tests.oracle.test_families import clear_top1, steps
 from tests.oracle.test_logits import _repacked, _tokens, kl_per_position, llama_logits
 from tokenwing.errors import UnsupportedError
+from tokenwing.format.gguf_io import read_header
 from tokenwing.format.reader import ModelFile
+from tokenwing.models.qwen4exp import NgramKeys
 from tokenwing.runtime.session import Session, SessionOptions
 
 pytestmark = pytest.mark.oracle
@@ -123,3 +128,40 @@ def test_what_is_refused(model_factory: ModelFactory, tmp_path: Path, shape: dic
     model = _repacked(model_factory(type="F32", **shape), tmp_path)  # type: ignore[arg-type]
     with pytest.raises(UnsupportedError, match=message):
         Session(str(model), SessionOptions(kv_type="f32"), log=lambda line: None)
+
+
+def test_ngram_rows_are_the_ones_llama_cpp_reads(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """The engine's hash names the rows llama.cpp reads: with the table all zeros (no n-gram signal at all), setting
+    only the rows `NgramKeys.rows` gives position p for its longest n-gram leaves llama.cpp's logits before p as
+    they were and changes them at p — at the start (missing tokens read as EOS), right after an EOS (the window
+    resets), and in the middle, where a wrong multiplier, order or reset would point elsewhere (each of those
+    three broken on purpose fails here)."""
+    src = model_factory(type="F32", arch=A, indexer_top_k=512)
+    meta = {k: v.value for k, v in read_header(str(src)).kv.items()}
+    keys = NgramKeys.of(meta, str(src))
+    assert keys is not None
+    tokens = [int(t) for t in _tokens(40, 490, seed=36)]
+    tokens[15] = keys.eos
+    # the longest n-gram's heads: each depends on every token of the window (a bigram head on two)
+    rows = keys.rows(tokens, [])[:, -keys.heads_per_ngram :]
+    targets = [0, 1, 2, 16, 17, 30]
+    paths = []
+    for name in ["zero", *map(str, targets)]:
+        path = tmp_path / f"{name}.gguf"
+        shutil.copyfile(src, path)
+        t = next(x for x in gguf.GGUFReader(str(path), "r+").tensors if x.name == "per_layer_token_embd.weight")
+        table = np.asarray(t.data)
+        table[...] = 0
+        if name != "zero":
+            picked = rows[int(name)]
+            table[picked] = np.random.default_rng(int(name)).standard_normal((len(picked), table.shape[1]))
+        del t, table  # flush the memory map
+        paths.append(path)
+    long_probe(paths, tokens, 20, n_ctx=64)
+    zero = np.load(str(paths[0]) + ".logits.npy")
+    for p, path in zip(targets, paths[1:], strict=True):
+        got = np.load(str(path) + ".logits.npy")
+        first = min(q for q in range(len(tokens)) if set(rows[q]) & set(rows[p]))  # (p, but for a collision)
+        assert np.abs(got[:first] - zero[:first]).max(initial=0.0) < 1e-6, p
+        assert np.abs(got[first] - zero[first]).max() > 1e-3, p
+    assert len({tuple(r) for r in rows[16:18]}) == 2 and rows[0].tolist() != rows[16].tolist()
