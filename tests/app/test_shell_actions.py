@@ -9,6 +9,7 @@ import json
 import socket
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ def get(url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
 @pytest.fixture
 def installed(
     qapp: QApplication, tiny_hub: tuple[HubServer, bytes], tmp_path: Path
-) -> tuple[MainWindow, AppController, Path, HubServer]:
+) -> Iterator[tuple[MainWindow, AppController, Path, HubServer]]:
     """A window and controller with the tiny model in the models folder (as a download would leave it)."""
     server, data = tiny_hub
     model = tmp_path / "home" / "models" / "owner" / "tiny-TW" / "local.tw.gguf"
@@ -54,7 +55,10 @@ def installed(
     model.write_bytes(data)
     window, c = make_controller(tmp_path, server, data)
     window.resize(1280, 800)
-    return window, c, model, server
+    yield window, c, model, server
+    # a test that failed before its shutdown leaves this controller listening to the desktop's scheme: the next
+    # test's theme would then be set by two controllers
+    c.stop_following_desktop()
 
 
 # ---------------------------------------------------------------------------------------------- server

@@ -203,6 +203,7 @@ class AppController(QObject):
         sp.set_settings(self.settings, str(self.paths.models))
         self._show_presets()
         hints = QApplication.styleHints()
+        self._follows_desktop = hints is not None
         if hints is not None:  # "follow the system": the desktop switching to dark switches the app
             hints.colorSchemeChanged.connect(self._system_scheme_changed)
 
@@ -251,6 +252,14 @@ class AppController(QObject):
             c = theme.apply(app, self.settings.theme)
             self.window.graphs.set_colours(c.plot_bg, c.plot_fg)
             self.window.set_icon_colours(c.text, c.accent_text)
+
+    def stop_following_desktop(self) -> None:
+        """No more theme changes from the desktop (at shutdown: the application outlives this controller, and in
+        the tests many controllers share one application). Once is enough; again does nothing."""
+        hints = QApplication.styleHints()
+        if self._follows_desktop and hints is not None:
+            self._follows_desktop = False
+            hints.colorSchemeChanged.disconnect(self._system_scheme_changed)
 
     def _system_scheme_changed(self, _scheme: object) -> None:
         if self.settings.theme == "system":  # a chosen light or dark stays as chosen
@@ -384,10 +393,7 @@ class AppController(QObject):
             await self.refresh_library(select=str(LocalKey(demo.path)))
 
     async def shutdown(self) -> None:
-        hints = QApplication.styleHints()
-        if hints is not None:  # (the application outlives this controller: in the tests, many of them)
-            with contextlib.suppress(RuntimeError, TypeError):
-                hints.colorSchemeChanged.disconnect(self._system_scheme_changed)
+        self.stop_following_desktop()
         self.stop_reply()
         self._cancel_job()
         await self.stop_engine()
