@@ -101,3 +101,22 @@ def test_hadamard_is_llama_cpps_rotation() -> None:
     assert h.dtype == np.float32 and np.allclose(h @ h, np.eye(128), atol=1e-6)
     assert np.all(np.abs(h) == np.float32(1.0) / np.sqrt(np.float32(128)))
     assert np.all(h[0] > 0) and h[1, 1] < 0  # Sylvester's order: [[H, H], [H, -H]]
+
+
+@pytest.mark.parametrize("budget", [None, 1])
+def test_sequences_decoded_together_get_what_each_gets_alone(
+    repacked_factory: ModelFactory, budget: int | None
+) -> None:
+    """The server's parallel slots: three sequences (two at the same positions, one joining two steps late) in steps
+    of all of them, in RAM and streamed, GLM-5.2's sharing with a top-k of 4 (each sequence's picks kept apart:
+    a buffer shared by the sequences fails this). Each gets the logits it gets alone, bit for bit."""
+    from tests.engine.test_batch_decode import _alone, _options, _together
+
+    prompts = [[5, 17, 99, 3, 42, 7], [8, 8, 150, 61, 9, 12], [120, 33, 2, 77, 91, 14, 60]]
+    model = str(repacked_factory(arch=A, type="Q8_0", n_layer=4, indexer_types=(1, 0, 1, 0), indexer_top_k=4))
+    want = [_alone(model, _options(1, budget), p) for p in prompts]
+    got = _together(model, _options(len(prompts), budget), prompts)
+    for w, g in zip(want, got, strict=True):
+        assert len(g) == len(w)
+        for step, (a, b) in enumerate(zip(w, g, strict=True)):
+            assert np.array_equal(a, b), f"step {step}: max |diff| {np.abs(a - b).max()}"

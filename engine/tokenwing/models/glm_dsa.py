@@ -10,7 +10,8 @@ the MLA latent (the layer's K memory: the latent and rope key block, then the in
 layers reuse the picks of the last layer that ran its own indexer: that layer writes them to a buffer by position
 (F32, exact for positions below 2^24), which they read — the prompt runs layer by layer over all its chunks, and
 a decode graph expands a layer's writes before the next layer's reads, so a shared layer always reads its own
-positions' picks.
+positions' picks. Each sequence (its caches' slot) has its own buffer; several sequences' decode tokens in one
+graph each attend alone.
 
 The rest is DeepSeek-V3's (`deepseek2`) without what llama.cpp does not read for this family: no YaRN log
 multiplier, no expert groups; a sigmoid router by default, with the selection bias, shared expert and leading
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from tokenwing.compute.ggml_lib import F16, F32, I32, ROPE_NORM, Tensor, TensorArena, ops
-from tokenwing.errors import BadInputError, UnsupportedError
+from tokenwing.errors import BadInputError
 from tokenwing.models import common, mla
 from tokenwing.models.base import MoEModel, TensorCheck
 from tokenwing.models.hparams import HParams
@@ -72,10 +73,11 @@ class GlmDsa(MoEModel):
         mscale = f32(self.rope.attn_factor) * (f32(1.0) + f32(0.1) * ln_factor)
         self.kq_scale = float(f32(mscale * mscale) / np.sqrt(f32(k_head)))
         di = hp.indexer_head_size
-        self._arena = TensorArena(16)
+        self._arena = TensorArena(64)
         self._hadamard = self._arena.wrap(hadamard(di), F32, (di, di))
         self._shared = not all(indexer_full(hp, il) for il in range(hp.n_layer))
-        self._picks: dict[int, Tensor] = {}  # n_ctx → [min(top_k, n_ctx), n_ctx] F32: the last full layer's picks
+        # (n_ctx, sequence) → [min(top_k, n_ctx), n_ctx] F32: the last full layer's picks by position
+        self._picks: dict[tuple[int, int], Tensor] = {}
         self._weight_scale = float(np.float32(1.0) / np.sqrt(np.float32(di * hp.indexer_n_head)))
 
     @classmethod
@@ -128,13 +130,13 @@ class GlmDsa(MoEModel):
         self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache
     ) -> tuple[Tensor, list[Tensor]]:
         cache = common.kv_cache(kv)
-        if isinstance(cache, common.BatchKV):
-            raise UnsupportedError("glm-dsa runs one sequence at a time (its indexer picks keys per sequence)")
+        if isinstance(cache, common.BatchKV):  # several sequences' tokens: each attends alone, over its own cache
+            return self._each(ctx, il, x, at, cache)
         hp, w = self.hp, self.w[il]
         latent, di = hp.kv_lora_rank + hp.n_rot, hp.indexer_head_size
         n_ctx, elt = int(cache.k.contents.ne[1]), cache.elt
         if not indexer_full(hp, il):  # GLM-5.2: the last full layer's picks at these positions
-            picks = self._picks_buffer(ctx, n_ctx, at.n_kv)
+            picks = self._picks_buffer(ctx, n_ctx, at.n_kv, cache.index)
             rows = ops.ggml_get_rows(ctx, picks, ops.ggml_view_1d(ctx, at.positions, at.n, 0))
             top_k = ops.ggml_cpy(ctx, rows, ops.ggml_new_tensor_2d(ctx, I32, int(rows.contents.ne[0]), at.n))
             mask = self._mask(ctx, top_k, at)
@@ -147,13 +149,29 @@ class GlmDsa(MoEModel):
         mla_kv = dataclasses.replace(cache, k=mla_k)
 
         def select(qr: Tensor) -> tuple[Tensor, list[Tensor]]:
-            return self._select(ctx, il, x, qr, at, lid_k, elt)
+            return self._select(ctx, il, x, qr, at, lid_k, elt, cache.index)
 
         cur, writes = mla.attention(ctx, hp, w, x, at, mla_kv, self.rope, self.kq_scale, select)
         return ops.ggml_mul_mat(ctx, w["attn_output"], cur), writes
 
+    def _each(
+        self, ctx: Any, il: int, x: Tensor, at: common.Placement, cache: common.BatchKV
+    ) -> tuple[Tensor, list[Tensor]]:
+        """A batch's tokens (one a sequence, `at.parts`) through the attention each gets alone: the same ops on
+        the same numbers, so the same bits; their outputs side by side."""
+        e, nb1 = int(x.contents.ne[0]), int(x.contents.nb[1])
+        outs, writes = [], []
+        for i, (part, c) in enumerate(zip(at.parts, cache.caches, strict=True)):
+            out, w = self.attention(ctx, il, ops.ggml_view_2d(ctx, x, e, 1, nb1, i * nb1), part, c)
+            outs.append(out)
+            writes += w
+        cur = outs[0]
+        for out in outs[1:]:
+            cur = ops.ggml_concat(ctx, cur, out, 1)
+        return cur, writes
+
     def _select(
-        self, ctx: Any, il: int, x: Tensor, qr: Tensor, at: common.Placement, lid_k: Tensor, elt: int
+        self, ctx: Any, il: int, x: Tensor, qr: Tensor, at: common.Placement, lid_k: Tensor, elt: int, seq: int
     ) -> tuple[Tensor, list[Tensor]]:
         """The lightning indexer (glm-dsa.cpp:263-345) and the mask that unmasks its picks (llama-graph.cpp:
         3068-3095): the attention mask and the indexer key's cache write."""
@@ -178,18 +196,19 @@ class GlmDsa(MoEModel):
         writes = [write]
         if self._shared:  # kept by position for the shared layers after this one
             count = int(top_k.contents.ne[0])
-            buf = self._picks_buffer(ctx, int(lid_k.contents.ne[1]), at.n_kv)
+            buf = self._picks_buffer(ctx, int(lid_k.contents.ne[1]), at.n_kv, seq)
             as_f32 = ops.ggml_cpy(ctx, top_k, ops.ggml_new_tensor_2d(ctx, F32, count, n))
             writes.append(ops.ggml_set_rows(ctx, buf, as_f32, at.k_rows))
         return self._mask(ctx, top_k, at), writes
 
-    def _picks_buffer(self, ctx: Any, n_ctx: int, n_kv: int) -> Tensor:
-        """The picks by position, [k, n_ctx] of the buffer for this context (k = min(top_k, n_kv): the picks of a
-        graph over n_kv keys)."""
+    def _picks_buffer(self, ctx: Any, n_ctx: int, n_kv: int, seq: int) -> Tensor:
+        """The picks by position of sequence `seq` (its caches' slot), [k, n_ctx] of the buffer for this context
+        (k = min(top_k, n_kv): the picks of a graph over n_kv keys)."""
         k_max = min(self.hp.indexer_top_k, n_ctx)
-        if n_ctx not in self._picks:
-            self._picks[n_ctx] = self._arena.wrap(np.zeros((n_ctx, k_max), np.float32), F32, (k_max, n_ctx))
-        buf = self._picks[n_ctx]
+        if (n_ctx, seq) not in self._picks:
+            data = np.zeros((n_ctx, k_max), np.float32)
+            self._picks[(n_ctx, seq)] = self._arena.wrap(data, F32, (k_max, n_ctx))
+        buf = self._picks[(n_ctx, seq)]
         return ops.ggml_view_2d(ctx, buf, min(k_max, n_kv), n_ctx, 4 * k_max, 0)
 
     @staticmethod
