@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 import pytest
 
@@ -142,3 +143,64 @@ def test_kv_bytes_per_token_counts_the_raw_keys_and_the_compressed_blocks(model_
     d, di = 128, 64  # the tiny preset's head and indexer head; layers: window, window, CSA, HCA
     want = 2 * (4 * d + (d // 4 + di // 4) + d // 128)
     assert kv_bytes_per_token(meta, A, str(path)) == want
+
+
+def test_hash_layers_experts_are_read_from_the_tokens_start(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """A hash layer's experts are the table's row for the token id: each decode token predicts them for every hash
+    layer before its first layer begins (certain: probability 1, one vote), the lookahead never guesses them, and
+    the logits are those of the same run without these reads (measured on the wide geometry at 25 %, MXFP4: demand
+    reads in the three hash layers 594/594/600 over 160 tokens without, 0/0/0 with)."""
+    src = model_factory(arch=A, type="Q8_0")
+    model = _repacked(src, tmp_path)
+    with ModelFile.open(str(model)) as mf:
+        budget = mf.index.total_bytes // 4
+    tokens = _tokens(160, 512, seed=36).tolist()
+
+    def run(known: bool) -> tuple[np.ndarray, list[tuple[str, int, list[int], list[float]]]]:
+        s = _session(model, ram_budget=budget, lookahead=2)
+        events: list[tuple[str, int, list[int], list[float]]] = []
+        predict, begin = s.scheduler.predict, s.scheduler.begin_layer
+
+        def on_predict(block: int, experts: Any, distance: int, probs: Any = (), predictors: int = 0) -> None:
+            events.append(("predict", block, list(experts), list(probs)))
+            predict(block, experts, distance, probs, predictors)
+
+        def on_begin(block: int, experts: Any, keep: Any = ()) -> list[bool]:
+            events.append(("begin", block, list(experts), []))
+            return begin(block, experts, keep)
+
+        s.scheduler.predict, s.scheduler.begin_layer = on_predict, on_begin  # type: ignore[method-assign]
+        if not known:
+            s.model.known_experts = lambda token: {}  # type: ignore[method-assign]
+        try:
+            s.forward(tokens[:100])
+            events.clear()
+            out = np.stack([s.forward([t]) for t in tokens[100:]])
+        finally:
+            s.close()
+        return out, events
+
+    got, events = run(True)
+    want, _ = run(False)
+    assert np.array_equal(got, want)
+    table = _hash_tables(src)
+    hashed = len(table)
+    assert hashed == 2
+    starts = [i for i, e in enumerate(events) if e[0] == "begin" and e[1] == 0]
+    assert len(starts) == len(tokens) - 100
+    for token, start in zip(tokens[100:], starts, strict=True):
+        before = [e for e in events[max(0, start - hashed) : start] if e[0] == "predict"]
+        assert [(b, ex, p) for _, b, ex, p in before] == [
+            (il, table[il][token].tolist(), [1.0] * len(table[il][token])) for il in range(hashed)
+        ]
+    guessed = [e for e in events if e[0] == "predict" and e[1] < hashed and e[3] != [1.0] * len(e[2])]
+    assert not guessed
+
+
+def _hash_tables(src: Path) -> dict[int, np.ndarray]:
+    """Each hash layer's token → experts table [vocab, k], read from the source GGUF by the gguf package."""
+    tables = {}
+    for t in gguf.GGUFReader(str(src)).tensors:
+        if t.name.endswith(".ffn_gate_tid2eid.weight"):
+            tables[int(t.name.split(".")[1])] = np.asarray(t.data).copy()
+    return tables

@@ -305,6 +305,11 @@ class MoEModel:
             return lo.out
         return r.residual if r.shared is None else ops.ggml_add(ctx, r.residual, r.shared)
 
+    def known_experts(self, token: int) -> dict[int, list[int]]:
+        """Layers whose experts the token id alone decides (DeepSeek V4's hash layers), with those experts: the
+        session reads them from the token's start."""
+        return {}
+
     def head(self, ctx: Any, x: Tensor) -> Tensor:
         """Logits from the state (a wider state is folded here, before the output norm)."""
         out = self.norm(ctx, x, self.weights.get("output_norm.weight"))

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenwing.compute.ggml_lib import F16, F32, I32, ROPE_NORM, Tensor, ops
+from tokenwing.compute.ggml_lib import F16, F32, I32, ROPE_NORM, Tensor, ops, to_numpy
 from tokenwing.errors import BadInputError, UnsupportedError
 from tokenwing.models import common
 from tokenwing.models.base import MoEModel, TensorCheck
@@ -67,6 +67,7 @@ class DeepSeek4(MoEModel):
         super().__init__(hp, weights, streamed)
         k = self.k = keys(hp)
         self.hc = k.hc_mult
+        self._tables: dict[int, np.ndarray] | None = None  # the hash layers' token → experts tables
         self.head_hc = {name: weights.get(f"output_hc_{name}.weight") for name in ("fn", "base", "scale")}
         # rope: a compressing layer takes compress_rope_freq_base with the file's YaRN; a window-only layer the plain
         # base, unscaled (deepseek4.cpp:902-909); the attention factor cancels ggml's YaRN magnitude (:11-17)
@@ -155,6 +156,13 @@ class DeepSeek4(MoEModel):
     def make_router(cls, hp: HParams, has_bias: bool = True) -> common.Router:
         # (the lookahead's ranking: sigmoid is monotonic in the logits as sqrt(softplus) is; the weights it never uses)
         return common.Router(hp.n_expert_used, True, True, hp.expert_weights_scale, True)
+
+    def known_experts(self, token: int) -> dict[int, list[int]]:
+        """The hash layers' experts: row `token` of each one's ffn_gate_tid2eid (what the graph selects too)."""
+        if self._tables is None:
+            n = min(self.k.hash_layer_count, self.hp.n_layer)
+            self._tables = {il: to_numpy(self.w[il]["ffn_gate_tid2eid"]) for il in range(n)}
+        return {il: table[token].tolist() for il, table in self._tables.items()}
 
     def router_bias_name(self, il: int) -> str | None:
         return None if il < self.k.hash_layer_count else f"blk.{il}.exp_probs_b.bias"

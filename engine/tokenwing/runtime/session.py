@@ -245,6 +245,7 @@ class Session:
         self.trace: list[tuple[np.ndarray, np.ndarray, int]] | None = None
         self._warned_prompt = False
         self._prompt_memory_held = False  # a prompt pass ran since the last decode step (`Graph.release`)
+        self._known: dict[int, list[int]] = {}  # this decode token's layers whose experts its id decides
 
     def _start_vram(self) -> None:
         """The VRAM tier on the chosen device; a device that fails or a budget that holds nothing: the CPU path,
@@ -485,6 +486,11 @@ class Session:
         else:
             self.scheduler.lend(self.prompt_memory.to_borrow(n, self._free_room()))
         self.scheduler.begin_token(0 if decode else n)
+        # Layers routed by the token id alone (DeepSeek V4's hash layers): their experts are read from the token's
+        # start, as certain predictions (read first, one vote), and the lookahead's guesses for them are dropped
+        self._known = self.model.known_experts(tokens[0]) if decode else {}
+        for block, experts in self._known.items():
+            self.scheduler.predict(block, experts, block + 1, [1.0] * len(experts), 1)
         logits = self._token_step(tokens[0]) if decode and self.scheduler.slot_map is not None else None
         if logits is not None:
             self._advance(tokens)
@@ -578,6 +584,8 @@ class Session:
             wave = [e for e in wave if e not in set(held)]
         ready = self.scheduler.begin_layer(il, wave)
         for a in ahead:  # (experts in VRAM are never read into RAM)
+            if a.target in self._known:
+                continue
             if vram is not None:
                 a = vram.not_held(a)
             self.scheduler.predict(a.target, a.experts, a.distance, a.probs, a.predictors)
