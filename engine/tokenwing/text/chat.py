@@ -12,6 +12,7 @@ transformers itself on the publishers' templates."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,7 +23,7 @@ import jinja2.ext
 from jinja2 import nodes
 from jinja2.parser import Parser
 from jinja2.runtime import Context
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment, modifies_known_mutable
 from jinja2.utils import Namespace
 
 from tokenwing.errors import BadInputError
@@ -118,9 +119,9 @@ class _GenerationTag(jinja2.ext.Extension):
         return caller()
 
 
-class _Sandbox(ImmutableSandboxedEnvironment):
-    """Jinja's immutable sandbox, with the operators that can build a huge value in one step checked first:
-    `'x' * 10**9` or a string doubled in a loop would exhaust memory before the output limit is reached."""
+class _Bounded(SandboxedEnvironment):
+    """A sandbox with the operators that can build a huge value in one step checked first: `'x' * 10**9` or a
+    string doubled in a loop would exhaust memory before the output limit is reached."""
 
     intercepted_binops = frozenset({"*", "**", "+"})
 
@@ -137,13 +138,38 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         return self.binop_table[operator](left, right)
 
 
+class _Sandbox(_Bounded, ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox, as Hugging Face renders in."""
+
+
+class _Mutable(_Bounded):
+    """The fallback for a template that changes its own lists or dicts (Kimi K2-Instruct's and K2-Thinking's append
+    to a list for each call in the history): Hugging Face's immutable sandbox refuses it — so transformers cannot
+    render such a conversation at all — while llama.cpp's own renderer lets it. Here too the template only ever
+    sees copies of the request's values (`_plain`), so changing them harms nothing; each change is bounded as the
+    operators are."""
+
+    def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        out = super().call(__context, __obj, *args, **kwargs)
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, list | dict | set) and modifies_known_mutable(owner, getattr(__obj, "__name__", "")):
+            _bound(len(owner))
+        return out
+
+
+def _mutation_refused(e: Exception) -> bool:
+    """Whether the immutable sandbox refused a template's change to one of its own lists, dicts or sets."""
+    m = re.fullmatch(r"access to attribute '(\w+)' of '(list|dict|set)' object is unsafe\.?", str(e))
+    return m is not None and modifies_known_mutable({"list": [], "dict": {}, "set": set()}[m[2]], m[1])
+
+
 def _bound(size: int) -> None:
     if size > MAX_OUTPUT:
         raise BadInputError("the chat template built an oversized value")
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = _Sandbox(
+def _environment(mutable: bool = False) -> SandboxedEnvironment:
+    env = (_Mutable if mutable else _Sandbox)(
         trim_blocks=True,
         lstrip_blocks=True,
         autoescape=False,
@@ -206,6 +232,7 @@ class ChatTemplate:
             self._template = _environment().from_string(source)
         except jinja2.TemplateError as e:
             raise BadInputError(f"the chat template does not parse: {e}") from None
+        self._mutable: jinja2.Template | None = None  # (`_Mutable`'s, compiled when first needed)
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.drop_leading_bos = drop_leading_bos
@@ -236,21 +263,16 @@ class ChatTemplate:
         if self.eos_token is not None:
             variables["eos_token"] = self.eos_token
         variables.update(_plain(extra))
-        parts: list[str] = []
-        size = 0
+        variables.update(add_generation_prompt=add_generation_prompt)
         try:
-            # Chunk by chunk, so a template that writes without end is stopped at the limit, not at memory's end.
-            for part in self._template.generate(
-                messages=msgs,
-                tools=_plain(list(tools)) if tools is not None else None,
-                documents=_plain(list(documents)) if documents is not None else None,
-                add_generation_prompt=add_generation_prompt,
-                **variables,
-            ):
-                size += len(part)
-                if size > MAX_OUTPUT:
-                    raise BadInputError("the chat template produced an oversized prompt")
-                parts.append(part)
+            try:
+                out = self._generate(self._template, msgs, tools, documents, variables)
+            except jinja2.exceptions.SecurityError as e:
+                if not _mutation_refused(e):
+                    raise
+                if self._mutable is None:
+                    self._mutable = _environment(mutable=True).from_string(self.source)
+                out = self._generate(self._mutable, msgs, tools, documents, variables)
         except BadInputError:
             raise
         except (
@@ -265,10 +287,33 @@ class ChatTemplate:
             ZeroDivisionError,
         ) as e:
             raise BadInputError(f"the chat template failed: {type(e).__name__}: {e}") from None
-        out = "".join(parts)
         if self.drop_leading_bos and self.bos_token and out.startswith(self.bos_token):
             out = out[len(self.bos_token) :]
         return out
+
+    @staticmethod
+    def _generate(
+        template: jinja2.Template,
+        msgs: list[dict[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        documents: Sequence[Mapping[str, Any]] | None,
+        variables: dict[str, Any],
+    ) -> str:
+        parts: list[str] = []
+        size = 0
+        # Chunk by chunk, so a template that writes without end is stopped at the limit, not at memory's end; from
+        # fresh copies of the values each time (a template may change its own).
+        for part in template.generate(
+            messages=_plain(msgs),
+            tools=_plain(list(tools)) if tools is not None else None,
+            documents=_plain(list(documents)) if documents is not None else None,
+            **_plain(variables),
+        ):
+            size += len(part)
+            if size > MAX_OUTPUT:
+                raise BadInputError("the chat template produced an oversized prompt")
+            parts.append(part)
+        return "".join(parts)
 
 
 @dataclass(frozen=True)
