@@ -17,6 +17,7 @@ from tokenwing.format.reader import ModelFile
 from tokenwing.models import kv_bytes_per_token
 from tokenwing.models.glm_dsa import GlmDsa, hadamard, indexer_full
 from tokenwing.models.hparams import read_hparams
+from tokenwing.runtime.session import Session, SessionOptions
 
 pytestmark = pytest.mark.oracle
 
@@ -120,3 +121,24 @@ def test_sequences_decoded_together_get_what_each_gets_alone(
         assert len(g) == len(w)
         for step, (a, b) in enumerate(zip(w, g, strict=True)):
             assert np.array_equal(a, b), f"step {step}: max |diff| {np.abs(a - b).max()}"
+
+
+def test_the_default_f16_cache_is_llama_cpps_f16_cache(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """The engine's default KV type against llama.cpp's default (both caches F16, the indexer's keys too), 300
+    positions across 256 with GLM-5.2's sharing: far closer than the two KV types are to each other."""
+    src = model_factory(arch=A, n_layer=3, indexer_types=(1, 0, 1))
+    tokens = _tokens(300, 512, seed=5)
+    ref16 = llama_logits(src, tokens, tmp_path, f16_kv=True)
+    floor = kl_per_position(llama_logits(src, tokens, tmp_path), ref16).mean()
+    s = Session(str(_repacked(src, tmp_path)), SessionOptions(kv_type="f16", n_ctx=512), log=lambda line: None)
+    try:
+        got = np.concatenate(
+            [
+                s.forward(tokens[:200].tolist(), all_logits=True),
+                *(s.forward([int(t)]).reshape(1, -1) for t in tokens[200:]),
+            ]
+        )
+    finally:
+        s.close()
+    kl = kl_per_position(ref16, got).mean()
+    assert kl <= 1e-7 and kl <= floor / 100, (kl, floor)
