@@ -923,12 +923,11 @@ def token_experts(
     experts: Tensor | None = None,
 ) -> Tensor:
     """One token's k experts, weighted and summed: x [n_embd], slots I32 [k, 1], weights F32 [k] (and their ids
-    I32 [k, 1], for biases) → [n_embd]. The same kernels and additions as `routed_experts` + `sum_rows` (one
-    expert per row of mul_mat_id's table)."""
+    I32 [k, 1], for biases) → [n_embd]: `tokens_experts` of one token. The same kernels and additions as
+    `routed_experts` + `sum_experts` (one expert per row of mul_mat_id's table)."""
     n_embd, k = int(x.contents.ne[0]), int(slots.contents.ne[0])
-    w = ops.ggml_reshape_3d(ctx, weights, 1, k, 1)
-    weighted = weighted_experts(ctx, views, ops.ggml_reshape_3d(ctx, x, n_embd, 1, 1), slots, w, ffn, experts)
-    return sum_rows(ctx, weighted, k, n_embd)
+    x1, w1 = ops.ggml_reshape_2d(ctx, x, n_embd, 1), ops.ggml_reshape_2d(ctx, weights, k, 1)
+    return ops.ggml_view_1d(ctx, tokens_experts(ctx, views, x1, slots, w1, ffn, experts), n_embd, 0)
 
 
 def weighted_experts(
@@ -995,15 +994,6 @@ def tokens_experts(
     total = ops.ggml_view_2d(ctx, weighted, n_embd, n, row * k, 0)
     for i in range(1, k):
         total = ops.ggml_add(ctx, total, ops.ggml_view_2d(ctx, weighted, n_embd, n, row * k, i * row))
-    return total
-
-
-def sum_rows(ctx: Any, weighted: Tensor, k: int, n_embd: int) -> Tensor:
-    """[n_embd, 1, k] → [n_embd]: row 0, plus row 1, plus row 2 … — `sum_experts`' order, in a graph."""
-    row = n_embd * 4
-    total = ops.ggml_view_1d(ctx, weighted, n_embd, 0)
-    for i in range(1, k):
-        total = ops.ggml_add(ctx, total, ops.ggml_view_1d(ctx, weighted, n_embd, i * row))
     return total
 
 
