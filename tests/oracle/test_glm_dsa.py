@@ -23,12 +23,14 @@ pytestmark = pytest.mark.oracle
 
 A = "glm-dsa"
 # Geometries: the tiny preset (an indexer of 4 heads of 64 keeping 8 of 160 tokens), GLM-5.2's shared layers (each
-# after its full one; three after two full ones, keeping 5), one indexer head keeping one token over wider MLA
-# heads, a top-k above the context (every key: plain MLA), an MTP block in the file.
+# after its full one; three after two full ones, keeping 5; by llama.cpp's defaults), one indexer head keeping one
+# token over wider MLA heads, a top-k above the context (every key: plain MLA), an MTP block in the file.
 VARIANTS: dict[str, dict[str, object]] = {
     "tiny": {"n_layer": 3},
     "glm-5.2": {"n_layer": 4, "indexer_types": (1, 0, 1, 0)},
     "glm-5.2-runs": {"n_layer": 5, "indexer_types": (1, 1, 0, 0, 0), "indexer_top_k": 5},
+    # a million-token context without the types key: llama.cpp's GLM-5.2 defaults (layers 0-2 full, 3 and 4 shared)
+    "glm-5.2-defaults": {"n_layer": 5, "context_length": 1048576},
     "one-pick": {"n_layer": 2, "indexer_n_head": 1, "indexer_top_k": 1, "head_dim": 80, "n_rot": 32},
     "dense": {"n_layer": 2, "indexer_top_k": 4096, "n_dense_lead": 0},
     "mtp": {"n_layer": 3, "n_mtp": 1, "indexer_head_size": 128, "indexer_top_k": 24},

@@ -35,6 +35,7 @@ from tokenwing.models.weights import ModelWeights
 # GLM-5.2's indexer types where the file has no key and its context is a million tokens or more (llama.cpp's
 # GLM_5_2_DEFAULT_INDEXER_TYPES, glm-dsa.cpp:6-27): layers 0 and 1, then every fourth from 2, run their own
 _GLM_5_2_CONTEXT = 1048576
+_GLM_5_2_TYPES = 78
 
 
 def indexer_full(hp: HParams, il: int) -> bool:
@@ -43,7 +44,7 @@ def indexer_full(hp: HParams, il: int) -> bool:
         return hp.indexer_types[il]
     if hp.n_ctx_train < _GLM_5_2_CONTEXT:  # GLM-5, 5.1: every layer
         return True
-    return il < 2 or (il - 2) % 4 == 0
+    return il < _GLM_5_2_TYPES and (il < 2 or (il - 2) % 4 == 0)  # (the table's 78 entries; zeros after them)
 
 
 def hadamard(n: int) -> np.ndarray:
