@@ -19,9 +19,11 @@ import pytest
 from runmyai.engine.client import ChatClient, ChatSettings
 from runmyai.engine.info import ask_engine
 from runmyai.engine.supervisor import EngineSupervisor
+from runmyai.library.estimate import footprint_of
 from runmyai.library.local import LocalLibrary
-from tests.conftest import ModelFactory
+from tests.conftest import ModelFactory, run_cli
 from tokenwing.format.reader import ModelFile
+from tokenwing.models import kv_bytes_per_token
 from tokenwing.text.chat import ChatTemplate
 from tokenwing.text.tokenizer import tokenizer_from_metadata
 
@@ -41,6 +43,16 @@ FAMILIES = {
     # F16 KV cache is KL 1e-7 from llama.cpp's (at the default 1/sqrt(fan_in) this random model is chaotic:
     # llama.cpp's F16 cache is KL 1e-3 from its own F32 one, and greedy replies part after a few tokens)
     "kimi-k3": ({"arch": "kimi-k3", "n_layer": 6, "n_expert": 16, "n_expert_used": 4, "weight_std": 0.03}, "kimi-k3"),
+    # issue 25: Qwen3.8 Flash Next, its hyper-connections and the n-gram table on layer 0 (Qwen3.5's vocabulary)
+    "qwen4exp": ({"arch": "qwen4exp", "n_layer": 4, "n_expert": 16, "n_expert_used": 4}, "qwen4exp"),
+    # issue 27: GLM-5.2, layers 1 and 3 reusing the indexer's picks of the layer before (GLM-4.7's vocabulary); its
+    # weights at 0.03: at the default this random model is chaotic (llama.cpp's F16 cache KL 1.6e-2 from its own F32
+    # one over 60 positions, ours with an F32 cache 0.0 from llama.cpp's) and the greedy replies parted at token 5
+    "glm-dsa": (
+        {"arch": "glm-dsa", "n_layer": 4, "n_expert": 16, "n_expert_used": 4, "indexer_types": (1, 0, 1, 0)}
+        | {"weight_std": 0.03},
+        "glm-dsa",
+    ),
 }
 GREEDY = Path(__file__).parents[1] / "demomodel" / "llama_greedy.py"
 
@@ -115,7 +127,7 @@ def test_split_gguf_imports_and_chats_streamed(model_factory: ModelFactory, tmp_
 
 # The families new since (issue 25 on): from a split GGUF repository on the local hub to a streamed chat, as the
 # app gets a model (header planning, the chosen quant's shards, repack as they land), then llama.cpp's tokens.
-FROM_HUB = ["minimax-m2", "kimi-k3"]
+FROM_HUB = ["minimax-m2", "kimi-k3", "qwen4exp", "glm-dsa"]
 
 
 @pytest.mark.parametrize("family", FROM_HUB)
@@ -136,4 +148,11 @@ def test_from_a_split_gguf_on_the_hub_to_a_streamed_chat(
         env = Env(tmp_path / "home", hub, info)
         model = run(lambda: env.get(HubKey(repo, "Q8_0")))
     assert model is not None and model.error is None and model.arch == arch
+    # "Will it run here?" for the installed model sizes its context with the family's own KV bytes per token: the
+    # number `tokenwing info --json` gives and the family's rule computes (GLM-5.2's with its picks)
+    said = json.loads(run_cli("info", "--json", str(model.path)).stdout)["model"]["kv_bytes_per_token"]
+    footprint = footprint_of(model, None)
+    with ModelFile.open(str(model.path)) as mf:
+        meta = {k: v.value for k, v in mf.header.kv.items()}
+    assert footprint is not None and footprint.kv_bytes_per_token == said == kv_bytes_per_token(meta, arch, "t") > 0
     chat_streamed_like_llama_cpp(model.path, first, "25%", arch, tmp_path)

@@ -33,6 +33,9 @@ EXPECTED = {
     "qwen3-next-80b-a3b": "qwen3next",
     "minimax-m2": "minimax-m2",
     "kimi-k3": "kimi-k3",
+    "glm-5": "glm-dsa",
+    "glm-5.2": "glm-dsa",
+    "qwen3.8-flash-next": "qwen4exp",
     "tokenwing-demo-moe": "qwen3moe",
 }
 
@@ -262,6 +265,27 @@ GEOMETRY: dict[str, dict[str, int]] = {
     "gpt-oss-20b": {"n_layer": 24, "n_head": 64, "n_head_kv": 8, "head_dim": 64},
     "ling-3.0-flash": {"n_layer": 42, "kv_lora_rank": 512, "n_rot": 64, "full_attention_interval": 6},
     "minimax-m2": {"n_layer": 62, "n_head": 48, "n_head_kv": 8, "head_dim": 128, "n_rot": 64},
+    # issue 25/27's families: Kimi K3's MLA every 4th layer and the last (24 of 93); GLM-5's latent and indexer key
+    # in all 78 layers, GLM-5.2's indexer in 21 of them (llama.cpp's default types at a million-token context) plus
+    # the picks its shared layers read; Qwen3.8 Flash Next's 15 full-attention layers of 60
+    "kimi-k3": {"n_layer": 93, "kv_lora_rank": 512, "n_rot": 64, "full_attention_interval": 4},
+    "glm-5": {
+        "n_layer": 78,
+        "kv_lora_rank": 512,
+        "n_rot": 64,
+        "indexer_head_size": 128,
+        "indexer_top_k": 2048,
+        "context_length": 202752,
+    },
+    "glm-5.2": {
+        "n_layer": 78,
+        "kv_lora_rank": 512,
+        "n_rot": 64,
+        "indexer_head_size": 128,
+        "indexer_top_k": 2048,
+        "context_length": 1048576,
+    },
+    "qwen3.8-flash-next": {"n_layer": 60, "n_head_kv": 2, "head_dim": 256, "full_attention_interval": 4},
 }
 
 
@@ -283,3 +307,44 @@ def test_preset_kv_bytes_are_the_engines_rule(preset_id: str) -> None:
 def test_missing_folder(tmp_path: Path) -> None:
     catalog = load_catalog(tmp_path / "nope")
     assert catalog.presets == () and len(catalog.errors) == 1 and "does not exist" in catalog.errors[0]
+
+
+# The families new in issues 25 and 27, by their presets.
+NEW_FAMILIES = ["kimi-k3", "minimax-m2", "glm-5", "glm-5.2", "qwen3.8-flash-next"]
+
+
+@pytest.mark.parametrize("preset_id", NEW_FAMILIES)
+def test_will_it_run_here_for_the_new_families(engine: EngineInfo, preset_id: str) -> None:
+    """ "Will it run here?" with the installed engine: it runs the preset's architecture (so the verdict is the
+    machine's, not "unsupported"), and the context's memory is the preset's KV bytes per token (the engine's rule,
+    test_preset_kv_bytes_are_the_engines_rule) times the context, said in the reasoning."""
+    from runmyai.engine.autotune import DEFAULT_CONTEXT
+    from runmyai.library.estimate import ENGINE_RESERVE, estimate, preset_footprint
+    from runmyai.machine import MachineInfo
+    from runmyai.units import human_bytes
+
+    p = load_catalog(PRESETS).get(preset_id)
+    assert p is not None and engine.runs(p.facts.arch), p.facts.arch
+    gib = 1 << 30
+    fp = preset_footprint(p)
+    kv = 4 * DEFAULT_CONTEXT * fp.kv_bytes_per_token
+    ram = fp.resident_bytes + fp.expert_total_bytes // 2 + engine.headroom_bytes + ENGINE_RESERVE + kv  # half cached
+    machine = MachineInfo(
+        ram_total=ram + 16 * gib,
+        ram_available=ram,
+        ram_limit=None,
+        cores=8,
+        cpu_model="test",
+        isa=("avx2",),
+        gpus=(),
+        disk_free=4000 * gib,
+        drive_read_bps=3e9,
+        mem_bandwidth_bps=40e9,
+    )
+    e = estimate(p, machine, engine)
+    assert e.verdict in ("runs_well", "runs_slowly") and e.tokens_per_s > 0 and 0 < e.cache_share < 1
+    said = human_bytes(p.facts.kv_bytes_per_token * DEFAULT_CONTEXT)
+    assert any(f"{said} for a {DEFAULT_CONTEXT:,}-token context" in r for r in e.reasons), e.reasons
+    # a longer context takes its KV bytes from the expert cache, by that same number
+    longer = estimate(p, machine, engine, context=4 * DEFAULT_CONTEXT)
+    assert e.cache_bytes - longer.cache_bytes == 3 * DEFAULT_CONTEXT * p.facts.kv_bytes_per_token
