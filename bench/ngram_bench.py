@@ -17,7 +17,7 @@ import sys
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from tokenwing.models.qwen4exp import NgramKeys
+from tokenwing.models.hparams import NgramKeys
 from tokenwing.testmodel import preset_shape
 from tokenwing.testmodel.architectures import ple_heads, ple_table_rows
 from tokenwing.testmodel.corpus import CORPUS, MULTILINGUAL

@@ -126,6 +126,8 @@ class MoEModel:
     # given positions): a graph per step, never one reused across positions (the one-graph decode step, several
     # sequences' steps in one graph)
     position_graphs: ClassVar[bool] = False
+    # Tokens before a chunk that its embedding reads (`token_input`; qwen4exp's n-grams): 0, none
+    token_context: ClassVar[int] = 0
 
     def __init__(self, hp: HParams, weights: ModelWeights, streamed: list[int]) -> None:
         self.hp = hp
@@ -278,6 +280,12 @@ class MoEModel:
     def embed(self, ctx: Any, ids: Tensor) -> Tensor:
         """The state [state_width, n] the first layer reads, from token ids."""
         return ops.ggml_get_rows(ctx, self.weights.get("token_embd.weight"), ids)
+
+    def token_input(self, tokens: list[int], before: list[int]) -> np.ndarray:
+        """What `embed` reads for these tokens (I32), `before` the last `token_context` tokens of the sequence
+        ahead of them (fewer where it starts): their ids here; a family whose embedding depends on the tokens
+        before appends what it needs (qwen4exp: each token's rows of its n-gram table)."""
+        return np.asarray(tokens, np.int32)
 
     def mix_in(self, ctx: Any, il: int, state: Tensor) -> Tensor:
         """What layer il's block reads from the state (the default layer's input hook): the state itself here."""

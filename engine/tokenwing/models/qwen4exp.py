@@ -9,13 +9,19 @@ block's output goes back into every stream scaled by 2 · sigmoid(inject · norm
 
 The DeltaNet differs from Qwen3.5's in one place: its output norm is gated by sigmoid(z), not silu(z). The full
 layers' QSA is plain attention while a query sees at most top_k + block - 1 cells, which is the context the
-engine gives these files (`hparams._qsa`); the indexer beyond it, and the n-gram table (PLE), are not built yet:
-a file with the table is refused in one line.
+engine gives these files (`hparams._qsa`); the indexer beyond it is not built yet.
+
+The n-gram table (PLE): each token reads (ngram - 1) · heads_per_ngram rows of it, named by a hash of the token and
+the ones before it (`NgramKeys.rows`, host-side: `token_input` hands `embed` the ids and those rows), gathered into
+one n_embd-wide vector that rides in the state, after the streams, to the one linear layer that reads it. There it
+is projected to a key per stream and a value; a signed square root of key · stream gates the value into every
+stream, and a depthwise causal convolution dilated by ngram over the gated values (its history a second region of
+the layer's convolution state) adds its SiLU (build_ple, qwen4exp.cpp:1220-1308).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 from typing import Any
 
 import numpy as np
@@ -32,10 +38,18 @@ from tokenwing.models.weights import ModelWeights
 class Qwen4Exp(Qwen35MoE):
     arch = "qwen4exp"
     ffn_norm = "ffn_norm"  # (absent: the router reads the FFN's mix as it is)
+    # Decode through the per-layer graphs, whose embedding takes each token's n-gram rows from `token_input` (the
+    # one-graph step's input is the token id alone: not yet taught to take them)
+    position_graphs = True
+    token_context = 7  # (llama.cpp's n-grams have at most 8 tokens: LLAMA_MAX_PLE_NGRAM)
 
     def __init__(self, hp: HParams, weights: ModelWeights, streamed: list[int]) -> None:
         super().__init__(hp, weights, streamed)
         self.hc = self.streams(hp, weights.shapes)
+        self.ple = hp.ple if hp.ple_layer >= 0 else None
+        if self.ple is not None:
+            self.ple_kernel = weights.shapes[f"blk.{hp.ple_layer}.ple_conv1d.weight"][0]
+            self.ple_hist = (self.ple_kernel - 1) * self.ple.ngram  # the convolution's history, in tokens
         # the lookahead folds a norm into later routers: the router here reads the mix as it is
         self._ones = weights.arena.wrap(np.ones(hp.n_embd, np.float32), F32, (hp.n_embd,))
 
@@ -47,10 +61,6 @@ class Qwen4Exp(Qwen35MoE):
     # -------------------------------------------------------------------------------------------- checks
     @classmethod
     def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
-        if "per_layer_token_embd.weight" in shapes:
-            raise UnsupportedError(
-                f"{where}: the n-gram embedding table (qwen4exp's PLE) is not run yet: this file has one"
-            )
         e = hp.n_embd
         hc = cls.streams(hp, shapes)
         rank = shapes.get("output_hc_down.weight", (0, 0))[1]
@@ -72,6 +82,23 @@ class Qwen4Exp(Qwen35MoE):
             c.need(prefix + "_up.weight", (rank, hc * e))
             if inject:
                 c.need(prefix + "_inject.weight", (hc * e, hc))
+        if hp.ple_layer >= 0:
+            assert hp.ple is not None  # (hparams._ple reads both)
+            heads, p = hp.ple.heads, f"blk.{hp.ple_layer}."
+            rows = max(o + v for o, v in zip(hp.ple.offsets[:heads], hp.ple.vocab_sizes[:heads], strict=True))
+            table = shapes.get("per_layer_token_embd.weight", (0, 0))
+            if e % heads or table[0] != e // heads or table[1] < rows:
+                raise BadInputError(
+                    f"{where}: per_layer_token_embd must hold rows of n_embd / {heads} heads, at least {rows} of them"
+                )
+            kernel = shapes.get(p + "ple_conv1d.weight", (0, 0))[0]
+            if kernel < 2:  # (llama.cpp takes 1, then crashes on the empty history)
+                raise BadInputError(f"{where}: {p}ple_conv1d must have 2 taps or more")
+            c.need(p + "ple_key.weight", (e, hc * e))
+            c.need(p + "ple_value.weight", (e, e))
+            c.need(p + "ple_conv1d.weight", (kernel, hc * e))
+            for n in ("key", "query", "conv"):
+                c.need(p + f"ple_norm_{n}.weight", (hc * e,))
         # Qwen3.5's checks of the rest, told of the norms the hyper-connections replace as if the file had them
         norms = ["output_norm"] + [f"blk.{il}.{n}" for il in range(hp.n_layer) for n in ("attn_norm", "ffn_norm")]
         super().check(hp, shapes | {f"{n}.weight": (e,) for n in norms}, streamed, where)
@@ -79,21 +106,59 @@ class Qwen4Exp(Qwen35MoE):
     # -------------------------------------------------------------------------- the state between layers
     @classmethod
     def state_width(cls, hp: HParams) -> int:
-        # (a class method without the file's shapes: 4 streams, transformers' default and the only count the
-        # released model has; __init__ refuses another)
-        return 4 * hp.n_embd
+        """The streams, and with a table each token's n-gram vector after them. (A class method without the file's
+        shapes: 4 streams, transformers' default and the only count the released model has; `check` refuses
+        another.)"""
+        return 4 * hp.n_embd + (hp.n_embd if hp.ple_layer >= 0 else 0)
 
     def _streams(self, ctx: Any, state: Tensor) -> Tensor:
-        return ops.ggml_reshape_3d(ctx, state, self.hp.n_embd, self.hc, int(state.contents.ne[1]))
+        """The streams [n_embd, hc, n] of a state [state_width, n]."""
+        e, hc, n = self.hp.n_embd, self.hc, int(state.contents.ne[1])
+        if self.ple is None:
+            return ops.ggml_reshape_3d(ctx, state, e, hc, n)
+        row = int(state.contents.nb[1])
+        return ops.ggml_cont(ctx, ops.ggml_view_3d(ctx, state, e, hc, n, int(state.contents.nb[0]) * e, row, 0))
 
-    def _flat(self, ctx: Any, st: Tensor) -> Tensor:
-        return ops.ggml_reshape_2d(ctx, st, self.hp.n_embd * self.hc, int(st.contents.ne[2]))
+    def _ngrams(self, ctx: Any, state: Tensor) -> Tensor:
+        """The tokens' n-gram vectors [n_embd, n] (after the streams)."""
+        e, n, nb = self.hp.n_embd, int(state.contents.ne[1]), state.contents.nb
+        return ops.ggml_cont(ctx, ops.ggml_view_2d(ctx, state, e, n, int(nb[1]), int(nb[0]) * self.hc * e))
+
+    def _flat(self, ctx: Any, st: Tensor, state: Tensor | None = None) -> Tensor:
+        """Streams st [n_embd, hc, n] as a state: with a table, `state`'s n-gram vectors after them."""
+        flat = ops.ggml_reshape_2d(ctx, st, self.hp.n_embd * self.hc, int(st.contents.ne[2]))
+        if self.ple is None:
+            return flat
+        assert state is not None
+        return ops.ggml_concat(ctx, flat, self._ngrams(ctx, state), 0)
+
+    def token_input(self, tokens: list[int], before: list[int]) -> np.ndarray:
+        """Each token's id, then its rows of the n-gram table (I32 [1 + heads] a token)."""
+        if self.ple is None:
+            return super().token_input(tokens, before)
+        rows = self.ple.rows(tokens, before)
+        return np.concatenate([np.asarray(tokens, np.int64)[:, None], rows], axis=1).astype(np.int32).reshape(-1)
 
     def embed(self, ctx: Any, ids: Tensor) -> Tensor:
-        """hc copies of the token's embedding (qwen4exp.cpp:392)."""
-        x = super().embed(ctx, ids)
-        e, n = self.hp.n_embd, int(ids.contents.ne[0])
-        return self._flat(ctx, ops.ggml_repeat_4d(ctx, ops.ggml_reshape_3d(ctx, x, e, 1, n), e, self.hc, n, 1))
+        """hc copies of the token's embedding (qwen4exp.cpp:392), and with a table its n-gram vector: its rows
+        gathered and laid head after head (build_inp_ple, :1200-1218)."""
+        e = self.hp.n_embd
+        if self.ple is None:
+            x = super().embed(ctx, ids)
+            n = int(ids.contents.ne[0])
+            return self._flat(ctx, ops.ggml_repeat_4d(ctx, ops.ggml_reshape_3d(ctx, x, e, 1, n), e, self.hc, n, 1))
+        heads = self.ple.heads
+        n = int(ids.contents.ne[0]) // (1 + heads)
+        per = ops.ggml_reshape_2d(ctx, ids, 1 + heads, n)
+        f, row = int(per.contents.nb[0]), int(per.contents.nb[1])
+        # (get_rows takes its indices 1-D: the contiguous copies viewed flat)
+        tok = ops.ggml_view_1d(ctx, ops.ggml_cont(ctx, ops.ggml_view_2d(ctx, per, 1, n, row, 0)), n, 0)
+        rows = ops.ggml_view_1d(ctx, ops.ggml_cont(ctx, ops.ggml_view_2d(ctx, per, heads, n, row, f)), heads * n, 0)
+        x = ops.ggml_reshape_2d(ctx, ops.ggml_get_rows(ctx, self.weights.get("token_embd.weight"), tok), e, n)
+        table = self.weights.get("per_layer_token_embd.weight")
+        ngrams = ops.ggml_reshape_2d(ctx, ops.ggml_get_rows(ctx, table, rows), e, n)
+        streams = ops.ggml_repeat_4d(ctx, ops.ggml_reshape_3d(ctx, x, e, 1, n), e, self.hc, n, 1)
+        return ops.ggml_concat(ctx, ops.ggml_reshape_2d(ctx, streams, self.hc * e, n), ngrams, 0)
 
     def _normed(self, ctx: Any, st: Tensor, gamma: Tensor) -> Tensor:
         """Each stream RMS-normed over its n_embd values, times its own gammas ([hc · n_embd] read as [n_embd, hc])."""
@@ -128,11 +193,14 @@ class Qwen4Exp(Qwen35MoE):
     def layer(self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache) -> common.LayerOut:
         w = self.w[il]
         st = self._streams(ctx, x)
-        attn, writes = self.attention(ctx, il, self.hc_mix(ctx, st, w, "hc_attn"), at, kv)
+        writes: list[Tensor] = []
+        if il == self.hp.ple_layer:
+            st, writes = self.ngram_injection(ctx, il, st, self._ngrams(ctx, x), common.recurrent_cache(kv))
+        attn, attn_writes = self.attention(ctx, il, self.hc_mix(ctx, st, w, "hc_attn"), at, kv)
         st = self.hc_combine(ctx, st, attn, w["hc_attn_norm"], w["hc_attn_inject"])
         cur = self.hc_mix(ctx, st, w, "hc_ffn")
         shared = common.shared_expert(ctx, w, cur, True)
-        return common.LayerOut(writes, routed=self.routed(ctx, il, cur, self._flat(ctx, st), shared))
+        return common.LayerOut(writes + attn_writes, routed=self.routed(ctx, il, cur, self._flat(ctx, st, x), shared))
 
     def tail(self, ctx: Any, il: int, experts: Tensor, shared: Tensor | None, residual: Tensor) -> Tensor:
         """(experts + shared) combined into the streams the FFN read (its inject weights from them again: the same
@@ -140,7 +208,7 @@ class Qwen4Exp(Qwen35MoE):
         w = self.w[il]
         out = experts if shared is None else ops.ggml_add(ctx, experts, shared)
         st = self.hc_combine(ctx, self._streams(ctx, residual), out, w["hc_ffn_norm"], w["hc_ffn_inject"])
-        return self._flat(ctx, st)
+        return self._flat(ctx, st, residual)
 
     def tail_array(
         self, il: int, experts: np.ndarray, shared: np.ndarray | None, residual: np.ndarray
@@ -185,78 +253,60 @@ class Qwen4Exp(Qwen35MoE):
         out = ops.ggml_mul_mat(ctx, w["ssm_out"], ops.ggml_reshape_2d(ctx, out, lin.value_dim, n))
         return out, writes + state_writes
 
+    # ------------------------------------------------------------------------------------- the n-gram table
+    def state_spec(self, il: int) -> common.StateSpec | None:
+        """The DeltaNet's state; the table's layer keeps its injection's convolution history too, as more slots
+        of the convolution state (the runtime copies a state whole: checkpoints, snapshots)."""
+        spec = super().state_spec(il)
+        if spec is None or il != self.hp.ple_layer:
+            return spec
+        per_slot = spec.conv[0] * spec.conv[1]
+        extra = -(-self.ple_hist * self.hc * self.hp.n_embd // per_slot)
+        return common.StateSpec((spec.conv[0], spec.conv[1], 1 + extra), spec.state)
 
-# ---------------------------------------------------------------------------------------- the n-gram table
-@dataclass(frozen=True)
-class NgramKeys:
-    """The n-gram table's hash (qwen4exp.ple.*; docs/families/qwen4exp.md 2.6): which rows a token reads."""
+    def _history(self, ctx: Any, conv: Tensor) -> Tensor:
+        """The injection's convolution history [hist, hc · n_embd] (tokens on ne0), after the DeltaNet's slot."""
+        c = conv.contents
+        f = int(c.nb[0])
+        return ops.ggml_view_2d(ctx, conv, self.ple_hist, self.hc * self.hp.n_embd, f * self.ple_hist, int(c.nb[2]))
 
-    ngram: int  # n-grams of 2 … ngram tokens
-    heads_per_ngram: int
-    eos: int  # resets the window: it and everything before it read as EOS
-    multipliers: tuple[int, ...]  # one per position back, 0 the token itself
-    offsets: tuple[int, ...]  # each head's first row in the table
-    vocab_sizes: tuple[int, ...]  # each head's rows
-
-    @classmethod
-    def of(cls, meta: dict[str, Any], where: str) -> NgramKeys | None:
-        """The file's keys; None where it has no table (no qwen4exp.ple.layers)."""
-        a = "qwen4exp.ple."
-        layers = meta.get(a + "layers")
-        if layers is None or len(layers) == 0:
-            return None
-
-        def ints(key: str) -> tuple[int, ...]:
-            v: Any = meta.get(a + key)
-            if hasattr(v, "tolist"):
-                v = v.tolist()
-            if not isinstance(v, list) or not all(isinstance(x, int) and x >= 0 for x in v):
-                raise BadInputError(f"{where}: {a}{key} must list non-negative integers")
-            return tuple(int(x) for x in v)
-
-        k = cls(
-            int(meta.get(a + "ngram_size", 0)),
-            int(meta.get(a + "heads_per_ngram", 0)),
-            int(meta.get(a + "eos_token_id", 0)),
-            ints("layer_multipliers"),
-            ints("head_offsets"),
-            ints("head_vocab_sizes"),
+    def ngram_injection(
+        self, ctx: Any, il: int, st: Tensor, ngrams: Tensor, cache: common.RecurrentCache
+    ) -> tuple[Tensor, list[Tensor]]:
+        """The n-gram vectors [n_embd, n] gated into the streams st and convolved (build_ple, :1220-1308)."""
+        w, e, hc, n = self.w[il], self.hp.n_embd, self.hc, int(st.contents.ne[2])
+        key = self._normed(
+            ctx, ops.ggml_reshape_3d(ctx, ops.ggml_mul_mat(ctx, w["ple_key"], ngrams), e, hc, n), w["ple_norm_key"]
         )
-        heads = (k.ngram - 1) * k.heads_per_ngram
-        if k.ngram < 2 or heads < 1 or len(k.multipliers) < k.ngram or min(len(k.offsets), len(k.vocab_sizes)) < heads:
-            raise BadInputError(f"{where}: the n-gram table's keys (qwen4exp.ple.*) do not fit together")
-        if not all(k.vocab_sizes[:heads]):
-            raise BadInputError(f"{where}: {a}head_vocab_sizes must be positive")
-        return k
+        query = self._normed(ctx, st, w["ple_norm_query"])
+        s = ops.ggml_scale(ctx, ops.ggml_sum_rows(ctx, ops.ggml_mul(ctx, key, query)), 1.0 / math.sqrt(e))
+        magnitude = ops.ggml_sqrt(ctx, ops.ggml_clamp(ctx, ops.ggml_abs(ctx, s), 1e-6, math.inf))
+        gate = ops.ggml_sigmoid(ctx, ops.ggml_mul(ctx, ops.ggml_sgn(ctx, s), magnitude))  # [1, hc, n]
+        value = ops.ggml_reshape_3d(ctx, ops.ggml_mul_mat(ctx, w["ple_value"], ngrams), e, 1, n)
+        gated = ops.ggml_mul(ctx, ops.ggml_repeat_4d(ctx, value, e, hc, n, 1), gate)
+        normalized = ops.ggml_reshape_2d(ctx, self._normed(ctx, gated, w["ple_norm_conv"]), hc * e, n)
+        # the depthwise causal convolution, dilated by the n-gram size, as a sum of shifted copies
+        hist, kernel, dil = self.ple_hist, self.ple_kernel, self.ple.ngram if self.ple else 0
+        history = self._history(ctx, cache.conv)
+        padded = ops.ggml_concat(ctx, history, ops.ggml_transpose(ctx, normalized), 0)  # [hist + n, hc · e]
+        f, row = int(padded.contents.nb[0]), int(padded.contents.nb[1])
 
-    @property
-    def heads(self) -> int:
-        return (self.ngram - 1) * self.heads_per_ngram
+        def columns(start: int, count: int) -> Tensor:
+            return ops.ggml_view_2d(ctx, padded, count, hc * e, row, f * start)
 
-    def rows(self, tokens: list[int], before: list[int]) -> np.ndarray:
-        """The table rows [len(tokens), heads] the tokens read, `before` the sequence's tokens ahead of them
-        (oldest first; fewer than ngram - 1 where the sequence starts). Going back from a token, a missing one,
-        an EOS and everything before it read as EOS; the token's own EOS counts as itself. The products stay
-        below 2^63 (multipliers below 2^63 / vocab): uint64 as llama.cpp hashes, int64 as the reference does."""
-        back = self.ngram - 1
-        seq = [*before[-back:], *tokens] if back else list(tokens)
-        first = len(seq) - len(tokens)
-        m = [np.uint64(x) for x in self.multipliers[: self.ngram]]
-        sizes = np.array(self.vocab_sizes[: self.heads], np.uint64)
-        offsets = np.array(self.offsets[: self.heads], np.uint64)
-        out = np.empty((len(tokens), self.heads), np.int64)
-        for i in range(len(tokens)):
-            at = first + i
-            ctx = [seq[at]]
-            cut = False
-            for s in range(1, self.ngram):
-                t = seq[at - s] if at - s >= 0 else -1
-                cut = cut or t < 0 or t == self.eos
-                ctx.append(self.eos if cut else t)
-            for n in range(2, self.ngram + 1):  # the n-gram of the token and the n - 1 before it
-                mixed = np.uint64(ctx[0]) * m[0]
-                for j in range(1, n):
-                    mixed ^= np.uint64(ctx[j]) * m[j]
-                h = slice((n - 2) * self.heads_per_ngram, (n - 1) * self.heads_per_ngram)
-                out[i, h] = (mixed % sizes[h] + offsets[h]).astype(np.int64)
-        return out
+        writes = [ops.ggml_cpy(ctx, columns(n, hist), history)]
+        if cache.snapshot is not None:
+            writes.append(ops.ggml_cpy(ctx, columns(n - 1, hist), self._history(ctx, cache.snapshot.conv)))
+        taps = w["ple_conv1d"]
+        conv: Tensor | None = None
+        for k in range(kernel):
+            shifted = ops.ggml_cont(ctx, ops.ggml_transpose(ctx, columns(hist - (kernel - 1 - k) * dil, n)))
+            tap = ops.ggml_view_2d(ctx, taps, 1, hc * e, int(taps.contents.nb[1]), k * int(taps.contents.nb[0]))
+            tap = ops.ggml_reshape_2d(ctx, ops.ggml_cont(ctx, tap), hc * e, 1)
+            if int(taps.contents.type) != F32:
+                tap = ops.ggml_cast(ctx, tap, F32)
+            term = ops.ggml_mul(ctx, shifted, tap)
+            conv = term if conv is None else ops.ggml_add(ctx, conv, term)
+        assert conv is not None
+        conv = ops.ggml_reshape_3d(ctx, ops.ggml_silu(ctx, conv), e, hc, n)
+        return ops.ggml_add(ctx, st, ops.ggml_add(ctx, gated, conv)), writes

@@ -496,7 +496,14 @@ class Session:
             self._advance(tokens)
             return logits.reshape(1, -1) if all_logits else logits
         self.lookahead.made.clear()
-        h = np.concatenate([self._embed(tokens[c]) for c in self._chunks(n, pos0)], axis=0)
+        k = self.model.token_context  # (the tokens before a chunk its embedding reads: few, never all)
+        h = np.concatenate(
+            [
+                self._embed(tokens[c], (self.history[-k:] + tokens[max(0, c.start - k) : c.start])[-k:] if k else [])
+                for c in self._chunks(n, pos0)
+            ],
+            axis=0,
+        )
         sel_rows: list[np.ndarray] = []
         pred_rows: list[np.ndarray] = []
         carry: Parts | None = None  # layer il's graph results, computed with the layer before's experts
@@ -763,10 +770,15 @@ class Session:
         return out
 
     # ----------------------------------------------------------------------------------- embedding, head
-    def _embed(self, tokens: list[int]) -> np.ndarray:
+    def _embed(self, tokens: list[int], before: list[int] | None = None) -> np.ndarray:
+        """The state of these tokens, `before` the last `token_context` tokens ahead of them (by default the
+        history's)."""
         g = self.graph
         ctx = g.reset()
-        x = self.model.embed(ctx, g.input(np.array(tokens, np.int32)))
+        if before is None:
+            k = self.model.token_context
+            before = self.history[-k:] if k else []
+        x = self.model.embed(ctx, g.input(self.model.token_input(tokens, before)))
         g.compute(x)
         return to_numpy(x).reshape(len(tokens), self.model.state_width(self.hp))
 
