@@ -135,8 +135,13 @@ def placement_arrays(
     return out
 
 
-def decode_window(pos: int, n_ctx: int) -> int:
-    return min(n_ctx, -(-(pos + 1) // DECODE_WINDOW) * DECODE_WINDOW)
+# The VRAM tier's persistent per-layer device graphs are built per window: there a rebuild costs a device
+# allocation per layer, so its windows stay llama.cpp's 256 positions.
+DEVICE_DECODE_WINDOW = 256
+
+
+def decode_window(pos: int, n_ctx: int, step: int = DECODE_WINDOW) -> int:
+    return min(n_ctx, -(-(pos + 1) // step) * step)
 
 
 def placement(

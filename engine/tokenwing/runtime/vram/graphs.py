@@ -57,7 +57,7 @@ class DeviceGraphs:
         self.head = plan.head
         for il in sorted(self.layers):  # every op on the device, every weight there (else: the CPU's layer)
             try:
-                self._build_step(il, common.decode_window(0, self.n_ctx)).graph.close()
+                self._build_step(il, common.decode_window(0, self.n_ctx, common.DEVICE_DECODE_WINDOW)).graph.close()
             except (DeviceError, KeyError) as e:
                 self.layers.discard(il)
                 self.log(f"layer {il} computes on the CPU: {e}")
@@ -115,7 +115,7 @@ class DeviceGraphs:
     def layer_chunk(self, il: int, rows: np.ndarray, pos0: int, decode: bool) -> Parts:
         """Layer il's graph over `rows` (hidden states at positions pos0…) on the device: its named results."""
         if decode:
-            window = common.decode_window(pos0, self.n_ctx)
+            window = common.decode_window(pos0, self.n_ctx, common.DEVICE_DECODE_WINDOW)
             st = self._decode.get(il)
             if st is None or st.n_kv != window:
                 if st is not None:
@@ -134,7 +134,7 @@ class DeviceGraphs:
         try:
             x = g.input(F32, (self.state, m))
             # (over the KV cache rounded up as decode's, masked: the CPU's prompt chunks attend so, Session._placement)
-            at = self._placement(g, m, common.decode_window(pos0 + m - 1, self.n_ctx))
+            at = self._placement(g, m, common.decode_window(pos0 + m - 1, self.n_ctx, common.DEVICE_DECODE_WINDOW))
             out = self._layer(g, il, x, at, False)
             g.finish(*out.values())
             g.set(x, np.ascontiguousarray(rows, np.float32))
