@@ -113,9 +113,12 @@ def test_family_tokenizer_and_template_match_llama_cpp(model_factory: ModelFacto
 # Every vocabulary type a family we run ships with, by the name its GGUF carries (`tokenizer.ggml.pre`, or `spm`
 # for a SentencePiece vocabulary): Qwen3/Qwen2/Qwen3-Next (qwen2), Qwen3.5 (qwen35), GLM-4.5..GLM-5 (glm4),
 # ERNIE 4.5 (SentencePiece), DeepSeek V3/V3.1 (deepseek-v3), Kimi K2 (kimi-k2), gpt-oss (gpt-4o), Ling 2.0/3.0
-# (bailingmoe2), MiniMax M2 (minimax-m2), and files that name none (default).
+# (bailingmoe2), MiniMax M2 (minimax-m2), DeepSeek V4 (joyai-llm), and files that name none (default). Issue 25
+# and 27's families use these: Kimi K3 kimi-k2, MiniMax M2 minimax-m2, Qwen3.8 Flash Next qwen35, GLM-5 / 5.2 glm4,
+# DeepSeek V4 joyai-llm (test_new_families_write_a_checked_vocabulary ties each family's files to this list).
 VOCAB_FAMILIES = [
-    "qwen2", "qwen35", "glm4", "spm", "deepseek-v3", "kimi-k2", "gpt-4o", "bailingmoe2", "minimax-m2", "default",
+    "qwen2", "qwen35", "glm4", "spm", "deepseek-v3", "kimi-k2", "gpt-4o", "bailingmoe2", "minimax-m2", "joyai-llm",
+    "default",
 ]  # fmt: skip
 # The new families' markers, in running text and glued to words.
 MARKERS = [
@@ -164,6 +167,7 @@ def test_every_vocabulary_type_tokenizes_as_llama_cpp(model_factory: ModelFactor
     [
         ("spm", "ernie4_5-moe"), ("glm4", "glm4moe"), ("bailingmoe2", "bailingmoe3"), ("qwen35", "qwen35moe"),
         ("kimi-k2", "kimi-k3"),  # (K3's converter writes K2's vocabulary: it borrows kimi-linear's)
+        ("minimax-m2", "minimax-m2"), ("qwen35", "qwen4exp"), ("glm4", "glm-dsa"),
     ],
 )  # fmt: skip
 def test_tokenize_command_and_a_chat_on_the_real_vocabulary(
@@ -174,6 +178,8 @@ def test_tokenize_command_and_a_chat_on_the_real_vocabulary(
     kw: dict[str, Any] = {"arch": arch, "tokenizer": name, "vocab_size": 4096, "n_layer": 2, "type": "Q8_0"}
     if arch == "glm4moe":
         kw.update(n_dense_lead=1, n_shared_exp=1)
+    if arch == "qwen4exp":
+        kw.update(n_layer=4)  # (its attention is every fourth layer: two layers would have none)
     gguf, model = model_factory(**kw), repacked_factory(**kw)
     text = MIXED[0] + "\n" + MARKERS[0] + MARKERS[3]
     (r,) = vocab_probe([gguf], [text])
@@ -186,6 +192,25 @@ def test_tokenize_command_and_a_chat_on_the_real_vocabulary(
     assert json.loads(got.stdout) == r["plain"][0]
     chat = run_cli("run", str(model), "--chat", "--prompt", "Bonjour, 模型", "-n", "4", "--ram-budget", "50%")
     assert chat.returncode == 0, chat.stderr
+
+
+# What each new family's real files name (docs/families/*.md, from llama.cpp's converter), and the factory writes.
+NEW_FAMILY_VOCABULARIES = {
+    "kimi-k3": "kimi-k2",
+    "minimax-m2": "minimax-m2",
+    "qwen4exp": "qwen35",
+    "glm-dsa": "glm4",
+    "deepseek4": "joyai-llm",
+}
+
+
+@pytest.mark.parametrize("arch", list(NEW_FAMILY_VOCABULARIES))
+def test_new_families_write_a_checked_vocabulary(model_factory: ModelFactory, arch: str) -> None:
+    """A generated file of each new family carries its real files' pre-tokenizer, and that one is among those
+    checked against llama.cpp's vocab_only tokenizer above (a family whose files named another would go unchecked)."""
+    pre = NEW_FAMILY_VOCABULARIES[arch]
+    meta = read_header(str(model_factory(arch=arch, vocab_size=4096))).kv
+    assert meta["tokenizer.ggml.pre"].value == pre and pre in VOCAB_FAMILIES
 
 
 def test_tokenize_command_errors_are_one_line(model_factory: ModelFactory, tmp_path: Path) -> None:
