@@ -73,19 +73,37 @@ def test_quantized_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path
     assert clear_top1(ref, got) >= 0.99
 
 
-def test_f16_cache_matches_llama_cpp_f16_cache(model_factory: ModelFactory, tmp_path: Path) -> None:
-    """With an F16 KV cache on both sides (raw keys and compressed blocks in F16, the compressors' rows F32 as
-    llama.cpp keeps them): mean KL ≤ 1e-7 (measured 6e-9; llama.cpp's F16 against its F32: 5e-8)."""
-    src = model_factory(arch=A, type="F32", compress_ratios=(128, 4, 0, 4), o_group_count=1, indexer_top_k=1)
-    tokens = _tokens(N, 512, seed=35)
-    ref = llama_logits(src, tokens, tmp_path, f16_kv=True)
+def test_f16_cache_is_within_llama_cpps_own_f16_floor(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """With an F16 KV cache (the compressed blocks in F16; the raw keys' ring and the compressors' rows are F32
+    state): KL against llama.cpp's F32 cache no larger than llama.cpp's own F16 cache's (measured 1e-9 against
+    5e-8). (Where an F16 indexer key flips a block choice, both runs share the flip and land within 0.1 % of each
+    other: the tiny preset with 4 indexer heads gives 4.9637e-5 against 4.9625e-5.)"""
+    shape = {"compress_ratios": (128, 4, 0, 4), "o_group_count": 1, "indexer_n_head": 1, "indexer_top_k": 1}
+    src = model_factory(arch=A, type="F32", **shape)
+    tokens = _tokens(N, 512, seed=21)
+    ref = llama_logits(src, tokens, tmp_path)
+    floor = kl_per_position(ref, llama_logits(src, tokens, tmp_path, f16_kv=True)).mean()
     s = _session(_repacked(src, tmp_path), kv_type="f16")
     try:
         first = s.forward(tokens[:PROMPT].tolist(), all_logits=True)
         got = np.concatenate([first, *(s.forward([int(t)]).reshape(1, -1) for t in tokens[PROMPT:])])
     finally:
         s.close()
-    assert kl_per_position(ref, got).mean() <= 1e-7
+    kl = kl_per_position(ref, got).mean()
+    assert kl <= floor, (kl, floor)
+
+
+def test_f32_past_the_raw_keys_ring(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """820 positions, past the ring of raw keys (768 slots on the tiny preset: its window of 16 plus 512, padded to
+    256): a 720-token prompt, then 100 decode steps, as exact as before the ring turned over (slots hold the
+    latest position of their residue; the window mask follows them)."""
+    src = model_factory(arch=A, type="F32")
+    tokens = _tokens(820, 512, seed=37)
+    ref = llama_logits(src, tokens, tmp_path)
+    got, s = steps(_repacked(src, tmp_path), tokens, 720, max_batch=BATCH)
+    assert s.model.ring == 768  # type: ignore[attr-defined]
+    assert np.abs(ref - got).max() <= 1e-4
+    assert kl_per_position(ref, got).mean() <= 1e-8
 
 
 def test_streamed_at_a_quarter_is_bit_identical_to_resident(model_factory: ModelFactory, tmp_path: Path) -> None:
@@ -133,15 +151,15 @@ def test_prompt_resumed_from_checkpoints_is_identical(model_factory: ModelFactor
 
 
 def test_kv_bytes_per_token_counts_the_raw_keys_and_the_compressed_blocks(model_factory: ModelFactory) -> None:
-    """The family's rule (what the cache allocates a position): every layer's raw key row, plus a CSA layer's blocks
-    and its indexer's every 4 positions and an HCA layer's every 128, at 2 bytes an element (F16)."""
+    """The study's §3 rule (what the cache allocates a position): a CSA layer's blocks and its indexer's every 4
+    positions and an HCA layer's every 128, at 2 bytes an element (F16); the raw keys' ring is fixed state."""
     from tokenwing.format.gguf_io import read_header
     from tokenwing.models import kv_bytes_per_token
 
     path = model_factory(arch=A, type="F32")
     meta = {k: v.value for k, v in read_header(str(path)).kv.items()}
     d, di = 128, 64  # the tiny preset's head and indexer head; layers: window, window, CSA, HCA
-    want = 2 * (4 * d + (d // 4 + di // 4) + d // 128)
+    want = 2 * ((d // 4 + di // 4) + d // 128)
     assert kv_bytes_per_token(meta, A, str(path)) == want
 
 

@@ -37,6 +37,7 @@ from tokenwing.models.hparams import Dsv4Keys, HParams
 from tokenwing.models.weights import ModelWeights
 
 CSA, HCA = 4, 128  # the compression ratios llama.cpp runs (0: the window only)
+RING_TOKENS = 512  # the most tokens a graph may hold beside the window in the raw keys' ring (llama.cpp's n_ubatch)
 ROUTER_FLOOR = 6.103515625e-5  # the normalised weights' sum is clamped here (llama-graph.cpp build_moe_ffn)
 
 
@@ -170,32 +171,44 @@ class DeepSeek4(MoEModel):
     # ---------------------------------------------------------------------------------------------- cache
     @classmethod
     def kv_layer(cls, hp: HParams, il: int) -> common.KVSpec:
-        """K of every position (the raw keys), plus room for the layer's compressed blocks: a CSA layer's D-wide
-        blocks and its indexer's Di-wide ones every 4 positions, an HCA layer's every 128 (`_regions`)."""
+        """What grows with the context: a compressing layer's blocks (D wide, every `ratio` positions) and a CSA
+        layer's indexer blocks (Di wide, every 4), in one K memory of ⌈D/ratio⌉ (+ ⌈Di/4⌉) elements a position
+        (`_Blocks` lays them out); none in a window-only layer (its keys are in the state's ring)."""
         k, d = keys(hp), hp.head_dim
         ratio = k.compress_ratios[il]
-        extra = 0
-        if ratio:
-            extra = -(-d // ratio) + (-(-k.indexer_head_size // CSA) if ratio == CSA else 0)
-        return common.KVSpec(d + extra, d, v_in_k=True)
+        if not ratio:
+            return common.KVSpec(0, 0)
+        width = -(-d // ratio) + (-(-k.indexer_head_size // CSA) if ratio == CSA else 0)
+        return common.KVSpec(width, 0, v_in_k=True)
 
     @classmethod
     def kv_bytes_per_token(cls, hp: HParams, elt: int = 2) -> int:
-        """What the engine's cache takes a token: the raw keys of every layer (the window is a mask over all
-        positions, as llama-cpp-python's swa_full) and the compressed blocks, which are the study's §3 formula:
-        elt · (N4 · (D + Di) / 4 + N128 · D / 128), rounded up to whole elements per position."""
+        """The study's §3 formula: elt · (N4 · (D + Di) / 4 + N128 · D / 128), each layer's rounded up to whole
+        elements a position (6,880 bytes on V4 Flash at F16). The raw keys' window ring is fixed in size, part of
+        the state (`state_spec`)."""
         return sum(cls.kv_layer(hp, il).bytes_per_position(elt) for il in range(hp.n_layer))
 
+    @property
+    def ring(self) -> int:
+        """Raw key rows a layer keeps: the window plus the most tokens a graph writes at once, padded to 256 as
+        llama.cpp pads its window cache (pad256(n_swa + n_ubatch)): every key a graph's queries see is still there
+        after the graph's own writes."""
+        return -(-(self.hp.sliding_window + RING_TOKENS) // 256) * 256
+
     def state_spec(self, il: int) -> common.StateSpec | None:
-        """The compressors' carried rows (F32, as llama.cpp's): kv and score side by side, [width, rows, 2]; a
-        CSA layer's attention compressor in `conv`, its indexer's in `state`; an HCA layer's kv in `conv` and its
-        scores in `state`."""
-        ratio, d = self.k.compress_ratios[il], self.hp.head_dim
+        """F32 (llama.cpp keeps the compressors' rows in F32; the raw keys it keeps in the cache's type): `conv` the
+        raw keys' ring [D, ring] (a slot per position modulo the ring); `state` the compressors' last rows, kv then
+        score ([2D, 8] each, then the indexer's [2Di, 8] each, in a CSA layer; [D, 128] each in an HCA layer)."""
+        return common.StateSpec((self.hp.head_dim, self.ring), (sum(w * r for w, r in self._rings(il)),))
+
+    def _rings(self, il: int) -> list[tuple[int, int]]:
+        """(width, rows) of each carried ring of layer il's compressors, in their order in the state."""
+        ratio, d, di = self.k.compress_ratios[il], self.hp.head_dim, self.k.indexer_head_size
         if ratio == CSA:
-            return common.StateSpec((2 * d, state_rows(CSA), 2), (2 * self.k.indexer_head_size, state_rows(CSA), 2))
+            return [(2 * d, state_rows(CSA))] * 2 + [(2 * di, state_rows(CSA))] * 2
         if ratio == HCA:
-            return common.StateSpec((d, HCA), (d, HCA))
-        return None
+            return [(d, HCA)] * 2
+        return [(1, 1)]  # (no compressor: one unused float)
 
     # -------------------------------------------------------------------------- the state between layers
     @classmethod
@@ -343,7 +356,7 @@ class DeepSeek4(MoEModel):
 
     @property
     def window(self) -> int:
-        return self.hp.sliding_window
+        return 0  # (the layers mask their own ring of raw keys: `_ring_mask`)
 
     # ------------------------------------------------------------------------------------------ attention
     def attention(
@@ -355,27 +368,33 @@ class DeepSeek4(MoEModel):
         d, h, n = hp.head_dim, hp.n_head, at.n
         ratio = k.compress_ratios[il]
         rope = self.rope_compress if ratio else self.rope_window
-        cache = kv.kv if isinstance(kv, common.RecurrentCache) else kv
-        assert isinstance(cache, common.KVCache)
+        kv = common.recurrent_cache(kv)
+        ring, span = kv.conv, self.ring
+        if n > span - hp.sliding_window + 1:
+            raise UnsupportedError(f"a deepseek4 graph takes at most {span - hp.sliding_window + 1} tokens")
         qr = self.norm(ctx, ops.ggml_mul_mat(ctx, w["attn_q_a"], x), w["attn_q_a_norm"])
         q = ops.ggml_reshape_3d(ctx, ops.ggml_mul_mat(ctx, w["attn_q_b"], qr), d, h, n)
         q = _rope_tail(ctx, ops.ggml_rms_norm(ctx, q, hp.rms_eps), at.positions, rope, d)
         kv_new = self.norm(ctx, ops.ggml_mul_mat(ctx, w["attn_kv"], x), w["attn_kv_a_norm"])
         kv_new = _rope_tail(ctx, ops.ggml_reshape_3d(ctx, kv_new, d, 1, n), at.positions, rope, d)
-        regions = _Regions(cache, d, k.indexer_head_size, ratio)
-        writes = [ops.ggml_set_rows(ctx, regions.raw(ctx), ops.ggml_reshape_2d(ctx, kv_new, d, n), at.k_rows)]
-        keys_all = regions.raw_view(ctx, at.n_kv)
-        assert at.mask_swa is not None
-        mask = at.mask_swa
+        # the raw keys into their ring slots (the snapshot first: the ring before this graph's last token)
+        snap = kv.snapshot.conv if kv.snapshot is not None else None
+        writes = _carry(ctx, ring, ops.ggml_reshape_2d(ctx, kv_new, d, n), snap, at.pos0, n, span)
+        keys_all = ops.ggml_view_3d(ctx, ring, d, 1, span, 4 * d, 4 * d, 0)
+        mask = _data(ctx, _ring_mask(at.pos0, n, span, hp.sliding_window))
         if ratio:
-            assert isinstance(kv, common.RecurrentCache)
-            writes += self._compress(ctx, il, x, at, kv, regions)
-            n_blocks = min(at.n_kv // ratio, regions.n_blocks)
+            assert kv.kv is not None
+            blocks_ = _Blocks(kv.kv, d, k.indexer_head_size, ratio)
+            writes += self._compress(ctx, il, x, at, kv, blocks_)
+            n_blocks = min(at.n_kv // ratio, blocks_.n_blocks)
             if n_blocks:
                 visible = _data(ctx, _block_mask(at.pos0, n, n_blocks, ratio))
                 if ratio == CSA:
-                    visible = self._indexer_mask(ctx, il, qr, x, at, regions, n_blocks, visible)
-                keys_all = ops.ggml_concat(ctx, keys_all, regions.comp_view(ctx, n_blocks), 2)
+                    visible = self._indexer_mask(ctx, il, qr, x, at, blocks_, n_blocks, visible)
+                comp = blocks_.comp_view(ctx, n_blocks)
+                if int(comp.contents.type) != F32:  # (an F16 cache's blocks beside the F32 ring)
+                    comp = ops.ggml_cast(ctx, comp, F32)
+                keys_all = ops.ggml_concat(ctx, keys_all, comp, 2)
                 mask = ops.ggml_concat(ctx, mask, visible, 0)
         out = _attend(ctx, q, keys_all, mask, 1.0 / math.sqrt(d), w["attn_sinks"])  # [d, h, n]
         out = _rope_tail(ctx, out, at.positions, rope, d, back=True)
@@ -393,7 +412,7 @@ class DeepSeek4(MoEModel):
         qr: Tensor,
         x: Tensor,
         at: common.Placement,
-        regions: _Regions,
+        blocks_: _Blocks,
         n_blocks: int,
         visible: Tensor,
     ) -> Tensor:
@@ -404,7 +423,7 @@ class DeepSeek4(MoEModel):
         iq = ops.ggml_reshape_3d(ctx, ops.ggml_mul_mat(ctx, w["indexer.attn_q_b"], qr), di, ih, n)
         iq = _rope_tail(ctx, iq, at.positions, self.rope_compress, di)
         iw = ops.ggml_scale(ctx, ops.ggml_mul_mat(ctx, w["indexer.proj"], x), 1.0 / math.sqrt(float(di * ih)))
-        ik = regions.lid_view(ctx, n_blocks)
+        ik = blocks_.lid_view(ctx, n_blocks)
         assert at.pos0 is not None
         mask16 = _data(ctx, _block_mask(at.pos0, n, n_blocks, CSA).astype(np.float16))
         score = ops.ggml_lightning_indexer(ctx, iq, ik, iw, mask16)
@@ -416,26 +435,26 @@ class DeepSeek4(MoEModel):
         return ops.ggml_add(ctx, picked, visible)
 
     def _compress(
-        self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.RecurrentCache, regions: _Regions
+        self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.RecurrentCache, blocks_: _Blocks
     ) -> list[Tensor]:
         """The compressors of layer il over the graph's tokens: every block that completes here pooled into its
         cache row, and the carried rows updated (deepseek4.cpp:944-1176)."""
         w, d, ratio, eps = self.w[il], self.hp.head_dim, self.k.compress_ratios[il], self.hp.rms_eps
         assert at.pos0 is not None
+        rings = _views(ctx, kv.state, self._rings(il))
+        snaps = _views(ctx, kv.snapshot.state, self._rings(il)) if kv.snapshot is not None else None
         if ratio == HCA:
-            rings = (kv.conv, kv.state)
-            snap = (kv.snapshot.conv, kv.snapshot.state) if kv.snapshot is not None else None
             return _compressor(
                 ctx,
                 w,
                 "attn_compressor",
                 x,
                 at.pos0,
-                rings,
-                snap,
+                (rings[0], rings[1]),
+                (snaps[0], snaps[1]) if snaps else None,
                 ratio,
                 d,
-                regions.comp(ctx),
+                blocks_.comp(ctx),
                 self.rope_compress,
                 False,
                 eps,
@@ -446,11 +465,11 @@ class DeepSeek4(MoEModel):
             "attn_compressor",
             x,
             at.pos0,
-            _pair(ctx, kv.conv),
-            _pair(ctx, kv.snapshot.conv) if kv.snapshot is not None else None,
+            (rings[0], rings[1]),
+            (snaps[0], snaps[1]) if snaps else None,
             ratio,
             d,
-            regions.comp(ctx),
+            blocks_.comp(ctx),
             self.rope_compress,
             True,
             eps,
@@ -461,11 +480,11 @@ class DeepSeek4(MoEModel):
             "indexer_compressor",
             x,
             at.pos0,
-            _pair(ctx, kv.state),
-            _pair(ctx, kv.snapshot.state) if kv.snapshot is not None else None,
+            (rings[2], rings[3]),
+            (snaps[2], snaps[3]) if snaps else None,
             ratio,
             self.k.indexer_head_size,
-            regions.lid(ctx),
+            blocks_.lid(ctx),
             self.rope_compress,
             True,
             eps,
@@ -473,48 +492,72 @@ class DeepSeek4(MoEModel):
 
 
 # ------------------------------------------------------------------------------------------ the pieces
-class _Regions:
-    """A layer's K memory as the family lays it out (elements): the raw keys [d, n_ctx], then the compressed blocks
-    [d, n_ctx / ratio], then (CSA) the indexer's [di, n_ctx / 4]. `kv_layer` leaves room for all three."""
+class _Blocks:
+    """A compressing layer's K memory as the family lays it out (elements): its compressed blocks [d, n_ctx / ratio],
+    then (CSA) the indexer's [di, n_ctx / 4]. `kv_layer` leaves room for both."""
 
     def __init__(self, cache: common.KVCache, d: int, di: int, ratio: int) -> None:
         self.k, self.d, self.di, self.ratio = cache.k, d, di, ratio
         self.elt = cache.elt
-        self.n_ctx = int(cache.k.contents.ne[1])
-        self.n_blocks = blocks(self.n_ctx, ratio) if ratio else 0
+        self.n_blocks = blocks(int(cache.k.contents.ne[1]), ratio)
 
     def _view(self, ctx: Any, offset: int, width: int, rows: int) -> Tensor:
         return ops.ggml_view_2d(ctx, self.k, width, rows, width * self.elt, offset * self.elt)
 
-    def raw(self, ctx: Any) -> Tensor:
-        return self._view(ctx, 0, self.d, self.n_ctx)
-
-    def raw_view(self, ctx: Any, n_kv: int) -> Tensor:
-        """The raw keys of the first n_kv positions as [d, 1, n_kv]."""
-        e = self.elt
-        return ops.ggml_view_3d(ctx, self.k, self.d, 1, n_kv, self.d * e, self.d * e, 0)
-
     def comp(self, ctx: Any) -> Tensor:
-        return self._view(ctx, self.d * self.n_ctx, self.d, self.n_blocks)
+        return self._view(ctx, 0, self.d, self.n_blocks)
 
     def comp_view(self, ctx: Any, n: int) -> Tensor:
+        """The first n blocks as keys [d, 1, n]."""
         e = self.elt
-        return ops.ggml_view_3d(ctx, self.k, self.d, 1, n, self.d * e, self.d * e, self.d * self.n_ctx * e)
+        return ops.ggml_view_3d(ctx, self.k, self.d, 1, n, self.d * e, self.d * e, 0)
 
     def lid(self, ctx: Any) -> Tensor:
-        return self._view(ctx, self.d * (self.n_ctx + self.n_blocks), self.di, self.n_blocks)
+        return self._view(ctx, self.d * self.n_blocks, self.di, self.n_blocks)
 
     def lid_view(self, ctx: Any, n: int) -> Tensor:
         e = self.elt
-        offset = self.d * (self.n_ctx + self.n_blocks) * e
-        return ops.ggml_view_3d(ctx, self.k, self.di, 1, n, self.di * e, self.di * e, offset)
+        return ops.ggml_view_3d(ctx, self.k, self.di, 1, n, self.di * e, self.di * e, self.d * self.n_blocks * e)
 
 
-def _pair(ctx: Any, t: Tensor) -> tuple[Tensor, Tensor]:
-    """A state [width, rows, 2] as its kv and score halves [width, rows]."""
-    ne, nb = t.contents.ne, t.contents.nb
-    width, rows = int(ne[0]), int(ne[1])
-    return tuple(ops.ggml_view_2d(ctx, t, width, rows, int(nb[1]), i * int(nb[2])) for i in range(2))  # type: ignore[return-value]
+def _views(ctx: Any, t: Tensor, shapes: list[tuple[int, int]]) -> list[Tensor]:
+    """Consecutive F32 [width, rows] views of a flat state."""
+    out, at = [], 0
+    for width, rows in shapes:
+        out.append(ops.ggml_view_2d(ctx, t, width, rows, 4 * width, 4 * at))
+        at += width * rows
+    return out
+
+
+def _ring_mask(pos0: int, n: int, span: int, window: int) -> np.ndarray:
+    """[n, span]: 0 where ring slot s holds a key the query sees, else -inf. After the graph's writes slot s holds
+    the latest position q ≤ pos0 + n - 1 with q ≡ s (mod span) (a rewind restores the ring of its checkpoint, a
+    fresh sequence's slots are behind position 0); a query at p sees q when q ≤ p and p - q < window (llama.cpp's
+    standard sliding window)."""
+    last = pos0 + n - 1
+    q = last - ((last - np.arange(span)) % span)
+    p = np.arange(pos0, pos0 + n)[:, None]
+    return np.where((q >= 0) & (q <= p) & (p - q < window), 0.0, -np.inf).astype(np.float32)
+
+
+def _carry(ctx: Any, ring: Tensor, rows: Tensor, snap: Tensor | None, pos0: int, n: int, size: int) -> list[Tensor]:
+    """The writes that put the last `size` of the graph's rows [w, n] (positions pos0…) into a ring of `size` slots
+    (slot: position mod size); with `snap`, first the ring as it is one token before the graph's end copied
+    there. In the order they must run (after every read of the ring's old rows)."""
+    writes = []
+    if snap is not None:
+        copied = ops.ggml_cpy(ctx, ring, snap)
+        keep = list(range(max(pos0, pos0 + n - 1 - size), pos0 + n - 1))
+        if keep:
+            src = _data(ctx, np.array([p - pos0 for p in keep], np.int32))
+            dst = _data(ctx, np.array([p % size for p in keep], np.int32))
+            copied = ops.ggml_set_rows(ctx, copied, ops.ggml_get_rows(ctx, rows, src), dst)
+        writes.append(copied)
+    keep = list(range(max(pos0, pos0 + n - size), pos0 + n))
+    src = _data(ctx, np.array([p - pos0 for p in keep], np.int32))
+    dst = _data(ctx, np.array([p % size for p in keep], np.int32))
+    writes.append(ops.ggml_set_rows(ctx, ring, ops.ggml_get_rows(ctx, rows, src), dst))
+    return writes
 
 
 def _data(ctx: Any, a: np.ndarray) -> Tensor:
@@ -634,17 +677,5 @@ def _compressor(
         writes.append(ops.ggml_set_rows(ctx, cache, ops.ggml_reshape_2d(ctx, comp, d, nb), rows))
     # the carried rows: the last `size` positions' (the snapshot: those before the last token), after every read
     for ring, rows_new, snap_ring in zip(rings, (kv_rows, score), snap or (None, None), strict=True):
-        if snap_ring is not None:
-            copied = ops.ggml_cpy(ctx, ring, snap_ring)
-            keep = [p for p in range(max(pos0, pos0 + n - 1 - size), pos0 + n - 1)]
-            if keep:
-                src = _data(ctx, np.array([p - pos0 for p in keep], np.int32))
-                dst = _data(ctx, np.array([p % size for p in keep], np.int32))
-                copied = ops.ggml_set_rows(ctx, copied, ops.ggml_get_rows(ctx, rows_new, src), dst)
-            writes.append(copied)
-    for ring, rows_new in zip(rings, (kv_rows, score), strict=True):
-        keep = list(range(max(pos0, pos0 + n - size), pos0 + n))
-        src = _data(ctx, np.array([p - pos0 for p in keep], np.int32))
-        dst = _data(ctx, np.array([p % size for p in keep], np.int32))
-        writes.append(ops.ggml_set_rows(ctx, ring, ops.ggml_get_rows(ctx, rows_new, src), dst))
+        writes += _carry(ctx, ring, rows_new, snap_ring, pos0, n, size)
     return writes
