@@ -10,6 +10,8 @@ reply per request): the tokenizer, the text stream, the readers and the HTTP sha
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,9 @@ import pytest
 from tests.conftest import ModelFactory
 from tests.engine.test_server import KEY, Server
 from tests.engine.test_server_apply_template import _templated
+from tests.llama_source import chat_templates
 from tokenwing.format.reader import ModelFile
+from tokenwing.format.repack import repack
 from tokenwing.text.tokenizer import tokenizer_from_metadata
 
 EOS = "<｜end▁of▁sentence｜>"  # the generated deepseek2 model's end of generation
@@ -153,9 +157,53 @@ def _post(server: Server, path: str, body: dict[str, Any]) -> Any:
 def test_round_trip(
     template: str, tmp_path: Path, model_factory: ModelFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    round_trip(_templated(model_factory, tmp_path, template), template, monkeypatch)
+
+
+# Issue 25 and 27's families: a generated model of the family itself (its architecture and its own vocabulary, whose
+# markers are its tokens), carrying the publisher's template in its native call format, and the token that ends
+# its replies. GLM-5: llama.cpp ships no GLM-5 template; GLM-4.7-Flash's is its vocabulary's (GLM-5 uses GLM-4.7's
+# tokenizer: docs/families/glm-dsa.md) and writes the same <arg_key>/<arg_value> calls. Qwen3.8 Flash Next has
+# Qwen3.5's vocabulary and its XML calls; its QSA keeps every cell of the server's 4096-position context (top-k 4096:
+# QSA is dense attention up to top-k + ratio - 2 positions, and the engine caps the context there).
+NATIVE: dict[str, tuple[str, str, dict[str, object]]] = {
+    "kimi-k3": ("Kimi-K3.jinja", "[EOS]", {}),
+    "minimax-m2": ("MiniMax-M2.jinja", "[e~[", {}),
+    "glm-dsa": ("GLM-4.7-Flash.jinja", "<|endoftext|>", {"n_layer": 3, "indexer_types": (1, 0, 1)}),
+    "qwen4exp": ("Qwen3.5-4B.jinja", "<|im_end|>", {"indexer_top_k": 4096}),
+}
+
+
+@pytest.mark.parametrize("arch", list(NATIVE))
+def test_round_trip_on_the_new_families_models(
+    arch: str, tmp_path: Path, model_factory: ModelFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    template, end, shape = NATIVE[arch]
+    src = model_factory(arch=arch, type="Q8_0", **shape)
+    round_trip(_with_template(src, tmp_path, template), template, monkeypatch, end)
+
+
+def _with_template(src: Path, root: Path, template: str) -> Path:
+    """`src` carrying `template` (gguf-py's own metadata copier), repacked."""
+    jinja = root / "template.jinja"
+    jinja.write_text(chat_templates()[template], encoding="utf-8")
+    gguf = root / "templated.gguf"
+    copier = [sys.executable, "-m", "gguf.scripts.gguf_new_metadata"]
+    r = subprocess.run(
+        [*copier, str(src), str(gguf), "--force", "--chat-template-file", str(jinja)], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    out = root / "templated.tw.gguf"
+    repack([str(gguf)], str(out), show_progress=False)
+    return out
+
+
+def round_trip(model: Path, template: str, monkeypatch: pytest.MonkeyPatch, end: str = EOS) -> None:
+    """The family's native call through the official client (non-streaming, streamed, the streaming helper), the
+    result sent back, and the answer, each reply ended by `end`."""
     call, answer, reasoning, content = FAMILIES[template]
-    model = _templated(model_factory, tmp_path, template)
-    server = _serve(model, [call, call, call, answer], monkeypatch)
+    monkeypatch.setenv("TOKENWING_TEST_TOKENS", script(model, [call, call, call, answer], [end] * 4))
+    server = Server(model, "--ctx", "4096")  # the templates' tool descriptions are long for the test vocabulary
     try:
         client = server.client()
         # 1. non-streaming: the native call comes back as OpenAI's tool_calls
