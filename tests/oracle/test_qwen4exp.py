@@ -59,7 +59,8 @@ def test_f32_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path, vari
     tokens = _tokens(320, 512, seed=31)
     tokens[90] = read_header(str(src)).kv["tokenizer.ggml.eos_token_id"].value
     ref = llama_logits(src, tokens, tmp_path)
-    got, _ = steps(_repacked(src, tmp_path), tokens, 200)
+    got, s = steps(_repacked(src, tmp_path), tokens, 200)
+    assert s.one_graph_steps  # type: ignore[attr-defined]
     assert np.abs(ref - got).max() <= 1e-4
     assert kl_per_position(ref, got).mean() <= 1e-8
 

@@ -38,10 +38,7 @@ from tokenwing.models.weights import ModelWeights
 class Qwen4Exp(Qwen35MoE):
     arch = "qwen4exp"
     ffn_norm = "ffn_norm"  # (absent: the router reads the FFN's mix as it is)
-    # Decode through the per-layer graphs, whose embedding takes each token's n-gram rows from `token_input` (the
-    # one-graph step's input is the token id alone: not yet taught to take them)
-    position_graphs = True
-    token_context = 7  # (llama.cpp's n-grams have at most 8 tokens: LLAMA_MAX_PLE_NGRAM)
+    token_context = 7  # (`token_input` hashes n-grams of at most 8 tokens: llama.cpp's LLAMA_MAX_PLE_NGRAM)
 
     def __init__(self, hp: HParams, weights: ModelWeights, streamed: list[int]) -> None:
         super().__init__(hp, weights, streamed)

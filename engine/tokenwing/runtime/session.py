@@ -718,7 +718,8 @@ class Session:
                 self._token_graph_on = False
                 self.log(f"decode runs one graph per layer: the one-graph step did not fit in memory ({e})")
                 return None
-        logits, routed = tg.run(token, self.pos)
+        k = self.model.token_context
+        logits, routed = tg.run(token, self.pos, self.history[-k:] if k else [])
         k, d = self.hp.n_expert_used, max(self.options.lookahead, 0)
         sel_rows = []
         for il, experts in routed:

@@ -45,6 +45,7 @@ class TokenGraph:
         time (runtime/batch.py `rows_group`: as many as this CPU's kernels give each row its own bits), 1: a
         subgraph each."""
         hp = model.hp
+        self.model = model
         self.windows, self.n_ctx = windows, kvs[0].n_ctx
         self.width = v_width([model.kv_spec(il) for il in range(hp.n_layer)])
         self.axes = model.position_axes
@@ -66,8 +67,9 @@ class TokenGraph:
             g.finish(*(b.logits for b in self.rows), *(ids for b in self.rows for _, ids in b.routed))
             return
         xs: list[Tensor] = []
+        per_token = len(model.token_input([0], []))  # (what `embed` reads of a token: its id, and qwen4exp's rows)
         for window in windows:
-            token = g.input(I32, (1,))
+            token = g.input(I32, (per_token,))
             at = self._placement(window)
             self.seqs.append(_Seq(token, at, token, []))
             xs.append(model.embed(ctx, token))
@@ -150,18 +152,24 @@ class TokenGraph:
     def bytes(self) -> int:
         return self.g.bytes
 
-    def run(self, token: int, pos: int) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
-        """The token at `pos` (within this graph's window): its logits and each routed layer's experts."""
-        return self.run_all([token], [pos])[0]
+    def run(
+        self, token: int, pos: int, before: list[int] | None = None
+    ) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
+        """The token at `pos` (within this graph's window): its logits and each routed layer's experts. `before`:
+        the last `token_context` tokens of its sequence (the family's `token_input`)."""
+        return self.run_all([token], [pos], None if before is None else [before])[0]
 
-    def run_all(self, tokens: list[int], positions: list[int]) -> list[tuple[np.ndarray, list[tuple[int, np.ndarray]]]]:
+    def run_all(
+        self, tokens: list[int], positions: list[int], befores: list[list[int]] | None = None
+    ) -> list[tuple[np.ndarray, list[tuple[int, np.ndarray]]]]:
         """Each sequence's token at its position (within its window): its logits and each routed layer's experts."""
         g = self.g
         if self.rows:
             return self._run_rows(tokens, positions)
-        for q, window, token, pos in zip(self.seqs, self.windows, tokens, positions, strict=True):
+        befores = befores or [[] for _ in tokens]
+        for q, window, token, pos, before in zip(self.seqs, self.windows, tokens, positions, befores, strict=True):
             a = common.placement_arrays(pos, 1, window, self.n_ctx, self.width, self.swa, self.axes)
-            g.set(q.token, np.array([token], np.int32))
+            g.set(q.token, self.model.token_input([token], before))
             for name, values in a.items():
                 t = getattr(q.at, name)
                 if t.contents.data:  # (an input no node reads is not allocated: positions where nothing rotates)
