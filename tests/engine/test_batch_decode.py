@@ -80,8 +80,10 @@ def _together(
         ({"type": "Q8_0", "arch": "gpt-oss"}, 1),  # sliding-window layers, attention sinks
         ({"type": "Q8_0", "arch": "deepseek2"}, 1),  # MLA
         ({"type": "Q8_0", "arch": "kimi-k3"}, None),  # a state wider than a vector between layers, KDA
+        # 4 streams and each sequence's own n-gram rows (its tokens before: the table, its convolution history)
+        ({"type": "Q8_0", "arch": "qwen4exp", "indexer_top_k": 512}, 1),
     ],
-    ids=["in-ram", "streamed", "ling", "gpt-oss", "mla", "kimi-k3"],
+    ids=["in-ram", "streamed", "ling", "gpt-oss", "mla", "kimi-k3", "qwen4exp"],
 )
 @pytest.mark.parametrize("mode", ["as-measured", "apart", "pairs"])
 def test_each_sequence_gets_what_it_gets_alone(
