@@ -129,6 +129,9 @@ HYBRIDS: dict[str, dict[str, object]] = {
     "bailingmoe3": {"arch": "bailingmoe3", "n_layer": 4},
     # Kimi K3 (its head's residual mix over 4 checkpoints: ggml's Vulkan shader mixes exactly 4)
     "kimi-k3": {"arch": "kimi-k3", "n_layer": 8},
+    # Qwen3.8 Flash Next: 4 hyper-connection streams as the state between layers, the n-gram table on layer 0, QSA
+    # keeping every cell of these prompts (top-k 512)
+    "qwen4exp": {"arch": "qwen4exp", "n_layer": 4, "n_expert": 16, "n_expert_used": 4, "indexer_top_k": 512},
 }
 # Every model the device tests compare with llama.cpp: key → (type, model_factory's arguments, the tokens' seed).
 # bench/gpu_refs.py makes their references from this table for the GPU machine, which has no llama.cpp.
