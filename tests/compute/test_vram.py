@@ -194,8 +194,8 @@ def test_each_family_on_the_device_matches_llama_cpp(
 def test_a_linear_attention_model_keeps_its_layers_on_the_cpu(
     kind: str, model_factory: ModelFactory, tmp_path: Path, family: str
 ) -> None:
-    """Qwen3-Next, Ling 3.0 and Kimi K3 with a GPU: every expert and the head in VRAM, every layer (its recurrent
-    state or KV cache) on the CPU, and llama.cpp's logits."""
+    """Qwen3-Next, Ling 3.0, Kimi K3 and Qwen3.8 Flash Next with a GPU: every expert and the head in VRAM, every
+    layer (its recurrent state or KV cache) on the CPU, and llama.cpp's logits."""
     path, tokens, ref = case(f"vram-{family}-Q8_0", model_factory, tmp_path)
     everything = run(path, tokens, kind, 256 * MiB)
     layers, slots, hits = _tier_use(everything, 0)
