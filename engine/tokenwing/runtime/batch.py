@@ -27,6 +27,7 @@ import numpy as np
 from tokenwing.compute.ggml_lib import Tensor, ops, to_numpy
 from tokenwing.errors import BadInputError
 from tokenwing.models import common
+from tokenwing.runtime.experts import selected
 from tokenwing.runtime.kvcache import KVCaches
 from tokenwing.runtime.lookahead import Ahead
 from tokenwing.runtime.token_graph import TokenGraph
@@ -192,9 +193,9 @@ def _one_graph(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray] | N
         for il, experts in routed:
             by_layer.setdefault(il, []).append(experts)
     k = s.hp.n_expert_used
-    for il, selected in by_layer.items():
-        s.scheduler.touch(il, list(dict.fromkeys(np.concatenate(selected).tolist())))
-        for row in selected:
+    for il, chosen in by_layer.items():
+        s.scheduler.touch(il, list(dict.fromkeys(np.concatenate(chosen).tolist())))
+        for row in chosen:
             s.scheduler.observe(il, row.reshape(1, k))
     logits = []
     for (slot, token), (lg, _) in zip(steps, got, strict=True):
@@ -307,7 +308,7 @@ def _experts(
             for a in ahead:
                 sched.predict(a.target, a.experts, a.distance, a.probs, a.predictors)
         got = s.experts.decode_weighted(il, cur, sel, weights, wave, ready)
-        mask = np.isin(sel, wave)
+        mask = selected(sel, wave)
         weighted[mask] = got[mask]
         sched.end_layer(il)
     return weighted
