@@ -110,7 +110,8 @@ class TokenGraph:
         hp, g, n = model.hp, self.g, len(kvs)
         ctx = g.ctx
         parts = [self._placement(window) for window in windows]
-        tokens, positions = g.input(I32, (n,)), g.input(I32, (self.axes * n,))
+        per_token = len(model.token_input([0], []))
+        tokens, positions = g.input(I32, (per_token * n,)), g.input(I32, (self.axes * n,))
         x = model.embed(ctx, tokens)
         routed: list[tuple[int, Tensor]] = []
         at = rows_placement(ctx, parts, positions, kvs)
@@ -164,9 +165,9 @@ class TokenGraph:
     ) -> list[tuple[np.ndarray, list[tuple[int, np.ndarray]]]]:
         """Each sequence's token at its position (within its window): its logits and each routed layer's experts."""
         g = self.g
-        if self.rows:
-            return self._run_rows(tokens, positions)
         befores = befores or [[] for _ in tokens]
+        if self.rows:
+            return self._run_rows(tokens, positions, befores)
         for q, window, token, pos, before in zip(self.seqs, self.windows, tokens, positions, befores, strict=True):
             a = common.placement_arrays(pos, 1, window, self.n_ctx, self.width, self.swa, self.axes)
             g.set(q.token, self.model.token_input([token], before))
@@ -181,13 +182,16 @@ class TokenGraph:
         ]
 
     def _run_rows(
-        self, tokens: list[int], positions: list[int]
+        self, tokens: list[int], positions: list[int], befores: list[list[int]]
     ) -> list[tuple[np.ndarray, list[tuple[int, np.ndarray]]]]:
         g = self.g
         at = 0
         for b in self.rows:  # (the groups take the sequences in order)
             n = len(b.parts)
-            g.set(b.tokens, np.array(tokens[at : at + n], np.int32))
+            inputs = [
+                self.model.token_input([t], bf) for t, bf in zip(tokens[at : at + n], befores[at : at + n], strict=True)
+            ]
+            g.set(b.tokens, np.concatenate(inputs))
             pos = np.array(positions[at : at + n], np.int32)
             if self.axes > 1:  # (multi-axis RoPE: a text position on three axes, 0 on the fourth)
                 pos = np.concatenate([np.tile(pos, 3), np.zeros(n * (self.axes - 3), np.int32)])
