@@ -6,6 +6,7 @@ layers keep a recurrent state instead (4x too much)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,3 +47,20 @@ def test_qwen3next_caches_only_its_full_attention_layers(repacked_factory: Model
     # layers 3 and 7 attend (every 4th), the other six keep a recurrent state: 2 layers x (K + V) x 2 KV heads x
     # 32 x 2 bytes (counting all 8 layers, as inspect did, is 4x this)
     assert inspect_model([str(model)])["kv_bytes_per_token"] == 2 * 2 * 2 * 32 * 2
+
+
+def test_glm_5_2_number_is_its_cache_and_its_picks(repacked_factory: ModelFactory) -> None:
+    """GLM-5.2's shared layers read the last full layer's picks from a buffer of the model's (F32, top-k a position),
+    beside the cache: the number inspect, the memory plan and the app's estimate use is both (here 896 + 32 bytes a
+    token), and what the session allocates for them."""
+    model = repacked_factory(arch="glm-dsa", type="F16", n_layer=4, indexer_types=(1, 0, 1, 0), indexer_top_k=8)
+    said = inspect_model([str(model)])["kv_bytes_per_token"]
+    s = _session(model, 64)
+    try:
+        s.forward([1, 2, 3, 4, 5])  # (the picks buffer is made with the first graph that reads it)
+        buffers: dict[Any, Any] = s.model._picks  # type: ignore[attr-defined]
+        picks = sum(4 * int(t.contents.ne[0]) * int(t.contents.ne[1]) for t in buffers.values())  # (F32)
+        assert picks == 64 * 4 * 8
+        assert s.kv.nbytes + picks == 64 * said == 64 * s.prompt_memory.kv_per_token
+    finally:
+        s.close()
