@@ -490,7 +490,10 @@ class Session:
         # start, as certain predictions (read first, one vote), and the lookahead's guesses for them are dropped
         self._known = self.model.known_experts(tokens[0]) if decode else {}
         for block, experts in self._known.items():
-            self.scheduler.predict(block, experts, block + 1, [1.0] * len(experts), 1)
+            known = Ahead(block, experts, block + 1, [1.0] * len(experts), 1)
+            if self.vram is not None:  # (experts in VRAM are never read into RAM)
+                known = self.vram.not_held(known)
+            self.scheduler.predict(known.target, known.experts, known.distance, known.probs, known.predictors)
         logits = self._token_step(tokens[0]) if decode and self.scheduler.slot_map is not None else None
         if logits is not None:
             self._advance(tokens)
