@@ -14,7 +14,9 @@ The limit of a step (issue 26): its union of experts plus the dense weights (onc
 of one product — "rows" —, once per stream where this CPU's kernels would round them differently — "apart",
 runtime/batch.py `rows_batch`) and every stream's KV window, at RAM bandwidth in RAM; under a cap, the union's
 bytes at the drive ceiling (as if every expert of the union came from the drive), or RAM bandwidth when that
-binds more. The aggregate is N tokens per step against it. Under caps the
+binds more; and in RAM never above the compute floor: the step's matrix products alone, timed in one graph on
+the same threads (`compute_floor`: on a small model or two cores the kernels bind before memory bandwidth does).
+The aggregate is N tokens per step against it. Under caps the
 run is a cgroup of that share of the model file (the session sizes its cache from the group's limit, as in real
 use), or with --budget-caps a --ram-budget share of the experts (the demo model is too small for a cgroup cap).
 --corpus: the streams are text of the repository's corpus through the model's tokenizer (the trained demo
@@ -77,8 +79,11 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
     rows: list[np.ndarray] = []
     observe = s.scheduler.observe
 
+    last: dict[int, list[np.ndarray]] = {}  # the last step's selections per layer (the compute floor's)
+
     def recording(block: int, sel: np.ndarray) -> None:
         rows.append(sel.reshape(-1))
+        last.setdefault(block, []).append(sel.reshape(-1))
         observe(block, sel)
 
     s.scheduler.observe = recording  # type: ignore[method-assign]
@@ -86,6 +91,7 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
     t0 = time.perf_counter()
     for i in range(n_decode):
         rows.clear()
+        last.clear()
         decode_step(s, [(slot, streams[slot][n_prompt + i]) for slot in range(n)])
         per_layer = [rows[j :: len(s.streamed)] for j in range(len(s.streamed))] if n > 1 else None
         if per_layer is not None:
@@ -95,6 +101,7 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
     dt = time.perf_counter() - t0
     d = s.counters() - before
     group = rows_group(s, n)  # (measured already by the steps)
+    floor = compute_floor(s, {il: np.stack(v[-n:]) for il, v in last.items()}, n, group)
     records = [el.record_size for el in s.scheduler.streamer.layers]
     union = np.asarray(unions, np.float64)
     union_bytes = float((union * np.asarray(records)).sum(axis=1).mean())
@@ -114,6 +121,7 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
                 # the dense weights once a step where the sequences are the rows of one product, else once each
                 "rows": group if group > 1 else False,
                 "touched_bytes_per_step": union_bytes + -(-n // group) * touched["dense"] + n * touched["kv"],
+                "compute_floor_s": floor,
                 "aggregate_tok_s": n * n_decode / dt,
                 "step_ms": dt * 1e3 / n_decode,
                 "hit_rate": float(d[:, c["hits"]].sum() / max(d[:, c["hits"]].sum() + d[:, c["misses"]].sum(), 1)),
@@ -122,6 +130,46 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
         flush=True,
     )
     s.close()
+
+
+def compute_floor(s: object, sel: dict[int, np.ndarray], n: int, group: int, reps: int = 7) -> float | None:
+    """Seconds of a step's matrix products alone — every resident matrix times the step's rows (once per group
+    of rows, or once per sequence where its rows go apart), and each layer's experts for the step's (sequence,
+    expert) pairs through the same kernels as the step — in one graph, best of `reps` runs: the compute floor
+    of this CPU and thread count, which binds before memory bandwidth does on a small model or few cores. None
+    when the experts are not all resident (the slot pool then holds only some)."""
+    from tokenwing.compute.ggml_lib import ops
+    from tokenwing.runtime.batch import groups_of
+    from tokenwing.runtime.session import Session
+
+    assert isinstance(s, Session)
+    slot_map = s.scheduler.slot_map
+    if slot_map is None or s.kv.states is not None:
+        return None
+    g, rng = s.graph, np.random.default_rng(0)
+    ctx = g.reset()
+    sizes = [len(x) for x in groups_of(list(range(n)), group)]
+    outs = []
+    for name, t in s.model.weights.tensors.items():
+        ne = [int(t.contents.ne[i]) for i in range(4)]
+        if name == "token_embd.weight" or ne[1] == 1 or ne[2] > 1 or ne[3] > 1:
+            continue  # the embedding is rows looked up; vectors are elementwise; 3-D matrices are per head
+        for rows in sizes:
+            outs.append(ops.ggml_mul_mat(ctx, t, g.input(rng.standard_normal((rows, ne[0])).astype(np.float32))))
+    k = s.hp.n_expert_used
+    for il, chosen in sel.items():
+        ids = chosen.reshape(n, k).astype(np.int32)
+        width = int(s.model.weights.tensors["token_embd.weight"].contents.ne[0])
+        x = g.input(rng.standard_normal((n, width)).astype(np.float32))
+        w = g.input(np.full((n, k), 1.0 / k, np.float32))
+        eids = g.input(ids) if s.experts.needs_ids(il) else None
+        outs.append(s.experts.tokens(ctx, il, x, g.input(slot_map[il][ids]), w, eids))
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        g.compute(*outs)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def _streams(s: object, n: int, per: int, corpus: bool) -> list[list[int]]:
@@ -230,7 +278,7 @@ def main() -> int:
     )
     print(
         "| memory | streams | union per layer (N × k) | expert MB read per step | MB touched per step "
-        "| products | aggregate tok/s | limit tok/s | of the limit | × one stream | runs |"
+        "| products | aggregate tok/s | limit tok/s (what binds) | of the limit | × one stream | runs |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     in_ram: dict[int, float] = {}  # TokenWing's aggregate in RAM per stream count (beside llama.cpp's)
@@ -258,7 +306,10 @@ def main() -> int:
             m = runs[len(runs) // 2]
             ram_s = m["touched_bytes_per_step"] / ram_bw
             drive_s = m["union_bytes_per_step"] / (ceiling * MB) if frac is not None else 0.0
-            limit = n / max(ram_s, drive_s)
+            limit = n / max(ram_s, drive_s, m.get("compute_floor_s") or 0.0)
+            binds = max(
+                ("RAM", ram_s), ("drive", drive_s), ("compute", m.get("compute_floor_s") or 0.0), key=lambda b: b[1]
+            )[0]
             one = one if one is not None else (m["aggregate_tok_s"] if n == 1 else None)
             if frac is None:
                 in_ram[n] = m["aggregate_tok_s"]
@@ -269,7 +320,8 @@ def main() -> int:
                 f"| {label} | {n} | {m['union_per_layer']:.1f} ({n * m['k']}) | "
                 f"{m['read_bytes_per_step'] / MB:.1f} | {m['touched_bytes_per_step'] / MB:.1f} | "
                 f"{products} | "
-                f"{m['aggregate_tok_s']:.2f} | {limit:.2f} | {m['aggregate_tok_s'] / limit:.0%} | {times} | {every} |",
+                f"{m['aggregate_tok_s']:.2f} | {limit:.2f} ({binds}) | {m['aggregate_tok_s'] / limit:.0%} | {times} | "
+                f"{every} |",
                 flush=True,
             )
     if args.llama:
