@@ -53,6 +53,8 @@ FAMILIES = {
         | {"weight_std": 0.03},
         "glm-dsa",
     ),
+    # issue 27: DeepSeek V4, its hyper-connections, compressed attention and hash-routed layers (joyai-llm vocabulary)
+    "deepseek4": ({"arch": "deepseek4", "n_expert": 16, "n_expert_used": 4}, "deepseek4"),
 }
 GREEDY = Path(__file__).parents[1] / "demomodel" / "llama_greedy.py"
 
@@ -127,7 +129,7 @@ def test_split_gguf_imports_and_chats_streamed(model_factory: ModelFactory, tmp_
 
 # The families new since (issue 25 on): from a split GGUF repository on the local hub to a streamed chat, as the
 # app gets a model (header planning, the chosen quant's shards, repack as they land), then llama.cpp's tokens.
-FROM_HUB = ["minimax-m2", "kimi-k3", "qwen4exp", "glm-dsa"]
+FROM_HUB = ["minimax-m2", "kimi-k3", "qwen4exp", "glm-dsa", "deepseek4"]
 
 
 @pytest.mark.parametrize("family", FROM_HUB)
