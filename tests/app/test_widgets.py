@@ -6,9 +6,11 @@ from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QGuiApplication, QTextCursor
 from pytestqt.qtbot import QtBot
 
-from runmyai.ui.chat_panel import ChatPanel, SamplingValues
+from runmyai.ui.chat_panel import PICKER_MAX_WIDTH, ChatPanel, SamplingValues
 from runmyai.ui.graphs import GraphsPanel
+from runmyai.ui.main_window import MainWindow
 from runmyai.ui.transcript import MUTED, Transcript, markdown_fragment
+from runmyai.ui.viewmodels import PERF_DOCK_MAX, PERF_DOCK_MIN, perf_dock_width
 from tests.app.stats_events import Event, Layer
 
 REPLY = "# Plan\n\nFirst **bold** point.\n\n```python\nprint('hi')\n\nprint('there')\n```\n\nLast line."
@@ -197,3 +199,63 @@ def test_chat_panel_intents(qtbot: QtBot) -> None:
     with qtbot.waitSignal(p.conversation_selected) as chosen:
         p.conversations.setCurrentRow(0)
     assert chosen.args == ["a"]
+
+
+def test_the_layer_chart_fits_the_narrowest_dock_and_the_check_sees_a_chart_wider_than_its_plot(qtbot: QtBot) -> None:
+    """At 1280x800 the docked panel is PERF_DOCK_MIN wide: the layer chart's title once made the chart 359 px in a
+    310 px plot, its last layer cut off, and the title check alone did not see it."""
+    g = GraphsPanel()
+    qtbot.addWidget(g)
+    g.resize(PERF_DOCK_MIN, 700)
+    g.show()
+    for t in range(3):
+        g.add(Event(t, [Layer(i, 6, 2) for i in range(6)]))
+    qtbot.waitUntil(lambda: g.summary.text().startswith("3 tokens"), timeout=60_000)  # a guard: redraws every 250 ms
+    assert g.axes_problems() == []
+    g.hits_plot.setTitle("Where each layer's experts came from")  # the old title
+    qtbot.waitUntil(lambda: g.hits_plot.getPlotItem().size().width() > g.hits_plot.width(), timeout=10_000)
+    assert any("is wider than its plot" in p and "chart" in p for p in g.axes_problems())
+
+
+def test_the_docked_panel_leaves_the_chat_room_at_1280_and_the_picker_stays_narrow_at_1920(qtbot: QtBot) -> None:
+    w = MainWindow()
+    qtbot.addWidget(w)
+    w.show()
+    w.resize(1280, 800)
+    qtbot.waitUntil(lambda: abs(w.perf_dock.width() - perf_dock_width(1280)) <= 2, timeout=10_000)
+    assert w.perf_dock.width() < 400 and w.chat.transcript.width() >= 480  # it was 470 px and 430 px
+    w.resize(1920, 1080)
+    qtbot.waitUntil(lambda: abs(w.perf_dock.width() - perf_dock_width(1920)) <= 2, timeout=10_000)
+    assert w.chat.model_picker.width() <= PICKER_MAX_WIDTH  # it spread over 820 px
+    # the Performance button stays at the chat column's right edge
+    button = w.chat.perf_button
+    right = button.mapTo(w.chat, button.rect().topRight()).x()
+    assert right >= w.chat.transcript.mapTo(w.chat, w.chat.transcript.rect().topRight()).x() - 2
+
+
+def test_perf_dock_width_is_a_share_between_its_bounds() -> None:
+    assert perf_dock_width(1000) == PERF_DOCK_MIN
+    assert perf_dock_width(1600) == 432
+    assert perf_dock_width(4000) == PERF_DOCK_MAX
+
+
+def test_zero_waits_draw_from_zero_and_a_long_chat_title_is_elided(qtbot: QtBot) -> None:
+    """Seen with a model whose experts all fit: the wait and bytes axes ran from -20 to 20; and a long first message
+    gave the conversation list a horizontal scroll bar."""
+    g = GraphsPanel()
+    qtbot.addWidget(g)
+    g.resize(400, 800)
+    g.show()
+    for t in range(4):
+        g.add(Event(t, [Layer(i, 8, 0) for i in range(2)], ssd_wait_ms=0.0))
+    qtbot.waitUntil(lambda: g.summary.text().startswith("4 tokens"), timeout=60_000)  # a guard: redraws every 250 ms
+    for plot in (g.wait_plot, g.bytes_plot):
+        (_x0, _x1), (y0, y1) = plot.viewRange()
+        assert y0 >= 0 and y1 > 0
+    panel = ChatPanel()
+    qtbot.addWidget(panel)
+    panel.resize(900, 600)
+    panel.show()
+    panel.set_conversations([("1", "Write a Python function that adds two numbers and explains each step")], "1")
+    qtbot.waitUntil(lambda: panel.conversations.count() == 1, timeout=10_000)
+    assert not panel.conversations.horizontalScrollBar().isVisible()

@@ -41,6 +41,9 @@ class SamplingValues:
     repeat_penalty: float = 1.0
 
 
+PICKER_MAX_WIDTH = 560
+
+
 class _Input(QPlainTextEdit):
     submitted = Signal()
 
@@ -197,6 +200,9 @@ class ChatPanel(QWidget):
         self.search.textChanged.connect(lambda text: self.search_changed.emit(text.strip()))
         self.conversations = QListWidget()
         self.conversations.setObjectName("conversations")
+        # a long title is cut with an ellipsis (whole in its tooltip): it grew a horizontal scroll bar
+        self.conversations.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.conversations.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.conversations.currentItemChanged.connect(self._on_select)
         self.conversations.itemChanged.connect(self._on_renamed)
         self.conversations.setEditTriggers(
@@ -233,7 +239,11 @@ class ChatPanel(QWidget):
         top = QHBoxLayout()
         top.addWidget(QLabel("Model"))
         top.addWidget(self.model_picker, 1)
+        top.addStretch(0)
         top.addWidget(self.perf_button)
+        # at 1920x1080 the picker spread over 820 px for a 25-character name; 560 px holds the longest names (a
+        # hub repository and its quant) and leaves the Performance button at the right edge
+        self.model_picker.setMaximumWidth(PICKER_MAX_WIDTH)
 
         self.transcript = Transcript()
         self.settings = SettingsBox()

@@ -115,6 +115,7 @@ class AppController(QObject):
         self.machine: MachineInfo | None = None
         self.local_models: list[LocalModel] = []
         self.hub_results: list[HubModel] = []
+        self.hub_query = ""  # Discover's search: its hub results first, the models here filtered by it
         self.hub_quants: dict[str, RepoQuants] = {}
         self._quants_loading: set[str] = set()
         self.supervisor: EngineSupervisor | None = None
@@ -511,23 +512,32 @@ class AppController(QObject):
         ]
         installed = {m.preset_id for m in self.local_models if m.preset_id}
         entries += [render.preset_entry(p, view) for p in self.catalog.presets if p.id not in installed]
-        entries += [render.hub_entry(h, self.hub_quants.get(h.repo)) for h in self.hub_results]
-        return entries
+        hub = [render.hub_entry(h, self.hub_quants.get(h.repo)) for h in self.hub_results]
+        return render.discover_entries(entries, hub, self.hub_query)
 
     async def search(self, query: str) -> None:
+        self.hub_query = query
+        lib = self.window.library
         if not query:
             self.hub_results = []
+            lib.set_search_line("")
         else:
+            lib.set_search_line(render.search_line(query, None, 0))
             self._retry["search"] = lambda: self.spawn(self.search(query))
             try:
                 found = await self.hub.search(query, "repacked")
                 found += [m for m in await self.hub.search(query, "gguf") if m.repo not in {f.repo for f in found}]
             except HubError as e:
+                lib.set_search_line("")
                 self.report(str(e), "search", f"Searching the hub for “{query}”")
                 return
             self.window.notifications.succeeded("search")
             self.hub_results = found[:20]
-        self.window.library.set_entries(self._entries())
+        entries = self._entries()
+        first = entries[0].key if query and entries else None  # the best match shown, its quants read
+        lib.set_entries(entries, first)
+        if query:
+            lib.set_search_line(render.search_line(query, len(self.hub_results), len(entries) - len(self.hub_results)))
         if self.hub_results:
             self.spawn(self.load_quants(self.hub_results[0].repo))
 

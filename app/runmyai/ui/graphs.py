@@ -14,6 +14,7 @@ EXPLANATION = (
     "Only part of the model's experts fit in memory. For each token, the experts a layer picks come from the "
     "GPU's memory (VRAM), from RAM, or from the drive. Below: the wait for the drive and the bytes it read."
 )
+PLOT_MIN_WIDTH = 240
 PLOT_MIN_HEIGHT = 150  # below this a plot's axis labels crowd its bars; the panel scrolls instead
 TIER_COLOURS = {"VRAM": "#8e44ad", "RAM": "#4a90d9", "drive": "#e08e0b"}
 REDRAW_MS = 250  # events are batched: a redraw costs ~9 ms, so one per token at 20 tokens/s would cost 18 % of a core
@@ -33,7 +34,7 @@ class GraphsPanel(QWidget):
         self._layer_span: tuple[int, int] | None = None
         pg.setConfigOptions(antialias=False, background="w", foreground="k")
 
-        self.hits_plot = pg.PlotWidget(title="Where each layer's experts came from")
+        self.hits_plot = pg.PlotWidget(title="Where the experts came from")
         self.hits_plot.setYRange(0, 1.0, padding=0.02)
         self.hits_plot.setLabel("bottom", "layer")
         self.hits_plot.getAxis("left").setTicks([[(0, "0"), (0.5, "50%"), (1.0, "100%")]])
@@ -110,6 +111,12 @@ class GraphsPanel(QWidget):
         plots_layout.setContentsMargins(0, 0, 0, 0)
         for plot in (self.hits_plot, self.wait_plot, self.bytes_plot, self.vram_plot):
             plot.setMinimumHeight(PLOT_MIN_HEIGHT)
+            # a plot's own minimum width (its title's) was wider than a 346 px dock: the scroll area cut the
+            # layer chart's right side off (its last layer and the title's end)
+            plot.setMinimumWidth(PLOT_MIN_WIDTH)
+            # waits, bytes and swaps are never negative: a run of zeros (every expert in memory) drew its axis
+            # from -20 to 20 ms
+            plot.getPlotItem().getViewBox().setLimits(yMin=0)
             if plot is self.hits_plot:
                 plots_layout.addWidget(self.hits_legend)
             if plot is self.vram_plot:
@@ -197,6 +204,11 @@ class GraphsPanel(QWidget):
             need = title.item.boundingRect().width()
             if plot.isVisible() and need > plot.width():
                 problems.append(f"the title '{title.text}' is wider than its plot ({need:.0f} > {plot.width()})")
+            # the title with its margins sets the chart's least width: past the widget's, the chart's right side
+            # (its last layers) is cut off though the title alone fits (seen in a 346 px dock at 1280x800)
+            drawn = plot.getPlotItem().size().width()
+            if plot.isVisible() and drawn > plot.width() + 0.5:
+                problems.append(f"the chart '{title.text}' is wider than its plot ({drawn:.0f} > {plot.width()})")
         return problems
 
     def _layer_ticks(self, lo: int, hi: int) -> None:

@@ -322,6 +322,8 @@ class LibraryPanel(QWidget):
         self.search.setPlaceholderText("Search the hub for models (Enter)…")
         self.search.setClearButtonEnabled(True)
         self.search.returnPressed.connect(lambda: self.search_requested.emit(self.search.text().strip()))
+        # cleared (its x button too): every model again, not the last search's results
+        self.search.textChanged.connect(lambda text: None if text.strip() else self.search_requested.emit(""))
         self.models = CardGrid()
         self.models.currentItemChanged.connect(self._on_current)
         self.details = QTextBrowser()
@@ -369,6 +371,11 @@ class LibraryPanel(QWidget):
         title.setObjectName("pageTitle")
         left_layout.addWidget(title)
         left_layout.addWidget(self.search)
+        self.search_status = QLabel("")  # what the search found, or that it found nothing
+        self.search_status.setObjectName("muted")
+        self.search_status.setWordWrap(True)
+        self.search_status.setVisible(False)
+        left_layout.addWidget(self.search_status)
         left_layout.addWidget(self.models, 1)
         left_layout.addWidget(self.import_button)
 
@@ -438,6 +445,10 @@ class LibraryPanel(QWidget):
                 self.models.setCurrentItem(item)
         self.models.blockSignals(False)
         self._show(keep)
+
+    def set_search_line(self, text: str) -> None:
+        self.search_status.setText(text)
+        self.search_status.setVisible(bool(text))
 
     def current_key(self) -> str | None:
         item = self.models.currentItem()

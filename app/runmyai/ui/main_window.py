@@ -4,7 +4,7 @@ area above them, and the live performance view as a dock that can sit beside the
 from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QResizeEvent, QShortcut
 from PySide6.QtWidgets import (
     QDockWidget,
     QHBoxLayout,
@@ -25,7 +25,7 @@ from runmyai.ui.library_panel import LibraryPanel
 from runmyai.ui.log_view import LogView
 from runmyai.ui.notifications import NotificationArea
 from runmyai.ui.pages import ModelsPage, ServerPage, SettingsPage
-from runmyai.ui.viewmodels import Notifications
+from runmyai.ui.viewmodels import PERF_DOCK_MIN, Notifications, perf_dock_width
 
 PAGES = ("Chat", "Discover", "My models", "Server", "Settings")
 
@@ -110,7 +110,7 @@ class MainWindow(QMainWindow):
             | QDockWidget.DockWidgetFeature.DockWidgetMovable
         )
         self.perf_dock.setAllowedAreas(Qt.DockWidgetArea.RightDockWidgetArea | Qt.DockWidgetArea.LeftDockWidgetArea)
-        self.graphs.setMinimumWidth(340)
+        self.graphs.setMinimumWidth(PERF_DOCK_MIN)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.perf_dock)
         self.perf_dock.visibilityChanged.connect(self._sync_perf_button)
         self.chat.performance_toggled.connect(self.set_performance_visible)
@@ -215,6 +215,13 @@ class MainWindow(QMainWindow):
 
         QShortcut(QKeySequence("Ctrl+Shift+L"), self, pick_model)
         QShortcut(QKeySequence("Ctrl+F"), self, lambda: focus(self.chat.search))
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # Qt's name
+        """The docked performance panel keeps its share of the window (viewmodels.perf_dock_width), so the chat
+        keeps room at 1280x800; a width the user dragged holds until the window's width changes."""
+        super().resizeEvent(event)
+        if event.oldSize().width() != event.size().width() and not self.perf_dock.isFloating():
+            self.resizeDocks([self.perf_dock], [perf_dock_width(event.size().width())], Qt.Orientation.Horizontal)
 
     # -- state from the controller -------------------------------------------------------------------
     def set_engine_state(self, text: str, fault: str | None = None) -> None:

@@ -229,3 +229,39 @@ def _unsupported(arch: str, engine: EngineInfo) -> str:
     if not engine.known:
         return f"Could not ask the engine what it runs: {html.escape(engine.error or '')}."
     return f"This engine cannot run the {html.escape(arch)} architecture yet."
+
+
+def _words(text: str) -> list[str]:
+    """A query's or a name's words: 'Tiny-MoE_3B/GGUF' and 'tiny moe 3b' share theirs."""
+    for sep in "-_/.:":
+        text = text.replace(sep, " ")
+    return text.lower().split()
+
+
+def matches(entry: LibraryEntry, query: str) -> bool:
+    """Every word of the query starts a word of the entry's title or key (the walk-through's user typed 'tiny moe'
+    for 'Tiny-MoE-3B-A1B-GGUF' and 'qwen' for the curated Qwen3 models)."""
+    have = _words(entry.title) + _words(entry.key)
+    return all(any(h.startswith(w) for h in have) for w in _words(query))
+
+
+def discover_entries(here: Sequence[LibraryEntry], hub: Sequence[LibraryEntry], query: str) -> list[LibraryEntry]:
+    """What Discover lists: after a search, the hub's results first and then the models here and the curated ones
+    that match it (a new user searched and saw the 17 curated cards unchanged, the hub's results below them all,
+    out of sight); without a search, everything here and curated."""
+    if not query.strip():
+        return list(here)
+    return [*hub, *(e for e in here if matches(e, query))]
+
+
+def search_line(query: str, on_hub: int | None, here: int) -> str:
+    """The line under the search box: what the search is doing or found, so an empty answer is said."""
+    q = query.strip()
+    if not q:
+        return ""
+    if on_hub is None:
+        return f"Searching the hub for “{q}”…"
+    if on_hub == 0 and here == 0:
+        return f"Nothing matches “{q}”, on the hub or here. Try fewer or shorter words."
+    hub_part = f"{on_hub} on the hub" if on_hub else "none on the hub"
+    return f"“{q}”: {hub_part}, {here} here or curated. Clear the search to see all."

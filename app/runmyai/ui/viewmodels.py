@@ -309,3 +309,15 @@ SHORTCUTS: tuple[tuple[str, str], ...] = (
     ("Ctrl+R", "Regenerate the last reply"),
     ("Ctrl+E", "Edit the last message"),
 )
+
+
+# The performance panel docked beside the chat: its share of the window. At 1280x800 it took 470 px and left the
+# transcript 430 px (a code block wrapped every line); the charts read well from 340 px (every layer's tick of the
+# built-in model and the legend on one line) and gain little past 520.
+PERF_DOCK_SHARE = 0.27
+PERF_DOCK_MIN, PERF_DOCK_MAX = 340, 520
+
+
+def perf_dock_width(window_width: int) -> int:
+    """The docked performance panel's width for a window this wide."""
+    return max(PERF_DOCK_MIN, min(PERF_DOCK_MAX, round(window_width * PERF_DOCK_SHARE)))
