@@ -132,6 +132,9 @@ HYBRIDS: dict[str, dict[str, object]] = {
     # Qwen3.8 Flash Next: 4 hyper-connection streams as the state between layers, the n-gram table on layer 0, QSA
     # keeping every cell of these prompts (top-k 512)
     "qwen4exp": {"arch": "qwen4exp", "n_layer": 4, "n_expert": 16, "n_expert_used": 4, "indexer_top_k": 512},
+    # DeepSeek V4: 4 hyper-connection streams, its raw keys' ring and compressors' rows as state (window, window,
+    # CSA, HCA); its experts' clamped SwiGLU and the head's stream mix on the device
+    "deepseek4": {"arch": "deepseek4", "n_layer": 4, "n_expert": 16, "n_expert_used": 4},
 }
 # Every model the device tests compare with llama.cpp: key → (type, model_factory's arguments, the tokens' seed).
 # bench/gpu_refs.py makes their references from this table for the GPU machine, which has no llama.cpp.

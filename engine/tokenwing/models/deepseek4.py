@@ -69,7 +69,6 @@ class DeepSeek4(MoEModel):
         k = self.k = keys(hp)
         self.hc = k.hc_mult
         self._tables: dict[int, np.ndarray] | None = None  # the hash layers' token → experts tables
-        self.head_hc = {name: weights.get(f"output_hc_{name}.weight") for name in ("fn", "base", "scale")}
         # rope: a compressing layer takes compress_rope_freq_base with the file's YaRN; a window-only layer the plain
         # base, unscaled (deepseek4.cpp:902-909); the attention factor cancels ggml's YaRN magnitude (:11-17)
         yarn = hp.rope_scaling == "yarn"
@@ -339,8 +338,9 @@ class DeepSeek4(MoEModel):
         hc, n = self.hc, int(x.contents.ne[1])
         streams = self._streams(ctx, x)
         flat = ops.ggml_reshape_2d(ctx, streams, hc * self.hp.n_embd, n)
-        mixes = ops.ggml_mul_mat(ctx, self.head_hc["fn"], ops.ggml_rms_norm(ctx, flat, self.hp.rms_eps))
-        pre = ops.ggml_add(ctx, ops.ggml_mul(ctx, mixes, self.head_hc["scale"]), self.head_hc["base"])
+        fn, scale, base = (self.weights.get(f"output_hc_{part}.weight") for part in ("fn", "scale", "base"))
+        mixes = ops.ggml_mul_mat(ctx, fn, ops.ggml_rms_norm(ctx, flat, self.hp.rms_eps))
+        pre = ops.ggml_add(ctx, ops.ggml_mul(ctx, mixes, scale), base)
         pre = ops.ggml_scale_bias(ctx, ops.ggml_sigmoid(ctx, pre), 1.0, self.k.hc_eps)
         cur = self.norm(ctx, ops.ggml_dsv4_hc_pre(ctx, streams, pre), self.weights.get("output_norm.weight"))
         return ops.ggml_mul_mat(ctx, self.weights.get("output.weight"), cur)
