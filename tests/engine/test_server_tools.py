@@ -171,6 +171,7 @@ NATIVE: dict[str, tuple[str, str, dict[str, object]]] = {
     "minimax-m2": ("MiniMax-M2.jinja", "[e~[", {}),
     "glm-dsa": ("GLM-4.7-Flash.jinja", "<|endoftext|>", {"n_layer": 3, "indexer_types": (1, 0, 1)}),
     "qwen4exp": ("Qwen3.5-4B.jinja", "<|im_end|>", {"indexer_top_k": 4096}),
+    "deepseek4": ("deepseek-ai-DeepSeek-V4.jinja", EOS, {}),  # DSML on V3's markers (its joyai-llm vocabulary)
 }
 
 
