@@ -167,7 +167,7 @@ def test_every_vocabulary_type_tokenizes_as_llama_cpp(model_factory: ModelFactor
     [
         ("spm", "ernie4_5-moe"), ("glm4", "glm4moe"), ("bailingmoe2", "bailingmoe3"), ("qwen35", "qwen35moe"),
         ("kimi-k2", "kimi-k3"),  # (K3's converter writes K2's vocabulary: it borrows kimi-linear's)
-        ("minimax-m2", "minimax-m2"), ("qwen35", "qwen4exp"), ("glm4", "glm-dsa"),
+        ("minimax-m2", "minimax-m2"), ("qwen35", "qwen4exp"), ("glm4", "glm-dsa"), ("joyai-llm", "deepseek4"),
     ],
 )  # fmt: skip
 def test_tokenize_command_and_a_chat_on_the_real_vocabulary(
