@@ -222,3 +222,17 @@ def _hash_tables(src: Path) -> dict[int, np.ndarray]:
         if t.name.endswith(".ffn_gate_tid2eid.weight"):
             tables[int(t.name.split(".")[1])] = np.asarray(t.data).copy()
     return tables
+
+
+def test_the_lookahead_ranks_experts_as_the_graph_selects_them() -> None:
+    """The lookahead's numpy ranking of a layer's router logits is the graph's: sqrt(softplus) + bias (a sigmoid +
+    bias ranks these two the other way)."""
+    from tokenwing.models.deepseek4 import DeepSeek4
+    from tokenwing.models.hparams import HParams
+
+    hp = HParams("deepseek4", 1, 8, 1, 1, 8, 64, 1e-6, 1e4, 2, 1, 0, 16, 8, expert_weights_scale=1.5)
+    router = DeepSeek4.make_router(hp)
+    logits, bias = np.array([3.0, 0.0]), np.array([0.0, 0.6])
+    scores = router.selection_scores(logits, bias)
+    np.testing.assert_allclose(scores, np.sqrt(np.log1p(np.exp(logits))) + bias)
+    assert int(np.argmax(scores)) == 0 and int(np.argmax(1 / (1 + np.exp(-logits)) + bias)) == 1

@@ -571,6 +571,7 @@ class Router:
     groups: int = 1  # expert groups: the top-k is taken within the `groups_used` groups whose two best
     groups_used: int = 1  # experts score highest (DeepSeek-V3)
     softmax_selected: bool = False  # weights: softmax over the k selected logits (gpt-oss), no probabilities
+    sqrt_softplus: bool = False  # ranked by sqrt(softplus(logits)) + bias (DeepSeek V4: the lookahead's numpy ranking)
 
     def selection_scores(self, logits: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
         """What the router ranks experts by, from its logits (numpy, for the lookahead's predictions): the
@@ -580,6 +581,8 @@ class Router:
             return logits
         if self.softmax_selected:
             scores = logits.astype(np.float64)
+        elif self.sqrt_softplus:
+            scores = np.sqrt(np.logaddexp(0.0, logits.astype(np.float64)))
         elif self.sigmoid:
             scores = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
         else:

@@ -154,8 +154,9 @@ class DeepSeek4(MoEModel):
 
     @classmethod
     def make_router(cls, hp: HParams, has_bias: bool = True) -> common.Router:
-        # (the lookahead's ranking: sigmoid is monotonic in the logits as sqrt(softplus) is; the weights it never uses)
-        return common.Router(hp.n_expert_used, True, True, hp.expert_weights_scale, True)
+        # (the lookahead's: it ranks by sqrt(softplus) + bias as the graph selects, and weighs its reads by the
+        # sigmoid's probabilities; the layers route in their graphs, `_route`)
+        return common.Router(hp.n_expert_used, True, True, hp.expert_weights_scale, True, sqrt_softplus=True)
 
     def known_experts(self, token: int) -> dict[int, list[int]]:
         """The hash layers' experts: row `token` of each one's ffn_gate_tid2eid (what the graph selects too)."""
