@@ -159,6 +159,42 @@ def test_logprob_requests_are_validated(server: Server) -> None:
         c.completions.create(model="x", prompt="x", logprobs=99)
 
 
+def test_ignore_eos_never_samples_an_end(model: Path) -> None:
+    """llama.cpp's `ignore_eos`: the end-of-generation tokens are masked before sampling (the reply runs to
+    max_tokens); the log-probabilities stay the model's own. Logits whose highest is the EOS token end the reply
+    without it and give the next best with it."""
+    from tokenwing.runtime.generate import Decoding
+    from tokenwing.runtime.sampler import Sampler, SamplerSettings
+    from tokenwing.runtime.session import Session, SessionOptions
+
+    s = Session(str(model), SessionOptions(n_ctx=64), log=lambda line: None)
+    try:
+        logits = s.forward([5, 6, 7], prompt=True)
+        eos = min(s.tokenizer.eos_ids)
+        ending = logits.copy()
+        ending[eos] = logits.max() + 5.0
+        greedy = SamplerSettings(temperature=0.0)
+        plain = Decoding(s, [5, 6, 7], 8, Sampler(greedy))
+        assert plain.step(ending) is None and plain.gen.finish_detail == "eos"
+        kept = Decoding(s, [5, 6, 7], 8, Sampler(greedy), logprobs=1, ignore_eos=True)
+        tok = kept.step(ending)
+        others = ending.copy()
+        others[sorted(s.tokenizer.eos_ids)] = -np.inf
+        assert tok == int(others.argmax()) and tok not in s.tokenizer.eos_ids
+        assert kept.gen.logprobs[0].top[0][0] == eos  # (the model's own distribution, EOS first)
+    finally:
+        s.close()
+
+
+def test_ignore_eos_through_the_server(server: Server) -> None:
+    c = server.client()
+    msgs = [{"role": "user", "content": "x"}]
+    r = c.chat.completions.create(model="x", messages=msgs, max_tokens=6, extra_body={"ignore_eos": True})
+    assert r.usage is not None and r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError, match="ignore_eos"):
+        c.chat.completions.create(model="x", messages=msgs, max_tokens=2, extra_body={"ignore_eos": "yes"})
+
+
 # ---------------------------------------------------------------------------------------------- refused, invalid
 def test_unsupported_features_are_refused(server: Server) -> None:
     c = server.client()

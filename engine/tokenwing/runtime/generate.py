@@ -109,6 +109,7 @@ class Decoding:
         logprobs: int | None = None,
         on_logprob: Callable[[TokenLogprob], None] | None = None,
         constraint: Constraint | None = None,
+        ignore_eos: bool = False,
     ) -> None:
         room = session.n_ctx - len(prompt)
         if room <= 0:
@@ -120,6 +121,10 @@ class Decoding:
         self.limit = min(max_tokens, room)
         self.on_text, self.should_stop = on_text, should_stop
         self.logprobs, self.on_logprob, self.constraint = logprobs, on_logprob, constraint
+        # the end-of-generation tokens never sampled (llama.cpp's ignore_eos): a reply of max_tokens, as benchmarks
+        # and load tests ask for; log-probabilities stay the model's own
+        eog = sorted(i for i in session.tokenizer.eos_ids if 0 <= i < session.hp.vocab_size)
+        self.banned = np.array(eog, np.int64) if ignore_eos else None
         self.gen = Generation(prompt_tokens=len(prompt), cached_tokens=cached)
         self.stream = TextStream(stops)
         self.history = list(prompt)
@@ -135,7 +140,11 @@ class Decoding:
         if script is not None:
             tok = script[min(len(gen.tokens), len(script) - 1)]
         else:
-            tok = self.sampler.sample(logits if constraint is None else constraint.apply(logits), self.history)
+            allowed = logits
+            if self.banned is not None and self.banned.size:
+                allowed = logits.copy()
+                allowed[self.banned] = -np.inf
+            tok = self.sampler.sample(allowed if constraint is None else constraint.apply(allowed), self.history)
         if tok in self.session.tokenizer.eos_ids:
             gen.finish_reason, gen.finish_detail = "stop", "eos"
             self.done = True

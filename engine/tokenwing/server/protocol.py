@@ -44,6 +44,7 @@ class GenerationRequest:
     logprobs: int | None = None  # None: off; else how many alternatives per token (top_logprobs)
     grammar: str | None = None  # response_format's grammar (llguidance), enforced while sampling
     wait: bool = True  # False: a 503 at once when every slot is busy, instead of waiting in the queue
+    ignore_eos: bool = False  # llama.cpp's: the end-of-generation tokens are never sampled (max_tokens ends it)
 
 
 def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
@@ -95,6 +96,10 @@ def _common(body: dict[str, Any], req: GenerationRequest, chat: bool = False) ->
     if not isinstance(stream, bool):
         raise RequestError("'stream' must be a boolean", "stream")
     req.stream = stream
+    ignore_eos = body.get("ignore_eos", False)  # (llama.cpp's server's; through extra_body too)
+    if not isinstance(ignore_eos, bool):
+        raise RequestError("'ignore_eos' must be a boolean", "ignore_eos")
+    req.ignore_eos = ignore_eos
     wait = body.get("wait", True)  # (TokenWing's: the official clients send it through extra_body)
     if not isinstance(wait, bool):
         raise RequestError("'wait' must be a boolean", "wait")

@@ -328,6 +328,7 @@ class EngineWorker:
             logprobs=req.logprobs,
             on_logprob=lambda lp: job.emit({"type": "logprob", "entry": logprob_entry(s.tokenizer, lp)}),
             constraint=constraint,
+            ignore_eos=req.ignore_eos,
         )
         return reply
 
