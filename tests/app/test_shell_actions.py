@@ -250,8 +250,9 @@ def test_my_models_verify_delete_after_confirming_and_open_folder(
         assert page.table.rowCount() == 1
         repo = page.table.item(0, 1)
         assert repo is not None and repo.text() == "owner/tiny-TW"  # the repo name kept
-        assert not page.verify_button.isEnabled()  # nothing selected: nothing to act on
-        page.table.selectRow(0)
+        # the only model is selected already (with none selected every button was greyed out)
+        selected = page.current()
+        assert selected is not None and selected.path == model
         assert page.verify_button.isEnabled() and page.delete_button.isEnabled()
 
         page.folder_button.click()

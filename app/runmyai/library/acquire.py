@@ -32,7 +32,7 @@ import hashlib
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -723,16 +723,10 @@ class _Transfer:
         return 0.5 * min(1.0, got / max(1, self.total)) + 0.5 * self.repack_fraction
 
     def _progress(self) -> None:
-        done = len(self.job.done)
-        arriving = ", ".join(self.job.shards[i].name for i in sorted(self.waiting)) or "none"
+        arriving = [self.job.shards[i].name for i in sorted(self.waiting)]
         phase: Phase = "repacking" if self.repack is not None and not self.waiting else "downloading"
-        self.report(
-            GetProgress(
-                phase,
-                self._fraction(),
-                f"{self.job.quant}: {done} of {self.n} shards repacked; downloading {arriving}",
-            )
-        )
+        text = progress_text(self.job.quant, len(self.job.done), self.n, arriving, phase == "repacking")
+        self.report(GetProgress(phase, self._fraction(), text))
 
     async def _stop(self) -> None:
         """Pauses the job's downloads and interrupts the engine (which keeps what it verified)."""
@@ -745,6 +739,16 @@ class _Transfer:
             self.repack.cancel()
             tasks.append(self.repack)
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def progress_text(quant: str, done: int, shards: int, arriving: Sequence[str], repacking: bool) -> str:
+    """A get's progress in words. A one-file quant says no shard counts; a repack is said as such (the walk-through
+    read 'Q8_0: 0 of 1 shards repacked; downloading none' at 50 %, while it repacked)."""
+    doing = "preparing it for the engine" if repacking or not arriving else "downloading"
+    if shards <= 1:
+        return f"{quant}: {doing}"
+    names = f" {', '.join(arriving)}" if doing == "downloading" else ""
+    return f"{quant}: {done} of {shards} parts ready; {doing}{names}"
 
 
 def _engine_state(dest: Path) -> Path:

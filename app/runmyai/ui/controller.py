@@ -277,7 +277,7 @@ class AppController(QObject):
             return
         self.settings = AppSettings(**{**self.settings.__dict__, "context_length": n})
         self._save_app_settings()
-        self.window.library.set_entries(self._entries())
+        self._list_entries()
         if self.supervisor is not None:
             self.spawn(self._restart_engine())
 
@@ -409,12 +409,12 @@ class AppController(QObject):
     # ------------------------------------------------------------------------------------------ library
     async def refresh_library(self, select: str | None = None) -> None:
         self.local_models = await self.library.scan()
-        self.window.library.set_entries(self._entries(), select)
+        self._list_entries(select)
         self._show_models()
 
     def _show_models(self) -> None:
         """The model picker and the My models page, from the library and the one estimate."""
-        entries = {e.key: e for e in self._entries()}
+        entries = {e.key: e for e in self._entries(searched=False)}
         in_use = self.supervisor.model if self.supervisor is not None else None
         usable = [
             (str(LocalKey(m.path)), m.name)
@@ -504,7 +504,9 @@ class AppController(QObject):
     def _view(self) -> View:
         return View(self.machine, self.engine_info, lambda m, p: launch_flags(m.path, m, p, self.autotune))
 
-    def _entries(self) -> list[LibraryEntry]:
+    def _entries(self, *, searched: bool = True) -> list[LibraryEntry]:
+        """Discover's entries: with `searched`, as its search shows them (the hub's results first, the rest
+        filtered); without, every model here and curated (the picker and My models list every installed one)."""
         view = self._view()
         entries = [
             render.local_entry(m, self.catalog.get(m.preset_id) if m.preset_id else None, view)
@@ -513,7 +515,17 @@ class AppController(QObject):
         installed = {m.preset_id for m in self.local_models if m.preset_id}
         entries += [render.preset_entry(p, view) for p in self.catalog.presets if p.id not in installed]
         hub = [render.hub_entry(h, self.hub_quants.get(h.repo)) for h in self.hub_results]
-        return render.discover_entries(entries, hub, self.hub_query)
+        return render.discover_entries(entries, hub, self.hub_query if searched else "")
+
+    def _list_entries(self, select: str | None = None) -> list[LibraryEntry]:
+        """Discover's cards, and the search's line counted from what is listed now (a model downloaded from the
+        results joins them: the line said '0 here' beside its card)."""
+        entries = self._entries()
+        self.window.library.set_entries(entries, select)
+        if self.hub_query:
+            here = len(entries) - len(self.hub_results)
+            self.window.library.set_search_line(render.search_line(self.hub_query, len(self.hub_results), here))
+        return entries
 
     async def search(self, query: str) -> None:
         self.hub_query = query
@@ -533,11 +545,9 @@ class AppController(QObject):
                 return
             self.window.notifications.succeeded("search")
             self.hub_results = found[:20]
-        entries = self._entries()
-        first = entries[0].key if query and entries else None  # the best match shown, its quants read
-        lib.set_entries(entries, first)
-        if query:
-            lib.set_search_line(render.search_line(query, len(self.hub_results), len(entries) - len(self.hub_results)))
+        entries = self._list_entries()
+        if query and entries:
+            lib.select(entries[0].key)  # the best match shown, its quants read
         if self.hub_results:
             self.spawn(self.load_quants(self.hub_results[0].repo))
 
@@ -557,7 +567,7 @@ class AppController(QObject):
         finally:
             self._quants_loading.discard(repo)
         self.hub_quants[repo] = quants
-        self.window.library.set_entries(self._entries())
+        self._list_entries()
         return quants
 
     def _selected(self, text: str) -> None:
@@ -947,7 +957,7 @@ class AppController(QObject):
 
         def save(values: dict[str, str]) -> None:
             self.autotune.set_overrides(path, values)
-            self.window.library.set_entries(self._entries())  # a budget or context override changes the estimate
+            self._list_entries()  # a budget or context override changes the estimate
 
         dialog.run_requested.connect(lambda: running.append(self.spawn(run())))
         dialog.cancel_requested.connect(lambda: [t.cancel() for t in running])
@@ -961,7 +971,7 @@ class AppController(QObject):
         (the drive's read speed, the decode speed that calibrates the estimate, the GPU's copy speed)."""
         await self.autotune.run(path, progress, exit_codes=self.engine_info.exit_codes)
         self.machine = await probe_machine_async(self.paths.models, autotune_dir=self.paths.settings)
-        self.window.library.set_entries(self._entries())
+        self._list_entries()
 
     # ------------------------------------------------------------------------------------------ chat
     def _show_conversations(self) -> None:

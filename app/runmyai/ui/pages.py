@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from runmyai.ui.viewmodels import SHORTCUTS, AppSettings, ModelRow, ServerSettings, Theme, server_url
+from runmyai.ui.viewmodels import SHORTCUTS, AppSettings, ModelRow, ServerSettings, Theme, chosen_row, server_url
 
 
 def page_title(text: str, subtitle: str = "") -> QWidget:
@@ -129,8 +129,9 @@ class ModelsPage(QWidget):
                 item = QTableWidgetItem(text)
                 item.setToolTip(str(row.path) if c == 0 else text)
                 self.table.setItem(r, c, item)
-            if keep is not None and row.path == keep.path:
-                self.table.selectRow(r)
+        chosen = chosen_row(rows, keep.path if keep is not None else None)
+        if chosen is not None:
+            self.table.selectRow(chosen)
         self.empty.setVisible(not rows)
         self._update_buttons()
 

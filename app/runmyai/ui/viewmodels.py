@@ -163,6 +163,18 @@ class ModelRow:
     in_use: bool
 
 
+def chosen_row(rows: Sequence[ModelRow], kept: Path | None) -> int | None:
+    """The My models row to select: the one selected before, else the model in use, else the first. With none
+    selected every button was greyed out and a new user could not tell why."""
+    for i, r in enumerate(rows):
+        if kept is not None and r.path == kept:
+            return i
+    for i, r in enumerate(rows):
+        if r.in_use:
+            return i
+    return 0 if rows else None
+
+
 def repo_of(path: Path, models_dir: Path) -> str:
     """The hub repository a model was downloaded from: downloads land in `<models>/<owner>/<repo>/`."""
     try:
