@@ -24,6 +24,7 @@ from tokenwing.errors import UnsupportedError
 from tokenwing.format.gguf_io import read_header
 from tokenwing.format.reader import ModelFile
 from tokenwing.models.hparams import NgramKeys
+from tokenwing.models.qwen4exp import Qwen4Exp
 from tokenwing.runtime.session import Session, SessionOptions
 
 pytestmark = pytest.mark.oracle
@@ -175,3 +176,33 @@ def test_ngram_rows_are_the_ones_llama_cpp_reads(model_factory: ModelFactory, tm
         assert np.abs(got[:first] - zero[:first]).max(initial=0.0) < 1e-6, p
         assert np.abs(got[first] - zero[first]).max() > 1e-3, p
     assert len({tuple(r) for r in rows[16:18]}) == 2 and rows[0].tolist() != rows[16].tolist()
+
+
+@pytest.mark.parametrize("cache_pages", [2, 1 << 14])
+def test_the_table_stays_in_the_file(
+    model_factory: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache_pages: int
+) -> None:
+    """The n-gram table is never loaded: its rows are read as 4 KiB pages when tokens name them, kept in an LRU
+    cache (here of 2 pages, so that almost every row is read again, rows across two pages included, or of 64 MiB),
+    and the logits are llama.cpp's either way; a token asks for heads rows, and the pages read are at most the
+    rows' pages."""
+    monkeypatch.setattr(Qwen4Exp, "ngram_cache_bytes", cache_pages * 4096)
+    src = model_factory(type="F32", arch=A, indexer_top_k=512, ple_head_rows=3000)  # (12k rows of 64 B: 188 pages)
+    model = _repacked(src, tmp_path)
+    tokens = _tokens(160, 512, seed=37)
+    ref = llama_logits(src, tokens, tmp_path)
+    s = Session(str(model), SessionOptions(kv_type="f32", n_ctx=512), log=lambda line: None)
+    try:
+        got = np.concatenate(
+            [s.forward(tokens[:100].tolist(), all_logits=True)]
+            + [s.forward([int(t)]).reshape(1, -1) for t in tokens[100:]]
+        )
+        rows = s.model.ngram_rows  # type: ignore[attr-defined]
+        assert not s.model.weights.has("per_layer_token_embd.weight")
+        assert rows.rows_asked == 160 * 4  # (4 heads: trigrams and bigrams, 2 each)
+        assert 0 < rows.page_reads <= 2 * rows.rows_asked
+        if cache_pages > 200:  # everything fits: each page read once
+            assert rows.page_reads <= 188
+    finally:
+        s.close()
+    assert kl_per_position(ref, got).mean() <= 1e-8

@@ -129,10 +129,12 @@ class ModelFile:
                 return self._read_resident(info)
         raise KeyError(f"no resident tensor {name!r}")
 
-    def iter_resident(self) -> Iterator[tuple[TensorInfo, bytes]]:
-        """The tensors the engine loads (kept ones never), read and checked against their checksums."""
+    def iter_resident(self, skip: frozenset[str] = frozenset()) -> Iterator[tuple[TensorInfo, bytes]]:
+        """The tensors the engine loads (kept ones never, `skip` neither: read sparsely by their family), read and
+        checked against their checksums."""
         for info in self.resident:
-            yield info, self._read_resident(info)
+            if info.name not in skip:
+                yield info, self._read_resident(info)
 
     def _read_resident(self, info: TensorInfo) -> bytes:
         i = self._slot[info.name]

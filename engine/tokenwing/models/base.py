@@ -281,6 +281,16 @@ class MoEModel:
         """The state [state_width, n] the first layer reads, from token ids."""
         return ops.ggml_get_rows(ctx, self.weights.get("token_embd.weight"), ids)
 
+    @property
+    def token_width(self) -> int:
+        """Values `token_input` gives a token (the one-graph step's input is that wide)."""
+        return 1
+
+    @classmethod
+    def lazy_tensors(cls, hp: HParams) -> frozenset[str]:
+        """Resident tensors the family reads sparsely from the file instead of loading (qwen4exp's n-gram table)."""
+        return frozenset()
+
     def token_input(self, tokens: list[int], before: list[int]) -> np.ndarray:
         """What `embed` reads for these tokens (I32), `before` the last `token_context` tokens of the sequence
         ahead of them (fewer where it starts): their ids here; a family whose embedding depends on the tokens

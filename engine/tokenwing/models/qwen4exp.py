@@ -21,32 +21,104 @@ the layer's convolution state) adds its SiLU (build_ple, qwen4exp.cpp:1220-1308)
 
 from __future__ import annotations
 
+import collections
 import math
 from typing import Any
 
 import numpy as np
 
-from tokenwing.compute.ggml_lib import F32, Tensor, ops
+from tokenwing import _core
+from tokenwing.compute.ggml_lib import F32, Tensor, aligned_bytes, ops
 from tokenwing.errors import BadInputError, UnsupportedError
+from tokenwing.format.gguf_io import tensor_nbytes
 from tokenwing.models import common, delta_net
 from tokenwing.models.base import TensorCheck
 from tokenwing.models.hparams import HParams
 from tokenwing.models.qwen3next import Qwen35MoE
 from tokenwing.models.weights import ModelWeights
 
+TABLE = "per_layer_token_embd.weight"
+PAGE = 4096  # what a direct read of the model file reads at least
+
+
+class NgramRows:
+    """The n-gram table's rows read from the model file as tokens name them, never the whole table: 4 KiB pages
+    through the streaming core's direct reader (`_core.DirectFile`), an LRU cache of `cache_bytes` of them, and a
+    ring of gathered rows that `embed` reads (its `get_rows` indices are ring slots)."""
+
+    def __init__(self, path: str, offset: int, row_bytes: int, cache_bytes: int, ring_rows: int) -> None:
+        self.file = _core.DirectFile(path, True)
+        self.offset, self.row_bytes = offset, row_bytes
+        self.capacity = max(2, cache_bytes // PAGE)  # (a row spans two pages at most)
+        self.pages = aligned_bytes(self.capacity * PAGE).reshape(self.capacity, PAGE)
+        self.where: collections.OrderedDict[int, int] = collections.OrderedDict()  # page → slot, oldest first
+        self.free = list(range(self.capacity))
+        self.ring_rows = ring_rows
+        self.ring = aligned_bytes(ring_rows * row_bytes)
+        self.next = 0
+        self.page_reads = 0  # pages read from the file
+        self.rows_asked = 0  # rows named by tokens
+
+    def close(self) -> None:
+        self.file.close()
+
+    def _page(self, page: int) -> np.ndarray:
+        slot = self.where.get(page)
+        if slot is not None:
+            self.where.move_to_end(page)
+        else:
+            slot = self.free.pop() if self.free else self.where.popitem(last=False)[1]
+            self.file.read_into(page * PAGE, self.pages[slot])
+            self.where[page] = slot
+            self.page_reads += 1
+        out: np.ndarray = self.pages[slot]
+        return out
+
+    def gather(self, rows: np.ndarray) -> np.ndarray:
+        """The table's rows (any shape of row indices) copied into the ring; their ring slots, in that shape."""
+        unique, inverse = np.unique(rows, return_inverse=True)
+        if len(unique) > self.ring_rows // 4:  # (a graph's rows must not wrap onto each other before it runs)
+            raise BadInputError(f"{len(unique)} n-gram rows in one graph: at most {self.ring_rows // 4}")
+        slots = np.empty(len(unique), np.int64)
+        rb = self.row_bytes
+        for i, row in enumerate(unique.tolist()):
+            start = self.offset + row * rb
+            slot, self.next = self.next, (self.next + 1) % self.ring_rows
+            dst = self.ring[slot * rb : (slot + 1) * rb]
+            first, at = divmod(start, PAGE)
+            head = min(rb, PAGE - at)
+            dst[:head] = self._page(first)[at : at + head]  # (copied before the next page may evict this one)
+            if head < rb:
+                dst[head:] = self._page(first + 1)[: rb - head]
+            slots[i] = slot
+        self.rows_asked += rows.size
+        return slots[inverse].reshape(rows.shape)
+
 
 class Qwen4Exp(Qwen35MoE):
     arch = "qwen4exp"
     ffn_norm = "ffn_norm"  # (absent: the router reads the FFN's mix as it is)
     token_context = 7  # (`token_input` hashes n-grams of at most 8 tokens: llama.cpp's LLAMA_MAX_PLE_NGRAM)
+    # The n-gram table's page cache (outside the expert cache's limit for now: docs/families/qwen4exp.md 7) and
+    # the ring of rows a graph reads (64k rows: 8.5 MiB at Q8_0 and 128 values; a prompt chunk reads 16 a token)
+    ngram_cache_bytes = 64 << 20
+    ngram_ring_rows = 1 << 16
 
     def __init__(self, hp: HParams, weights: ModelWeights, streamed: list[int]) -> None:
         super().__init__(hp, weights, streamed)
         self.hc = self.streams(hp, weights.shapes)
         self.ple = hp.ple if hp.ple_layer >= 0 else None
+        self.ngram_rows: NgramRows | None = None
         if self.ple is not None:
             self.ple_kernel = weights.shapes[f"blk.{hp.ple_layer}.ple_conv1d.weight"][0]
             self.ple_hist = (self.ple_kernel - 1) * self.ple.ngram  # the convolution's history, in tokens
+            path, offset, info = weights.lazy[TABLE]
+            width = info.shape[0]
+            rows = NgramRows(
+                path, offset, tensor_nbytes((width,), info.type), self.ngram_cache_bytes, self.ngram_ring_rows
+            )
+            self.ngram_rows = rows
+            self.ngram_ring = weights.arena.wrap(rows.ring, info.type, (width, rows.ring_rows))
         # the lookahead folds a norm into later routers: the router here reads the mix as it is
         self._ones = weights.arena.wrap(np.ones(hp.n_embd, np.float32), F32, (hp.n_embd,))
 
@@ -102,6 +174,11 @@ class Qwen4Exp(Qwen35MoE):
 
     # -------------------------------------------------------------------------- the state between layers
     @classmethod
+    def lazy_tensors(cls, hp: HParams) -> frozenset[str]:
+        """The n-gram table stays in the file: its rows are read as tokens name them (`NgramRows`)."""
+        return frozenset({TABLE}) if hp.ple_layer >= 0 else frozenset()
+
+    @classmethod
     def state_width(cls, hp: HParams) -> int:
         """The streams, and with a table each token's n-gram vector after them. (A class method without the file's
         shapes: 4 streams, transformers' default and the only count the released model has; `check` refuses
@@ -129,12 +206,17 @@ class Qwen4Exp(Qwen35MoE):
         assert state is not None
         return ops.ggml_concat(ctx, flat, self._ngrams(ctx, state), 0)
 
+    @property
+    def token_width(self) -> int:
+        return 1 + (self.ple.heads if self.ple is not None else 0)
+
     def token_input(self, tokens: list[int], before: list[int]) -> np.ndarray:
         """Each token's id, then its rows of the n-gram table (I32 [1 + heads] a token)."""
         if self.ple is None:
             return super().token_input(tokens, before)
-        rows = self.ple.rows(tokens, before)
-        return np.concatenate([np.asarray(tokens, np.int64)[:, None], rows], axis=1).astype(np.int32).reshape(-1)
+        assert self.ngram_rows is not None
+        slots = self.ngram_rows.gather(self.ple.rows(tokens, before))
+        return np.concatenate([np.asarray(tokens, np.int64)[:, None], slots], axis=1).astype(np.int32).reshape(-1)
 
     def embed(self, ctx: Any, ids: Tensor) -> Tensor:
         """hc copies of the token's embedding (qwen4exp.cpp:392), and with a table its n-gram vector: its rows
@@ -152,8 +234,7 @@ class Qwen4Exp(Qwen35MoE):
         tok = ops.ggml_view_1d(ctx, ops.ggml_cont(ctx, ops.ggml_view_2d(ctx, per, 1, n, row, 0)), n, 0)
         rows = ops.ggml_view_1d(ctx, ops.ggml_cont(ctx, ops.ggml_view_2d(ctx, per, heads, n, row, f)), heads * n, 0)
         x = ops.ggml_reshape_2d(ctx, ops.ggml_get_rows(ctx, self.weights.get("token_embd.weight"), tok), e, n)
-        table = self.weights.get("per_layer_token_embd.weight")
-        ngrams = ops.ggml_reshape_2d(ctx, ops.ggml_get_rows(ctx, table, rows), e, n)
+        ngrams = ops.ggml_reshape_2d(ctx, ops.ggml_get_rows(ctx, self.ngram_ring, rows), e, n)
         streams = ops.ggml_repeat_4d(ctx, ops.ggml_reshape_3d(ctx, x, e, 1, n), e, self.hc, n, 1)
         return ops.ggml_concat(ctx, ops.ggml_reshape_2d(ctx, streams, self.hc * e, n), ngrams, 0)
 

@@ -42,9 +42,15 @@ def _align(n: int) -> int:
 class ModelWeights:
     """Every resident tensor, loaded (checksummed) into one aligned allocation."""
 
-    def __init__(self, mf: ModelFile, extra_tensors: int = 64, repack: bool = True) -> None:
+    def __init__(
+        self, mf: ModelFile, extra_tensors: int = 64, repack: bool = True, lazy: frozenset[str] = frozenset()
+    ) -> None:
+        """`lazy`: resident tensors left in the file (a family reads their rows as it needs them: `lazy` holds
+        each one's file, absolute offset and info)."""
         n_layers = len(mf.index.layers)
-        resident = mf.resident  # (next-token-prediction blocks are kept in the file, never loaded)
+        self.lazy = {t.name: (mf.path, mf.tensor_offset(t), t) for t in mf.resident if t.name in lazy}
+        # (next-token-prediction blocks are kept in the file, never loaded; lazy tensors are read sparsely)
+        resident = [t for t in mf.resident if t.name not in lazy]
         self.arena = TensorArena(len(resident) + 3 * n_layers + extra_tensors)
         total = sum(_align(t.nbytes) for t in resident)
         self.memory = aligned_bytes(total)
@@ -52,7 +58,10 @@ class ModelWeights:
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.types: dict[str, int] = {}
         off = 0
-        for info, data in mf.iter_resident():
+        for _, _, lazy_info in self.lazy.values():
+            self.shapes[lazy_info.name] = lazy_info.shape
+            self.types[lazy_info.name] = lazy_info.type
+        for info, data in mf.iter_resident(frozenset(lazy)):
             view = self.memory[off : off + info.nbytes]
             view[:] = np.frombuffer(data, dtype=np.uint8)
             self.tensors[info.name] = self.arena.wrap(view, info.type, info.shape)

@@ -140,7 +140,7 @@ class Session:
             n_seq = 1
         n_tensors = 5 * hp.n_layer + 3 * len(streamed) + 4 * hp.n_layer * (max(n_seq, AUTO_PARALLEL) - 1)
         n_tensors += 2 * hp.n_layer  # (the slots' stacked K and V)
-        weights = ModelWeights(self.mf, n_tensors + 64, opts.cpu_repack)
+        weights = ModelWeights(self.mf, n_tensors + 64, opts.cpu_repack, model_class.lazy_tensors(hp))
         self.model: MoEModel = model_class(hp, weights, streamed)
 
         specs = [self.model.kv_spec(il) for il in range(hp.n_layer)]

@@ -67,7 +67,7 @@ class TokenGraph:
             g.finish(*(b.logits for b in self.rows), *(ids for b in self.rows for _, ids in b.routed))
             return
         xs: list[Tensor] = []
-        per_token = len(model.token_input([0], []))  # (what `embed` reads of a token: its id, and qwen4exp's rows)
+        per_token = model.token_width  # (what `embed` reads of a token: its id, and qwen4exp's rows)
         for window in windows:
             token = g.input(I32, (per_token,))
             at = self._placement(window)
@@ -110,7 +110,7 @@ class TokenGraph:
         hp, g, n = model.hp, self.g, len(kvs)
         ctx = g.ctx
         parts = [self._placement(window) for window in windows]
-        per_token = len(model.token_input([0], []))
+        per_token = model.token_width
         tokens, positions = g.input(I32, (per_token * n,)), g.input(I32, (self.axes * n,))
         x = model.embed(ctx, tokens)
         routed: list[tuple[int, Tensor]] = []
