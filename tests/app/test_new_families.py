@@ -16,11 +16,13 @@ from typing import TypeVar
 import httpx
 import pytest
 
+from runmyai.engine.autotune import DEFAULT_CONTEXT
 from runmyai.engine.client import ChatClient, ChatSettings
 from runmyai.engine.info import ask_engine
 from runmyai.engine.supervisor import EngineSupervisor
 from runmyai.library.estimate import footprint_of
 from runmyai.library.local import LocalLibrary
+from runmyai.units import human_bytes
 from tests.conftest import ModelFactory, run_cli
 from tokenwing.format.reader import ModelFile
 from tokenwing.models import kv_bytes_per_token
@@ -148,13 +150,19 @@ def test_from_a_split_gguf_on_the_hub_to_a_streamed_chat(
             hub.add_file(repo, f"Q8_0/{family}-Q8_0-{i:05d}-of-00003.gguf", f.read_bytes(), tags=["gguf"])
         info = run(lambda: ask_engine(tmp_path / "info"))
         env = Env(tmp_path / "home", hub, info)
+        table = run(lambda: env.acquirer.quants(repo))  # the repository's quant table, before getting one
         model = run(lambda: env.get(HubKey(repo, "Q8_0")))
     assert model is not None and model.error is None and model.arch == arch
-    # "Will it run here?" for the installed model sizes its context with the family's own KV bytes per token: the
-    # number `tokenwing info --json` gives and the family's rule computes (GLM-5.2's with its picks)
+    # "Will it run here?" sizes the context with the family's own KV bytes per token, the number `tokenwing info
+    # --json` gives and the family's rule computes (GLM-5.2's with its picks): for the installed model, and in the
+    # quant table from the shards' headers (the engine's plan), where the engine runs the family
     said = json.loads(run_cli("info", "--json", str(model.path)).stdout)["model"]["kv_bytes_per_token"]
     footprint = footprint_of(model, None)
     with ModelFile.open(str(model.path)) as mf:
         meta = {k: v.value for k, v in mf.header.kv.items()}
     assert footprint is not None and footprint.kv_bytes_per_token == said == kv_bytes_per_token(meta, arch, "t") > 0
+    (choice,) = table.choices
+    assert choice.exact and choice.estimate is not None and choice.estimate.verdict != "unsupported", table.note
+    context = min(DEFAULT_CONTEXT, footprint.context)
+    assert any(f"{human_bytes(said * context)} for a {context:,}-token context" in r for r in choice.estimate.reasons)
     chat_streamed_like_llama_cpp(model.path, first, "25%", arch, tmp_path)
