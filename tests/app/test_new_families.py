@@ -1,6 +1,7 @@
-"""DeepSeek-V3, Kimi K2 and gpt-oss (issue 13's "done when"), Qwen3-Next, Qwen3.5 and Ling 3.0 (issue 14's) as a
-user gets them: a split GGUF imported from any of its shards becomes a library entry the installed engine says it
-runs, which chats through the supervised engine with its experts streamed under a RAM budget — and, at
+"""DeepSeek-V3, Kimi K2 and gpt-oss (issue 13's "done when"), Qwen3-Next, Qwen3.5 and Ling 3.0 (issue 14's), MiniMax
+M2, Kimi K3, Qwen3.8 Flash Next, GLM-5.2 and DeepSeek V4 (issues 25 and 27) as a user gets them: a split GGUF imported
+from any of its shards, or got from a repository on the local test hub, becomes a library entry the installed engine
+says it runs, which chats through the supervised engine with its experts streamed under a RAM budget — and, at
 temperature 0, answers with llama.cpp's tokens."""
 
 from __future__ import annotations
