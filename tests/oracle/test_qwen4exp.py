@@ -206,3 +206,23 @@ def test_the_table_stays_in_the_file(
     finally:
         s.close()
     assert kl_per_position(ref, got).mean() <= 1e-8
+
+
+def test_the_tables_pages_share_the_expert_cache_budget(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """One memory limit: with half the expert bytes as the budget, the table's page cache takes a sixteenth of it
+    and the expert cache is planned in what is left (without a table, it gets the whole budget)."""
+    for ple_layer, share in ((0, True), (-1, False)):
+        model = _repacked(model_factory(type="F32", arch=A, indexer_top_k=512, ple_layer=ple_layer), tmp_path)
+        with ModelFile.open(str(model)) as mf:
+            budget = mf.index.total_bytes // 2
+        s = Session(str(model), SessionOptions(kv_type="f32", ram_budget=budget), log=lambda line: None)
+        try:
+            rows = s.model.ngram_rows  # type: ignore[attr-defined]
+            taken = rows.capacity * 4096 if rows is not None else 0
+            assert (rows is not None) == share
+            if share:
+                assert taken == budget // 16 // 4096 * 4096
+            assert 0 < s.scheduler.capacity <= budget - taken
+            assert s.scheduler.capacity > budget - taken - max(s.scheduler.record_sizes.values()) * len(s.streamed)
+        finally:
+            s.close()

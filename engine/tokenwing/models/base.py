@@ -286,6 +286,11 @@ class MoEModel:
         """Values `token_input` gives a token (the one-graph step's input is that wide)."""
         return 1
 
+    def share_expert_budget(self, budget: int) -> int:
+        """The expert cache's budget less what the family's own caches of streamed data take from it (qwen4exp's
+        n-gram table pages): one memory limit for both."""
+        return budget
+
     @classmethod
     def lazy_tensors(cls, hp: HParams) -> frozenset[str]:
         """Resident tensors the family reads sparsely from the file instead of loading (qwen4exp's n-gram table)."""

@@ -49,15 +49,19 @@ class NgramRows:
     def __init__(self, path: str, offset: int, row_bytes: int, cache_bytes: int, ring_rows: int) -> None:
         self.file = _core.DirectFile(path, True)
         self.offset, self.row_bytes = offset, row_bytes
-        self.capacity = max(2, cache_bytes // PAGE)  # (a row spans two pages at most)
-        self.pages = aligned_bytes(self.capacity * PAGE).reshape(self.capacity, PAGE)
-        self.where: collections.OrderedDict[int, int] = collections.OrderedDict()  # page → slot, oldest first
-        self.free = list(range(self.capacity))
+        self.resize(cache_bytes)
         self.ring_rows = ring_rows
         self.ring = aligned_bytes(ring_rows * row_bytes)
         self.next = 0
         self.page_reads = 0  # pages read from the file
         self.rows_asked = 0  # rows named by tokens
+
+    def resize(self, cache_bytes: int) -> None:
+        """An empty cache of `cache_bytes` (at least the 2 pages a row may span)."""
+        self.capacity = max(2, cache_bytes // PAGE)
+        self.pages = aligned_bytes(self.capacity * PAGE).reshape(self.capacity, PAGE)
+        self.where: collections.OrderedDict[int, int] = collections.OrderedDict()  # page → slot, oldest first
+        self.free = list(range(self.capacity))
 
     def close(self) -> None:
         self.file.close()
@@ -99,8 +103,8 @@ class Qwen4Exp(Qwen35MoE):
     arch = "qwen4exp"
     ffn_norm = "ffn_norm"  # (absent: the router reads the FFN's mix as it is)
     token_context = 7  # (`token_input` hashes n-grams of at most 8 tokens: llama.cpp's LLAMA_MAX_PLE_NGRAM)
-    # The n-gram table's page cache (outside the expert cache's limit for now: docs/families/qwen4exp.md 7) and
-    # the ring of rows a graph reads (64k rows: 8.5 MiB at Q8_0 and 128 values; a prompt chunk reads 16 a token)
+    # The n-gram table's page cache: at most this, and a sixteenth of the expert cache's budget, which it comes out
+    # of (`share_expert_budget`); the ring of rows a graph reads (64k rows: 8.5 MiB at Q8_0 and 128 values)
     ngram_cache_bytes = 64 << 20
     ngram_ring_rows = 1 << 16
 
@@ -173,6 +177,15 @@ class Qwen4Exp(Qwen35MoE):
         super().check(hp, shapes | {f"{n}.weight": (e,) for n in norms}, streamed, where)
 
     # -------------------------------------------------------------------------- the state between layers
+    def share_expert_budget(self, budget: int) -> int:
+        """The table's page cache comes out of the expert cache's budget: a sixteenth of it, at most
+        `ngram_cache_bytes` (a token's rows are 16 pages at most, read once each: the experts need the room more)."""
+        if self.ngram_rows is None:
+            return budget
+        take = min(self.ngram_cache_bytes, max(2 * PAGE, budget // 16))
+        self.ngram_rows.resize(take)
+        return max(0, budget - self.ngram_rows.capacity * PAGE)
+
     @classmethod
     def lazy_tensors(cls, hp: HParams) -> frozenset[str]:
         """The n-gram table stays in the file: its rows are read as tokens name them (`NgramRows`)."""

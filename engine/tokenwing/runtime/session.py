@@ -199,7 +199,14 @@ class Session:
             log(memory.spill_note)
         self._v_width = v_width(specs)
         self.scheduler = ExpertScheduler(
-            self.mf, streamed, hp.n_expert_used, memory.budget, opts.stream, opts.preload, opts.usage_table, log
+            self.mf,
+            streamed,
+            hp.n_expert_used,
+            self.model.share_expert_budget(memory.budget),
+            opts.stream,
+            opts.preload,
+            opts.usage_table,
+            log,
         )
         self.lookahead = Lookahead(self.model, opts.lookahead)
         self.vram: VramTier | None = None
