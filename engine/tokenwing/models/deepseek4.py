@@ -93,6 +93,8 @@ class DeepSeek4(MoEModel):
             raise BadInputError(
                 f"{where}: deepseek4.expert_gating_func must be 4 (sqrt-softplus), as llama.cpp requires"
             )
+        if hp.sliding_window < 1:
+            raise BadInputError(f"{where}: deepseek4.attention.sliding_window is missing (every layer has a window)")
         if k.hc_mult != 4:
             raise UnsupportedError(f"{where}: {k.hc_mult} hyper-connection streams (llama.cpp runs 4 only)")
         if hp.n_head_kv != 1 or hp.head_dim_v != hp.head_dim:
