@@ -790,6 +790,8 @@ class AppController(QObject):
         try:
             endpoint = await sup.start()
         except EngineError as e:
+            if self.supervisor is not sup:  # the app stopped it on purpose (another model, the server switch):
+                return None  # no failure to report (the walk-through showed 'could not start: … stopped before')
             self.report(str(e), "engine", f"{self.model_name} could not start")
             self._show_models()
             return None
@@ -876,6 +878,13 @@ class AppController(QObject):
             self.ready.set()
 
     async def stop_engine(self) -> None:
+        # a reply in flight ends as stopped, as Stop ends it: switching models mid-reply said 'The reply failed:
+        # The connection to the engine broke off' (walk-through)
+        reply = self._reply_task
+        if reply is not None and not reply.done() and reply is not asyncio.current_task():
+            reply.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reply
         self.ready.clear()
         if self._stats_task is not None:
             self._stats_task.cancel()

@@ -151,6 +151,10 @@ class ModelsPage(QWidget):
         for b in (self.use_button, self.verify_button, self.folder_button):
             b.setEnabled(row is not None)
         self.delete_button.setEnabled(row is not None and not row.bundled and not row.in_use)
+        # a greyed-out Delete says why (a new user saw it grey beside the model in use, with no reason)
+        why = None if row is None else "It is in use: chat with another model first." if row.in_use else None
+        why = "The built-in model stays with the app." if row is not None and row.bundled else why
+        self.delete_button.setToolTip(why or "Delete this model from this computer (asked first)")
 
 
 # ------------------------------------------------------------------------------------------ Server
