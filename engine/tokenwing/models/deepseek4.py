@@ -93,6 +93,8 @@ class DeepSeek4(MoEModel):
             raise BadInputError(
                 f"{where}: deepseek4.expert_gating_func must be 4 (sqrt-softplus), as llama.cpp requires"
             )
+        if hp.expert_weights_norm is None:
+            raise BadInputError(f"{where}: deepseek4.expert_weights_norm is missing from the metadata")
         if hp.sliding_window < 1:
             raise BadInputError(f"{where}: deepseek4.attention.sliding_window is missing (every layer has a window)")
         if k.hc_mult != 4:
@@ -291,7 +293,7 @@ class DeepSeek4(MoEModel):
         ids = ops.ggml_cont(ctx, ids)
         picked = ops.ggml_get_rows(ctx, ops.ggml_reshape_3d(ctx, probs, 1, hp.n_expert, n), ids)
         weights = ops.ggml_reshape_2d(ctx, picked, k, n)
-        if hp.expert_weights_norm is not False:
+        if hp.expert_weights_norm:
             total = ops.ggml_clamp(ctx, ops.ggml_sum_rows(ctx, weights), ROUTER_FLOOR, math.inf)
             weights = ops.ggml_div(ctx, weights, total)
         if hp.expert_weights_scale not in (0.0, 1.0):

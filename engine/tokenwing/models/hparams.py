@@ -307,10 +307,10 @@ def _dsv4_keys(get: Any, n_layer: int, where: str) -> Dsv4Keys:
         hc_mult=get("hyper_connection.count"),
         hc_sinkhorn_iters=get("hyper_connection.sinkhorn_iterations"),
         hc_eps=get("hyper_connection.epsilon", kind=float),
-        hash_layer_count=get("hash_layer_count", 0),
-        indexer_n_head=get("attention.indexer.head_count", 0),
-        indexer_head_size=get("attention.indexer.key_length", 0),
-        indexer_top_k=get("attention.indexer.top_k", 0),
+        hash_layer_count=get("hash_layer_count"),  # (llama.cpp requires these keys, CSA layers or not)
+        indexer_n_head=get("attention.indexer.head_count"),
+        indexer_head_size=get("attention.indexer.key_length"),
+        indexer_top_k=get("attention.indexer.top_k"),
         o_group_count=get("attention.output_group_count"),
         o_lora_rank=get("attention.output_lora_rank"),
     )
