@@ -226,3 +226,26 @@ def test_the_tables_pages_share_the_expert_cache_budget(model_factory: ModelFact
             assert s.scheduler.capacity > budget - taken - max(s.scheduler.record_sizes.values()) * len(s.streamed)
         finally:
             s.close()
+
+
+@pytest.mark.parametrize("type_name", ["F32", "Q8_0"])
+def test_the_default_f16_cache_is_llama_cpps_f16_cache(
+    model_factory: ModelFactory, tmp_path: Path, type_name: str
+) -> None:
+    """The engine's default KV type against llama.cpp's default (both caches F16; the recurrent states F32 in
+    both), with the table, 300 positions across 256 (weights at 0.03, as the quantised tests): within llama.cpp's
+    own floor, the distance between its F16 and F32 caches."""
+    src = model_factory(type=type_name, **dict(VARIANTS["tiny"], weight_std=0.03))  # type: ignore[arg-type]
+    tokens = _tokens(300, 512, seed=38)
+    ref16 = llama_logits(src, tokens, tmp_path, f16_kv=True)
+    floor = kl_per_position(llama_logits(src, tokens, tmp_path), ref16).mean()
+    s = Session(str(_repacked(src, tmp_path)), SessionOptions(kv_type="f16", n_ctx=512), log=lambda line: None)
+    try:
+        got = np.concatenate(
+            [s.forward(tokens[:200].tolist(), all_logits=True)]
+            + [s.forward([int(t)]).reshape(1, -1) for t in tokens[200:]]
+        )
+    finally:
+        s.close()
+    kl = kl_per_position(ref16, got).mean()
+    assert kl <= max(floor, 1e-8) and kl <= 1e-4, (kl, floor)
