@@ -162,6 +162,9 @@ def test_from_a_split_gguf_on_the_hub_to_a_streamed_chat(
     with ModelFile.open(str(model.path)) as mf:
         meta = {k: v.value for k, v in mf.header.kv.items()}
     assert footprint is not None and footprint.kv_bytes_per_token == said == kv_bytes_per_token(meta, arch, "t") > 0
+    # what it keeps in RAM: all but the experts and, for qwen4exp, the n-gram table it reads rows of from the file
+    assert (footprint.lazy_bytes > 0) == (arch == "qwen4exp")
+    assert footprint.resident_bytes == footprint.size_bytes - footprint.expert_total_bytes - footprint.lazy_bytes
     (choice,) = table.choices
     assert choice.exact and choice.estimate is not None and choice.estimate.verdict != "unsupported", table.note
     context = min(DEFAULT_CONTEXT, footprint.context)

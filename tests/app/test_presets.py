@@ -121,6 +121,15 @@ def test_known_numbers() -> None:
     k3 = c.get("kimi-k3")
     assert k3 is not None and k3.facts.hidden == 7168
     assert k3.expert_bytes == 3 * 5_849_088
+    # Qwen3.8 Flash Next's 51B-weight n-gram table, at the preset's quant, is read from the drive, not kept in RAM:
+    # the always-loaded part is the file less its experts and the table
+    from runmyai.library.estimate import preset_footprint
+
+    q38 = c.get("qwen3.8-flash-next")
+    assert q38 is not None and q38.facts.sparse_params == 51e9
+    fp = preset_footprint(q38)
+    assert fp.lazy_bytes == round(51e9 * q38.expert_bytes / q38.facts.expert_params) > 25e9
+    assert fp.resident_bytes == q38.size_bytes - q38.expert_total_bytes - fp.lazy_bytes
 
 
 def _catalog_with(tmp_path: Path, bad: str, name: str = "bad.toml") -> tuple[tuple[str, ...], list[str]]:
@@ -142,6 +151,10 @@ def _catalog_with(tmp_path: Path, bad: str, name: str = "bad.toml") -> tuple[tup
         (GOOD.replace("active_params = 1e9", "active_params = 1e8"), "bad.toml: arch.active_params: 1e+08 is less"),
         (GOOD.replace("total_params = 4e9", "total_params = 2e9"), "bad.toml: arch.total_params: 2e+09 is less"),
         (GOOD.replace('arch = "qwen3moe"', 'arch = "Qwen 3"'), "bad.toml: arch.arch: 'Qwen 3' is not a GGUF"),
+        (
+            GOOD.replace("context = 4096", "context = 4096\nsparse_params = 3e9"),
+            "bad.toml: arch.sparse_params: 3e+09 and the routed experts are more than total_params",
+        ),
         (GOOD + '\n[gguf]\nrepo = "nope"\nquants = ["Q4_K_M"]\n', "bad.toml: gguf.repo: expected 'owner/name'"),
         (GOOD + '\n[gguf]\nrepo = "a/b"\nquants = []\n', "bad.toml: gguf.quants: expected a list of quant"),
         (

@@ -64,3 +64,28 @@ def test_glm_5_2_number_is_its_cache_and_its_picks(repacked_factory: ModelFactor
         assert s.kv.nbytes + picks == 64 * said == 64 * s.prompt_memory.kv_per_token
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("kind", ["gguf", "repacked"])
+def test_inspect_counts_qwen4exps_table_as_read_sparsely(
+    model_factory: ModelFactory, repacked_factory: ModelFactory, kind: str
+) -> None:
+    """Qwen3.8 Flash Next's n-gram table stays in the file (the engine reads the rows tokens name): inspect says so
+    apart ("lazy"), so neither its resident bytes (what the estimate keeps in RAM) nor the bytes a token reads hold
+    it — they held the whole table, for the released model ~27 GB always loaded and read by every token. Without a
+    table nothing is lazy; the file's parameters still count it."""
+    from tokenwing.format.reader import ModelFile
+
+    path = (model_factory if kind == "gguf" else repacked_factory)(arch="qwen4exp", type="Q8_0")
+    r = inspect_model([str(path)])
+    assert r["lazy"]["names"] == ["per_layer_token_embd.weight"] and r["lazy"]["tensors"] == 1
+    src = model_factory(arch="qwen4exp", type="Q8_0")
+    with ModelFile.open(str(repacked_factory(arch="qwen4exp", type="Q8_0"))) as mf:
+        table = next(t for t in mf.resident if t.name == "per_layer_token_embd.weight")
+        everything = sum(t.nbytes for t in mf.resident)
+    assert r["lazy"]["bytes"] == table.nbytes > 0
+    assert r["resident"]["bytes"] == everything - table.nbytes
+    assert r["resident"]["read_per_token_bytes"] < r["resident"]["bytes"]  # (less the embedding's other rows)
+    plain = inspect_model([str(model_factory(arch="qwen4exp", type="Q8_0", ple_layer=-1))])
+    assert plain["lazy"] == {"tensors": 0, "bytes": 0, "names": []}
+    assert plain["parameters"] < inspect_model([str(src)])["parameters"]

@@ -259,6 +259,7 @@ def _scaled(fp: Footprint, ratio: float) -> Footprint:
         size_bytes=round(fp.size_bytes * ratio),
         expert_bytes=max(1, round(fp.expert_bytes * ratio)),
         dense_bytes_per_token=round(fp.dense_bytes_per_token * ratio),
+        lazy_bytes=round(fp.lazy_bytes * ratio),
     )
 
 

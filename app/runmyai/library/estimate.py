@@ -135,6 +135,9 @@ class Footprint:
     dense_bytes_per_token: int  # always-used weights a token reads (attention, shared experts, dense layers, head)
     kv_bytes_per_token: int  # the KV cache one token of context takes (F16): the engine's number, never computed here
     context: int = 0  # the model's own context length (0: not known)
+    # data the engine reads a few rows of from the drive instead of loading (qwen4exp's n-gram table: `inspect`'s
+    # "lazy"): in the file, neither always loaded nor streamed as experts
+    lazy_bytes: int = 0
 
     @property
     def expert_total_bytes(self) -> int:
@@ -143,8 +146,9 @@ class Footprint:
 
     @property
     def resident_bytes(self) -> int:
-        """Everything else in the file (attention, shared experts, dense layers, embeddings): always loaded."""
-        return max(0, self.size_bytes - self.expert_total_bytes)
+        """Everything else in the file (attention, shared experts, dense layers, embeddings) but what is read
+        sparsely: always loaded."""
+        return max(0, self.size_bytes - self.expert_total_bytes - self.lazy_bytes)
 
 
 def preset_footprint(preset: Preset) -> Footprint:
@@ -164,6 +168,7 @@ def preset_footprint(preset: Preset) -> Footprint:
         dense_bytes_per_token=round(dense_params * bytes_per_param),
         kv_bytes_per_token=f.kv_bytes_per_token,
         context=f.context,
+        lazy_bytes=round(f.sparse_params * bytes_per_param),  # (at the experts' quant, as the rest)
     )
 
 
@@ -187,6 +192,7 @@ def footprint_from_inspect(model: Mapping[str, Any], output_bytes: int) -> Footp
         dense_bytes_per_token=int(model["resident"].get("read_per_token_bytes", model["resident"]["bytes"])),
         kv_bytes_per_token=int(model.get("kv_bytes_per_token") or 0),
         context=int(model.get("context_length") or 0),
+        lazy_bytes=int((model.get("lazy") or {}).get("bytes") or 0),
     )
 
 

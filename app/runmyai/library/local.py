@@ -511,6 +511,7 @@ def _facts(info: Mapping[str, Any]) -> dict[str, Any]:
             "layers": [{"record_bytes": round(sum(records) / len(records))}] if records else [],
         }
     facts["resident"] = info.get("resident")
+    facts["lazy"] = info.get("lazy")
     return facts
 
 

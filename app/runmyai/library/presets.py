@@ -73,6 +73,9 @@ class ArchFacts:
     # family gives it (`tokenwing info --json MODEL` / `inspect --json`): stated, never computed here.
     kv_bytes_per_token: int = 0
     expert_hidden: int = 0  # the routed experts' width where it is not `hidden` (Kimi K3's latent experts)
+    # weights the engine reads a few rows of from the drive instead of loading (Qwen3.8 Flash Next's n-gram table):
+    # in total_params and the file, neither always loaded nor experts
+    sparse_params: float = 0.0
 
     @property
     def moe_layers(self) -> int:
@@ -402,6 +405,7 @@ class _Parser:
         p = "arch."
         keys = {"arch", "total_params", "active_params", "layers", "dense_layers", "experts", "shared_experts"}
         keys |= {"top_k", "hidden", "expert_ffn", "context", "expert_bytes", "kv_bytes_per_token", "expert_hidden"}
+        keys |= {"sparse_params"}
         self.check_keys(t, keys, p)
         arch = self.string(t, "arch", p)
         if not _ARCH.fullmatch(arch):
@@ -425,6 +429,7 @@ class _Parser:
         stated = self.integer(t, "expert_bytes", p, minimum=1) if "expert_bytes" in t else None
         kv = self.integer(t, "kv_bytes_per_token", p, minimum=1) if "kv_bytes_per_token" in t else 0
         latent = self.integer(t, "expert_hidden", p, minimum=1) if "expert_hidden" in t else 0
+        sparse = self.number(t, "sparse_params", p, low=1) if "sparse_params" in t else 0.0
         facts = ArchFacts(
             arch,
             total,
@@ -439,8 +444,11 @@ class _Parser:
             context,
             kv,
             latent,
+            sparse,
         )
         # Cross-checks of the published numbers against the shape (1 % for the rounding of "30.5B").
+        if sparse and facts.moe_layers * experts * facts.expert_params + sparse > total * 1.01:
+            raise self.fail(p + "sparse_params", f"{sparse:g} and the routed experts are more than total_params")
         if facts.moe_layers * experts * facts.expert_params > total * 1.01:
             raise self.fail(
                 p + "total_params",

@@ -46,6 +46,11 @@ def inspect_source(source: SourceModel) -> dict[str, Any]:
         return value if isinstance(value, int | float | str) else None
 
     types = Counter(ggml_type_name(t) for el in index.layers for t in el.types)
+    # tensors the family reads a few rows of from the file instead of loading (qwen4exp's n-gram table: 51B weights
+    # in the released model, ~29 GB at Q4_K, of which a token reads 16 rows): neither in memory nor read whole
+    sparse = _lazy_tensors(header, arch)
+    lazy = [t for t in resident if t.name in sparse]
+    resident = [t for t in resident if t.name not in sparse]
     resident_bytes = sum(t.nbytes for t in resident)
     # a token reads one row of the token embedding, and every other resident weight
     embedding = next((t.nbytes for t in resident if t.name == "token_embd.weight"), 0)
@@ -92,6 +97,8 @@ def inspect_source(source: SourceModel) -> dict[str, Any]:
             "read_per_token_bytes": resident_bytes - embedding,
             "quant_types": dict(Counter(t.type_name for t in resident)),
         },
+        # read sparsely from the file (rows as tokens name them), not loaded: not in `resident`
+        "lazy": {"tensors": len(lazy), "bytes": sum(t.nbytes for t in lazy), "names": sorted(t.name for t in lazy)},
         # next-token-prediction blocks: in the file, never loaded, streamed or run
         "kept": {
             "tensors": len(kept),
@@ -112,6 +119,19 @@ def _kv_bytes_per_token(header: GGUFHeader, arch: str) -> int | None:
         return None
 
 
+def _lazy_tensors(header: GGUFHeader, arch: str) -> frozenset[str]:
+    """The names the family of `arch` reads sparsely from the file (`MoEModel.lazy_tensors`); none for an
+    architecture the engine does not run or metadata it cannot read."""
+    from tokenwing.models import family
+    from tokenwing.models.hparams import read_hparams
+
+    try:
+        cls = family(arch)
+        return cls.lazy_tensors(read_hparams({k: v.value for k, v in header.kv.items()}, arch, "", cls.recurrence))
+    except TokenWingError:
+        return frozenset()
+
+
 def format_report(r: dict[str, Any]) -> str:
     ex = r["experts"]
     kind = f"TokenWing model file v{r['format_version']}" if r["kind"] == "tokenwing" else "GGUF (not repacked)"
@@ -130,6 +150,11 @@ def format_report(r: dict[str, Any]) -> str:
         f"  all-miss token reads {human_bytes(ex['miss_bytes_per_token'])} "
         f"({ex['used_per_token']} experts x {len(ex['streamed_layers'])} layers)",
     ]
+    if r["lazy"]["tensors"]:
+        lines.append(
+            f"  read sparsely  {human_bytes(r['lazy']['bytes'])} in {', '.join(r['lazy']['names'])} (rows read from "
+            "the file as tokens name them, never loaded whole)"
+        )
     if r["kept"]["tensors"]:
         blocks = ", ".join(map(str, r["kept"]["blocks"]))
         lines.append(
