@@ -100,13 +100,12 @@ def test_a_search_filters_discover_but_not_the_picker_nor_my_models(
 
 
 def test_a_gets_progress_says_what_it_is_doing() -> None:
-    """The walk-through read 'Q8_0: 0 of 1 shards repacked; downloading none' at 50 %, while it repacked."""
-    assert progress_text("Q8_0", 0, 1, [], True) == "Q8_0: preparing it for the engine"
-    assert progress_text("Q8_0", 0, 1, ["a.gguf"], False) == "Q8_0: downloading"
-    assert progress_text("Q4_K_M", 1, 3, ["b.gguf", "c.gguf"], False) == (
-        "Q4_K_M: 1 of 3 parts ready; downloading b.gguf, c.gguf"
-    )
-    assert progress_text("Q4_K_M", 2, 3, [], True) == "Q4_K_M: 2 of 3 parts ready; preparing it for the engine"
+    """The walk-through read 'Getting OWNER/NAME (Q8_0): Q8_0: 0 of 1 shards repacked; downloading none' at 50 %,
+    while it repacked."""
+    assert progress_text(0, 1, [], True) == "Preparing it for the engine"
+    assert progress_text(0, 1, ["a.gguf"], False) == "Downloading"
+    assert progress_text(1, 3, ["b.gguf", "c.gguf"], False) == "1 of 3 parts ready; downloading b.gguf, c.gguf"
+    assert progress_text(2, 3, [], True) == "2 of 3 parts ready; preparing it for the engine"
 
 
 def test_my_models_selects_the_kept_row_else_the_one_in_use_else_the_first() -> None:

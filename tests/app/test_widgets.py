@@ -259,3 +259,21 @@ def test_zero_waits_draw_from_zero_and_a_long_chat_title_is_elided(qtbot: QtBot)
     panel.set_conversations([("1", "Write a Python function that adds two numbers and explains each step")], "1")
     qtbot.waitUntil(lambda: panel.conversations.count() == 1, timeout=10_000)
     assert not panel.conversations.horizontalScrollBar().isVisible()
+
+
+def test_a_reset_clears_the_last_models_layers_from_the_axis(qtbot: QtBot) -> None:
+    """After a model switch (the panel reset, no token yet) the layer axis showed the previous model's layers."""
+    g = GraphsPanel()
+    qtbot.addWidget(g)
+    g.resize(400, 800)
+    g.show()
+    g.add(Event(0, [Layer(i, 6, 2) for i in range(6)]))
+    qtbot.waitUntil(lambda: g.summary.text().startswith("1 tokens"), timeout=60_000)  # a guard: redraws every 250 ms
+    assert {v for v, _ in g.hits_plot.getAxis("bottom")._tickLevels[0]} >= {0, 5}
+    g.reset()
+    assert g.hits_plot.getAxis("bottom")._tickLevels == [[]]
+    (x0, x1), _ = g.hits_plot.viewRange()
+    assert x1 - x0 <= 1.0
+    g.add(Event(0, [Layer(i, 6, 2) for i in range(3)]))  # the next model's layers get their ticks
+    qtbot.waitUntil(lambda: g.summary.text().startswith("1 tokens"), timeout=60_000)
+    assert g.axes_problems() == [] and {v for v, _ in g.hits_plot.getAxis("bottom")._tickLevels[0]} >= {0, 2}

@@ -726,7 +726,7 @@ class _Transfer:
     def _progress(self) -> None:
         arriving = [self.job.shards[i].name for i in sorted(self.waiting)]
         phase: Phase = "repacking" if self.repack is not None and not self.waiting else "downloading"
-        text = progress_text(self.job.quant, len(self.job.done), self.n, arriving, phase == "repacking")
+        text = progress_text(len(self.job.done), self.n, arriving, phase == "repacking")
         self.report(GetProgress(phase, self._fraction(), text))
 
     async def _stop(self) -> None:
@@ -742,14 +742,15 @@ class _Transfer:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def progress_text(quant: str, done: int, shards: int, arriving: Sequence[str], repacking: bool) -> str:
-    """A get's progress in words. A one-file quant says no shard counts; a repack is said as such (the walk-through
-    read 'Q8_0: 0 of 1 shards repacked; downloading none' at 50 %, while it repacked)."""
+def progress_text(done: int, shards: int, arriving: Sequence[str], repacking: bool) -> str:
+    """A get's progress in words, beside its repository and quant (each place that shows it names them: it read
+    'Getting OWNER/NAME (Q8_0): Q8_0: 0 of 1 shards repacked; downloading none' at 50 %, while it repacked). A
+    one-file quant says no part counts."""
     doing = "preparing it for the engine" if repacking or not arriving else "downloading"
     if shards <= 1:
-        return f"{quant}: {doing}"
+        return doing[0].upper() + doing[1:]
     names = f" {', '.join(arriving)}" if doing == "downloading" else ""
-    return f"{quant}: {done} of {shards} parts ready; {doing}{names}"
+    return f"{done} of {shards} parts ready; {doing}{names}"
 
 
 def _engine_state(dest: Path) -> Path:

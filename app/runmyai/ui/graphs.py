@@ -251,7 +251,13 @@ class GraphsPanel(QWidget):
             self.tier_bars[tier].setOpts(x=s.layer_ids, y0=bottom, height=share, width=0.8)
             bottom = [b + h for b, h in zip(bottom, share, strict=True)]
         self.hits_mean.setData(s.layer_ids, s.mean_hit_rate())
-        if s.layer_ids and self._layer_span != (s.layer_ids[0], s.layer_ids[-1]):
+        if not s.layer_ids:
+            # no token yet (a model just loaded): no layer ticks, not the last model's layers nor pyqtgraph's
+            # 0-1.0 default (the walk-through saw layers 0 and 1 of the previous model over the built-in one)
+            self.hits_plot.getAxis("bottom").setTicks([[]])
+            self.hits_plot.setXRange(-0.5, 0.5, padding=0)
+            self._layer_span = None
+        elif self._layer_span != (s.layer_ids[0], s.layer_ids[-1]):
             self._layer_span = (s.layer_ids[0], s.layer_ids[-1])
             self.hits_plot.setXRange(s.layer_ids[0] - 0.5, s.layer_ids[-1] + 0.5, padding=0)
             self._layer_ticks(s.layer_ids[0], s.layer_ids[-1])
