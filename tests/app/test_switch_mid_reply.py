@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QApplication
 from runmyai.engine.client import ChatSettings
 from tests.app.hubserver import HubServer
 from tests.app.test_app_scenario import make_controller, until
+from tests.app.test_shell_actions import free_port
 from tests.conftest import ModelFactory
 from tests.pauses import Pauses
 from tests.qtloop import run_qt
@@ -64,6 +65,49 @@ def test_a_model_chosen_mid_reply_stops_the_reply_and_a_replaced_start_is_no_fai
         second = await c.use_model(key)
         assert second is not None and await first is None  # the first was stopped before it was ready
         assert c.errors[reported:] == []
+        await c.shutdown()
+
+    try:
+        run_qt(qapp, scenario)
+    finally:
+        c.stop_following_desktop()
+        window.close()
+
+
+def test_the_server_page_says_starting_while_the_switch_restarts_the_engine(
+    qapp: QApplication,
+    tiny_hub: tuple[HubServer, bytes],
+    tmp_path: Path,
+    repacked_factory: ModelFactory,
+) -> None:
+    """The walk-through saw 'On: it starts with the next model you load.' while the switch's restart was loading
+    the model in use."""
+    server, data = tiny_hub
+    model = tmp_path / "home" / "models" / "local.tw.gguf"
+    model.parent.mkdir(parents=True)
+    model.write_bytes(repacked_factory(type="Q8_0").read_bytes())
+    window, c = make_controller(tmp_path, server, data)
+    page = window.server_page
+    said: list[str] = []
+    set_state = page.set_state
+
+    def spy(text: str) -> None:
+        said.append(text)
+        set_state(text)
+
+    page.set_state = spy  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        await c.start()
+        assert await c.use_model(f"local:{model}") is not None
+        page.port.setValue(free_port())
+        said.clear()
+        page.enabled.click()
+        await until(lambda: c.supervisor is not None and c.supervisor.fixed_port, 60, "restarted on the port")
+        await until(lambda: c.supervisor is not None and c.supervisor.state == "ready", 120, "ready")
+        await until(lambda: page.state.text().startswith("On: "), 10, "said on")
+        assert not any("next model you load" in t for t in said), said
+        assert any(t.startswith("Starting on port") for t in said), said
         await c.shutdown()
 
     try:

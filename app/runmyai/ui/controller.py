@@ -115,6 +115,7 @@ class AppController(QObject):
         self.machine: MachineInfo | None = None
         self.local_models: list[LocalModel] = []
         self.hub_results: list[HubModel] = []
+        self._loading = 0  # use_model calls in progress
         self.hub_query = ""  # Discover's search: its hub results first, the models here filtered by it
         self.hub_quants: dict[str, RepoQuants] = {}
         self._quants_loading: set[str] = set()
@@ -357,7 +358,7 @@ class AppController(QObject):
             slots = sup.last_health.get("slots")
             if isinstance(slots, int):  # the engine's count (--parallel auto: what memory holds)
                 text += f" {slots} request{'s' if slots > 1 else ''} at once; more wait their turn."
-        elif sup is None:
+        elif sup is None and not self._loading:
             text = "On: it starts with the next model you load."
         else:
             text = f"Starting on port {s.port}…"
@@ -762,6 +763,14 @@ class AppController(QObject):
         return None
 
     async def use_model(self, key: str) -> Endpoint | None:
+        self._loading += 1  # (the server page says the engine is starting, not that it waits for a model)
+        try:
+            return await self._use_model(key)
+        finally:
+            self._loading -= 1
+            self._show_server_state()
+
+    async def _use_model(self, key: str) -> Endpoint | None:
         path = self.model_path(key)
         if path is None:
             self.report("Download or import this model first.", "engine", "Loading a model")
@@ -870,8 +879,7 @@ class AppController(QObject):
         if state == "ready" and last is not None:
             sentence = f"Restarted after a fault: {last.sentence}"  # the user should know it happened
         self.window.set_engine_state(STATE_WORDS.get(state, state), sentence)
-        if state in ("ready", "failed", "stopped"):
-            self._show_server_state()
+        self._show_server_state()  # every state: a restart said 'it starts with the next model you load' until ready
         if state != "ready":
             self.ready.clear()
         elif self.chat_client is not None:
