@@ -9,8 +9,17 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 
-from runmyai.library.acquire import progress_text
-from runmyai.ui.render import LibraryEntry, discover_entries, matches, search_line
+from runmyai.library.acquire import QuantChoice, RepoQuants, progress_text
+from runmyai.library.hub import HubFile, HubModel
+from runmyai.library.quants import Quant
+from runmyai.ui.render import (
+    LibraryEntry,
+    discover_entries,
+    hub_entry,
+    installed_quants,
+    matches,
+    search_line,
+)
 from runmyai.ui.viewmodels import ModelRow, chosen_row
 from tests.app.conftest import REPO
 from tests.app.hubserver import HubServer
@@ -116,3 +125,27 @@ def test_my_models_selects_the_kept_row_else_the_one_in_use_else_the_first() -> 
     assert chosen_row(rows, Path("/m/c")) == 2
     assert chosen_row(rows, None) == 1 and chosen_row(rows, Path("/m/gone")) == 1
     assert chosen_row(rows[:1], None) == 0 and chosen_row([], None) is None
+
+
+def test_a_hub_card_says_which_of_its_quants_are_installed(tmp_path: Path) -> None:
+    """The walk-through's card said 'on the hub' and offered the same download again beside the model it had just
+    installed; the installed quant is where the acquirer puts it (`<models>/<owner>/<repo>/<name>.tw.gguf`)."""
+    files = {q: HubFile("acme/Tiny-GGUF", f"tiny-{q}.gguf", "main", 1000, None) for q in ("Q4_K_M", "Q8_0")}
+    quants = RepoQuants(
+        "acme/Tiny-GGUF",
+        "main",
+        tuple(QuantChoice(Quant(q, (f,)), None, 8.0, 2000, True) for q, f in files.items()),
+        (),
+        None,
+    )
+    models = tmp_path / "models"
+    have = {models / "acme" / "Tiny-GGUF" / "tiny-Q8_0.tw.gguf", models / "other" / "tiny-Q4_K_M.tw.gguf"}
+    assert installed_quants(quants, models, have) == {"Q8_0"}
+    assert installed_quants(None, models, have) == frozenset()
+    hub = HubModel("acme/Tiny-GGUF", 0, 0, ("gguf",), tuple(files.values()))
+    entry = hub_entry(hub, quants, frozenset({"Q8_0"}))
+    assert entry.badge == "installed: Q8_0"
+    labels = dict(entry.choices)
+    assert labels["hub:acme/Tiny-GGUF:Q8_0"].endswith(" — installed")
+    assert not labels["hub:acme/Tiny-GGUF:Q4_K_M"].endswith("installed")
+    assert hub_entry(hub, quants).badge == "on the hub"

@@ -515,7 +515,13 @@ class AppController(QObject):
         ]
         installed = {m.preset_id for m in self.local_models if m.preset_id}
         entries += [render.preset_entry(p, view) for p in self.catalog.presets if p.id not in installed]
-        hub = [render.hub_entry(h, self.hub_quants.get(h.repo)) for h in self.hub_results]
+        have = {m.path for m in self.local_models}
+        hub = [
+            render.hub_entry(
+                h, q := self.hub_quants.get(h.repo), render.installed_quants(q, self.library.models_dir, have)
+            )
+            for h in self.hub_results
+        ]
         return render.discover_entries(entries, hub, self.hub_query if searched else "")
 
     def _list_entries(self, select: str | None = None) -> list[LibraryEntry]:

@@ -4,15 +4,16 @@ the controller only wires, and these are tested without a window."""
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from runmyai.engine.info import EngineInfo
 from runmyai.library.acquire import QuantChoice, RepoQuants
 from runmyai.library.estimate import Estimate, installed_estimate, launch_estimate
 from runmyai.library.hub import HubModel
 from runmyai.library.keys import HubKey, LocalKey, PresetKey
-from runmyai.library.local import LocalModel
+from runmyai.library.local import LocalModel, repacked_name
 from runmyai.library.presets import Preset
 from runmyai.machine import MachineInfo
 from runmyai.ui.viewmodels import badge
@@ -144,8 +145,22 @@ def estimate_html(est: Estimate) -> str:
     )
 
 
-def hub_entry(h: HubModel, quants: RepoQuants | None) -> LibraryEntry:
-    """A hub search result: a repacked repository, or a GGUF repository with its quants once they are known."""
+def installed_quants(q: RepoQuants | None, models_dir: Path, have: Collection[Path]) -> frozenset[str]:
+    """The repository's quants already in the library: where a download of each puts its repacked file
+    (`<models>/<owner>/<repo>/<first file's name>.tw.gguf`, as `Acquirer` names it) is among `have`."""
+    if q is None:
+        return frozenset()
+    return frozenset(
+        c.quant.name
+        for c in q.choices
+        if models_dir.joinpath(*q.repo.split("/"), repacked_name(Path(c.quant.first.path))) in have
+    )
+
+
+def hub_entry(h: HubModel, quants: RepoQuants | None, installed: frozenset[str] = frozenset()) -> LibraryEntry:
+    """A hub search result: a repacked repository, or a GGUF repository with its quants once they are known.
+    `installed`: its quants already here, said on the card and in the quant picker (the walk-through's card said
+    'on the hub' and offered the same download again beside the model it had just installed)."""
     key = str(HubKey(h.repo))
     head = f"<p>{h.downloads} downloads · {h.likes} likes · {html.escape(', '.join(h.tags[:8]))}</p>"
     blocked = quants.cannot_run() if quants is not None else None
@@ -171,7 +186,13 @@ def hub_entry(h: HubModel, quants: RepoQuants | None) -> LibraryEntry:
         )
     best = quants.best()
     table = quant_table_html(quants, best)
-    choices = tuple((str(HubKey(h.repo, c.quant.name)), quant_label(c, c is best)) for c in quants.choices)
+    choices = tuple(
+        (
+            str(HubKey(h.repo, c.quant.name)),
+            quant_label(c, c is best) + (" — installed" if c.quant.name in installed else ""),
+        )
+        for c in quants.choices
+    )
     choice = str(HubKey(h.repo, best.quant.name)) if best is not None else None
     if best is not None and best.estimate is not None:
         detail = estimate_html(best.estimate)
@@ -180,9 +201,8 @@ def hub_entry(h: HubModel, quants: RepoQuants | None) -> LibraryEntry:
     else:  # none recommended: say why
         detail = f"<p><b>{html.escape(quants.why_none())}</b></p>"
         colour, line = "red", "No quant fits here"
-    return LibraryEntry(
-        key, h.repo, "on the hub", head + table + detail, True, False, choices, choice, colour, line, h.repo
-    )
+    source = f"installed: {', '.join(sorted(installed))}" if installed else "on the hub"
+    return LibraryEntry(key, h.repo, source, head + table + detail, True, False, choices, choice, colour, line, h.repo)
 
 
 def quant_label(c: QuantChoice, recommended: bool) -> str:
