@@ -20,7 +20,13 @@ from runmyai.ui.render import (
     matches,
     search_line,
 )
-from runmyai.ui.viewmodels import ModelRow, chosen_row
+from runmyai.ui.viewmodels import (
+    EXPLAIN_IN_MEMORY,
+    EXPLAIN_STREAMING,
+    ModelRow,
+    chosen_row,
+    performance_explanation,
+)
 from tests.app.conftest import REPO
 from tests.app.hubserver import HubServer
 from tests.app.test_app_scenario import make_controller, until
@@ -149,3 +155,11 @@ def test_a_hub_card_says_which_of_its_quants_are_installed(tmp_path: Path) -> No
     assert labels["hub:acme/Tiny-GGUF:Q8_0"].endswith(" — installed")
     assert not labels["hub:acme/Tiny-GGUF:Q4_K_M"].endswith("installed")
     assert hub_entry(hub, quants).badge == "on the hub"
+
+
+def test_the_performance_panel_says_when_the_model_fits_in_memory() -> None:
+    """The walk-through saw 'Only part of the model's experts fit in memory' over a model that fit whole."""
+    assert performance_explanation([]) == EXPLAIN_STREAMING
+    assert performance_explanation([2e6] * 4 + [0.0] * 16) == EXPLAIN_IN_MEMORY  # warmed up: nothing read lately
+    assert performance_explanation([0.0] * 15) == EXPLAIN_STREAMING  # too few tokens to say
+    assert performance_explanation([0.0] * 30 + [4096.0]) == EXPLAIN_STREAMING

@@ -9,11 +9,8 @@ from PySide6.QtCore import QPointF, Qt, QTimer
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from runmyai.monitor import StatsSeries, TokenEvent
+from runmyai.ui.viewmodels import EXPLAIN_STREAMING, performance_explanation
 
-EXPLANATION = (
-    "Only part of the model's experts fit in memory. For each token, the experts a layer picks come from the "
-    "GPU's memory (VRAM), from RAM, or from the drive. Below: the wait for the drive and the bytes it read."
-)
 PLOT_MIN_WIDTH = 240
 PLOT_MIN_HEIGHT = 150  # below this a plot's axis labels crowd its bars; the panel scrolls instead
 TIER_COLOURS = {"VRAM": "#8e44ad", "RAM": "#4a90d9", "drive": "#e08e0b"}
@@ -78,7 +75,7 @@ class GraphsPanel(QWidget):
         # legends as labels above their plots: inside a plot they covered its bars
         self.hits_legend = QLabel("")
         self.vram_legend = QLabel(f"{_swatch('#8e44ad', '━')} in &nbsp; {_swatch('#7f8c8d', '┅')} out")
-        self.explain = QLabel(EXPLANATION)  # what a newcomer is looking at, in one line
+        self.explain = QLabel(EXPLAIN_STREAMING)  # what a newcomer is looking at, in one line
         self.explain.setWordWrap(True)
         self.device = QLabel("")  # the engine's line: where it computes (the GPU and its share, or the CPU and why)
         self.device.setWordWrap(True)
@@ -269,6 +266,7 @@ class GraphsPanel(QWidget):
         if s.vram_swaps:
             self.vram_plot.setYRange(0, max(1.0, max(s.vram_swaps), max(s.vram_swaps_out)), padding=0.05)
         self.summary.setText(self._summary_text())
+        self.explain.setText(performance_explanation(s.bytes_read))
 
     def _summary_text(self) -> str:
         s = self.series

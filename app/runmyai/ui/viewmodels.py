@@ -333,3 +333,22 @@ PERF_DOCK_MIN, PERF_DOCK_MAX = 340, 520
 def perf_dock_width(window_width: int) -> int:
     """The docked performance panel's width for a window this wide."""
     return max(PERF_DOCK_MIN, min(PERF_DOCK_MAX, round(window_width * PERF_DOCK_SHARE)))
+
+
+# The performance panel's line for a newcomer. The walk-through saw "Only part of the model's experts fit in
+# memory" over a model that fit whole (hit rate 100 %, 0.0 MiB read): the line now follows the last tokens.
+EXPLAIN_STREAMING = (
+    "Only part of the model's experts fit in memory. For each token, the experts a layer picks come from the "
+    "GPU's memory (VRAM), from RAM, or from the drive. Below: the wait for the drive and the bytes it read."
+)
+EXPLAIN_IN_MEMORY = (
+    "Every expert the last tokens picked was already in memory: nothing was read from the drive. For each token, "
+    "the experts a layer picks come from the GPU's memory (VRAM), from RAM, or from the drive."
+)
+IN_MEMORY_TOKENS = 16  # this many tokens in a row without a byte read (a cold cache reads at the start)
+
+
+def performance_explanation(bytes_read: Sequence[float]) -> str:
+    """The panel's explanation for the tokens seen so far (bytes read from the drive per token, oldest first)."""
+    recent = list(bytes_read)[-IN_MEMORY_TOKENS:]
+    return EXPLAIN_IN_MEMORY if len(recent) == IN_MEMORY_TOKENS and not any(recent) else EXPLAIN_STREAMING
