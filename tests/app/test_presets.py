@@ -14,6 +14,7 @@ from runmyai.library.presets import (
     check_flags,
     expert_bytes_for,
     load_catalog,
+    quant_class,
 )
 from runmyai.paths import bundled_dir
 
@@ -36,6 +37,7 @@ EXPECTED = {
     "glm-5": "glm-dsa",
     "glm-5.2": "glm-dsa",
     "qwen3.8-flash-next": "qwen4exp",
+    "deepseek-v4-flash": "deepseek4",
     "tokenwing-demo-moe": "qwen3moe",
 }
 
@@ -79,10 +81,13 @@ def test_preset_rules(preset_id: str) -> None:
     assert f.moe_layers * f.experts * f.expert_params <= f.total_params * 1.01
     assert f.moe_layers * f.top_k * f.expert_params <= f.active_params * 1.01
     assert f.hidden > 0 and f.expert_ffn > 0 and f.context > 0
-    # expert bytes: the quant's bits per weight, three projections each padded to 4 KiB
+    # expert bytes: the quant's bits per weight, three projections each padded to 4 KiB (or stated, where the
+    # experts' type is not the quant name's class: DeepSeek V4's MXFP4 experts in unsloth's UD-Q8_K_XL)
     assert p.expert_bytes % 4096 == 0
-    raw = f.expert_params * QUANT_BITS[p.quant] / 8
-    assert raw <= p.expert_bytes < raw + 3 * 4096
+    known = quant_class(p.quant)
+    assert known is not None, p.quant
+    raw = f.expert_params * QUANT_BITS[known] / 8
+    assert p.expert_bytes_stated or raw <= p.expert_bytes < raw + 3 * 4096
     assert p.expert_total_bytes <= p.size_bytes
     assert p.file.endswith(".tw.gguf")
     assert p.sha256 is None or len(p.sha256) == 64
@@ -125,6 +130,15 @@ def test_known_numbers() -> None:
     # the always-loaded part is the file less its experts and the table
     from runmyai.library.estimate import preset_footprint
 
+    # DeepSeek V4 Flash: unsloth's UD-Q8_K_XL is the default, its experts stated as the checkpoint's FP4 (MXFP4) and
+    # not the name's Q8_0 class: 3 x 4096 x 2048 x 4.25 / 8 = 3 x 4,456,448, 147 GB of 43 x 256 in its 162 GB
+    v4 = c.get("deepseek-v4-flash")
+    assert v4 is not None and v4.quant == "UD-Q8_K_XL" and v4.gguf is not None
+    assert v4.gguf.repo == "unsloth/DeepSeek-V4-Flash-GGUF" and v4.expert_bytes_stated
+    assert v4.expert_bytes == expert_bytes_for(4096, 2048, "MXFP4") == 3 * 4_456_448
+    assert v4.expert_total_bytes == 147_169_738_752 < v4.size_bytes
+    assert expert_bytes_for(4096, 2048, "UD-Q8_K_XL") == expert_bytes_for(4096, 2048, "Q8_0")
+
     q38 = c.get("qwen3.8-flash-next")
     assert q38 is not None and q38.facts.sparse_params == 51e9
     fp = preset_footprint(q38)
@@ -163,6 +177,7 @@ def _catalog_with(tmp_path: Path, bad: str, name: str = "bad.toml") -> tuple[tup
         ),
         ('engine_support = "supported"\n' + GOOD, "bad.toml: engine_support: unknown field"),
         (GOOD.replace('quant = "Q8_0"', 'quant = "Q9_9"'), "bad.toml: quant: unknown type 'Q9_9'"),
+        (GOOD.replace('quant = "Q8_0"', 'quant = "UD-Q9_K_XL"'), "bad.toml: quant: unknown type 'UD-Q9_K_XL'"),
         (GOOD.replace('file = "Good.tw.gguf"', 'file = "Good.gguf"'), "bad.toml: file: expected a file name"),
         (GOOD.replace('repo = "runmyai/Good-TW"', 'repo = "nope"'), "bad.toml: repo: expected 'owner/name'"),
         (GOOD.replace('sha256 = ""', 'sha256 = "abc"'), "bad.toml: sha256: expected 64 hexadecimal digits"),
@@ -196,6 +211,46 @@ def test_binary_garbage_and_duplicate_ids(tmp_path: Path) -> None:
     catalog = load_catalog(tmp_path)
     assert [p.id for p in catalog.presets] == ["good"]
     assert catalog.errors == ("garbage.toml: not UTF-8 text", "zz-copy.toml: id: 'good' is already used by good.toml")
+
+
+def test_unsloth_quant_names(tmp_path: Path) -> None:
+    """unsloth's dynamic quants (UD-Q4_K_XL, UD-IQ1_M, UD-Q8_K_XL: the names its repositories, and so a preset's
+    [gguf] default and quant, use) count as the type their name gives; a name of no known type stays an error."""
+    assert quant_class("UD-Q4_K_XL") == "Q4_K_M" and quant_class("UD-Q8_K_XL") == "Q8_0"
+    assert quant_class("UD-IQ1_M") == "IQ1_M" and quant_class("ud-q2_k_xl") == "Q2_K"
+    assert quant_class("UD-Q4_K_M") == "Q4_K_M" and quant_class("Q4_K_M") == "Q4_K_M"
+    assert quant_class("Q4_K_XL") is None and quant_class("UD-Q9_K_XL") is None and quant_class("UD-") is None
+    # IQ1_M: 256 weights in 56 bytes (ggml's block), 1.75 bits
+    assert QUANT_BITS["IQ1_M"] == 1.75 and expert_bytes_for(1024, 1024, "UD-IQ1_M") == 3 * 229_376
+    ud = GOOD.replace('quant = "Q8_0"', 'quant = "UD-IQ1_M"') + (
+        '\n[gguf]\nrepo = "unsloth/Good-GGUF"\nquants = ["UD-IQ1_M", "UD-Q4_K_XL"]\ndefault = "UD-IQ1_M"\n'
+    )
+    (tmp_path / "ud.toml").write_text(ud)
+    catalog = load_catalog(tmp_path)
+    assert catalog.errors == ()
+    p = catalog.get("ud")
+    assert p is not None and p.quant == "UD-IQ1_M" and not p.expert_bytes_stated
+    assert p.expert_bytes == expert_bytes_for(1000, 1000, "IQ1_M") == 3 * 221_184  # 218,750 bytes, 4 KiB-padded
+
+
+@pytest.mark.parametrize("preset_id", sorted(i for i in EXPECTED if i != "tokenwing-demo-moe"))
+def test_gguf_quants_are_names_the_repository_gives(preset_id: str) -> None:
+    """A preset's [gguf] quants are the names the app reads from the repository's files (split in a folder per
+    quant, as unsloth and bartowski lay them out), so that "Download" finds its default: UD-Q8_K_XL for DeepSeek V4
+    Flash, a name the app once did not count as a quant type."""
+    from runmyai.library.hub import HubFile
+    from runmyai.library.quants import find_quant, group_quants
+
+    p = load_catalog(PRESETS).get(preset_id)
+    assert p is not None and p.gguf is not None
+    stem = p.gguf.repo.split("/")[1].removesuffix("-GGUF")
+    files = [
+        HubFile(p.gguf.repo, f"{q}/{stem}-{q}-0000{i}-of-00002.gguf", "main", 1_000_000 * (n + 1), None)
+        for n, q in enumerate(p.gguf.quants)
+        for i in (1, 2)
+    ]
+    assert sorted(q.name for q in group_quants(files)) == sorted(p.gguf.quants)
+    assert find_quant(group_quants(files), p.gguf.default).name == p.gguf.default == p.quant
 
 
 def test_stated_expert_bytes_and_flags(tmp_path: Path) -> None:
@@ -299,6 +354,9 @@ GEOMETRY: dict[str, dict[str, int]] = {
         "context_length": 1048576,
     },
     "qwen3.8-flash-next": {"n_layer": 60, "n_head_kv": 2, "head_dim": 256, "full_attention_interval": 4},
+    # DeepSeek V4 Flash: one KV head of 512 and the indexer's key of 128, compressed in 41 of 43 layers (the
+    # factory's default ratios are V4's: two window-only layers, then 21 CSA and 20 HCA in turn)
+    "deepseek-v4-flash": {"n_layer": 43, "head_dim": 512, "indexer_head_size": 128},
 }
 
 
@@ -323,7 +381,7 @@ def test_missing_folder(tmp_path: Path) -> None:
 
 
 # The families new in issues 25 and 27, by their presets.
-NEW_FAMILIES = ["kimi-k3", "minimax-m2", "glm-5", "glm-5.2", "qwen3.8-flash-next"]
+NEW_FAMILIES = ["kimi-k3", "minimax-m2", "glm-5", "glm-5.2", "qwen3.8-flash-next", "deepseek-v4-flash"]
 
 
 @pytest.mark.parametrize("preset_id", NEW_FAMILIES)
@@ -337,7 +395,8 @@ def test_will_it_run_here_for_the_new_families(engine: EngineInfo, preset_id: st
     from runmyai.units import human_bytes
 
     p = load_catalog(PRESETS).get(preset_id)
-    assert p is not None and engine.runs(p.facts.arch), p.facts.arch
+    assert p is not None
+    assert engine.runs(p.facts.arch), p.facts.arch
     gib = 1 << 30
     fp = preset_footprint(p)
     kv = 4 * DEFAULT_CONTEXT * fp.kv_bytes_per_token

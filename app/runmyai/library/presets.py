@@ -33,7 +33,44 @@ QUANT_BITS: dict[str, float] = {
     "MXFP4_MOE": 4.25,  # (llama.cpp's name for a file whose routed experts are MXFP4: the experts' type here)
     "Q3_K_M": (3.4375 + 3.4375 + 4.5) / 3,
     "Q2_K": (2.625 + 2.625 + 3.4375) / 3,
+    # the i-quants, as their types (ggml's block sizes); llama.cpp's files of these names may put ffn_down a type up
+    # in some layers, which this leaves out
+    "IQ4_NL": 4.5,
+    "IQ4_XS": 4.25,
+    "IQ3_S": 3.4375,
+    "IQ3_XXS": 3.0625,
+    "IQ2_S": 2.5625,
+    "IQ2_XS": 2.3125,
+    "IQ2_XXS": 2.0625,
+    "IQ1_M": 1.75,
+    "IQ1_S": 1.5625,
 }
+
+# unsloth's dynamic quants ("UD-" + a name): per-model mixes that keep chosen tensors wider than the name's type
+# ("_XL": some wider still). Their experts' bits are taken as the class the name gives (UD-IQ1_M: IQ1_M; UD-Q4_K_XL:
+# Q4_K_M; UD-Q8_K_XL: Q8_0, there being no Q8_K file type) until the real file's `expert_bytes` are stated: where
+# a mix keeps the checkpoint's own expert type the preset states them (DeepSeek V4's FP4 experts stay MXFP4 in its
+# UD-Q8_K_XL and UD-Q4_K_XL: inferred from their sizes, presets/deepseek-v4-flash.toml).
+_XL_CLASS = {
+    "Q2_K_XL": "Q2_K",
+    "Q3_K_XL": "Q3_K_M",
+    "Q4_K_XL": "Q4_K_M",
+    "Q5_K_XL": "Q5_K_M",
+    "Q6_K_XL": "Q6_K",
+    "Q8_K_XL": "Q8_0",
+}
+
+
+def quant_class(quant: str) -> str | None:
+    """The key of QUANT_BITS a quant name counts as: itself, or an unsloth "UD-" name's class; None if unknown."""
+    name = quant.strip().upper()
+    if name in QUANT_BITS:
+        return name
+    if name.startswith("UD-"):
+        base = name.removeprefix("UD-")
+        return base if base in QUANT_BITS else _XL_CLASS.get(base)
+    return None
+
 
 ALIGN = 4096  # every projection of a repacked expert starts on a 4 KiB boundary (docs/model-format.md)
 
@@ -158,7 +195,10 @@ class Catalog:
 
 def expert_bytes_for(hidden: int, expert_ffn: int, quant: str) -> int:
     """Bytes of one repacked expert: three projections of hidden × expert_ffn weights, each 4 KiB-aligned."""
-    projection = math.ceil(hidden * expert_ffn * QUANT_BITS[quant] / 8)
+    known = quant_class(quant)
+    if known is None:
+        raise KeyError(quant)
+    projection = math.ceil(hidden * expert_ffn * QUANT_BITS[known] / 8)
     return 3 * (-(-projection // ALIGN) * ALIGN)
 
 
@@ -347,11 +387,13 @@ class _Parser:
         gguf = self.gguf(self.table(data, "gguf", required=False))
         if stated_expert_bytes is not None:
             expert_bytes = stated_expert_bytes
-        elif quant in QUANT_BITS:
+        elif quant_class(quant) is not None:
             expert_bytes = expert_bytes_for(facts.expert_width, facts.expert_ffn, quant)
         else:
             raise self.fail(
-                "quant", f"unknown type {quant!r} (known: {', '.join(QUANT_BITS)}); or state arch.expert_bytes"
+                "quant",
+                f"unknown type {quant!r} (known: {', '.join(QUANT_BITS)}, and unsloth's UD- names of them);"
+                " or state arch.expert_bytes",
             )
         if facts.moe_layers * facts.experts * expert_bytes > size_bytes * 1.02:
             raise self.fail(
