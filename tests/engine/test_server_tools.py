@@ -429,3 +429,133 @@ def test_tools_are_for_chat_only(generic: tuple[Server, Path]) -> None:
     server, _ = generic
     with pytest.raises(openai.BadRequestError, match="chat/completions only"):
         server.client().completions.create(model="m", prompt="x", extra_body={"tools": TOOLS})
+
+
+# ------------------------------------------------------------------------------- calls streamed in pieces
+ALARM: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "set_alarm",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "label": {"type": "string"},
+                    "loud": {"type": "boolean"},
+                    "days": {"type": "array", "items": {"type": "string"}},
+                },
+                "required": ["label", "loud", "days"],
+            },
+        },
+    },
+    *TOOLS,
+]
+ALARM_ARGS = {"label": "wake up", "loud": True, "days": ["mon", "tue"]}
+NAMED: Any = {"type": "function", "function": {"name": "set_alarm"}}
+
+# template → (what the reply writes first: the reasoning its prompt opened, closed; the call as the format's grammar
+# writes it; a call to an undeclared function in the same format)
+PIECES: dict[str, tuple[str, str, str]] = {
+    "Qwen-Qwen3-0.6B.jinja": (
+        "",
+        '<tool_call>\n{"name": "set_alarm", "arguments": {"label":"wake up","loud":true,"days":["mon","tue"]}}\n'
+        "</tool_call>",
+        '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>',
+    ),
+    "Qwen3.5-4B.jinja": (
+        "</think>\n\n",
+        "<tool_call>\n<function=set_alarm>\n<parameter=label>\nwake up\n</parameter>\n<parameter=loud>\ntrue\n"
+        '</parameter>\n<parameter=days>\n["mon","tue"]\n</parameter>\n</function>\n</tool_call>',
+        "<tool_call>\n<function=rm_rf>\n</function>\n</tool_call>",
+    ),
+    "GLM-4.7-Flash.jinja": (
+        "</think>",
+        "<tool_call>set_alarm<arg_key>label</arg_key><arg_value>wake up</arg_value><arg_key>loud</arg_key>"
+        '<arg_value>true</arg_value><arg_key>days</arg_key><arg_value>["mon","tue"]</arg_value></tool_call>',
+        "<tool_call>rm_rf</tool_call>",
+    ),
+    "MiniMax-M2.jinja": (
+        "</think>\n\n",
+        '<minimax:tool_call>\n<invoke name="set_alarm">\n<parameter name="label">wake up</parameter>\n'
+        '<parameter name="loud">true</parameter>\n<parameter name="days">["mon","tue"]</parameter>\n</invoke>\n'
+        "</minimax:tool_call>",
+        '<minimax:tool_call>\n<invoke name="rm_rf">\n</invoke>\n</minimax:tool_call>',
+    ),
+}
+
+
+def _streamed(client: openai.OpenAI, **kw: Any) -> tuple[list[Any], str]:
+    """A streamed reply's tool-call deltas and its content."""
+    deltas: list[Any] = []
+    text: list[str] = []
+    for chunk in client.chat.completions.create(model="m", messages=USER, max_tokens=400, stream=True, **kw):
+        if chunk.choices:
+            deltas += chunk.choices[0].delta.tool_calls or []
+            text.append(chunk.choices[0].delta.content or "")
+    return deltas, "".join(text)
+
+
+@pytest.mark.parametrize("template", list(PIECES))
+def test_calls_under_the_grammar_stream_in_pieces(
+    template: str, tmp_path: Path, model_factory: ModelFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tool_choice required or a named function: a streamed call's arguments come in several deltas (one per
+    argument as it is written), which put together are exactly the non-streamed reply's arguments, also as the
+    official client's streaming helper puts them together. tool_choice auto sends the call whole once it is
+    complete, and a block that is not a valid call comes back as text."""
+    first, call, bad = PIECES[template]
+    model = _templated(model_factory, tmp_path, template)
+    replies = [first + call] * 4 + [first + bad, first + call]
+    tokens = script(model, replies)
+    monkeypatch.setenv("TOKENWING_TEST_TOKENS", tokens)
+    server = Server(model, "--ctx", "4096")
+    try:
+        client = server.client()
+        # the non-streamed reply: the reference
+        r = client.chat.completions.create(model="m", messages=USER, tools=ALARM, tool_choice="required")
+        calls: list[Any] = list(r.choices[0].message.tool_calls or [])
+        (whole,) = calls
+        assert whole.function.name == "set_alarm" and json.loads(whole.function.arguments) == ALARM_ARGS
+
+        # required, streamed: the head, then the arguments in pieces, which make exactly those arguments
+        deltas, text = _streamed(client, tools=ALARM, tool_choice="required")
+        head, rest = deltas[0], deltas[1:]
+        assert text == "" and head.id and head.function.name == "set_alarm" and head.function.arguments == ""
+        assert all(d.index == 0 and d.id is None and d.function.name is None for d in rest)
+        pieces = [d.function.arguments for d in rest]
+        assert len(pieces) >= 3 and all(pieces), pieces  # one per argument at least (and the closing brace)
+        assert "".join(pieces) == whole.function.arguments
+
+        # a named function, through the official streaming helper: the same call
+        with client.chat.completions.stream(
+            model="m", messages=USER, tools=ALARM, tool_choice=NAMED, max_tokens=400
+        ) as helper:
+            done = [e for e in helper if e.type == "tool_calls.function.arguments.done"]
+            final = helper.get_final_completion()
+        assert [(e.name, e.arguments) for e in done] == [("set_alarm", whole.function.arguments)]
+        got: Any
+        (got,) = final.choices[0].message.tool_calls or []
+        assert (got.function.name, got.function.arguments) == ("set_alarm", whole.function.arguments)
+
+        # auto: the call goes out whole once its block ends (it could still have turned out not to be one)
+        deltas, text = _streamed(client, tools=ALARM)
+        assert [d.function.arguments for d in deltas] == ["", whole.function.arguments]
+        # ... and a block that is no valid call (an undeclared function) is text
+        deltas, text = _streamed(client, tools=ALARM)
+        assert not deltas and text == bad
+
+        # required, cut off by max_tokens inside the block's end marker: the call as far as it went (all of its
+        # arguments but the end), no text (the non-streamed reply would give the block as text)
+        n = len(tokens.split(";")[0].split(",")) - 1  # the reply's tokens, less the end of generation
+        chunks = list(
+            client.chat.completions.create(
+                model="m", messages=USER, tools=ALARM, tool_choice="required", stream=True, max_tokens=n - 2
+            )
+        )
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+        deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+        assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        cut = "".join(d.function.arguments for d in deltas)
+        assert deltas[0].function.name == "set_alarm" and whole.function.arguments.startswith(cut) and len(cut) > 30
+    finally:
+        server.stop()

@@ -25,7 +25,7 @@ from tokenwing.format.reader import ModelFile
 from tokenwing.text.chat import ChatTemplate
 from tokenwing.text.grammar import Constraint
 from tokenwing.text.tokenizer import TextTokenizer, tokenizer_from_metadata
-from tokenwing.text.tools.base import Tools
+from tokenwing.text.tools.base import Tools, args_prefix, json_members
 from tokenwing.text.tools.reply import ReplyReader, call_grammar, prepare, syntax
 
 # bounded, so that a reply of random tokens still ends within max_tokens: strings have a maximum length (or are
@@ -203,3 +203,73 @@ def test_the_official_client_gets_a_valid_call(
             check_calls([tc.function for tc in calls], names, parallel=False)
     finally:
         server.stop()
+
+
+# the formats whose calls stream in pieces under the grammar (BlockFormat.partial); the others go out whole
+STREAMED = [
+    "Qwen-Qwen3-0.6B.jinja",
+    "Qwen3.5-4B.jinja",
+    "GLM-4.6.jinja",
+    "GLM-4.7-Flash.jinja",
+    "MiniMax-M2.jinja",
+    "deepseek-ai-DeepSeek-V3.2.jinja",
+    "deepseek-ai-DeepSeek-V4.jinja",
+    "CHATML",
+]
+
+
+@pytest.mark.parametrize("template", STREAMED)
+def test_streamed_pieces_are_the_calls_arguments(template: str, tokenizer: TextTokenizer) -> None:
+    """Replies sampled under the grammar, read a character at a time by a reader that streams calls: each call's
+    head comes before its pieces, and the pieces put together start the arguments of the call that follows (the
+    non-streamed reply's), all of them but at most the closing brace (sent with the call, by the server); a call
+    with two or more arguments comes in more than one piece."""
+    source = _source(template)
+    syn = syntax(source)
+    prompt = ChatTemplate(source).render(prepare(syn, USER, TOOLS), tools=TOOLS)
+    many = 0
+    for names, only, parallel in [(["get_weather", "set_alarm"], None, True), (["set_alarm"], "set_alarm", False)]:
+        tools = Tools(TOOLS, only)
+        grammar = call_grammar(syn, tokenizer, prompt, tools, names, parallel)
+        for seed in range(10):
+            text = tokenizer.decode(_sample(tokenizer, grammar, seed))
+            reader = ReplyReader(syn, prompt, tools, parallel, stream_calls=True)
+            events = [e for c in text for e in reader.push(c)] + reader.finish()
+            heads: dict[int, Any] = {}
+            pieces: dict[int, list[str]] = {}
+            for e in events:
+                if e.kind == "call_head":
+                    assert e.index not in heads
+                    heads[e.index], pieces[e.index] = e.call, []
+                elif e.kind == "call_args":
+                    pieces[e.index].append(e.text)
+                elif e.kind == "call":
+                    assert e.call is not None and e.index in heads, (seed, text)  # streamed, not only whole
+                    assert (heads[e.index].id, heads[e.index].name) == (e.call.id, e.call.name)
+                    # what the pieces sent starts the arguments; the server sends the rest (at most the end)
+                    sent = "".join(pieces[e.index])
+                    assert e.call.arguments.startswith(sent) and len(e.call.arguments) - len(sent) <= 1, (seed, text)
+                    many += len(json.loads(e.call.arguments)) >= 2 and len(pieces[e.index]) >= 2
+            check_calls(reader.calls, names, parallel)
+            # the same reply read whole, as the non-streaming reader does: the same calls
+            whole = ReplyReader(syn, prompt, tools, parallel)
+            whole.push(text)
+            whole.finish()
+            assert [(c.name, c.arguments) for c in whole.calls] == [(c.name, c.arguments) for c in reader.calls]
+    assert many >= 5  # calls of several arguments came in several pieces
+
+
+def test_a_json_value_is_fixed_only_by_what_follows_it() -> None:
+    """The JSON forms' pieces: a member goes out once the `,` or `}` after its value is written (a number's
+    next digit, an escape's next character could still change it), in json.dumps's own spacing."""
+    text = '{"n":12,"s":"a\\u00e9","t":true}'
+
+    def fixed(written: str) -> str:
+        found = json_members(written)
+        assert found is not None
+        return args_prefix(found[0], found[1])
+
+    sent = [fixed(text[:k]) for k in range(1, len(text) + 1)]
+    assert sent[text.index(",") - 1] == "{"  # "12" written, the "," not yet
+    assert sorted(set(sent), key=len) == ["{", '{"n": 12', '{"n": 12, "s": "aé"', '{"n": 12, "s": "aé", "t": true}']
+    assert sent[-1] == json.dumps(json.loads(text), ensure_ascii=False)

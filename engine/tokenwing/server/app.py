@@ -129,6 +129,8 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
                     reasoning.append(ev["text"])
                 elif ev["type"] == "tool_call":
                     calls.append(_call(ev))
+                elif ev["type"] in ("tool_call_head", "tool_call_args"):
+                    continue  # a call's pieces, for streaming: the tool_call after them is whole
                 elif ev["type"] == "logprob":
                     entries.append(ev["entry"])
                 elif ev["type"] == "error":
@@ -335,6 +337,7 @@ async def _stream(request: Request, job: Job, rid: str, model: str, chat: bool) 
     want_logprobs = job.request.logprobs is not None
     pending: list[dict[str, Any]] = []  # log-probabilities of tokens whose text has not gone out yet
     offset = 0
+    sent: dict[int, str] = {}  # each call whose head went out: the arguments sent so far
 
     def chunk(text: str | None, finish: str | None, delta: dict[str, Any] | None = None) -> dict[str, Any]:
         nonlocal pending, offset
@@ -362,16 +365,26 @@ async def _stream(request: Request, job: Job, rid: str, model: str, chat: bool) 
             if ev is None:
                 return
             if ev["type"] == "text":
-                yield sse(chunk(ev["text"], None))
+                if not ev.get("streamed"):  # (a streamed call's block cut off: its pieces already went out)
+                    yield sse(chunk(ev["text"], None))
             elif ev["type"] == "reasoning":
                 yield sse(chunk(None, None, {"reasoning_content": ev["text"]}))
-            elif ev["type"] == "tool_call":
-                # as OpenAI streams a call: its id, type and name first (arguments empty), then the arguments
-                head = {**_call(ev), "index": ev["index"]}
-                head["function"] = {"name": ev["name"], "arguments": ""}
-                yield sse(chunk(None, None, {"tool_calls": [head]}))
-                args = {"index": ev["index"], "function": {"arguments": ev["arguments"]}}
-                yield sse(chunk(None, None, {"tool_calls": [args]}))
+            elif ev["type"] in ("tool_call", "tool_call_head"):
+                # as OpenAI streams a call: its id, type and name first (arguments empty), then the arguments: in
+                # pieces as they are written (tool_call_args, under the calls' grammar), else whole when complete
+                i = ev["index"]
+                if i not in sent:
+                    head = {"index": i, "id": ev["id"], "type": "function"}
+                    head["function"] = {"name": ev["name"], "arguments": ""}
+                    yield sse(chunk(None, None, {"tool_calls": [head]}))
+                    sent[i] = ""
+                if ev["type"] == "tool_call" and len(ev["arguments"]) > len(sent[i]):
+                    rest = ev["arguments"][len(sent[i]) :]  # what its pieces did not send yet
+                    yield sse(chunk(None, None, {"tool_calls": [{"index": i, "function": {"arguments": rest}}]}))
+            elif ev["type"] == "tool_call_args":
+                i = ev["index"]
+                sent[i] += ev["text"]
+                yield sse(chunk(None, None, {"tool_calls": [{"index": i, "function": {"arguments": ev["text"]}}]}))
             elif ev["type"] == "logprob":
                 pending.append(ev["entry"])
             elif ev["type"] == "error":

@@ -281,13 +281,17 @@ class EngineWorker:
             prompt = s.tokenizer.encode(text, special=True)
             stops += fmt.stops
             # the reply read back: reasoning (harmony's analysis channel, think tags) and the family's calls
-            reader = ReplyReader(syn, text, Tools(tools, req.tool_name) if tools else None, req.parallel_tool_calls)
-            if tools and req.tool_choice in ("required", "function"):
+            # under the calls' grammar a streamed call goes out in pieces as it is written (it cannot turn out not
+            # to be a call, as it can with auto, where it must then be text: auto sends each call whole)
+            forced = bool(tools) and req.tool_choice in ("required", "function")
+            chosen = Tools(tools, req.tool_name) if tools else None
+            reader = ReplyReader(syn, text, chosen, req.parallel_tool_calls, stream_calls=forced and req.stream)
+            if tools and chosen is not None and forced:
                 # the reply is calls, in the family's format, to allowed functions with valid arguments: a model of
                 # any quality writes a valid call (a response_format is for content, which such a reply has none of)
                 names = [req.tool_name] if req.tool_name else [t["function"]["name"] for t in tools]
                 parallel = req.parallel_tool_calls and req.tool_name is None
-                grammar = call_grammar(syn, s.tokenizer, text, Tools(tools, req.tool_name), names, parallel)
+                grammar = call_grammar(syn, s.tokenizer, text, chosen, names, parallel)
         else:
             prompt = s.tokenizer.encode(req.prompt or "", special=False)
         if not prompt:
@@ -452,13 +456,18 @@ class Reply:
 
     def emit(self, events: list[Event]) -> None:
         for e in events:
-            if e.call is not None:
+            if e.kind == "call" and e.call is not None:
                 c = e.call
                 self.job.emit(
                     {"type": "tool_call", "index": e.index, "id": c.id, "name": c.name, "arguments": c.arguments}
                 )
+            elif e.kind == "call_head" and e.call is not None:
+                self.job.emit({"type": "tool_call_head", "index": e.index, "id": e.call.id, "name": e.call.name})
+            elif e.kind == "call_args":
+                self.job.emit({"type": "tool_call_args", "index": e.index, "text": e.text})
             elif e.text:
-                self.job.emit({"type": "reasoning" if e.kind == "reasoning" else "text", "text": e.text})
+                kind = "reasoning" if e.kind == "reasoning" else "text"
+                self.job.emit({"type": kind, "text": e.text, **({"streamed": True} if e.streamed else {})})
 
 
 def logprob_entry(tok: TextTokenizer, lp: TokenLogprob) -> dict[str, Any]:

@@ -44,12 +44,17 @@ class RawCall:
 
 @dataclass(frozen=True)
 class Event:
-    """One step of a reply, in order: text of `kind` "content" or "reasoning", or a "call"."""
+    """One step of a reply, in order: text of `kind` "content" or "reasoning", or a "call". A reader that
+    streams calls (`CallReader(stream=True)`, calls under a grammar) also sends a call's pieces before it:
+    "call_head" (its id and name, `call.arguments` empty), then "call_args" (`text`: the next piece of its
+    arguments); the "call" that follows holds the whole of them. `streamed`: content that was a call block whose
+    pieces already went out (it never became a call: a reply cut off inside it)."""
 
     kind: str
     text: str = ""
     call: ToolCall | None = None
     index: int = 0  # a call's place among the reply's calls
+    streamed: bool = False
 
 
 def new_call_id() -> str:
@@ -126,6 +131,69 @@ def json_value(text: str) -> Any:
 _NOT_JSON = object()
 
 
+def args_prefix(pairs: Sequence[tuple[str, Any]], closed: bool) -> str:
+    """The start of the arguments' JSON text as `_checked` writes it (json.dumps of the object) that `pairs`,
+    an object's first members in order, already fix; the whole text where the object is `closed`. A member
+    goes in whole: a value is written as its canonical JSON, never as its pieces (a number's next digit, a
+    string's escapes would change what was sent)."""
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) < len(keys):  # a key written twice: json.loads keeps its first place, its last value
+        return ""
+    body = ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False)}" for k, v in pairs)
+    return "{" + body + ("}" if closed else "")
+
+
+_DECODER = json.JSONDecoder()
+
+
+def json_members(text: str, pos: int = 0) -> tuple[list[tuple[str, Any]], bool, tuple[str, int] | None] | None:
+    """The members of the JSON object that starts at `text[pos]` (after whitespace) and may still be being
+    written: those whose value is followed by `,` or `}` (so cannot change any more), whether the object is
+    closed, and the member being written (its key and where its value starts), if any. None where no object
+    starts there."""
+    n = len(text)
+
+    def skip(i: int) -> int:
+        while i < n and text[i] in _WS:
+            i += 1
+        return i
+
+    i = skip(pos)
+    if i >= n or text[i] != "{":
+        return None
+    pairs: list[tuple[str, Any]] = []
+    i += 1
+    while True:
+        i = skip(i)
+        if i < n and text[i] == "}" and not pairs:
+            return pairs, True, None
+        if i >= n or text[i] != '"':
+            return pairs, False, None
+        try:
+            key, i = _DECODER.raw_decode(text, i)
+        except ValueError:
+            return pairs, False, None
+        i = skip(i)
+        if i >= n or text[i] != ":":
+            return pairs, False, None
+        i = skip(i + 1)
+        if i >= n:
+            return pairs, False, None
+        try:
+            value, j = _DECODER.raw_decode(text, i)
+        except ValueError:
+            return pairs, False, (key, i)
+        j = skip(j)
+        if j >= n:  # a number may go on ("1" of "12"): only what follows a value closes it
+            return pairs, False, (key, i)
+        if text[j] not in ",}":
+            return pairs, False, None
+        pairs.append((key, value))
+        if text[j] == "}":
+            return pairs, True, None
+        i = j + 1
+
+
 def after(block: str, marker: str, start: int = 0) -> int | None:
     """The index just after the first `marker` in `block` from `start`; None if it is not there yet."""
     i = block.find(marker, start)
@@ -172,6 +240,14 @@ class BlockFormat:
     def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
         raise NotImplementedError
 
+    def partial(self, block: str, tools: Tools) -> list[tuple[str, str]]:
+        """The calls of a block still being written, as far as they are fixed: for each call begun, in order,
+        its function's name and the start of its arguments' JSON text (`args_prefix`) that no later text can
+        change — what the block's calls will have once `parse` reads it whole, when it is written as the format's
+        grammar writes it. A call whose name is not whole yet is not in the list. By default nothing: the
+        calls go out whole when the block ends."""
+        return []
+
     def grammar(self, g: CallGrammar) -> str:
         """The Lark expression of a reply that is nothing but calls in this format, to the functions `g` allows,
         with arguments matching their schemas (tool_choice required or a named function): what `parse` reads."""
@@ -195,13 +271,21 @@ class CallReader:
     """Finds a format's call blocks in a reply's content as it streams (see the module's docstring).
 
     `tools` None: no calls are read (tool_choice none, or no tools), only the format's structural markers are
-    removed. `parallel` False: calls after the first are dropped (OpenAI's parallel_tool_calls)."""
+    removed. `parallel` False: calls after the first are dropped (OpenAI's parallel_tool_calls).
 
-    def __init__(self, fmt: BlockFormat, tools: Tools | None, parallel: bool = True) -> None:
+    `stream` True: a call goes out in pieces while its block is being written (its head, then its arguments as
+    far as `fmt.partial` says they are fixed). Only for a reply under the calls' grammar (tool_choice required
+    or a named function): there the block cannot turn out not to be a call, which with tool_choice auto it can
+    (and must then go out as text), so auto sends each call whole once its block ends."""
+
+    def __init__(self, fmt: BlockFormat, tools: Tools | None, parallel: bool = True, stream: bool = False) -> None:
         self.fmt = fmt
         self.tools = tools
         self.parallel = parallel
+        self.stream = stream and tools is not None
         self.calls: list[ToolCall] = []
+        self._open: list[list[str]] = []  # the current block's streamed calls: [id, name, arguments sent]
+        self._stalled = False  # the block's pieces stopped (what partial said no longer extends what was sent)
         self._buf = ""
         self._in_block = False
         self._after_calls = False
@@ -244,6 +328,8 @@ class CallReader:
                 self._in_block = True
             n = self.fmt.end(self._buf)
             if n is None and not final and len(self._buf) <= MAX_BLOCK:
+                if self.stream:
+                    self._pieces(out)
                 break  # the block is still being written
             block = self._buf if n is None else self._buf[:n]
             self._buf = "" if n is None else self._buf[n:]
@@ -258,17 +344,46 @@ class CallReader:
         body = self._buf[: len(self._buf) - held]
         return held + len(body) - len(body.rstrip(_WS))
 
+    def _pieces(self, out: list[Event]) -> None:
+        """The pieces of the block's calls that are newly fixed (see the class's docstring)."""
+        assert self.tools is not None
+        if self._stalled:
+            return
+        for k, (name, args) in enumerate(self.fmt.partial(self._buf, self.tools)):
+            index = len(self.calls) + k
+            if index > 0 and not self.parallel:
+                return  # a call that will be dropped
+            if k == len(self._open):
+                if not self.tools.accepts(name):
+                    self._stalled = True  # the block will not be calls: nothing more goes out as a call
+                    return
+                self._open.append([new_call_id(), name, ""])
+                out.append(Event("call_head", call=ToolCall(self._open[k][0], name, ""), index=index))
+            _, was, sent = self._open[k]
+            if name != was or not args.startswith(sent):
+                self._stalled = True  # cannot be (the grammar's text only grows): stop, the call goes out whole
+                return
+            if len(args) > len(sent):
+                out.append(Event("call_args", args[len(sent) :], index=index))
+                self._open[k][2] = args
+
     def _block(self, out: list[Event], block: str, complete: bool) -> None:
         assert self.tools is not None
+        opened, self._open, self._stalled = self._open, [], False
         raw = self.fmt.parse(block, self.tools, complete)
         calls = _checked(raw, self.tools) if raw else None
         if calls is None:
-            _content(out, self._ws + block)  # not calls after all: the text as the model wrote it
+            # not calls after all: the text as the model wrote it (under a grammar only a reply cut off inside
+            # the block, whose streamed call then stays as far as it went)
+            if self._ws + block:
+                out.append(Event("content", self._ws + block, streamed=bool(opened)))
             return
         self._after_calls = True
-        for call in calls:
+        for k, call in enumerate(calls):
             if self.calls and not self.parallel:
                 continue  # one call only: the rest are dropped, not shown as text
+            if k < len(opened):  # its head went out: the same id
+                call = ToolCall(opened[k][0], call.name, call.arguments)
             out.append(Event("call", call=call, index=len(self.calls)))
             self.calls.append(call)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, matches_only
 from tokenwing.text.tools.constrain import CallGrammar
-from tokenwing.text.tools.minimax import element_param, invokes
+from tokenwing.text.tools.minimax import element_param, invokes, partial_invokes
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -80,6 +80,7 @@ class DeepSeekV3(BlockFormat):
 DSML = "｜DSML｜"
 _DSML_BLOCKS = ("function_calls", "tool_calls")
 _INVOKE = re.compile(f'<{DSML}invoke name="([^"]*)">(.*?)</{DSML}invoke>', re.S)
+_INVOKE_HEAD = re.compile(f'<{DSML}invoke name="([^"]*)">')
 _PARAMETER = re.compile(f'<{DSML}parameter name="([^"]*)"(?: string="(true|false)")?>(.*?)</{DSML}parameter>', re.S)
 
 
@@ -101,6 +102,10 @@ class DeepSeekDsml(BlockFormat):
         kind = next(b for b in _DSML_BLOCKS if block.startswith(f"<{DSML}{b}>"))
         body = block[len(f"<{DSML}{kind}>") :].removesuffix(f"</{DSML}{kind}>")
         return invokes(body, _INVOKE, _PARAMETER, tools)
+
+    def partial(self, block: str, tools: Tools) -> list[tuple[str, str]]:
+        kind = next(b for b in _DSML_BLOCKS if block.startswith(f"<{DSML}{b}>"))
+        return partial_invokes(block[len(f"<{DSML}{kind}>") :], _INVOKE, _INVOKE_HEAD, _PARAMETER, tools)
 
     def grammar(self, g: CallGrammar) -> str:
         def param(key: str, schema: Mapping[str, Any], text: bool) -> str:

@@ -17,6 +17,7 @@ from tokenwing.text.tools.base import (
     RawCall,
     Tools,
     after,
+    args_prefix,
     matches_only,
     schema_types,
     typed_value,
@@ -26,6 +27,7 @@ from tokenwing.text.tools.constrain import CallGrammar
 BEGIN, END = "<minimax:tool_call>", "</minimax:tool_call>"
 _INVOKE = re.compile(r'<invoke name="([^"]*)">(.*?)</invoke>', re.S)
 _PARAMETER = re.compile(r'<parameter name="([^"]*)">(.*?)</parameter>', re.S)
+_INVOKE_HEAD = re.compile(r'<invoke name="([^"]*)">')
 
 
 class MiniMax(BlockFormat):
@@ -38,6 +40,9 @@ class MiniMax(BlockFormat):
     def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
         body = block[len(BEGIN) :].removesuffix(END)
         return invokes(body, _INVOKE, _PARAMETER, tools)
+
+    def partial(self, block: str, tools: Tools) -> list[tuple[str, str]]:
+        return partial_invokes(block[len(BEGIN) :], _INVOKE, _INVOKE_HEAD, _PARAMETER, tools)
 
     def grammar(self, g: CallGrammar) -> str:
         def param(key: str, schema: Mapping[str, Any], text: bool) -> str:
@@ -72,15 +77,44 @@ def invokes(body: str, invoke: re.Pattern[str], parameter: re.Pattern[str], tool
         params = matches_only(parameter, inner)
         if params is None:
             return None
-        args = {}
-        for p in params:
-            key, *flag, value = p.groups()
-            types = tools.types(name, key)
-            if flag and flag[0] is not None:  # the format says itself whether the value is a string
-                types = frozenset({"string"}) if flag[0] == "true" else frozenset({"object"})
-            args[key] = typed_value(value, types)
-        calls.append(RawCall(name, args))
+        calls.append(RawCall(name, dict(_param(name, p, tools) for p in params)))
     return calls
+
+
+def _param(name: str, p: re.Match[str], tools: Tools) -> tuple[str, Any]:
+    """A parameter element's key and typed value (the invoke formats')."""
+    key, *flag, value = p.groups()
+    types = tools.types(name, key)
+    if flag and flag[0] is not None:  # the format says itself whether the value is a string
+        types = frozenset({"string"}) if flag[0] == "true" else frozenset({"object"})
+    return key, typed_value(value, types)
+
+
+def partial_invokes(
+    body: str, invoke: re.Pattern[str], head: re.Pattern[str], parameter: re.Pattern[str], tools: Tools
+) -> list[tuple[str, str]]:
+    """`BlockFormat.partial` of the invoke formats (`invokes`): each whole invoke element's call, then the one
+    being written: its name once its head is whole, its arguments as far as its parameter elements are whole."""
+    out: list[tuple[str, str]] = []
+    i = 0
+    while True:
+        i = len(body) - len(body[i:].lstrip())
+        whole = invoke.match(body, i)
+        if whole is None:
+            break
+        (call,) = invokes(whole.group(0), invoke, parameter, tools) or [RawCall("", None)]
+        if not isinstance(call.arguments, dict):
+            return out  # not a call: nothing further is sent as one
+        out.append((call.name, args_prefix(list(call.arguments.items()), closed=True)))
+        i = whole.end()
+    open_ = head.match(body, i)
+    if open_ is None:
+        return out
+    name, pairs, j = open_.group(1), [], open_.end()
+    while (p := parameter.match(body, len(body) - len(body[j:].lstrip()))) is not None:
+        pairs.append(_param(name, p, tools))
+        j = p.end()
+    return [*out, (name, args_prefix(pairs, closed=False))]
 
 
 # MiniMax M3: every tag of its calls starts with the namespace marker (a token of its own in MiniMax's vocabulary),

@@ -10,12 +10,22 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, matches_only, typed_value
+from tokenwing.text.tools.base import (
+    BlockFormat,
+    RawCall,
+    Tools,
+    after,
+    args_prefix,
+    json_members,
+    matches_only,
+    typed_value,
+)
 from tokenwing.text.tools.constrain import CallGrammar
 
 BEGIN, END = "<tool_call>", "</tool_call>"
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+_FUNCTION_HEAD = re.compile(r"<function=([^>\n]+)>")
 
 # the engine's own words for a template that shows no tools (the ChatML fallback): Qwen's JSON form
 TOOL_PROMPT = (
@@ -54,6 +64,34 @@ class Qwen(BlockFormat):
             return None
         args = obj.get("arguments", obj.get("parameters", {}))
         return [RawCall(obj["name"], args)]
+
+    def partial(self, block: str, tools: Tools) -> list[tuple[str, str]]:
+        # the first call of the block (the grammar writes one a block): the XML form's parameters as each one's
+        # </parameter> ends it, the JSON form's arguments as each member's value is followed by , or }
+        body = block[len(BEGIN) :].lstrip()
+        head = _FUNCTION_HEAD.match(body)
+        if head is not None:
+            name = head.group(1).strip()
+            pairs, i = [], head.end()
+            while (p := _PARAMETER.match(body, _skip(body, i))) is not None:
+                key = p.group(1).strip()
+                pairs.append((key, typed_value(p.group(2), tools.types(name, key))))
+                i = p.end()
+            return [(name, args_prefix(pairs, body.startswith("</function>", _skip(body, i))))]
+        outer = json_members(body)
+        if outer is None:
+            return []
+        members, _, writing = outer
+        fixed = dict(members)
+        name = fixed.get("name")
+        if not isinstance(name, str):
+            return []
+        args = fixed.get("arguments")
+        if isinstance(args, dict):
+            return [(name, json.dumps(args, ensure_ascii=False))]
+        if writing is not None and writing[0] == "arguments" and (inner := json_members(body, writing[1])):
+            return [(name, args_prefix(inner[0], inner[1]))]
+        return [(name, "")]
 
     def grammar(self, g: CallGrammar) -> str:
         if not self.xml:
@@ -99,3 +137,8 @@ def _xml(body: str, tools: Tools) -> list[RawCall] | None:
             args[key] = typed_value(p.group(2), tools.types(name, key))
         calls.append(RawCall(name, args))
     return calls
+
+
+def _skip(text: str, i: int) -> int:
+    """The index of the first character from `i` on that is not whitespace."""
+    return len(text) - len(text[i:].lstrip())

@@ -99,16 +99,19 @@ def call_grammar(syn: Syntax, tok: TextTokenizer, prompt: str, tools: Tools, nam
 class ReplyReader:
     """A reply read as it streams into reasoning, content and calls (`Event`s, in order). `prompt`: the rendered
     prompt (whether it opened the reasoning tags); `tools` None: no calls are read (tool_choice none, no
-    tools); `parallel` False: one call at most."""
+    tools); `parallel` False: one call at most; `stream_calls`: calls go out in pieces as they are written (a
+    reply under the calls' grammar only: `CallReader`)."""
 
-    def __init__(self, syn: Syntax, prompt: str, tools: Tools | None, parallel: bool = True) -> None:
+    def __init__(
+        self, syn: Syntax, prompt: str, tools: Tools | None, parallel: bool = True, stream_calls: bool = False
+    ) -> None:
         self._harmony = HarmonyParser(tools, parallel) if syn.name == HARMONY else None
         self._think = None
         if syn.think is not None:
             self._think = ThinkParser(prompt.rstrip().endswith(syn.think[0]), *syn.think)
         self._calls = None
         if syn.block is not None and (tools is not None or syn.block.drops):
-            self._calls = CallReader(syn.block, tools, parallel)
+            self._calls = CallReader(syn.block, tools, parallel, stream_calls)
         self.calls: list[ToolCall] = []
 
     def push(self, text: str) -> list[Event]:
@@ -131,7 +134,7 @@ class ReplyReader:
             out += self._calls.push(d.content) if d.content else []
             out += self._calls.finish() if final else []
             for e in out:
-                if e.call is not None:
+                if e.kind == "call" and e.call is not None:
                     self.calls.append(e.call)
         elif d.content:
             out.append(Event("content", d.content))
