@@ -448,22 +448,7 @@ class DeepSeek4(MoEModel):
         assert at.pos0 is not None
         rings = _views(ctx, kv.state, self._rings(il))
         snaps = _views(ctx, kv.snapshot.state, self._rings(il)) if kv.snapshot is not None else None
-        if ratio == HCA:
-            return _compressor(
-                ctx,
-                w,
-                "attn_compressor",
-                x,
-                at.pos0,
-                (rings[0], rings[1]),
-                (snaps[0], snaps[1]) if snaps else None,
-                ratio,
-                d,
-                blocks_.comp(ctx),
-                self.rope_compress,
-                False,
-                eps,
-            )
+        # (HCA's compressor pools one block per row; CSA's two overlapping ones, and it has the indexer's too)
         out = _compressor(
             ctx,
             w,
@@ -476,9 +461,11 @@ class DeepSeek4(MoEModel):
             d,
             blocks_.comp(ctx),
             self.rope_compress,
-            True,
+            ratio != HCA,
             eps,
         )
+        if ratio == HCA:
+            return out
         return out + _compressor(
             ctx,
             w,
