@@ -20,6 +20,7 @@ from typing import Any
 from runmyai.engine.command import engine_command
 from runmyai.jsonfile import write_json_atomic
 from runmyai.library.presets import Preset
+from runmyai.library.quants import quant_name
 from runmyai.units import human_bytes
 
 ProgressCallback = Callable[[float, str], None]
@@ -32,6 +33,7 @@ _CACHE_FILE = ".library.json"  # per file: size, mtime and what `inspect` said (
 _FACTS_VERSION = 2
 _STOP_GRACE_S = 10.0  # after SIGTERM, the engine removes its partial output and exits; then it is killed
 _SHARD = re.compile(r"-\d{5}-of-\d{5}$")
+_GGUF_SUFFIX = re.compile(r"[-_.]gguf$", re.IGNORECASE)
 # How a repack's two passes share the progress bar (repack reads and writes, verify only reads: ~2:1 in
 # docs/results.md).
 _STAGES = {"repacking": (0.0, 0.7, "Converting"), "verifying": (0.7, 1.0, "Checking the new file")}
@@ -60,6 +62,26 @@ class LocalModel:
     bundled: bool
     error: str | None = None  # the file is listed but can't be used: why (one sentence)
     facts: Mapping[str, Any] | None = None  # what `tokenwing inspect --json` said (the estimate's input)
+
+
+def model_name(path: Path, models_dir: Path, general_name: str | None = None) -> str:
+    """What a model without a preset is called: a download by its repository (it lands in
+    `<models>/<owner>/<repo>/`) and its quant, `Tiny-MoE-3B-A1B (Q8_0)`; else by the name in its header
+    (`general.name`) and the quant its file names; else by its file. The walk-through's picker and My models
+    said "tiny-moe-Q8_0", the file's name, for a model downloaded from `acme/Tiny-MoE-3B-A1B-GGUF`; the
+    repository itself stays in My models' own column. A "-GGUF" ending is the format, not the model: dropped."""
+    quant = quant_name(path.name)
+    try:
+        parts = path.relative_to(models_dir).parts
+    except ValueError:
+        parts = ()
+    if len(parts) >= 3:
+        base = _GGUF_SUFFIX.sub("", parts[1]) or parts[1]
+    elif general_name and general_name.strip():
+        base = general_name.strip()
+    else:
+        return path.name.removesuffix(".tw.gguf")
+    return f"{base} ({quant})" if quant and quant.lower() not in base.lower() else base
 
 
 def repacked_name(source: Path) -> str:
@@ -171,9 +193,9 @@ class LocalLibrary:
             cache[self._key(path)] = entry
         return self._model(path, st.st_size, entry, await self._match_preset(path, st.st_size, entry))
 
-    @staticmethod
-    def _model(path: Path, size: int, entry: dict[str, Any], preset: Preset | None) -> LocalModel:
-        name = preset.name if preset else (entry.get("name") or path.name.removesuffix(".tw.gguf"))
+    def _model(self, path: Path, size: int, entry: dict[str, Any], preset: Preset | None) -> LocalModel:
+        general = entry.get("name") if isinstance(entry.get("name"), str) else None
+        name = preset.name if preset else model_name(path, self.models_dir, general)
         return LocalModel(
             path=path,
             name=str(name),
