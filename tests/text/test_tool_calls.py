@@ -513,3 +513,100 @@ def test_a_harmony_template_without_tools_gets_their_definitions() -> None:
         and "Weather now, in °C" in system["content"]
         and "<tool_call>" not in system["content"]
     )
+
+
+# ------------------------------------------------------------------------------- calls streamed in pieces
+def streamed(
+    template: str,
+    reply: str,
+    prompt: str,
+    step: int,
+    tools: list[dict[str, Any]] | None = None,
+) -> tuple[list[Any], dict[int, list[str]], list[Any]]:
+    """The reply read `step` characters at a time by a reader that streams calls (a reply under the calls'
+    grammar): its events, each call's argument pieces, and its calls; checked on the way: a call's head goes
+    out once, before its pieces, with the id and name of the call that follows, and its pieces put together
+    are the call's arguments, all of them but at most the closing brace (which the server sends with the
+    call)."""
+    reader = ReplyReader(syntax(template), prompt, Tools(tools or TOOLS), True, stream_calls=True)
+    events = [e for k in range(0, len(reply), step) for e in reader.push(reply[k : k + step])] + reader.finish()
+    heads: dict[int, Any] = {}
+    pieces: dict[int, list[str]] = {}
+    for e in events:
+        if e.kind == "call_head":
+            assert e.index not in heads and e.call is not None and e.call.arguments == ""
+            heads[e.index], pieces[e.index] = e.call, []
+        elif e.kind == "call_args":
+            assert e.index in heads and e.text
+            pieces[e.index].append(e.text)
+        elif e.kind == "call":
+            assert e.call is not None
+            if e.index in heads:  # (else its block ended in the text just pushed: the call goes out whole)
+                assert (heads[e.index].id, heads[e.index].name) == (e.call.id, e.call.name)
+                sent = "".join(pieces[e.index])
+                assert e.call.arguments.startswith(sent) and len(e.call.arguments) - len(sent) <= 1, (step, sent)
+    return events, pieces, reader.calls
+
+
+@pytest.mark.parametrize(("name", "fmt", "prompt", "reply", "reasoning", "content", "calls"), NATIVE)
+def test_every_format_streams_a_calls_arguments_in_pieces(
+    name: str,
+    fmt: str,
+    prompt: str,
+    reply: str,
+    reasoning: str,
+    content: str,
+    calls: list[tuple[str, dict[str, Any]]],
+) -> None:
+    """Each format's native reply, read under the calls' grammar in pieces of 1, 2, 3, 5 and 8 characters:
+    every call streams (a head, then pieces: one per argument at least, where the text comes a character at a
+    time), the pieces make that call's arguments, and the reply reads into the same reasoning, content and
+    calls as the non-streaming reader's."""
+    source = chat_templates()[name]
+    whole = read(source, reply, prompt, cuts=[])
+    assert whole == expected(reasoning, content, calls)
+    for step in (1, 2, 3, 5, 8):
+        events, pieces, got = streamed(source, reply, prompt, step)
+        assert [(c.name, json.loads(c.arguments)) for c in got] == calls
+        assert "".join(e.text for e in events if e.kind == "content") == content
+        assert sorted(pieces) == list(range(len(calls))), step  # every call streamed: its head went out
+        if step == 1:
+            assert [len(pieces[i]) >= len(args) for i, (_, args) in enumerate(calls)] == [True] * len(calls)
+    if fmt == "kimi-k2":  # K2 writes each call's id itself: the head carries it
+        _, _, got = streamed(source, reply, prompt, 1)
+        assert [c.id for c in got] == [f"functions.{n}:{i}" for i, (n, _) in enumerate(calls)]
+
+
+def test_minimax_m3_streams_nested_arguments_whole() -> None:
+    """MiniMax M3's nested elements (an object, an array of objects) go out as one piece each, once the
+    element's own closing tag is written: a nested element's inner closing tags fix nothing yet."""
+    m3 = chat_templates()["MiniMax-M3.jinja"]
+    args = {"title": "Trip", "steps": [{"n": 1, "do": "pack"}, {"n": 2, "do": "go"}], "opts": {"loud": False}}
+    call = {"id": "c", "type": "function", "function": {"name": "plan", "arguments": args}}
+    user = [{"role": "user", "content": "Plan it"}]
+    template = ChatTemplate(m3, "]~!b[", "[e~[")
+    prompt = template.render(user, tools=NESTED)
+    full = template.render([*user, {"role": "assistant", "content": "", "tool_calls": [call]}], False, tools=NESTED)
+    reply = full[len(prompt) :]
+    assert f"{NS}<steps>{NS}<item>" in reply
+    _, pieces, got = streamed(m3, reply, prompt, 1, tools=NESTED)
+    assert [(c.name, json.loads(c.arguments)) for c in got] == [("plan", args)]
+    steps = '[{"n": 1, "do": "pack"}, {"n": 2, "do": "go"}]'
+    assert pieces[0] == ["{", '"title": "Trip"', f', "steps": {steps}', ', "opts": {"loud": false}', "}"]
+
+
+def test_a_streamed_harmony_call_cut_off_is_not_sent_again() -> None:
+    """gpt-oss: a call's head goes out at its header's <|message|>, its arguments as the JSON is written; a
+    reply cut off inside the arguments leaves the call as far as it went, its text marked as already streamed
+    (the server does not send it again), and no call. A message to a function the request does not allow
+    streams nothing and is text at its end, as without streaming."""
+    source = chat_templates()["openai-gpt-oss-120b.jinja"]
+    head = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+    events, pieces, got = streamed(source, head + '{"city": "Zürich", "da', "<|start|>assistant", 1)
+    assert not got and pieces == {0: ["{", '"city": "Zürich"']}
+    assert [(e.kind, e.text, e.streamed) for e in events if e.kind == "content"] == [
+        ("content", '{"city": "Zürich", "da', True)
+    ]
+    other = head.replace("get_weather", "rm_rf") + "{}"
+    events, pieces, got = streamed(source, other, "<|start|>assistant", 1)
+    assert not got and not pieces and [(e.kind, e.text, e.streamed) for e in events] == [("content", "{}", False)]

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tokenwing.text.tools.base import ToolCall, Tools, new_call_id
+from tokenwing.text.tools.base import Event, ToolCall, Tools, json_args_prefix, new_call_id
 
 if TYPE_CHECKING:
     from tokenwing.text.tools.constrain import CallGrammar
@@ -58,9 +58,17 @@ class Delta:
     reasoning: str = ""
     content: str = ""
     calls: tuple[ToolCall, ...] = ()  # harmony's function calls, when the request declared tools
+    # a streamed harmony call's pieces before it (call_head, call_args), or the text of one cut off (`streamed`
+    # content): they come after the content and before the calls (`HarmonyParser(stream=True)`)
+    pieces: tuple[Event, ...] = ()
 
     def __add__(self, other: Delta) -> Delta:
-        return Delta(self.reasoning + other.reasoning, self.content + other.content, self.calls + other.calls)
+        return Delta(
+            self.reasoning + other.reasoning,
+            self.content + other.content,
+            self.calls + other.calls,
+            self.pieces + other.pieces,
+        )
 
 
 def harmony_template(template: str) -> bool:
@@ -133,14 +141,22 @@ class _StreamParser:
 class HarmonyParser(_StreamParser):
     """`tools`: the request's declared functions; a message to one of them is a call (its body the arguments'
     JSON, ended by <|call|>, which ends generation), one to anything else is dropped as before. Without tools
-    every message to a recipient is dropped. `parallel` False: calls after the first are dropped."""
+    every message to a recipient is dropped. `parallel` False: calls after the first are dropped.
 
-    def __init__(self, tools: Tools | None = None, parallel: bool = True) -> None:
+    `stream` True (a reply under the calls' grammar, as `CallReader(stream=True)`): a call goes out in pieces as
+    its message is written — its head once the header names an allowed function (at <|message|>), then its
+    arguments as far as their JSON's members are fixed (`json_args_prefix`: the body is the arguments' JSON
+    text itself, so it streams as DeepSeek V3.1's and Kimi K2's do). Otherwise a call goes out whole at its
+    end."""
+
+    def __init__(self, tools: Tools | None = None, parallel: bool = True, stream: bool = False) -> None:
         self.tools = tools
         self.parallel = parallel
+        self.stream = stream and tools is not None
         self.calls: list[ToolCall] = []
         self._call: str | None = None  # the function the current message calls
         self._call_body = ""
+        self._streamed: list[str] | None = None  # the current call's id and arguments sent, once its head went out
         self._buf = ""
         self._state = "header_start"  # header_start, header, body, raw, done
         self._route = "content"
@@ -163,6 +179,7 @@ class HarmonyParser(_StreamParser):
                     self._call = recipient(self._buf[:i]) if self.tools is not None else None
                     self._buf = self._buf[i + len(MESSAGE) :]
                     self._state = "body"
+                    out += self._head()
                 elif len(self._buf) >= MAX_HEADER + len(MESSAGE):
                     self._state = "raw"
                 elif final:
@@ -193,10 +210,28 @@ class HarmonyParser(_StreamParser):
         self.content += out.content
         return out
 
+    def _head(self) -> Delta:
+        """A streamed call's head, where its message's header addresses a function it may call."""
+        assert self._streamed is None
+        if not self.stream or self._call is None or (self.calls and not self.parallel):
+            return Delta()
+        assert self.tools is not None
+        if not self.tools.accepts(self._call):
+            return Delta()  # not a call this request allows: its text goes out at its end
+        self._streamed = [new_call_id(), ""]
+        head = Event("call_head", call=ToolCall(self._streamed[0], self._call, ""), index=len(self.calls))
+        return Delta(pieces=(head,))
+
     def _emit(self, text: str) -> Delta:
         if self._call is not None:
-            self._call_body += text  # a call goes out whole, once its arguments are complete
-            return Delta()
+            self._call_body += text  # a call goes out whole once its arguments are complete, or streamed in pieces
+            if self._streamed is None:
+                return Delta()
+            args, sent = json_args_prefix(self._call_body), self._streamed[1]
+            if len(args) <= len(sent) or not args.startswith(sent):
+                return Delta()  # (the grammar's text only grows its fixed start: anything else waits for the end)
+            self._streamed[1] = args
+            return Delta(pieces=(Event("call_args", args[len(sent) :], index=len(self.calls)),))
         if self._route == "content":
             return Delta(content=text)
         if self._route == "drop" or not text:
@@ -209,8 +244,8 @@ class HarmonyParser(_StreamParser):
         return Delta(reasoning=text)
 
     def _end_call(self) -> Delta:
-        name, body = self._call, self._call_body
-        self._call, self._call_body = None, ""
+        name, body, streamed = self._call, self._call_body, self._streamed
+        self._call, self._call_body, self._streamed = None, "", None
         if name is None:
             return Delta()
         assert self.tools is not None
@@ -219,10 +254,12 @@ class HarmonyParser(_StreamParser):
         except ValueError:
             args = None
         if not isinstance(args, dict) or not self.tools.accepts(name):
+            if streamed is not None:  # a streamed call cut off: it stays as far as it went, its text not sent again
+                return Delta(pieces=(Event("content", body, streamed=True),))
             return Delta(content=body)  # not a call this request allows: the text as the model wrote it
         if self.calls and not self.parallel:
             return Delta()
-        call = ToolCall(new_call_id(), name, json.dumps(args, ensure_ascii=False))
+        call = ToolCall(streamed[0] if streamed else new_call_id(), name, json.dumps(args, ensure_ascii=False))
         self.calls.append(call)
         return Delta(calls=(call,))
 

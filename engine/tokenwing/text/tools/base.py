@@ -16,7 +16,7 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 if TYPE_CHECKING:
     from tokenwing.text.tools.constrain import CallGrammar
@@ -55,6 +55,16 @@ class Event:
     call: ToolCall | None = None
     index: int = 0  # a call's place among the reply's calls
     streamed: bool = False
+
+
+class PartialCall(NamedTuple):
+    """A call of a block still being written, as far as it is fixed (`BlockFormat.partial`): its function's name,
+    the start of its arguments' JSON text (`args_prefix`), and its id where the format writes one itself (Kimi
+    K2's functions.NAME:N, known once the call's head is whole; the reader makes one up otherwise)."""
+
+    name: str
+    args: str
+    id: str | None = None
 
 
 def new_call_id() -> str:
@@ -194,6 +204,13 @@ def json_members(text: str, pos: int = 0) -> tuple[list[tuple[str, Any]], bool, 
         i = j + 1
 
 
+def json_args_prefix(text: str, pos: int = 0) -> str:
+    """The fixed start of the arguments whose JSON object text starts at `text[pos]` (after whitespace) and may
+    still be being written: `args_prefix` of its members so far ("" before the object's `{`)."""
+    found = json_members(text, pos)
+    return "" if found is None else args_prefix(found[0], found[1])
+
+
 def after(block: str, marker: str, start: int = 0) -> int | None:
     """The index just after the first `marker` in `block` from `start`; None if it is not there yet."""
     i = block.find(marker, start)
@@ -240,12 +257,12 @@ class BlockFormat:
     def parse(self, block: str, tools: Tools, complete: bool) -> list[RawCall] | None:
         raise NotImplementedError
 
-    def partial(self, block: str, tools: Tools) -> list[tuple[str, str]]:
+    def partial(self, block: str, tools: Tools) -> list[PartialCall]:
         """The calls of a block still being written, as far as they are fixed: for each call begun, in order,
         its function's name and the start of its arguments' JSON text (`args_prefix`) that no later text can
         change — what the block's calls will have once `parse` reads it whole, when it is written as the format's
-        grammar writes it. A call whose name is not whole yet is not in the list. By default nothing: the
-        calls go out whole when the block ends."""
+        grammar writes it — and its id where the format writes one. A call whose name is not whole yet is not in
+        the list. By default nothing: the calls go out whole when the block ends."""
         return []
 
     def grammar(self, g: CallGrammar) -> str:
@@ -349,7 +366,7 @@ class CallReader:
         assert self.tools is not None
         if self._stalled:
             return
-        for k, (name, args) in enumerate(self.fmt.partial(self._buf, self.tools)):
+        for k, (name, args, call_id) in enumerate(self.fmt.partial(self._buf, self.tools)):
             index = len(self.calls) + k
             if index > 0 and not self.parallel:
                 return  # a call that will be dropped
@@ -357,7 +374,7 @@ class CallReader:
                 if not self.tools.accepts(name):
                     self._stalled = True  # the block will not be calls: nothing more goes out as a call
                     return
-                self._open.append([new_call_id(), name, ""])
+                self._open.append([call_id or new_call_id(), name, ""])
                 out.append(Event("call_head", call=ToolCall(self._open[k][0], name, ""), index=index))
             _, was, sent = self._open[k]
             if name != was or not args.startswith(sent):

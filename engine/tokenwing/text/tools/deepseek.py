@@ -15,7 +15,16 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, matches_only
+from tokenwing.text.tools.base import (
+    BlockFormat,
+    PartialCall,
+    RawCall,
+    Tools,
+    after,
+    json_args_prefix,
+    json_value,
+    matches_only,
+)
 from tokenwing.text.tools.constrain import CallGrammar
 from tokenwing.text.tools.minimax import element_param, invokes, partial_invokes
 
@@ -72,6 +81,30 @@ class DeepSeekV3(BlockFormat):
                 calls.append(RawCall(left.strip(), right))
         return calls
 
+    def partial(self, block: str, tools: Tools) -> list[PartialCall]:
+        # V3.1's form, as the grammar writes it: each whole call, then the one being written, its name whole at
+        # <｜tool▁sep｜>, its arguments the JSON text after it as far as its members are fixed
+        body = block.removeprefix(CALLS_BEGIN)
+        out: list[PartialCall] = []
+        i = 0
+        while True:
+            i = len(body) - len(body[i:].lstrip())
+            whole = _CALL.match(body, i)
+            if whole is None:
+                break
+            name, sep, args = whole.group(1).partition(SEP)
+            value = json_value(args.strip() or "{}")
+            if not sep or name.strip() == "function" or not isinstance(value, dict):
+                return out  # V3's fenced form, or no call: it goes out whole, if at all
+            out.append(PartialCall(name.strip(), json.dumps(value, ensure_ascii=False)))
+            i = whole.end()
+        if not body.startswith(CALL_BEGIN, i) or (j := body.find(SEP, i)) < 0:
+            return out
+        name = body[i + len(CALL_BEGIN) : j].strip()
+        if name == "function":  # V3 / R1 write the name after the separator, in a fence
+            return out
+        return [*out, PartialCall(name, json_args_prefix(body, j + len(SEP)))]
+
     def grammar(self, g: CallGrammar) -> str:  # V3.1's form (V3 and R1's fenced one is read, not written)
         call = g.calls(lambda name: " ".join([g.lit(CALL_BEGIN + name + SEP), g.json(g.schema(name)), g.lit(CALL_END)]))
         return f"{g.lit(CALLS_BEGIN)} {call} {g.lit(CALLS_END)}"
@@ -103,7 +136,7 @@ class DeepSeekDsml(BlockFormat):
         body = block[len(f"<{DSML}{kind}>") :].removesuffix(f"</{DSML}{kind}>")
         return invokes(body, _INVOKE, _PARAMETER, tools)
 
-    def partial(self, block: str, tools: Tools) -> list[tuple[str, str]]:
+    def partial(self, block: str, tools: Tools) -> list[PartialCall]:
         kind = next(b for b in _DSML_BLOCKS if block.startswith(f"<{DSML}{b}>"))
         return partial_invokes(block[len(f"<{DSML}{kind}>") :], _INVOKE, _INVOKE_HEAD, _PARAMETER, tools)
 

@@ -9,7 +9,16 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, args_prefix, matches_only, typed_value
+from tokenwing.text.tools.base import (
+    BlockFormat,
+    PartialCall,
+    RawCall,
+    Tools,
+    after,
+    args_prefix,
+    matches_only,
+    typed_value,
+)
 from tokenwing.text.tools.constrain import CallGrammar
 
 BEGIN, END = "<tool_call>", "</tool_call>"
@@ -44,7 +53,7 @@ class Glm(BlockFormat):
         args = {m.group(1).strip(): typed_value(m.group(2), tools.types(name, m.group(1).strip())) for m in args_found}
         return [RawCall(name, args)]
 
-    def partial(self, block: str, tools: Tools) -> list[tuple[str, str]]:
+    def partial(self, block: str, tools: Tools) -> list[PartialCall]:
         # the name is whole at the first <arg_key> (a call without arguments goes out when its block ends); an
         # argument is fixed at its </arg_value>
         body = block[len(BEGIN) :]
@@ -57,7 +66,7 @@ class Glm(BlockFormat):
             key = m.group(1).strip()
             pairs.append((key, typed_value(m.group(2), tools.types(name, key))))
             i = m.end()
-        return [(name, args_prefix(pairs, closed=False))]
+        return [PartialCall(name, args_prefix(pairs, closed=False))]
 
     def grammar(self, g: CallGrammar) -> str:
         nl = "\n" if self.newlines else ""

@@ -13,11 +13,23 @@ nor content (`drops`); the think section is split off as reasoning before this (
 from __future__ import annotations
 
 import html
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from tokenwing.text.tools.base import BlockFormat, RawCall, Tools, after, matches_only, typed_value
+from tokenwing.text.tools.base import (
+    BlockFormat,
+    PartialCall,
+    RawCall,
+    Tools,
+    after,
+    args_prefix,
+    json_args_prefix,
+    json_value,
+    matches_only,
+    typed_value,
+)
 from tokenwing.text.tools.constrain import CallGrammar
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
@@ -25,6 +37,7 @@ _K2_CALL = re.compile(
     r"<\|tool_call_begin\|>\s*([^\s<]+?)\s*<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>", re.S
 )
 _K2_ID = re.compile(r"(?:functions\.)?(.+?)(?::\d+)?")
+_K2_HEAD = re.compile(r"<\|tool_call_begin\|>\s*([^\s<]+?)\s*<\|tool_call_argument_begin\|>")
 
 
 class KimiK2(BlockFormat):
@@ -39,13 +52,28 @@ class KimiK2(BlockFormat):
         found = matches_only(_K2_CALL, body)
         if not found:
             return None
-        calls = []
-        for m in found:
-            call_id = m.group(1)
-            name = _K2_ID.fullmatch(call_id)
-            assert name is not None  # the pattern matches any non-empty text
-            calls.append(RawCall(name.group(1), m.group(2), id=call_id))
-        return calls
+        return [RawCall(_k2_name(m.group(1)), m.group(2), id=m.group(1)) for m in found]
+
+    def partial(self, block: str, tools: Tools) -> list[PartialCall]:
+        # each whole call, then the one being written: its id (so its name) whole at <|tool_call_argument_begin|>,
+        # which the grammar writes right after the index's digits; its arguments the JSON text after that
+        body = block[len(SECTION_BEGIN) :]
+        out: list[PartialCall] = []
+        i = 0
+        while True:
+            i = len(body) - len(body[i:].lstrip())
+            whole = _K2_CALL.match(body, i)
+            if whole is None:
+                break
+            value = json_value(whole.group(2).strip() or "{}")
+            if not isinstance(value, dict):
+                return out  # no call: nothing further goes out as one
+            out.append(PartialCall(_k2_name(whole.group(1)), json.dumps(value, ensure_ascii=False), whole.group(1)))
+            i = whole.end()
+        head = _K2_HEAD.match(body, i)
+        if head is None:
+            return out
+        return [*out, PartialCall(_k2_name(head.group(1)), json_args_prefix(body, head.end()), head.group(1))]
 
     def grammar(self, g: CallGrammar) -> str:
         call = g.calls(
@@ -62,6 +90,13 @@ class KimiK2(BlockFormat):
         return f"{g.lit(SECTION_BEGIN)} {call} {g.lit(SECTION_END)}"
 
 
+def _k2_name(call_id: str) -> str:
+    """The function a K2 call id (functions.NAME:N) names."""
+    name = _K2_ID.fullmatch(call_id)
+    assert name is not None  # the pattern matches any non-empty text
+    return name.group(1)
+
+
 OPEN, CLOSE, SEP = "<|open|>", "<|close|>", "<|sep|>"
 TOOLS_BEGIN, TOOLS_END = f"{OPEN}tools{SEP}", f"{CLOSE}tools{SEP}"
 THINK_BEGIN, THINK_END = f"{OPEN}think{SEP}", f"{CLOSE}think{SEP}"
@@ -72,6 +107,8 @@ _K3_ARG = re.compile(
     re.S,
 )
 _K3_JSON = re.compile(_Q(OPEN) + r"json[^<]*?" + _Q(SEP) + "(.*?)" + _Q(CLOSE + "json" + SEP), re.S)
+_K3_HEAD = re.compile(_Q(OPEN) + r'call tool="([^"]*)"[^<]*?' + _Q(SEP))
+_K3_JSON_HEAD = re.compile(_Q(OPEN) + r"json[^<]*?" + _Q(SEP))
 
 
 class KimiK3(BlockFormat):
@@ -129,11 +166,41 @@ class KimiK3(BlockFormat):
             found_args = matches_only(_K3_ARG, inner)
             if found_args is None:
                 return None
-            args = {}
-            for a in found_args:
-                key = html.unescape(a.group(1))
-                kind = a.group(2)
-                types = frozenset({kind}) if kind else tools.types(name, key)
-                args[key] = typed_value(a.group(3), types)
-            calls.append(RawCall(name, args))
+            calls.append(RawCall(name, dict(_k3_arg(name, a, tools) for a in found_args)))
         return calls
+
+    def partial(self, block: str, tools: Tools) -> list[PartialCall]:
+        # each whole call element, then the one being written: its name once its head is whole, its arguments as
+        # far as its argument elements are closed (or, in the one-JSON form, its JSON's members are fixed)
+        body = block[len(TOOLS_BEGIN) :]
+        out: list[PartialCall] = []
+        i = 0
+        while True:
+            i = len(body) - len(body[i:].lstrip())
+            whole = _K3_CALL.match(body, i)
+            if whole is None:
+                break
+            (call,) = self.parse(TOOLS_BEGIN + whole.group(0), tools, True) or [RawCall("", None)]
+            value = json_value(call.arguments.strip() or "{}") if isinstance(call.arguments, str) else call.arguments
+            if not isinstance(value, dict):
+                return out  # no call: nothing further goes out as one
+            out.append(PartialCall(call.name, json.dumps(value, ensure_ascii=False)))
+            i = whole.end()
+        head = _K3_HEAD.match(body, i)
+        if head is None:
+            return out
+        name, j = html.unescape(head.group(1)), len(body) - len(body[head.end() :].lstrip())
+        if (one := _K3_JSON_HEAD.match(body, j)) is not None:
+            # (its "{" went out with the head, before the json element was whole: it stays sent)
+            return [*out, PartialCall(name, json_args_prefix(body, one.end()) or "{")]
+        pairs = []
+        while (a := _K3_ARG.match(body, j)) is not None:
+            pairs.append(_k3_arg(name, a, tools))
+            j = len(body) - len(body[a.end() :].lstrip())
+        return [*out, PartialCall(name, args_prefix(pairs, closed=False))]
+
+
+def _k3_arg(name: str, a: re.Match[str], tools: Tools) -> tuple[str, Any]:
+    """An argument element's key and value, typed by the type it names (else by the function's schema)."""
+    key, kind = html.unescape(a.group(1)), a.group(2)
+    return key, typed_value(a.group(3), frozenset({kind}) if kind else tools.types(name, key))

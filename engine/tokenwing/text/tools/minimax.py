@@ -14,6 +14,7 @@ from typing import Any
 
 from tokenwing.text.tools.base import (
     BlockFormat,
+    PartialCall,
     RawCall,
     Tools,
     after,
@@ -41,7 +42,7 @@ class MiniMax(BlockFormat):
         body = block[len(BEGIN) :].removesuffix(END)
         return invokes(body, _INVOKE, _PARAMETER, tools)
 
-    def partial(self, block: str, tools: Tools) -> list[tuple[str, str]]:
+    def partial(self, block: str, tools: Tools) -> list[PartialCall]:
         return partial_invokes(block[len(BEGIN) :], _INVOKE, _INVOKE_HEAD, _PARAMETER, tools)
 
     def grammar(self, g: CallGrammar) -> str:
@@ -92,10 +93,10 @@ def _param(name: str, p: re.Match[str], tools: Tools) -> tuple[str, Any]:
 
 def partial_invokes(
     body: str, invoke: re.Pattern[str], head: re.Pattern[str], parameter: re.Pattern[str], tools: Tools
-) -> list[tuple[str, str]]:
+) -> list[PartialCall]:
     """`BlockFormat.partial` of the invoke formats (`invokes`): each whole invoke element's call, then the one
     being written: its name once its head is whole, its arguments as far as its parameter elements are whole."""
-    out: list[tuple[str, str]] = []
+    out: list[PartialCall] = []
     i = 0
     while True:
         i = len(body) - len(body[i:].lstrip())
@@ -105,7 +106,7 @@ def partial_invokes(
         (call,) = invokes(whole.group(0), invoke, parameter, tools) or [RawCall("", None)]
         if not isinstance(call.arguments, dict):
             return out  # not a call: nothing further is sent as one
-        out.append((call.name, args_prefix(list(call.arguments.items()), closed=True)))
+        out.append(PartialCall(call.name, args_prefix(list(call.arguments.items()), closed=True)))
         i = whole.end()
     open_ = head.match(body, i)
     if open_ is None:
@@ -114,7 +115,7 @@ def partial_invokes(
     while (p := parameter.match(body, len(body) - len(body[j:].lstrip()))) is not None:
         pairs.append(_param(name, p, tools))
         j = p.end()
-    return [*out, (name, args_prefix(pairs, closed=False))]
+    return [*out, PartialCall(name, args_prefix(pairs, closed=False))]
 
 
 # MiniMax M3: every tag of its calls starts with the namespace marker (a token of its own in MiniMax's vocabulary),
@@ -125,6 +126,7 @@ M3_BEGIN, M3_END = NS + "<tool_call>", NS + "</tool_call>"
 M3_THINK = ("<mm:think>", "</mm:think>")
 _M3_INVOKE = re.compile(re.escape(NS) + r'<invoke name="([^"]*)">(.*?)' + re.escape(NS) + "</invoke>", re.S)
 _M3_TAG = re.compile(re.escape(NS) + r"<(/?)([^<>/\s]+)>")
+_M3_INVOKE_HEAD = re.compile(re.escape(NS) + r'<invoke name="([^"]*)">')
 _BAD = object()  # a value that does not read as the format's elements
 
 
@@ -150,6 +152,43 @@ class MiniMaxM3(BlockFormat):
             calls.append(RawCall(name, value))
         return calls
 
+    def partial(self, block: str, tools: Tools) -> list[PartialCall]:
+        # each whole invoke element's call, then the one being written: its name once its head is whole, its
+        # arguments as far as its top-level elements are closed (a nested object or array as a whole), each read
+        # as `parse` reads it (`_m3_value`, by the parameter's schema)
+        body = block[len(M3_BEGIN) :]
+        out: list[PartialCall] = []
+        i = 0
+        while True:
+            i = len(body) - len(body[i:].lstrip())
+            whole = _M3_INVOKE.match(body, i)
+            if whole is None:
+                break
+            (call,) = self.parse(M3_BEGIN + whole.group(0), tools, True) or [RawCall("", None)]
+            if not isinstance(call.arguments, dict):
+                return out  # no call: nothing further goes out as one
+            out.append(PartialCall(call.name, args_prefix(list(call.arguments.items()), closed=True)))
+            i = whole.end()
+        head = _M3_INVOKE_HEAD.match(body, i)
+        if head is None:
+            return out
+        name = head.group(1)
+        schema = tools.schemas.get(name) or {"type": "object"}
+        types = schema_types(schema)
+        if types is not None and "object" not in types:
+            return [*out, PartialCall(name, "")]  # arguments that are no object: no call (parse says so at the end)
+        props = schema.get("properties")
+        props = props if isinstance(props, Mapping) else {}
+        pairs: list[tuple[str, Any]] = []
+        for tag, inner in _m3_scan(body, head.end())[0]:
+            if tag == "item" and (types is None or "array" in types):
+                break  # the schema does not say object only, and <item>s could make the arguments an array
+            pairs.append((tag, _m3_value(inner, props.get(tag))))
+            if pairs[-1][1] is _BAD:
+                pairs.pop()
+                break
+        return [*out, PartialCall(name, args_prefix(pairs, closed=False))]
+
     def grammar(self, g: CallGrammar) -> str:
         tags = (NS + "</invoke>", M3_END)
 
@@ -172,23 +211,31 @@ class MiniMaxM3(BlockFormat):
 def _m3_elements(text: str) -> list[tuple[str, str]] | None:
     """The top-level elements of `text` as (tag, inner text); None where anything else but whitespace lies
     between them or a tag is left open or closed out of turn."""
+    out, whole = _m3_scan(text, 0)
+    return out if whole else None
+
+
+def _m3_scan(text: str, pos: int) -> tuple[list[tuple[str, str]], bool]:
+    """The closed top-level elements of `text` from `pos` on, up to where it stops reading as elements (stray
+    text, a tag closed out of turn) or the first one still open (an invoke still being written), and whether
+    all of it reads as whole elements."""
     out: list[tuple[str, str]] = []
     stack: list[str] = []
-    start = end = 0
-    for m in _M3_TAG.finditer(text):
+    start = end = pos
+    for m in _M3_TAG.finditer(text, pos):
         closing, tag = m.group(1) == "/", m.group(2)
         if not closing:
             if not stack:
                 if text[end : m.start()].strip():
-                    return None
+                    return out, False
                 start = m.end()
             stack.append(tag)
         elif not stack or stack.pop() != tag:
-            return None
+            return out, False
         elif not stack:
             out.append((tag, text[start : m.start()]))
             end = m.end()
-    return None if stack or text[end:].strip() else out
+    return out, not stack and not text[end:].strip()
 
 
 def _m3_value(text: str, schema: Any) -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 
 from tokenwing.text.tools.base import (
     BlockFormat,
+    PartialCall,
     RawCall,
     Tools,
     after,
@@ -65,7 +66,7 @@ class Qwen(BlockFormat):
         args = obj.get("arguments", obj.get("parameters", {}))
         return [RawCall(obj["name"], args)]
 
-    def partial(self, block: str, tools: Tools) -> list[tuple[str, str]]:
+    def partial(self, block: str, tools: Tools) -> list[PartialCall]:
         # the first call of the block (the grammar writes one a block): the XML form's parameters as each one's
         # </parameter> ends it, the JSON form's arguments as each member's value is followed by , or }
         body = block[len(BEGIN) :].lstrip()
@@ -77,7 +78,7 @@ class Qwen(BlockFormat):
                 key = p.group(1).strip()
                 pairs.append((key, typed_value(p.group(2), tools.types(name, key))))
                 i = p.end()
-            return [(name, args_prefix(pairs, body.startswith("</function>", _skip(body, i))))]
+            return [PartialCall(name, args_prefix(pairs, body.startswith("</function>", _skip(body, i))))]
         outer = json_members(body)
         if outer is None:
             return []
@@ -88,10 +89,10 @@ class Qwen(BlockFormat):
             return []
         args = fixed.get("arguments")
         if isinstance(args, dict):
-            return [(name, json.dumps(args, ensure_ascii=False))]
+            return [PartialCall(name, json.dumps(args, ensure_ascii=False))]
         if writing is not None and writing[0] == "arguments" and (inner := json_members(body, writing[1])):
-            return [(name, args_prefix(inner[0], inner[1]))]
-        return [(name, "")]
+            return [PartialCall(name, args_prefix(inner[0], inner[1]))]
+        return [PartialCall(name, "")]
 
     def grammar(self, g: CallGrammar) -> str:
         if not self.xml:

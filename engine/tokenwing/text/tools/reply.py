@@ -105,7 +105,7 @@ class ReplyReader:
     def __init__(
         self, syn: Syntax, prompt: str, tools: Tools | None, parallel: bool = True, stream_calls: bool = False
     ) -> None:
-        self._harmony = HarmonyParser(tools, parallel) if syn.name == HARMONY else None
+        self._harmony = HarmonyParser(tools, parallel, stream_calls) if syn.name == HARMONY else None
         self._think = None
         if syn.think is not None:
             self._think = ThinkParser(prompt.rstrip().endswith(syn.think[0]), *syn.think)
@@ -138,6 +138,7 @@ class ReplyReader:
                     self.calls.append(e.call)
         elif d.content:
             out.append(Event("content", d.content))
+        out += d.pieces  # (harmony's streamed calls: a block format's come from its CallReader)
         for call in d.calls:
             out.append(Event("call", call=call, index=len(self.calls)))
             self.calls.append(call)
