@@ -7,9 +7,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QTextCursor, QTextDocument, QTextTable
 from PySide6.QtWidgets import QApplication
 
 from runmyai.library.local import model_name
+from runmyai.ui.main_window import MainWindow
+from runmyai.ui.render import LibraryEntry
 from tests.app.hubserver import HubServer
 from tests.app.test_app_scenario import make_controller
 from tests.conftest import ModelFactory
@@ -58,3 +62,59 @@ def test_the_picker_and_my_models_name_a_download_by_its_repository_and_keep_the
     assert "Tiny-MoE-3B-A1B (Q8_0)" in names, names
     assert ("Tiny-MoE-3B-A1B (Q8_0)", HUB_REPO) in rows, rows  # the repository kept in its own column
     assert "Tiny-MoE-3B-A1B (Q8_0)" in cards and not any("tiny-moe" in t for t in [*names, *cards])
+
+
+# ------------------------------------------------------------------------------------------ the model card
+README_TABLES = """# Tiny MoE
+
+| Quant | Size | Use |
+|---|---:|:---:|
+| Q4_K_M | 17.3 GB | most |
+| Q8_0 | 32.1 GB | best |
+
+| Benchmark | Qwen3-30B-A3B | Qwen3-32B | Llama-3.3-70B-Instruct | GPT-4o-2024 | DeepSeek-V3-0324 | Gemini-2.0-Flash |
+|---|---|---|---|---|---|---|
+| MMLU-Redux | 84.1 | 85.7 | 86.3 | 88.0 | 89.9 | 86.9 |
+| see https://huggingface.co/acme/Tiny-MoE-3B-A1B-GGUF/resolve/main/tiny-moe-Q8_0.gguf | 1 | 2 | 3 | 4 | 5 | 6 |
+"""
+
+
+def _tables(doc: QTextDocument) -> list[QTextTable]:
+    found: list[QTextTable] = []
+    block = doc.begin()
+    while block.isValid():
+        table = QTextCursor(block).currentTable()
+        if table is not None and table not in found:
+            found.append(table)
+        block = block.next()
+    return found
+
+
+def test_the_model_cards_tables_render_aligned_and_a_wide_one_fits_the_card(qapp: QApplication) -> None:
+    window = MainWindow()
+    window.show()
+    lib = window.library
+    entry = LibraryEntry(f"hub:{HUB_REPO}", HUB_REPO, "on the hub", "<p>overview</p>", card_repo=HUB_REPO)
+    try:
+        for width, height in ((1280, 800), (1600, 1000)):
+            window.resize(width, height)
+            window.show_page("Discover")
+            lib.set_entries([entry], entry.key)
+            lib.tabs.setCurrentIndex(1)
+            lib.set_model_card(entry.key, README_TABLES)
+            for _ in range(5):
+                QApplication.processEvents()
+            card = lib.model_card
+            small, wide = _tables(card.document())
+            assert (small.rows(), small.columns(), wide.columns()) == (3, 3, 7)  # GFM tables, not text
+            for col, want in ((1, Qt.AlignmentFlag.AlignRight), (2, Qt.AlignmentFlag.AlignHCenter)):
+                header = small.cellAt(0, col).firstCursorPosition().blockFormat().alignment()
+                body = small.cellAt(1, col).firstCursorPosition().blockFormat().alignment()
+                assert body & want and header & want, (col, header, body)  # the header over its column
+            assert small.cellAt(0, 0).format().background().style() != Qt.BrushStyle.NoBrush  # a header row
+            # the wide table wraps to the card: no sideways scrolling, nothing cut, the window as wide as it was
+            assert card.horizontalScrollBar().maximum() == 0, (width, card.document().size().width())
+            assert card.document().size().width() <= card.viewport().width()
+            assert window.width() == width
+    finally:
+        window.close()

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from runmyai.ui.markdown_view import set_markdown
 from runmyai.ui.render import LibraryEntry
 from runmyai.ui.viewmodels import BADGE_RGB
 from runmyai.units import human_bytes
@@ -488,7 +489,7 @@ class LibraryPanel(QWidget):
         )
         card = self._cards.get(key or "")
         if card is not None:
-            self.model_card.setMarkdown(card)
+            set_markdown(self.model_card, card)
         else:
             self.model_card.setPlainText("" if entry is None or entry.card_repo is None else "Reading the model card…")
         self.tabs.setTabEnabled(1, bool(entry and entry.card_repo))
@@ -515,7 +516,7 @@ class LibraryPanel(QWidget):
         """The repository's README (or why there is none) for an entry; shown now if it is the current one."""
         self._cards[key] = markdown
         if self.current_key() == key:
-            self.model_card.setMarkdown(markdown)
+            set_markdown(self.model_card, markdown)
 
     def _download(self) -> None:
         key = self.current_key()

@@ -21,6 +21,7 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
 from runmyai.chat.markdown_stream import code_blocks, safe_commit_point
+from runmyai.ui.markdown_view import tidy_tables
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 MUTED = "#777777"
@@ -72,6 +73,7 @@ def thought_label(text: str, expanded: bool) -> str:
 def markdown_fragment(text: str) -> QTextDocumentFragment:
     doc = QTextDocument()
     doc.setMarkdown(text, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+    tidy_tables(doc)  # a reply's table: its header aligned with its columns, as in the model card
     return QTextDocumentFragment(doc)
 
 
