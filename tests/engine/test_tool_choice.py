@@ -26,7 +26,7 @@ from tokenwing.text.chat import ChatTemplate
 from tokenwing.text.grammar import Constraint
 from tokenwing.text.tokenizer import TextTokenizer, tokenizer_from_metadata
 from tokenwing.text.tools.base import Tools, args_prefix, json_members
-from tokenwing.text.tools.reply import ReplyReader, call_grammar, prepare, syntax
+from tokenwing.text.tools.reply import ReplyReader, Syntax, call_grammar, prepare, syntax
 
 # bounded, so that a reply of random tokens still ends within max_tokens: strings have a maximum length (or are
 # an enum), arrays a maximum size; text (the XML-like formats' string values) and JSON values both appear
@@ -205,17 +205,8 @@ def test_the_official_client_gets_a_valid_call(
         server.stop()
 
 
-# the formats whose calls stream in pieces under the grammar (BlockFormat.partial); the others go out whole
-STREAMED = [
-    "Qwen-Qwen3-0.6B.jinja",
-    "Qwen3.5-4B.jinja",
-    "GLM-4.6.jinja",
-    "GLM-4.7-Flash.jinja",
-    "MiniMax-M2.jinja",
-    "deepseek-ai-DeepSeek-V3.2.jinja",
-    "deepseek-ai-DeepSeek-V4.jinja",
-    "CHATML",
-]
+# every format's calls stream in pieces under the grammar (BlockFormat.partial; harmony's below)
+STREAMED = list(FORMATS)
 
 
 @pytest.mark.parametrize("template", STREAMED)
@@ -233,30 +224,57 @@ def test_streamed_pieces_are_the_calls_arguments(template: str, tokenizer: TextT
         grammar = call_grammar(syn, tokenizer, prompt, tools, names, parallel)
         for seed in range(10):
             text = tokenizer.decode(_sample(tokenizer, grammar, seed))
-            reader = ReplyReader(syn, prompt, tools, parallel, stream_calls=True)
-            events = [e for c in text for e in reader.push(c)] + reader.finish()
-            heads: dict[int, Any] = {}
-            pieces: dict[int, list[str]] = {}
-            for e in events:
-                if e.kind == "call_head":
-                    assert e.index not in heads
-                    heads[e.index], pieces[e.index] = e.call, []
-                elif e.kind == "call_args":
-                    pieces[e.index].append(e.text)
-                elif e.kind == "call":
-                    assert e.call is not None and e.index in heads, (seed, text)  # streamed, not only whole
-                    assert (heads[e.index].id, heads[e.index].name) == (e.call.id, e.call.name)
-                    # what the pieces sent starts the arguments; the server sends the rest (at most the end)
-                    sent = "".join(pieces[e.index])
-                    assert e.call.arguments.startswith(sent) and len(e.call.arguments) - len(sent) <= 1, (seed, text)
-                    many += len(json.loads(e.call.arguments)) >= 2 and len(pieces[e.index]) >= 2
-            check_calls(reader.calls, names, parallel)
-            # the same reply read whole, as the non-streaming reader does: the same calls
-            whole = ReplyReader(syn, prompt, tools, parallel)
-            whole.push(text)
-            whole.finish()
-            assert [(c.name, c.arguments) for c in whole.calls] == [(c.name, c.arguments) for c in reader.calls]
+            many += _streamed_as_whole(syn, prompt, tools, names, parallel, text)
     assert many >= 5  # calls of several arguments came in several pieces
+
+
+def test_harmony_streamed_pieces_are_the_calls_arguments(repacked_factory: ModelFactory) -> None:
+    """gpt-oss, with its own vocabulary: the same for the harmony call sampled under its grammar (the body of a
+    message to functions.NAME is the arguments' JSON; one call a reply)."""
+    model = repacked_factory(arch="gpt-oss", type="Q8_0")
+    with ModelFile.open(str(model)) as mf:
+        tok = tokenizer_from_metadata({k: v.value for k, v in mf.header.kv.items()}, str(model))
+    source = chat_templates()["openai-gpt-oss-120b.jinja"]
+    syn = syntax(source)
+    prompt = ChatTemplate(source).render(prepare(syn, USER, TOOLS), tools=TOOLS)
+    many = 0
+    for names, only in [(["get_weather", "set_alarm"], None), (["set_alarm"], "set_alarm")]:
+        tools = Tools(TOOLS, only)
+        grammar = call_grammar(syn, tok, prompt, tools, names, True)
+        for seed in range(10):
+            text = tok.decode(_sample(tok, grammar, seed))
+            many += _streamed_as_whole(syn, prompt, tools, names, False, text)
+    assert many >= 5
+
+
+def _streamed_as_whole(syn: Syntax, prompt: str, tools: Tools, names: list[str], parallel: bool, text: str) -> int:
+    """`text` read a character at a time by a reader that streams calls, checked against the same text read
+    whole (see the tests above); the number of calls of two or more arguments that came in several pieces."""
+    reader = ReplyReader(syn, prompt, tools, parallel, stream_calls=True)
+    events = [e for c in text for e in reader.push(c)] + reader.finish()
+    heads: dict[int, Any] = {}
+    pieces: dict[int, list[str]] = {}
+    many = 0
+    for e in events:
+        if e.kind == "call_head":
+            assert e.index not in heads
+            heads[e.index], pieces[e.index] = e.call, []
+        elif e.kind == "call_args":
+            pieces[e.index].append(e.text)
+        elif e.kind == "call":
+            assert e.call is not None and e.index in heads, text  # streamed, not only whole
+            assert (heads[e.index].id, heads[e.index].name) == (e.call.id, e.call.name)
+            # what the pieces sent starts the arguments; the server sends the rest (at most the end)
+            sent = "".join(pieces[e.index])
+            assert e.call.arguments.startswith(sent) and len(e.call.arguments) - len(sent) <= 1, text
+            many += len(json.loads(e.call.arguments)) >= 2 and len(pieces[e.index]) >= 2
+    check_calls(reader.calls, names, parallel)
+    # the same reply read whole, as the non-streaming reader does: the same calls
+    whole = ReplyReader(syn, prompt, tools, parallel)
+    whole.push(text)
+    whole.finish()
+    assert [(c.name, c.arguments) for c in whole.calls] == [(c.name, c.arguments) for c in reader.calls]
+    return many
 
 
 def test_a_json_value_is_fixed_only_by_what_follows_it() -> None:
