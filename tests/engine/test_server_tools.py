@@ -481,6 +481,33 @@ PIECES: dict[str, tuple[str, str, str]] = {
         "</minimax:tool_call>",
         '<minimax:tool_call>\n<invoke name="rm_rf">\n</invoke>\n</minimax:tool_call>',
     ),
+    "deepseek-ai-DeepSeek-V3.1.jinja": (
+        "",
+        '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>set_alarm<｜tool▁sep｜>{"label":"wake up","loud":true,'
+        '"days":["mon","tue"]}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>rm_rf<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    ),
+    "moonshotai-Kimi-K2.jinja": (  # (the call's id, functions.NAME:N, is the format's)
+        "",
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.set_alarm:0<|tool_call_argument_begin|>"
+        '{"label":"wake up","loud":true,"days":["mon","tue"]}<|tool_call_end|><|tool_calls_section_end|>',
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.rm_rf:0<|tool_call_argument_begin|>{}"
+        "<|tool_call_end|><|tool_calls_section_end|>",
+    ),
+    "Kimi-K3.jinja": (  # its prompt opens the think section; the grammar writes an empty response section first
+        "<|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|>",
+        '<|open|>tools<|sep|><|open|>call tool="set_alarm" index="0"<|sep|><|open|>argument key="label" '
+        'type="string"<|sep|>wake up<|close|>argument<|sep|><|open|>argument key="loud" type="boolean"<|sep|>true'
+        '<|close|>argument<|sep|><|open|>argument key="days" type="array"<|sep|>["mon","tue"]<|close|>argument'
+        "<|sep|><|close|>call<|sep|><|close|>tools<|sep|>",
+        '<|open|>tools<|sep|><|open|>call tool="rm_rf" index="0"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>',
+    ),
+    "MiniMax-M3.jinja": (  # a string as its text, anything else as JSON
+        "",
+        f'{NS}<tool_call>\n{NS}<invoke name="set_alarm">{NS}<label>wake up{NS}</label>{NS}<loud>true{NS}</loud>'
+        f'{NS}<days>["mon","tue"]{NS}</days>{NS}</invoke>\n{NS}</tool_call>',
+        f'{NS}<tool_call>\n{NS}<invoke name="rm_rf">{NS}</invoke>\n{NS}</tool_call>',
+    ),
 }
 
 
@@ -505,14 +532,35 @@ def test_calls_under_the_grammar_stream_in_pieces(
     complete, and a block that is not a valid call comes back as text."""
     first, call, bad = PIECES[template]
     model = _templated(model_factory, tmp_path, template)
-    replies = [first + call] * 4 + [first + bad, first + call]
-    tokens = script(model, replies)
+    tokens = script(model, [first + call] * 4 + [first + bad, first + call])
     monkeypatch.setenv("TOKENWING_TEST_TOKENS", tokens)
+    stream_in_pieces(model, tokens, bad)
+
+
+def test_a_harmony_call_under_the_grammar_streams_in_pieces(
+    repacked_factory: ModelFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpt-oss, its own vocabulary: the same for a harmony call, whose head goes out at its header's <|message|>
+    and whose body is the arguments' JSON (<|call|>, the token that ends the reply, never reaches the text); a
+    message to an undeclared function is its body as text."""
+    model = repacked_factory(arch="gpt-oss", type="Q8_0")
+    head = "<|channel|>commentary to=functions.{} <|constrain|>json<|message|>"
+    call = head.format("set_alarm") + '{"label":"wake up","loud":true,"days":["mon","tue"]}'
+    tokens = script(model, [call] * 4 + [head.format("rm_rf") + "{}", call], ["<|call|>"] * 6)
+    monkeypatch.setenv("TOKENWING_TEST_TOKENS", tokens)
+    stream_in_pieces(model, tokens, "{}")
+
+
+def stream_in_pieces(model: Path, tokens: str, bad: str) -> None:
+    """The server on `model` scripted with `tokens` (the call four times, one to an undeclared function, `bad` as
+    text, then the call again), read as the tests above say."""
     server = Server(model, "--ctx", "4096")
     try:
         client = server.client()
         # the non-streamed reply: the reference
-        r = client.chat.completions.create(model="m", messages=USER, tools=ALARM, tool_choice="required")
+        r = client.chat.completions.create(
+            model="m", messages=USER, tools=ALARM, tool_choice="required", max_tokens=400
+        )  # (Kimi K3's call is 328 tokens where this vocabulary spells its markers out)
         calls: list[Any] = list(r.choices[0].message.tool_calls or [])
         (whole,) = calls
         assert whole.function.name == "set_alarm" and json.loads(whole.function.arguments) == ALARM_ARGS

@@ -124,7 +124,7 @@ class MoEModel:
     recurrence: ClassVar[str] = "none"  # how the file marks linear-attention layers (hparams.RECURRENCE)
     # The layer graph depends on its first position (`Placement.pos0`: DeepSeek V4's compressed blocks complete at
     # given positions): a graph per step, never one reused across positions (the one-graph decode step, several
-    # sequences' steps in one graph)
+    # sequences' steps in one graph); several sequences' steps run per layer, each one's graph at its own position
     position_graphs: ClassVar[bool] = False
     # Tokens before a chunk that its embedding reads (`token_input`; qwen4exp's n-grams): 0, none
     token_context: ClassVar[int] = 0

@@ -57,6 +57,7 @@ def decode_step(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray]:
         s._prompt_memory_held = False
     s.scheduler.after_prompt()
     s.scheduler.begin_token(0)
+    _read_known(s, [token for _, token in steps])
     whole = _one_graph(s, steps)
     if whole is not None:
         return whole
@@ -83,6 +84,19 @@ def decode_step(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray]:
         s.checkpoints.commit()
         logits.append(s._logits(h)[-1])
     return logits
+
+
+def _read_known(s: Session, tokens: list[int]) -> None:
+    """The layers routed by the token id alone (DeepSeek V4's hash layers): each one's union of the step's
+    sequences' experts is read from the step's start, as the session reads one token's (certain predictions:
+    probability 1, one vote), and the lookahead's guesses for these layers are dropped (`_merge`)."""
+    known: dict[int, list[int]] = {}
+    for token in tokens:
+        for block, experts in s.model.known_experts(token).items():
+            known[block] = list(dict.fromkeys([*known.get(block, []), *experts]))
+    s._known = known
+    for block, experts in known.items():
+        s.scheduler.predict(block, experts, block + 1, [1.0] * len(experts), 1)
 
 
 def rows_group(s: Session, n: int) -> int:
@@ -271,7 +285,8 @@ def _rows_parts(s: Session, il: int, slots: list[int], hs: list[np.ndarray]) -> 
 def _merge(s: Session, ahead: list[list[Ahead]]) -> list[Ahead]:
     """The sequences' predictions for each later layer as one (its experts ordered by their highest
     probability): the core counts a call as one layer's vote, so each predicting layer calls once per target.
-    The lookahead's record of what was predicted (its recall, the trace) is the merged one."""
+    The lookahead's record of what was predicted (its recall, the trace) is the merged one; a layer whose experts
+    the step's token ids give (`_read_known`) is recorded, not predicted again."""
     by_target: dict[tuple[int, int], dict[int, float]] = {}
     first: dict[tuple[int, int], Ahead] = {}
     for seq in ahead:
@@ -286,6 +301,8 @@ def _merge(s: Session, ahead: list[list[Ahead]]) -> list[Ahead]:
         a = first[key]
         experts = sorted(best, key=lambda e: (-best[e], e))
         s.lookahead.made[(a.target, a.distance - 1)] = experts
+        if a.target in s._known:
+            continue  # (a hash layer: its experts are read from the step's start, `_read_known`)
         out.append(Ahead(a.target, experts, a.distance, [best[e] for e in experts], a.predictors))
     return out
 

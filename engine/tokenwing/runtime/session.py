@@ -134,10 +134,6 @@ class Session:
             # (the tier's device-side KV cache and graphs are one sequence's)
             log("one sequence at a time: the VRAM tier keeps one KV cache on the device (--parallel is the CPU's)")
             n_seq = 1
-        if model_class.position_graphs and n_seq != 1:
-            if n_seq > 1:
-                log(f"one sequence at a time: a {hp.arch} step's graph is built for its positions (no batched steps)")
-            n_seq = 1
         n_tensors = 5 * hp.n_layer + 3 * len(streamed) + 4 * hp.n_layer * (max(n_seq, AUTO_PARALLEL) - 1)
         n_tensors += 2 * hp.n_layer  # (the slots' stacked K and V)
         weights = ModelWeights(self.mf, n_tensors + 64, opts.cpu_repack, model_class.lazy_tensors(hp))
