@@ -100,7 +100,7 @@ class ReplyReader:
     """A reply read as it streams into reasoning, content and calls (`Event`s, in order). `prompt`: the rendered
     prompt (whether it opened the reasoning tags); `tools` None: no calls are read (tool_choice none, no
     tools); `parallel` False: one call at most; `stream_calls`: calls go out in pieces as they are written (a
-    reply under the calls' grammar only: `CallReader`)."""
+    reply under the calls' grammar only: `CallReader`, harmony's `HarmonyParser`)."""
 
     def __init__(
         self, syn: Syntax, prompt: str, tools: Tools | None, parallel: bool = True, stream_calls: bool = False
