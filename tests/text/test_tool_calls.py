@@ -579,20 +579,38 @@ def test_every_format_streams_a_calls_arguments_in_pieces(
 
 def test_minimax_m3_streams_nested_arguments_whole() -> None:
     """MiniMax M3's nested elements (an object, an array of objects) go out as one piece each, once the
-    element's own closing tag is written: a nested element's inner closing tags fix nothing yet."""
+    element's own closing tag is written: a nested element's inner closing tags fix nothing yet. Every kind of
+    value its template writes (empty arrays and objects, a string holding the format's tags, a key named
+    item) streams into the arguments the whole read gives."""
     m3 = chat_templates()["MiniMax-M3.jinja"]
-    args = {"title": "Trip", "steps": [{"n": 1, "do": "pack"}, {"n": 2, "do": "go"}], "opts": {"loud": False}}
-    call = {"id": "c", "type": "function", "function": {"name": "plan", "arguments": args}}
-    user = [{"role": "user", "content": "Plan it"}]
     template = ChatTemplate(m3, "]~!b[", "[e~[")
+    user: list[dict[str, Any]] = [{"role": "user", "content": "Plan it"}]
     prompt = template.render(user, tools=NESTED)
-    full = template.render([*user, {"role": "assistant", "content": "", "tool_calls": [call]}], False, tools=NESTED)
-    reply = full[len(prompt) :]
-    assert f"{NS}<steps>{NS}<item>" in reply
-    _, pieces, got = streamed(m3, reply, prompt, 1, tools=NESTED)
+
+    def reply(args: dict[str, Any]) -> str:
+        call = {"id": "c", "type": "function", "function": {"name": "plan", "arguments": args}}
+        turn = [*user, {"role": "assistant", "content": "", "tool_calls": [call]}]
+        return template.render(turn, False, tools=NESTED)[len(prompt) :]
+
+    args = {"title": "Trip", "steps": [{"n": 1, "do": "pack"}, {"n": 2, "do": "go"}], "opts": {"loud": False}}
+    assert f"{NS}<steps>{NS}<item>" in reply(args)
+    _, pieces, got = streamed(m3, reply(args), prompt, 1, tools=NESTED)
     assert [(c.name, json.loads(c.arguments)) for c in got] == [("plan", args)]
     steps = '[{"n": 1, "do": "pack"}, {"n": 2, "do": "go"}]'
     assert pieces[0] == ["{", '"title": "Trip"', f', "steps": {steps}', ', "opts": {"loud": false}', "}"]
+    every = {
+        "title": "Trip <to> Zürich",
+        "steps": [{"n": 1, "do": "pack"}],
+        "opts": {"loud": False, "ratio": 0.5, "tags": ["a", "2"], "item": "x"},
+        "none_yet": [],
+        "empty": {},
+        "code": f"{NS}<b>bold{NS}</b>",
+    }
+    for step in (1, 3):
+        _, pieces, got = streamed(m3, reply(every), prompt, step, tools=NESTED)
+        assert [(c.name, json.loads(c.arguments)) for c in got] == [("plan", every)]
+        # "{", one piece per argument, and the closing brace where the invoke ends before the block does
+        assert pieces[0][0] == "{" and len(pieces[0]) - (pieces[0][-1] == "}") == 1 + len(every), pieces
 
 
 def test_a_streamed_harmony_call_cut_off_is_not_sent_again() -> None:
