@@ -335,7 +335,7 @@ GEOMETRY: dict[str, dict[str, int]] = {
     "minimax-m2": {"n_layer": 62, "n_head": 48, "n_head_kv": 8, "head_dim": 128, "n_rot": 64},
     # issue 25/27's families: Kimi K3's MLA every 4th layer and the last (24 of 93); GLM-5's latent and indexer key
     # in all 78 layers, GLM-5.2's indexer in 21 of them (llama.cpp's default types at a million-token context) plus
-    # the picks its shared layers read; Qwen3.8 Flash Next's 15 full-attention layers of 60
+    # the picks its shared layers read; Qwen3.8 Flash Next's 15 full-attention layers of 60, K, V and QSA's key
     "kimi-k3": {"n_layer": 93, "kv_lora_rank": 512, "n_rot": 64, "full_attention_interval": 4},
     "glm-5": {
         "n_layer": 78,
@@ -353,7 +353,13 @@ GEOMETRY: dict[str, dict[str, int]] = {
         "indexer_top_k": 2048,
         "context_length": 1048576,
     },
-    "qwen3.8-flash-next": {"n_layer": 60, "n_head_kv": 2, "head_dim": 256, "full_attention_interval": 4},
+    "qwen3.8-flash-next": {
+        "n_layer": 60,
+        "n_head_kv": 2,
+        "head_dim": 256,
+        "full_attention_interval": 4,
+        "indexer_head_size": 128,  # (QSA's raw key, cached beside K)
+    },
     # DeepSeek V4 Flash: one KV head of 512 and the indexer's key of 128, compressed in 41 of 43 layers (the
     # factory's default ratios are V4's: two window-only layers, then 21 CSA and 20 HCA in turn)
     "deepseek-v4-flash": {"n_layer": 43, "head_dim": 512, "indexer_head_size": 128},

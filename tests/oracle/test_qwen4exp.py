@@ -1,7 +1,7 @@
 """Qwen3.8 Flash Next (`qwen4exp`) against llama.cpp on the same GGUF: hyper-connections, the sigmoid-gated DeltaNet,
-QSA's dense part (a query seeing at most budget + block - 1 cells) and the n-gram table, exact in F32 and at the
-quantised types' floor, streamed at 25 % of the experts, a prompt split into passes; the context capped at QSA's
-dense part; stream counts other than 4 refused.
+QSA (its dense part, a query seeing at most budget + block - 1 cells, and past it the indexer's selection) and the
+n-gram table, exact in F32 and at the quantised types' floor, streamed at 25 % of the experts, a prompt split into
+passes; stream counts other than 4 refused.
 
 Each prompt spans several layer-major chunks, the decode steps run past position 256 (a new decode window), and the
 recurrent state and the streams carry across all of them.
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ModelFactory
+from tests.engine.test_batch_decode import PROMPTS, _alone, _options, _together
 from tests.oracle.test_deepseek4_loads import long_probe
 from tests.oracle.test_families import clear_top1, steps
 from tests.oracle.test_logits import _repacked, _tokens, kl_per_position, llama_logits
@@ -49,6 +50,15 @@ VARIANTS: dict[str, dict[str, object]] = {
     "narrow": {
         **DENSE, "n_layer": 6, "full_attention_interval": 6, "hc_low_rank": 1, "ssm_n_group": 4, "ple_layer": 2,
     },
+}  # fmt: skip
+# QSA past its budget, on geometries no other test uses: blocks of 3 scored by 3 indexer heads; blocks of 1 (the
+# tail always empty, the budget whole blocks); 4 QSA layers of 8-cell blocks, indexer heads of 32 with IMRoPE's
+# fourth axis in use (a block's key turns at its first position on all four axes, a query's at 0 on the fourth:
+# giving the blocks 0 there too is 0.05 off from position 88 on here)
+QSA: dict[str, dict[str, object]] = {
+    "odd-blocks": {"arch": A, "qsa_ratio": 3, "indexer_top_k": 12, "indexer_n_head": 3},
+    "single-cells": {"arch": A, "qsa_ratio": 1, "indexer_top_k": 5, "indexer_n_head": 1, "indexer_head_size": 32},
+    "wide": {**VARIANTS["wide"], "qsa_ratio": 8, "indexer_top_k": 32, "indexer_n_head": 4},
 }  # fmt: skip
 
 
@@ -83,9 +93,9 @@ def test_quantized_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path
 
 
 def test_streamed_at_a_quarter_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path) -> None:
-    """25 % of the expert bytes in RAM, the rest read from the file, lookahead 2: llama.cpp's logits (mean KL <= 1e-4)
-    and, to the bit, those of every expert in RAM."""
-    src = model_factory(type="Q8_0", **dict(VARIANTS["wide"], weight_std=0.03))  # type: ignore[arg-type]
+    """25 % of the expert bytes in RAM, the rest read from the file, lookahead 2, QSA selecting past 39 cells:
+    llama.cpp's logits (mean KL <= 1e-4) and, to the bit, those of every expert in RAM."""
+    src = model_factory(type="Q8_0", **dict(QSA["wide"], weight_std=0.03))  # type: ignore[arg-type]
     model = _repacked(src, tmp_path)
     tokens = _tokens(200, 512, seed=33)
     with ModelFile.open(str(model)) as mf:
@@ -98,9 +108,10 @@ def test_streamed_at_a_quarter_matches_llama_cpp(model_factory: ModelFactory, tm
 
 
 def test_prompt_split_into_passes_is_identical(model_factory: ModelFactory, tmp_path: Path) -> None:
-    """A 2-slot cache and no prompt memory: a 120-token prompt as passes of one chunk, the streams and every layer's
-    state carried between them — the same logits, to the bit, as one pass."""
-    model = _repacked(model_factory(type="Q8_0", **VARIANTS["tiny"]), tmp_path)  # type: ignore[arg-type]
+    """A 2-slot cache and no prompt memory: a 120-token prompt as passes of one chunk, the streams, every layer's
+    state and the indexer's keys (QSA selecting past 14 cells) carried between them — the same logits, to the bit,
+    as one pass."""
+    model = _repacked(model_factory(type="Q8_0", **QSA["odd-blocks"]), tmp_path)  # type: ignore[arg-type]
     tokens = _tokens(120, 512, seed=34).tolist()
     lines: list[str] = []
     opts = {"kv_type": "f32", "n_ctx": 512, "max_batch": 16}
@@ -115,20 +126,47 @@ def test_prompt_split_into_passes_is_identical(model_factory: ModelFactory, tmp_
     assert any("running it 16 tokens at a time" in line for line in lines), lines
 
 
-def test_context_stays_in_qsa_dense_part(model_factory: ModelFactory, tmp_path: Path) -> None:
-    """The tiny preset's QSA keeps 64 cells in blocks of 4: the session's context is 67 tokens, the last one a
-    query attends to all of (tests/oracle/test_qwen4exp_loads.py: beyond it llama.cpp selects); the engine gives
-    llama.cpp's logits up to there."""
+@pytest.mark.parametrize("variant", QSA)
+def test_qsa_selects_as_llama_cpp(model_factory: ModelFactory, tmp_path: Path, variant: str) -> None:
+    """320 positions, far past the budget (14, 5 and 39 cells): a 200-token prompt in chunks, then 120 decode steps
+    as one graph each; every query keeps its tail and the blocks llama.cpp's indexer picks, the block cut by the
+    budget as its top-k cuts it (breaking the selection, e.g. attending densely, is 0.1 off from position 67 on the
+    tiny preset)."""
+    src = model_factory(type="F32", **QSA[variant])  # type: ignore[arg-type]
+    tokens = _tokens(320, 512, seed=39)
+    ref = llama_logits(src, tokens, tmp_path)
+    got, s = steps(_repacked(src, tmp_path), tokens, 200)
+    assert s.one_graph_steps  # type: ignore[attr-defined]
+    assert np.abs(ref - got).max() <= 1e-5
+    assert kl_per_position(ref, got).mean() <= 1e-8
+
+
+def test_the_context_is_the_files(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """With the indexer built the context is no longer capped at QSA's dense part (67 tokens in the tiny preset):
+    the session takes the file's context length, and a QSA layer's cache holds the indexer's key beside K."""
     src = model_factory(type="F32", arch=A)
     model = _repacked(src, tmp_path)
     s = Session(str(model), SessionOptions(kv_type="f32"), log=lambda line: None)
     try:
-        assert s.n_ctx == 64 + 4 - 1
+        assert s.n_ctx == read_header(str(src)).kv[f"{A}.context_length"].value
+        hp = s.hp
+        full = [il for il in range(hp.n_layer) if not hp.is_recurrent(il)]
+        spec = Qwen4Exp.kv_layer(hp, full[0])
+        assert spec.k == hp.head_dim * hp.n_head_kv + hp.indexer_head_size and spec.v == hp.head_dim * hp.n_head_kv
     finally:
         s.close()
-    tokens = _tokens(67, 512, seed=35)
-    got, _ = steps(model, tokens, 40)
-    assert kl_per_position(llama_logits(src, tokens, tmp_path), got).mean() <= 1e-8
+
+
+def test_several_sequences_select_as_each_alone(repacked_factory: ModelFactory) -> None:
+    """Three sequences' decode steps in one graph (the server's batch), QSA keeping 5 single cells of each one's
+    own cache: each sequence's logits at every step, to the bit, are those it gets alone."""
+    model = str(repacked_factory(type="Q8_0", **QSA["single-cells"]))
+    want = [_alone(model, _options(1, None), p) for p in PROMPTS]
+    got = _together(model, _options(len(PROMPTS), None), PROMPTS, "apart")
+    for w, g in zip(want, got, strict=True):
+        assert len(g) == len(w)
+        for step, (a, b) in enumerate(zip(w, g, strict=True)):
+            assert np.array_equal(a, b), f"step {step}: max |diff| {np.abs(a - b).max()}"
 
 
 @pytest.mark.parametrize(
@@ -232,10 +270,10 @@ def test_the_tables_pages_share_the_expert_cache_budget(model_factory: ModelFact
 def test_the_default_f16_cache_is_llama_cpps_f16_cache(
     model_factory: ModelFactory, tmp_path: Path, type_name: str
 ) -> None:
-    """The engine's default KV type against llama.cpp's default (both caches F16; the recurrent states F32 in
-    both), with the table, 300 positions across 256 (weights at 0.03, as the quantised tests): within llama.cpp's
-    own floor, the distance between its F16 and F32 caches."""
-    src = model_factory(type=type_name, **dict(VARIANTS["tiny"], weight_std=0.03))  # type: ignore[arg-type]
+    """The engine's default KV type against llama.cpp's default (both caches F16, the indexer's keys too; the
+    recurrent states F32 in both), with the table and QSA selecting past 14 cells, 300 positions across 256 (weights
+    at 0.03, as the quantised tests): within llama.cpp's own floor, the distance between its F16 and F32 caches."""
+    src = model_factory(type=type_name, **dict(QSA["odd-blocks"], weight_std=0.03))  # type: ignore[arg-type]
     tokens = _tokens(300, 512, seed=38)
     ref16 = llama_logits(src, tokens, tmp_path, f16_kv=True)
     floor = kl_per_position(llama_logits(src, tokens, tmp_path), ref16).mean()

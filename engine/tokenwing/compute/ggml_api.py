@@ -502,6 +502,7 @@ ggml_softplus = _g.fn("ggml_softplus", TENSOR, CONTEXT, TENSOR)
 ggml_sqrt = _g.fn("ggml_sqrt", TENSOR, CONTEXT, TENSOR)  # (DeepSeek V4's sqrt-softplus router)
 ggml_abs = _g.fn("ggml_abs", TENSOR, CONTEXT, TENSOR)  # (qwen4exp's n-gram gate: a signed square root)
 ggml_sgn = _g.fn("ggml_sgn", TENSOR, CONTEXT, TENSOR)
+ggml_relu = _g.fn("ggml_relu", TENSOR, CONTEXT, TENSOR)  # (qwen4exp's QSA indexer: each head's scores)
 ggml_scale_bias = _g.fn("ggml_scale_bias", TENSOR, CONTEXT, TENSOR, FLOAT, FLOAT)  # a·s + b
 ggml_tanh = _g.fn("ggml_tanh", TENSOR, CONTEXT, TENSOR)
 ggml_swiglu_split = _g.fn("ggml_swiglu_split", TENSOR, CONTEXT, TENSOR, TENSOR)

@@ -11,12 +11,13 @@ from __future__ import annotations
 import ctypes
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
-from tokenwing.compute.ggml_lib import Graph, Tensor, ops
+from tokenwing.compute.ggml_lib import F32, Graph, Tensor, ops
 from tokenwing.models.hparams import HParams
 
 
@@ -556,6 +557,40 @@ def attention(
     k = rope(ctx, k, at.positions, r)
     cur, writes = attend(ctx, q, k, v, at, kv, 1.0 / math.sqrt(hd))
     return ops.ggml_mul_mat(ctx, w["attn_output"], cur), writes
+
+
+def picks_mask(ctx: Any, top_k: Tensor, at: Placement) -> Tensor:
+    """An indexer's attention mask: -inf everywhere but at its picks top_k (I32 [k, n], cells of the window: 0),
+    then the placement's mask added, so that surplus picks of masked cells stay -inf (llama.cpp's sparse mask,
+    llama-graph.cpp:3068-3095; glm-dsa's DSA, qwen4exp's QSA)."""
+    picks, n = int(top_k.contents.ne[0]), at.n
+    blank = ops.ggml_fill(ctx, ops.ggml_new_tensor_2d(ctx, F32, at.n_kv, n), -np.inf)
+    rows = ops.ggml_reshape_4d(ctx, blank, 1, at.n_kv, n, 1)
+    zeros = ops.ggml_fill(ctx, ops.ggml_new_tensor_4d(ctx, F32, 1, picks, n, 1), 0.0)
+    picked = ops.ggml_set_rows(ctx, rows, zeros, ops.ggml_reshape_3d(ctx, top_k, picks, n, 1))
+    return ops.ggml_add(ctx, ops.ggml_reshape_2d(ctx, picked, at.n_kv, n), at.mask)
+
+
+def attend_alone(
+    ctx: Any,
+    x: Tensor,
+    at: Placement,
+    cache: BatchKV,
+    attention: Callable[[Tensor, Placement, KVCache], tuple[Tensor, list[Tensor]]],
+) -> tuple[Tensor, list[Tensor]]:
+    """A batch's tokens x [n_embd, n] (one a sequence, `at.parts`) each through `attention` alone, over its own
+    cache: the same ops on the same numbers as its own step, so the same bits (a family whose attention selects
+    cells per query: DSA, QSA); their outputs side by side, and every token's cache writes."""
+    e, nb1 = int(x.contents.ne[0]), int(x.contents.nb[1])
+    outs, writes = [], []
+    for i, (part, c) in enumerate(zip(at.parts, cache.caches, strict=True)):
+        out, w = attention(ops.ggml_view_2d(ctx, x, e, 1, nb1, i * nb1), part, c)
+        outs.append(out)
+        writes += w
+    cur = outs[0]
+    for out in outs[1:]:
+        cur = ops.ggml_concat(ctx, cur, out, 1)
+    return cur, writes
 
 
 # --------------------------------------------------------------------------------------------- routing

@@ -132,7 +132,7 @@ class GlmDsa(MoEModel):
     ) -> tuple[Tensor, list[Tensor]]:
         cache = common.kv_cache(kv)
         if isinstance(cache, common.BatchKV):  # several sequences' tokens: each attends alone, over its own cache
-            return self._each(ctx, il, x, at, cache)
+            return common.attend_alone(ctx, x, at, cache, lambda xi, part, c: self.attention(ctx, il, xi, part, c))
         hp, w = self.hp, self.w[il]
         latent, di = hp.kv_lora_rank + hp.n_rot, hp.indexer_head_size
         n_ctx, elt = int(cache.k.contents.ne[1]), cache.elt
@@ -140,7 +140,7 @@ class GlmDsa(MoEModel):
             picks = self._picks_buffer(ctx, n_ctx, at.n_kv, cache.index)
             rows = ops.ggml_get_rows(ctx, picks, ops.ggml_view_1d(ctx, at.positions, at.n, 0))
             top_k = ops.ggml_cpy(ctx, rows, ops.ggml_new_tensor_2d(ctx, I32, int(rows.contents.ne[0]), at.n))
-            mask = self._mask(ctx, top_k, at)
+            mask = common.picks_mask(ctx, top_k, at)
             cur, writes = mla.attention(ctx, hp, w, x, at, cache, self.rope, self.kq_scale, lambda qr: (mask, []))
             return ops.ggml_mul_mat(ctx, w["attn_output"], cur), writes
         # The layer's K memory holds two blocks: [latent + rope, n_ctx] then [indexer head, n_ctx], each of
@@ -154,22 +154,6 @@ class GlmDsa(MoEModel):
 
         cur, writes = mla.attention(ctx, hp, w, x, at, mla_kv, self.rope, self.kq_scale, select)
         return ops.ggml_mul_mat(ctx, w["attn_output"], cur), writes
-
-    def _each(
-        self, ctx: Any, il: int, x: Tensor, at: common.Placement, cache: common.BatchKV
-    ) -> tuple[Tensor, list[Tensor]]:
-        """A batch's tokens (one a sequence, `at.parts`) through the attention each gets alone: the same ops on
-        the same numbers, so the same bits; their outputs side by side."""
-        e, nb1 = int(x.contents.ne[0]), int(x.contents.nb[1])
-        outs, writes = [], []
-        for i, (part, c) in enumerate(zip(at.parts, cache.caches, strict=True)):
-            out, w = self.attention(ctx, il, ops.ggml_view_2d(ctx, x, e, 1, nb1, i * nb1), part, c)
-            outs.append(out)
-            writes += w
-        cur = outs[0]
-        for out in outs[1:]:
-            cur = ops.ggml_concat(ctx, cur, out, 1)
-        return cur, writes
 
     def _select(
         self, ctx: Any, il: int, x: Tensor, qr: Tensor, at: common.Placement, lid_k: Tensor, elt: int, seq: int
@@ -200,7 +184,7 @@ class GlmDsa(MoEModel):
             buf = self._picks_buffer(ctx, int(lid_k.contents.ne[1]), at.n_kv, seq)
             as_f32 = ops.ggml_cpy(ctx, top_k, ops.ggml_new_tensor_2d(ctx, F32, count, n))
             writes.append(ops.ggml_set_rows(ctx, buf, as_f32, at.k_rows))
-        return self._mask(ctx, top_k, at), writes
+        return common.picks_mask(ctx, top_k, at), writes
 
     def _picks_buffer(self, ctx: Any, n_ctx: int, n_kv: int, seq: int) -> Tensor:
         """The picks by position of sequence `seq` (its caches' slot), [k, n_ctx] of the buffer for this context
@@ -211,14 +195,3 @@ class GlmDsa(MoEModel):
             self._picks[(n_ctx, seq)] = self._arena.wrap(data, F32, (k_max, n_ctx))
         buf = self._picks[(n_ctx, seq)]
         return ops.ggml_view_2d(ctx, buf, min(k_max, n_kv), n_ctx, 4 * k_max, 0)
-
-    @staticmethod
-    def _mask(ctx: Any, top_k: Tensor, at: common.Placement) -> Tensor:
-        """-inf everywhere but at the picks (0), then the causal mask added: surplus picks of masked keys stay -inf
-        (llama-graph.cpp:3068-3095)."""
-        picks, n = int(top_k.contents.ne[0]), at.n
-        blank = ops.ggml_fill(ctx, ops.ggml_new_tensor_2d(ctx, F32, at.n_kv, n), -np.inf)
-        rows = ops.ggml_reshape_4d(ctx, blank, 1, at.n_kv, n, 1)
-        zeros = ops.ggml_fill(ctx, ops.ggml_new_tensor_4d(ctx, F32, 1, picks, n, 1), 0.0)
-        picked = ops.ggml_set_rows(ctx, rows, zeros, ops.ggml_reshape_3d(ctx, top_k, picks, n, 1))
-        return ops.ggml_add(ctx, ops.ggml_reshape_2d(ctx, picked, at.n_kv, n), at.mask)

@@ -317,8 +317,7 @@ def _dsv4_keys(get: Any, n_layer: int, where: str) -> Dsv4Keys:
 
 
 def _qsa(hp: HParams, get: Any, ratios: Any, where: str) -> HParams:
-    """qwen4exp's QSA keys, and its context capped at the dense part of QSA, which is what the engine computes: a
-    query that sees more than budget + block - 1 cells would attend to a selection (the indexer, not built yet)."""
+    """qwen4exp's QSA keys: the budget of cells a query keeps and each layer's block (0: a linear layer)."""
     from dataclasses import replace
 
     top_k = get("attention.indexer.top_k")
@@ -327,8 +326,9 @@ def _qsa(hp: HParams, get: Any, ratios: Any, where: str) -> HParams:
     blocks = [r for il, r in enumerate(per_layer) if r and not hp.is_recurrent(il)]
     if top_k <= 0 or not blocks:
         raise BadInputError(f"{where}: qwen4exp needs attention.indexer.top_k and a compress ratio per full layer")
-    span = top_k + min(blocks) - 1
-    return replace(hp, qsa_top_k=top_k, qsa_ratios=per_layer, n_ctx_train=min(hp.n_ctx_train, span))
+    if any(r < 0 or r > 64 for r in per_layer):  # (llama.cpp asserts it: a block's cells are bits of a uint64)
+        raise BadInputError(f"{where}: qwen4exp.attention.compress_ratios must be 0 to 64")
+    return replace(hp, qsa_top_k=top_k, qsa_ratios=per_layer)
 
 
 def _ple(hp: HParams, meta: dict[str, Any], where: str) -> HParams:

@@ -144,8 +144,9 @@ class Qwen3Next(MoEModel):
         return self.gated_attention(ctx, il, x, at, common.kv_cache(kv))
 
     def gated_attention(
-        self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.KVCache
+        self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.KVCache, mask: Tensor | None = None
     ) -> tuple[Tensor, list[Tensor]]:
+        """`mask`: another mask than the placement's (qwen4exp's QSA picks)."""
         hp, w, n = self.hp, self.w[il], at.n
         hd, nh, eps = hp.head_dim, hp.n_head, hp.rms_eps
         qg = ops.ggml_mul_mat(ctx, w["attn_q"], x)  # per head: query, then gate
@@ -156,7 +157,7 @@ class Qwen3Next(MoEModel):
         v = ops.ggml_reshape_3d(ctx, ops.ggml_mul_mat(ctx, w["attn_v"], x), hd, hp.n_head_kv, n)
         q = common.rope(ctx, common.rms_norm(ctx, q, w["attn_q_norm"], eps), at.positions, self.rope)
         k = common.rope(ctx, common.rms_norm(ctx, k, w["attn_k_norm"], eps), at.positions, self.rope)
-        cur, writes = common.attend(ctx, q, k, v, at, kv, self.kq_scale)
+        cur, writes = common.attend(ctx, q, k, v, at, kv, self.kq_scale, mask)
         gate = ops.ggml_sigmoid(ctx, ops.ggml_cont_2d(ctx, gate, hd * nh, n))
         return ops.ggml_mul_mat(ctx, w["attn_output"], ops.ggml_mul(ctx, cur, gate)), writes
 

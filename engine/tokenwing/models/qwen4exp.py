@@ -8,8 +8,10 @@ block's output goes back into every stream scaled by 2 · sigmoid(inject · norm
 (`hc_combine`). The head mixes the streams once more, which is its only norm.
 
 The DeltaNet differs from Qwen3.5's in one place: its output norm is gated by sigmoid(z), not silu(z). The full
-layers' QSA is plain attention while a query sees at most top_k + block - 1 cells, which is the context the
-engine gives these files (`hparams._qsa`); the indexer beyond it is not built yet.
+layers attend through QSA (`qsa_mask`): each token's raw indexer key is cached beside its K (the layer's K memory
+holds the attention's block, then the indexer's); a query keeps its incomplete block (the tail) and the complete
+blocks of `compress_ratios[il]` cells that a mean-pooled, normed, rotated key per block scores highest, top_k + block
+- 1 cells in all (build_qsa_top_k, build_attn_qsa). Until a query sees that many cells, that is every one.
 
 The n-gram table (PLE): each token reads (ngram - 1) · heads_per_ngram rows of it, named by a hash of the token and
 the ones before it (`NgramKeys.rows`, host-side: `token_input` hands `embed` the ids and those rows), gathered into
@@ -22,13 +24,14 @@ the layer's convolution state) adds its SiLU (build_ple, qwen4exp.cpp:1220-1308)
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 from typing import Any
 
 import numpy as np
 
 from tokenwing import _core
-from tokenwing.compute.ggml_lib import F32, Tensor, aligned_bytes, ops
+from tokenwing.compute.ggml_lib import F32, I32, Tensor, TensorArena, aligned_bytes, ops
 from tokenwing.errors import BadInputError, UnsupportedError
 from tokenwing.format.gguf_io import tensor_nbytes
 from tokenwing.models import common, delta_net
@@ -99,6 +102,11 @@ class NgramRows:
         return slots[inverse].reshape(rows.shape)
 
 
+def qsa_ratio(hp: HParams, il: int) -> int:
+    """Layer il's QSA block (attention.compress_ratios), 0 where it has none (a linear layer)."""
+    return 0 if hp.is_recurrent(il) or il >= len(hp.qsa_ratios) else hp.qsa_ratios[il]
+
+
 class Qwen4Exp(Qwen35MoE):
     arch = "qwen4exp"
     ffn_norm = "ffn_norm"  # (absent: the router reads the FFN's mix as it is)
@@ -125,6 +133,8 @@ class Qwen4Exp(Qwen35MoE):
             self.ngram_ring = weights.arena.wrap(rows.ring, info.type, (width, rows.ring_rows))
         # the lookahead folds a norm into later routers: the router here reads the mix as it is
         self._ones = weights.arena.wrap(np.ones(hp.n_embd, np.float32), F32, (hp.n_embd,))
+        self._arena = TensorArena(16)
+        self._block_positions: dict[tuple[int, int], Tensor] = {}  # (blocks, ratio) → the blocks' rope positions
 
     @staticmethod
     def streams(hp: HParams, shapes: dict[str, tuple[int, ...]]) -> int:
@@ -175,6 +185,28 @@ class Qwen4Exp(Qwen35MoE):
         # Qwen3.5's checks of the rest, told of the norms the hyper-connections replace as if the file had them
         norms = ["output_norm"] + [f"blk.{il}.{n}" for il in range(hp.n_layer) for n in ("attn_norm", "ffn_norm")]
         super().check(hp, shapes | {f"{n}.weight": (e,) for n in norms}, streamed, where)
+
+    @classmethod
+    def check_attention(cls, c: TensorCheck, il: int) -> None:
+        super().check_attention(c, il)
+        hp = c.hp
+        if qsa_ratio(hp, il):
+            p, e, di = f"blk.{il}.indexer.", hp.n_embd, hp.indexer_head_size
+            if hp.indexer_n_head < 1 or di < 1 or hp.n_rot > di:
+                raise BadInputError(
+                    f"{c.where}: qwen4exp's QSA needs indexer heads and an indexer head of at least the rope dims"
+                )
+            c.need(p + "q_proj.weight", (e, hp.indexer_n_head * di))
+            c.need(p + "k_proj.weight", (e, di))
+            c.need(p + "q_norm.weight", (di,))
+            c.need(p + "k_norm.weight", (di,))
+
+    @classmethod
+    def kv_layer(cls, hp: HParams, il: int) -> common.KVSpec:
+        """A QSA layer's K memory holds its attention's K, then each token's raw indexer key (llama.cpp's indexer
+        cache, `llama_memory_hybrid_idx`: one key head, in the cache's type)."""
+        spec = super().kv_layer(hp, il)
+        return dataclasses.replace(spec, k=spec.k + hp.indexer_head_size) if qsa_ratio(hp, il) else spec
 
     # -------------------------------------------------------------------------- the state between layers
     def share_expert_budget(self, budget: int) -> int:
@@ -323,6 +355,91 @@ class Qwen4Exp(Qwen35MoE):
         return ops.ggml_mul_mat(ctx, self.weights.get(name), cur)
 
     # ------------------------------------------------------------------------------------------ attention
+    def attention(
+        self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache
+    ) -> tuple[Tensor, list[Tensor]]:
+        """A QSA layer: the indexer's mask, then Qwen3.5's gated attention through it (build_layer_attn)."""
+        r = qsa_ratio(self.hp, il)
+        if not r:
+            return super().attention(ctx, il, x, at, kv)
+        cache = common.kv_cache(kv)
+        if isinstance(cache, common.BatchKV):  # several sequences' tokens: each selects and attends alone
+            return common.attend_alone(ctx, x, at, cache, lambda xi, part, c: self.attention(ctx, il, xi, part, c))
+        # the K memory's two blocks, each of contiguous rows: [attention K, n_ctx], then [indexer key, n_ctx]
+        width, di = self.hp.head_dim * self.hp.n_head_kv, self.hp.indexer_head_size
+        n_ctx, elt = int(cache.k.contents.ne[1]), cache.elt
+        attn_k = ops.ggml_view_2d(ctx, cache.k, width, n_ctx, width * elt, 0)
+        keys = ops.ggml_view_2d(ctx, cache.k, di, n_ctx, di * elt, width * n_ctx * elt)
+        mask, writes = self.qsa_mask(ctx, il, x, at, keys, r)
+        out, attn_writes = self.gated_attention(ctx, il, x, at, dataclasses.replace(cache, k=attn_k), mask)
+        return out, writes + attn_writes
+
+    def qsa_mask(
+        self, ctx: Any, il: int, x: Tensor, at: common.Placement, keys: Tensor, r: int
+    ) -> tuple[Tensor | None, list[Tensor]]:
+        """QSA's selection as an attention mask (build_qsa_top_k, qwen4exp.cpp:548-699, and llama.cpp's set_input_qsa),
+        and the tokens' raw indexer keys written to `keys` [Di, n_ctx]; None: the placement's mask, when the window
+        holds no more than the top_k + r - 1 cells a query keeps (all it sees are kept).
+
+        The score of a complete block b (cells br … br + r - 1) for a query: Σ_heads relu(q_h · k_b), k_b the mean of
+        its cells' raw keys, RMS-normed (indexer.k_norm) and rotated at br on all four IMRoPE axes; q the query's
+        indexer.q_proj, normed per head (indexer.q_norm) and rotated at its position. Every cell takes its block's
+        score; the query's own incomplete block (the tail, visible from (q + 1) // r · r on) takes 1e9 more, as
+        llama.cpp's bias gives it, so that the tail is always kept; the causal mask is added and top_k of
+        min(n_kv, top_k + r - 1) cells picks. The picks among one block's equal scores (a budget that ends inside a
+        block) are ggml_top_k's, over llama.cpp's own row: a cell is its position, masked cells are -inf and never
+        displace a pick, so only the visible prefix, identical in both, decides (llama.cpp's longer row adds -inf)."""
+        hp, w, n, n_kv = self.hp, self.w[il], at.n, at.n_kv
+        di, heads, eps = hp.indexer_head_size, hp.indexer_n_head, hp.rms_eps
+        # cached raw: the pooling comes before the norm and the rotation
+        raw = ops.ggml_mul_mat(ctx, w["indexer.k_proj"], x)
+        writes = [ops.ggml_set_rows(ctx, keys, raw, at.k_rows)]
+        width = hp.qsa_top_k + r - 1
+        if n_kv <= width:
+            return None, writes
+        blocks, elt = n_kv // r, int(keys.contents.nb[1]) // di  # the complete blocks the window can hold
+        pooled: Tensor | None = None
+        for i in range(r):  # (llama.cpp sums the members' slices in order, then scales)
+            member = ops.ggml_view_2d(ctx, keys, di, blocks, r * di * elt, i * di * elt)
+            member = ops.ggml_cast(ctx, member, F32)  # (get_rows' conversion: exact from F16)
+            pooled = member if pooled is None else ops.ggml_add(ctx, pooled, member)
+        assert pooled is not None
+        pooled = ops.ggml_scale(ctx, pooled, float(np.float32(1.0) / np.float32(r)))
+        pooled = common.rms_norm(ctx, pooled, w["indexer.k_norm"], eps)
+        pooled = ops.ggml_reshape_3d(ctx, pooled, di, 1, blocks)
+        pooled = ops.ggml_reshape_2d(ctx, common.rope(ctx, pooled, self._block_pos(blocks, r), self.rope), di, blocks)
+        q = ops.ggml_reshape_3d(ctx, ops.ggml_mul_mat(ctx, w["indexer.q_proj"], x), di, heads, n)
+        q = common.rope(ctx, common.rms_norm(ctx, q, w["indexer.q_norm"], eps), at.positions, self.rope)
+        score = ops.ggml_mul_mat(ctx, pooled, ops.ggml_reshape_2d(ctx, q, di, heads * n))  # [blocks, heads · n]
+        score = ops.ggml_reshape_3d(ctx, ops.ggml_relu(ctx, score), blocks, heads, n)
+        nb = score.contents.nb
+        summed = ops.ggml_cont(ctx, ops.ggml_view_2d(ctx, score, blocks, n, int(nb[2]), 0))
+        for h in range(1, heads):
+            summed = ops.ggml_add(ctx, summed, ops.ggml_view_2d(ctx, score, blocks, n, int(nb[2]), h * int(nb[1])))
+        # The tail: block b is complete for a query when its last cell is visible, at.mask[br + r - 1] = 0; else
+        # (-inf) its cells, the visible ones of which are the tail, take 1e9 more (clamped to {0, -1}, times -1e9)
+        f, row = int(at.mask.contents.nb[0]), int(at.mask.contents.nb[1])
+        last = ops.ggml_view_3d(ctx, at.mask, 1, blocks, n, r * f, row, (r - 1) * f)
+        last = ops.ggml_clamp(ctx, ops.ggml_cont_2d(ctx, last, blocks, n), -1.0, 0.0)
+        summed = ops.ggml_add(ctx, summed, ops.ggml_scale(ctx, last, -1e9))
+        # every cell takes its block's value; the cells past the last complete block are a tail or masked
+        cells = ops.ggml_repeat_4d(ctx, ops.ggml_reshape_3d(ctx, summed, 1, blocks, n), r, blocks, n, 1)
+        cells = ops.ggml_reshape_2d(ctx, cells, r * blocks, n)
+        if n_kv > r * blocks:
+            rest = ops.ggml_fill(ctx, ops.ggml_new_tensor_2d(ctx, F32, n_kv - r * blocks, n), 1e9)
+            cells = ops.ggml_concat(ctx, cells, rest, 0)
+        cells = ops.ggml_add(ctx, cells, at.mask)
+        top_k = ops.ggml_cont(ctx, ops.ggml_top_k(ctx, cells, width))  # I32 [width, n]
+        return common.picks_mask(ctx, top_k, at), writes
+
+    def _block_pos(self, blocks: int, r: int) -> Tensor:
+        """The blocks' first positions on all four IMRoPE axes (llama.cpp's blk_pos: [4 · blocks])."""
+        key = (blocks, r)
+        if key not in self._block_positions:
+            first = np.arange(blocks, dtype=np.int32) * r
+            self._block_positions[key] = self._arena.wrap(np.tile(first, 4), I32, (4 * blocks,))
+        return self._block_positions[key]
+
     def linear_attention(
         self, ctx: Any, il: int, x: Tensor, n: int, cache: common.RecurrentCache
     ) -> tuple[Tensor, list[Tensor]]:
