@@ -41,18 +41,18 @@ def test_search_import_endpoint_and_download_buttons(
 
         # Import GGUF: repacked with progress into the library
         seen: list[str] = []
-        window.library.task_label.setText("")
-        original = window.library.set_task
+        notes = window.notifications
+        original = notes.job
 
-        def spy(label: str | None, fraction: float | None = None, cancellable: bool = True) -> None:
-            seen.append(label or "")
-            original(label, fraction, cancellable)
+        def spy(key: str, title: str, message: str = "", progress: float | None = None, **kw: bool) -> None:
+            seen.append(title)
+            original(key, title, message, progress, **kw)
 
-        window.library.set_task = spy  # type: ignore[method-assign]
+        notes.job = spy  # type: ignore[method-assign]
         imported = await c.import_files([gguf])
         assert imported is not None and imported.error is None
         assert any(m.path == imported.path for m in c.local_models)
-        assert any(label.startswith("Importing") for label in seen) and seen[-1] == ""
+        assert any(label.startswith("Importing") for label in seen) and notes.get("import") is None  # done: gone
 
         # the download row's buttons drive the queue; the hub holds every body until the pause is done, so the
         # download cannot finish before the click, however slow this machine is

@@ -4,20 +4,32 @@ offer to measure the machine. Each test fails on the code before its fix."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextCursor, QTextDocument, QTextTable
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QPushButton
 
+from runmyai.library.keys import LocalKey
 from runmyai.library.local import model_name
+from runmyai.paths import AppPaths
+from runmyai.ui.controller import AUTOTUNE_OFFER, AppController
 from runmyai.ui.main_window import MainWindow
+from runmyai.ui.notifications import job_line
 from runmyai.ui.render import LibraryEntry
+from runmyai.ui.viewmodels import Notice
 from tests.app.hubserver import HubServer
-from tests.app.test_app_scenario import make_controller
+from tests.app.test_app_scenario import make_controller, until
 from tests.conftest import ModelFactory
 from tests.qtloop import run_qt
+from tokenwing.testmodel import preset_shape, write_test_model
 
 HUB_REPO = "acme/Tiny-MoE-3B-A1B-GGUF"
 
@@ -118,3 +130,142 @@ def test_the_model_cards_tables_render_aligned_and_a_wide_one_fits_the_card(qapp
             assert window.width() == width
     finally:
         window.close()
+
+
+# ------------------------------------------------------------------------------------------ one home for progress
+def test_a_downloads_progress_shows_in_its_notification_and_on_its_card_only(
+    qapp: QApplication, tiny_hub: tuple[HubServer, bytes], tmp_path: Path
+) -> None:
+    """It showed in three places: a notification, the Discover page's task row and the downloads table. Now the
+    notification (with Cancel) and the repository's card; a stopped job gets its row back, to resume or forget."""
+    server, data = tiny_hub
+    gguf = tmp_path / "tiny-moe-Q8_0.gguf"
+    write_test_model(str(gguf), preset_shape("tiny", None), "Q8_0", 0, 1)
+    server.add_file(HUB_REPO, gguf.name, gguf.read_bytes(), tags=["gguf"])
+    server.faults.throttle_bps = server.faults.drop_after = None  # (a resumed request would not be held)
+    # the shard's body waits near its end until released (the header reads before it are shorter: not held)
+    server.faults.hold_after, server.faults.hold_times = gguf.stat().st_size - 1024, 1000
+    window, c = make_controller(tmp_path, server, data)
+    lib, notes, table = window.library, window.notifications, window.library.downloads
+    key, note = f"hub:{HUB_REPO}", f"get:{HUB_REPO}"
+
+    async def flows() -> None:
+        await c.start()
+        window.show_page("Discover")
+        lib.search.setText("Tiny-MoE")
+        lib.search.returnPressed.emit()
+        await until(lambda: HUB_REPO in c.hub_quants, 60, "quants")
+        lib.select(key)
+        lib.download_button.click()
+        await until(lambda: server.faults.held.is_set(), 60, "the shard held")
+        await until(lambda: (n := notes.get(note)) is not None and n.progress is not None, 30, "progress")
+        shown = next(card for card in window.notice_area.cards if card.notice.key == note)
+        assert shown.cancel.isVisibleTo(shown) and "%" in shown.reason.text()
+        assert lib.card_line(key) == job_line(shown.notice)  # "Planning … · 0 %", on the repository's card
+        assert table.rowCount() == 0 and not lib.downloads_box.isVisibleTo(lib)  # not a third time
+        assert not [b for b in lib.findChildren(QPushButton) if b.text() == "Cancel" and b.isVisibleTo(lib)]
+        shown.cancel.click()
+        await until(lambda: notes.get(note) is None and table.rowCount() == 1, 30, "cancelled")
+        assert table.item_ids() == [f"job:{c.acquirer.started()[0].id}"]  # paused: Resume or Forget it there
+        assert lib.card_line(key) != "" and "%" not in lib.card_line(key)  # the card says where it is from again
+        server.faults.hold_after = None
+        server.faults.release.set()
+        await c.shutdown()
+
+    try:
+        run_qt(qapp, flows)
+    finally:
+        server.faults.release.set()
+        window.close()
+
+
+# ------------------------------------------------------------------------------------------ the autotune offer
+def _list_json(home: Path) -> list[dict[str, Any]]:
+    r = subprocess.run(
+        [sys.executable, "-m", "runmyai", "--home", str(home), "list", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    found: list[dict[str, Any]] = json.loads(r.stdout)
+    return found
+
+
+def test_first_start_offers_to_measure_the_machine_and_every_estimate_follows(
+    qapp: QApplication, tmp_path: Path
+) -> None:
+    """A new user was never told to autotune, so every estimate rested on defaults fitted on another machine. The
+    first start offers it (one click, in the background, progress and Cancel in its notification); after it, the
+    window's cards, My models and `runmyai list` all give the measured estimate."""
+    window = MainWindow()
+    window.show()
+    home = tmp_path / "home"
+    c = AppController(window, AppPaths(home))  # the shipped presets and built-in model
+    notes = window.notifications
+    jobs: list[Notice] = []
+    original = notes.job
+
+    def spy(key: str, title: str, message: str = "", progress: float | None = None, **kw: bool) -> None:
+        original(key, title, message, progress, **kw)
+        if key == "autotune":
+            jobs.append(notes.get(key))  # type: ignore[arg-type]
+
+    notes.job = spy  # type: ignore[method-assign]
+
+    def demo_row() -> tuple[str, str]:
+        demo = next(m for m in c.local_models if m.bundled)
+        entry = next(e for e in c._entries() if e.key == str(LocalKey(demo.path)))
+        row = next(r for r in window.models_page._rows if r.bundled)
+        return entry.line, row.estimate
+
+    async def flows() -> tuple[str, str, str]:
+        await c.start()
+        offer = notes.get(AUTOTUNE_OFFER)
+        assert offer is not None and offer.kind == "offer" and c.machine is not None and not c.machine.decode_probe
+        card = next(card for card in window.notice_area.cards if card.notice.key == AUTOTUNE_OFFER)
+        assert card.retry.text() == "Measure now" and card.forget.text() == "Not now" and card.retry.isVisibleTo(card)
+        before = demo_row()
+        details_before = next(e for e in c._entries() if e.line == before[0]).details_html
+        card.retry.click()  # one click; the window stays usable meanwhile (a task on the loop)
+        await until(lambda: (n := notes.get("autotune")) is not None and n.kind != "job", 300, "measured")
+        assert notes.get("autotune").kind == "info", notes.items()  # type: ignore[union-attr]
+        assert notes.get(AUTOTUNE_OFFER) is None
+        after = demo_row()
+        assert after[1] == after[0]  # My models gives the estimate worked out again (it kept the old one)
+        details = next(e for e in c._entries() if e.line == after[0]).details_html
+        await c.shutdown()
+        return details_before, details, after[0]
+
+    try:
+        details_before, details, line = run_qt(qapp, flows)
+    finally:
+        window.close()
+    assert jobs and all(j.cancellable for j in jobs)  # its progress shown, with Cancel
+    assert "measured by the autotuner" not in details_before and "measured by the autotuner" in details
+    # `runmyai list` reads what was measured: its estimate is the window's
+    [listed] = [m for m in _list_json(home) if m["preset"] == "tokenwing-demo-moe"]
+    shown = float(line.split("~")[1].split()[0])
+    assert listed["estimate"]["tokens_per_s"] == pytest.approx(shown, abs=0.051)
+
+
+def test_not_now_is_remembered(qapp: QApplication, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+
+    async def start_and(click: bool) -> bool:
+        window = MainWindow()
+        c = AppController(window, AppPaths(home))
+        try:
+            await c.start()
+            offered = window.notifications.get(AUTOTUNE_OFFER) is not None
+            if click:
+                card = next(card for card in window.notice_area.cards if card.notice.key == AUTOTUNE_OFFER)
+                card.forget.click()
+            await c.shutdown()
+        finally:
+            window.close()
+        return offered
+
+    assert run_qt(qapp, lambda: start_and(True))
+    assert not run_qt(qapp, lambda: start_and(False))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +53,13 @@ from runmyai.ui.autotune_dialog import AutotuneDialog
 from runmyai.ui.chat_panel import SamplingValues
 from runmyai.ui.main_window import MainWindow
 from runmyai.ui.mcp_dialog import ApprovalBox, McpDialog, parse_arguments
+from runmyai.ui.notifications import job_line
 from runmyai.ui.render import LibraryEntry, View
 from runmyai.ui.transcript import ToolMark
 from runmyai.ui.viewmodels import (
     AppSettings,
     ModelRow,
+    Notice,
     ServerSettings,
     SettingsFile,
     ago,
@@ -67,6 +71,8 @@ from runmyai.ui.viewmodels import (
     server_url,
 )
 from runmyai.units import human_bytes
+
+AUTOTUNE_OFFER = "autotune-offer"  # the notification offering to measure this machine
 
 STATE_WORDS: dict[EngineState, str] = {
     "stopped": "stopped",
@@ -127,6 +133,7 @@ class AppController(QObject):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reply_task: asyncio.Task[Any] | None = None
         self._job: asyncio.Task[Any] | None = None  # the library's one long job (import, get, first-start repack)
+        self._job_key: str | None = None  # its notification's key
         self._job_lock = asyncio.Lock()
         self._stats_task: asyncio.Task[None] | None = None
         self._engine_task: asyncio.Task[Any] | None = None
@@ -163,7 +170,6 @@ class AppController(QObject):
         lib.import_requested.connect(self._choose_import)
         lib.autotune_requested.connect(self._open_autotune)
         lib.search_requested.connect(lambda q: self.spawn(self.search(q)))
-        lib.cancel_task_requested.connect(self._cancel_job)
         lib.downloads.pause_requested.connect(self._pause_row)
         lib.downloads.resume_requested.connect(self._resume_row)
         lib.downloads.cancel_requested.connect(self._cancel_row)
@@ -185,6 +191,7 @@ class AppController(QObject):
         chat.model_chosen.connect(lambda key: self.spawn(self.use_model(key)))
         w.notice_area.retry_requested.connect(self._retry_notice)
         w.notice_area.forget_requested.connect(self._forget_notice)
+        w.notice_area.cancel_requested.connect(self._cancel_notice)
         models = w.models_page
         models.use_requested.connect(self._chat_with)
         models.verify_requested.connect(lambda path: self.spawn(self.verify_model(Path(path))))
@@ -237,9 +244,17 @@ class AppController(QObject):
         if again is not None:
             again()
 
+    def _cancel_notice(self, key: str) -> None:
+        """A long job's Cancel, on its notification: the job that notification shows, if it still runs."""
+        if key == self._job_key:
+            self._cancel_job()
+
     def _forget_notice(self, key: str) -> None:
         self.window.notifications.forget(key)
         self._retry.pop(key, None)
+        if key == AUTOTUNE_OFFER:  # "Not now": the offer does not come back at every start
+            self.settings = replace(self.settings, autotune_declined=True)
+            self._save_app_settings()
 
     # ------------------------------------------------------------------------------------------ settings
     def _save_app_settings(self) -> None:
@@ -386,6 +401,7 @@ class AppController(QObject):
             self._on_job(self.acquirer.status(job))
         self.spawn(self.start_mcp())
         await self.run_job("Preparing the built-in model", self._ensure_demo)
+        self.offer_autotune()
         if self.acquirer.unfinished():
             self.spawn(self._resume_jobs())
 
@@ -629,8 +645,16 @@ class AppController(QObject):
             f"get:{key.repo}",
             lambda: self.spawn(self.get_model(key)),
         )
+        self._list_jobs()  # stopped or failed: its row, to resume or forget
         await self.refresh_library(select=str(LocalKey(result[0].path)) if result else None)
         return result[0] if result else None
+
+    def _list_jobs(self) -> None:
+        """The downloads table's rows of the jobs not running (paused or failed): a running job shows in its
+        notification and on its Discover card only."""
+        for job in self.acquirer.started():
+            if not self.acquirer.is_running(job.id):
+                self._on_job(self.acquirer.status(job))
 
     async def _resume_jobs(self, jobs: list[Job] | None = None) -> None:
         """Downloads and repacks an earlier run left unfinished continue where they stopped (or `jobs`, asked for
@@ -640,11 +664,19 @@ class AppController(QObject):
             async def work(progress: Callable[[float, str], None], job: Job = job) -> None:
                 await self.acquirer.run(job, lambda p: progress(p.fraction, p.message))
 
-            await self.run_job(f"Resuming {job.repo} ({job.quant})", work)
+            again = functools.partial(self._resume_row, f"job:{job.id}")
+            await self.run_job(f"Resuming {job.repo} ({job.quant})", work, f"get:{job.repo}", again)
+        self._list_jobs()
         await self.refresh_library()
 
     def _on_download(self, s: DownloadStatus) -> None:
+        """A plain download's row (a published model file: the table is its one home, with Pause and Resume). A
+        job's shards have none: their job's notification and Discover card show its progress (the walk-through
+        saw one download in three places: a notification, a task row and this table)."""
         table = self.window.library.downloads
+        if s.dest is not None and s.dest.is_relative_to(self.paths.jobs):
+            table.remove_item(s.id)
+            return
         if s.state == "done":  # finished: its row leaves (the model is in the library, or its job goes on)
             table.remove_item(s.id)
             self.downloads.forget(s.id)
@@ -659,7 +691,7 @@ class AppController(QObject):
         """A model job's row ("job:ID"): running, paused (Resume), failed for good (why; Resume tries again) —
         each with Forget; gone once done or forgotten."""
         table, row = self.window.library.downloads, f"job:{s.id}"
-        if s.state in ("done", "forgotten"):
+        if s.state in ("done", "forgotten", "running"):  # running: its notification and Discover card show it
             table.remove_item(row)
             return
         state = "downloading" if s.state == "running" else s.state
@@ -710,7 +742,7 @@ class AppController(QObject):
     async def run_job(
         self,
         label: str,
-        work: Callable[[Callable[[float, str], None]], Awaitable[object]],
+        work: Callable[[Callable[[float | None, str], None]], Awaitable[object]],
         key: str = "job",
         again: Callable[[], Any] | None = None,
     ) -> bool:
@@ -719,15 +751,18 @@ class AppController(QObject):
         (`again`) unless it is permanent; a success clears an earlier failure of the same key."""
         panel = self.window.library
         notes = self.window.notifications
+        repo = key.removeprefix("get:") if key.startswith("get:") else None  # the Discover card it belongs to
 
-        def progress(fraction: float, message: str) -> None:
-            panel.set_task(f"{label}: {message}" if message else label, fraction)
-            notes.job(key, label, message, fraction)
+        def progress(fraction: float | None, message: str) -> None:
+            notes.job(key, label, message, fraction, cancellable=True)
+            if repo is not None:
+                panel.set_progress(repo, job_line(Notice(key, label, message, kind="job", progress=fraction)))
 
         async with self._job_lock:
-            panel.set_task(label, None)
-            notes.job(key, label)
-            self._job = asyncio.current_task()
+            notes.job(key, label, cancellable=True)
+            if repo is not None:
+                panel.set_progress(repo, "Starting…")
+            self._job, self._job_key = asyncio.current_task(), key
             try:
                 await work(progress)
                 notes.succeeded(key)
@@ -738,7 +773,7 @@ class AppController(QObject):
                 self.errors.append(f"{label}: stopped.")
                 self.window.log_view.append(f"[app] {label}: stopped.")
                 return False
-            except (LibraryError, AcquireError, HubError) as e:
+            except (LibraryError, AcquireError, HubError, AutotuneError) as e:
                 # a failure the library marks permanent (a repository that is not there, a model the engine
                 # refuses) gets no Retry, whatever its words: the notification said "Retry" for a missing repo
                 permanent = (isinstance(e, AcquireError) and e.permanent) or (
@@ -751,8 +786,9 @@ class AppController(QObject):
                 self.report(f"{label} failed: {e}", key, f"{label} failed")
                 return False
             finally:
-                self._job = None
-                panel.set_task(None)
+                self._job = self._job_key = None
+                if repo is not None:
+                    panel.set_progress(repo, None)
 
     def _cancel_job(self) -> None:
         if self._job is not None and not self._job.done():
@@ -991,10 +1027,52 @@ class AppController(QObject):
 
     async def run_autotune(self, path: Path, progress: Callable[[str], None] | None = None) -> None:
         """Autotune for a model, then every estimate again: the machine probe now holds what autotune measured
-        (the drive's read speed, the decode speed that calibrates the estimate, the GPU's copy speed)."""
+        (the drive's read speed, the decode speed that calibrates the estimate, the GPU's copy speed). Discover's
+        cards, My models' rows (they kept the old estimate) and `runmyai list` (it reads the saved result)."""
         await self.autotune.run(path, progress, exit_codes=self.engine_info.exit_codes)
         self.machine = await probe_machine_async(self.paths.models, autotune_dir=self.paths.settings)
         self._list_entries()
+        self._show_models()
+
+    def offer_autotune(self) -> bool:
+        """At start, while nothing was measured here: one click measures this machine with the built-in model.
+        The estimate otherwise rests on defaults fitted on an idle machine of another class (docs/results.md):
+        on this busy 2-core one the walk-through saw the built-in model estimated at ~335 tok/s and measured
+        0.8-11.5. The app does not measure unasked: autotune loads the CPU and the drive (with the built-in model
+        1.2 s of `tokenwing autotune`, then a 32-token decode, on this 2-core machine)."""
+        m = self.machine
+        model = next((x for x in self.local_models if x.bundled and x.error is None), None)
+        if m is None or m.decode_probe is not None or self.settings.autotune_declined or model is None:
+            return False
+        path = model.path
+        self._retry[AUTOTUNE_OFFER] = lambda: self.spawn(self.measure_machine(path))
+        self.window.notifications.offer(
+            AUTOTUNE_OFFER,
+            "Measure this machine?",
+            "The speed estimates use defaults from another machine. A short measurement with the built-in model "
+            "(seconds; in the background, you can keep chatting) makes them this machine's.",
+            "Measure now",
+        )
+        return True
+
+    def _measure_again(self, path: Path) -> None:
+        self.spawn(self.measure_machine(path))
+
+    async def measure_machine(self, path: Path) -> bool:
+        """The offer's "Measure now": autotune as a long job (progress and Cancel in its notification), then
+        every estimate again. False if it failed or was cancelled."""
+
+        async def work(progress: Callable[[float | None, str], None]) -> None:
+            await self.run_autotune(path, lambda line: progress(None, line))
+
+        ok = await self.run_job(
+            "Measuring this machine", work, "autotune", lambda: self.spawn(self.measure_machine(path))
+        )
+        if ok:
+            self.window.notifications.info(
+                "autotune", "Measured", "The speed estimates now use what this machine measured."
+            )
+        return ok
 
     # ------------------------------------------------------------------------------------------ chat
     def _show_conversations(self) -> None:

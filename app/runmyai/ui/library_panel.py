@@ -314,7 +314,6 @@ class LibraryPanel(QWidget):
     import_requested = Signal()
     autotune_requested = Signal(str)
     search_requested = Signal(str)
-    cancel_task_requested = Signal()
     model_card_requested = Signal(str)  # an entry's key: its card tab is open and its README not read yet
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -354,16 +353,11 @@ class LibraryPanel(QWidget):
         self.download_button.clicked.connect(self._download)
         self.autotune_button.clicked.connect(lambda: self._emit_current(self.autotune_requested))
         self.import_button.clicked.connect(self.import_requested)
-        self.task_label = QLabel("")
-        self.task_label.setWordWrap(True)
-        self.task_progress = QProgressBar()
-        self.task_progress.setRange(0, 1000)
-        self.task_cancel = QPushButton("Cancel")
-        self.task_cancel.clicked.connect(self.cancel_task_requested)
         self.downloads = DownloadsTable()
         self.downloads_title = QLabel("<b>Downloads</b>")
         self._entries: dict[str, LibraryEntry] = {}
         self._cards: dict[str, str] = {}  # entry key -> the model card's markdown, once read
+        self._progress: dict[str, str] = {}  # hub repository -> its running job's line, on its card
 
         left = QWidget()
         left_layout = QVBoxLayout(left)
@@ -388,10 +382,6 @@ class LibraryPanel(QWidget):
         for b in (self.download_button, self.use_button, self.autotune_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
-        task = QHBoxLayout()
-        task.addWidget(self.task_label, 1)
-        task.addWidget(self.task_progress, 1)
-        task.addWidget(self.task_cancel)
         right = QWidget()
         right_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(0, 0, 0, 0)
@@ -399,7 +389,6 @@ class LibraryPanel(QWidget):
         right_layout.addWidget(self.badge_line)
         right_layout.addLayout(quant_row)
         right_layout.addLayout(buttons)
-        right_layout.addLayout(task)
         right_layout.addWidget(self.tabs, 1)
 
         top = QSplitter(Qt.Orientation.Horizontal)
@@ -425,7 +414,6 @@ class LibraryPanel(QWidget):
         # the downloads show while there are any: an empty table took a fifth of the page for nothing
         self.downloads.rows_changed.connect(lambda n: bottom.setVisible(n > 0))
         bottom.setVisible(False)
-        self.set_task(None)
         self._update_buttons(None)
 
     def set_entries(self, entries: list[LibraryEntry], current: str | None = None) -> None:
@@ -439,7 +427,7 @@ class LibraryPanel(QWidget):
             item.setData(TITLE_ROLE, e.title)
             item.setData(LINE_ROLE, e.line or e.badge)
             item.setData(COLOUR_ROLE, e.colour)
-            item.setData(SOURCE_ROLE, e.badge)
+            item.setData(SOURCE_ROLE, self._progress.get(e.card_repo or "", e.badge))
             item.setToolTip(f"{e.title}: {e.line or e.badge} · {e.badge}")
             self.models.addItem(item)
             if e.key == keep:
@@ -461,19 +449,27 @@ class LibraryPanel(QWidget):
                 self.models.setCurrentRow(row)
                 return
 
-    def set_task(self, label: str | None, fraction: float | None = None, cancellable: bool = True) -> None:
-        """A long job (import, autotune, first-start repack): label + progress + cancel; None hides it."""
-        visible = label is not None
-        for w in (self.task_label, self.task_progress, self.task_cancel):
-            w.setVisible(visible)
-        if visible:
-            self.task_label.setText(label or "")
-            if fraction is None:
-                self.task_progress.setRange(0, 0)  # busy indicator
-            else:
-                self.task_progress.setRange(0, 1000)
-                self.task_progress.setValue(int(1000 * max(0.0, min(1.0, fraction))))
-            self.task_cancel.setEnabled(cancellable)
+    def set_progress(self, repo: str, line: str | None) -> None:
+        """A running job's line ("Downloading · 45 %") on the cards of the repository it gets, in place of where
+        the card's model comes from; None puts that back. With the job's notification, the one home of its
+        progress: the page's own task row and the downloads table said the same thing again."""
+        if line is None:
+            self._progress.pop(repo, None)
+        else:
+            self._progress[repo] = line
+        for row in range(self.models.count()):
+            item = self.models.item(row)
+            entry = self._entries.get(str(item.data(Qt.ItemDataRole.UserRole)))
+            if entry is not None and entry.card_repo == repo:
+                item.setData(SOURCE_ROLE, line if line is not None else entry.badge)
+
+    def card_line(self, key: str) -> str:
+        """The last line of a card as drawn (where its model comes from, or its job's progress)."""
+        for row in range(self.models.count()):
+            item = self.models.item(row)
+            if item.data(Qt.ItemDataRole.UserRole) == key:
+                return str(item.data(SOURCE_ROLE))
+        return ""
 
     def _on_current(self, item: QListWidgetItem | None, _previous: QListWidgetItem | None = None) -> None:
         self._show(None if item is None else str(item.data(Qt.ItemDataRole.UserRole)))

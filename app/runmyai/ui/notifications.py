@@ -20,7 +20,7 @@ class NoticeCard(QFrame):
         self.setObjectName("notice")
         self.setProperty("kind", notice.kind)
         self.title = QLabel(f"<b>{_escape(notice.title)}</b>")
-        self.reason = QLabel(breakable(notice.reason))
+        self.reason = QLabel(breakable(job_line(notice)))
         for label in (self.title, self.reason):
             label.setWordWrap(True)
             label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -29,12 +29,16 @@ class NoticeCard(QFrame):
         self.details.setObjectName("muted")
         self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.details.setVisible(False)
-        self.retry = QPushButton("Retry")
-        self.retry.setObjectName("retry")
+        self.retry = QPushButton(notice.action or "Retry")
+        self.retry.setObjectName("primary" if notice.kind == "offer" else "retry")
         self.details_button = QPushButton("Details")
         self.details_button.setObjectName("details")
-        self.forget = QPushButton("Forget" if notice.kind == "error" else "Hide")
+        self.forget = QPushButton({"error": "Forget", "offer": "Not now"}.get(notice.kind, "Hide"))
         self.forget.setObjectName("forget")
+        self.cancel = QPushButton("Cancel")
+        self.cancel.setObjectName("cancel")
+        self.cancel.setVisible(notice.kind == "job" and notice.cancellable)
+        self.cancel.clicked.connect(lambda: area.cancel_requested.emit(notice.key))
         self.retry.setVisible(notice.retry)
         self.details_button.setVisible(bool(notice.details))
         self.retry.clicked.connect(lambda: area.retry_requested.emit(notice.key))
@@ -44,26 +48,41 @@ class NoticeCard(QFrame):
         text.setSpacing(2)
         text.addWidget(self.title)
         text.addWidget(self.reason)
-        if notice.kind == "job":
-            bar = QProgressBar()
-            bar.setTextVisible(False)
-            bar.setFixedHeight(6)
-            if notice.progress is None:
-                bar.setRange(0, 0)
-            else:
-                bar.setRange(0, 1000)
-                bar.setValue(int(1000 * max(0.0, min(1.0, notice.progress))))
-            text.addWidget(bar)
+        self.bar = QProgressBar()
+        self.bar.setTextVisible(False)
+        self.bar.setFixedHeight(6)
+        self.bar.setVisible(notice.kind == "job")
+        self._show_progress(notice.progress)
+        text.addWidget(self.bar)
         text.addWidget(self.details)
         buttons = QHBoxLayout()
         buttons.setSpacing(6)
-        for b in (self.retry, self.details_button, self.forget):
+        for b in (self.retry, self.details_button, self.cancel, self.forget):
             buttons.addWidget(b, 0, Qt.AlignmentFlag.AlignTop)
         row = QHBoxLayout(self)
         row.setContentsMargins(12, 8, 8, 8)
         row.addLayout(text, 1)
         row.addLayout(buttons)
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
+
+    def _show_progress(self, progress: float | None) -> None:
+        if progress is None:
+            self.bar.setRange(0, 0)  # busy
+        else:
+            self.bar.setRange(0, 1000)
+            self.bar.setValue(int(1000 * max(0.0, min(1.0, progress))))
+
+    def follows(self, notice: Notice) -> bool:
+        """Whether this card can show `notice` by changing its text and bar: the same job, its progress moved."""
+        old = self.notice
+        return (old.key, old.kind, old.title, old.cancellable) == (notice.key, "job", notice.title, notice.cancellable)
+
+    def show_job(self, notice: Notice) -> None:
+        """A job's new progress, in place: rebuilding the card at every update (a download's, several a second)
+        redrew the area, and a Cancel click could land between two cards."""
+        self.notice = notice
+        self.reason.setText(breakable(job_line(notice)))
+        self._show_progress(notice.progress)
 
     def _toggle_details(self) -> None:
         self.details.setVisible(not self.details.isVisible())
@@ -73,6 +92,7 @@ class NoticeCard(QFrame):
 class NotificationArea(QWidget):
     retry_requested = Signal(str)
     forget_requested = Signal(str)
+    cancel_requested = Signal(str)  # a long job's key
 
     def __init__(self, model: Notifications, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -92,7 +112,9 @@ class NotificationArea(QWidget):
         cards: list[NoticeCard] = []
         for notice in shown:
             card = old.pop(notice.key, None)
-            if card is None or card.notice != notice:
+            if card is not None and card.notice != notice and card.follows(notice):
+                card.show_job(notice)
+            elif card is None or card.notice != notice:
                 if card is not None:
                     card.deleteLater()
                 card = NoticeCard(notice, self)
@@ -114,6 +136,14 @@ class NotificationArea(QWidget):
     def texts(self) -> list[str]:
         """Each card's title and reason as shown (tests, and the self-test's report)."""
         return [f"{c.notice.title}: {c.notice.reason}" for c in self.cards]
+
+
+def job_line(notice: Notice) -> str:
+    """A job's line: what it is doing and how far it is ("Downloading · 45 %"); other notices' reason as is."""
+    if notice.kind != "job" or notice.progress is None:
+        return notice.reason
+    share = f"{100 * max(0.0, min(1.0, notice.progress)):.0f} %"
+    return f"{notice.reason} · {share}" if notice.reason else share
 
 
 ZWSP = "\u200b"

@@ -17,7 +17,7 @@ from runmyai.library.estimate import Estimate
 from runmyai.units import human_bytes
 
 # ------------------------------------------------------------------------------------------ notifications
-NoticeKind = Literal["error", "job", "info"]
+NoticeKind = Literal["error", "job", "info", "offer"]  # offer: something worth doing, one click (and "Not now")
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,8 @@ class Notice:
     kind: NoticeKind = "error"
     retry: bool = False  # a Retry button; never for a permanent failure (trying again cannot change it)
     progress: float | None = None  # a long job's share done (None: not known)
+    cancellable: bool = False  # a long job's Cancel: the notification is the one place a job's progress shows
+    action: str = ""  # the Retry button's words where it does something else (an offer's "Measure now")
 
 
 # failures that no retry can change: the engine's own words for them, and the app's
@@ -93,12 +95,19 @@ class Notifications:
         self._set(notice)
         return notice
 
-    def job(self, key: str, title: str, message: str = "", progress: float | None = None) -> None:
+    def job(
+        self, key: str, title: str, message: str = "", progress: float | None = None, *, cancellable: bool = False
+    ) -> None:
         """A long job in progress (replaces a failure of the same key: it is being tried again)."""
-        self._set(Notice(key, title, message, "", "job", False, progress))
+        self._set(Notice(key, title, message, "", "job", False, progress, cancellable))
 
     def info(self, key: str, title: str, text: str) -> None:
         self._set(Notice(key, title, text, "", "info"))
+
+    def offer(self, key: str, title: str, text: str, action: str) -> None:
+        """Something worth doing that the app will not do unasked: `action` on its button (the area's
+        retry_requested), "Not now" on the other (forget_requested)."""
+        self._set(Notice(key, title, text, "", "offer", True, action=action))
 
     def succeeded(self, key: str) -> None:
         """The action behind `key` worked: its failure or progress entry goes."""
@@ -238,6 +247,7 @@ class AppSettings:
     server: ServerSettings = field(default_factory=ServerSettings)
     # model name -> preset name -> sampling values (SamplingValues' fields)
     presets: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    autotune_declined: bool = False  # "Not now" to measuring this machine: not offered again (Autotune… still is)
 
     def with_server(self, **changes: Any) -> AppSettings:
         return replace(self, server=replace(self.server, **changes))
@@ -278,6 +288,7 @@ class SettingsFile:
                 cors_origins=tuple(str(o) for o in server.get("cors_origins", ()) if isinstance(o, str)),
             ),
             presets=presets if isinstance(presets, dict) else {},
+            autotune_declined=raw.get("autotune_declined") is True,
         )
 
     def save(self, s: AppSettings) -> None:
