@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, QUrl
+from PySide6.QtCore import QObject, QTimer, QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QApplication,
@@ -73,6 +73,7 @@ from runmyai.ui.viewmodels import (
 from runmyai.units import human_bytes
 
 AUTOTUNE_OFFER = "autotune-offer"  # the notification offering to measure this machine
+INFO_SHOWN_MS = 20_000  # how long "Measured" stays up unless hidden
 
 STATE_WORDS: dict[EngineState, str] = {
     "stopped": "stopped",
@@ -487,17 +488,23 @@ class AppController(QObject):
             progress(0.0, "checking every expert's checksum")
             await self.library.verify(path)
 
-        ok = await self.run_job(f"Verifying {path.name}", work, key=f"verify:{path}")
+        name = self.name_of(path)
+        ok = await self.run_job(f"Verifying {name}", work, key=f"verify:{path}")
         if ok:
-            self.window.notifications.info(f"verify:{path}", f"{path.name} is intact", "Every expert checked out.")
+            self.window.notifications.info(f"verify:{path}", f"{name} is intact", "Every expert checked out.")
         return ok
+
+    def name_of(self, path: Path) -> str:
+        """A model's name as the picker and My models say it (the walk-through's notices said its file's)."""
+        return next((m.name for m in self.local_models if m.path == path), path.name)
 
     def _ask_delete(self, path_text: str) -> None:
         path = Path(path_text)
         box = QMessageBox(
             QMessageBox.Icon.Warning,
             "Delete the model?",
-            f"Delete {path.name} ({human_bytes(path.stat().st_size) if path.exists() else '?'}) from this computer?",
+            f"Delete {self.name_of(path)} ({human_bytes(path.stat().st_size) if path.exists() else '?'}) from this "
+            f"computer?\n\n{path}",
             QMessageBox.StandardButton.Cancel,
             self.window,
         )
@@ -507,7 +514,7 @@ class AppController(QObject):
 
     async def delete_model(self, path: Path) -> bool:
         if self.supervisor is not None and self.supervisor.model == path:
-            self.report(f"{path.name} is in use: load another model first.", "delete", "Deleting a model")
+            self.report(f"{self.name_of(path)} is in use: load another model first.", "delete", "Deleting a model")
             return False
         try:
             await asyncio.to_thread(self.library.delete, path)
@@ -995,7 +1002,7 @@ class AppController(QObject):
         path = self.model_path(key)
         if path is None:
             return
-        dialog = AutotuneDialog(path.name, self.window)
+        dialog = AutotuneDialog(self.name_of(path), self.window)
         running: list[asyncio.Task[Any]] = []
 
         def show() -> None:
@@ -1063,16 +1070,32 @@ class AppController(QObject):
         every estimate again. False if it failed or was cancelled."""
 
         async def work(progress: Callable[[float | None, str], None]) -> None:
+            progress(None, "Timing the drive and a short reply of the built-in model")
             await self.run_autotune(path, lambda line: progress(None, line))
 
-        ok = await self.run_job(
-            "Measuring this machine", work, "autotune", lambda: self.spawn(self.measure_machine(path))
-        )
+        before = self._estimate_line(path)
+        ok = await self.run_job("Measuring this machine", work, "autotune", lambda: self._measure_again(path))
         if ok:
-            self.window.notifications.info(
-                "autotune", "Measured", "The speed estimates now use what this machine measured."
+            after = self._estimate_line(path)
+            notes = self.window.notifications
+            was = f" (the defaults said {before.split('·')[-1].strip()})" if "·" in before else ""
+            now = f"{after[0].lower()}{after[1:]}" if after else "has its estimate"
+            notes.info(
+                "autotune",
+                "Measured",
+                f"The speed estimates now use what this machine measured: {self.name_of(path)} {now}{was}.",
+            )
+            shown = notes.get("autotune")
+            # a confirmation, not a task: it leaves by itself (it stayed above every page for the whole session)
+            QTimer.singleShot(
+                INFO_SHOWN_MS, lambda: notes.forget("autotune") if notes.get("autotune") == shown else None
             )
         return ok
+
+    def _estimate_line(self, path: Path) -> str:
+        """A model's estimate in one line, as its card says it ("Runs well here · ~18.4 tok/s")."""
+        entry = next((e for e in self._entries(searched=False) if e.key == str(LocalKey(path))), None)
+        return entry.line if entry is not None else ""
 
     # ------------------------------------------------------------------------------------------ chat
     def _show_conversations(self) -> None:
