@@ -1,20 +1,30 @@
 """Qwen3.8 Flash Next's n-gram table (qwen4exp PLE): the bytes a token reads from it, from the metadata alone.
 
     python bench/ngram_bench.py [--preset q4x-bench] [--type Q8_0] [--text FILE] [--cache-mib 0,1,16,256]
+                                [--read DIR]
 
 For each token of a text (the factory's corpus by default, as one sequence), the rows the engine's hash
 (`models/qwen4exp.NgramKeys.rows`, checked against llama.cpp in tests/oracle/test_qwen4exp.py) names, then the
 4 KiB pages of the table they lie in (as direct I/O reads them), then an LRU cache of pages of each size: the
 misses are what a token would read from the drive. The table's geometry is the preset's, at --type's row size;
 nothing is written (the metadata is built in memory). Prints a Markdown table.
+
+--read DIR: then read them for real, through the engine's reader (`models/qwen4exp.NgramRows`, O_DIRECT 4 KiB
+pages, a 1 MiB cache) from a file of the table's size written in DIR (random bytes, deleted
+after): each token's pages one read at a time (1 I/O thread) and issued together (`NgramRows.io_threads`), the
+reads and wall time a token.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import os
 import sys
+import tempfile
+import time
 
+import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from tokenwing.models.hparams import NgramKeys
@@ -33,6 +43,7 @@ def main() -> int:
     ap.add_argument("--type", default="Q8_0", help="the table's type (F16, BF16, Q8_0, Q4_0)")
     ap.add_argument("--text", help="a UTF-8 text file (default: the factory's corpus)")
     ap.add_argument("--cache-mib", default="0,1,16,256")
+    ap.add_argument("--read", metavar="DIR", help="also read the pages from a table-sized file written in DIR")
     args = ap.parse_args()
     shape = preset_shape(args.preset)
     if shape.arch != "qwen4exp" or shape.ple_layer < 0:
@@ -75,7 +86,43 @@ def main() -> int:
                         lru.popitem(last=False)
         per_token = misses / len(tokens)
         print(f"| {mib} MiB | {per_token:.2f} | {per_token * PAGE:,.0f} B | {keys.heads * row_bytes:,} B |")
+    if args.read:
+        read_for_real(args.read, table, row_bytes, rows)
     return 0
+
+
+def read_for_real(where: str, table: int, row_bytes: int, rows: np.ndarray) -> None:
+    """Each token's rows gathered through `NgramRows` from a file of `table` random bytes: serial, then issued
+    together (and serial again, so that neither order's drive state decides)."""
+    from tokenwing.models.qwen4exp import NgramRows
+
+    fd, path = tempfile.mkstemp(prefix="ngram-table-", dir=where)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            left = table
+            while left:
+                n = min(left, 64 << 20)
+                f.write(os.urandom(n))
+                left -= n
+            f.flush()
+            os.fsync(f.fileno())
+        print()
+        print("| reads | pages a token | batches a token | µs a token | direct |")
+        print("|---|---|---|---|---|")
+        for threads in (1, NgramRows.io_threads, 1, NgramRows.io_threads):
+            r = NgramRows(path, 0, row_bytes, 1 << 20, 1 << 16)
+            r.io_threads = threads
+            t0 = time.perf_counter()
+            for token_rows in rows:
+                r.gather(token_rows)
+            us = (time.perf_counter() - t0) * 1e6 / len(rows)
+            direct = r.file.direct
+            r.close()
+            label = "one at a time" if threads == 1 else f"together, {threads} in flight"
+            n = len(rows)
+            print(f"| {label} | {r.page_reads / n:.2f} | {r.batches / n:.2f} | {us:,.0f} | {direct} |")
+    finally:
+        os.unlink(path)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ the layer's convolution state) adds its SiLU (build_ple, qwen4exp.cpp:1220-1308)
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import math
 from typing import Any
@@ -47,7 +48,13 @@ PAGE = 4096  # what a direct read of the model file reads at least
 class NgramRows:
     """The n-gram table's rows read from the model file as tokens name them, never the whole table: 4 KiB pages
     through the streaming core's direct reader (`_core.DirectFile`), an LRU cache of `cache_bytes` of them, and a
-    ring of gathered rows that `embed` reads (its `get_rows` indices are ring slots)."""
+    ring of gathered rows that `embed` reads (its `get_rows` indices are ring slots).
+
+    A graph's rows are known from its token ids before any layer runs, so `gather` issues all the pages they miss
+    at once, `io_threads` reads in flight (the drive's queue, as the core's I/O threads keep it), and copies the
+    rows when they have landed: a token's ~16 pages cost about one read's latency, not 16 in a row."""
+
+    io_threads = 8  # (the streaming core's default I/O threads: StreamConfig.io_threads)
 
     def __init__(self, path: str, offset: int, row_bytes: int, cache_bytes: int, ring_rows: int) -> None:
         self.file = _core.DirectFile(path, True)
@@ -58,6 +65,8 @@ class NgramRows:
         self.next = 0
         self.page_reads = 0  # pages read from the file
         self.rows_asked = 0  # rows named by tokens
+        self.batches = 0  # groups of pages issued together (each waited for once)
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     def resize(self, cache_bytes: int) -> None:
         """An empty cache of `cache_bytes` (at least the 2 pages a row may span)."""
@@ -67,37 +76,74 @@ class NgramRows:
         self.free = list(range(self.capacity))
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
         self.file.close()
 
-    def _page(self, page: int) -> np.ndarray:
-        slot = self.where.get(page)
-        if slot is not None:
-            self.where.move_to_end(page)
-        else:
+    def _read(self, job: tuple[int, int]) -> None:
+        page, slot = job
+        self.file.read_into(page * PAGE, self.pages[slot])  # (pread without the GIL: the reads overlap)
+
+    def _load(self, pages: list[int]) -> None:
+        """These pages (at most `capacity`) in the cache: the cached ones kept, the rest read together."""
+        missing = []
+        for page in pages:
+            if page in self.where:
+                self.where.move_to_end(page)  # (the newest: not evicted for the others)
+            else:
+                missing.append(page)
+        jobs = []
+        for page in missing:
             slot = self.free.pop() if self.free else self.where.popitem(last=False)[1]
-            self.file.read_into(page * PAGE, self.pages[slot])
             self.where[page] = slot
-            self.page_reads += 1
-        out: np.ndarray = self.pages[slot]
-        return out
+            jobs.append((page, slot))
+        if not jobs:
+            return
+        self.page_reads += len(jobs)
+        self.batches += 1
+        if len(jobs) == 1:
+            self._read(jobs[0])
+            return
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(self.io_threads, "tw-ngram")
+        try:
+            list(self._pool.map(self._read, jobs))
+        except BaseException:
+            for page, _slot in jobs:  # (a failed batch leaves none of its pages cached)
+                self.free.append(self.where.pop(page))
+            raise
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
         """The table's rows (any shape of row indices) copied into the ring; their ring slots, in that shape."""
         unique, inverse = np.unique(rows, return_inverse=True)
         if len(unique) > self.ring_rows // 4:  # (a graph's rows must not wrap onto each other before it runs)
             raise BadInputError(f"{len(unique)} n-gram rows in one graph: at most {self.ring_rows // 4}")
-        slots = np.empty(len(unique), np.int64)
         rb = self.row_bytes
-        for i, row in enumerate(unique.tolist()):
-            start = self.offset + row * rb
-            slot, self.next = self.next, (self.next + 1) % self.ring_rows
-            dst = self.ring[slot * rb : (slot + 1) * rb]
-            first, at = divmod(start, PAGE)
-            head = min(rb, PAGE - at)
-            dst[:head] = self._page(first)[at : at + head]  # (copied before the next page may evict this one)
-            if head < rb:
-                dst[head:] = self._page(first + 1)[: rb - head]
-            slots[i] = slot
+        starts = self.offset + unique.astype(np.int64) * rb
+        firsts, lasts = starts // PAGE, (starts + rb - 1) // PAGE
+        slots = np.empty(len(unique), np.int64)
+        i = 0
+        while i < len(unique):
+            # as many rows as their pages fit in the cache, loaded together, then copied
+            group: dict[int, None] = {}
+            j = i
+            while j < len(unique):
+                more = {int(firsts[j]): None, int(lasts[j]): None}
+                if len(group | more) > self.capacity and j > i:
+                    break
+                group |= more
+                j += 1
+            self._load(list(group))
+            for k in range(i, j):
+                slot, self.next = self.next, (self.next + 1) % self.ring_rows
+                dst = self.ring[slot * rb : (slot + 1) * rb]
+                first, at = divmod(int(starts[k]), PAGE)
+                head = min(rb, PAGE - at)
+                dst[:head] = self.pages[self.where[first]][at : at + head]
+                if head < rb:
+                    dst[head:] = self.pages[self.where[first + 1]][: rb - head]
+                slots[k] = slot
+            i = j
         self.rows_asked += rows.size
         return slots[inverse].reshape(rows.shape)
 
