@@ -73,7 +73,7 @@ from runmyai.ui.viewmodels import (
 from runmyai.units import human_bytes
 
 AUTOTUNE_OFFER = "autotune-offer"  # the notification offering to measure this machine
-INFO_SHOWN_MS = 20_000  # how long "Measured" stays up unless hidden
+INFO_SHOWN_MS = 20_000  # how long a confirmation stays up unless hidden
 
 STATE_WORDS: dict[EngineState, str] = {
     "stopped": "stopped",
@@ -491,7 +491,7 @@ class AppController(QObject):
         name = self.name_of(path)
         ok = await self.run_job(f"Verifying {name}", work, key=f"verify:{path}")
         if ok:
-            self.window.notifications.info(f"verify:{path}", f"{name} is intact", "Every expert checked out.")
+            self.confirm(f"verify:{path}", f"{name} is intact", "Every expert checked out.")
         return ok
 
     def name_of(self, path: Path) -> str:
@@ -522,6 +522,7 @@ class AppController(QObject):
             self.report(str(e), "delete", "Deleting a model")
             return False
         self.window.notifications.succeeded("delete")
+        self.window.notifications.forget(f"verify:{path}")  # about a file that is gone
         await self.refresh_library()
         return True
 
@@ -1077,20 +1078,23 @@ class AppController(QObject):
         ok = await self.run_job("Measuring this machine", work, "autotune", lambda: self._measure_again(path))
         if ok:
             after = self._estimate_line(path)
-            notes = self.window.notifications
             was = f" (the defaults said {before.split('·')[-1].strip()})" if "·" in before else ""
             now = f"{after[0].lower()}{after[1:]}" if after else "has its estimate"
-            notes.info(
+            self.confirm(
                 "autotune",
                 "Measured",
                 f"The speed estimates now use what this machine measured: {self.name_of(path)} {now}{was}.",
             )
-            shown = notes.get("autotune")
-            # a confirmation, not a task: it leaves by itself (it stayed above every page for the whole session)
-            QTimer.singleShot(
-                INFO_SHOWN_MS, lambda: notes.forget("autotune") if notes.get("autotune") == shown else None
-            )
         return ok
+
+    def confirm(self, key: str, title: str, text: str) -> None:
+        """A confirmation ("… is intact", "Measured"): a notice that leaves by itself after INFO_SHOWN_MS unless
+        something replaced it. Kept until Hide, it stayed above every page for the rest of the session (the
+        walk-through's "is intact" outlived the model it was about)."""
+        notes = self.window.notifications
+        notes.info(key, title, text)
+        shown = notes.get(key)
+        QTimer.singleShot(INFO_SHOWN_MS, lambda: None if notes.get(key) != shown else notes.forget(key))
 
     def _estimate_line(self, path: Path) -> str:
         """A model's estimate in one line, as its card says it ("Runs well here · ~18.4 tok/s")."""
