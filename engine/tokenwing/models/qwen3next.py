@@ -181,9 +181,13 @@ class Qwen3Next(MoEModel):
             q, k = delta_net.repeat_interleaved(ctx, q, times), delta_net.repeat_interleaved(ctx, k, times)
         out, state_writes = delta_net.delta_rule(ctx, q, k, v, g, beta, cache)
         z = ops.ggml_reshape_4d(ctx, z, lin.s, lin.v_heads, n, 1)
-        out = delta_net.gated_norm(ctx, out, w["ssm_norm"], z, eps)
+        out = self.output_gate(ctx, out, w["ssm_norm"], z, eps)
         out = ops.ggml_mul_mat(ctx, w["ssm_out"], ops.ggml_reshape_2d(ctx, out, lin.value_dim, n))
         return out, writes + state_writes
+
+    def output_gate(self, ctx: Any, out: Tensor, weight: Tensor, z: Tensor, eps: float) -> Tensor:
+        """The heads' output normed and gated by z: rms_norm · weight · silu(z) (qwen4exp: sigmoid(z))."""
+        return delta_net.gated_norm(ctx, out, weight, z, eps)
 
     def _qkvz(self, ctx: Any, w: dict[str, Tensor], x: Tensor, n: int) -> tuple[Tensor, Tensor]:
         """The convolution's input [conv_dim, n] (q, k, v of every head, in that order) and the output gate z."""

@@ -35,7 +35,7 @@ from tokenwing import _core
 from tokenwing.compute.ggml_lib import F32, I32, Tensor, TensorArena, aligned_bytes, ops
 from tokenwing.errors import BadInputError, UnsupportedError
 from tokenwing.format.gguf_io import tensor_nbytes
-from tokenwing.models import common, delta_net
+from tokenwing.models import common
 from tokenwing.models.base import TensorCheck
 from tokenwing.models.hparams import HParams
 from tokenwing.models.qwen3next import Qwen35MoE
@@ -486,26 +486,10 @@ class Qwen4Exp(Qwen35MoE):
             self._block_positions[key] = self._arena.wrap(np.tile(first, 4), I32, (4 * blocks,))
         return self._block_positions[key]
 
-    def linear_attention(
-        self, ctx: Any, il: int, x: Tensor, n: int, cache: common.RecurrentCache
-    ) -> tuple[Tensor, list[Tensor]]:
-        """Qwen3.5's gated DeltaNet with the output norm gated by sigmoid(z) (build_norm_gated, :479-489)."""
-        w, lin, eps = self.w[il], self.lin, self.hp.rms_eps
-        qkv, z = self._qkvz(ctx, w, x, n)
-        beta, g = self._beta_gate(ctx, w, x, n)
-        conv, writes = delta_net.short_conv(ctx, cache, qkv, w["ssm_conv1d"])
-        conv = ops.ggml_silu(ctx, conv)
-        f = int(conv.contents.nb[0])
-        row = f * lin.conv_dim
-        q = ops.ggml_view_4d(ctx, conv, lin.s, lin.k_heads, n, 1, f * lin.s, row, row * n, 0)
-        k = ops.ggml_view_4d(ctx, conv, lin.s, lin.k_heads, n, 1, f * lin.s, row, row * n, f * lin.key_dim)
-        v = ops.ggml_view_4d(ctx, conv, lin.s, lin.v_heads, n, 1, f * lin.s, row, row * n, 2 * f * lin.key_dim)
-        q, k = delta_net.l2_norm(ctx, q, eps), delta_net.l2_norm(ctx, k, eps)
-        out, state_writes = delta_net.delta_rule(ctx, q, k, v, g, beta, cache)
-        z = ops.ggml_reshape_4d(ctx, z, lin.s, lin.v_heads, n, 1)
-        out = ops.ggml_mul(ctx, common.rms_norm(ctx, out, w["ssm_norm"], eps), ops.ggml_sigmoid(ctx, z))
-        out = ops.ggml_mul_mat(ctx, w["ssm_out"], ops.ggml_reshape_2d(ctx, out, lin.value_dim, n))
-        return out, writes + state_writes
+    def output_gate(self, ctx: Any, out: Tensor, weight: Tensor, z: Tensor, eps: float) -> Tensor:
+        """Qwen3.5's DeltaNet (`Qwen3Next.linear_attention`) but for this: the output norm gated by sigmoid(z), not
+        silu(z) (build_norm_gated, :479-489)."""
+        return ops.ggml_mul(ctx, common.rms_norm(ctx, out, weight, eps), ops.ggml_sigmoid(ctx, z))
 
     # ------------------------------------------------------------------------------------- the n-gram table
     def state_spec(self, il: int) -> common.StateSpec | None:
