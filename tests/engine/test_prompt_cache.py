@@ -75,8 +75,9 @@ HYBRIDS = {
     "qwen35moe": {"arch": "qwen35moe", "n_layer": 4},  # gated DeltaNet ×3, gated attention
     "ling": {"arch": "bailingmoe3", "n_layer": 4},  # KDA ×2, MLA ×2
     "kimi-k3": {"arch": "kimi-k3", "n_layer": 6},  # KDA ×3, MLA ×3, the residual's checkpoints every 2 layers
-    # gated DeltaNet ×3, QSA attention (dense: a budget above the prompts), 4 streams, the n-gram table
-    "qwen4exp": {"arch": "qwen4exp", "indexer_top_k": 512},
+    # gated DeltaNet ×3, QSA attention selecting past 14 cells (blocks of 3; the indexer's keys kept beside K),
+    # 4 streams, the n-gram table
+    "qwen4exp": {"arch": "qwen4exp", "qsa_ratio": 3, "indexer_top_k": 12, "indexer_n_head": 3},
 }
 
 
