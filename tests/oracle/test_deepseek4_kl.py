@@ -48,12 +48,13 @@ def _session(model: Path, **opts: Any) -> Session:
 @pytest.mark.parametrize("geometry", GEOMETRIES)
 def test_f32_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path, geometry: str) -> None:
     """The prompt's logits and each decode step's: max |Δ| ≤ 1e-4 (std 1) and mean KL ≤ 1e-8 (measured ~3e-6 and
-    ~1e-13: rounding); a graph per decode step (its blocks complete at known positions)."""
+    ~1e-13: rounding); decode as one graph per step, reused across positions (its blocks' rows and masks are
+    inputs)."""
     src = model_factory(arch=A, type="F32", **GEOMETRIES[geometry])
     tokens = _tokens(N, 512, seed=31)
     ref = llama_logits(src, tokens, tmp_path)
     got, s = steps(_repacked(src, tmp_path), tokens, PROMPT, max_batch=BATCH)
-    assert not s.one_graph_steps  # type: ignore[attr-defined]
+    assert s.one_graph_steps  # type: ignore[attr-defined]
     assert np.abs(ref - got).max() <= 1e-4
     assert kl_per_position(ref, got).mean() <= 1e-8
 
@@ -119,6 +120,32 @@ def test_streamed_at_a_quarter_is_bit_identical_to_resident(model_factory: Model
         streamed, s = steps(model, tokens, PROMPT, max_batch=BATCH, ram_budget=budget, lookahead=lookahead)
         assert s.slots_per_layer < s.hp.n_expert
         assert np.array_equal(resident, streamed), lookahead
+
+
+@pytest.mark.parametrize(("geometry", "kv_type", "n_ctx"), [("tiny", "f16", 512), ("hca-first-yarn", "f32", 300)])
+def test_the_reused_decode_graph_is_a_graph_built_for_each_position(
+    model_factory: ModelFactory, tmp_path: Path, geometry: str, kv_type: str, n_ctx: int
+) -> None:
+    """Decode as one graph reused over each 64-position window (the compressors pool the block in progress at every
+    step, into a row no query sees until the block completes) against a graph per layer built for each position:
+    the same logits, bit for bit, over 200 steps across HCA and CSA blocks, windows and the F16 cache. A context of
+    300 ends inside an HCA block that can never complete: from 256 on, steps run a graph per layer."""
+    model = _repacked(model_factory(arch=A, type="Q8_0", **GEOMETRIES[geometry]), tmp_path)
+    tokens = _tokens(N, 512, seed=37).tolist()
+    got = {}
+    for one_graph in (True, False):
+        s = _session(model, kv_type=kv_type, n_ctx=n_ctx, token_graph=one_graph)
+        reused = []
+        try:
+            out = [s.forward(tokens[:100])]
+            for t in tokens[100:]:
+                out.append(s.forward([t]))
+                reused.append(s._token_graph is not None and s.model.one_graph_at(s.pos - 1, s.n_ctx))
+        finally:
+            s.close()
+        assert any(reused) == one_graph and all(reused) == (one_graph and n_ctx % 128 == 0)
+        got[one_graph] = np.stack(out)
+    assert np.array_equal(got[True], got[False])
 
 
 def test_prompt_resumed_from_checkpoints_is_identical(model_factory: ModelFactory, tmp_path: Path) -> None:

@@ -122,12 +122,15 @@ class MoEModel:
     selection_bias: ClassVar[bool | None] = False  # top-k on probabilities + exp_probs_b (None: where the file has it)
     softmax_selected: ClassVar[bool] = False  # weights: a softmax over the k selected logits (gpt-oss)
     recurrence: ClassVar[str] = "none"  # how the file marks linear-attention layers (hparams.RECURRENCE)
-    # The layer graph depends on its first position (`Placement.pos0`: DeepSeek V4's compressed blocks complete at
-    # given positions): a graph per step, never one reused across positions (the one-graph decode step, several
-    # sequences' steps in one graph); several sequences' steps run per layer, each one's graph at its own position
+    # The layer graph depends on its first position (`Placement.pos0`) and cannot take it as an input: a graph per
+    # step, never one reused across positions (the one-graph decode step, several sequences' steps in one graph);
+    # several sequences' steps run per layer, each one's graph at its own position. (DeepSeek V4's compressed blocks
+    # complete at given positions, but its reused decode graph takes their rows and masks as inputs: `set_inputs`.)
     position_graphs: ClassVar[bool] = False
     # Tokens before a chunk that its embedding reads (`token_input`; qwen4exp's n-grams): 0, none
     token_context: ClassVar[int] = 0
+    # Graph nodes a layer may take in a whole decode step as one graph (runtime/token_graph.py), its experts aside
+    graph_nodes: ClassVar[int] = 160
 
     def __init__(self, hp: HParams, weights: ModelWeights, streamed: list[int]) -> None:
         self.hp = hp
@@ -327,6 +330,14 @@ class MoEModel:
             assert lo.out is not None
             return lo.out
         return r.residual if r.shared is None else ops.ggml_add(ctx, r.residual, r.shared)
+
+    def set_inputs(self, at: common.Placement, pos: int) -> None:
+        """A reused decode graph's inputs of the family's own that depend on the position, for its token at `pos`
+        (runtime/token_graph.py; DeepSeek V4's masks and ring indices): none by default."""
+
+    def one_graph_at(self, pos: int, n_ctx: int) -> bool:
+        """Whether a reused decode graph may run the token at `pos` (else the step runs a graph per layer)."""
+        return True
 
     def known_experts(self, token: int) -> dict[int, list[int]]:
         """Layers whose experts the token id alone decides (DeepSeek V4's hash layers), with those experts: the

@@ -18,13 +18,18 @@ line of every step: docs/families/deepseek4.md).
 The cache of a layer: K holds the raw keys of every position (llama-cpp-python's swa_full layout: the window is a
 mask), then the layer's compressed blocks (and the indexer's) in the same memory; the state holds the F32 rows
 of the compressors' last positions (8 for CSA, 128 for HCA), which a block that completes in a later chunk or
-decode step pools. A graph is built for its positions (`position_graphs`): which blocks complete in it is known.
+decode step pools. A prompt's graph is built for its positions: which blocks complete in it is known, its masks and
+indices are constants. A decode step's graph is reused over a window of positions (runtime/token_graph.py): those
+become inputs written before each run (`set_inputs`), and each compressor pools the block in progress at every step,
+written to that block's row, which no query sees until the block completes and its step writes it again — the same
+ops on the same rows then, so the same bits as a graph built for the position.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -39,6 +44,11 @@ from tokenwing.models.weights import ModelWeights
 CSA, HCA = 4, 128  # the compression ratios llama.cpp runs (0: the window only)
 RING_TOKENS = 512  # the most tokens a graph may hold beside the window in the raw keys' ring (llama.cpp's n_ubatch)
 ROUTER_FLOOR = 6.103515625e-5  # the normalised weights' sum is clamped here (llama-graph.cpp build_moe_ffn)
+REUSED_GRAPHS = 64  # placements whose per-position inputs are kept (the live decode graphs': one per sequence)
+
+Fill = Callable[[int], np.ndarray]  # a graph's position-dependent data, from its first position
+Data = Callable[[Fill], Tensor]  # that data as a tensor of the graph being built
+_GTYPES = {np.dtype(np.float32): F32, np.dtype(np.float16): F16, np.dtype(np.int32): I32}
 
 
 def keys(hp: HParams) -> Dsv4Keys:
@@ -60,7 +70,7 @@ class DeepSeek4(MoEModel):
     arch = "deepseek4"
     rope_mode = ROPE_NORM
     shared_experts = "required"
-    position_graphs = True
+    graph_nodes = 400  # (measured: ~160-250 a layer, a CSA layer's compressors and indexer the most)
     routing_keys = True
     selection_bias = None
 
@@ -69,6 +79,8 @@ class DeepSeek4(MoEModel):
         k = self.k = keys(hp)
         self.hc = k.hc_mult
         self._tables: dict[int, np.ndarray] | None = None  # the hash layers' token → experts tables
+        # a reused decode graph's position-dependent inputs and how each is filled, by its placement (`set_inputs`)
+        self._inputs: dict[int, list[tuple[Tensor, Fill]]] = {}
         # rope: a compressing layer takes compress_rope_freq_base with the file's YaRN; a window-only layer the plain
         # base, unscaled (deepseek4.cpp:902-909); the attention factor cancels ggml's YaRN magnitude (:11-17)
         yarn = hp.rope_scaling == "yarn"
@@ -264,6 +276,11 @@ class DeepSeek4(MoEModel):
     # --------------------------------------------------------------------------------------------- graph
     def layer(self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache) -> common.LayerOut:
         hp, w, n = self.hp, self.w[il], at.n
+        if at.pos0 is None and il == 0:  # (a reused graph's placement: its layers' inputs from here)
+            self._inputs.pop(_key(at), None)
+            while len(self._inputs) >= REUSED_GRAPHS:
+                del self._inputs[next(iter(self._inputs))]
+            self._inputs[_key(at)] = []
         hc = self.hc
         streams = self._streams(ctx, x)
         tid = self._part(ctx, x, self.state_width(hp) - 1, 1)
@@ -363,14 +380,38 @@ class DeepSeek4(MoEModel):
     def window(self) -> int:
         return 0  # (the layers mask their own ring of raw keys: `_ring_mask`)
 
+    # ---------------------------------------------------------------------------------- reused decode graphs
+    def _data(self, ctx: Any, at: common.Placement, fill: Fill) -> Tensor:
+        """Data that depends on the graph's first position: a constant of a graph built for its positions, else an
+        input of a reused decode graph (one token), written before each run (`set_inputs`)."""
+        if at.pos0 is not None:
+            return _data(ctx, fill(at.pos0))
+        a = fill(0)
+        t = _new(ctx, _GTYPES[a.dtype], tuple(reversed(a.shape)))
+        ops.ggml_set_input(t)
+        self._inputs[_key(at)].append((t, fill))
+        return t
+
+    def set_inputs(self, at: common.Placement, pos: int) -> None:
+        """A reused decode graph's position-dependent inputs, for its token at `pos` (runtime/token_graph.py)."""
+        for t, fill in self._inputs.get(_key(at), []):
+            if t.contents.data:  # (an input no node reads is not allocated)
+                a = np.ascontiguousarray(fill(pos))
+                ctypes.memmove(t.contents.data, a.ctypes.data, a.nbytes)
+
+    def one_graph_at(self, pos: int, n_ctx: int) -> bool:
+        """Whether a reused decode graph may run the token at `pos`: each compressor writes the row of the block
+        in progress, which exists unless the context ends before that block could complete."""
+        return all(pos // r < blocks(n_ctx, r) for r in set(self.k.compress_ratios) if r)
+
     # ------------------------------------------------------------------------------------------ attention
     def attention(
         self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache
     ) -> tuple[Tensor, list[Tensor]]:
         hp, w, k = self.hp, self.w[il], self.k
-        if at.pos0 is None:
-            raise UnsupportedError("a deepseek4 layer graph is built for its positions")
         d, h, n = hp.head_dim, hp.n_head, at.n
+        if at.pos0 is None and n != 1:
+            raise UnsupportedError("a deepseek4 graph of several tokens is built for its positions")
         ratio = k.compress_ratios[il]
         rope = self.rope_compress if ratio else self.rope_window
         kv = common.recurrent_cache(kv)
@@ -384,18 +425,22 @@ class DeepSeek4(MoEModel):
         kv_new = _rope_tail(ctx, ops.ggml_reshape_3d(ctx, kv_new, d, 1, n), at.positions, rope, d)
         # the raw keys into their ring slots (the snapshot first: the ring before this graph's last token)
         snap = kv.snapshot.conv if kv.snapshot is not None else None
-        writes = _carry(ctx, ring, ops.ggml_reshape_2d(ctx, kv_new, d, n), snap, at.pos0, n, span)
+
+        def data(fill: Fill) -> Tensor:
+            return self._data(ctx, at, fill)
+
+        writes = _carry(ctx, data, ring, ops.ggml_reshape_2d(ctx, kv_new, d, n), snap, at.pos0, n, span)
         keys_all = ops.ggml_view_3d(ctx, ring, d, 1, span, 4 * d, 4 * d, 0)
-        mask = _data(ctx, _ring_mask(at.pos0, n, span, hp.sliding_window))
+        mask = data(lambda p: _ring_mask(p, n, span, hp.sliding_window))
         if ratio:
             assert kv.kv is not None
             blocks_ = _Blocks(kv.kv, d, k.indexer_head_size, ratio)
-            writes += self._compress(ctx, il, x, at, kv, blocks_)
+            writes += self._compress(ctx, il, x, at, kv, blocks_, data)
             n_blocks = min(at.n_kv // ratio, blocks_.n_blocks)
             if n_blocks:
-                visible = _data(ctx, _block_mask(at.pos0, n, n_blocks, ratio))
+                visible = data(lambda p: _block_mask(p, n, n_blocks, ratio))
                 if ratio == CSA:
-                    visible = self._indexer_mask(ctx, il, qr, x, at, blocks_, n_blocks, visible)
+                    visible = self._indexer_mask(ctx, il, qr, x, at, blocks_, n_blocks, visible, data)
                 comp = blocks_.comp_view(ctx, n_blocks)
                 if int(comp.contents.type) != F32:  # (an F16 cache's blocks beside the F32 ring)
                     comp = ops.ggml_cast(ctx, comp, F32)
@@ -420,6 +465,7 @@ class DeepSeek4(MoEModel):
         blocks_: _Blocks,
         n_blocks: int,
         visible: Tensor,
+        data: Data,
     ) -> Tensor:
         """The CSA blocks' mask: -inf except the indexer's top-k of each query (build_lid_top_k and
         build_top_k_mask, deepseek4.cpp:590-705), plus the visibility mask."""
@@ -429,8 +475,7 @@ class DeepSeek4(MoEModel):
         iq = _rope_tail(ctx, iq, at.positions, self.rope_compress, di)
         iw = ops.ggml_scale(ctx, ops.ggml_mul_mat(ctx, w["indexer.proj"], x), 1.0 / math.sqrt(float(di * ih)))
         ik = blocks_.lid_view(ctx, n_blocks)
-        assert at.pos0 is not None
-        mask16 = _data(ctx, _block_mask(at.pos0, n, n_blocks, CSA).astype(np.float16))
+        mask16 = data(lambda p: _block_mask(p, n, n_blocks, CSA).astype(np.float16))
         score = ops.ggml_lightning_indexer(ctx, iq, ik, iw, mask16)
         top = ops.ggml_cont(ctx, ops.ggml_top_k(ctx, score, min(n_blocks, k.indexer_top_k)))
         kk = int(top.contents.ne[0])
@@ -440,12 +485,18 @@ class DeepSeek4(MoEModel):
         return ops.ggml_add(ctx, picked, visible)
 
     def _compress(
-        self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.RecurrentCache, blocks_: _Blocks
+        self,
+        ctx: Any,
+        il: int,
+        x: Tensor,
+        at: common.Placement,
+        kv: common.RecurrentCache,
+        blocks_: _Blocks,
+        data: Data,
     ) -> list[Tensor]:
         """The compressors of layer il over the graph's tokens: every block that completes here pooled into its
         cache row, and the carried rows updated (deepseek4.cpp:944-1176)."""
         w, d, ratio, eps = self.w[il], self.hp.head_dim, self.k.compress_ratios[il], self.hp.rms_eps
-        assert at.pos0 is not None
         rings = _views(ctx, kv.state, self._rings(il))
         snaps = _views(ctx, kv.snapshot.state, self._rings(il)) if kv.snapshot is not None else None
         # (HCA's compressor pools one block per row; CSA's two overlapping ones, and it has the indexer's too)
@@ -454,6 +505,7 @@ class DeepSeek4(MoEModel):
             w,
             "attn_compressor",
             x,
+            data,
             at.pos0,
             (rings[0], rings[1]),
             (snaps[0], snaps[1]) if snaps else None,
@@ -471,6 +523,7 @@ class DeepSeek4(MoEModel):
             w,
             "indexer_compressor",
             x,
+            data,
             at.pos0,
             (rings[2], rings[3]),
             (snaps[2], snaps[3]) if snaps else None,
@@ -532,12 +585,16 @@ def _ring_mask(pos0: int, n: int, span: int, window: int) -> np.ndarray:
     return np.where((q >= 0) & (q <= p) & (p - q < window), 0.0, -np.inf).astype(np.float32)
 
 
-def _carry(ctx: Any, ring: Tensor, rows: Tensor, snap: Tensor | None, pos0: int, n: int, size: int) -> list[Tensor]:
-    """The writes that put the last `size` of the graph's rows [w, n] (positions pos0…) into a ring of `size` slots
-    (slot: position mod size); with `snap`, first the ring as it is one token before the graph's end copied
-    there. In the order they must run (after every read of the ring's old rows)."""
+def _carry(
+    ctx: Any, data: Data, ring: Tensor, rows: Tensor, snap: Tensor | None, pos0: int | None, n: int, size: int
+) -> list[Tensor]:
+    """The writes that put the last `size` of the graph's rows [w, n] (positions pos0…; None: a reused decode
+    graph's, whose indices are inputs) into a ring of `size` slots (slot: position mod size); with `snap` (a graph
+    built for its positions), first the ring as it is one token before the graph's end copied there. In the order
+    they must run (after every read of the ring's old rows)."""
     writes = []
     if snap is not None:
+        assert pos0 is not None
         copied = ops.ggml_cpy(ctx, ring, snap)
         keep = list(range(max(pos0, pos0 + n - 1 - size), pos0 + n - 1))
         if keep:
@@ -545,25 +602,34 @@ def _carry(ctx: Any, ring: Tensor, rows: Tensor, snap: Tensor | None, pos0: int,
             dst = _data(ctx, np.array([p % size for p in keep], np.int32))
             copied = ops.ggml_set_rows(ctx, copied, ops.ggml_get_rows(ctx, rows, src), dst)
         writes.append(copied)
-    keep = list(range(max(pos0, pos0 + n - size), pos0 + n))
-    src = _data(ctx, np.array([p - pos0 for p in keep], np.int32))
-    dst = _data(ctx, np.array([p % size for p in keep], np.int32))
+
+    def kept(p0: int) -> np.ndarray:
+        return np.arange(max(p0, p0 + n - size), p0 + n)
+
+    src = data(lambda p0: (kept(p0) - p0).astype(np.int32))
+    dst = data(lambda p0: (kept(p0) % size).astype(np.int32))
     writes.append(ops.ggml_set_rows(ctx, ring, ops.ggml_get_rows(ctx, rows, src), dst))
     return writes
+
+
+def _key(at: common.Placement) -> int:
+    """A placement of a reused graph, by its positions tensor (each placement has its own)."""
+    return ctypes.addressof(at.positions.contents)
+
+
+def _new(ctx: Any, gtype: int, shape: tuple[int, ...]) -> Tensor:
+    if len(shape) == 1:
+        return ops.ggml_new_tensor_1d(ctx, gtype, shape[0])
+    if len(shape) == 2:
+        return ops.ggml_new_tensor_2d(ctx, gtype, *shape)
+    return ops.ggml_new_tensor_3d(ctx, gtype, *shape)
 
 
 def _data(ctx: Any, a: np.ndarray) -> Tensor:
     """A tensor of the graph's context holding `a` (the graph is built for its positions: its masks and indices
     are known now). numpy's shape reversed, as ggml orders dimensions."""
     a = np.ascontiguousarray(a)
-    gtype = {np.dtype(np.float32): F32, np.dtype(np.float16): F16, np.dtype(np.int32): I32}[a.dtype]
-    shape = tuple(reversed(a.shape))
-    if len(shape) == 1:
-        t = ops.ggml_new_tensor_1d(ctx, gtype, shape[0])
-    elif len(shape) == 2:
-        t = ops.ggml_new_tensor_2d(ctx, gtype, *shape)
-    else:
-        t = ops.ggml_new_tensor_3d(ctx, gtype, *shape)
+    t = _new(ctx, _GTYPES[a.dtype], tuple(reversed(a.shape)))
     ctypes.memmove(t.contents.data, a.ctypes.data, a.nbytes)
     return t
 
@@ -602,7 +668,8 @@ def _compressor(
     w: dict[str, Tensor],
     name: str,
     x: Tensor,
-    pos0: int,
+    data: Data,
+    pos0: int | None,
     rings: tuple[Tensor, Tensor],
     snap: tuple[Tensor, Tensor] | None,
     ratio: int,
@@ -617,16 +684,27 @@ def _compressor(
     the scores over the block's tokens per channel weighting their kv (CSA, `overlap`: the previous block's tokens
     through the first half of the rows and the block's own through the second, 8 in all) —, RMS-normed, roped at
     the block's first position and written to its cache row; then the last positions' rows into the carried rings
-    (and into `snap` as they are one token before the end). The writes in the order they must run."""
+    (and into `snap` as they are one token before the end). The writes in the order they must run.
+
+    pos0 None (a reused decode graph, one token): the block in progress is pooled at every step and written to its
+    row (its tokens after this one as the rows a block before position 0 takes: kv 0, score -inf), a row no query
+    sees until the step that completes the block, which pools it as a graph built for that position does."""
     n = int(x.contents.ne[1])
     size = int(rings[0].contents.ne[1])
     kv_rows = ops.ggml_mul_mat(ctx, w[name + "_kv"], x)
     score = ops.ggml_mul_mat(ctx, w[name + "_gate"], x)
-    ape_at = _data(ctx, (np.arange(pos0, pos0 + n) % ratio).astype(np.int32))
+    ape_at = data(lambda p0: (np.arange(p0, p0 + n) % ratio).astype(np.int32))
     score = ops.ggml_add(ctx, score, ops.ggml_get_rows(ctx, w[name + "_ape"], ape_at))
     writes: list[Tensor] = []
-    ends = [p for p in range(pos0, pos0 + n) if (p + 1) % ratio == 0]
-    if ends:
+
+    def ends(p0: int) -> list[int]:
+        """The last positions of the blocks pooled: those completing here, or the one in progress (pos0 None)."""
+        if pos0 is None:
+            return [p0 - p0 % ratio + ratio - 1]
+        return [p for p in range(p0, p0 + n) if (p + 1) % ratio == 0]
+
+    nb = len(ends(pos0 if pos0 is not None else 0))
+    if nb:
         width = int(kv_rows.contents.ne[0])
         zero = ops.ggml_scale(ctx, ops.ggml_view_2d(ctx, kv_rows, width, 1, int(kv_rows.contents.nb[1]), 0), 0.0)
         ninf = ops.ggml_scale_bias(
@@ -635,15 +713,23 @@ def _compressor(
         src_kv = ops.ggml_concat(ctx, ops.ggml_concat(ctx, rings[0], kv_rows, 1), zero, 1)
         src_sc = ops.ggml_concat(ctx, ops.ggml_concat(ctx, rings[1], score, 1), ninf, 1)
 
-        def at(p: int) -> int:
-            return size + n if p < 0 else size + p - pos0 if p >= pos0 else p % size
+        def rows_of(p0: int, positions: list[int]) -> np.ndarray:
+            def at(p: int) -> int:
+                outside = p < 0 or p >= p0 + n  # (before position 0, or after the graph's last token)
+                return size + n if outside else size + p - p0 if p >= p0 else p % size
 
-        starts = [p + 1 - ratio for p in ends]
-        nb = len(ends)
+            return np.array([at(p) for p in positions], np.int32)
+
+        def starts(p0: int) -> list[int]:
+            return [p + 1 - ratio for p in ends(p0)]
+
         if overlap:
-            prev = [at(s - ratio + j) for s in starts for j in range(ratio)]
-            own = [at(s + j) for s in starts for j in range(ratio)]
-            idx = _data(ctx, np.array(prev + own, np.int32))
+
+            def gather(p0: int) -> np.ndarray:
+                prev = [s - ratio + j for s in starts(p0) for j in range(ratio)]
+                return rows_of(p0, prev + [s + j for s in starts(p0) for j in range(ratio)])
+
+            idx = data(gather)
             kr, sr = ops.ggml_get_rows(ctx, src_kv, idx), ops.ggml_get_rows(ctx, src_sc, idx)
             m = ratio * nb
 
@@ -656,7 +742,7 @@ def _compressor(
 
             values, scores = halves(kr), halves(sr)
         else:
-            idx = _data(ctx, np.array([at(s + j) for s in starts for j in range(ratio)], np.int32))
+            idx = data(lambda p0: rows_of(p0, [s + j for s in starts(p0) for j in range(ratio)]))
             values = ops.ggml_reshape_3d(ctx, ops.ggml_get_rows(ctx, src_kv, idx), d, ratio, nb)
             scores = ops.ggml_reshape_3d(ctx, ops.ggml_get_rows(ctx, src_sc, idx), d, ratio, nb)
         values = ops.ggml_cont(ctx, ops.ggml_permute(ctx, values, 1, 0, 2, 3))
@@ -664,10 +750,10 @@ def _compressor(
         comp = ops.ggml_sum_rows(ctx, ops.ggml_mul(ctx, values, ops.ggml_soft_max(ctx, scores)))
         comp = ops.ggml_cont(ctx, ops.ggml_permute(ctx, comp, 1, 0, 2, 3))  # [d, 1, nb]
         comp = common.rms_norm(ctx, comp, w[name + "_norm"], eps)
-        comp = _rope_tail(ctx, comp, _data(ctx, np.array(starts, np.int32)), rope, d)
-        rows = _data(ctx, np.array([p // ratio for p in ends], np.int32))
+        comp = _rope_tail(ctx, comp, data(lambda p0: np.array(starts(p0), np.int32)), rope, d)
+        rows = data(lambda p0: np.array([p // ratio for p in ends(p0)], np.int32))
         writes.append(ops.ggml_set_rows(ctx, cache, ops.ggml_reshape_2d(ctx, comp, d, nb), rows))
     # the carried rows: the last `size` positions' (the snapshot: those before the last token), after every read
     for ring, rows_new, snap_ring in zip(rings, (kv_rows, score), snap or (None, None), strict=True):
-        writes += _carry(ctx, ring, rows_new, snap_ring, pos0, n, size)
+        writes += _carry(ctx, data, ring, rows_new, snap_ring, pos0, n, size)
     return writes

@@ -184,6 +184,8 @@ def _one_graph(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray] | N
     selection, as in the per-layer path."""
     if not s._token_graph_on or s.scheduler.slot_map is None:
         return None
+    if not all(s.model.one_graph_at(s.seqs[slot].pos, s.n_ctx) for slot, _ in steps):
+        return None
     windows = [common.decode_window(s.seqs[slot].pos, s.n_ctx) for slot, _ in steps]
     group = rows_group(s, len(steps))
     key = (group, *((slot, w) for (slot, _), w in zip(steps, windows, strict=True)))

@@ -712,7 +712,7 @@ class Session:
         """A decode step as one graph (every expert resident: nothing to stream or predict); None when that
         graph is off or could not be built (the per-layer path runs instead). The scheduler still sees each
         layer's experts, so hit counts, usage and traces are as in the per-layer path."""
-        if not self._token_graph_on:
+        if not self._token_graph_on or not self.model.one_graph_at(self.pos, self.n_ctx):
             return None
         window = common.decode_window(self.pos, self.n_ctx)
         tg = self._token_graph

@@ -52,7 +52,7 @@ class TokenGraph:
         self.swa = model.window
         # ~90 nodes per layer at top-8 (each expert's output is a view and an addition), ~60 more in a KDA layer
         # (three convolutions and their state writes): room to spare
-        per_seq = hp.n_layer * (160 + 8 * hp.n_expert_used) + 256
+        per_seq = hp.n_layer * (model.graph_nodes + 8 * hp.n_expert_used) + 256
         g = self.g = StaticGraph(per_seq * len(kvs), pool_owner)
         ctx = g.ctx
         tables = {il: g.constant(m.astype(np.int32).reshape(-1, 1)) for il, m in slot_map.items()}
@@ -175,6 +175,7 @@ class TokenGraph:
                 t = getattr(q.at, name)
                 if t.contents.data:  # (an input no node reads is not allocated: positions where nothing rotates)
                     g.set(t, values)
+            self.model.set_inputs(q.at, pos)
         g.compute()
         return [
             (to_numpy(q.logits).reshape(-1).copy(), [(il, to_numpy(ids).reshape(-1).copy()) for il, ids in q.routed])
