@@ -1,7 +1,8 @@
 """Subprocess: TokenWing on a token stream; prints one JSON line of measurements.
 
 usage: python tokenwing_runner.py MODEL.tw.gguf TOKENS.npy N_PROMPT LOOKAHEAD [options]
-options: norepack (no repacked layouts), layergraphs (a graph per layer even with every expert in RAM),
+options: norepack (no repacked layouts), nohashreads (DeepSeek V4's hash layers not read at the token's start),
+         layergraphs (a graph per layer even with every expert in RAM),
          plainexperts (experts kept in the file's layout even when preloaded: the streamed path's kernels),
          budget=25% (a share of the experts or a size, as --ram-budget takes it; default: from the process's own
          memory limit, the benchmark's cgroup cap, as in real use), trace=PATH (the decode's routing trace and
@@ -27,6 +28,7 @@ from limits import DiskWatch, decode_bytes_touched, delta, switches, thread_cpu
 
 from tokenwing.cli import parse_size
 from tokenwing.format.reader import ModelFile
+from tokenwing.models import common
 from tokenwing.runtime import session as session_module
 from tokenwing.runtime.experts import ExpertPools
 from tokenwing.runtime.kvcache import kv_element
@@ -77,6 +79,8 @@ def main() -> int:
         stream=stream_settings(extra),
     )
     s = Session(model, opts, log=notes.append)
+    if "nohashreads" in extra:  # DeepSeek V4's hash layers read on demand, as a router's layer (the "without" row)
+        s.model.known_experts = lambda token: {}  # type: ignore[method-assign]
     load = time.perf_counter() - t0
     c = {n: i for i, n in enumerate(COUNTERS)}
     r0 = process_read_bytes()
@@ -105,7 +109,7 @@ def main() -> int:
         np.save(trace_path + ".warm.npy", np.array(warm, np.int32))
     # what an in-RAM token reads: experts, resident weights, the lookahead's F16 routers, the KV window it attends
     kv_pos = s.model.kv_bytes_per_token(s.hp, kv_element(opts.kv_type)[1])
-    windows = [min(s.n_ctx, -(-(n_prompt + i + 1) // 256) * 256) for i in range(n_dec)]  # decode's masked window
+    windows = [common.decode_window(n_prompt + i, s.n_ctx) for i in range(n_dec)]  # decode's masked window
     touched = decode_bytes_touched(model, windows, kv_pos)
     one_graph_ran = s._token_graph is not None  # the one-graph step computes no lookahead
     routers = (
@@ -136,6 +140,7 @@ def main() -> int:
                 "expert_mb_per_s": float(d[:, c["bytes_read"]].sum()) / 1e6 / (t3 - t2),
                 "demand_reads_per_token": float(d[:, c["demand_reads"]].sum()) / n_dec,
                 "demand_wait_ms_per_layer": [float(x) / 1e6 / n_dec for x in d[:, c["wait_ns"]]],
+                "demand_reads_per_layer": [float(x) / n_dec for x in d[:, c["demand_reads"]]],
                 "prediction_recall": s.stats()["prediction_recall"],
                 "prefetch_issued": int(d[:, c["prefetch_issued"]].sum()),
                 "prefetch_used": int(d[:, c["prefetch_used"]].sum()),

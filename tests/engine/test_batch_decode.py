@@ -189,3 +189,90 @@ def test_stacked_attention_runs_get_what_each_gets_alone(
     for w, g in zip(want, out, strict=True):
         for step, (a, b) in enumerate(zip(w, g, strict=True)):
             assert np.array_equal(a, b), f"step {step}: max |diff| {np.abs(a - b).max()}"
+
+
+PART_PROMPT = LONG[:40]  # three parts at max_batch 16: 16, 16, 8
+
+
+def _parts(prompt: list[int], b: int = 16) -> list[list[int]]:
+    return [prompt[i : i + b] for i in range(0, len(prompt), b)]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {"type": "Q4_K_M"},  # k slots a layer: the prompt's waves and the decode tokens' extra experts
+        {"type": "Q8_0", "arch": "bailingmoe3", "n_layer": 4},  # recurrent layers (checkpoints), a dense layer
+        {"type": "Q8_0", "arch": "deepseek2"},  # MLA
+    ],
+    ids=["streamed", "ling", "mla"],
+)
+def test_a_prompt_joins_the_decode_steps(
+    repacked_factory: ModelFactory, monkeypatch: pytest.MonkeyPatch, shape: dict[str, object]
+) -> None:
+    """A request's prompt, in parts of a chunk, runs in the same pass as the others' decode tokens (`batch.step`):
+    each sequence gets the logits it gets alone (the prompt in the same parts), and each layer reads at most the
+    union of the prompt's and the decode tokens' experts once."""
+    from tokenwing.runtime import batch
+
+    model = str(repacked_factory(**shape))
+    want = [_alone(model, _options(1, 1), p) for p in PROMPTS[:2]]
+    s = Session(model, _options(1, 1), log=lambda line: None)
+    try:
+        parts = _parts(PART_PROMPT)
+        alone = [s.forward(p, prompt=True, end=i == len(parts) - 1) for i, p in enumerate(parts)]
+        last = [alone[-1]]
+        for _ in range(STEPS):
+            last.append(s.forward([int(last[-1].argmax())]))
+        want.append(alone + last[1:])
+    finally:
+        s.close()
+    joint: list[int] = []
+    layer = batch._joint_layer
+
+    def spy(*args: object) -> object:
+        joint.append(int(args[1]))  # type: ignore[call-overload]
+        return layer(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(batch, "_joint_layer", spy)
+    s = Session(model, _options(3, 1), log=lambda line: None)
+    sel: list[np.ndarray] = []
+    observe = s.scheduler.observe
+
+    def recording(block: int, rows: np.ndarray) -> None:
+        sel.append(rows.copy())
+        observe(block, rows)
+
+    try:
+        out: list[list[np.ndarray]] = [[], [], []]
+        for slot in (0, 1):
+            s.use(slot)
+            out[slot].append(s.forward(PROMPTS[slot], prompt=True))
+        s.scheduler.observe = recording  # type: ignore[method-assign,assignment]
+        for i, p in enumerate(parts):
+            steps = [(slot, int(out[slot][-1].argmax())) for slot in (0, 1)]
+            sel.clear()
+            before = s.counters()
+            got, logits = batch.step(s, steps, batch.PromptPart(2, p, end=i == len(parts) - 1))
+            delta = s.counters() - before
+            assert logits is not None
+            out[2].append(logits)
+            for slot, lg in zip((0, 1), got, strict=True):
+                out[slot].append(lg)
+            rows = iter(sel)
+            for li, _ in enumerate(s.streamed):  # the prompt's selections, then each decode token's
+                union = set(np.concatenate([next(rows) for _ in range(3)]).reshape(-1).tolist())
+                assert delta[li, _C["misses"]] <= len(union)
+        s.scheduler.observe = observe  # type: ignore[method-assign]
+        while any(len(o) < len(w) for o, w in zip(out, want, strict=True)):
+            active = [i for i in range(3) if len(out[i]) < len(want[i])]
+            got = decode_step(s, [(i, int(out[i][-1].argmax())) for i in active])
+            for i, logits in zip(active, got, strict=True):
+                out[i].append(logits)
+    finally:
+        s.close()
+    assert joint  # (the parts went in the decode steps' pass)
+    for w, g in zip(want, out, strict=True):
+        assert len(g) == len(w)
+        for step, (a, b) in enumerate(zip(w, g, strict=True)):
+            assert np.array_equal(a, b), f"step {step}: max |diff| {np.abs(a - b).max()}"

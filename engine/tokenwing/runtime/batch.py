@@ -86,6 +86,141 @@ def decode_step(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray]:
     return logits
 
 
+@dataclasses.dataclass(frozen=True)
+class PromptPart:
+    """A part of one sequence's prompt (the server's: at most a chunk while others decode). `end`: the prompt
+    ends with it (its state a token before is kept as a checkpoint)."""
+
+    slot: int
+    tokens: list[int]
+    end: bool = True
+
+
+def step(
+    s: Session, steps: list[tuple[int, int]], part: PromptPart | None
+) -> tuple[list[np.ndarray], np.ndarray | None]:
+    """A decode token for each (slot, token) pair and a part of another sequence's prompt, in one layer-major
+    pass where the experts stream (`joins`): per layer the prompt's experts and the decode tokens' are one
+    order of waves, each expert read once for both (the prompt's own first, then what only the decode tokens
+    need). Returns the decode tokens' logits and the prompt part's last logits (None without a part). Each
+    sequence's numbers are those it gets alone: the prompt's expert sums are its own in its own order (other
+    sequences' experts add nothing to them), the decode tokens' are computed row by row and summed in rank order
+    as in `decode_step` (tested: `tests/engine/test_batch_decode.py`). Elsewhere (every expert in RAM, where a
+    decode step is one graph, or the VRAM tier) the part runs, then the step."""
+    if part is None:
+        return decode_step(s, steps), None
+    if not steps or not joins(s, part):
+        s.use(part.slot)
+        logits = s.forward(part.tokens, prompt=True, end=part.end)
+        return (decode_step(s, steps) if steps else []), logits
+    return _joint_step(s, steps, part)
+
+
+def joins(s: Session, part: PromptPart) -> bool:
+    """Whether a prompt part goes in the same pass as the decode tokens: where experts stream (with every expert
+    in RAM nothing is read twice anyway, and the decode step is one graph), without the VRAM tier (one
+    sequence) or a routing trace (the benchmarks', one sequence's), and one chunk at most (a pass that fits
+    without splitting). A part that would fail (ids outside the vocabulary, the context full) runs alone, so
+    that its error is its own."""
+    return (
+        s.vram is None
+        and s.scheduler.slot_map is None
+        and s.trace is None
+        and 0 < len(part.tokens) <= s.options.max_batch
+        and all(0 <= t < s.hp.vocab_size for t in part.tokens)
+        and s.seqs[part.slot].pos + len(part.tokens) <= s.n_ctx
+    )
+
+
+def _joint_step(s: Session, steps: list[tuple[int, int]], part: PromptPart) -> tuple[list[np.ndarray], np.ndarray]:
+    slots = [slot for slot, _ in steps]
+    if len({*slots, part.slot}) != len(slots) + 1:
+        raise ValueError("a sequence appears twice in one step")
+    for token in [*(t for _, t in steps), *part.tokens]:
+        if not 0 <= token < s.hp.vocab_size:
+            raise BadInputError("token id outside the vocabulary")
+    for slot, n in [*((slot, 1) for slot in slots), (part.slot, len(part.tokens))]:
+        if s.seqs[slot].pos + n > s.n_ctx:
+            raise BadInputError(f"the context is full ({s.n_ctx} tokens)")
+    s.use(part.slot)
+    s._open_pass(part.tokens, part.end, decode=False, others=len(steps))
+    _read_known(s, [token for _, token in steps])
+    h = s._pass_input(part.tokens)
+    hs = []
+    for slot, token in steps:
+        s.use(slot)
+        hs.append(s._embed([token]))
+    group = rows_group(s, len(steps))
+    try:
+        for il in range(s.hp.n_layer):
+            h, hs = _joint_layer(s, il, part.slot, h, slots, hs, group)
+    except BaseException:
+        for slot in [part.slot, *slots]:  # a failed step leaves no half-updated recurrent state behind
+            seq = s.seqs[slot]
+            if seq.kv.states is not None:
+                seq.checkpoints.abandon()
+                seq.state_dirty = True
+        raise
+    s.use(part.slot)
+    s._advance(part.tokens)
+    s.checkpoints.commit()
+    last = s._logits(h[-1:])[-1]
+    logits = []
+    for (slot, token), x in zip(steps, hs, strict=True):
+        s.use(slot)
+        s._advance([token])
+        s.checkpoints.commit()
+        logits.append(s._logits(x)[-1])
+    return logits, last
+
+
+def _joint_layer(
+    s: Session, il: int, pslot: int, h: np.ndarray, slots: list[int], hs: list[np.ndarray], group: int
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """One layer of a prompt part (`h`, sequence `pslot`) and decode tokens: the prompt's layer graph as its
+    pass computes it (Session._layer_parts: its chunks, checkpoints), the decode tokens' as `_layer` does; one
+    order of waves for the experts of both (`ExpertPools.prompt` with `also` and `each_wave`)."""
+    s.use(pslot)
+    s.scheduler.read_ahead(il, h.shape[0])
+    r = s._layer_parts(il, h, False)
+    parts = _parts(s, il, slots, hs, group)
+    merged = _merge(s, [s.lookahead.predict(il, p["ahead"]) if "ahead" in p else [] for p in parts])
+    if "out" in r:  # a dense layer (for every sequence: the same layer)
+        _predict(s, merged)
+        _written(s, pslot, il)
+        return r["out"], [p["out"] for p in parts]
+    s.scheduler.observe(il, r["ids"])
+    sel, union = _selected(s, il, parts)
+    mine = set(r["ids"].reshape(-1).tolist())
+    cur = np.concatenate([p["cur"] for p in parts])
+    weights = np.concatenate([p["weights"] for p in parts])
+    weighted = np.zeros((sel.shape[0], sel.shape[1], cur.shape[1]), np.float32)
+    first = [True]
+    needed = set(union)
+
+    def each_wave(wave: list[int]) -> None:
+        if first[0]:  # (after the first wave's demand reads, as a decode step issues them)
+            _predict(s, merged)
+            first[0] = False
+        theirs = [e for e in wave if e in needed]
+        if theirs:
+            _put_wave(s, il, cur, sel, weights, theirs, [True] * len(theirs), weighted)
+
+    also = [e for e in union if e not in mine]
+    summed = s.experts.prompt(il, r["cur"], r["ids"], r["weights"], None, also, each_wave)
+    s.use(pslot)
+    out = s._tail(il, summed, r)
+    _written(s, pslot, il)
+    return out, _tails(s, il, slots, parts, weighted)
+
+
+def _written(s: Session, slot: int, il: int) -> None:
+    """A prompt writes a layer's positions at once: a spilled cache's are reclaimable now (as in its pass)."""
+    s.use(slot)
+    if s.kv.spilled:
+        s.kv.write_back(il)
+
+
 def _read_known(s: Session, tokens: list[int]) -> None:
     """The layers routed by the token id alone (DeepSeek V4's hash layers): each one's union of the step's
     sequences' experts is read from the step's start, as the session reads one token's (certain predictions:
@@ -222,24 +357,43 @@ def _one_graph(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray] | N
 
 
 def _layer(s: Session, il: int, slots: list[int], hs: list[np.ndarray], group: int) -> list[np.ndarray]:
-    if group > 1:
-        parts = []
-        for idx in groups_of(list(range(len(slots))), group):
-            parts += _rows_parts(s, il, [slots[i] for i in idx], [hs[i] for i in idx])
-    else:
-        parts = _layer_parts(s, il, slots, hs)
-    ahead = [s.lookahead.predict(il, r["ahead"]) if "ahead" in r else [] for r in parts]
-    merged = _merge(s, ahead)
+    parts = _parts(s, il, slots, hs, group)
+    merged = _merge(s, [s.lookahead.predict(il, r["ahead"]) if "ahead" in r else [] for r in parts])
     if "out" in parts[0]:  # a dense layer: it predicts the streamed layers after it, as a MoE layer does
-        for a in merged:
-            s.scheduler.predict(a.target, a.experts, a.distance, a.probs, a.predictors)
+        _predict(s, merged)
         return [r["out"] for r in parts]
+    sel, union = _selected(s, il, parts)
+    return _tails(s, il, slots, parts, _experts(s, il, parts, sel, union, merged))
+
+
+def _parts(s: Session, il: int, slots: list[int], hs: list[np.ndarray], group: int) -> list[Parts]:
+    """Every sequence's layer graph results: as the rows of shared products in groups where `rows_batch` allows,
+    else side by side."""
+    if group <= 1:
+        return _layer_parts(s, il, slots, hs)
+    parts = []
+    for idx in groups_of(list(range(len(slots))), group):
+        parts += _rows_parts(s, il, [slots[i] for i in idx], [hs[i] for i in idx])
+    return parts
+
+
+def _predict(s: Session, merged: list[Ahead]) -> None:
+    for a in merged:
+        s.scheduler.predict(a.target, a.experts, a.distance, a.probs, a.predictors)
+
+
+def _selected(s: Session, il: int, parts: list[Parts]) -> tuple[np.ndarray, list[int]]:
+    """The step's selections (a row per sequence), counted and scored, and their union in the order the
+    sequences name them."""
     sel = np.concatenate([r["ids"] for r in parts])
     for row in sel:
         s.scheduler.observe(il, row.reshape(1, -1))
     union = list(dict.fromkeys(sel.reshape(-1).tolist()))
     s.lookahead.score(il, np.array([union]))  # recall over the step: the share of the union predicted
-    weighted = _experts(s, il, parts, sel, union, merged)
+    return sel, union
+
+
+def _tails(s: Session, il: int, slots: list[int], parts: list[Parts], weighted: np.ndarray) -> list[np.ndarray]:
     out = []
     for i, r in enumerate(parts):
         summed = common.sum_experts(weighted[i : i + 1])  # (each sequence's own k, in rank order)
@@ -324,10 +478,23 @@ def _experts(
         wave = union[start : start + size]
         ready = sched.begin_layer(il, wave)
         if start == 0:
-            for a in ahead:
-                sched.predict(a.target, a.experts, a.distance, a.probs, a.predictors)
-        got = s.experts.decode_weighted(il, cur, sel, weights, wave, ready)
-        mask = selected(sel, wave)
-        weighted[mask] = got[mask]
+            _predict(s, ahead)
+        _put_wave(s, il, cur, sel, weights, wave, ready, weighted)
         sched.end_layer(il)
     return weighted
+
+
+def _put_wave(
+    s: Session,
+    il: int,
+    cur: np.ndarray,
+    sel: np.ndarray,
+    weights: np.ndarray,
+    wave: list[int],
+    ready: list[bool],
+    weighted: np.ndarray,
+) -> None:
+    """The sequences' pairs with the experts of one wave, written into `weighted` at their ranks."""
+    got = s.experts.decode_weighted(il, cur, sel, weights, wave, ready)
+    mask = selected(sel, wave)
+    weighted[mask] = got[mask]

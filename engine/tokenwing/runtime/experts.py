@@ -6,7 +6,7 @@ RAM; otherwise the resident ones first, while the others land).
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -138,7 +138,14 @@ class ExpertCompute:
 
     # ------------------------------------------------------------------------------------------ a prompt
     def prompt(
-        self, block: int, cur: np.ndarray, sel: np.ndarray, weights: np.ndarray, device: DeviceExperts | None = None
+        self,
+        block: int,
+        cur: np.ndarray,
+        sel: np.ndarray,
+        weights: np.ndarray,
+        device: DeviceExperts | None = None,
+        also: Sequence[int] = (),
+        each_wave: Callable[[list[int]], None] | None = None,
     ) -> np.ndarray:
         """A prompt's experts in waves (recency order, `ExpertScheduler.prompt_order`), summed as they come.
 
@@ -148,6 +155,10 @@ class ExpertCompute:
 
         With a `device` (the VRAM tier): the experts it holds come first, computed there and never read into RAM;
         a wave of the others whose experts serve enough tokens each runs on the GPU too (copied up from RAM).
+
+        `also`: experts the prompt does not use, read after its own (other sequences' decode tokens in the same
+        pass, runtime/batch.py), and `each_wave(wave)` called while each wave is in RAM (those sequences compute
+        theirs): the prompt's own sums are those it gets alone, whatever else the waves hold.
         """
         n_expert = self.scheduler.n_expert
         unique = self.scheduler.prompt_order(sel, n_expert)
@@ -163,7 +174,7 @@ class ExpertCompute:
         if device is not None and held:
             device.count_prompt_hits(block, len(held))
             self._add_wave(acc, sel, weights, held, place, lambda t, e, w: device.from_vram(block, cur, t, e, w), False)
-        for wave, slot_of in self.scheduler.waves(block, unique[len(held) :]):
+        for wave, slot_of in self.scheduler.waves(block, [*unique[len(held) :], *also]):
             pairs = int(selected(sel, wave).sum())
             if device is not None and device.wave_on_gpu(pairs, len(wave)):
 
@@ -179,6 +190,8 @@ class ExpertCompute:
                     return self._expert_matmuls(block, cur, t, so[e], e, w)
 
                 self._add_wave(acc, sel, weights, wave, place, on_cpu, True)
+            if each_wave is not None:
+                each_wave(wave)
         return acc
 
     def _add_wave(

@@ -468,8 +468,38 @@ class Session:
         return out
 
     def _pass(self, tokens: list[int], all_logits: bool, snapshot: bool, prompt: bool) -> np.ndarray:
-        hp, n, pos0 = self.hp, len(tokens), self.pos
+        n, pos0 = len(tokens), self.pos
         decode = n == 1 and not prompt
+        self._open_pass(tokens, snapshot, decode)
+        logits = self._token_step(tokens[0]) if decode and self.scheduler.slot_map is not None else None
+        if logits is not None:
+            self._advance(tokens)
+            return logits.reshape(1, -1) if all_logits else logits
+        h = self._pass_input(tokens)
+        sel_rows: list[np.ndarray] = []
+        pred_rows: list[np.ndarray] = []
+        carry: Parts | None = None  # layer il's graph results, computed with the layer before's experts
+        for il in range(self.hp.n_layer):
+            out, sel, preds, carry = self._layer(il, h, decode, carry)
+            h = out if out is not None else h  # (None: fused into the next layer's graph)
+            if self.kv.spilled and not decode:  # a prompt writes a layer's positions at once: reclaimable now
+                self.kv.write_back(il)
+            if self.trace is not None and sel is not None and preds is not None:
+                sel_rows.append(sel)
+                pred_rows.append(preds)
+        if self.trace is not None and sel_rows:
+            self.trace.append((np.stack(sel_rows, axis=1), np.stack(pred_rows, axis=1), 0 if decode else n))
+        self._advance(tokens)
+        if not all_logits:
+            last: np.ndarray = self._logits(h[-1:])[-1]
+            return last
+        return np.concatenate([self._logits(h[c]) for c in self._chunks(n, pos0)], axis=0)
+
+    def _open_pass(self, tokens: list[int], snapshot: bool, decode: bool, others: int = 0) -> None:
+        """A pass's start for this sequence: its checkpoint positions, the prompt's memory (lent by the cache) or
+        the decode's (given back), the core's token clock (`others`: decode tokens of other sequences computed
+        in the same pass, runtime/batch.py), and the experts known from the token id alone."""
+        n, pos0 = len(tokens), self.pos
         if self.vram is not None:  # (a prompt borrows VRAM here, decode takes it back and moves swaps in)
             self.vram.begin_pass(decode)
         self._cuts = self.checkpoints.boundaries(pos0, n) if not decode else []
@@ -488,7 +518,7 @@ class Session:
             self.scheduler.after_prompt()
         else:
             self.scheduler.lend(self.prompt_memory.to_borrow(n, self._free_room()))
-        self.scheduler.begin_token(0 if decode else n)
+        self.scheduler.begin_token(0 if decode and not others else n + others)
         # Layers routed by the token id alone (DeepSeek V4's hash layers): their experts are read from the token's
         # start, as certain predictions (read first, one vote), and the lookahead's guesses for them are dropped
         self._known = self.model.known_experts(tokens[0]) if decode else {}
@@ -497,37 +527,19 @@ class Session:
             if self.vram is not None:  # (experts in VRAM are never read into RAM)
                 known = self.vram.not_held(known)
             self.scheduler.predict(known.target, known.experts, known.distance, known.probs, known.predictors)
-        logits = self._token_step(tokens[0]) if decode and self.scheduler.slot_map is not None else None
-        if logits is not None:
-            self._advance(tokens)
-            return logits.reshape(1, -1) if all_logits else logits
+
+    def _pass_input(self, tokens: list[int]) -> np.ndarray:
+        """The pass's first state: its tokens' embeddings, chunk by chunk (each reads the few tokens before it
+        that the family's embedding needs)."""
         self.lookahead.made.clear()
         k = self.model.token_context  # (the tokens before a chunk its embedding reads: few, never all)
-        h = np.concatenate(
+        return np.concatenate(
             [
                 self._embed(tokens[c], (self.history[-k:] + tokens[max(0, c.start - k) : c.start])[-k:] if k else [])
-                for c in self._chunks(n, pos0)
+                for c in self._chunks(len(tokens), self.pos)
             ],
             axis=0,
         )
-        sel_rows: list[np.ndarray] = []
-        pred_rows: list[np.ndarray] = []
-        carry: Parts | None = None  # layer il's graph results, computed with the layer before's experts
-        for il in range(hp.n_layer):
-            out, sel, preds, carry = self._layer(il, h, decode, carry)
-            h = out if out is not None else h  # (None: fused into the next layer's graph)
-            if self.kv.spilled and not decode:  # a prompt writes a layer's positions at once: reclaimable now
-                self.kv.write_back(il)
-            if self.trace is not None and sel is not None and preds is not None:
-                sel_rows.append(sel)
-                pred_rows.append(preds)
-        if self.trace is not None and sel_rows:
-            self.trace.append((np.stack(sel_rows, axis=1), np.stack(pred_rows, axis=1), 0 if decode else n))
-        self._advance(tokens)
-        if not all_logits:
-            last: np.ndarray = self._logits(h[-1:])[-1]
-            return last
-        return np.concatenate([self._logits(h[c]) for c in self._chunks(n, pos0)], axis=0)
 
     def _advance(self, tokens: list[int]) -> None:
         if self.kv.spilled and self.pos // SPILL_WRITE_BACK != (self.pos + len(tokens)) // SPILL_WRITE_BACK:

@@ -24,7 +24,7 @@ import numpy as np
 
 from tokenwing import testpause
 from tokenwing.errors import CorruptModelError, TokenWingError
-from tokenwing.runtime.batch import decode_step
+from tokenwing.runtime.batch import PromptPart, joins, step
 from tokenwing.runtime.generate import Decoding, TokenLogprob, run_stats
 from tokenwing.runtime.sampler import Sampler
 from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
@@ -185,12 +185,16 @@ class EngineWorker:
                 waiting.remove(job)
                 with self.lock:
                     self.queued -= 1
-            pending = [r for r in self.replies.values() if r.prompt_left]
-            if pending:
-                self._guarded(pending[:1], self._prompt_part)
+            pending = [r for r in self.replies.values() if r.prompt_left][:1]
             decoding = [r for r in self.replies.values() if not r.prompt_left]
-            if decoding:
-                self._guarded(decoding, self._decode)
+            if pending and decoding and joins(s, self._part(pending[0], True)):
+                self._guarded(pending + decoding, self._step)  # (one pass: a failure is every one's)
+            else:
+                if pending:
+                    self._guarded(pending, self._step)
+                decoding = [r for r in self.replies.values() if not r.prompt_left]
+                if decoding:
+                    self._guarded(decoding, self._step)
             if not self.replies:
                 self._steps = 0
             self._update_view()
@@ -352,49 +356,62 @@ class EngineWorker:
 
         return max(free, key=lambda i: (shared(i), -self._last_used.get(i, 0.0)))
 
-    def _prompt_part(self, replies: list[Reply]) -> None:
-        """The next part of a reply's prompt: all of it when nothing else decodes (a prompt's experts are read
-        once per pass), else up to the next chunk boundary, so the others wait one chunk at most."""
-        s, r = self.session, replies[0]
-        assert s is not None
-        if r.job.cancelled.is_set():
-            r.decoding.gen.finish_reason, r.decoding.gen.finish_detail = "stop", "cancelled"
-            self._end(r)
-            return
-        s.use(r.slot)
-        todo = r.prompt[s.pos :]
-        alone = all(x is r for x in self.replies.values() if not x.prompt_left)
-        b = self.options.max_batch
-        n = len(todo) if alone else min(len(todo), b - s.pos % b)
-        t0 = time.perf_counter()
-        logits = s.forward(todo[:n], prompt=True, end=n == len(todo))
-        r.prompt_seconds += time.perf_counter() - t0
-        if n < len(todo):
-            return
-        r.after_prompt = s.counters()
-        r.decode_start = time.perf_counter()
-        r.next = r.decoding.step(logits)
-        if r.next is None:
-            self._end(r)
-
-    def _decode(self, replies: list[Reply]) -> None:
-        """One decode step for every reply past its prompt, then each one's next token."""
+    def _step(self, replies: list[Reply]) -> None:
+        """One step: the next part of the first reply's prompt if it has one left, and a decode token for every
+        reply past its prompt, in one pass where the experts stream (runtime/batch.py `step`). The part is all of
+        the prompt when nothing else decodes (its experts are read once per pass), else up to the next chunk
+        boundary, so the others wait one chunk at most."""
         s = self.session
         assert s is not None
+        r = replies[0] if replies[0].prompt_left else None
+        decoding = replies[1:] if r is not None else replies
+        part = None
+        if r is not None and r.job.cancelled.is_set():
+            r.decoding.gen.finish_reason, r.decoding.gen.finish_detail = "stop", "cancelled"
+            self._end(r)
+            r = None
+        if r is not None:  # (others decoding, in this step or the next one: a chunk at most)
+            part = self._part(r, any(not x.prompt_left for x in self.replies.values()))
+        if part is None and not decoding:
+            return
         before = s.counters()
-        steps = [(r.slot, r.next) for r in replies if r.next is not None]
-        logits = decode_step(s, steps)
+        steps = [(d.slot, d.next) for d in decoding if d.next is not None]
+        t0 = time.perf_counter()
+        logits, last = step(s, steps, part)
+        if r is not None and part is not None:
+            # (a part computed with decode tokens is charged to the prompt whole: the step is one pass)
+            r.prompt_seconds += time.perf_counter() - t0
+            if part.end:
+                r.after_prompt = s.counters()
+                r.decode_start = time.perf_counter()
+                assert last is not None
+                r.next = r.decoding.step(last)
+                if r.next is None:
+                    self._end(r)
+        if not decoding:
+            return
         delta = s.counters() - before
         self._steps += 1
         self.last_batch = len(steps)
-        for r, lg in zip(replies, logits, strict=True):
-            r.decoded += 1
-            r.largest_batch = max(r.largest_batch, len(replies))
-            r.next = r.decoding.step(lg)
-        self._publish(_token_event(s, delta, self._steps, replies, time.perf_counter()))
-        for r in replies:
-            if r.next is None:
-                self._end(r)
+        for d, lg in zip(decoding, logits, strict=True):
+            d.decoded += 1
+            d.largest_batch = max(d.largest_batch, len(decoding))
+            d.next = d.decoding.step(lg)
+        self._publish(_token_event(s, delta, self._steps, decoding, time.perf_counter()))
+        for d in decoding:
+            if d.next is None:
+                self._end(d)
+
+    def _part(self, r: Reply, others: bool) -> PromptPart:
+        """The next part of a reply's prompt: all of it when nothing else decodes (`others`), else up to the next
+        chunk boundary."""
+        s = self.session
+        assert s is not None
+        pos = s.seqs[r.slot].pos
+        todo = r.prompt[pos:]
+        b = self.options.max_batch
+        n = len(todo) if not others else min(len(todo), b - pos % b)
+        return PromptPart(r.slot, todo[:n], end=n == len(todo))
 
     def _end(self, r: Reply) -> None:
         """A reply is over: its last text and calls, its statistics, its slot free."""
