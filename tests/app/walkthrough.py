@@ -25,7 +25,7 @@ from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import QApplication, QMessageBox
 
 from runmyai.paths import AppPaths
-from runmyai.ui.controller import AppController
+from runmyai.ui.controller import AUTOTUNE_OFFER, AppController
 from runmyai.ui.main_window import MainWindow
 from tests.app.hubserver import HubServer
 from tokenwing.testmodel import preset_shape, write_test_model
@@ -33,7 +33,10 @@ from tokenwing.testmodel import preset_shape, write_test_model
 REPO = "acme/Tiny-MoE-3B-A1B-GGUF"
 README = (
     "# Tiny MoE 3B-A1B\n\nA tiny mixture-of-experts test model.\n\n## Usage\n\n"
-    "```bash\nrunmyai get acme/Tiny-MoE-3B-A1B-GGUF\n```\n"
+    "```bash\nrunmyai get acme/Tiny-MoE-3B-A1B-GGUF\n```\n\n## Quants\n\n| Quant | Size | Use |\n|---|---:|:---:|\n"
+    "| Q4_K_M | 171 KB | smaller |\n| Q8_0 | 220 KB | best |\n\n## Benchmarks\n\n"
+    "| Benchmark | Tiny-MoE | Qwen3-30B-A3B | Qwen3-32B | Llama-3.3-70B-Instruct | GPT-4o-2024 | DeepSeek-V3 |\n"
+    "|---|---|---|---|---|---|---|\n| MMLU-Redux | 12.0 | 84.1 | 85.7 | 86.3 | 88.0 | 89.9 |\n"
 )
 
 
@@ -63,6 +66,14 @@ class Walk:
         w, c = self.window, self.c
         await c.start()
         await self.shot("first-start")
+        offer = next(card for card in w.notice_area.cards if card.notice.key == AUTOTUNE_OFFER)
+        offer.retry.click()  # "Measure now"
+        await until(lambda: w.notifications.get("autotune") is not None)
+        await self.shot("measuring", 0.2)
+        await until(lambda: (n := w.notifications.get("autotune")) is not None and n.kind != "job", 300)
+        w.show_page("My models")
+        await self.shot("measured")
+        w.show_page("Chat")
         await c.use_default_model()
         await until(self.ready)
         w.chat.input.setPlainText("Hello! Who are you?")
@@ -80,7 +91,8 @@ class Walk:
         await self.shot("model-card", 1.5)
         w.library.tabs.setCurrentIndex(0)
         w.library.download_button.click()
-        await self.shot("downloading", 1.0)
+        await asyncio.sleep(1.0)
+        await self.shot("downloading", 0.0)
         await until(lambda: any(not m.bundled for m in c.local_models))
         await self.shot("downloaded")
         mine = next(m for m in c.local_models if not m.bundled)
