@@ -9,6 +9,7 @@ compressed blocks (tests/oracle/test_deepseek4_loads.py shows llama.cpp's logits
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +130,8 @@ def test_the_reused_decode_graph_is_a_graph_built_for_each_position(
     """Decode as one graph reused over each 64-position window (the compressors pool the block in progress at every
     step, into a row no query sees until the block completes) against a graph per layer built for each position:
     the same logits, bit for bit, over 200 steps across HCA and CSA blocks, windows and the F16 cache. A context of
-    300 ends inside an HCA block that can never complete: from 256 on, steps run a graph per layer."""
+    300 ends inside an HCA block that can never complete: from 256 on, steps run a graph per layer. The inputs of
+    the graphs rebuilt at each window are let go with them."""
     model = _repacked(model_factory(arch=A, type="Q8_0", **GEOMETRIES[geometry]), tmp_path)
     tokens = _tokens(N, 512, seed=37).tolist()
     got = {}
@@ -141,6 +143,8 @@ def test_the_reused_decode_graph_is_a_graph_built_for_each_position(
             for t in tokens[100:]:
                 out.append(s.forward([t]))
                 reused.append(s._token_graph is not None and s.model.one_graph_at(s.pos - 1, s.n_ctx))
+            gc.collect()
+            assert len(s.model._inputs) == one_graph  # type: ignore[attr-defined]  # (the live graph's only)
         finally:
             s.close()
         assert any(reused) == one_graph and all(reused) == (one_graph and n_ctx % 128 == 0)

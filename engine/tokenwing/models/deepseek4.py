@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +45,6 @@ from tokenwing.models.weights import ModelWeights
 CSA, HCA = 4, 128  # the compression ratios llama.cpp runs (0: the window only)
 RING_TOKENS = 512  # the most tokens a graph may hold beside the window in the raw keys' ring (llama.cpp's n_ubatch)
 ROUTER_FLOOR = 6.103515625e-5  # the normalised weights' sum is clamped here (llama-graph.cpp build_moe_ffn)
-REUSED_GRAPHS = 64  # placements whose per-position inputs are kept (the live decode graphs': one per sequence)
 
 Fill = Callable[[int], np.ndarray]  # a graph's position-dependent data, from its first position
 Data = Callable[[Fill], Tensor]  # that data as a tensor of the graph being built
@@ -79,7 +79,8 @@ class DeepSeek4(MoEModel):
         k = self.k = keys(hp)
         self.hc = k.hc_mult
         self._tables: dict[int, np.ndarray] | None = None  # the hash layers' token → experts tables
-        # a reused decode graph's position-dependent inputs and how each is filled, by its placement (`set_inputs`)
+        # a reused decode graph's position-dependent inputs and how each is filled, by its placement's id
+        # (`set_inputs`): kept while the graph holds the placement
         self._inputs: dict[int, list[tuple[Tensor, Fill]]] = {}
         # rope: a compressing layer takes compress_rope_freq_base with the file's YaRN; a window-only layer the plain
         # base, unscaled (deepseek4.cpp:902-909); the attention factor cancels ggml's YaRN magnitude (:11-17)
@@ -277,10 +278,9 @@ class DeepSeek4(MoEModel):
     def layer(self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache) -> common.LayerOut:
         hp, w, n = self.hp, self.w[il], at.n
         if at.pos0 is None and il == 0:  # (a reused graph's placement: its layers' inputs from here)
-            self._inputs.pop(_key(at), None)
-            while len(self._inputs) >= REUSED_GRAPHS:
-                del self._inputs[next(iter(self._inputs))]
-            self._inputs[_key(at)] = []
+            if id(at) not in self._inputs:
+                weakref.finalize(at, self._inputs.pop, id(at), None)
+            self._inputs[id(at)] = []
         hc = self.hc
         streams = self._streams(ctx, x)
         tid = self._part(ctx, x, self.state_width(hp) - 1, 1)
@@ -389,12 +389,12 @@ class DeepSeek4(MoEModel):
         a = fill(0)
         t = _new(ctx, _GTYPES[a.dtype], tuple(reversed(a.shape)))
         ops.ggml_set_input(t)
-        self._inputs[_key(at)].append((t, fill))
+        self._inputs[id(at)].append((t, fill))
         return t
 
     def set_inputs(self, at: common.Placement, pos: int) -> None:
         """A reused decode graph's position-dependent inputs, for its token at `pos` (runtime/token_graph.py)."""
-        for t, fill in self._inputs.get(_key(at), []):
+        for t, fill in self._inputs.get(id(at), []):
             if t.contents.data:  # (an input no node reads is not allocated)
                 a = np.ascontiguousarray(fill(pos))
                 ctypes.memmove(t.contents.data, a.ctypes.data, a.nbytes)
@@ -610,11 +610,6 @@ def _carry(
     dst = data(lambda p0: (kept(p0) % size).astype(np.int32))
     writes.append(ops.ggml_set_rows(ctx, ring, ops.ggml_get_rows(ctx, rows, src), dst))
     return writes
-
-
-def _key(at: common.Placement) -> int:
-    """A placement of a reused graph, by its positions tensor (each placement has its own)."""
-    return ctypes.addressof(at.positions.contents)
 
 
 def _new(ctx: Any, gtype: int, shape: tuple[int, ...]) -> Tensor:
