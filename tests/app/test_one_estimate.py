@@ -149,8 +149,8 @@ def test_the_window_works_it_out_again_after_autotune(
     model = tmp_path / "m.tw.gguf"
     model.write_bytes(b"")
 
-    async def fake_run(path: Path, progress: object = None, *, exit_codes: object = None) -> None:
-        # what autotune saves: here, a decode measured 20x slower than this machine class's default
+    async def fake_run(path: Path, progress: object = None, **_: object) -> None:
+        # what autotune saves: here, a decode measured far slower than this machine class's default
         result = {"runmyai": {"decode": {"compute_s": 1.0, "layers": 2, "active_bytes": 1000, "streamed": False,
                                          "model": "slow.tw.gguf"}}}  # fmt: skip
         (c.paths.settings / "autotune-slow.json").write_text(json.dumps(result))

@@ -44,6 +44,10 @@ INFO_ONLY = frozenset(
 DEFAULT_CONTEXT = 8192  # tokens of chat context unless the user asks for more (the KV cache is sized for it)
 MEMORY_RULE = "free memory at each start"
 DECODE_PROBE_TOKENS = 32  # a short decode after autotune calibrates the estimate (a few seconds on small models)
+# With the built-in model (the first start's offer) a longer one: its first tokens are slow (page faults, graph
+# set-up), and 32 of them ran at a third of the steady speed here (68.8 against 212.6 tok/s for 128), which the
+# estimate then took for this machine's. 128 of the built-in model's tokens take about a second.
+SMALL_MODEL_PROBE_TOKENS = 128
 DECODE_PROBE_TIMEOUT_S = 300.0
 _TRUE = {"true", "yes", "on"}
 _FALSE = {"false", "no", "off"}
@@ -256,6 +260,7 @@ class AutotuneRunner:
         on_progress: Callable[[str], None] | None = None,
         *,
         exit_codes: Mapping[str, int] | None = None,
+        decode_tokens: int = DECODE_PROBE_TOKENS,
     ) -> AutotuneResult:
         """Runs autotune, saves and returns the result. Cancelling the task kills the process (and its group).
         `exit_codes`: the engine's names of its exit codes (`EngineInfo.exit_codes`), to word its failure."""
@@ -297,19 +302,21 @@ class AutotuneRunner:
             raw = None
         result = parse_result(raw, str(model), self.files.machine, gpus, time.time())
         if on_progress is not None:
-            on_progress(f"measuring decode speed: {DECODE_PROBE_TOKENS} tokens")
-        decode = await self._probe_decode(model, flag_args({**result.flag_values(), "ctx": 256}))
+            on_progress(f"measuring decode speed: {decode_tokens} tokens")
+        decode = await self._probe_decode(model, flag_args({**result.flag_values(), "ctx": 256}), decode_tokens)
         result = dataclasses.replace(result, decode=decode)
         await asyncio.to_thread(write_json_atomic, self.files.autotune_path(model), result.to_json())
         return result
 
-    async def _probe_decode(self, model: Path, flags: list[str]) -> dict[str, Any] | None:
+    async def _probe_decode(
+        self, model: Path, flags: list[str], tokens: int = DECODE_PROBE_TOKENS
+    ) -> dict[str, Any] | None:
         """A short decode with the chosen flags (`tokenwing run --stats-json`): the engine's compute per token
         on this machine, the drive's wait taken out, for a model of this shape (`inspect --json`). None when it
         cannot be measured (the estimate then keeps its defaults)."""
         with tempfile.TemporaryDirectory(prefix="runmyai-decode-") as tmp:
             stats_path = Path(tmp) / "stats.json"
-            run = [*self.command, "run", str(model), "--prompt", "The", "-n", str(DECODE_PROBE_TOKENS), "--temp", "0"]
+            run = [*self.command, "run", str(model), "--prompt", "The", "-n", str(tokens), "--temp", "0"]
             code, _ = await self._run_quiet([*run, "--stats-json", str(stats_path), *flags])
             stats = read_json(stats_path) if code == 0 else None
         code, out = await self._run_quiet([*self.command, "inspect", "--json", str(model)])

@@ -414,7 +414,7 @@ def estimate(
     work_s = cal.per_token_s + fp.layers * cal.per_layer_s
     streaming = hits < 1.0
     compute_s = cal.streaming_s(read_s + work_s, fp.moe_layers) if streaming else read_s + work_s
-    where = f"{hb(active)} read from memory at {mem / 1e9:.0f} GB/s"
+    where = f"{hb(active)} read from memory at {hb(mem)}/s"  # a busy machine's can be MB/s ("0 GB/s" said)
     if gpu.line:
         where = (
             f"{hb(cpu_dense + cpu_experts)} read from RAM at {mem / 1e9:.0f} GB/s and {hb(gpu_dense + gpu_experts)} "

@@ -27,7 +27,12 @@ from runmyai import __version__
 from runmyai.chat.session import ChatSession, ReplyCutOff, Sink, footer
 from runmyai.chat.store import ConversationStore, Message
 from runmyai.chat.tools import ToolCall, ToolResult, call_detail
-from runmyai.engine.autotune import AutotuneError, AutotuneRunner
+from runmyai.engine.autotune import (
+    DECODE_PROBE_TOKENS,
+    SMALL_MODEL_PROBE_TOKENS,
+    AutotuneError,
+    AutotuneRunner,
+)
 from runmyai.engine.client import ChatClient, ChatError, ChatSettings
 from runmyai.engine.endpoint import Endpoint
 from runmyai.engine.faults import EngineError, Fault
@@ -1033,11 +1038,13 @@ class AppController(QObject):
         show()
         dialog.open()
 
-    async def run_autotune(self, path: Path, progress: Callable[[str], None] | None = None) -> None:
+    async def run_autotune(
+        self, path: Path, progress: Callable[[str], None] | None = None, *, decode_tokens: int = DECODE_PROBE_TOKENS
+    ) -> None:
         """Autotune for a model, then every estimate again: the machine probe now holds what autotune measured
         (the drive's read speed, the decode speed that calibrates the estimate, the GPU's copy speed). Discover's
         cards, My models' rows (they kept the old estimate) and `runmyai list` (it reads the saved result)."""
-        await self.autotune.run(path, progress, exit_codes=self.engine_info.exit_codes)
+        await self.autotune.run(path, progress, exit_codes=self.engine_info.exit_codes, decode_tokens=decode_tokens)
         self.machine = await probe_machine_async(self.paths.models, autotune_dir=self.paths.settings)
         self._list_entries()
         self._show_models()
@@ -1072,7 +1079,7 @@ class AppController(QObject):
 
         async def work(progress: Callable[[float | None, str], None]) -> None:
             progress(None, "Timing the drive and a short reply of the built-in model")
-            await self.run_autotune(path, lambda line: progress(None, line))
+            await self.run_autotune(path, lambda line: progress(None, line), decode_tokens=SMALL_MODEL_PROBE_TOKENS)
 
         before = self._estimate_line(path)
         ok = await self.run_job("Measuring this machine", work, "autotune", lambda: self._measure_again(path))
