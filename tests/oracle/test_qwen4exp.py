@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -21,11 +22,14 @@ from tests.engine.test_batch_decode import PROMPTS, _alone, _options, _together
 from tests.oracle.test_deepseek4_loads import long_probe
 from tests.oracle.test_families import clear_top1, steps
 from tests.oracle.test_logits import _repacked, _tokens, kl_per_position, llama_logits
+from tokenwing.compute import ggml_api as ggml
+from tokenwing.compute.ggml_lib import Graph
 from tokenwing.errors import UnsupportedError
 from tokenwing.format.gguf_io import read_header
 from tokenwing.format.reader import ModelFile
 from tokenwing.models.hparams import NgramKeys
 from tokenwing.models.qwen4exp import Qwen4Exp
+from tokenwing.runtime.memory_plan import graph_bytes
 from tokenwing.runtime.session import Session, SessionOptions
 
 pytestmark = pytest.mark.oracle
@@ -154,6 +158,31 @@ def test_the_context_is_the_files(model_factory: ModelFactory, tmp_path: Path) -
         full = [il for il in range(hp.n_layer) if not hp.is_recurrent(il)]
         spec = Qwen4Exp.kv_layer(hp, full[0])
         assert spec.k == hp.head_dim * hp.n_head_kv + hp.indexer_head_size and spec.v == hp.head_dim * hp.n_head_kv
+    finally:
+        s.close()
+
+
+def test_the_memory_plan_holds_a_qsa_layers_graph(
+    model_factory: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt of 2,047 tokens in 64-token chunks, QSA selecting: every graph fits the context the memory plan
+    reserves (`graph_bytes`) without its 64 MiB to spare. It did not before `Qwen4Exp.graph_extra_bytes` (the
+    selection's [n_kv, 64] tensors: the last chunk's graph took 10.5 MB, the rule without them held 4 MB), and a
+    fixed context that overflows aborts the process."""
+    src = model_factory(type="F32", **QSA["odd-blocks"], context_length=2048)  # type: ignore[arg-type]
+    used: list[int] = []
+    compute = Graph.compute
+
+    def measured(self: Graph, *args: Any, **kwargs: Any) -> Any:
+        used.append(ggml.ggml_used_mem(self.ctx))
+        return compute(self, *args, **kwargs)
+
+    monkeypatch.setattr(Graph, "compute", measured)
+    s = Session(str(_repacked(src, tmp_path)), SessionOptions(kv_type="f32", max_batch=64), log=lambda line: None)
+    try:
+        assert s.n_ctx == 2048
+        s.forward(_tokens(2047, 512, seed=40).tolist())
+        assert max(used) <= graph_bytes(s.hp, 64, s.n_ctx) - (64 << 20), max(used)
     finally:
         s.close()
 

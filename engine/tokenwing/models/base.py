@@ -276,6 +276,12 @@ class MoEModel:
         return hp.n_embd
 
     @classmethod
+    def graph_extra_bytes(cls, hp: HParams, max_batch: int, n_ctx: int) -> int:
+        """What a layer's graph of `max_batch` tokens over `n_ctx` positions takes beyond the memory plan's rule
+        (`memory_plan.graph_bytes`): 0, but for a family that builds more [n_ctx, batch] tensors (qwen4exp's QSA)."""
+        return 0
+
+    @classmethod
     def expert_width(cls, hp: HParams, il: int) -> int:
         """The width of layer il's routed experts: their input, and the sum `tail` receives."""
         return hp.n_embd

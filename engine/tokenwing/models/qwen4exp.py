@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from tokenwing import _core
-from tokenwing.compute.ggml_lib import F32, I32, Tensor, TensorArena, aligned_bytes, ops
+from tokenwing.compute.ggml_lib import F32, I32, Tensor, aligned_bytes, ops
 from tokenwing.errors import BadInputError, UnsupportedError
 from tokenwing.format.gguf_io import tensor_nbytes
 from tokenwing.models import common
@@ -179,8 +179,6 @@ class Qwen4Exp(Qwen35MoE):
             self.ngram_ring = weights.arena.wrap(rows.ring, info.type, (width, rows.ring_rows))
         # the lookahead folds a norm into later routers: the router here reads the mix as it is
         self._ones = weights.arena.wrap(np.ones(hp.n_embd, np.float32), F32, (hp.n_embd,))
-        self._arena = TensorArena(16)
-        self._block_positions: dict[tuple[int, int], Tensor] = {}  # (blocks, ratio) → the blocks' rope positions
 
     @staticmethod
     def streams(hp: HParams, shapes: dict[str, tuple[int, ...]]) -> int:
@@ -253,6 +251,15 @@ class Qwen4Exp(Qwen35MoE):
         cache, `llama_memory_hybrid_idx`: one key head, in the cache's type)."""
         spec = super().kv_layer(hp, il)
         return dataclasses.replace(spec, k=spec.k + hp.indexer_head_size) if qsa_ratio(hp, il) else spec
+
+    @classmethod
+    def graph_extra_bytes(cls, hp: HParams, max_batch: int, n_ctx: int) -> int:
+        """A QSA layer's selection builds F32 [n_kv, batch] tensors (the cells' scores, with the mask, the picks'
+        blank, fill and mask, the top-k's work) and attends through the picks' mask instead of flash attention's
+        tiles (its scores: the plan's `attn` term). Measured: a 64-token chunk at 4,096 positions took 19.1 MB of
+        the graph context against 5.2 MB dense, 13.3 such tensors of which the scores are 4 (heads); 16 is the
+        rule (tests/oracle/test_qwen4exp.py). At the release's 262,144 positions and 64-token chunks: 1 GiB."""
+        return 16 * 4 * max_batch * n_ctx if any(qsa_ratio(hp, il) for il in range(hp.n_layer)) else 0
 
     # -------------------------------------------------------------------------- the state between layers
     def share_expert_budget(self, budget: int) -> int:
@@ -453,7 +460,9 @@ class Qwen4Exp(Qwen35MoE):
         pooled = ops.ggml_scale(ctx, pooled, float(np.float32(1.0) / np.float32(r)))
         pooled = common.rms_norm(ctx, pooled, w["indexer.k_norm"], eps)
         pooled = ops.ggml_reshape_3d(ctx, pooled, di, 1, blocks)
-        pooled = ops.ggml_reshape_2d(ctx, common.rope(ctx, pooled, self._block_pos(blocks, r), self.rope), di, blocks)
+        pooled = ops.ggml_reshape_2d(
+            ctx, common.rope(ctx, pooled, self._block_pos(ctx, blocks, r), self.rope), di, blocks
+        )
         q = ops.ggml_reshape_3d(ctx, ops.ggml_mul_mat(ctx, w["indexer.q_proj"], x), di, heads, n)
         q = common.rope(ctx, common.rms_norm(ctx, q, w["indexer.q_norm"], eps), at.positions, self.rope)
         score = ops.ggml_mul_mat(ctx, pooled, ops.ggml_reshape_2d(ctx, q, di, heads * n))  # [blocks, heads · n]
@@ -478,13 +487,13 @@ class Qwen4Exp(Qwen35MoE):
         top_k = ops.ggml_cont(ctx, ops.ggml_top_k(ctx, cells, width))  # I32 [width, n]
         return common.picks_mask(ctx, top_k, at), writes
 
-    def _block_pos(self, blocks: int, r: int) -> Tensor:
-        """The blocks' first positions on all four IMRoPE axes (llama.cpp's blk_pos: [4 · blocks])."""
-        key = (blocks, r)
-        if key not in self._block_positions:
-            first = np.arange(blocks, dtype=np.int32) * r
-            self._block_positions[key] = self._arena.wrap(np.tile(first, 4), I32, (4 * blocks,))
-        return self._block_positions[key]
+    @staticmethod
+    def _block_pos(ctx: Any, blocks: int, r: int) -> Tensor:
+        """The blocks' first positions on all four IMRoPE axes (llama.cpp's blk_pos: I32 [4 · blocks]), made in
+        the graph: a window's count of blocks changes with every prompt chunk (one constant each would pile up)."""
+        first = ops.ggml_arange(ctx, 0.0, float(blocks * r), float(r))  # (exact: integers below 2^24)
+        four = ops.ggml_cast(ctx, ops.ggml_repeat_4d(ctx, first, blocks, 4, 1, 1), I32)
+        return ops.ggml_view_1d(ctx, four, 4 * blocks, 0)
 
     def output_gate(self, ctx: Any, out: Tensor, weight: Tensor, z: Tensor, eps: float) -> Tensor:
         """Qwen3.5's DeltaNet (`Qwen3Next.linear_attention`) but for this: the output norm gated by sigmoid(z), not

@@ -42,7 +42,8 @@ def graph_bytes(hp: HParams, max_batch: int, n_ctx: int, states: list[StateSpec 
         if spec is not None:
             channels = math.prod(spec.conv[1:])
             linear = max(linear, 4 * (12 * channels * max_batch + 3 * math.prod(spec.state) + spec.elements))
-    return int(max_batch * per_token * 2 + attn + linear + (64 << 20))
+    extra = family(hp.arch).graph_extra_bytes(hp, max_batch, n_ctx)
+    return int(max_batch * per_token * 2 + attn + linear + extra + (64 << 20))
 
 
 @dataclass(frozen=True)
