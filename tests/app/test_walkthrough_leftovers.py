@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextCursor, QTextDocument, QTextTable
-from PySide6.QtWidgets import QApplication, QPushButton
+from PySide6.QtWidgets import QApplication, QPushButton, QTextBrowser
 
 from runmyai.library.estimate import DEFAULT_CALIBRATION, calibration_for
 from runmyai.library.keys import LocalKey
@@ -25,6 +25,7 @@ from runmyai.machine import DecodeProbe
 from runmyai.paths import AppPaths
 from runmyai.ui.controller import AUTOTUNE_OFFER, AppController
 from runmyai.ui.main_window import MainWindow
+from runmyai.ui.markdown_view import set_markdown
 from runmyai.ui.notifications import job_line
 from runmyai.ui.render import LibraryEntry
 from runmyai.ui.viewmodels import Notice
@@ -285,3 +286,21 @@ def test_a_busy_machines_measured_decode_is_not_capped() -> None:
     cal = calibration_for(dataclasses.replace(ONE_ESTIMATE_MACHINE, decode_probe=probe))
     assert cal.per_token_s / d.per_token_s == pytest.approx(0.67 / predicted, rel=1e-6)  # ~2,100x, not 20x
     assert "2123" in cal.source.replace(",", "")
+
+
+def test_a_wide_table_never_shows_a_scroll_bar_for_nothing(qapp: QApplication) -> None:
+    """Squeezed to the card's width, Qt laid a seven-column table out 1 px wider than the card at about one width
+    in seven (27 of 200 widths from 300 to 900 px), and the card showed a scroll bar; seen at 1600x1000."""
+    view = QTextBrowser()
+    view.show()
+    try:
+        overflow = []
+        for width in range(300, 900, 3):
+            view.resize(width, 400)
+            set_markdown(view, README_TABLES)
+            QApplication.processEvents()
+            if view.horizontalScrollBar().maximum() > 0:
+                overflow.append(width)
+        assert overflow == []
+    finally:
+        view.close()

@@ -6,15 +6,25 @@ right-aligned "Size" column had its header on the left, over nothing: the walk-t
 the header looks like any other row, and two tables touch. `tidy_tables` fixes those in the document itself.
 A wide table never widens the window: the document wraps to the view's width (a cell's long word breaks, as
 QTextEdit's default WrapAtWordBoundaryOrAnywhere allows), so a README's seven-column benchmark table fits a
-460 px card; only a table whose columns cannot shrink further (under ~280 px for seven) scrolls sideways, inside
-the card.
+460 px card, without a scroll bar at any width from 300 to 900 px; only a table whose columns cannot shrink further
+(under ~280 px for seven) scrolls sideways, inside the card.
 """
 
 from __future__ import annotations
 
-from PySide6.QtGui import QBrush, QColor, QPalette, QTextCursor, QTextDocument, QTextFrameFormat, QTextTable
+from PySide6.QtGui import (
+    QBrush,
+    QColor,
+    QPalette,
+    QTextCursor,
+    QTextDocument,
+    QTextFrameFormat,
+    QTextLength,
+    QTextTable,
+)
 from PySide6.QtWidgets import QTextBrowser
 
+TABLE_WIDTH_PERCENT = 99.5
 TABLE_MARGIN = 8.0  # px above and below a table: two tables in a row read as one without it
 CELL_PADDING = 4.0
 
@@ -35,9 +45,12 @@ def tidy_tables(doc: QTextDocument, header_background: QColor | None = None, bor
         fmt.setBottomMargin(TABLE_MARGIN)
         fmt.setCellPadding(CELL_PADDING)
         fmt.setCellSpacing(0)
-        # Qt's collapsed borders lay a squeezed table out 1 px wider than the view, which then shows a horizontal
-        # scroll bar for nothing (a seven-column table in a 460 px card: 459 px); separate borders fit
-        fmt.setBorderCollapse(False)
+        # A table squeezed to the view's width is laid out up to 1 px wider than it at about one width in seven
+        # (rounding; with separate or collapsed borders, with or without a margin: a seven-column table between
+        # 300 and 900 px overflowed at 27 widths), and the view then shows a scroll bar for nothing. At 99.5 % of
+        # the width it never did; a narrow table spreads to the width too, as many markdown views draw them.
+        fmt.setWidth(QTextLength(QTextLength.Type.PercentageLength, TABLE_WIDTH_PERCENT))
+        fmt.setBorderCollapse(True)
         fmt.setBorderStyle(QTextFrameFormat.BorderStyle.BorderStyle_Solid)
         if border is not None:
             fmt.setBorderBrush(QBrush(border))
