@@ -204,8 +204,9 @@ def _parts(prompt: list[int], b: int = 16) -> list[list[int]]:
         {"type": "Q4_K_M"},  # k slots a layer: the prompt's waves and the decode tokens' extra experts
         {"type": "Q8_0", "arch": "bailingmoe3", "n_layer": 4},  # recurrent layers (checkpoints), a dense layer
         {"type": "Q8_0", "arch": "deepseek2"},  # MLA
+        {"type": "Q8_0", "arch": "deepseek4"},  # hyper-connections, ring and compressed caches, hash layers
     ],
-    ids=["streamed", "ling", "mla"],
+    ids=["streamed", "ling", "mla", "deepseek4"],
 )
 def test_a_prompt_joins_the_decode_steps(
     repacked_factory: ModelFactory, monkeypatch: pytest.MonkeyPatch, shape: dict[str, object]
