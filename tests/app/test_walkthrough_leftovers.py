@@ -168,11 +168,13 @@ def test_a_downloads_progress_shows_in_its_notification_and_on_its_card_only(
         assert shown.cancel.isVisibleTo(shown) and "%" in shown.reason.text()
         assert lib.card_line(key) == job_line(shown.notice)  # "Planning … · 0 %", on the repository's card
         assert table.rowCount() == 0 and not lib.downloads_box.isVisibleTo(lib)  # not a third time
+        assert not lib.download_button.isEnabled()  # not a second time either, while it runs
         assert not [b for b in lib.findChildren(QPushButton) if b.text() == "Cancel" and b.isVisibleTo(lib)]
         shown.cancel.click()
         await until(lambda: notes.get(note) is None and table.rowCount() == 1, 30, "cancelled")
         assert table.item_ids() == [f"job:{c.acquirer.started()[0].id}"]  # paused: Resume or Forget it there
         assert lib.card_line(key) != "" and "%" not in lib.card_line(key)  # the card says where it is from again
+        assert lib.download_button.isEnabled()  # stopped: it can be asked for again
         server.faults.hold_after = None
         server.faults.release.set()
         await c.shutdown()

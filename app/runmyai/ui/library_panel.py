@@ -462,6 +462,7 @@ class LibraryPanel(QWidget):
             entry = self._entries.get(str(item.data(Qt.ItemDataRole.UserRole)))
             if entry is not None and entry.card_repo == repo:
                 item.setData(SOURCE_ROLE, line if line is not None else entry.badge)
+        self._update_buttons(self._entries.get(self.current_key() or ""))
 
     def card_line(self, key: str) -> str:
         """The last line of a card as drawn (where its model comes from, or its job's progress)."""
@@ -525,7 +526,10 @@ class LibraryPanel(QWidget):
     def _update_buttons(self, entry: LibraryEntry | None) -> None:
         self.use_button.setEnabled(bool(entry and entry.can_use))
         self.autotune_button.setEnabled(bool(entry and entry.can_use))
-        self.download_button.setEnabled(bool(entry and entry.can_download))
+        # not while a job gets this repository: its progress is on the card and in its notification
+        busy = entry is not None and entry.card_repo is not None and entry.card_repo in self._progress
+        self.download_button.setEnabled(bool(entry and entry.can_download) and not busy)
+        self.download_button.setToolTip("Downloading: see its notification above" if busy else "")
 
     def _emit_current(self, signal: SignalInstance) -> None:
         key = self.current_key()
