@@ -43,15 +43,8 @@ def decode_step(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray]:
         slot, token = steps[0]
         s.use(slot)
         return [s.forward([token])]
-    slots = [slot for slot, _ in steps]
-    if len(set(slots)) != len(slots):
-        raise ValueError("a sequence appears twice in one decode step")
+    slots = _checked(s, steps)
     assert s.vram is None  # (a session with the VRAM tier holds one sequence)
-    for slot, token in steps:
-        if not 0 <= token < s.hp.vocab_size:
-            raise BadInputError("token id outside the vocabulary")
-        if s.seqs[slot].pos + 1 > s.n_ctx:
-            raise BadInputError(f"the context is full ({s.n_ctx} tokens)")
     if s._prompt_memory_held:
         s.graph.release()  # what a prompt's graphs touched: decode needs a few MB of it
         s._prompt_memory_held = False
@@ -62,21 +55,50 @@ def decode_step(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray]:
     if whole is not None:
         return whole
     s.lookahead.made.clear()
-    hs = []
-    for slot, token in steps:
-        s.use(slot)
-        hs.append(s._embed([token]))
+    hs = _embedded(s, steps)
     group = rows_group(s, len(steps))
     try:
         for il in range(s.hp.n_layer):
             hs = _layer(s, il, slots, hs, group)
     except BaseException:
-        for slot in slots:  # a failed step leaves no half-updated recurrent state behind
-            seq = s.seqs[slot]
-            if seq.kv.states is not None:
-                seq.checkpoints.abandon()
-                seq.state_dirty = True
+        _abandon(s, slots)
         raise
+    return _ended(s, steps, hs)
+
+
+def _checked(s: Session, steps: list[tuple[int, int]], also: tuple[int, ...] = ()) -> list[int]:
+    """The steps' slots, once each and with room for their token (`also`: another sequence's slot in the
+    step)."""
+    slots = [slot for slot, _ in steps]
+    if len({*slots, *also}) != len(slots) + len(also):
+        raise ValueError("a sequence appears twice in one step")
+    for slot, token in steps:
+        if not 0 <= token < s.hp.vocab_size:
+            raise BadInputError("token id outside the vocabulary")
+        if s.seqs[slot].pos + 1 > s.n_ctx:
+            raise BadInputError(f"the context is full ({s.n_ctx} tokens)")
+    return slots
+
+
+def _embedded(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray]:
+    hs = []
+    for slot, token in steps:
+        s.use(slot)
+        hs.append(s._embed([token]))
+    return hs
+
+
+def _abandon(s: Session, slots: list[int]) -> None:
+    """A failed step leaves no half-updated recurrent state behind."""
+    for slot in slots:
+        seq = s.seqs[slot]
+        if seq.kv.states is not None:
+            seq.checkpoints.abandon()
+            seq.state_dirty = True
+
+
+def _ended(s: Session, steps: list[tuple[int, int]], hs: list[np.ndarray]) -> list[np.ndarray]:
+    """Each sequence's step done: its token in its history, its checkpoints kept, its logits."""
     logits = []
     for (slot, token), h in zip(steps, hs, strict=True):
         s.use(slot)
@@ -133,45 +155,24 @@ def joins(s: Session, part: PromptPart) -> bool:
 
 
 def _joint_step(s: Session, steps: list[tuple[int, int]], part: PromptPart) -> tuple[list[np.ndarray], np.ndarray]:
-    slots = [slot for slot, _ in steps]
-    if len({*slots, part.slot}) != len(slots) + 1:
-        raise ValueError("a sequence appears twice in one step")
-    for token in [*(t for _, t in steps), *part.tokens]:
-        if not 0 <= token < s.hp.vocab_size:
-            raise BadInputError("token id outside the vocabulary")
-    for slot, n in [*((slot, 1) for slot in slots), (part.slot, len(part.tokens))]:
-        if s.seqs[slot].pos + n > s.n_ctx:
-            raise BadInputError(f"the context is full ({s.n_ctx} tokens)")
+    slots = _checked(s, steps, (part.slot,))  # (the part's own ids and room: `joins`, which `step` asked)
     s.use(part.slot)
     s._open_pass(part.tokens, part.end, decode=False, others=len(steps))
     _read_known(s, [token for _, token in steps])
     h = s._pass_input(part.tokens)
-    hs = []
-    for slot, token in steps:
-        s.use(slot)
-        hs.append(s._embed([token]))
+    hs = _embedded(s, steps)
     group = rows_group(s, len(steps))
     try:
         for il in range(s.hp.n_layer):
             h, hs = _joint_layer(s, il, part.slot, h, slots, hs, group)
     except BaseException:
-        for slot in [part.slot, *slots]:  # a failed step leaves no half-updated recurrent state behind
-            seq = s.seqs[slot]
-            if seq.kv.states is not None:
-                seq.checkpoints.abandon()
-                seq.state_dirty = True
+        _abandon(s, [part.slot, *slots])
         raise
     s.use(part.slot)
     s._advance(part.tokens)
     s.checkpoints.commit()
     last = s._logits(h[-1:])[-1]
-    logits = []
-    for (slot, token), x in zip(steps, hs, strict=True):
-        s.use(slot)
-        s._advance([token])
-        s.checkpoints.commit()
-        logits.append(s._logits(x)[-1])
-    return logits, last
+    return _ended(s, steps, hs), last
 
 
 def _joint_layer(
