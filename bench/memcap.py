@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import subprocess
 import time
@@ -185,6 +186,9 @@ class CappedRun:
     oom_kills: int = 0
 
 
+_RUN_IDS = itertools.count()
+
+
 def run_capped(cmd: Sequence[str], limit: int | None, timeout: float, name: str = "tw-bench") -> CappedRun:
     """Runs cmd (optionally inside a memory cap); returns its output, time and peak memory."""
     t0 = time.monotonic()
@@ -193,7 +197,10 @@ def run_capped(cmd: Sequence[str], limit: int | None, timeout: float, name: str 
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         rss = max(_children_maxrss(), before)
         return CappedRun(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0, rss, rss)
-    with memory_cap(limit, f"{name}-{os.getpid()}") as cap:
+    # A fresh group per run: a group whose last run's processes were still exiting when it was to be removed
+    # (`_remove` gives up after 5 s) is left behind with that run's charges, and a next run that reused its name
+    # started inside them (one was left after a glm5-bench run, 2026-12-03).
+    with memory_cap(limit, f"{name}-{os.getpid()}-{next(_RUN_IDS)}") as cap:
         proc = subprocess.run(cap.argv(cmd), capture_output=True, text=True, timeout=timeout, check=False)
         seconds = time.monotonic() - t0
         peak, kills = cap.peak(), cap.oom_kills()

@@ -71,7 +71,9 @@ def main() -> int:
     opts = SessionOptions(
         ram_budget=budget,
         lookahead=lookahead,
-        n_ctx=len(tokens) + 16,
+        # a whole number of 256 positions, as real contexts are: DeepSeek V4 decodes in one graph only where its
+        # compressed blocks can complete before the context ends (models/deepseek4.py `one_graph_at`)
+        n_ctx=-(-(len(tokens) + 16) // 256) * 256,
         max_batch=64,
         usage_table=False,
         cpu_repack=repack,
