@@ -91,6 +91,7 @@ StreamCore::StreamCore(const std::string& path, int n_expert, std::vector<LayerG
     for (int t = 0; t < cfg_.io_threads; ++t) threads_.emplace_back([this] { io_loop(); });
   }
   if (cfg_.idle_fill_ms >= 0) idle_thread_ = std::thread([this] { idle_loop(); });
+  populate_thread_ = std::thread([this] { populate_loop(); });
 }
 
 StreamCore::~StreamCore() { close(); }
@@ -110,6 +111,7 @@ void StreamCore::close() {
   if (reaper_.joinable()) reaper_.join();
   ring_.reset();
   if (idle_thread_.joinable()) idle_thread_.join();
+  if (populate_thread_.joinable()) populate_thread_.join();
   for (Layer& L : layers_) {
     if (L.memory) munmap(L.memory, L.geo.record_size * static_cast<std::size_t>(L.geo.n_slots));
     L.memory = nullptr;
@@ -820,6 +822,33 @@ void StreamCore::reap_loop() {
     if (stop_ && free_ops_.size() == ops_.size()) return;
     pump();
   }
+}
+
+// The kernel zeroes a slot's memory (anonymous, huge pages) the first time a read lands in it, and io_uring faults
+// it in from the reaping thread: each first fill of a slot held back the reads behind it. glm5-bench at a 40 %
+// cap, 16 decode tokens: 61 % of the run's samples were clear_page_erms in tw-reap, and it decoded at 9.7 tok/s
+// against 16.2 at 25 %, whose smaller cache had filled during the prompt (docs/results.md). So the empty slots'
+// pages are faulted in here, in the background from the start, off the read path. A slot that is read into
+// meanwhile faults its own pages (populating never writes a present page); one given away on loan meanwhile is
+// given back again, so a loan still frees its memory.
+void StreamCore::populate_loop() {
+  name_thread("tw-populate");
+#ifdef MADV_POPULATE_WRITE
+  for (Layer& L : layers_) {
+    for (int s = 0; s < L.geo.n_slots; ++s) {
+      std::uint8_t* at = L.memory + static_cast<std::size_t>(s) * L.geo.record_size;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) return;
+        if (L.slots[static_cast<std::size_t>(s)]->meta.state != SlotState::Empty) continue;
+      }
+      if (madvise(at, L.geo.record_size, MADV_POPULATE_WRITE) != 0) return;  // (a kernel before 5.14: as before)
+      std::lock_guard<std::mutex> lock(mu_);
+      if (L.slots[static_cast<std::size_t>(s)]->meta.state == SlotState::Loaned)
+        madvise(at, L.geo.record_size, MADV_DONTNEED);
+    }
+  }
+#endif
 }
 
 // After a quiet spell, fill empty slots with the most-used experts (usage table), evicting nothing.

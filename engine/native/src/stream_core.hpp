@@ -215,6 +215,7 @@ class StreamCore {
   void note_waiter_slot(int li, int slot);
   bool late(const Prediction& p, const Layer& L) const;
   void idle_loop();
+  void populate_loop();
   bool take_work(Chunk& out);  // take_any, within hold_io_after's allowance
   bool take_any(Chunk& out);
   void note_prefetch_start();
@@ -257,6 +258,7 @@ class StreamCore {
   std::array<std::uint64_t, 3> marks_{};
   std::vector<std::thread> threads_;
   std::thread idle_thread_;
+  std::thread populate_thread_;
   // io_uring
   std::unique_ptr<Uring> ring_;
   std::string io_fallback_;
