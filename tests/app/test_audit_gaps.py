@@ -3,12 +3,23 @@ badge's colour per estimate verdict (offscreen Qt)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
+from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
+import runmyai.ui.controller as controller_module
+from runmyai.engine.faults import EngineError
 from runmyai.library.estimate import Estimate
+from runmyai.library.keys import LocalKey
+from runmyai.paths import AppPaths
+from runmyai.ui.controller import AppController
 from runmyai.ui.graphs import GraphsPanel
+from runmyai.ui.main_window import MainWindow
 from runmyai.ui.viewmodels import badge
+from tests.qtloop import run_qt
 
 
 def test_the_vram_chart_is_hidden_without_a_gpu_and_shown_with_one(qtbot: QtBot) -> None:
@@ -56,3 +67,42 @@ def test_the_badge_is_grey_without_an_estimate_and_red_for_a_broken_file() -> No
     assert badge(None).colour == "grey"
     assert badge(_estimate("runs_well", 9.0), error="bad header").colour == "red"
     assert badge(_estimate("runs_well", 9.0), supported=False).colour == "red"
+
+
+def test_the_settings_context_length_reaches_the_engines_launch_flags(
+    qapp: QApplication, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seam is the supervisor the controller hands its flags to: a recorder that refuses to start, so no
+    engine runs."""
+    launched: list[list[str]] = []
+
+    class Recorder:
+        def __init__(self, path: Path, flags: list[str], **kw: Any) -> None:
+            launched.append(list(flags))
+            self.model = path
+
+        async def start(self) -> None:
+            raise EngineError("not started in this test")
+
+        async def stop(self) -> None:
+            return None
+
+    async def flows() -> None:
+        window = MainWindow()
+        c = AppController(window, AppPaths(tmp_path / "home"))
+        try:
+            await c.start()
+            monkeypatch.setattr(controller_module, "EngineSupervisor", Recorder)
+            c._set_context(8192)
+            assert c.local_models, "the built-in model"
+            await c.use_model(str(LocalKey(c.local_models[0].path)))
+            c.supervisor = None
+            await c.shutdown()
+        finally:
+            window.close()
+
+    run_qt(qapp, flows)
+    assert launched, "the controller made no supervisor"
+    flags = launched[-1]
+    last = len(flags) - 1 - flags[::-1].index("--ctx")  # the last --ctx counts (the preset's own comes first)
+    assert flags[last + 1] == "8192"
