@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
@@ -202,6 +202,32 @@ def json_members(text: str, pos: int = 0) -> tuple[list[tuple[str, Any]], bool, 
         if text[j] == "}":
             return pairs, True, None
         i = j + 1
+
+
+def whole_calls(
+    fmt: BlockFormat,
+    begin: str,
+    body: str,
+    element: re.Pattern[str],
+    tools: Tools,
+    args: Callable[[RawCall], str | None],
+) -> tuple[list[PartialCall], int | None]:
+    """The whole call elements that start a block's `body` (the block less its `begin`), each read as
+    `fmt.parse` reads it, with `args(call)` its arguments' JSON text: the calls, and where the element being
+    written starts — None where a whole element reads as no call (nothing after it goes out as one)."""
+    out: list[PartialCall] = []
+    i = 0
+    while True:
+        i = len(body) - len(body[i:].lstrip())
+        whole = element.match(body, i)
+        if whole is None:
+            return out, i
+        (call,) = fmt.parse(begin + whole.group(0), tools, True) or [RawCall("", None)]
+        text = args(call)
+        if text is None:
+            return out, None
+        out.append(PartialCall(call.name, text))
+        i = whole.end()
 
 
 def json_args_prefix(text: str, pos: int = 0) -> str:

@@ -29,6 +29,7 @@ from tokenwing.text.tools.base import (
     json_value,
     matches_only,
     typed_value,
+    whole_calls,
 )
 from tokenwing.text.tools.constrain import CallGrammar
 
@@ -111,6 +112,12 @@ _K3_HEAD = re.compile(_Q(OPEN) + r'call tool="([^"]*)"[^<]*?' + _Q(SEP))
 _K3_JSON_HEAD = re.compile(_Q(OPEN) + r"json[^<]*?" + _Q(SEP))
 
 
+def _k3_args(call: RawCall) -> str | None:
+    """A whole K3 call's arguments as JSON text (None: not an object, so no call)."""
+    value = json_value(call.arguments.strip() or "{}") if isinstance(call.arguments, str) else call.arguments
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else None
+
+
 class KimiK3(BlockFormat):
     name = "kimi-k3"
     begins = (TOOLS_BEGIN,)
@@ -173,19 +180,9 @@ class KimiK3(BlockFormat):
         # each whole call element, then the one being written: its name once its head is whole, its arguments as
         # far as its argument elements are closed (or, in the one-JSON form, its JSON's members are fixed)
         body = block[len(TOOLS_BEGIN) :]
-        out: list[PartialCall] = []
-        i = 0
-        while True:
-            i = len(body) - len(body[i:].lstrip())
-            whole = _K3_CALL.match(body, i)
-            if whole is None:
-                break
-            (call,) = self.parse(TOOLS_BEGIN + whole.group(0), tools, True) or [RawCall("", None)]
-            value = json_value(call.arguments.strip() or "{}") if isinstance(call.arguments, str) else call.arguments
-            if not isinstance(value, dict):
-                return out  # no call: nothing further goes out as one
-            out.append(PartialCall(call.name, json.dumps(value, ensure_ascii=False)))
-            i = whole.end()
+        out, i = whole_calls(self, TOOLS_BEGIN, body, _K3_CALL, tools, _k3_args)
+        if i is None:
+            return out
         head = _K3_HEAD.match(body, i)
         if head is None:
             return out

@@ -22,6 +22,7 @@ from tokenwing.text.tools.base import (
     matches_only,
     schema_types,
     typed_value,
+    whole_calls,
 )
 from tokenwing.text.tools.constrain import CallGrammar
 
@@ -157,18 +158,14 @@ class MiniMaxM3(BlockFormat):
         # arguments as far as its top-level elements are closed (a nested object or array as a whole), each read
         # as `parse` reads it (`_m3_value`, by the parameter's schema)
         body = block[len(M3_BEGIN) :]
-        out: list[PartialCall] = []
-        i = 0
-        while True:
-            i = len(body) - len(body[i:].lstrip())
-            whole = _M3_INVOKE.match(body, i)
-            if whole is None:
-                break
-            (call,) = self.parse(M3_BEGIN + whole.group(0), tools, True) or [RawCall("", None)]
-            if not isinstance(call.arguments, dict):
-                return out  # no call: nothing further goes out as one
-            out.append(PartialCall(call.name, args_prefix(list(call.arguments.items()), closed=True)))
-            i = whole.end()
+
+        def args(call: RawCall) -> str | None:
+            a = call.arguments
+            return args_prefix(list(a.items()), closed=True) if isinstance(a, dict) else None
+
+        out, i = whole_calls(self, M3_BEGIN, body, _M3_INVOKE, tools, args)
+        if i is None:
+            return out
         head = _M3_INVOKE_HEAD.match(body, i)
         if head is None:
             return out
