@@ -106,3 +106,34 @@ def test_the_settings_context_length_reaches_the_engines_launch_flags(
     flags = launched[-1]
     last = len(flags) - 1 - flags[::-1].index("--ctx")  # the last --ctx counts (the preset's own comes first)
     assert flags[last + 1] == "8192"
+
+
+def test_my_models_last_used_column_shows_a_model_once_used(qapp: QApplication, tmp_path: Path) -> None:
+    """The use itself needs a running engine; this checks the half after it: the use recorded (what use_model
+    does once the engine answers) shows in the table's last column, across a restart of the app."""
+    home = tmp_path / "home"
+
+    async def last_used(mark: bool) -> str:
+        window = MainWindow()
+        c = AppController(window, AppPaths(home))
+        try:
+            await c.start()
+            path = c.local_models[0].path
+            if mark:
+                c._mark_used(path)
+                c._show_models()
+            table = window.models_page.table
+            cells = [[table.item(r, col) for col in range(table.columnCount())] for r in range(table.rowCount())]
+            [row] = [cs for cs in cells if cs[0] is not None and cs[0].toolTip() == str(path)]
+            last = row[-1]
+            assert last is not None
+            text = last.text()
+            await c.shutdown()
+        finally:
+            window.close()
+        return text
+
+    assert run_qt(qapp, lambda: last_used(False)) == "never"
+    # (not "just now": a loaded machine may take a minute between the use and the reading)
+    assert run_qt(qapp, lambda: last_used(True)).endswith(("just now", "ago"))
+    assert run_qt(qapp, lambda: last_used(False)).endswith(("just now", "ago"))  # read back from the app's file
