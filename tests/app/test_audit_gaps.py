@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
@@ -137,3 +139,29 @@ def test_my_models_last_used_column_shows_a_model_once_used(qapp: QApplication, 
     # (not "just now": a loaded machine may take a minute between the use and the reading)
     assert run_qt(qapp, lambda: last_used(True)).endswith(("just now", "ago"))
     assert run_qt(qapp, lambda: last_used(False)).endswith(("just now", "ago"))  # read back from the app's file
+
+
+def test_keyboard_shortcuts_switch_pages_start_a_chat_and_focus(qtbot: QtBot) -> None:
+    w = MainWindow()
+    qtbot.addWidget(w)
+    w.show()
+    w.activateWindow()
+    qtbot.waitExposed(w)
+    qtbot.waitActive(w)  # shortcuts go to the active window only
+    ctrl = Qt.KeyboardModifier.ControlModifier
+    win = w.windowHandle()  # through the window system, as a real key press comes: its shortcut map runs first
+    QTest.keyClick(win, Qt.Key.Key_3, ctrl)
+    assert w.current_page() == "My models"
+    QTest.keyClick(win, Qt.Key.Key_Comma, ctrl)
+    assert w.current_page() == "Settings"
+    with qtbot.waitSignal(w.chat.new_conversation_requested, timeout=1000):  # emitted inside the key press
+        QTest.keyClick(win, Qt.Key.Key_N, ctrl)
+    assert w.current_page() == "Chat"
+    QTest.keyClick(win, Qt.Key.Key_2, ctrl)
+    assert w.current_page() == "Discover"
+    QTest.keyClick(win, Qt.Key.Key_F, ctrl)
+    assert w.current_page() == "Chat" and w.chat.search.hasFocus()
+    QTest.keyClick(win, Qt.Key.Key_L, ctrl)
+    assert w.chat.input.hasFocus()
+    with qtbot.waitSignal(w.chat.regenerate_requested, timeout=1000):
+        QTest.keyClick(win, Qt.Key.Key_R, ctrl)
