@@ -205,16 +205,11 @@ def json_members(text: str, pos: int = 0) -> tuple[list[tuple[str, Any]], bool, 
 
 
 def whole_calls(
-    fmt: BlockFormat,
-    begin: str,
-    body: str,
-    element: re.Pattern[str],
-    tools: Tools,
-    args: Callable[[RawCall], str | None],
+    body: str, element: re.Pattern[str], read: Callable[[re.Match[str]], PartialCall | None]
 ) -> tuple[list[PartialCall], int | None]:
-    """The whole call elements that start a block's `body` (the block less its `begin`), each read as
-    `fmt.parse` reads it, with `args(call)` its arguments' JSON text: the calls, and where the element being
-    written starts — None where a whole element reads as no call (nothing after it goes out as one)."""
+    """The whole call elements that start a block's `body` (the block less its opening marker), each made a call
+    by `read` (None: it reads as no call): the calls, and where the element being written starts — None after a
+    whole element that is no call (nothing after it goes out as one)."""
     out: list[PartialCall] = []
     i = 0
     while True:
@@ -222,11 +217,10 @@ def whole_calls(
         whole = element.match(body, i)
         if whole is None:
             return out, i
-        (call,) = fmt.parse(begin + whole.group(0), tools, True) or [RawCall("", None)]
-        text = args(call)
-        if text is None:
+        call = read(whole)
+        if call is None:
             return out, None
-        out.append(PartialCall(call.name, text))
+        out.append(call)
         i = whole.end()
 
 

@@ -59,18 +59,16 @@ class KimiK2(BlockFormat):
         # each whole call, then the one being written: its id (so its name) whole at <|tool_call_argument_begin|>,
         # which the grammar writes right after the index's digits; its arguments the JSON text after that
         body = block[len(SECTION_BEGIN) :]
-        out: list[PartialCall] = []
-        i = 0
-        while True:
-            i = len(body) - len(body[i:].lstrip())
-            whole = _K2_CALL.match(body, i)
-            if whole is None:
-                break
+
+        def read(whole: re.Match[str]) -> PartialCall | None:
             value = json_value(whole.group(2).strip() or "{}")
             if not isinstance(value, dict):
-                return out  # no call: nothing further goes out as one
-            out.append(PartialCall(_k2_name(whole.group(1)), json.dumps(value, ensure_ascii=False), whole.group(1)))
-            i = whole.end()
+                return None
+            return PartialCall(_k2_name(whole.group(1)), json.dumps(value, ensure_ascii=False), whole.group(1))
+
+        out, i = whole_calls(body, _K2_CALL, read)
+        if i is None:
+            return out
         head = _K2_HEAD.match(body, i)
         if head is None:
             return out
@@ -180,7 +178,13 @@ class KimiK3(BlockFormat):
         # each whole call element, then the one being written: its name once its head is whole, its arguments as
         # far as its argument elements are closed (or, in the one-JSON form, its JSON's members are fixed)
         body = block[len(TOOLS_BEGIN) :]
-        out, i = whole_calls(self, TOOLS_BEGIN, body, _K3_CALL, tools, _k3_args)
+
+        def read(whole: re.Match[str]) -> PartialCall | None:
+            (call,) = self.parse(TOOLS_BEGIN + whole.group(0), tools, True) or [RawCall("", None)]
+            text = _k3_args(call)
+            return None if text is None else PartialCall(call.name, text)
+
+        out, i = whole_calls(body, _K3_CALL, read)
         if i is None:
             return out
         head = _K3_HEAD.match(body, i)

@@ -92,23 +92,21 @@ def _param(name: str, p: re.Match[str], tools: Tools) -> tuple[str, Any]:
     return key, typed_value(value, types)
 
 
+def _whole_call(calls: list[RawCall] | None) -> PartialCall | None:
+    """A whole invoke element's call as it goes out (None: it reads as no call)."""
+    (call,) = calls or [RawCall("", None)]
+    a = call.arguments
+    return PartialCall(call.name, args_prefix(list(a.items()), closed=True)) if isinstance(a, dict) else None
+
+
 def partial_invokes(
     body: str, invoke: re.Pattern[str], head: re.Pattern[str], parameter: re.Pattern[str], tools: Tools
 ) -> list[PartialCall]:
     """`BlockFormat.partial` of the invoke formats (`invokes`): each whole invoke element's call, then the one
     being written: its name once its head is whole, its arguments as far as its parameter elements are whole."""
-    out: list[PartialCall] = []
-    i = 0
-    while True:
-        i = len(body) - len(body[i:].lstrip())
-        whole = invoke.match(body, i)
-        if whole is None:
-            break
-        (call,) = invokes(whole.group(0), invoke, parameter, tools) or [RawCall("", None)]
-        if not isinstance(call.arguments, dict):
-            return out  # not a call: nothing further is sent as one
-        out.append(PartialCall(call.name, args_prefix(list(call.arguments.items()), closed=True)))
-        i = whole.end()
+    out, i = whole_calls(body, invoke, lambda whole: _whole_call(invokes(whole.group(0), invoke, parameter, tools)))
+    if i is None:
+        return out
     open_ = head.match(body, i)
     if open_ is None:
         return out
@@ -159,11 +157,9 @@ class MiniMaxM3(BlockFormat):
         # as `parse` reads it (`_m3_value`, by the parameter's schema)
         body = block[len(M3_BEGIN) :]
 
-        def args(call: RawCall) -> str | None:
-            a = call.arguments
-            return args_prefix(list(a.items()), closed=True) if isinstance(a, dict) else None
-
-        out, i = whole_calls(self, M3_BEGIN, body, _M3_INVOKE, tools, args)
+        out, i = whole_calls(
+            body, _M3_INVOKE, lambda whole: _whole_call(self.parse(M3_BEGIN + whole.group(0), tools, True))
+        )
         if i is None:
             return out
         head = _M3_INVOKE_HEAD.match(body, i)
