@@ -1,5 +1,5 @@
 """More of what a user does in the window: hub search, Import GGUF, a remote endpoint, autotune overrides,
-pausing and resuming a download from its row (offscreen, real engine, local hub server)."""
+pausing a download from its notification and resuming it from its row (offscreen, real engine, local hub server)."""
 
 from __future__ import annotations
 
@@ -54,21 +54,27 @@ def test_search_import_endpoint_and_download_buttons(
         assert any(m.path == imported.path for m in c.local_models)
         assert any(label.startswith("Importing") for label in seen) and notes.get("import") is None  # done: gone
 
-        # the download row's buttons drive the queue; the hub holds every body until the pause is done, so the
-        # download cannot finish before the click, however slow this machine is
+        # a published file's download: its notification's Cancel pauses it, its row resumes it; the hub holds
+        # every body until the pause is done, so the download cannot finish before the click, however slow
+        # this machine is
         server.faults.hold_after, server.faults.hold_times = 1000, 1000
         window.library.select("preset:tiny")
         window.library.download_button.click()
         table = window.library.downloads
-        await until(lambda: table.rowCount() == 1 and c.downloads.items()[0].state == "downloading", 30)
-        table.cellWidget(0, 5).findChild(QPushButton, "pause").click()
-        await until(lambda: c.downloads.items()[0].state == "paused", 30, "pause")
-        assert table.item(0, 4).text()  # the state is shown
+        await until(lambda: bool(c.downloads.items()) and c.downloads.items()[0].state == "downloading", 30)
+        note = f"download:{c.downloads.items()[0].id}"
+        await until(lambda: notes.get(note) is not None, 30, "its notification")
+        shown = next(card for card in window.notice_area.cards if card.notice.key == note)
+        assert table.rowCount() == 0  # running: the notification shows it, not the table as well
+        shown.cancel.click()
+        await until(lambda: c.downloads.items()[0].state == "paused" and table.rowCount() == 1, 30, "pause")
+        assert table.item(0, 4).text() and notes.get(note) is None  # the state is shown; the notification went
         server.faults.hold_after = None
         server.faults.release.set()
         table.cellWidget(0, 5).findChild(QPushButton, "resume").click()
         await until(lambda: any(m.preset_id == "tiny" for m in c.local_models), 60, "resume")
         assert table.rowCount() == 0 and not c.downloads.items()  # done: the finished row cleared itself
+        assert notes.get(note) is None
 
         # a remote OpenAI-compatible endpoint instead of a local engine
         await c.use_endpoint(engine.url, "remote-key")

@@ -17,7 +17,7 @@ from runmyai.ui.app import SCREENSHOT_PAGES, SCREENSHOT_SIZES
 from runmyai.ui.controller import AppController
 from runmyai.ui.library_panel import DownloadsTable
 from runmyai.ui.main_window import MainWindow
-from runmyai.ui.viewmodels import Notifications, plain_reason, search_conversations
+from runmyai.ui.viewmodels import PERF_DOCK_MIN, Notifications, plain_reason, search_conversations
 from tests.app.hubserver import HubServer
 from tests.app.test_app_scenario import make_controller, until
 from tests.conftest import ModelFactory
@@ -121,8 +121,21 @@ def test_every_page_at_three_sizes_in_both_themes_is_unclipped_and_a_regenerate_
                     if page == "Chat":
                         assert window.perf_dock.isVisible() and window.graphs.series.layer_ids
 
-        # the check sees a cut: a button squeezed below its text, a chart that shows part of the layers
+        # the panel floated on its own window, at its narrowest and at a usual size, in the dark theme: nothing
+        # cut either, the charts holding every layer (it was only checked docked)
         window.show_page("Chat")
+        window.perf_dock.setFloating(True)
+        for width, height in ((PERF_DOCK_MIN, 560), (640, 900)):
+            window.perf_dock.resize(width, height)
+            window.graphs._dirty = True
+            await until(lambda: not window.graphs._dirty, 10, "redraw")
+            await asyncio.sleep(0.05)
+            assert window.perf_dock.isFloating() and window.perf_dock.isVisible()
+            problems = layout_check.clipped(window.perf_dock) + layout_check.chart_problems(window.perf_dock)
+            assert not problems, f"floating at {width}x{height}: {problems}"
+        window.perf_dock.setFloating(False)
+
+        # the check sees a cut: a button squeezed below its text, a chart that shows part of the layers
         window.chat.send_button.setFixedWidth(20)
         await until(lambda: window.chat.send_button.width() == 20, 10, "layout")
         assert any("Send" in p for p in layout_check.clipped(window))

@@ -186,6 +186,51 @@ def test_a_downloads_progress_shows_in_its_notification_and_on_its_card_only(
         window.close()
 
 
+def test_a_published_files_download_shows_in_the_notification_area_with_retry(
+    qapp: QApplication, tiny_hub: tuple[HubServer, bytes], tmp_path: Path
+) -> None:
+    """A preset's published file showed its progress and its failure in the downloads table alone, nowhere near
+    the notification area. Now it is a long job like any other: progress and Cancel in its notification and on
+    its preset's card; a failure in plain words there with Retry, which gets it; a success clears it."""
+    server, data = tiny_hub
+    server.faults.throttle_bps = None
+    # the body waits at 1000 bytes until released (a point to look at, whatever the machine's speed), then the
+    # connection drops at 2000; with no retries left, the download fails for now
+    server.faults.hold_after, server.faults.drop_after = 1000, 2000
+    window, c = make_controller(tmp_path, server, data)
+    c.downloads.max_retries = 0
+    lib, notes, table = window.library, window.notifications, window.library.downloads
+
+    async def flows() -> None:
+        await c.start()
+        window.show_page("Discover")
+        lib.select("preset:tiny")
+        lib.download_button.click()
+        await until(lambda: server.faults.held.is_set(), 60, "the body held")
+        note = f"download:{c.downloads.items()[0].id}"
+        await until(lambda: (n := notes.get(note)) is not None and n.progress is not None, 30, "progress")
+        shown = next(card for card in window.notice_area.cards if card.notice.key == note)
+        assert shown.cancel.isVisibleTo(shown) and "%" in shown.reason.text()
+        assert lib.card_line("preset:tiny") == job_line(shown.notice)  # on the preset's card too
+        assert table.rowCount() == 0 and not lib.download_button.isEnabled()  # not twice, not asked again
+        server.faults.release.set()
+        await until(lambda: (n := notes.get(note)) is not None and n.kind == "error", 60, "the failure")
+        failed = next(card for card in window.notice_area.cards if card.notice.key == note)
+        assert failed.notice.retry and failed.retry.isVisibleTo(failed)  # a dropped connection: worth a retry
+        assert "failed" in failed.notice.title and table.item_ids() == [c.downloads.items()[0].id]
+        assert "%" not in lib.card_line("preset:tiny") and lib.download_button.isEnabled()
+        failed.retry.click()
+        await until(lambda: any(m.preset_id == "tiny" for m in c.local_models), 60, "the retry")
+        assert notes.get(note) is None and table.rowCount() == 0  # a success clears it
+        await c.shutdown()
+
+    try:
+        run_qt(qapp, flows)
+    finally:
+        server.faults.release.set()
+        window.close()
+
+
 # ------------------------------------------------------------------------------------------ the autotune offer
 def _list_json(home: Path) -> list[dict[str, Any]]:
     r = subprocess.run(

@@ -254,6 +254,10 @@ class AppController(QObject):
         """A long job's Cancel, on its notification: the job that notification shows, if it still runs."""
         if key == self._job_key:
             self._cancel_job()
+        elif key.startswith("download:"):  # a published file's: paused, as a job's Cancel leaves it resumable
+            id_ = key.removeprefix("download:")
+            if any(d.id == id_ for d in self.downloads.items()):
+                self.downloads.pause(id_)
 
     def _forget_notice(self, key: str) -> None:
         self.window.notifications.forget(key)
@@ -683,22 +687,52 @@ class AppController(QObject):
         await self.refresh_library()
 
     def _on_download(self, s: DownloadStatus) -> None:
-        """A plain download's row (a published model file: the table is its one home, with Pause and Resume). A
-        job's shards have none: their job's notification and Discover card show its progress (the walk-through
-        saw one download in three places: a notification, a task row and this table)."""
-        table = self.window.library.downloads
+        """A published model file's download, as a job's: while it runs, its notification (progress, and Cancel,
+        which pauses it: it stays resumable) and the card of the preset it belongs to; stopped, its row in the
+        downloads table (Resume, Forget); failed, also its notification with Retry unless the failure is
+        permanent. A job's shards have no row and no notification of their own: their job's show their progress
+        (the walk-through saw one download in three places: a notification, a task row and this table; and a
+        preset's file download in the table alone, nowhere near the notification area)."""
+        table, notes = self.window.library.downloads, self.window.notifications
         if s.dest is not None and s.dest.is_relative_to(self.paths.jobs):
             table.remove_item(s.id)
             return
+        key, card = f"download:{s.id}", self._download_card(s)
+        title = f"Downloading {s.path}"
+        if s.state in ("queued", "downloading", "verifying"):
+            table.remove_item(s.id)
+            fraction = s.done_bytes / s.total_bytes if s.total_bytes else None
+            notes.job(key, title, s.message, fraction, cancellable=True)
+            if card is not None and (notice := notes.get(key)) is not None:
+                self.window.library.set_progress(card, job_line(notice))
+            return
+        if card is not None:
+            self.window.library.set_progress(card, None)
         if s.state == "done":  # finished: its row leaves (the model is in the library, or its job goes on)
             table.remove_item(s.id)
+            notes.succeeded(key)
+            self._retry.pop(key, None)
             self.downloads.forget(s.id)
             if s.dest is not None and s.dest.name.endswith(".tw.gguf"):
                 self.spawn(self.refresh_library())
             return
+        if s.state == "failed":
+            if (shown := notes.get(key)) is None or shown.kind != "error":  # once, not at every change
+                if s.error_kind not in PERMANENT_HUB_KINDS:
+                    self._retry[key] = functools.partial(self.downloads.resume, s.id)
+                else:
+                    self._retry.pop(key, None)
+                self.report(f"{title} failed: {s.message}", key, f"{title} failed")
+        else:  # paused or cancelled: its row says so
+            notes.forget(key)
         table.update_item(
             s.id, f"{s.repo}/{s.path}", s.state, s.done_bytes, s.total_bytes, s.speed_bps, s.eta_s, s.message
         )
+
+    def _download_card(self, s: DownloadStatus) -> str | None:
+        """The Discover card a published file's download shows on: its preset's."""
+        preset = next((p for p in self.catalog.presets if p.repo == s.repo and p.file == s.path), None)
+        return render.card_repo(preset) if preset is not None else None
 
     def _on_job(self, s: JobStatus) -> None:
         """A model job's row ("job:ID"): running, paused (Resume), failed for good (why; Resume tries again) —

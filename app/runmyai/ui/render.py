@@ -76,7 +76,7 @@ def local_entry(m: LocalModel, preset: Preset | None, view: View) -> LibraryEntr
         lines.append(estimate_html(est) if est is not None else "<p>No estimate: the engine's facts are not known.</p>")
     kind = "built-in" if m.bundled else ("cannot be used" if m.error or not runs else "installed")
     b = badge(est, supported=runs, error=m.error)
-    repo = preset.gguf.repo if preset is not None and preset.gguf is not None else (preset.repo if preset else None)
+    repo = card_repo(preset) if preset is not None else None
     return LibraryEntry(
         str(LocalKey(m.path)),
         m.name,
@@ -109,10 +109,15 @@ def preset_entry(p: Preset, view: View) -> LibraryEntry:
         est = launch_estimate(p, view.machine, view.engine, p.flags)
         text += estimate_html(est)
     b = badge(est, supported=runs)
-    repo = p.gguf.repo if p.gguf is not None else p.repo
     return LibraryEntry(
-        str(PresetKey(p.id)), p.name, kind, text, downloadable, False, choices, choice, b.colour, b.line, repo
+        str(PresetKey(p.id)), p.name, kind, text, downloadable, False, choices, choice, b.colour, b.line, card_repo(p)
     )
+
+
+def card_repo(p: Preset) -> str | None:
+    """The hub repository whose README is a preset's model card, and whose card shows a download's progress: the
+    GGUF it is made from where it has one, else its published repository."""
+    return p.gguf.repo if p.gguf is not None else p.repo
 
 
 def preset_html(p: Preset, view: View) -> str:
