@@ -49,6 +49,7 @@ def test_run_save_load_override_and_serve(model: Path, tmp_path: Path) -> None:
     # a short decode measured after it: the estimate's calibration for this machine
     assert result.decode is not None and result.decode["tokens"] > 0 and result.decode["compute_s"] > 0
     assert result.decode["layers"] == 3 and result.decode["active_bytes"] > 0
+    assert result.decode["steady"]  # the rate after the first steps, not the whole short run's
     assert any(line.startswith("measuring decode speed") for line in lines)
     probe = probe_machine(paths.models, autotune_dir=paths.settings).decode_probe
     assert probe is not None and probe.compute_s == pytest.approx(result.decode["compute_s"])

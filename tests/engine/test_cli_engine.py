@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ModelFactory, assert_clean_error, run_cli
+from tokenwing.runtime.generate import STEADY_MIN_STEPS, steady_rate
 from tokenwing.streaming.settings import StreamSettings
 from tokenwing.streaming.trace import load_trace
 
@@ -37,11 +38,22 @@ def test_run_with_stats_and_trace(repacked_factory: ModelFactory, tmp_path: Path
     assert st["decode_tokens"] <= 12 and st["prompt_tokens"] > 0
     assert 0.0 <= st["hit_rate"] <= 1.0 and len(st["hit_rate_per_layer"]) == 3
     assert st["slots_per_layer"] == 2  # 30 % of 8 experts is below top-2... raised to the minimum
+    if st["decode_tokens"] > STEADY_MIN_STEPS:  # the later half's rate and wait, beside the whole run's
+        assert st["decode_steady_tokens_per_s"] > 0 and st["ssd_wait_ms_per_token_steady"] >= 0
     t = load_trace(str(trace))
     assert t.selected.shape[1:] == (3, 2) and t.n_tokens >= 2  # the prompt batch, then decode steps
     assert t.prompt_tokens[0] > 0 and (t.prompt_tokens[1:] == 0).all()
     r = run_cli("trace", "simulate", str(trace), "--slots", "2")
     assert r.returncode == 0, r.stderr
+
+
+def test_the_steady_rate_leaves_the_first_half_of_the_steps_out() -> None:
+    """Four steps, the first two slow (1 s each, 3 ms of SSD wait) and the last two at 10 a second with none:
+    the steady rate is 10 tok/s with no wait, where the whole run's is 4 tokens in 2.2 s."""
+    marks = [(1.0, 3_000_000), (2.0, 6_000_000), (2.1, 6_000_000), (2.2, 6_000_000)]
+    rate = steady_rate(marks)
+    assert rate is not None and rate[0] == pytest.approx(10.0) and rate[1] == 0.0
+    assert steady_rate(marks[:3]) is None  # too few steps to leave any out
 
 
 def test_seeded_run_is_reproducible(repacked_factory: ModelFactory) -> None:

@@ -39,6 +39,9 @@ class Generation:
     cached_tokens: int = 0  # of prompt_tokens, already in the KV cache from the previous request
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
+    # after each decode step: seconds since decoding began, and the SSD wait so far (ns); the steady rate is read
+    # from their later half (`steady_rate`)
+    marks: list[tuple[float, int]] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -230,12 +233,16 @@ def generate(
         after_prompt = session.counters()
         t1 = time.perf_counter()
         tok = d.step(logits)
+        wait_col, waited = SESSION_COUNTERS.index("wait_ns"), 0
         while tok is not None:
             before_tok = session.counters()
             logits = session.forward([tok])
+            step = session.counters() - before_tok
             if on_token:
-                on_token(tok, session.counters() - before_tok)
+                on_token(tok, step)
             tok = d.step(logits)
+            waited += int(step[:, wait_col].sum())
+            gen.marks.append((time.perf_counter() - t1, waited))
         gen.decode_seconds = time.perf_counter() - t1
     except BaseException:
         d.close()
@@ -259,6 +266,22 @@ def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
     return TokenLogprob(token, float(z[token] - lse), best)
 
 
+STEADY_MIN_STEPS = 4
+
+
+def steady_rate(marks: Sequence[tuple[float, int]]) -> tuple[float, float] | None:
+    """Decode tokens per second and SSD wait (ms) per token over the later half of the steps, or None with fewer
+    than STEADY_MIN_STEPS. The first steps carry page faults, graph set-up and a cold expert cache: over a short
+    run they pull the whole run's rate down (32 tokens of the built-in model ran at a third of its rate over 128),
+    and the app's estimate wants the rate a chat settles at."""
+    if len(marks) < STEADY_MIN_STEPS:
+        return None
+    half = len(marks) // 2
+    (t0, w0), (t1, w1) = marks[half - 1], marks[-1]
+    n = len(marks) - half
+    return (n / (t1 - t0) if t1 > t0 else 0.0), (w1 - w0) / 1e6 / n
+
+
 def run_stats(
     session: Session, before: np.ndarray, mid: np.ndarray, end: np.ndarray, gen: Generation
 ) -> dict[str, Any]:
@@ -270,6 +293,7 @@ def run_stats(
     vram = decode[:, c["vram_hits"]]
     selected = vram + total  # every selected expert of a decode step: from VRAM, from RAM, or read from the drive
     s = session.stats()
+    steady = steady_rate(gen.marks)
     return {
         "prompt_tokens": gen.prompt_tokens,
         "prompt_cached_tokens": gen.cached_tokens,
@@ -279,6 +303,8 @@ def run_stats(
         "decode_tokens": len(gen.tokens),
         "decode_tokens_per_s": len(gen.tokens) / gen.decode_seconds if gen.decode_seconds else 0.0,
         "ssd_wait_ms_per_token": float(decode[:, c["wait_ns"]].sum()) / 1e6 / n_dec,
+        "decode_steady_tokens_per_s": steady[0] if steady else None,
+        "ssd_wait_ms_per_token_steady": steady[1] if steady else None,
         "bytes_read_per_token": float(decode[:, c["bytes_read"]].sum()) / n_dec,
         "prompt_bytes_read": int((mid - before)[:, c["bytes_read"]].sum()),
         "hit_rate": float(hits.sum() / total.sum()) if total.sum() else None,
