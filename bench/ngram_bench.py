@@ -9,10 +9,10 @@ For each token of a text (the factory's corpus by default, as one sequence), the
 misses are what a token would read from the drive. The table's geometry is the preset's, at --type's row size;
 nothing is written (the metadata is built in memory). Prints a Markdown table.
 
---read DIR: then read them for real, through the engine's reader (`models/qwen4exp.NgramRows`, O_DIRECT 4 KiB
-pages, a 1 MiB cache) from a file of the table's size written in DIR (random bytes, deleted
-after): each token's pages one read at a time (1 I/O thread) and issued together (`NgramRows.io_threads`), the
-reads and wall time a token.
+--read DIR: then read them for real, through the engine's reader (`models/qwen4exp.NgramRows`: a streaming
+core of its own, O_DIRECT 4 KiB pages, a 1 MiB cache) from a file of the table's size written in DIR (random
+bytes, deleted after): each token's pages one read at a time (1 I/O thread) and issued together
+(`NgramRows.io_threads`), the reads and wall time a token.
 """
 
 from __future__ import annotations
@@ -110,17 +110,16 @@ def read_for_real(where: str, table: int, row_bytes: int, rows: np.ndarray) -> N
         print("| reads | pages a token | batches a token | µs a token | direct |")
         print("|---|---|---|---|---|")
         for threads in (1, NgramRows.io_threads, 1, NgramRows.io_threads):
-            r = NgramRows(path, 0, row_bytes, 1 << 20, 1 << 16)
-            r.io_threads = threads
+            r = NgramRows(path, 0, row_bytes, table, 1 << 20, 1 << 16, io_threads=threads)
             t0 = time.perf_counter()
             for token_rows in rows:
                 r.gather(token_rows)
             us = (time.perf_counter() - t0) * 1e6 / len(rows)
-            direct = r.file.direct
+            direct, reads = r.direct, r.page_reads
             r.close()
             label = "one at a time" if threads == 1 else f"together, {threads} in flight"
             n = len(rows)
-            print(f"| {label} | {r.page_reads / n:.2f} | {r.batches / n:.2f} | {us:,.0f} | {direct} |")
+            print(f"| {label} | {reads / n:.2f} | {r.batches / n:.2f} | {us:,.0f} | {direct} |")
     finally:
         os.unlink(path)
 

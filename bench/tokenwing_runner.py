@@ -2,6 +2,7 @@
 
 usage: python tokenwing_runner.py MODEL.tw.gguf TOKENS.npy N_PROMPT LOOKAHEAD [options]
 options: norepack (no repacked layouts), nohashreads (DeepSeek V4's hash layers not read at the token's start),
+         hashpredict (they are, as certain predictions under the prefetch cap: the design before `read_known`),
          layergraphs (a graph per layer even with every expert in RAM),
          plainexperts (experts kept in the file's layout even when preloaded: the streamed path's kernels),
          budget=25% (a share of the experts or a size, as --ram-budget takes it; default: from the process's own
@@ -83,6 +84,10 @@ def main() -> int:
     s = Session(model, opts, log=notes.append)
     if "nohashreads" in extra:  # DeepSeek V4's hash layers read on demand, as a router's layer (the "without" row)
         s.model.known_experts = lambda token: {}  # type: ignore[method-assign]
+    if "hashpredict" in extra:  # ... read at the token's start as certain predictions (before `read_known`)
+        s.scheduler.read_known = lambda block, experts: s.scheduler.predict(  # type: ignore[method-assign]
+            block, experts, block + 1, [1.0] * len(experts), 1
+        )
     load = time.perf_counter() - t0
     c = {n: i for i, n in enumerate(COUNTERS)}
     r0 = process_read_bytes()
@@ -143,6 +148,13 @@ def main() -> int:
                 "demand_reads_per_token": float(d[:, c["demand_reads"]].sum()) / n_dec,
                 "demand_wait_ms_per_layer": [float(x) / 1e6 / n_dec for x in d[:, c["wait_ns"]]],
                 "demand_reads_per_layer": [float(x) / n_dec for x in d[:, c["demand_reads"]]],
+                # (of those, reads of an expert a prediction named that had not started: not a miss nobody saw)
+                "demand_predicted_per_layer": [float(x) / n_dec for x in d[:, c["demand_predicted"]]],
+                # experts known before their layer (DeepSeek V4's hash layers): read at the token's start, still on
+                # their way when their layer began, and the wait on them
+                "known_reads_per_layer": [float(x) / n_dec for x in d[:, c["known_reads"]]],
+                "known_late_per_layer": [float(x) / n_dec for x in d[:, c["known_late"]]],
+                "known_wait_ms_per_layer": [float(x) / 1e6 / n_dec for x in d[:, c["known_wait_ns"]]],
                 "prediction_recall": s.stats()["prediction_recall"],
                 "prefetch_issued": int(d[:, c["prefetch_issued"]].sum()),
                 "prefetch_used": int(d[:, c["prefetch_used"]].sum()),

@@ -73,8 +73,8 @@ def test_the_hash_layers_union_is_read_from_the_steps_start(
     model_factory: ModelFactory, repacked_factory: ModelFactory
 ) -> None:
     """At a quarter of the expert bytes with lookahead 2: before a batched step's first layer begins, each hash
-    layer is predicted once, with the union of the sequences' table rows (in the sequences' order, probability 1);
-    the lookahead never guesses a hash layer."""
+    layer's experts are read as known (`read_known`, in layer order) once, the union of the sequences' table rows
+    in the sequences' order; the lookahead never guesses a hash layer."""
     src = model_factory(arch=A, type="Q8_0")
     model = repacked_factory(arch=A, type="Q8_0")
     with ModelFile.open(str(model)) as mf:
@@ -87,17 +87,22 @@ def test_the_hash_layers_union_is_read_from_the_steps_start(
     assert sorted(tables) == [0, 1]
     s = Session(str(model), _opts(len(PROMPTS), budget), log=lambda line: None)
     events: list[tuple[str, int, list[int], list[float]]] = []
-    predict, begin = s.scheduler.predict, s.scheduler.begin_layer
+    predict, begin, read_known = s.scheduler.predict, s.scheduler.begin_layer, s.scheduler.read_known
 
     def on_predict(block: int, experts: Any, distance: int, probs: Any = (), predictors: int = 0) -> None:
         events.append(("predict", block, list(experts), list(probs)))
         predict(block, experts, distance, probs, predictors)
+
+    def on_known(block: int, experts: Any) -> None:
+        events.append(("known", block, list(experts), []))
+        read_known(block, experts)
 
     def on_begin(block: int, experts: Any, keep: Any = ()) -> list[bool]:
         events.append(("begin", block, list(experts), []))
         return begin(block, experts, keep)
 
     s.scheduler.predict, s.scheduler.begin_layer = on_predict, on_begin  # type: ignore[method-assign]
+    s.scheduler.read_known = on_known  # type: ignore[method-assign]
     try:
         last = []
         for slot, prompt in enumerate(PROMPTS):
@@ -110,9 +115,10 @@ def test_the_hash_layers_union_is_read_from_the_steps_start(
             want = []
             for il in sorted(tables):
                 union = list(dict.fromkeys(x for t in last for x in tables[il][t].tolist()))
-                want.append((il, union, [1.0] * len(union)))
-            assert [(b, ex, p) for kind, b, ex, p in events[:start] if kind == "predict"] == want
-            assert not [e for e in events if e[0] == "predict" and e[1] in tables and e[3] != [1.0] * len(e[2])]
+                want.append((il, union))
+            assert [(b, ex) for kind, b, ex, _ in events[:start] if kind == "known"] == want
+            assert not [e for e in events[start:] if e[0] == "known"]
+            assert not [e for e in events if e[0] == "predict" and e[1] in tables]
             last = [int(lg.argmax()) for lg in got]
     finally:
         s.close()

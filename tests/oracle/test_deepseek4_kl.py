@@ -195,8 +195,8 @@ def test_kv_bytes_per_token_counts_the_raw_keys_and_the_compressed_blocks(model_
 
 
 def test_hash_layers_experts_are_read_from_the_tokens_start(model_factory: ModelFactory, tmp_path: Path) -> None:
-    """A hash layer's experts are the table's row for the token id: each decode token predicts them for every hash
-    layer before its first layer begins (certain: probability 1, one vote), the lookahead never guesses them, and
+    """A hash layer's experts are the table's row for the token id: each decode token reads them for every hash
+    layer, in layer order, before its first layer begins (`read_known`), the lookahead never guesses them, and
     the logits are those of the same run without these reads (measured on the wide geometry at 25 %, MXFP4: demand
     reads in the three hash layers 594/594/600 over 160 tokens without, 0/0/0 with)."""
     src = model_factory(arch=A, type="Q8_0")
@@ -208,17 +208,22 @@ def test_hash_layers_experts_are_read_from_the_tokens_start(model_factory: Model
     def run(known: bool) -> tuple[np.ndarray, list[tuple[str, int, list[int], list[float]]]]:
         s = _session(model, ram_budget=budget, lookahead=2)
         events: list[tuple[str, int, list[int], list[float]]] = []
-        predict, begin = s.scheduler.predict, s.scheduler.begin_layer
+        predict, begin, read_known = s.scheduler.predict, s.scheduler.begin_layer, s.scheduler.read_known
 
         def on_predict(block: int, experts: Any, distance: int, probs: Any = (), predictors: int = 0) -> None:
             events.append(("predict", block, list(experts), list(probs)))
             predict(block, experts, distance, probs, predictors)
+
+        def on_known(block: int, experts: Any) -> None:
+            events.append(("known", block, list(experts), []))
+            read_known(block, experts)
 
         def on_begin(block: int, experts: Any, keep: Any = ()) -> list[bool]:
             events.append(("begin", block, list(experts), []))
             return begin(block, experts, keep)
 
         s.scheduler.predict, s.scheduler.begin_layer = on_predict, on_begin  # type: ignore[method-assign]
+        s.scheduler.read_known = on_known  # type: ignore[method-assign]
         if not known:
             s.model.known_experts = lambda token: {}  # type: ignore[method-assign]
         try:
@@ -238,11 +243,10 @@ def test_hash_layers_experts_are_read_from_the_tokens_start(model_factory: Model
     starts = [i for i, e in enumerate(events) if e[0] == "begin" and e[1] == 0]
     assert len(starts) == len(tokens) - 100
     for token, start in zip(tokens[100:], starts, strict=True):
-        before = [e for e in events[max(0, start - hashed) : start] if e[0] == "predict"]
-        assert [(b, ex, p) for _, b, ex, p in before] == [
-            (il, table[il][token].tolist(), [1.0] * len(table[il][token])) for il in range(hashed)
-        ]
-    guessed = [e for e in events if e[0] == "predict" and e[1] < hashed and e[3] != [1.0] * len(e[2])]
+        before = [e for e in events[max(0, start - hashed) : start] if e[0] == "known"]
+        assert [(b, ex) for _, b, ex, _ in before] == [(il, table[il][token].tolist()) for il in range(hashed)]
+    assert sum(e[0] == "known" for e in events) == hashed * len(starts)
+    guessed = [e for e in events if e[0] == "predict" and e[1] < hashed]
     assert not guessed
 
 

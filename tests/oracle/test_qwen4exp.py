@@ -263,8 +263,9 @@ def test_ngram_rows_are_the_ones_llama_cpp_reads(model_factory: ModelFactory, tm
 def test_the_table_stays_in_the_file(
     model_factory: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache_pages: int
 ) -> None:
-    """The n-gram table is never loaded: its rows are read as 4 KiB pages when tokens name them, kept in an LRU
-    cache (here of 2 pages, so that almost every row is read again, rows across two pages included, or of 64 MiB),
+    """The n-gram table is never loaded: its rows are read as 4 KiB pages when tokens name them, by a streaming core
+    of its own and kept in its slots (here 2, so that almost every row is read again, rows across two pages
+    included, or 64 MiB: the whole table),
     and the logits are llama.cpp's either way; a token asks for heads rows, and the pages read are at most the
     rows' pages; with room for them, a graph's missing pages are read as one batch (`NgramRows.batches`)."""
     monkeypatch.setattr(Qwen4Exp, "ngram_cache_bytes", cache_pages * 4096)
@@ -285,6 +286,10 @@ def test_the_table_stays_in_the_file(
         if cache_pages > 200:  # everything fits: each page read once, a graph's misses issued together
             assert rows.page_reads <= 188
             assert rows.batches <= 1 + 60 < rows.page_reads
+        # on the streaming core's reads, and in the session's statistics
+        lazy = s.stats()["lazy_reads"]
+        assert lazy["page_reads"] == rows.page_reads and lazy["bytes_read"] == 4096 * rows.page_reads
+        assert lazy["rows"] == rows.rows_asked and "wait_ns" in lazy
     finally:
         s.close()
     assert kl_per_position(ref, got).mean() <= 1e-8
@@ -302,8 +307,8 @@ def test_the_tables_pages_share_the_expert_cache_budget(model_factory: ModelFact
             rows = s.model.ngram_rows  # type: ignore[attr-defined]
             taken = rows.capacity * 4096 if rows is not None else 0
             assert (rows is not None) == share
-            if share:
-                assert taken == budget // 16 // 4096 * 4096
+            if share:  # (never more pages than the table has)
+                assert taken == min(budget // 16 // 4096, rows.n_pages) * 4096
             assert 0 < s.scheduler.capacity <= budget - taken
             assert s.scheduler.capacity > budget - taken - max(s.scheduler.record_sizes.values()) * len(s.streamed)
         finally:

@@ -168,6 +168,9 @@ NB_MODULE(_core, m) {
       .def("end_layer", &tw::StreamCore::end_layer, nb::arg("layer"), Release())
       .def("predict", &tw::StreamCore::predict, nb::arg("layer"), nb::arg("experts"), nb::arg("distance"),
            nb::arg("probs") = std::vector<double>{}, nb::arg("max_votes") = 0, Release())
+      .def("read_known", &tw::StreamCore::read_known, nb::arg("layer"), nb::arg("experts"), Release(),
+           "Experts certain to be selected when the layer runs in this token: read now as demand reads, in call "
+           "order, ahead of every prediction.")
       .def("ready", &tw::StreamCore::ready, nb::arg("layer"), nb::arg("experts"), Release())
       .def("wait", &tw::StreamCore::wait, nb::arg("layer"), nb::arg("expert"), nb::arg("proj") = -1, Release())
       .def("wait_all", &tw::StreamCore::wait_all, nb::arg("layer"), nb::arg("experts"), Release())

@@ -29,7 +29,8 @@ const char* counter_name(int c) {
   static const char* names[kNumCounters] = {
       "hits",           "misses",           "demand_reads",      "prefetch_issued", "prefetch_used",
       "prefetch_wasted", "prefetch_cancelled", "prefetch_promoted", "prefetch_dropped", "idle_fills",
-      "bytes_read",     "wait_ns",          "read_errors",       "prefetch_late"};
+      "bytes_read",     "wait_ns",          "read_errors",       "prefetch_late",   "demand_predicted",
+      "known_reads",    "known_late",       "known_wait_ns"};
   return (c >= 0 && c < kNumCounters) ? names[c] : "?";
 }
 
@@ -217,10 +218,13 @@ std::vector<bool> StreamCore::begin_layer(int li, const std::vector<int>& expert
       Slot& sl = *L.slots[static_cast<std::size_t>(s)];
       if (sl.meta.state == SlotState::Ready) {
         L.count[kHits]++;
-        if (sl.meta.prefetched_unused) L.count[kPrefetchUsed]++;
+        if (sl.meta.prefetched_unused && !sl.known) L.count[kPrefetchUsed]++;
+        sl.known = false;
       } else {  // still loading
         L.count[kMisses]++;
-        if (sl.is_prefetch) {
+        if (sl.known) {
+          L.count[kKnownLate]++;  // (its read is a demand read already: the layer waits on it)
+        } else if (sl.is_prefetch) {
           L.count[kPrefetchUsed]++;
           L.count[kPrefetchPromoted]++;
           sl.is_prefetch = false;
@@ -245,7 +249,7 @@ std::vector<bool> StreamCore::begin_layer(int li, const std::vector<int>& expert
       continue;
     }
     L.count[kMisses]++;
-    remove_prediction(li, e);
+    if (remove_prediction(li, e)) L.count[kDemandPredicted]++;  // predicted, but its read had not started
     int free_slot = find_slot(L, Requester::Demand);
     if (free_slot < 0) {
       L.pending_demand.push_back(e);
@@ -280,7 +284,45 @@ void StreamCore::kick(std::unique_lock<std::mutex>& lock) {
 
 void StreamCore::end_layer(int li) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& s : layer(li).slots) s->meta.pins = 0;
+  for (auto& s : layer(li).slots) s->meta.pins = 0, s->known = false;
+}
+
+// A known expert is certain, so its read is a demand read issued early: whole, in the demand queue (ahead of every
+// prediction, in call order), outside the prefetch caps. Issued as predictions (probability 1, read first) they
+// were bound a 512 KiB chunk at a time under the prefetch cap (4 chunks in flight), so on ds4-bench at 25 % a fifth
+// of them had not started when layer 0 began (its attention takes a few ms, 6 experts of 1.7 MB take ~6 ms at
+// 1.8 GB/s) and became demand reads there: 1.25 / 1.44 / 1.19 a token in the three hash layers.
+void StreamCore::read_known(int li, const std::vector<int>& experts) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stop_) throw IoError("the streaming core is closed");
+  Layer& L = layer(li);
+  for (int e : experts) check_expert(e);
+  touch();
+  if (layer_started(L)) return;  // too late for this token: begin_layer reads them
+  bool added = false;
+  for (int e : experts) {
+    int s = L.expert_slot[static_cast<std::size_t>(e)];
+    if (s < 0) {
+      remove_prediction(li, e);
+      s = find_slot(L, Requester::Demand);
+      if (s < 0) continue;  // every slot pinned: begin_layer reads it on demand
+      Slot& sl = *L.slots[static_cast<std::size_t>(s)];
+      record_load(sl.meta, clock_, e, true, &L.history);  // (its use is counted when its layer begins)
+      sl.meta.state = SlotState::Loading;
+      sl.is_prefetch = false;
+      sl.known = true;
+      sl.timing = false;  // (the demand latencies are those of reads a layer asked for)
+      L.expert_slot[static_cast<std::size_t>(e)] = s;
+      L.count[kKnownReads]++;
+      queue_chunks(li, s, true, nullptr);
+      added = true;
+    }
+    // Resident or on its way: kept until its layer begins (begin_layer unpins, then pins what it selects)
+    SlotMeta& m = L.slots[static_cast<std::size_t>(s)]->meta;
+    m.pins = std::max(m.pins, 1);
+    m.protect_token = clock_.token_id;
+  }
+  if (added) kick(lock);
 }
 
 void StreamCore::predict(int li, const std::vector<int>& experts, int distance, const std::vector<double>& probs,
@@ -369,7 +411,11 @@ int StreamCore::wait(int li, int expert, int proj) {
       Slot& sl = *L.slots[static_cast<std::size_t>(s)];
       std::uint32_t want = proj < 0 ? 7u : (1u << proj);
       if ((sl.ready_mask.load(std::memory_order_acquire) & want) == want) {
-        if (waited) L.count[kWaitNs] += static_cast<std::uint64_t>((Clock::now() - t0).count());
+        if (waited) {
+          auto ns = static_cast<std::uint64_t>((Clock::now() - t0).count());
+          L.count[kWaitNs] += ns;
+          if (sl.known) L.count[kKnownWaitNs] += ns;
+        }
         return s;
       }
     } else if (std::find(L.pending_demand.begin(), L.pending_demand.end(), expert) == L.pending_demand.end()) {
@@ -414,6 +460,7 @@ void StreamCore::evict(Layer& L, int s) {
     L.history.save(sl.meta);
   }
   sl.meta = SlotMeta{};
+  sl.known = false;
   sl.ready_mask.store(0, std::memory_order_release);
 }
 
@@ -424,6 +471,7 @@ void StreamCore::start_demand(int li, int expert, int s) {
   sl.meta.state = SlotState::Loading;
   sl.meta.pins = 1;
   sl.is_prefetch = false;
+  sl.known = false;
   sl.issued = Clock::now();
   sl.timing = true;
   L.expert_slot[static_cast<std::size_t>(expert)] = s;
@@ -465,10 +513,16 @@ void StreamCore::queue_chunks(int li, int s, bool demand, Chunk* first) {
   }
 }
 
-void StreamCore::remove_prediction(int li, int expert) {
+bool StreamCore::remove_prediction(int li, int expert) {
+  auto end = std::remove_if(waiting_.begin(), waiting_.end(),
+                            [&](const Prediction& p) { return p.li == li && p.expert == expert && !p.fill; });
+  bool predicted = end != waiting_.end();
+  waiting_.erase(end, waiting_.end());
+  // (an idle fill's entry goes too, uncounted: it is no prediction of this token)
   waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
                                 [&](const Prediction& p) { return p.li == li && p.expert == expert; }),
                  waiting_.end());
+  return predicted;
 }
 
 void StreamCore::assign_pending(int li) {
@@ -559,6 +613,7 @@ bool StreamCore::bind_prediction(Chunk& out) {
     sl.meta.state = SlotState::Loading;
     if (!p.fill) sl.meta.protect_token = clock_.token_id;
     sl.is_prefetch = true;
+    sl.known = false;
     sl.timing = false;
     L.expert_slot[static_cast<std::size_t>(p.expert)] = s;
     L.count[p.fill ? kIdleFills : kPrefetchIssued]++;

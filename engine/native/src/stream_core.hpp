@@ -71,6 +71,10 @@ enum Counter : int {
   kWaitNs,
   kReadErrors,
   kPrefetchLate,  // predictions not read: they could not land before their layer (skip_late)
+  kDemandPredicted,  // demand reads of an expert a prediction named whose read had not started yet
+  kKnownReads,       // reads issued by read_known (experts certain before their layer runs)
+  kKnownLate,        // known experts still on their way when their layer began (the layer waits on them)
+  kKnownWaitNs,      // the part of kWaitNs spent waiting on known reads
   kNumCounters
 };
 const char* counter_name(int c);
@@ -103,6 +107,11 @@ class StreamCore {
   // a layer only one earlier layer predicts is still read ahead.
   void predict(int li, const std::vector<int>& experts, int distance, const std::vector<double>& probs = {},
                int max_votes = 0);
+  // Experts certain to be selected when layer li runs in this token (DeepSeek V4's hash layers: the token id
+  // decides them): read now, as demand reads are (whole records, the demand queue, ahead of every prediction and
+  // outside the prefetch caps), in call order (call in layer order), and kept (pinned) until their layer begins.
+  // At begin_layer they are hits, or counted kKnownLate (a wait on a known read), never demand reads.
+  void read_known(int li, const std::vector<int>& experts);
   // Which of these experts are ready now (compute those first).
   std::vector<bool> ready(int li, const std::vector<int>& experts);
   // Which of these experts have a slot (in RAM, or on their way).
@@ -158,6 +167,7 @@ class StreamCore {
     int inflight = 0;  // chunks being read and projections being transformed
     int queued = 0;    // chunks waiting in a queue
     bool is_prefetch = false;
+    bool known = false;  // read by read_known: its layer's waits count as waits on a known read
     std::array<std::uint64_t, 3> remaining{};
     std::atomic<std::uint32_t> ready_mask{0};
     std::chrono::steady_clock::time_point issued{};
@@ -230,7 +240,7 @@ class StreamCore {
   void start_demand(int li, int expert, int s);
   void queue_chunks(int li, int s, bool demand, Chunk* first);
   void assign_pending(int li);
-  void remove_prediction(int li, int expert);
+  bool remove_prediction(int li, int expert);  // whether one was waiting
   bool layer_started(const Layer& L) const { return L.started_token == clock_.token_id; }
   void touch() { last_activity_ = std::chrono::steady_clock::now(); filled_ = false; }
   Layer& layer(int li);

@@ -300,6 +300,11 @@ class MoEModel:
         n-gram table pages): one memory limit for both."""
         return budget
 
+    def lazy_reads(self) -> dict[str, int] | None:
+        """The reads of the family's sparsely read tensors so far (`lazy_tensors`; qwen4exp: the n-gram table's
+        `page_reads`, `bytes_read`, `wait_ns` and `rows`), for the session's statistics; None without any."""
+        return None
+
     @classmethod
     def lazy_tensors(cls, hp: HParams) -> frozenset[str]:
         """Resident tensors the family reads sparsely from the file instead of loading (qwen4exp's n-gram table)."""

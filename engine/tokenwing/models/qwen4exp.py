@@ -23,8 +23,6 @@ the layer's convolution state) adds its SiLU (build_ple, qwen4exp.cpp:1220-1308)
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
 import dataclasses
 import math
 from typing import Any
@@ -46,72 +44,89 @@ PAGE = 4096  # what a direct read of the model file reads at least
 
 
 class NgramRows:
-    """The n-gram table's rows read from the model file as tokens name them, never the whole table: 4 KiB pages
-    through the streaming core's direct reader (`_core.DirectFile`), an LRU cache of `cache_bytes` of them, and a
-    ring of gathered rows that `embed` reads (its `get_rows` indices are ring slots).
+    """The n-gram table's rows read from the model file as tokens name them, never the whole table: its 4 KiB pages
+    are a streaming core's records of their own (`_core.StreamCore`, one layer whose "experts" are the table's
+    pages), so they are read on the core's I/O threads (io_uring where the kernel has it, O_DIRECT), cached in its
+    slots under the core's policy, and counted by its counters; a ring of gathered rows is what `embed` reads (its
+    `get_rows` indices are ring slots).
 
-    A graph's rows are known from its token ids before any layer runs, so `gather` issues all the pages they miss
-    at once, `io_threads` reads in flight (the drive's queue, as the core's I/O threads keep it), and copies the
-    rows when they have landed: a token's ~16 pages cost about one read's latency, not 16 in a row."""
+    A graph's rows are known from its token ids before any layer runs, so `gather` asks the core for every page
+    they need at once (its demand reads go out together, `io_threads` in flight) and copies the rows when they
+    have landed: a token's ~16 pages cost about one read's latency, not 16 in a row. The cache is small on
+    purpose: n-grams repeat little (q4x-bench's table over 1.5k tokens: 15.97 pages a token read with 1 MiB,
+    14.77 with 16 MiB, docs/families/qwen4exp.md), and a miss's victim is chosen among all of a layer's slots."""
 
-    io_threads = 8  # (the streaming core's default I/O threads: StreamConfig.io_threads)
+    io_threads = 8  # (the streaming core's default depth: StreamConfig.io_threads)
 
-    def __init__(self, path: str, offset: int, row_bytes: int, cache_bytes: int, ring_rows: int) -> None:
-        self.file = _core.DirectFile(path, True)
-        self.offset, self.row_bytes = offset, row_bytes
+    def __init__(
+        self,
+        path: str,
+        offset: int,
+        row_bytes: int,
+        table_bytes: int,
+        cache_bytes: int,
+        ring_rows: int,
+        io_threads: int | None = None,
+    ) -> None:
+        self.path, self.offset, self.row_bytes = path, offset, row_bytes
+        self.io_threads = io_threads or NgramRows.io_threads
+        self.first = offset // PAGE  # the file's page holding the table's first byte: the core's record 0
+        end = -(-(offset + table_bytes) // PAGE)
+        size = _core.DirectFile(path, False).size
+        self.n_pages = max(1, min(end, size // PAGE) - self.first)  # (a last partial page cannot be a record)
+        self.core: Any = None
         self.resize(cache_bytes)
         self.ring_rows = ring_rows
         self.ring = aligned_bytes(ring_rows * row_bytes)
         self.next = 0
-        self.page_reads = 0  # pages read from the file
         self.rows_asked = 0  # rows named by tokens
-        self.batches = 0  # groups of pages issued together (each waited for once)
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.batches = 0  # groups of pages that missed, each waited for once
 
     def resize(self, cache_bytes: int) -> None:
-        """An empty cache of `cache_bytes` (at least the 2 pages a row may span)."""
-        self.capacity = max(2, cache_bytes // PAGE)
-        self.pages = aligned_bytes(self.capacity * PAGE).reshape(self.capacity, PAGE)
-        self.where: collections.OrderedDict[int, int] = collections.OrderedDict()  # page → slot, oldest first
-        self.free = list(range(self.capacity))
+        """An empty cache of `cache_bytes` (at least the 2 pages a row may span): a new core."""
+        if self.core is not None:
+            self.core.close()
+        self.capacity = max(2, min(cache_bytes // PAGE, self.n_pages))
+        geo = _core.LayerGeometry()
+        geo.offset, geo.record_size, geo.n_slots = self.first * PAGE, PAGE, self.capacity
+        geo.proj_offset, geo.proj_size = [0, 0, 0], [PAGE, 0, 0]
+        config = _core.StreamConfig()
+        config.io_threads = self.io_threads
+        config.idle_fill_ms = -1  # nothing is predicted: no idle fills
+        try:
+            self.core = _core.StreamCore(self.path, self.n_pages, [geo], config)
+        except (ValueError, IndexError) as e:
+            raise BadInputError(f"{self.path}: the n-gram table: {e}") from None
+        self.pages = self.core.slot_array(0)
+
+    @property
+    def direct(self) -> bool:
+        return bool(self.core.direct)
+
+    def counters(self) -> dict[str, int]:
+        """The table's reads so far: pages read (`page_reads`), their bytes, and the time waited on them."""
+        c = self.core.counters()[0]
+        names = _core.COUNTERS
+        return {
+            "page_reads": int(c[names.index("demand_reads")]),
+            "bytes_read": int(c[names.index("bytes_read")]),
+            "wait_ns": int(c[names.index("wait_ns")]),
+            "rows": self.rows_asked,
+        }
+
+    @property
+    def page_reads(self) -> int:
+        return self.counters()["page_reads"]
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-        self.file.close()
+        self.core.close()
 
-    def _read(self, job: tuple[int, int]) -> None:
-        page, slot = job
-        self.file.read_into(page * PAGE, self.pages[slot])  # (pread without the GIL: the reads overlap)
-
-    def _load(self, pages: list[int]) -> None:
-        """These pages (at most `capacity`) in the cache: the cached ones kept, the rest read together."""
-        missing = []
-        for page in pages:
-            if page in self.where:
-                self.where.move_to_end(page)  # (the newest: not evicted for the others)
-            else:
-                missing.append(page)
-        jobs = []
-        for page in missing:
-            slot = self.free.pop() if self.free else self.where.popitem(last=False)[1]
-            self.where[page] = slot
-            jobs.append((page, slot))
-        if not jobs:
-            return
-        self.page_reads += len(jobs)
-        self.batches += 1
-        if len(jobs) == 1:
-            self._read(jobs[0])
-            return
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(self.io_threads, "tw-ngram")
-        try:
-            list(self._pool.map(self._read, jobs))
-        except BaseException:
-            for page, _slot in jobs:  # (a failed batch leaves none of its pages cached)
-                self.free.append(self.where.pop(page))
-            raise
+    def _load(self, pages: list[int]) -> list[int]:
+        """These pages (at most `capacity`, as core records) in the cache; their slots."""
+        ready = self.core.begin_layer(0, pages)
+        if not all(ready):
+            self.batches += 1
+        return list(self.core.wait_all(0, pages))
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
         """The table's rows (any shape of row indices) copied into the ring; their ring slots, in that shape."""
@@ -120,9 +135,12 @@ class NgramRows:
             raise BadInputError(f"{len(unique)} n-gram rows in one graph: at most {self.ring_rows // 4}")
         rb = self.row_bytes
         starts = self.offset + unique.astype(np.int64) * rb
-        firsts, lasts = starts // PAGE, (starts + rb - 1) // PAGE
+        firsts, lasts = starts // PAGE - self.first, (starts + rb - 1) // PAGE - self.first
+        if len(unique) and int(lasts[-1]) >= self.n_pages:
+            raise BadInputError(f"{self.path}: n-gram row {int(unique[-1])} lies past the end of the file")
         slots = np.empty(len(unique), np.int64)
         i = 0
+        self.core.begin_token(0)
         while i < len(unique):
             # as many rows as their pages fit in the cache, loaded together, then copied
             group: dict[int, None] = {}
@@ -133,16 +151,18 @@ class NgramRows:
                     break
                 group |= more
                 j += 1
-            self._load(list(group))
+            pages = list(group)
+            where = dict(zip(pages, self._load(pages), strict=True))
             for k in range(i, j):
                 slot, self.next = self.next, (self.next + 1) % self.ring_rows
                 dst = self.ring[slot * rb : (slot + 1) * rb]
-                first, at = divmod(int(starts[k]), PAGE)
+                first, at = int(firsts[k]), int(starts[k]) % PAGE
                 head = min(rb, PAGE - at)
-                dst[:head] = self.pages[self.where[first]][at : at + head]
+                dst[:head] = self.pages[where[first]][at : at + head]
                 if head < rb:
-                    dst[head:] = self.pages[self.where[first + 1]][: rb - head]
+                    dst[head:] = self.pages[where[first + 1]][: rb - head]
                 slots[k] = slot
+            self.core.end_layer(0)
             i = j
         self.rows_asked += rows.size
         return slots[inverse].reshape(rows.shape)
@@ -158,8 +178,11 @@ class Qwen4Exp(Qwen35MoE):
     ffn_norm = "ffn_norm"  # (absent: the router reads the FFN's mix as it is)
     token_context = 7  # (`token_input` hashes n-grams of at most 8 tokens: llama.cpp's LLAMA_MAX_PLE_NGRAM)
     # The n-gram table's page cache: at most this, and a sixteenth of the expert cache's budget, which it comes out
-    # of (`share_expert_budget`); the ring of rows a graph reads (64k rows: 8.5 MiB at Q8_0 and 128 values)
-    ngram_cache_bytes = 64 << 20
+    # of (`share_expert_budget`); the ring of rows a graph reads (64k rows: 8.5 MiB at Q8_0 and 128 values). 1 MiB:
+    # a miss's victim is chosen among all the core's slots, and 16 random rows a token from a 256 MiB table took
+    # 1.2-1.5 ms a token with 256 slots against 8.7-10 ms with 16,384 (64 MiB), which saved only 2.6 of 16.4
+    # pages a token (/tmp script through NgramRows, the tests running alongside); the experts use the room better.
+    ngram_cache_bytes = 1 << 20
     ngram_ring_rows = 1 << 16
 
     def __init__(self, hp: HParams, weights: ModelWeights, streamed: list[int]) -> None:
@@ -172,8 +195,9 @@ class Qwen4Exp(Qwen35MoE):
             self.ple_hist = (self.ple_kernel - 1) * self.ple.ngram  # the convolution's history, in tokens
             path, offset, info = weights.lazy[TABLE]
             width = info.shape[0]
+            row_bytes = tensor_nbytes((width,), info.type)
             rows = NgramRows(
-                path, offset, tensor_nbytes((width,), info.type), self.ngram_cache_bytes, self.ngram_ring_rows
+                path, offset, row_bytes, row_bytes * info.shape[1], self.ngram_cache_bytes, self.ngram_ring_rows
             )
             self.ngram_rows = rows
             self.ngram_ring = weights.arena.wrap(rows.ring, info.type, (width, rows.ring_rows))
@@ -270,6 +294,9 @@ class Qwen4Exp(Qwen35MoE):
         take = min(self.ngram_cache_bytes, max(2 * PAGE, budget // 16))
         self.ngram_rows.resize(take)
         return max(0, budget - self.ngram_rows.capacity * PAGE)
+
+    def lazy_reads(self) -> dict[str, int] | None:
+        return self.ngram_rows.counters() if self.ngram_rows is not None else None
 
     @classmethod
     def lazy_tensors(cls, hp: HParams) -> frozenset[str]:

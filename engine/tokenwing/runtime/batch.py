@@ -220,15 +220,16 @@ def _written(s: Session, slot: int, il: int) -> None:
 
 def _read_known(s: Session, tokens: list[int]) -> None:
     """The layers routed by the token id alone (DeepSeek V4's hash layers): each one's union of the step's
-    sequences' experts is read from the step's start, as the session reads one token's (certain predictions:
-    probability 1, one vote), and the lookahead's guesses for these layers are dropped (`_merge`)."""
+    sequences' experts is read from the step's start, as the session reads one token's (`read_known`: demand reads
+    ahead of every prediction, in layer order), and the lookahead's guesses for these layers are dropped
+    (`_merge`)."""
     known: dict[int, list[int]] = {}
     for token in tokens:
         for block, experts in s.model.known_experts(token).items():
             known[block] = list(dict.fromkeys([*known.get(block, []), *experts]))
     s._known = known
-    for block, experts in known.items():
-        s.scheduler.predict(block, experts, block + 1, [1.0] * len(experts), 1)
+    for block, experts in sorted(known.items()):
+        s.scheduler.read_known(block, experts)
 
 
 def rows_group(s: Session, n: int) -> int:

@@ -320,6 +320,7 @@ def run_stats(
             for tier, part in (("vram", vram), ("ram", hits), ("drive", misses))
         },
         "expert_cache_bytes": s["expert_cache_bytes"],
+        "lazy_reads": s["lazy_reads"],
         "slots_per_layer": s["slots_per_layer"],
         "counters": {name: int(decode[:, i].sum()) for name, i in c.items()},
         "finish_reason": gen.finish_reason,

@@ -146,6 +146,12 @@ class ExpertScheduler:
         by it)."""
         self.streamer.predict(block, experts, distance, probs, predictors)
 
+    def read_known(self, block: int, experts: Sequence[int]) -> None:
+        """Experts certain to be selected when layer `block` runs in this token (DeepSeek V4's hash layers, from
+        the token id): read now, as demand reads, ahead of every prediction; call in layer order. At the layer's
+        start they are hits or waits on a known read (`known_late`), never demand reads."""
+        self.streamer.read_known(block, experts)
+
     def touch(self, block: int, experts: Sequence[int]) -> None:
         """A layer computed elsewhere (a whole decode step in one graph): the core still sees its experts."""
         self.streamer.begin_layer(block, experts)

@@ -841,6 +841,7 @@ class Session:
             "resident_weight_bytes": self.model.weights.bytes,
             "parallel": self.n_seq,
             "n_ctx": self.n_ctx,
+            "lazy_reads": self.model.lazy_reads(),  # (the n-gram table's pages: read apart from the experts)
         }
 
     def describe(self) -> str:

@@ -116,6 +116,9 @@ class ExpertStreamer:
     ) -> None:
         self.core.predict(self.li(block), list(experts), distance, list(probs), max_votes)
 
+    def read_known(self, block: int, experts: Sequence[int]) -> None:
+        self.core.read_known(self.li(block), list(experts))
+
     def ready(self, block: int, experts: Sequence[int]) -> list[bool]:
         return self.core.ready(self.li(block), list(experts))
 
