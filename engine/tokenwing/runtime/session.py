@@ -520,13 +520,15 @@ class Session:
             self.scheduler.lend(self.prompt_memory.to_borrow(n, self._free_room()))
         self.scheduler.begin_token(0 if decode and not others else n + others)
         # Layers routed by the token id alone (DeepSeek V4's hash layers): their experts are read from the token's
-        # start, as certain predictions (read first, one vote), and the lookahead's guesses for them are dropped
+        # start, in layer order, as demand reads ahead of every prediction (`read_known`), and the lookahead's
+        # guesses for them are dropped. As predictions (probability 1) they were read under the prefetch cap, and on
+        # ds4-bench at 25 % about one a token in each hash layer had not started when its layer began: a demand read.
         self._known = self.model.known_experts(tokens[0]) if decode else {}
-        for block, experts in self._known.items():
+        for block, experts in sorted(self._known.items()):
             known = Ahead(block, experts, block + 1, [1.0] * len(experts), 1)
             if self.vram is not None:  # (experts in VRAM are never read into RAM)
                 known = self.vram.not_held(known)
-            self.scheduler.predict(known.target, known.experts, known.distance, known.probs, known.predictors)
+            self.scheduler.read_known(known.target, known.experts)
 
     def _pass_input(self, tokens: list[int]) -> np.ndarray:
         """The pass's first state: its tokens' embeddings, chunk by chunk (each reads the few tokens before it
