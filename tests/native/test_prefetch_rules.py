@@ -156,24 +156,25 @@ def test_io_uring_is_used_or_falls_back_with_a_reason(big: Path, monkeypatch: py
 @pytest.mark.parametrize("engine", ENGINES)
 def test_known_experts_are_read_first_and_never_on_demand(big: Path, engine: str) -> None:
     """Layer 1 is predicted (6: probability 0.9, one predictor, so readable at once), then layer 0's experts 3 and 5
-    are known (`read_known`: DeepSeek V4's hash layers), then layer 1's 2. With the I/O held they wait as three whole
-    reads in the demand queue, in call order, ahead of the prediction; layer 0 begins before any has started and
-    waits on its known reads (`known_late`), no demand read. Two reads allowed: they are layer 0's. Layer 1 then
+    are known (`read_known`: DeepSeek V4's hash layers), then layer 1's 2. With the I/O held they wait as three reads
+    in chunks in the demand queue, in call order, ahead of the prediction; layer 0 begins before any has started
+    and waits on its known reads (`known_late`), no demand read. Two experts' chunks allowed: layer 0's. Layer 1 then
     begins: 2 is a wait on a known read, and 6, predicted but never started, a demand read counted as predicted
     (`demand_predicted`), apart from a miss nobody saw coming."""
     with open_streamer(big, 4, io_engine=engine) as s:
+        per = -(-s.layers[0].record_size // (1024 << 10))  # chunks of an expert (3 MiB in 1 MiB chunks)
         s.core.hold_io_after(0)
         s.begin_token()
         s.predict(1, [6], 1, [0.9], 1)
         s.read_known(0, [3, 5])
         s.read_known(1, [2])
-        assert list(s.core.queue_depths())[:3] == [3, 0, 1]  # demand queued, prefetch chunks, predictions
+        assert list(s.core.queue_depths())[:3] == [3 * per, 0, 1]  # demand queued, prefetch chunks, predictions
         assert s.begin_layer(0, [3, 5]) == [False, False]
         t = totals(s)
         assert (t["known_reads"], t["known_late"], t["demand_reads"], t["misses"]) == (3, 2, 0, 2)
-        s.core.hold_io_after(2)
+        s.core.hold_io_after(2 * per)
         _wait_for(lambda: all(s.ready(0, [3, 5])))  # (another read first: never ready, the test fails)
-        assert list(s.core.queue_depths())[:3] == [1, 0, 1]
+        assert list(s.core.queue_depths())[:3] == [per, 0, 1]
         s.wait_all(0, [3, 5])
         s.end_layer(0)
         s.begin_layer(1, [2, 6])

@@ -287,8 +287,8 @@ void StreamCore::end_layer(int li) {
   for (auto& s : layer(li).slots) s->meta.pins = 0, s->known = false;
 }
 
-// A known expert is certain, so its read is a demand read issued early: whole, in the demand queue (ahead of every
-// prediction, in call order), outside the prefetch caps. Issued as predictions (probability 1, read first) they
+// A known expert is certain, so its read is a demand read issued early: in the demand queue (ahead of every
+// prediction, in call order), outside the prefetch caps, in chunks (queue_chunks). Issued as predictions (probability 1, read first) they
 // were bound a 512 KiB chunk at a time under the prefetch cap (4 chunks in flight), so on ds4-bench at 25 % a fifth
 // of them had not started when layer 0 began (its attention takes a few ms, 6 experts of 1.7 MB take ~6 ms at
 // 1.8 GB/s) and became demand reads there: 1.25 / 1.44 / 1.19 a token in the three hash layers.
@@ -314,7 +314,7 @@ void StreamCore::read_known(int li, const std::vector<int>& experts) {
       sl.timing = false;  // (the demand latencies are those of reads a layer asked for)
       L.expert_slot[static_cast<std::size_t>(e)] = s;
       L.count[kKnownReads]++;
-      queue_chunks(li, s, true, nullptr);
+      queue_chunks(li, s, true, nullptr, false);
       added = true;
     }
     // Resident or on its way: kept until its layer begins (begin_layer unpins, then pins what it selects)
@@ -476,13 +476,16 @@ void StreamCore::start_demand(int li, int expert, int s) {
   sl.timing = true;
   L.expert_slot[static_cast<std::size_t>(expert)] = s;
   L.count[kDemandReads]++;
-  queue_chunks(li, s, true, nullptr);
+  queue_chunks(li, s, true, nullptr, true);
 }
 
 // A demand read is one whole request — or, with split_demand, two: gate and up (which lie first in a record), then
-// down, so the gate/up products can start while down lands; a prefetch is split into chunks. With `first`, the
-// first chunk is handed to the calling I/O thread instead of queued, and each other chunk wakes a thread of its own.
-void StreamCore::queue_chunks(int li, int s, bool demand, Chunk* first) {
+// down, so the gate/up products can start while down lands; a prefetch is split into chunks, and so is a known read
+// (read_known), though it waits in the demand queue: the known experts of a token are many reads queued at once, and
+// in chunks they are served strictly in order, layer 0's first, at the drive's best rate (ds4-bench's probe:
+// 512 KiB × 8 in flight 2.6 GB/s, 2 MiB × 8 1.4-1.5). With `first`, the first chunk is handed to the calling I/O
+// thread instead of queued, and each other chunk wakes a thread of its own.
+void StreamCore::queue_chunks(int li, int s, bool demand, Chunk* first, bool whole) {
   Layer& L = layers_[static_cast<std::size_t>(li)];
   Slot& sl = *L.slots[static_cast<std::size_t>(s)];
   sl.gen++;
@@ -490,7 +493,7 @@ void StreamCore::queue_chunks(int li, int s, bool demand, Chunk* first) {
   sl.ready_mask.store(0, std::memory_order_release);
   std::vector<std::uint64_t> cuts;  // chunk starts
   const auto& po = L.geo.proj_offset;
-  if (demand) {
+  if (whole) {
     cuts.push_back(0);
     bool down_last = po[2] > po[0] && po[2] > po[1] && po[2] % kDirectAlignment == 0;
     if (cfg_.split_demand && down_last) cuts.push_back(po[2]);
@@ -617,7 +620,7 @@ bool StreamCore::bind_prediction(Chunk& out) {
     sl.timing = false;
     L.expert_slot[static_cast<std::size_t>(p.expert)] = s;
     L.count[p.fill ? kIdleFills : kPrefetchIssued]++;
-    queue_chunks(p.li, s, false, &out);
+    queue_chunks(p.li, s, false, &out, false);
     return true;
   }
   return false;

@@ -108,8 +108,8 @@ class StreamCore {
   void predict(int li, const std::vector<int>& experts, int distance, const std::vector<double>& probs = {},
                int max_votes = 0);
   // Experts certain to be selected when layer li runs in this token (DeepSeek V4's hash layers: the token id
-  // decides them): read now, as demand reads are (whole records, the demand queue, ahead of every prediction and
-  // outside the prefetch caps), in call order (call in layer order), and kept (pinned) until their layer begins.
+  // decides them): read now, in the demand queue (ahead of every prediction, outside the prefetch caps) in chunks,
+  // in call order (call in layer order), and kept (pinned) until their layer begins.
   // At begin_layer they are hits, or counted kKnownLate (a wait on a known read), never demand reads.
   void read_known(int li, const std::vector<int>& experts);
   // Which of these experts are ready now (compute those first).
@@ -238,7 +238,8 @@ class StreamCore {
   int find_slot(Layer& L, Requester who);
   void evict(Layer& L, int s);
   void start_demand(int li, int expert, int s);
-  void queue_chunks(int li, int s, bool demand, Chunk* first);
+  // demand: the demand queue (else the prefetch chunks'); whole: one request (or split_demand's two), else chunks
+  void queue_chunks(int li, int s, bool demand, Chunk* first, bool whole);
   void assign_pending(int li);
   bool remove_prediction(int li, int expert);  // whether one was waiting
   bool layer_started(const Layer& L) const { return L.started_token == clock_.token_id; }
