@@ -31,6 +31,7 @@ import ctypes
 import math
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,7 +48,9 @@ RING_TOKENS = 512  # the most tokens a graph may hold beside the window in the r
 ROUTER_FLOOR = 6.103515625e-5  # the normalised weights' sum is clamped here (llama-graph.cpp build_moe_ffn)
 
 Fill = Callable[[int], np.ndarray]  # a graph's position-dependent data, from its first position
-Data = Callable[[Fill], Tensor]  # that data as a tensor of the graph being built
+# that data as a tensor of the graph being built; the key (every parameter the fill depends on, but the position)
+# lets a reused decode graph's layers share one input where their data are equal (`_data`)
+Data = Callable[[Fill, tuple[object, ...]], Tensor]
 _GTYPES = {np.dtype(np.float32): F32, np.dtype(np.float16): F16, np.dtype(np.int32): I32}
 
 
@@ -79,9 +82,11 @@ class DeepSeek4(MoEModel):
         k = self.k = keys(hp)
         self.hc = k.hc_mult
         self._tables: dict[int, np.ndarray] | None = None  # the hash layers' token → experts tables
+        self._states: dict[int, _Parts] = {}  # the parts of the states built lately, by their tag (`_state`)
+        self._serial = 0
         # a reused decode graph's position-dependent inputs and how each is filled, by its placement's id
         # (`set_inputs`): kept while the graph holds the placement
-        self._inputs: dict[int, list[tuple[Tensor, Fill]]] = {}
+        self._inputs: dict[int, _Inputs] = {}
         # rope: a compressing layer takes compress_rope_freq_base with the file's YaRN; a window-only layer the plain
         # base, unscaled (deepseek4.cpp:902-909); the attention factor cancels ggml's YaRN magnitude (:11-17)
         yarn = hp.rope_scaling == "yarn"
@@ -240,8 +245,18 @@ class DeepSeek4(MoEModel):
 
     def _streams(self, ctx: Any, x: Tensor) -> Tensor:
         """The streams of the state, contiguous [n_embd, hc, n]."""
+        parts = self._parts_of(x)
+        if parts is not None:
+            return parts.streams
         e, n = self.hp.n_embd, int(x.contents.ne[1])
         return ops.ggml_cont_3d(ctx, self._part(ctx, x, 0, self.hc * e), e, self.hc, n)
+
+    def _tid(self, ctx: Any, x: Tensor) -> Tensor:
+        """The token ids of the state, contiguous F32 [1, n]."""
+        parts = self._parts_of(x)
+        if parts is not None:
+            return parts.tid
+        return ops.ggml_cont(ctx, self._part(ctx, x, self.state_width(self.hp) - 1, 1))
 
     def embed(self, ctx: Any, ids: Tensor) -> Tensor:
         e, hc, n = self.hp.n_embd, self.hc, int(ids.contents.ne[0])
@@ -249,12 +264,31 @@ class DeepSeek4(MoEModel):
         streams = ops.ggml_repeat_4d(ctx, ops.ggml_reshape_3d(ctx, x, e, 1, n), e, hc, n, 1)
         mixes = ops.ggml_fill(ctx, ops.ggml_new_tensor_2d(ctx, F32, hc + hc * hc, n), 0.0)
         tid = ops.ggml_reshape_2d(ctx, ops.ggml_cast(ctx, ids, F32), 1, n)  # (ids < 2^24: exact as floats)
-        return self._state(ctx, streams, mixes, tid)
+        return self._state(ctx, _Parts(streams, tid), mixes)
 
-    def _state(self, ctx: Any, streams: Tensor, mixes: Tensor, tid: Tensor) -> Tensor:
-        n = int(tid.contents.ne[1])
-        flat = ops.ggml_reshape_2d(ctx, streams, self.hc * self.hp.n_embd, n)
-        return ops.ggml_concat(ctx, ops.ggml_concat(ctx, flat, mixes, 0), tid, 0)
+    def _state(self, ctx: Any, parts: _Parts, mixes: Tensor) -> Tensor:
+        """The state [state_width, n] of the streams, mixes and token ids, copied into one tensor (what the runtime
+        keeps between layer graphs); tagged by name with its parts, which the same graph's readers take instead of
+        copying them out again (`_parts_of`). A decode step as one graph then never computes the state: 9 copies a
+        layer fewer, each a node the threads meet at a barrier (2017 → ~1920 nodes on the bench model)."""
+        n = int(parts.tid.contents.ne[1])
+        flat = ops.ggml_reshape_2d(ctx, parts.streams, self.hc * self.hp.n_embd, n)
+        state = ops.ggml_concat(ctx, ops.ggml_concat(ctx, flat, mixes, 0), parts.tid, 0)
+        self._serial += 1
+        ops.ggml_set_name(state, _TAG + str(self._serial).encode())
+        self._states[self._serial] = parts
+        if len(self._states) > _STATES_KEPT:  # (the oldest half: their graphs are long built)
+            for key in list(self._states)[: _STATES_KEPT // 2]:
+                del self._states[key]
+        return state
+
+    def _parts_of(self, x: Tensor) -> _Parts | None:
+        """The parts of a state `_state` made in this graph, by its name (a tensor of a graph built later is named
+        afresh: ggml clears a new tensor's name); None for any other tensor (an input: the layer graphs' state)."""
+        name = bytes(x.contents.name)
+        if not name.startswith(_TAG):
+            return None
+        return self._states.get(int(name[len(_TAG) :]))
 
     def _hc_pre(self, ctx: Any, x: Tensor, fn: Tensor, scale: Tensor, base: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """A sublayer's input from the streams x [n_embd, hc, n], and its post [hc, n] and comb [hc, hc, n] mixes
@@ -276,21 +310,20 @@ class DeepSeek4(MoEModel):
 
     # --------------------------------------------------------------------------------------------- graph
     def layer(self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache) -> common.LayerOut:
-        hp, w, n = self.hp, self.w[il], at.n
+        w, n = self.w[il], at.n
         if at.pos0 is None and il == 0:  # (a reused graph's placement: its layers' inputs from here)
             if id(at) not in self._inputs:
                 weakref.finalize(at, self._inputs.pop, id(at), None)
-            self._inputs[id(at)] = []
+            self._inputs[id(at)] = _Inputs()
         hc = self.hc
-        streams = self._streams(ctx, x)
-        tid = self._part(ctx, x, self.state_width(hp) - 1, 1)
+        streams, tid = self._streams(ctx, x), self._tid(ctx, x)
         cur, post, comb = self._hc_pre(ctx, streams, w["hc_attn_fn"], w["hc_attn_scale"], w["hc_attn_base"])
         attn, writes = self.attention(ctx, il, self.norm(ctx, cur, w["attn_norm"]), at, kv)
         streams = ops.ggml_dsv4_hc_post(ctx, attn, streams, post, comb)
         cur, post, comb = self._hc_pre(ctx, streams, w["hc_ffn_fn"], w["hc_ffn_scale"], w["hc_ffn_base"])
         cur = self.norm(ctx, cur, w["ffn_norm"])
         mixes = ops.ggml_concat(ctx, post, ops.ggml_reshape_2d(ctx, comb, hc * hc, n), 0)
-        residual = self._state(ctx, streams, mixes, ops.ggml_cont(ctx, tid))
+        residual = self._state(ctx, _Parts(streams, tid, post, comb), mixes)
         ids, weights = self._route(ctx, il, cur, tid)
         shared = self._shared(ctx, il, cur)
         return common.LayerOut(writes, routed=common.Routed(cur, residual, ids, weights, shared))
@@ -303,7 +336,7 @@ class DeepSeek4(MoEModel):
         ops.ggml_prec_set_acc(logits, ops.GGML_PREC_F32)
         probs = ops.ggml_sqrt(ctx, ops.ggml_softplus(ctx, logits))
         if il < self.k.hash_layer_count:
-            rows = ops.ggml_cast(ctx, ops.ggml_cont(ctx, tid), I32)
+            rows = ops.ggml_cast(ctx, tid, I32)
             ids = ops.ggml_get_rows(ctx, w["ffn_gate_tid2eid"], ops.ggml_view_1d(ctx, rows, n, 0))
         else:
             ids = ops.ggml_argsort_top_k(ctx, ops.ggml_add(ctx, probs, w["exp_probs_b.bias"]), k)
@@ -330,6 +363,11 @@ class DeepSeek4(MoEModel):
         state (hc_post, deepseek4.cpp:1323)."""
         e, hc, n = self.hp.n_embd, self.hc, int(residual.contents.ne[1])
         out = experts if shared is None else ops.ggml_add(ctx, experts, shared)
+        parts = self._parts_of(residual)
+        if parts is not None and parts.post is not None and parts.comb is not None:  # (the layer's graph: its parts)
+            streams = ops.ggml_dsv4_hc_post(ctx, out, parts.streams, parts.post, parts.comb)
+            mixes = ops.ggml_concat(ctx, parts.post, ops.ggml_reshape_2d(ctx, parts.comb, hc * hc, n), 0)
+            return self._state(ctx, _Parts(streams, parts.tid), mixes)
         streams = self._streams(ctx, residual)
         post = ops.ggml_cont(ctx, self._part(ctx, residual, hc * e, hc))
         comb = ops.ggml_cont_3d(ctx, self._part(ctx, residual, hc * e + hc, hc * hc), hc, hc, n)
@@ -378,23 +416,30 @@ class DeepSeek4(MoEModel):
 
     @property
     def window(self) -> int:
-        return 0  # (the layers mask their own ring of raw keys: `_ring_mask`)
+        return 0  # (the layers mask their own ring of raw keys: `_raw_mask`)
 
     # ---------------------------------------------------------------------------------- reused decode graphs
-    def _data(self, ctx: Any, at: common.Placement, fill: Fill) -> Tensor:
+    def _data(self, ctx: Any, at: common.Placement, fill: Fill, key: tuple[object, ...]) -> Tensor:
         """Data that depends on the graph's first position: a constant of a graph built for its positions, else an
-        input of a reused decode graph (one token), written before each run (`set_inputs`)."""
+        input of a reused decode graph (one token), written before each run (`set_inputs`): one for all the layers
+        whose data have the same key (the window's mask and slots are every layer's, a block mask every layer's of
+        its ratio). Filled in numpy for every token, a layer each, they took ~1 ms of a 36 ms step on the bench
+        model (the 10 layers' 150 inputs; 30 shared)."""
         if at.pos0 is not None:
             return _data(ctx, fill(at.pos0))
-        a = fill(0)
-        t = _new(ctx, _GTYPES[a.dtype], tuple(reversed(a.shape)))
-        ops.ggml_set_input(t)
-        self._inputs[id(at)].append((t, fill))
+        inputs = self._inputs[id(at)]
+        t = inputs.keyed.get(key)
+        if t is None:
+            a = fill(0)
+            t = inputs.keyed[key] = _new(ctx, _GTYPES[a.dtype], tuple(reversed(a.shape)))
+            ops.ggml_set_input(t)
+            inputs.fills.append((t, fill))
         return t
 
     def set_inputs(self, at: common.Placement, pos: int) -> None:
         """A reused decode graph's position-dependent inputs, for its token at `pos` (runtime/token_graph.py)."""
-        for t, fill in self._inputs.get(id(at), []):
+        inputs = self._inputs.get(id(at))
+        for t, fill in inputs.fills if inputs is not None else []:
             if t.contents.data:  # (an input no node reads is not allocated)
                 a = np.ascontiguousarray(fill(pos))
                 ctypes.memmove(t.contents.data, a.ctypes.data, a.nbytes)
@@ -426,19 +471,18 @@ class DeepSeek4(MoEModel):
         # the raw keys into their ring slots (the snapshot first: the ring before this graph's last token)
         snap = kv.snapshot.conv if kv.snapshot is not None else None
 
-        def data(fill: Fill) -> Tensor:
-            return self._data(ctx, at, fill)
+        def data(fill: Fill, key: tuple[object, ...]) -> Tensor:
+            return self._data(ctx, at, fill, key)
 
         writes = _carry(ctx, data, ring, ops.ggml_reshape_2d(ctx, kv_new, d, n), snap, at.pos0, n, span)
-        keys_all = ops.ggml_view_3d(ctx, ring, d, 1, span, 4 * d, 4 * d, 0)
-        mask = data(lambda p: _ring_mask(p, n, span, hp.sliding_window))
+        keys_all, mask = self._raw_keys(ctx, ring, at, data)
         if ratio:
             assert kv.kv is not None
             blocks_ = _Blocks(kv.kv, d, k.indexer_head_size, ratio)
             writes += self._compress(ctx, il, x, at, kv, blocks_, data)
             n_blocks = min(at.n_kv // ratio, blocks_.n_blocks)
             if n_blocks:
-                visible = data(lambda p: _block_mask(p, n, n_blocks, ratio))
+                visible = data(lambda p: _block_mask(p, n, n_blocks, ratio), ("blocks", n, n_blocks, ratio))
                 if ratio == CSA:
                     visible = self._indexer_mask(ctx, il, qr, x, at, blocks_, n_blocks, visible, data)
                 comp = blocks_.comp_view(ctx, n_blocks)
@@ -454,6 +498,34 @@ class DeepSeek4(MoEModel):
         oa = ops.ggml_permute(ctx, ops.ggml_mul_mat(ctx, wo_a, out), 0, 2, 1, 3)
         oa = ops.ggml_cont_2d(ctx, oa, o * g, n)
         return ops.ggml_mul_mat(ctx, w["attn_output_b"], oa), writes
+
+    def _raw_keys(self, ctx: Any, ring: Tensor, at: common.Placement, data: Data) -> tuple[Tensor, Tensor]:
+        """The raw keys the graph's queries may see, [d, 1, size], and their mask [size, n]: the ring's slots of
+        positions base … base + size - 1 in that order (`_raw_base`, `_raw_size`), not the whole ring. A decode step
+        sees `sliding_window` keys; the ring holds window + 512 (768 slots on V4 Flash and the bench model): its
+        products and the values' transposed copy over every slot were 4× the work (the bench model's step
+        27.5 → ~30 tok/s with this).
+
+        The same bits as over the whole ring: a key's product with its query does not depend on the others; the
+        softmax's sum and the values' dot products add the keys in SIMD lanes by index, and the index of position q
+        here is q - base with base a multiple of LANES (so q's lane is q mod LANES wherever the graph starts), in
+        ascending order, with size a multiple of LANES (so the compressed blocks after them keep their lanes too);
+        a key left out had weight 0 (masked), which adds exact zeros. So each query's result depends on its
+        position only: not on the graph (a reused decode step, a graph built for the position, a prompt's chunk)."""
+        d, n, span, window = self.hp.head_dim, at.n, self.ring, self.hp.sliding_window
+        rows = ops.ggml_view_2d(ctx, ring, d, span, 4 * d, 0)
+        if at.pos0 is None:  # (a reused decode step: any position, so its slots are an input)
+            size = _raw_size(window + LANES - 1)
+            keys = ops.ggml_get_rows(ctx, rows, data(lambda p: _raw_slots(p, size, span, window), ("slots", size)))
+        else:
+            base = _raw_base(at.pos0, window)
+            size = _raw_size(at.pos0 + n - base)
+            if base % span + size <= span:  # (the slots in order in the ring: a view)
+                keys = ops.ggml_view_2d(ctx, ring, d, size, 4 * d, 4 * d * (base % span))
+            else:  # (they wrap around its end)
+                keys = ops.ggml_get_rows(ctx, rows, data(lambda p: _raw_slots(p, size, span, window), ("slots", size)))
+        mask = data(lambda p: _raw_mask(p, n, size, span, window), ("window", n, size))
+        return ops.ggml_reshape_3d(ctx, keys, d, 1, size), mask
 
     def _indexer_mask(
         self,
@@ -475,7 +547,7 @@ class DeepSeek4(MoEModel):
         iq = _rope_tail(ctx, iq, at.positions, self.rope_compress, di)
         iw = ops.ggml_scale(ctx, ops.ggml_mul_mat(ctx, w["indexer.proj"], x), 1.0 / math.sqrt(float(di * ih)))
         ik = blocks_.lid_view(ctx, n_blocks)
-        mask16 = data(lambda p: _block_mask(p, n, n_blocks, CSA).astype(np.float16))
+        mask16 = data(lambda p: _block_mask(p, n, n_blocks, CSA).astype(np.float16), ("blocks16", n, n_blocks))
         score = ops.ggml_lightning_indexer(ctx, iq, ik, iw, mask16)
         top = ops.ggml_cont(ctx, ops.ggml_top_k(ctx, score, min(n_blocks, k.indexer_top_k)))
         kk = int(top.contents.ne[0])
@@ -537,6 +609,29 @@ class DeepSeek4(MoEModel):
 
 
 # ------------------------------------------------------------------------------------------ the pieces
+_TAG = b"dsv4-state:"  # the name of a state `_state` made, before its serial number
+_STATES_KEPT = 4096  # states whose parts are remembered (a decode step as one graph makes 2 a layer)
+
+
+@dataclass
+class _Inputs:
+    """A reused decode graph's position-dependent inputs: each with how it is filled, in order, and by key."""
+
+    fills: list[tuple[Tensor, Fill]] = field(default_factory=list)
+    keyed: dict[tuple[object, ...], Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class _Parts:
+    """What a state holds, as the tensors of its graph: streams [n_embd, hc, n], token ids [1, n] (contiguous), and
+    the FFN's post [hc, n] and comb [hc, hc, n] mixes where the state is a layer's residual for its `tail`."""
+
+    streams: Tensor
+    tid: Tensor
+    post: Tensor | None = None
+    comb: Tensor | None = None
+
+
 class _Blocks:
     """A compressing layer's K memory as the family lays it out (elements): its compressed blocks [d, n_ctx / ratio],
     then (CSA) the indexer's [di, n_ctx / 4]. `kv_layer` leaves room for both."""
@@ -574,15 +669,35 @@ def _views(ctx: Any, t: Tensor, shapes: list[tuple[int, int]]) -> list[Tensor]:
     return out
 
 
-def _ring_mask(pos0: int, n: int, span: int, window: int) -> np.ndarray:
-    """[n, span]: 0 where ring slot s holds a key the query sees, else -inf. After the graph's writes slot s holds
-    the latest position q ≤ pos0 + n - 1 with q ≡ s (mod span) (a rewind restores the ring of its checkpoint, a
-    fresh sequence's slots are behind position 0); a query at p sees q when q ≤ p and p - q < window (llama.cpp's
-    standard sliding window)."""
-    last = pos0 + n - 1
-    q = last - ((last - np.arange(span)) % span)
-    p = np.arange(pos0, pos0 + n)[:, None]
-    return np.where((q >= 0) & (q <= p) & (p - q < window), 0.0, -np.inf).astype(np.float32)
+LANES = 64  # the widest SIMD grouping of ggml's F32 sums (AVX-512's dot products: 4 × 16 floats; NEON's, AVX2's: less)
+
+
+def _raw_base(p0: int, window: int) -> int:
+    """The first position of the raw keys a graph from position p0 attends over: the window's, down to LANES."""
+    return max(0, p0 - window + 1) // LANES * LANES
+
+
+def _raw_size(count: int) -> int:
+    """Raw keys a graph attends over: `count` positions from its base, rounded up to LANES (a reused decode step:
+    window + LANES - 1, the most one position needs, its base up to LANES - 1 before the window's start)."""
+    return -(-count // LANES) * LANES
+
+
+def _raw_slots(p0: int, size: int, span: int, window: int) -> np.ndarray:
+    """[size] the ring slots of positions base …, base + size - 1 (position mod span)."""
+    return ((_raw_base(p0, window) + np.arange(size)) % span).astype(np.int32)
+
+
+def _raw_mask(p0: int, n: int, size: int, span: int, window: int) -> np.ndarray:
+    """[n, size]: 0 where position q = base + i is a key the query at p sees, else -inf: q ≤ p, p - q < window
+    (llama.cpp's standard sliding window), and its slot holds q after the graph's writes: the ring keeps the last
+    span positions up to the graph's last, pos0 + n - 1 (a rewind restores the ring of its checkpoint, a fresh
+    sequence's slots are behind position 0, which the base never precedes). A slot listed twice (a prompt's
+    chunk longer than span - window - LANES) is seen once."""
+    q = _raw_base(p0, window) + np.arange(size)
+    p = np.arange(p0, p0 + n)[:, None]
+    seen = (q <= p) & (p - q < window) & (q > p0 + n - 1 - span)
+    return np.where(seen, 0.0, -np.inf).astype(np.float32)
 
 
 def _carry(
@@ -606,8 +721,8 @@ def _carry(
     def kept(p0: int) -> np.ndarray:
         return np.arange(max(p0, p0 + n - size), p0 + n)
 
-    src = data(lambda p0: (kept(p0) - p0).astype(np.int32))
-    dst = data(lambda p0: (kept(p0) % size).astype(np.int32))
+    src = data(lambda p0: (kept(p0) - p0).astype(np.int32), ("carry-src", n, size))
+    dst = data(lambda p0: (kept(p0) % size).astype(np.int32), ("carry-dst", n, size))
     writes.append(ops.ggml_set_rows(ctx, ring, ops.ggml_get_rows(ctx, rows, src), dst))
     return writes
 
@@ -688,7 +803,7 @@ def _compressor(
     size = int(rings[0].contents.ne[1])
     kv_rows = ops.ggml_mul_mat(ctx, w[name + "_kv"], x)
     score = ops.ggml_mul_mat(ctx, w[name + "_gate"], x)
-    ape_at = data(lambda p0: (np.arange(p0, p0 + n) % ratio).astype(np.int32))
+    ape_at = data(lambda p0: (np.arange(p0, p0 + n) % ratio).astype(np.int32), ("ape", n, ratio))
     score = ops.ggml_add(ctx, score, ops.ggml_get_rows(ctx, w[name + "_ape"], ape_at))
     writes: list[Tensor] = []
 
@@ -724,7 +839,7 @@ def _compressor(
                 prev = [s - ratio + j for s in starts(p0) for j in range(ratio)]
                 return rows_of(p0, prev + [s + j for s in starts(p0) for j in range(ratio)])
 
-            idx = data(gather)
+            idx = data(gather, ("pool-overlap", n, ratio, size))
             kr, sr = ops.ggml_get_rows(ctx, src_kv, idx), ops.ggml_get_rows(ctx, src_sc, idx)
             m = ratio * nb
 
@@ -737,7 +852,9 @@ def _compressor(
 
             values, scores = halves(kr), halves(sr)
         else:
-            idx = data(lambda p0: rows_of(p0, [s + j for s in starts(p0) for j in range(ratio)]))
+            idx = data(
+                lambda p0: rows_of(p0, [s + j for s in starts(p0) for j in range(ratio)]), ("pool", n, ratio, size)
+            )
             values = ops.ggml_reshape_3d(ctx, ops.ggml_get_rows(ctx, src_kv, idx), d, ratio, nb)
             scores = ops.ggml_reshape_3d(ctx, ops.ggml_get_rows(ctx, src_sc, idx), d, ratio, nb)
         values = ops.ggml_cont(ctx, ops.ggml_permute(ctx, values, 1, 0, 2, 3))
@@ -745,8 +862,8 @@ def _compressor(
         comp = ops.ggml_sum_rows(ctx, ops.ggml_mul(ctx, values, ops.ggml_soft_max(ctx, scores)))
         comp = ops.ggml_cont(ctx, ops.ggml_permute(ctx, comp, 1, 0, 2, 3))  # [d, 1, nb]
         comp = common.rms_norm(ctx, comp, w[name + "_norm"], eps)
-        comp = _rope_tail(ctx, comp, data(lambda p0: np.array(starts(p0), np.int32)), rope, d)
-        rows = data(lambda p0: np.array([p // ratio for p in ends(p0)], np.int32))
+        comp = _rope_tail(ctx, comp, data(lambda p0: np.array(starts(p0), np.int32), ("starts", n, ratio)), rope, d)
+        rows = data(lambda p0: np.array([p // ratio for p in ends(p0)], np.int32), ("block-rows", n, ratio))
         writes.append(ops.ggml_set_rows(ctx, cache, ops.ggml_reshape_2d(ctx, comp, d, nb), rows))
     # the carried rows: the last `size` positions' (the snapshot: those before the last token), after every read
     for ring, rows_new, snap_ring in zip(rings, (kv_rows, score), snap or (None, None), strict=True):
