@@ -244,17 +244,26 @@ def test_a_prompt_joins_the_decode_steps(
         sel.append(rows.copy())
         observe(block, rows)
 
+    routers: list[int] = []  # the lookahead's router graphs built (the joint pass makes no predictions)
+    graph = s.lookahead.graph
+
+    def counted(*args: object) -> object:
+        routers.append(int(args[1]))  # type: ignore[call-overload]
+        return graph(*args)  # type: ignore[arg-type]
+
     try:
         out: list[list[np.ndarray]] = [[], [], []]
         for slot in (0, 1):
             s.use(slot)
             out[slot].append(s.forward(PROMPTS[slot], prompt=True))
         s.scheduler.observe = recording  # type: ignore[method-assign,assignment]
+        s.lookahead.graph = counted  # type: ignore[method-assign]
         for i, p in enumerate(parts):
             steps = [(slot, int(out[slot][-1].argmax())) for slot in (0, 1)]
             sel.clear()
             before = s.counters()
             got, logits = batch.step(s, steps, batch.PromptPart(2, p, end=i == len(parts) - 1))
+            assert not routers or not joint, routers  # a joint pass computes no router logits it will not use
             delta = s.counters() - before
             assert logits is not None
             out[2].append(logits)

@@ -183,10 +183,11 @@ def _joint_layer(
     s.use(pslot)
     s.scheduler.read_ahead(il, h.shape[0])
     r = s._layer_parts(il, h, False)
-    parts = _parts(s, il, slots, hs, group)
-    # No predictions: the prompt's waves read each layer's experts anyway, and the decode tokens' guesses for
-    # later layers only took slots from those waves (bench/prompt_join_bench.py, bench model at a 25 % budget,
-    # 3 streams and a 256-token prompt: 11.9 GB read with them, 9.4 GB without, 11.3 GB with the prompt apart).
+    # No predictions, so the decode tokens' graphs leave the lookahead's routers out: the prompt's waves read each
+    # layer's experts anyway, and the decode tokens' guesses for later layers only took slots from those waves
+    # (bench/prompt_join_bench.py, bench model at a 25 % budget, 3 streams and a 256-token prompt: 11.9 GB read
+    # with them, 9.4 GB without, 11.3 GB with the prompt apart).
+    parts = _parts(s, il, slots, hs, group, lookahead=False)
     if "out" in r:  # a dense layer (for every sequence: the same layer)
         _written(s, pslot, il)
         return r["out"], [p["out"] for p in parts]
@@ -364,14 +365,16 @@ def _layer(s: Session, il: int, slots: list[int], hs: list[np.ndarray], group: i
     return _tails(s, il, slots, parts, _experts(s, il, parts, sel, union, merged))
 
 
-def _parts(s: Session, il: int, slots: list[int], hs: list[np.ndarray], group: int) -> list[Parts]:
+def _parts(
+    s: Session, il: int, slots: list[int], hs: list[np.ndarray], group: int, lookahead: bool = True
+) -> list[Parts]:
     """Every sequence's layer graph results: as the rows of shared products in groups where `rows_batch` allows,
-    else side by side."""
+    else side by side; the lookahead's router logits ("ahead") with `lookahead`."""
     if group <= 1:
-        return _layer_parts(s, il, slots, hs)
+        return _layer_parts(s, il, slots, hs, lookahead)
     parts = []
     for idx in groups_of(list(range(len(slots))), group):
-        parts += _rows_parts(s, il, [slots[i] for i in idx], [hs[i] for i in idx])
+        parts += _rows_parts(s, il, [slots[i] for i in idx], [hs[i] for i in idx], lookahead)
     return parts
 
 
@@ -400,7 +403,7 @@ def _tails(s: Session, il: int, slots: list[int], parts: list[Parts], weighted: 
     return out
 
 
-def _layer_parts(s: Session, il: int, slots: list[int], hs: list[np.ndarray]) -> list[Parts]:
+def _layer_parts(s: Session, il: int, slots: list[int], hs: list[np.ndarray], lookahead: bool) -> list[Parts]:
     """Every sequence's layer graph, side by side in one graph (one computation per layer, not one per
     sequence)."""
     g = s.graph
@@ -408,14 +411,14 @@ def _layer_parts(s: Session, il: int, slots: list[int], hs: list[np.ndarray]) ->
     outs, writes = [], []
     for slot, h in zip(slots, hs, strict=True):
         s.use(slot)
-        out, w = s._layer_graph(ctx, il, g.input(h), s._placement(s.pos, 1, True), True)
+        out, w = s._layer_graph(ctx, il, g.input(h), s._placement(s.pos, 1, True), lookahead)
         outs.append(out)
         writes += w
     g.compute(*writes, *[t for out in outs for t in out.values()])
     return [{name: to_numpy(t).reshape(1, -1).copy() for name, t in out.items()} for out in outs]
 
 
-def _rows_parts(s: Session, il: int, slots: list[int], hs: list[np.ndarray]) -> list[Parts]:
+def _rows_parts(s: Session, il: int, slots: list[int], hs: list[np.ndarray], lookahead: bool) -> list[Parts]:
     """The layer for every sequence as the rows of one graph (`rows_batch`), split back into each one's
     results."""
     g = s.graph
@@ -429,7 +432,7 @@ def _rows_parts(s: Session, il: int, slots: list[int], hs: list[np.ndarray]) -> 
     positions = np.concatenate([np.tile(pos, 3), np.zeros(len(slots) * (axes - 3), np.int32)]) if axes > 1 else pos
     kvs = [s.seqs[slot].kv for slot in slots]
     at = rows_placement(ctx, parts, g.input(positions), kvs)
-    out, writes = s._layer_graph(ctx, il, g.input(np.concatenate(hs)), at, True, cache=rows_cache(kvs, il))
+    out, writes = s._layer_graph(ctx, il, g.input(np.concatenate(hs)), at, lookahead, cache=rows_cache(kvs, il))
     g.compute(*writes, *out.values())
     n = len(slots)
     got = {name: to_numpy(t).reshape(n, -1).copy() for name, t in out.items()}
