@@ -271,3 +271,26 @@ def test_the_lookahead_ranks_experts_as_the_graph_selects_them() -> None:
     scores = router.selection_scores(logits, bias)
     np.testing.assert_allclose(scores, np.sqrt(np.log1p(np.exp(logits))) + bias)
     assert int(np.argmax(scores)) == 0 and int(np.argmax(1 / (1 + np.exp(-logits)) + bias)) == 1
+
+
+@pytest.mark.parametrize(("window", "span"), [(16, 768), (128, 768), (24, 768)])
+def test_a_graph_attends_over_its_windows_raw_keys_only(window: int, span: int) -> None:
+    """The raw keys a graph attends over (models/deepseek4.py `_raw_keys`): for every query exactly the positions
+    of its window, each once, read from the slot that holds it; from a base and in a count that are multiples of
+    64 (the keys' SIMD lanes, what keeps the bits of the whole ring), and a decode step's far fewer than the ring's
+    slots. Prompt chunks up to the longest a graph takes (span - window + 1 tokens), past the ring's turns."""
+    from tokenwing.models.deepseek4 import LANES, _raw_base, _raw_mask, _raw_size, _raw_slots
+
+    decode = _raw_size(window + LANES - 1)
+    assert decode <= window + 2 * LANES and decode < span // 3
+    for n in (1, 5, 64, span - window + 1):
+        for p0 in range(0, 3 * span, 37):
+            base = _raw_base(p0, window)
+            size = decode if n == 1 else _raw_size(p0 + n - base)
+            assert base % LANES == 0 and size % LANES == 0
+            slots, mask = _raw_slots(p0, size, span, window), _raw_mask(p0, n, size, span, window)
+            q = base + np.arange(size)
+            assert np.array_equal(slots, q % span)
+            for i, p in enumerate(range(p0, p0 + n)):
+                seen = q[mask[i] == 0]
+                assert np.array_equal(seen, np.arange(max(0, p - window + 1), p + 1)), (n, p0, p)

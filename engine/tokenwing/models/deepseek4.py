@@ -270,7 +270,8 @@ class DeepSeek4(MoEModel):
         """The state [state_width, n] of the streams, mixes and token ids, copied into one tensor (what the runtime
         keeps between layer graphs); tagged by name with its parts, which the same graph's readers take instead of
         copying them out again (`_parts_of`). A decode step as one graph then never computes the state: 9 copies a
-        layer fewer, each a node the threads meet at a barrier (2017 → ~1920 nodes on the bench model)."""
+        layer fewer, each a node the threads meet at a barrier (the bench model's step: 1306 nodes not views →
+        1219 with the raw keys' gathers; llama.cpp's 1178)."""
         n = int(parts.tid.contents.ne[1])
         flat = ops.ggml_reshape_2d(ctx, parts.streams, self.hc * self.hp.n_embd, n)
         state = ops.ggml_concat(ctx, ops.ggml_concat(ctx, flat, mixes, 0), parts.tid, 0)
@@ -423,8 +424,8 @@ class DeepSeek4(MoEModel):
         """Data that depends on the graph's first position: a constant of a graph built for its positions, else an
         input of a reused decode graph (one token), written before each run (`set_inputs`): one for all the layers
         whose data have the same key (the window's mask and slots are every layer's, a block mask every layer's of
-        its ratio). Filled in numpy for every token, a layer each, they took ~1 ms of a 36 ms step on the bench
-        model (the 10 layers' 150 inputs; 30 shared)."""
+        its ratio). Filled in numpy for every token, a layer each, they took 0.58 ms of a 36 ms step on the bench
+        model (134 inputs); 0.09 ms shared (18)."""
         if at.pos0 is not None:
             return _data(ctx, fill(at.pos0))
         inputs = self._inputs[id(at)]
@@ -503,8 +504,8 @@ class DeepSeek4(MoEModel):
         """The raw keys the graph's queries may see, [d, 1, size], and their mask [size, n]: the ring's slots of
         positions base … base + size - 1 in that order (`_raw_base`, `_raw_size`), not the whole ring. A decode step
         sees `sliding_window` keys; the ring holds window + 512 (768 slots on V4 Flash and the bench model): its
-        products and the values' transposed copy over every slot were 4× the work (the bench model's step
-        27.5 → ~30 tok/s with this).
+        products and the values' transposed copy ran over every slot (192 keys now on the bench model; with the
+        shared inputs and states below its decode went 25.5 → 30.1 tok/s, 0.92× → 1.09× llama.cpp's).
 
         The same bits as over the whole ring: a key's product with its query does not depend on the others; the
         softmax's sum and the values' dot products add the keys in SIMD lanes by index, and the index of position q
