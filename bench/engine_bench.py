@@ -5,7 +5,8 @@
 
 The model is the `bench` preset in Q4_K_M (12 layers, n_embd 2048, 128 experts of 768, top-8; make it with
 `tokenwing testmodel models/bench/bench-q4_k_m.gguf --preset bench --type Q4_K_M` and repack it). Both engines
-evaluate the same fixed pseudo-random token stream (token embedding std 1.0 spreads the routing), 2 threads.
+evaluate the same fixed pseudo-random token stream (token embedding std 1.0 spreads the routing),
+2 threads (`--threads`).
 Before every run the model files are evicted from the page cache. Every configuration runs once per round,
 rounds interleaved (--rounds, default 3); a row is the run with the median decode speed, followed by the
 decode speed of every run.
@@ -98,7 +99,15 @@ def _main(work: str) -> int:
     ap.add_argument("--tw-extra", default="", help="more runner options for every TokenWing run (io_engine=…)")
     ap.add_argument("--no-llama", action="store_true", help="TokenWing and the limits only")
     ap.add_argument("--quick", action="store_true", help="a short drive probe (a dry run of the benchmark)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="compute threads of both engines (1 on a busy machine: ggml's barriers spin while a core is taken, "
+        "which swung q4x-bench's in-RAM decode from 0.6 to 34 tok/s between runs on 2 threads, 14-20 on 1)",
+    )
     args = ap.parse_args()
+    os.environ["BENCH_THREADS"] = str(args.threads)  # (read by both runners)
     tw_model = args.model.removesuffix(".gguf") + ".tw.gguf"
     caps = () if args.ram_only else tuple(float(x) for x in args.caps.split(",") if x)
     lookaheads = [int(x) for x in args.lookaheads.split(",") if x]
@@ -123,13 +132,16 @@ def _main(work: str) -> int:
     ]
     files = [args.model, tw_model]
 
-    print(f"model {args.model}: {size / 1e9:.2f} GB; {args.prompt} prompt + {args.decode} decode tokens, 2 threads\n")
+    print(
+        f"model {args.model}: {size / 1e9:.2f} GB; {args.prompt} prompt + {args.decode} decode tokens, "
+        f"{args.threads} threads\n"
+    )
     ceiling = probe_drive(tw_model, budget=(256 if args.quick else 1024) << 20, quick=args.quick)
-    ram_bw = memory_bandwidth(2)
+    ram_bw = memory_bandwidth(args.threads)
     print("drive probe (direct random reads over the model file, MB/s):")
     for label, v in sorted(ceiling.rates.items(), key=lambda kv: -kv[1]):
         print(f"  {label}: {v:.0f}")
-    print(f"RAM read bandwidth, 2 threads (STREAM-style): {ram_bw / 1e9:.1f} GB/s\n")
+    print(f"RAM read bandwidth, {args.threads} threads (STREAM-style): {ram_bw / 1e9:.1f} GB/s\n")
 
     # Every configuration once per round, rounds interleaved; each row is the run with the median decode speed.
     configs: list[tuple[str, str, str, list[str], int | None]] = []

@@ -44,8 +44,9 @@ def main() -> int:
     if mode in ("plain", "random"):
         use_plain_layout(llama_cpp)
     t0 = time.perf_counter()
+    threads = int(os.environ.get("BENCH_THREADS", "2"))  # (engine_bench --threads)
     llm = llama_cpp.Llama(
-        model, n_ctx=len(tokens) + 16, n_batch=512, n_threads=2, flash_attn=flash == "flash", verbose=False
+        model, n_ctx=len(tokens) + 16, n_batch=512, n_threads=threads, flash_attn=flash == "flash", verbose=False
     )
     advised = madvise_random(os.path.realpath(model)) if mode == "random" else 0
     load = time.perf_counter() - t0

@@ -80,6 +80,7 @@ def main() -> int:
         cpu_repack=repack,
         token_graph=one_graph,
         stream=stream_settings(extra),
+        n_threads=int(os.environ.get("BENCH_THREADS", "2")),  # (engine_bench --threads)
     )
     s = Session(model, opts, log=notes.append)
     if "nohashreads" in extra:  # DeepSeek V4's hash layers read on demand, as a router's layer (the "without" row)
