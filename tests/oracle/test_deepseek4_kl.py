@@ -294,3 +294,27 @@ def test_a_graph_attends_over_its_windows_raw_keys_only(window: int, span: int) 
             for i, p in enumerate(range(p0, p0 + n)):
                 seen = q[mask[i] == 0]
                 assert np.array_equal(seen, np.arange(max(0, p - window + 1), p + 1)), (n, p0, p)
+
+
+def test_a_decode_step_as_one_graph_never_copies_the_state(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """The state between layers (streams, mixes, token id) is one tensor for the runtime's graph per layer; in a
+    decode step as one graph each layer takes the parts the one before made, so no node of that graph is a state
+    or reads one (each was a copy of every stream, and nodes the threads meet at a barrier)."""
+    from tokenwing.compute import ggml_api as ggml
+    from tokenwing.models.deepseek4 import _TAG
+
+    model = _repacked(model_factory(arch=A, type="Q8_0"), tmp_path)
+    tokens = _tokens(24, 512, seed=38).tolist()
+    s = _session(model)
+    try:
+        s.forward(tokens[:16])
+        s.forward([tokens[16]])
+        assert s._token_graph is not None
+        gf = s._token_graph.g.gf
+        nodes = [ggml.ggml_graph_node(gf, i) for i in range(ggml.ggml_graph_n_nodes(gf))]
+        assert len(nodes) > 100
+        for t in nodes:
+            names = [bytes(t.contents.name)] + [bytes(src.contents.name) for src in t.contents.src if src]
+            assert not any(name.startswith(_TAG) for name in names), names
+    finally:
+        s.close()

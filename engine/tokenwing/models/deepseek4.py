@@ -287,9 +287,10 @@ class DeepSeek4(MoEModel):
         """The parts of a state `_state` made in this graph, by its name (a tensor of a graph built later is named
         afresh: ggml clears a new tensor's name); None for any other tensor (an input: the layer graphs' state)."""
         name = bytes(x.contents.name)
-        if not name.startswith(_TAG):
+        serial = name[len(_TAG) :]
+        if not name.startswith(_TAG) or not serial.isdigit():  # (a view of it is named "… (view)": not its parts)
             return None
-        return self._states.get(int(name[len(_TAG) :]))
+        return self._states.get(int(serial))
 
     def _hc_pre(self, ctx: Any, x: Tensor, fn: Tensor, scale: Tensor, base: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """A sublayer's input from the streams x [n_embd, hc, n], and its post [hc, n] and comb [hc, hc, n] mixes
