@@ -48,13 +48,16 @@ def streamer(model: Path, slots: int, **kw: object) -> ExpertStreamer:
 
 
 def random_steps(s: ExpertStreamer, seed: int, tokens: int) -> Iterator[tuple[int, int]]:
-    """Random routing over 4 layers of 16 experts, top-4, with next-layer predictions: yields (layer, expert)
-    for every selected expert after its layer began (eviction, prefetch, cancel and promote all happen)."""
+    """Random routing over 4 layers of 16 experts, top-4, with next-layer predictions, layer 0's experts known at
+    the token's start (`read_known`): yields (layer, expert) for every selected expert after its layer began
+    (eviction, prefetch, cancel, promote and known reads all happen)."""
     rng = np.random.default_rng(seed)
     for _ in range(tokens):
         s.begin_token()
+        known = rng.choice(16, 4, replace=False).tolist()
+        s.read_known(0, known)
         for layer in range(4):
-            sel = rng.choice(16, 4, replace=False).tolist()
+            sel = known if layer == 0 else rng.choice(16, 4, replace=False).tolist()
             s.begin_layer(layer, sel)
             if layer < 3:
                 s.predict(layer + 1, rng.choice(16, 4, replace=False).tolist(), 1)
@@ -401,6 +404,7 @@ def test_stress_many_threads(model: Path, expected: dict[tuple[int, int], bytes]
                 while time.monotonic() < stop:
                     s.begin_token(int(rng.integers(0, 3)))
                     s.predict(int(rng.integers(0, 4)), rng.choice(16, 4, replace=False).tolist(), 1)
+                    s.read_known(int(rng.integers(0, 4)), rng.choice(16, 2, replace=False).tolist())
                     s.counters()
                     s.core.queue_depths()
                     s.core.loan(int(rng.integers(0, 8)) * s.index.layers[0].record_size, 4)

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -299,6 +300,9 @@ void StreamCore::read_known(int li, const std::vector<int>& experts) {
   for (int e : experts) check_expert(e);
   touch();
   if (layer_started(L)) return;  // too late for this token: begin_layer reads them
+  // Demand reads still waiting for a slot (a layer under way, when another thread begins a token) come first: a
+  // known read pins its slot until the layer's next start, which that layer's waiter could then never reach.
+  if (!L.pending_demand.empty()) return;
   bool added = false;
   for (int e : experts) {
     int s = L.expert_slot[static_cast<std::size_t>(e)];
@@ -704,7 +708,12 @@ void StreamCore::complete(const Chunk& c, const std::string* error, std::vector<
   if (mask != sl.ready_mask.load(std::memory_order_relaxed)) note_waiter_slot(c.li, c.slot);
   sl.ready_mask.store(mask, std::memory_order_release);
   finish_if_done(sl);
-  if (sl.meta.state == SlotState::Ready) note_waiter_slot(c.li, c.slot);
+  if (sl.meta.state == SlotState::Ready) {
+    note_waiter_slot(c.li, c.slot);
+    // A slot that was not evictable (a known read its layer did not select) is now: demand reads waiting for a
+    // slot take it, or they would wait for the layer's next start, which their waiter never reaches.
+    if (!L.pending_demand.empty()) assign_pending(c.li);
+  }
 }
 
 void StreamCore::finish_if_done(Slot& sl) {
@@ -744,6 +753,7 @@ void StreamCore::transformed(int li, int slot, int proj, std::uint32_t gen) {
   sl.ready_mask.store(sl.ready_mask.load(std::memory_order_relaxed) | (1u << proj), std::memory_order_release);
   note_waiter_slot(li, slot);
   finish_if_done(sl);
+  if (sl.meta.state == SlotState::Ready && !L.pending_demand.empty()) assign_pending(li);  // (as in complete)
 }
 
 void StreamCore::set_transform(int li, int proj, TransformFn fn, std::vector<void*> ctx) {
@@ -891,6 +901,11 @@ void StreamCore::reap_loop() {
 // given back again, so a loan still frees its memory.
 void StreamCore::populate_loop() {
   name_thread("tw-populate");
+  // Idle CPU only: at a 40 % cap on mm-bench (2 cores, one compute thread) the faulting took 72 ms of CPU a token
+  // beside the decode's 75 and halved its speed (9.65 against 17.25 tok/s at 25 %, whose smaller cache was filled
+  // sooner). A slot it has not reached is faulted in by its first read, as before this thread.
+  sched_param idle{};
+  pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
 #ifdef MADV_POPULATE_WRITE
   for (Layer& L : layers_) {
     for (int s = 0; s < L.geo.n_slots; ++s) {
