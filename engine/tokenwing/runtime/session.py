@@ -522,7 +522,7 @@ class Session:
         # Layers routed by the token id alone (DeepSeek V4's hash layers): their experts are read from the token's
         # start, in layer order, as demand reads ahead of every prediction (`read_known`), and the lookahead's
         # guesses for them are dropped. As predictions (probability 1) they were read under the prefetch cap, and on
-        # ds4-bench at 25 % about one a token in each hash layer had not started when its layer began: a demand read.
+        # ds4-bench at 25 % one or two a token in each hash layer had not started when its layer began: demand reads.
         self._known = self.model.known_experts(tokens[0]) if decode else {}
         for block, experts in sorted(self._known.items()):
             known = Ahead(block, experts, block + 1, [1.0] * len(experts), 1)
