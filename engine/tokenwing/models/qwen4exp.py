@@ -75,6 +75,7 @@ class NgramRows:
         size = _core.DirectFile(path, False).size
         self.n_pages = max(1, min(end, size // PAGE) - self.first)  # (a last partial page cannot be a record)
         self.core: Any = None
+        self.capacity = 0  # pages the core caches (`resize`)
         self.resize(cache_bytes)
         self.ring_rows = ring_rows
         self.ring = aligned_bytes(ring_rows * row_bytes)
@@ -83,10 +84,14 @@ class NgramRows:
         self.batches = 0  # groups of pages that missed, each waited for once
 
     def resize(self, cache_bytes: int) -> None:
-        """An empty cache of `cache_bytes` (at least the 2 pages a row may span): a new core."""
+        """A cache of `cache_bytes` (at least the 2 pages a row may span): a new, empty core, unless the one there
+        has that many slots already (the session's budget share is usually the default: no second core at start)."""
+        capacity = max(2, min(cache_bytes // PAGE, self.n_pages))
         if self.core is not None:
+            if capacity == self.capacity:
+                return
             self.core.close()
-        self.capacity = max(2, min(cache_bytes // PAGE, self.n_pages))
+        self.capacity = capacity
         geo = _core.LayerGeometry()
         geo.offset, geo.record_size, geo.n_slots = self.first * PAGE, PAGE, self.capacity
         geo.proj_offset, geo.proj_size = [0, 0, 0], [PAGE, 0, 0]
