@@ -137,6 +137,47 @@ def test_a_step_reads_each_expert_of_the_union_once(repacked_factory: ModelFacto
         s.close()
 
 
+def test_a_step_never_reads_again_what_ram_held_at_its_start(repacked_factory: ModelFactory) -> None:
+    """k slots a layer, no lookahead, several steps: a union larger than the slots runs in waves, and an expert of
+    the union that RAM held when the step began is a hit, never evicted by an earlier wave's reads and read again
+    (each layer's reads are exactly the union's experts it did not hold)."""
+    model = str(repacked_factory(type="Q4_K_M"))
+    s = Session(model, _options(3, 1, lookahead=0), log=lambda line: None)
+    try:
+        last = []
+        for slot, prompt in enumerate(PROMPTS):
+            s.use(slot)
+            last.append(int(s.forward(prompt, prompt=True).argmax()))
+        sel: list[np.ndarray] = []
+        observe = s.scheduler.observe
+
+        def recording(block: int, rows: np.ndarray) -> None:
+            sel.append(rows.copy())
+            observe(block, rows)
+
+        s.scheduler.observe = recording  # type: ignore[method-assign,assignment]
+        every = list(range(s.hp.n_expert))
+        held_waves = 0
+        for _ in range(STEPS):
+            held = {
+                b: {e for e, h in zip(every, s.scheduler.streamer.holding(b, every), strict=True) if h}
+                for b in s.streamed
+            }
+            sel.clear()
+            before = s.counters()
+            got = decode_step(s, [(i, t) for i, t in enumerate(last)])
+            delta = s.counters() - before
+            last = [int(g.argmax()) for g in got]
+            rows = iter(sel)
+            for li, layer in enumerate(s.streamed):
+                union = set(np.concatenate([next(rows) for _ in PROMPTS]).reshape(-1).tolist())
+                held_waves += len(union) > s.slots_per_layer and bool(union & held[layer])
+                assert int(delta[li, _C["misses"]]) == len(union - held[layer]), (layer, union, held[layer])
+        assert held_waves  # (the case the test is for: waves, and some of the union in RAM at the start)
+    finally:
+        s.close()
+
+
 LONG = [(7 * i + 3) % 200 + 1 for i in range(70)]  # past the first 64-position window
 
 

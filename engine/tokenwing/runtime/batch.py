@@ -473,13 +473,22 @@ def _experts(
     sched = s.scheduler
     cur = np.concatenate([r["cur"] for r in parts])
     weights = np.concatenate([r["weights"] for r in parts])
-    size = sched.streamer.usable_slots(il) if sched.loaned else sched.slots_per_layer
+    size = sched.wave_size(il)
     weighted = np.zeros((sel.shape[0], sel.shape[1], cur.shape[1]), np.float32)
-    for start in range(0, len(union), size):
-        wave = union[start : start + size]
-        ready = sched.begin_layer(il, wave)
-        if start == 0:
+    # Those already in RAM (or on their way) first, each wave with the later waves' held experts kept in place:
+    # in the union's own order a first wave's misses evicted experts a later wave then read again (demo model,
+    # 25 % budget, 4 streams: 12.2 reads a token against 8.5 alone). Waves compute disjoint (sequence, expert)
+    # pairs placed at their ranks, so their order does not change a bit.
+    held = sched.streamer.holding(il, union)
+    rest = [e for e, h in zip(union, held, strict=True) if h] + [e for e, h in zip(union, held, strict=True) if not h]
+    first = True
+    while rest:
+        wave, keep = sched.next_wave(il, rest, size)
+        rest = rest[len(wave) :]
+        ready = sched.begin_layer(il, wave, keep)
+        if first:
             _predict(s, ahead)
+            first = False
         _put_wave(s, il, cur, sel, weights, wave, ready, weighted)
         sched.end_layer(il)
     return weighted

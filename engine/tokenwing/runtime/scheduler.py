@@ -198,13 +198,17 @@ class ExpertScheduler:
         order: list[int] = used[np.lexsort((used, score[used]))].tolist()
         return order
 
+    def wave_size(self, block: int) -> int:
+        """How many experts one wave of layer `block` may hold (its slots, less those on loan to a prompt)."""
+        return self.streamer.usable_slots(block) if self.loaned else self.slots_per_layer
+
     def waves(self, block: int, order: list[int]) -> Iterator[tuple[list[int], np.ndarray]]:
         """The experts of `order` in waves that fit the layer's slots, each read at most once: yields (the wave,
         every expert's slot as an array indexed by expert) with the wave in RAM, and ends the layer after it."""
-        size = self.streamer.usable_slots(block) if self.loaned else self.slots_per_layer
+        size = self.wave_size(block)
         rest = order
         while rest:
-            wave, keep = self._next_wave(block, rest, size)
+            wave, keep = self.next_wave(block, rest, size)
             rest = rest[len(wave) :]
             self.streamer.begin_layer(block, wave, keep)
             slot_of = np.zeros(self.n_expert, np.int32)
@@ -212,7 +216,7 @@ class ExpertScheduler:
             yield wave, slot_of
             self.streamer.end_layer(block)
 
-    def _next_wave(self, block: int, rest: list[int], size: int) -> tuple[list[int], list[int]]:
+    def next_wave(self, block: int, rest: list[int], size: int) -> tuple[list[int], list[int]]:
         """The next wave: the longest run of `rest` (still to compute, in order) whose experts fit in `size`
         slots beside those of later waves already in RAM or on their way (read ahead, or left by an earlier
         pass), which stay where they are (`keep`) instead of being evicted and read again. Waves are runs of one
