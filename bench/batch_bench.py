@@ -44,9 +44,16 @@ from memcap import evict_from_page_cache, run_capped
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+# Every N's timing starts after WARM_UP decode steps of all its streams, in both engines: the first step of a batch
+# builds its graphs and measures once which products may share rows (runtime/batch.py `rows_batch`), work a
+# server does once per batch size, not per step (bench model, 4 streams: 24 steps took 98 ms each with it, 92
+# without). The aggregate is the steady one.
+WARM_UP = 1
+
+
 def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None, corpus: bool, threads: int) -> None:
     """In the (capped) child: one session of n slots; prints one JSON line."""
-    from limits import decode_bytes_touched
+    from limits import belady_rows, decode_bytes_touched
 
     from tokenwing.format.reader import ModelFile
     from tokenwing.fsutil import parse_size
@@ -58,7 +65,7 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
     if budget:
         with ModelFile.open(model, announce_fallback=False) as mf:
             size = parse_size(budget, mf.index.total_bytes)
-    per = n_prompt + n_decode
+    per = n_prompt + WARM_UP + n_decode
     opts = SessionOptions(
         ram_budget=size,
         lookahead=2,
@@ -75,36 +82,39 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
     for slot in range(n):
         s.use(slot)
         s.forward(streams[slot][:n_prompt], prompt=True)
-    unions: list[list[int]] = []  # per step, per streamed layer: the union's size
-    rows: list[np.ndarray] = []
     observe = s.scheduler.observe
-
-    last: dict[int, list[np.ndarray]] = {}  # the last step's selections per layer (the compute floor's)
+    step: dict[int, list[np.ndarray]] = {}  # this step's selections: per layer, a row per sequence in slot order
+    steps: list[dict[int, list[np.ndarray]]] = []
 
     def recording(block: int, sel: np.ndarray) -> None:
-        rows.append(sel.reshape(-1))
-        last.setdefault(block, []).append(sel.reshape(-1))
+        step.setdefault(block, []).append(sel.reshape(-1))
         observe(block, sel)
 
+    for w in range(WARM_UP):
+        decode_step(s, [(slot, streams[slot][n_prompt + w]) for slot in range(n)])
+    n_prompt += WARM_UP
+    every = list(range(s.hp.n_expert))
+    warm = [[e for e, h in zip(every, s.scheduler.holds(b, every), strict=True) if h] for b in s.streamed]
     s.scheduler.observe = recording  # type: ignore[method-assign]
     before = s.counters()
     t0 = time.perf_counter()
     for i in range(n_decode):
-        rows.clear()
-        last.clear()
+        step = {}
         decode_step(s, [(slot, streams[slot][n_prompt + i]) for slot in range(n)])
-        per_layer = [rows[j :: len(s.streamed)] for j in range(len(s.streamed))] if n > 1 else None
-        if per_layer is not None:
-            unions.append([len(set(np.concatenate(r).tolist())) for r in per_layer])
-        else:
-            unions.append([len(set(r.tolist())) for r in rows])
+        steps.append(step)
     dt = time.perf_counter() - t0
     d = s.counters() - before
     group = rows_group(s, n)  # (measured already by the steps)
-    floor = compute_floor(s, {il: np.stack(v[-n:]) for il, v in last.items()}, n, group)
+    floor = compute_floor(s, {il: np.stack(rows) for il, rows in steps[-1].items()}, n, group)
     records = [el.record_size for el in s.scheduler.streamer.layers]
-    union = np.asarray(unions, np.float64)
+    union = np.asarray([[len(set(np.concatenate(st[b]).tolist())) for b in s.streamed] for st in steps], np.float64)
     union_bytes = float((union * np.asarray(records)).sum(axis=1).mean())
+    # The fewest reads any cache of these slots could make: Belady's MIN over every sequence's rows, step by step
+    sel = np.stack([np.stack([st[b][q] for b in s.streamed]) for st in steps for q in range(n)])
+    held = np.full((len(warm), s.slots_per_layer), -1, np.int32)
+    for li, kept in enumerate(warm):
+        held[li, : min(len(kept), s.slots_per_layer)] = kept[: s.slots_per_layer]
+    fewest = belady_rows(sel, s.hp.n_expert, s.slots_per_layer, records, held)
     kv_pos = s.model.kv_bytes_per_token(s.hp, kv_element(opts.kv_type)[1])
     windows = [min(s.n_ctx, -(-(n_prompt + i + 1) // 256) * 256) for i in range(n_decode)]
     touched = decode_bytes_touched(model, windows, kv_pos)
@@ -118,6 +128,7 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
                 "union_per_layer": float(union.mean()),
                 "union_bytes_per_step": union_bytes,
                 "read_bytes_per_step": float(d[:, c["bytes_read"]].sum()) / n_decode,
+                "belady_bytes_per_token": fewest["bytes_per_token"],
                 # the dense weights once a step where the sequences are the rows of one product, else once each
                 "rows": group if group > 1 else False,
                 "touched_bytes_per_step": union_bytes + -(-n // group) * touched["dense"] + n * touched["kv"],
@@ -203,7 +214,7 @@ def llama_runner(gguf: str, tw: str, n: int, n_prompt: int, n_decode: int, corpu
 
     from tokenwing.text.tokenizer import tokenizer_from_file
 
-    per = n_prompt + n_decode
+    per = n_prompt + WARM_UP + n_decode
     lc.llama_backend_init()
     model = lc.llama_model_load_from_file(gguf.encode(), lc.llama_model_default_params())
     params = lc.llama_context_default_params()
@@ -227,6 +238,9 @@ def llama_runner(gguf: str, tw: str, n: int, n_prompt: int, n_decode: int, corpu
 
     for seq in range(n):
         decode([(streams[seq][p], p, seq, p == n_prompt - 1) for p in range(n_prompt)])
+    for p in range(n_prompt, n_prompt + WARM_UP):
+        decode([(streams[seq][p], p, seq, True) for seq in range(n)])
+    n_prompt += WARM_UP
     t0 = time.perf_counter()
     for i in range(n_decode):
         p = n_prompt + i
@@ -277,10 +291,11 @@ def main() -> int:
         f"RAM read bandwidth {ram_bw / 1e9:.1f} GB/s ({args.threads} threads)\n"
     )
     print(
-        "| memory | streams | union per layer (N × k) | expert MB read per step | MB touched per step "
-        "| products | aggregate tok/s | limit tok/s (what binds) | of the limit | × one stream | runs |"
+        "| memory | streams | union per layer (N × k) | expert MB read per step | Belady MB a token "
+        "| MB touched per step | products | aggregate tok/s | limit tok/s (what binds) | of the limit | × one stream "
+        "| runs |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     in_ram: dict[int, float] = {}  # TokenWing's aggregate in RAM per stream count (beside llama.cpp's)
     for frac in [None, *caps]:
         one = None
@@ -318,7 +333,8 @@ def main() -> int:
             every = ", ".join(f"{x['aggregate_tok_s']:.2f}" for x in runs)
             print(
                 f"| {label} | {n} | {m['union_per_layer']:.1f} ({n * m['k']}) | "
-                f"{m['read_bytes_per_step'] / MB:.1f} | {m['touched_bytes_per_step'] / MB:.1f} | "
+                f"{m['read_bytes_per_step'] / MB:.1f} | {m['belady_bytes_per_token'] / MB:.2f} | "
+                f"{m['touched_bytes_per_step'] / MB:.1f} | "
                 f"{products} | "
                 f"{m['aggregate_tok_s']:.2f} | {limit:.2f} ({binds}) | {m['aggregate_tok_s'] / limit:.0%} | {times} | "
                 f"{every} |",

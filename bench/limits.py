@@ -209,11 +209,19 @@ def belady(trace: Trace, slots: int, record_sizes: list[int], warm: np.ndarray |
     """Belady's MIN on the decode rows of a recorded trace at `slots` per layer, starting from `warm` (the
     experts each layer held when decoding began, [layers, ≤ slots], -1 empty): misses and bytes per token."""
     decode = trace.prompt_tokens == 0
-    sel = np.ascontiguousarray(trace.selected[decode])
+    return belady_rows(trace.selected[decode], trace.n_expert, slots, record_sizes, warm)
+
+
+def belady_rows(
+    sel: np.ndarray, n_expert: int, slots: int, record_sizes: list[int], warm: np.ndarray | None
+) -> dict[str, float]:
+    """Belady's MIN over rows of selections [tokens, streamed layers, k] in the order they are used (several
+    sequences' decode steps: each step's rows one after another), at `slots` per layer from `warm`."""
+    sel = np.ascontiguousarray(sel, np.int32)
     n = int(sel.shape[0])
     pred = np.zeros((n, sel.shape[1], 0, sel.shape[2]), np.int32)
     table = _core.simulate(
-        sel, pred, np.zeros(n, np.int64), trace.n_expert, slots, "belady", False, 64, _warm(warm, sel.shape[1], slots)
+        sel, pred, np.zeros(n, np.int64), n_expert, slots, "belady", False, 64, _warm(warm, sel.shape[1], slots)
     )
     misses = table[:, 1].astype(np.float64)
     nbytes = float((misses * np.asarray(record_sizes, np.float64)).sum())
