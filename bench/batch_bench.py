@@ -7,8 +7,10 @@
 N streams each have their own prompt and token stream (teacher-forced: every stream's next token is the next
 of its own stream, so the routing is what those tokens give, not what greedy decoding loops into); after their
 prompts, every decode step computes one token of each in one step. Per N it reports each layer's union of
-experts per step against N × top-k, the expert bytes read per step, the bytes a step touches, and the aggregate
-tokens per second.
+experts per step against N × top-k, the expert bytes read per step, Belady's fewest bytes a token (MIN over every
+stream's rows in step order, at the run's slots per layer, from what the cache held when the timing began: what
+any cache of that size must read, so what decoding N together can save in reads), the bytes a step touches, and
+the aggregate tokens per second.
 
 The limit of a step (issue 26): its union of experts plus the dense weights (once where the streams are the rows
 of one product — "rows" —, once per stream where this CPU's kernels would round them differently — "apart",
