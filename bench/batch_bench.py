@@ -107,7 +107,10 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
     dt = time.perf_counter() - t0
     d = s.counters() - before
     group = rows_group(s, n)  # (measured already by the steps)
-    floor = compute_floor(s, {il: np.stack(rows) for il, rows in steps[-1].items()}, n, group)
+    last = {il: np.stack(rows) for il, rows in steps[-1].items()}
+    floor = compute_floor(s, last, n, group)
+    # its two parts: the dense products (shared by a group's rows) and the (sequence, expert) pairs (one per token)
+    parts = {p: compute_floor(s, last, n, group, part=p) for p in ("dense", "experts")}
     records = [el.record_size for el in s.scheduler.streamer.layers]
     union = np.asarray([[len(set(np.concatenate(st[b]).tolist())) for b in s.streamed] for st in steps], np.float64)
     union_bytes = float((union * np.asarray(records)).sum(axis=1).mean())
@@ -135,6 +138,8 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
                 "rows": group if group > 1 else False,
                 "touched_bytes_per_step": union_bytes + -(-n // group) * touched["dense"] + n * touched["kv"],
                 "compute_floor_s": floor,
+                "floor_dense_s": parts["dense"],
+                "floor_experts_s": parts["experts"],
                 "aggregate_tok_s": n * n_decode / dt,
                 "step_ms": dt * 1e3 / n_decode,
                 "hit_rate": float(d[:, c["hits"]].sum() / max(d[:, c["hits"]].sum() + d[:, c["misses"]].sum(), 1)),
@@ -145,12 +150,15 @@ def runner(model: str, n: int, n_prompt: int, n_decode: int, budget: str | None,
     s.close()
 
 
-def compute_floor(s: object, sel: dict[int, np.ndarray], n: int, group: int, reps: int = 7) -> float | None:
+def compute_floor(
+    s: object, sel: dict[int, np.ndarray], n: int, group: int, reps: int = 7, part: str = "all"
+) -> float | None:
     """Seconds of a step's matrix products alone — every resident matrix times the step's rows (once per group
     of rows, or once per sequence where its rows go apart), and each layer's experts for the step's (sequence,
     expert) pairs through the same kernels as the step — in one graph, best of `reps` runs: the compute floor
     of this CPU and thread count, which binds before memory bandwidth does on a small model or few cores. None
-    when the experts are not all resident (the slot pool then holds only some)."""
+    when the experts are not all resident (the slot pool then holds only some). `part`: "dense" or "experts"
+    for one half alone."""
     from tokenwing.compute.ggml_lib import ops
     from tokenwing.runtime.batch import groups_of
     from tokenwing.runtime.session import Session
@@ -163,14 +171,14 @@ def compute_floor(s: object, sel: dict[int, np.ndarray], n: int, group: int, rep
     ctx = g.reset()
     sizes = [len(x) for x in groups_of(list(range(n)), group)]
     outs = []
-    for name, t in s.model.weights.tensors.items():
+    for name, t in s.model.weights.tensors.items() if part != "experts" else ():
         ne = [int(t.contents.ne[i]) for i in range(4)]
         if name == "token_embd.weight" or ne[1] == 1 or ne[2] > 1 or ne[3] > 1:
             continue  # the embedding is rows looked up; vectors are elementwise; 3-D matrices are per head
         for rows in sizes:
             outs.append(ops.ggml_mul_mat(ctx, t, g.input(rng.standard_normal((rows, ne[0])).astype(np.float32))))
     k = s.hp.n_expert_used
-    for il, chosen in sel.items():
+    for il, chosen in sel.items() if part != "dense" else ():
         ids = chosen.reshape(n, k).astype(np.int32)
         width = int(s.model.weights.tensors["token_embd.weight"].contents.ne[0])
         x = g.input(rng.standard_normal((n, width)).astype(np.float32))
@@ -299,6 +307,7 @@ def main() -> int:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     in_ram: dict[int, float] = {}  # TokenWing's aggregate in RAM per stream count (beside llama.cpp's)
+    floors: list[str] = []  # in RAM: the compute floor's parts (the median run's)
     for frac in [None, *caps]:
         one = None
         for n in streams:
@@ -330,6 +339,11 @@ def main() -> int:
             one = one if one is not None else (m["aggregate_tok_s"] if n == 1 else None)
             if frac is None:
                 in_ram[n] = m["aggregate_tok_s"]
+                if m.get("compute_floor_s"):
+                    floors.append(
+                        f"| {n} | {n / m['aggregate_tok_s'] * 1e3:.3f} | {m['compute_floor_s'] * 1e3:.3f} | "
+                        f"{m['floor_dense_s'] * 1e3:.3f} | {m['floor_experts_s'] * 1e3:.3f} |"
+                    )
             times = f"{m['aggregate_tok_s'] / one:.2f}×" if one else "—"
             products = f"rows of {m['rows']}" if m["rows"] else "apart" if n > 1 else "—"
             every = ", ".join(f"{x['aggregate_tok_s']:.2f}" for x in runs)
@@ -342,6 +356,11 @@ def main() -> int:
                 f"{every} |",
                 flush=True,
             )
+    if floors:
+        print("\nIn RAM, a step against its compute floor (its matrix products alone, best of 7; ms):\n")
+        print("| streams | step | products | dense products | expert products |")
+        print("|---|---|---|---|---|")
+        print("\n".join(floors))
     if args.llama:
         _llama_rows(args, model, streams, in_ram)
     return 0
