@@ -101,6 +101,24 @@ def test_each_sequence_gets_what_it_gets_alone(
             assert np.array_equal(a, b), f"step {step}: max |diff| {np.abs(a - b).max()}"
 
 
+def _prompted_and_recording(s: Session) -> tuple[list[int], list[np.ndarray]]:
+    """Each of PROMPTS in its slot: each one's greedy next token, and the list every later layer's selections (a
+    row per sequence, in the order the scheduler sees them) are appended to."""
+    last = []
+    for slot, prompt in enumerate(PROMPTS):
+        s.use(slot)
+        last.append(int(s.forward(prompt, prompt=True).argmax()))
+    sel: list[np.ndarray] = []
+    observe = s.scheduler.observe
+
+    def recording(block: int, rows: np.ndarray) -> None:
+        sel.append(rows.copy())
+        observe(block, rows)
+
+    s.scheduler.observe = recording  # type: ignore[method-assign,assignment]
+    return last, sel
+
+
 def test_a_step_reads_each_expert_of_the_union_once(repacked_factory: ModelFactory) -> None:
     """k slots a layer and no lookahead: the union of three sequences is larger than the slots, so it runs in
     waves; each layer's drive reads are at most its union, each one record."""
@@ -108,18 +126,7 @@ def test_a_step_reads_each_expert_of_the_union_once(repacked_factory: ModelFacto
     s = Session(model, _options(3, 1, lookahead=0), log=lambda line: None)
     try:
         assert s.slots_per_layer == s.hp.n_expert_used
-        last = []
-        for slot, prompt in enumerate(PROMPTS):
-            s.use(slot)
-            last.append(int(s.forward(prompt, prompt=True).argmax()))
-        sel: list[np.ndarray] = []
-        observe = s.scheduler.observe
-
-        def recording(block: int, rows: np.ndarray) -> None:
-            sel.append(rows.copy())
-            observe(block, rows)
-
-        s.scheduler.observe = recording  # type: ignore[method-assign,assignment]
+        last, sel = _prompted_and_recording(s)
         before = s.counters()
         decode_step(s, [(i, t) for i, t in enumerate(last)])
         delta = s.counters() - before
@@ -144,18 +151,7 @@ def test_a_step_never_reads_again_what_ram_held_at_its_start(repacked_factory: M
     model = str(repacked_factory(type="Q4_K_M"))
     s = Session(model, _options(3, 1, lookahead=0), log=lambda line: None)
     try:
-        last = []
-        for slot, prompt in enumerate(PROMPTS):
-            s.use(slot)
-            last.append(int(s.forward(prompt, prompt=True).argmax()))
-        sel: list[np.ndarray] = []
-        observe = s.scheduler.observe
-
-        def recording(block: int, rows: np.ndarray) -> None:
-            sel.append(rows.copy())
-            observe(block, rows)
-
-        s.scheduler.observe = recording  # type: ignore[method-assign,assignment]
+        last, sel = _prompted_and_recording(s)
         every = list(range(s.hp.n_expert))
         held_waves = 0
         for _ in range(STEPS):
