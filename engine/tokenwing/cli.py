@@ -285,6 +285,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
             f"model: {m['file']} ({m['architecture']}): KV cache {human_bytes(m['kv_bytes_per_token'])} per token "
             f"of context ({m['kv_type']})"
         )
+        par = m["parallel_auto"]
+        print(
+            f"serve --parallel auto: {par['slots']} slot{'s' if par['slots'] > 1 else ''} of {par['context']} tokens "
+            f"of context, {human_bytes(par['bytes_per_slot'])} each (KV cache and states)"
+        )
     return 0
 
 

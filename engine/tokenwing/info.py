@@ -82,25 +82,54 @@ def engine_flags() -> dict[str, dict[str, Any]]:
     return out
 
 
-def model_facts(path: str) -> dict[str, Any]:
+def model_facts(path: str, mem: MemoryInfo | None = None) -> dict[str, Any]:
     """What the engine sizes for a model file (or GGUF) before loading it: its KV cache per token of context, at
-    each `--kv-type` (by its family's rule: the bytes the runtime allocates)."""
+    each `--kv-type` (by its family's rule: the bytes the runtime allocates), and the slots `serve --parallel
+    auto` would keep on this machine (by the rule the session plans by, from the file's metadata and its
+    resident tensors' sizes: no weight is read)."""
     from tokenwing.format import layout as L
     from tokenwing.format.source import open_source
-    from tokenwing.models import kv_bytes_per_token
+    from tokenwing.models import family, kv_bytes_per_token
+    from tokenwing.models.hparams import read_hparams
+    from tokenwing.models.weights import resident_bytes
     from tokenwing.runtime.kvcache import KV_TYPES
+    from tokenwing.runtime.session import SessionOptions, session_memory
 
-    header = open_source([path]).header
+    source = open_source([path])
+    header = source.header
     arch = L.arch_of(header)
     meta = {k: v.value for k, v in header.kv.items()}
     by_type = {name: kv_bytes_per_token(meta, arch, path, elt) for name, (_, elt) in KV_TYPES.items()}
     default = engine_flags()["--kv-type"]["default"]
+
+    # the resident tensors: a model file lists them first; a GGUF's are those neither experts nor kept
+    n_res = header.get(L.K_RESIDENT_COUNT)
+    stored = header.tensors[: int(n_res)] if n_res is not None else L.plan_experts(source.infos(), header)[0]
+    resident = L.split_kept(stored, header)[0]
+    model_class = family(arch)
+    hp = read_hparams(meta, arch, path, model_class.recurrence)
+    lazy = model_class.lazy_tensors(hp)
+    weights = resident_bytes(t for t in resident if t.name not in lazy)
+    shapes = {t.name: t.shape for t in resident}
+    try:
+        specs = [model_class.layer_state(hp, shapes, il) for il in range(hp.n_layer)]
+    except KeyError as e:  # (a tensor the family sizes its state by is missing: `verify` names it)
+        raise BadInputError(f"{path}: no tensor {e.args[0]}, which a {arch} model needs") from None
+    plan = session_memory(model_class, hp, specs, weights, SessionOptions(), mem or memory_info(), 0)
     return {
         "file": path,
         "architecture": arch,
         "kv_type": default,
         "kv_bytes_per_token": by_type[default],
         "kv_bytes_per_token_by_type": by_type,
+        # `serve --parallel auto` here and now: its slots, each one's context and what each slot's KV cache and
+        # recurrent states take (counted against the memory limit beside the resident weights)
+        "parallel_auto": {
+            "slots": plan.n_seq,
+            "context": plan.n_ctx,
+            "bytes_per_slot": plan.kv_per_token * plan.n_ctx + plan.states.reserved,
+            "resident_weights_bytes": weights,
+        },
     }
 
 
@@ -140,7 +169,7 @@ def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20, mode
         "parallel_auto_most": AUTO_PARALLEL,
         "parallel_auto_extra_share": 1 / EXTRA_SLOTS_SHARE,  # ... the caches beyond the first: this much memory
         "drive": None,
-        "model": model_facts(model) if model is not None else None,
+        "model": model_facts(model, mem) if model is not None else None,
     }
     if drive_file is not None:
         try:

@@ -8,11 +8,16 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ModelFactory, assert_clean_error, run_cli
 from tokenwing import errors
 from tokenwing.compute.devices import headroom
 from tokenwing.format.inspect import inspect_model
-from tokenwing.info import engine_flags
+from tokenwing.info import engine_flags, model_facts
+from tokenwing.runtime import session as session_module
+from tokenwing.runtime.session import Session, SessionOptions
+from tokenwing.streaming.memory import MemoryInfo
 from tokenwing.streaming.settings import DECAY_TOKENS, StreamSettings
 
 
@@ -45,9 +50,39 @@ def test_info_reports_flags_headroom_exit_codes_and_the_models_kv_cache(repacked
     assert m["architecture"] == "qwen3next" and m["kv_type"] == "f16"
     assert m["kv_bytes_per_token"] == inspect_model([str(model)])["kv_bytes_per_token"] > 0
     assert m["kv_bytes_per_token_by_type"] == {"f16": m["kv_bytes_per_token"], "f32": 2 * m["kv_bytes_per_token"]}
+    assert m["parallel_auto"]["slots"] >= 1 and m["parallel_auto"]["context"] > 0
     # the line without --json says it too
     text = run_cli("info", str(model))
     assert text.returncode == 0 and "KV cache" in text.stdout and "per token" in text.stdout
+    assert "serve --parallel auto:" in text.stdout
+
+
+def test_info_gives_the_slots_a_server_would_keep(
+    repacked_factory: ModelFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tokenwing info MODEL`'s `parallel_auto` is what a session opened with `--parallel auto` keeps under the same
+    memory, computed before any weight is loaded: its slots, each one's context, and what a slot takes (a
+    linear-attention model: its recurrent states and their checkpoints beside the KV cache)."""
+    model = repacked_factory(arch="qwen3next", type="F16", n_layer=8, context_length=262144)
+    roomy = model_facts(str(model), MemoryInfo(64 << 30, 64 << 30, 64 << 30, 0))["parallel_auto"]
+    one = roomy["bytes_per_slot"]
+    kv = model_facts(str(model), MemoryInfo(64 << 30, 64 << 30, 64 << 30, 0))["kv_bytes_per_token"]
+    assert roomy["slots"] == 4 and roomy["context"] == 262144
+    assert one > kv * roomy["context"]  # the states count
+    # memory whose 16th holds one more slot (its KV cache and states) and falls 16 bytes short of two, then holds
+    # two exactly: two slots, then three, in the session as in `info` (a rule that counted less or more than a
+    # slot takes would disagree with the session on one side of the line)
+    for usable, slots in ((16 * 2 * one - 16, 2), (16 * 2 * one, 3)):
+        mem = MemoryInfo(usable, usable, usable, 0)
+        facts = model_facts(str(model), mem)["parallel_auto"]
+        assert (facts["slots"], facts["context"]) == (slots, 262144)
+        monkeypatch.setattr(session_module, "memory_info", lambda mem=mem: mem)
+        s = Session(str(model), SessionOptions(parallel=0), log=lambda line: None)
+        try:
+            assert (len(s.seqs), s.n_ctx) == (facts["slots"], facts["context"])
+            assert s.model.weights.bytes == facts["resident_weights_bytes"]
+        finally:
+            s.close()
 
 
 def test_exit_codes_are_the_error_classes_and_one_kind_each() -> None:

@@ -43,7 +43,6 @@ class BailingMoE3(MoEModel):
         super().__init__(hp, weights, streamed)
         f32 = np.float32
         self.kq_scale = float(f32(1.0) / np.sqrt(f32(mla.Heads.of(hp).k)))
-        self.d_inner = hp.kda_head_dim * hp.n_head
 
     # -------------------------------------------------------------------------------------------- checks
     @classmethod
@@ -76,12 +75,13 @@ class BailingMoE3(MoEModel):
         """MLA's latent in the full-attention layers; a KDA layer keeps its recurrent state instead."""
         return common.KVSpec(0, 0) if hp.is_recurrent(il) else mla.kv_spec(hp)
 
-    def state_spec(self, il: int) -> common.StateSpec | None:
-        if not self.hp.is_recurrent(il):
+    @classmethod
+    def layer_state(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], il: int) -> common.StateSpec | None:
+        if not hp.is_recurrent(il):
             return None
-        hd = self.hp.kda_head_dim
+        hd = hp.kda_head_dim
         # the three convolutions' inputs (q, k, v: llama.cpp's order), then one hd × hd matrix per head
-        return common.StateSpec((self.hp.ssm_d_conv - 1, self.d_inner, 3), (hd, hd, self.hp.n_head, 1))
+        return common.StateSpec((hp.ssm_d_conv - 1, hd * hp.n_head, 3), (hd, hd, hp.n_head, 1))
 
     # --------------------------------------------------------------------------------------------- graph
     def attention(

@@ -259,6 +259,12 @@ class MoEModel:
 
     def state_spec(self, il: int) -> common.StateSpec | None:
         """Layer il's recurrent state, if it is a linear-attention layer."""
+        return self.layer_state(self.hp, self.weights.shapes, il)
+
+    @classmethod
+    def layer_state(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], il: int) -> common.StateSpec | None:
+        """`state_spec` from the metadata and the tensors' shapes alone (a class method: `tokenwing info` sizes a
+        server's slots before any weight is loaded)."""
         return None
 
     @property

@@ -64,6 +64,24 @@ def state_rows(ratio: int) -> int:
     return 2 * ratio if ratio == CSA else ratio
 
 
+def ring_rows(hp: HParams) -> int:
+    """Raw key rows a layer keeps: the window plus the most tokens a graph writes at once, padded to 256 as
+    llama.cpp pads its window cache (pad256(n_swa + n_ubatch)): every key a graph's queries see is still there
+    after the graph's own writes."""
+    return -(-(hp.sliding_window + RING_TOKENS) // 256) * 256
+
+
+def carried_rings(hp: HParams, il: int) -> list[tuple[int, int]]:
+    """(width, rows) of each carried ring of layer il's compressors, in their order in the state."""
+    k = keys(hp)
+    ratio, d, di = k.compress_ratios[il], hp.head_dim, k.indexer_head_size
+    if ratio == CSA:
+        return [(2 * d, state_rows(CSA))] * 2 + [(2 * di, state_rows(CSA))] * 2
+    if ratio == HCA:
+        return [(d, HCA)] * 2
+    return [(1, 1)]  # (no compressor: one unused float)
+
+
 def blocks(n_ctx: int, ratio: int) -> int:
     """Compressed blocks a context can complete (block b completes at position (b + 1) · ratio - 1)."""
     return n_ctx // ratio
@@ -212,25 +230,14 @@ class DeepSeek4(MoEModel):
 
     @property
     def ring(self) -> int:
-        """Raw key rows a layer keeps: the window plus the most tokens a graph writes at once, padded to 256 as
-        llama.cpp pads its window cache (pad256(n_swa + n_ubatch)): every key a graph's queries see is still there
-        after the graph's own writes."""
-        return -(-(self.hp.sliding_window + RING_TOKENS) // 256) * 256
+        return ring_rows(self.hp)
 
-    def state_spec(self, il: int) -> common.StateSpec | None:
+    @classmethod
+    def layer_state(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], il: int) -> common.StateSpec | None:
         """F32 (llama.cpp keeps the compressors' rows in F32; the raw keys it keeps in the cache's type): `conv` the
         raw keys' ring [D, ring] (a slot per position modulo the ring); `state` the compressors' last rows, kv then
         score ([2D, 8] each, then the indexer's [2Di, 8] each, in a CSA layer; [D, 128] each in an HCA layer)."""
-        return common.StateSpec((self.hp.head_dim, self.ring), (sum(w * r for w, r in self._rings(il)),))
-
-    def _rings(self, il: int) -> list[tuple[int, int]]:
-        """(width, rows) of each carried ring of layer il's compressors, in their order in the state."""
-        ratio, d, di = self.k.compress_ratios[il], self.hp.head_dim, self.k.indexer_head_size
-        if ratio == CSA:
-            return [(2 * d, state_rows(CSA))] * 2 + [(2 * di, state_rows(CSA))] * 2
-        if ratio == HCA:
-            return [(d, HCA)] * 2
-        return [(1, 1)]  # (no compressor: one unused float)
+        return common.StateSpec((hp.head_dim, ring_rows(hp)), (sum(w * r for w, r in carried_rings(hp, il)),))
 
     # -------------------------------------------------------------------------- the state between layers
     @classmethod
@@ -571,8 +578,8 @@ class DeepSeek4(MoEModel):
         """The compressors of layer il over the graph's tokens: every block that completes here pooled into its
         cache row, and the carried rows updated (deepseek4.cpp:944-1176)."""
         w, d, ratio, eps = self.w[il], self.hp.head_dim, self.k.compress_ratios[il], self.hp.rms_eps
-        rings = _views(ctx, kv.state, self._rings(il))
-        snaps = _views(ctx, kv.snapshot.state, self._rings(il)) if kv.snapshot is not None else None
+        rings = _views(ctx, kv.state, carried_rings(self.hp, il))
+        snaps = _views(ctx, kv.snapshot.state, carried_rings(self.hp, il)) if kv.snapshot is not None else None
         # (HCA's compressor pools one block per row; CSA's two overlapping ones, and it has the indexer's too)
         out = _compressor(
             ctx,

@@ -129,10 +129,11 @@ class Qwen3Next(MoEModel):
             return common.KVSpec(0, 0)
         return super().kv_layer(hp, il)
 
-    def state_spec(self, il: int) -> common.StateSpec | None:
-        if not self.hp.is_recurrent(il):
+    @classmethod
+    def layer_state(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], il: int) -> common.StateSpec | None:
+        if not hp.is_recurrent(il):
             return None
-        lin = self.lin
+        lin = Linear.of(hp)
         return common.StateSpec((lin.d_conv - 1, lin.conv_dim, 1), (lin.s, lin.s, lin.v_heads, 1))
 
     # --------------------------------------------------------------------------------------------- graph

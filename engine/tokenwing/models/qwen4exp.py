@@ -197,7 +197,7 @@ class Qwen4Exp(Qwen35MoE):
         self.ngram_rows: NgramRows | None = None
         if self.ple is not None:
             self.ple_kernel = weights.shapes[f"blk.{hp.ple_layer}.ple_conv1d.weight"][0]
-            self.ple_hist = (self.ple_kernel - 1) * self.ple.ngram  # the convolution's history, in tokens
+            self.ple_hist = self.history_tokens(hp, weights.shapes)
             path, offset, info = weights.lazy[TABLE]
             width = info.shape[0]
             row_bytes = tensor_nbytes((width,), info.type)
@@ -213,6 +213,13 @@ class Qwen4Exp(Qwen35MoE):
     def streams(hp: HParams, shapes: dict[str, tuple[int, ...]]) -> int:
         """hyper_connection.count, from the head's mix (its up-projection is [rank, hc · n_embd])."""
         return shapes.get("output_hc_up.weight", (0, 0))[1] // max(hp.n_embd, 1)
+
+    @staticmethod
+    def history_tokens(hp: HParams, shapes: dict[str, tuple[int, ...]]) -> int:
+        """The n-gram injection's convolution history, in tokens: (kernel - 1) · n-gram (0 without the table)."""
+        if hp.ple_layer < 0 or hp.ple is None:
+            return 0
+        return (shapes[f"blk.{hp.ple_layer}.ple_conv1d.weight"][0] - 1) * hp.ple.ngram
 
     # -------------------------------------------------------------------------------------------- checks
     @classmethod
@@ -533,14 +540,15 @@ class Qwen4Exp(Qwen35MoE):
         return ops.ggml_mul(ctx, common.rms_norm(ctx, out, weight, eps), ops.ggml_sigmoid(ctx, z))
 
     # ------------------------------------------------------------------------------------- the n-gram table
-    def state_spec(self, il: int) -> common.StateSpec | None:
+    @classmethod
+    def layer_state(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], il: int) -> common.StateSpec | None:
         """The DeltaNet's state; the table's layer keeps its injection's convolution history too, as more slots
         of the convolution state (the runtime copies a state whole: checkpoints, snapshots)."""
-        spec = super().state_spec(il)
-        if spec is None or il != self.hp.ple_layer:
+        spec = super().layer_state(hp, shapes, il)
+        if spec is None or il != hp.ple_layer:
             return spec
         per_slot = spec.conv[0] * spec.conv[1]
-        extra = -(-self.ple_hist * self.hc * self.hp.n_embd // per_slot)
+        extra = -(-cls.history_tokens(hp, shapes) * cls.streams(hp, shapes) * hp.n_embd // per_slot)
         return common.StateSpec((spec.conv[0], spec.conv[1], 1 + extra), spec.state)
 
     def _history(self, ctx: Any, conv: Tensor) -> Tensor:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from tokenwing.compute.ggml_lib import F16, F32, Repacker, Tensor, TensorArena, aligned_bytes
-from tokenwing.format.gguf_io import tensor_nbytes
+from tokenwing.format.gguf_io import TensorInfo, tensor_nbytes
 from tokenwing.format.reader import ModelFile
 
 _ALIGN = 64
@@ -39,6 +41,12 @@ def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+def resident_bytes(tensors: Iterable[TensorInfo]) -> int:
+    """The memory ModelWeights takes for these tensors, each aligned (`tokenwing info` plans a server's slots by
+    it before loading any)."""
+    return sum(_align(t.nbytes) for t in tensors)
+
+
 class ModelWeights:
     """Every resident tensor, loaded (checksummed) into one aligned allocation."""
 
@@ -52,7 +60,7 @@ class ModelWeights:
         # (next-token-prediction blocks are kept in the file, never loaded; lazy tensors are read sparsely)
         resident = [t for t in mf.resident if t.name not in lazy]
         self.arena = TensorArena(len(resident) + 3 * n_layers + extra_tensors)
-        total = sum(_align(t.nbytes) for t in resident)
+        total = resident_bytes(resident)
         self.memory = aligned_bytes(total)
         self.tensors: dict[str, Tensor] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}

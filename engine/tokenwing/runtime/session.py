@@ -43,7 +43,7 @@ from tokenwing.runtime.token_graph import TokenGraph
 from tokenwing.runtime.vram.tier import VramOptions, VramTier
 from tokenwing.runtime.vram.weights import Place
 from tokenwing.runtime.vram_experts import COUNTERS as VRAM_COUNTERS
-from tokenwing.streaming.memory import memory_info
+from tokenwing.streaming.memory import MemoryInfo, memory_info
 from tokenwing.streaming.settings import StreamSettings
 from tokenwing.streaming.streamer import COUNTERS, plan_slots
 from tokenwing.text.tokenizer import TextTokenizer
@@ -80,6 +80,45 @@ class SessionOptions:
 
 
 AUTO_PARALLEL = 4  # slots when none are asked for (llama.cpp's server starts 4 too), if memory holds them
+
+
+def session_memory(
+    model_class: type[MoEModel],
+    hp: HParams,
+    state_specs: list[common.StateSpec | None],
+    weights_bytes: int,
+    opts: SessionOptions,
+    info: MemoryInfo,
+    n_seq: int,
+    least_expert_bytes: int = 0,
+    model_dir: str = "",
+) -> MemoryPlan:
+    """A session's memory plan for `n_seq` sequences (0: as many slots as memory holds, each with the context
+    one would get, at most AUTO_PARALLEL; `MemoryPlan.slots_that_fit`) under `opts`: Session plans by it, and
+    `tokenwing info MODEL` gives the server's slots by it before any weight is loaded."""
+
+    def plan(n: int, n_ctx: int) -> MemoryPlan:
+        return plan_memory(
+            hp,
+            model_class.kv_bytes_per_token(hp, kv_element(opts.kv_type)[1]),
+            state_specs,
+            n_ctx=n_ctx,
+            max_batch=opts.max_batch,
+            checkpoints=opts.state_checkpoints if opts.prompt_cache else 0,
+            ram_budget=opts.ram_budget,
+            weights_bytes=weights_bytes,
+            least_expert_bytes=least_expert_bytes,
+            model_dir=model_dir,
+            info=info,
+            n_seq=n,
+        )
+
+    memory = plan(max(n_seq, 1), opts.n_ctx)
+    if n_seq == 0:
+        n = memory.slots_that_fit(weights_bytes, AUTO_PARALLEL)
+        if n > 1:
+            memory = plan(n, memory.n_ctx)
+    return memory
 
 
 @dataclass
@@ -143,27 +182,9 @@ class Session:
         state_specs = [self.model.state_spec(il) for il in range(hp.n_layer)]
         info = memory_info()
 
-        def plan(n: int, n_ctx: int) -> MemoryPlan:
-            return plan_memory(
-                hp,
-                model_class.kv_bytes_per_token(hp, kv_element(opts.kv_type)[1]),
-                state_specs,
-                n_ctx=n_ctx,
-                max_batch=opts.max_batch,
-                checkpoints=opts.state_checkpoints if opts.prompt_cache else 0,
-                ram_budget=opts.ram_budget,
-                weights_bytes=weights.bytes,
-                least_expert_bytes=plan_slots(self.mf.index, 0, hp.n_expert_used, streamed).bytes,
-                model_dir=os.path.dirname(os.path.abspath(self.mf.path)),
-                info=info,
-                n_seq=n,
-            )
-
-        memory = plan(max(n_seq, 1), opts.n_ctx)
-        if n_seq == 0:  # as many slots as memory holds, each with the context one would get
-            n_seq = memory.slots_that_fit(weights.bytes, AUTO_PARALLEL)
-            if n_seq > 1:
-                memory = plan(n_seq, memory.n_ctx)
+        least = plan_slots(self.mf.index, 0, hp.n_expert_used, streamed).bytes
+        model_dir = os.path.dirname(os.path.abspath(self.mf.path))
+        memory = session_memory(model_class, hp, state_specs, weights.bytes, opts, info, n_seq, least, model_dir)
         for note in memory.notes:
             log(note)
         self.n_ctx = memory.n_ctx
