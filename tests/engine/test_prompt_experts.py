@@ -97,3 +97,30 @@ def test_the_session_multiplies_repacked_experts_per_expert(repacked_factory: Mo
         assert np.isfinite(logits).all()
     finally:
         s.close()
+
+
+def test_a_tokens_sum_does_not_depend_on_the_order_its_experts_come_in(repacked_factory: ModelFactory) -> None:
+    """Each prompt pass orders its own experts (by recency: `ExpertScheduler.prompt_order`), so a token's experts
+    come in one order when its pass is the token alone and in the reverse order when later tokens use them more;
+    its sum of their outputs is the same bits either way (an F64 running sum: in F32, a Kimi K3 prompt split into
+    passes differed from the same prompt in one pass, on an AVX2 machine)."""
+    model = repacked_factory(arch="qwen3moe", type="F32", n_expert=16, n_expert_used=4)
+    s = Session(str(model), SessionOptions(usage_table=False), log=lambda line: None)
+    try:
+        block = s.streamed[0]
+        token = [1, 5, 9, 13]
+        # later tokens use 1, 5, 9 and 13 five, four, three and two times in all: the pass puts them last, reversed
+        later = [[1, 5, 9, 13], [1, 5, 9, 0], [1, 5, 2, 3], [1, 4, 6, 7]]
+        sel = np.array([token, *later], np.int32)
+        order = s.scheduler.prompt_order(sel, s.hp.n_expert)
+        assert [e for e in order if e in token] == token[::-1]
+        assert s.scheduler.prompt_order(sel[:1], s.hp.n_expert) == token
+        rng = np.random.default_rng(11)
+        cur = rng.standard_normal((len(sel), s.hp.n_embd)).astype(np.float32)
+        weights = rng.uniform(0.1, 1.0, sel.shape).astype(np.float32)
+        alone = s.experts.prompt(block, cur[:1], sel[:1], weights[:1])
+        together = s.experts.prompt(block, cur, sel, weights)
+        assert alone.dtype == together.dtype == np.float32
+        assert np.array_equal(alone[0], together[0])
+    finally:
+        s.close()

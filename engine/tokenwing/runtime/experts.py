@@ -149,9 +149,14 @@ class ExpertCompute:
     ) -> np.ndarray:
         """A prompt's experts in waves (recency order, `ExpertScheduler.prompt_order`), summed as they come.
 
-        Each token adds its experts' outputs in the waves' order whatever the number of waves, so the result
-        does not depend on the budget, and the working memory is one running sum per token (not every token's k
-        outputs). llama.cpp adds in rank order: the difference is rounding.
+        Each token adds its experts' outputs as the waves come, into a running sum in F64 (one per token, not
+        every token's k outputs): k F32 outputs add exactly in F64 (unless their magnitudes span more than 2^26),
+        so the sum, rounded to F32 once, is the same whatever the order — and the order does change: with the
+        number of waves (the budget), and with the prompt's split into passes, since each pass orders its own
+        experts. In F32 it did change the bits: a Kimi K3 prompt split into passes of 16 tokens differed from one
+        pass from token 48 on, on an AVX2 machine (two of a token's experts swapped places in the passes' orders;
+        1.2e-7 at the first layer, 0.49 in the logits of the random-weight model). llama.cpp adds in rank order,
+        in F32: the difference is rounding.
 
         With a `device` (the VRAM tier): the experts it holds come first, computed there and never read into RAM;
         a wave of the others whose experts serve enough tokens each runs on the GPU too (copied up from RAM).
@@ -168,7 +173,7 @@ class ExpertCompute:
             unique = held + [e for e in unique if e not in in_vram]
         place = np.zeros(n_expert, np.int64)
         place[unique] = np.arange(len(unique))
-        acc = np.zeros((sel.shape[0], cur.shape[1]), np.float32)
+        acc = np.zeros((sel.shape[0], cur.shape[1]), np.float64)
         if device is not None:
             device.observe_prompt(block, sel)
         if device is not None and held:
@@ -192,7 +197,7 @@ class ExpertCompute:
                 self._add_wave(acc, sel, weights, wave, place, on_cpu, True)
             if each_wave is not None:
                 each_wave(wave)
-        return acc
+        return acc.astype(np.float32)
 
     def _add_wave(
         self,

@@ -196,12 +196,12 @@ def plan_memory(
 
 def prompt_bytes_per_token(hp: HParams, shared: bool, state: int = 0, experts: int = 0) -> int:
     """Working memory of a prompt pass beyond the graph context, per token: the residual state (`state` floats,
-    n_embd by default; it becomes the attention output plus residual), the FFN input and the running sum of
-    the experts' outputs (at the experts' width, n_embd by default), the shared expert's output, router
-    probabilities and their top-k sort, and a wave's (token, expert) index arrays (`PromptMemory.bytes` adds a
-    quarter for numpy's temporaries)."""
+    n_embd by default; it becomes the attention output plus residual), the FFN input, the running sum of the
+    experts' outputs (in F64: two floats) and its F32 result (at the experts' width, n_embd by default), the
+    shared expert's output, router probabilities and their top-k sort, and a wave's (token, expert) index arrays
+    (`PromptMemory.bytes` adds a quarter for numpy's temporaries)."""
     state, experts = state or hp.n_embd, experts or hp.n_embd
-    floats = state + 2 * experts + (hp.n_embd if shared else 0) + 3 * hp.n_expert + 2 * hp.n_expert_used
+    floats = state + 4 * experts + (hp.n_embd if shared else 0) + 3 * hp.n_expert + 2 * hp.n_expert_used
     return 4 * floats + 64 * hp.n_expert_used
 
 
