@@ -64,9 +64,9 @@ def test_info_gives_the_slots_a_server_would_keep(
     memory, computed before any weight is loaded: its slots, each one's context, and what a slot takes (a
     linear-attention model: its recurrent states and their checkpoints beside the KV cache)."""
     model = repacked_factory(arch="qwen3next", type="F16", n_layer=8, context_length=262144)
-    roomy = model_facts(str(model), MemoryInfo(64 << 30, 64 << 30, 64 << 30, 0))["parallel_auto"]
+    facts = model_facts(str(model), MemoryInfo(64 << 30, 64 << 30, 64 << 30, 0))
+    roomy, kv = facts["parallel_auto"], facts["kv_bytes_per_token"]
     one = roomy["bytes_per_slot"]
-    kv = model_facts(str(model), MemoryInfo(64 << 30, 64 << 30, 64 << 30, 0))["kv_bytes_per_token"]
     assert roomy["slots"] == 4 and roomy["context"] == 262144
     assert one > kv * roomy["context"]  # the states count
     # memory whose 16th holds one more slot (its KV cache and states) and falls 16 bytes short of two, then holds
