@@ -18,7 +18,10 @@ runtime/batch.py `rows_batch`) and every stream's KV window, at RAM bandwidth in
 bytes at the drive ceiling (as if every expert of the union came from the drive), or RAM bandwidth when that
 binds more; and in RAM never above the compute floor: the step's matrix products alone, timed in one graph on
 the same threads (`compute_floor`: on a small model or two cores the kernels bind before memory bandwidth does).
-The aggregate is N tokens per step against it. Under caps the
+The aggregate is N tokens per step against it. In RAM the floor also bounds what batching can gain: no step
+takes less than its products, so N streams get at most N × (one stream's measured step) ÷ (their products
+alone) times one stream's aggregate — with the kernels that give each sequence the bits it gets alone, whatever
+rows share a product (issue 26: what an exact per-sequence result costs). Under caps the
 run is a cgroup of that share of the model file (the session sizes its cache from the group's limit, as in real
 use), or with --budget-caps a --ram-budget share of the experts (the demo model is too small for a cgroup cap).
 --corpus: the streams are text of the repository's corpus through the model's tokenizer (the trained demo
@@ -340,9 +343,12 @@ def main() -> int:
             if frac is None:
                 in_ram[n] = m["aggregate_tok_s"]
                 if m.get("compute_floor_s"):
+                    # The most N streams can gain over the one stream measured, with these (exact) kernels: a
+                    # step never takes less than its products alone
+                    most = f"{n / (m['compute_floor_s'] * in_ram[1]):.2f}×" if 1 in in_ram else "—"
                     floors.append(
                         f"| {n} | {n / m['aggregate_tok_s'] * 1e3:.3f} | {m['compute_floor_s'] * 1e3:.3f} | "
-                        f"{m['floor_dense_s'] * 1e3:.3f} | {m['floor_experts_s'] * 1e3:.3f} |"
+                        f"{m['floor_dense_s'] * 1e3:.3f} | {m['floor_experts_s'] * 1e3:.3f} | {most} |"
                     )
             times = f"{m['aggregate_tok_s'] / one:.2f}×" if one else "—"
             products = f"rows of {m['rows']}" if m["rows"] else "apart" if n > 1 else "—"
@@ -357,9 +363,12 @@ def main() -> int:
                 flush=True,
             )
     if floors:
-        print("\nIn RAM, a step against its compute floor (its matrix products alone, best of 7; ms):\n")
-        print("| streams | step | products | dense products | expert products |")
-        print("|---|---|---|---|---|")
+        print(
+            "\nIn RAM, a step against its compute floor (its matrix products alone, best of 7; ms); the most N "
+            "streams could gain over the one stream measured, were their step its products alone:\n"
+        )
+        print("| streams | step | products | dense products | expert products | most × one stream |")
+        print("|---|---|---|---|---|---|")
         print("\n".join(floors))
     if args.llama:
         _llama_rows(args, model, streams, in_ram)
