@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenwing.compute.ggml_lib import F32, I32, I64, Graph, StaticGraph, Tensor, ops, to_numpy
+from tokenwing.compute.ggml_lib import F32, I32, I64, Graph, StaticGraph, Tensor, ops
 from tokenwing.models import common
 from tokenwing.models.base import MoEModel
 from tokenwing.runtime.experts import ExpertCompute
@@ -170,17 +170,25 @@ class TokenGraph:
             return self._run_rows(tokens, positions, befores)
         for q, window, token, pos, before in zip(self.seqs, self.windows, tokens, positions, befores, strict=True):
             a = common.placement_arrays(pos, 1, window, self.n_ctx, self.width, self.swa, self.axes)
-            g.set(q.token, self.model.token_input([token], before))
+            self._put(q.token, self.model.token_input([token], before))
             for name, values in a.items():
-                t = getattr(q.at, name)
-                if t.contents.data:  # (an input no node reads is not allocated: positions where nothing rotates)
-                    g.set(t, values)
+                self._put(getattr(q.at, name), values)
             self.model.set_inputs(q.at, pos)
         g.compute()
-        return [
-            (to_numpy(q.logits).reshape(-1).copy(), [(il, to_numpy(ids).reshape(-1).copy()) for il, ids in q.routed])
-            for q in self.seqs
-        ]
+        return [(self._got(q.logits), [(il, self._got(ids)) for il, ids in q.routed]) for q in self.seqs]
+
+    def _put(self, t: Tensor, values: np.ndarray) -> None:
+        """An input's values for this run, unless no node reads it (then ggml did not place it: positions where
+        nothing rotates)."""
+        into = self.g.array(t)
+        if into is not None:
+            np.copyto(into, values.reshape(into.shape), casting="no")
+
+    def _got(self, t: Tensor) -> np.ndarray:
+        """A copy of an output's values (flat), before the next run overwrites them."""
+        out = self.g.array(t)
+        assert out is not None
+        return out.reshape(-1).copy()
 
     def _run_rows(
         self, tokens: list[int], positions: list[int], befores: list[list[int]]
@@ -192,25 +200,24 @@ class TokenGraph:
             inputs = [
                 self.model.token_input([t], bf) for t, bf in zip(tokens[at : at + n], befores[at : at + n], strict=True)
             ]
-            g.set(b.tokens, np.concatenate(inputs))
+            self._put(b.tokens, np.concatenate(inputs))
             pos = np.array(positions[at : at + n], np.int32)
             if self.axes > 1:  # (multi-axis RoPE: a text position on three axes, 0 on the fourth)
                 pos = np.concatenate([np.tile(pos, 3), np.zeros(n * (self.axes - 3), np.int32)])
-            g.set(b.positions, pos)
+            self._put(b.positions, pos)
             for part, window, p in zip(b.parts, b.windows, positions[at : at + n], strict=True):
                 a = common.placement_arrays(p, 1, window, self.n_ctx, self.width, self.swa, self.axes)
                 for name, values in a.items():
-                    t = getattr(part, name)
-                    if name != "positions" and t.contents.data:  # (inputs no node reads are not allocated)
-                        g.set(t, values)
+                    if name != "positions":  # (the group's, above)
+                        self._put(getattr(part, name), values)
             at += n
         g.compute()
         out = []
         for b in self.rows:
             n = len(b.parts)
-            logits = to_numpy(b.logits).reshape(n, -1)
-            ids = [(il, to_numpy(t).reshape(n, -1)) for il, t in b.routed]
-            out += [(logits[i].copy(), [(il, v[i].copy()) for il, v in ids]) for i in range(n)]
+            logits = self._got(b.logits).reshape(n, -1)
+            ids = [(il, self._got(t).reshape(n, -1)) for il, t in b.routed]
+            out += [(logits[i], [(il, v[i]) for il, v in ids]) for i in range(n)]  # (rows of fresh copies)
         return out
 
     def close(self) -> None:
