@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tokenwing.compute.ggml_lib import F32, I32, Graph, StaticGraph, ops
+from tokenwing.compute.ggml_lib import F32, I32, Graph, StaticGraph, ops, to_numpy
 
 
 def test_arrays_over_a_placed_graph_carry_each_runs_inputs_and_outputs() -> None:
@@ -29,6 +29,7 @@ def test_arrays_over_a_placed_graph_carry_each_runs_inputs_and_outputs() -> None
         ids_in = g.array(ids)
         assert ids_in is not None and ids_in.dtype == np.int32
         np.copyto(ids_in, np.array([1, 0], np.int32))
+        assert np.array_equal(to_numpy(ids), [1, 0]) and np.array_equal(to_numpy(x), rows)  # (in ggml's memory)
         g.compute()
         first = got.copy()
         assert np.array_equal(first, 2 * rows[[1, 0]])
