@@ -24,13 +24,13 @@ F32 = ggml.GGML_TYPE_F32
 F16 = ggml.GGML_TYPE_F16
 I32 = ggml.GGML_TYPE_I32
 I64 = ggml.GGML_TYPE_I64
-_TYPES = {np.dtype(np.float32): F32, np.dtype(np.float16): F16, np.dtype(np.int32): I32, np.dtype(np.int64): I64}
-_DTYPES: dict[int, np.dtype[Any]] = {
-    F32: np.dtype(np.float32),
-    F16: np.dtype(np.float16),
-    I32: np.dtype(np.int32),
-    I64: np.dtype(np.int64),
+_TYPES: dict[np.dtype[Any], int] = {
+    np.dtype(np.float32): F32,
+    np.dtype(np.float16): F16,
+    np.dtype(np.int32): I32,
+    np.dtype(np.int64): I64,
 }
+_DTYPES = {gtype: dtype for dtype, gtype in _TYPES.items()}
 ROPE_NEOX = ggml.GGML_ROPE_TYPE_NEOX
 ROPE_NORM = ggml.GGML_ROPE_TYPE_NORMAL
 ROPE_IMROPE = ggml.GGML_ROPE_TYPE_IMROPE  # multi-axis RoPE with interleaved sections (Qwen3.5)
@@ -251,30 +251,17 @@ class StaticGraph:
         self.bytes = int(ggml.ggml_gallocr_get_buffer_size(self._galloc, 0))
         self._plan, self._work = _plan(self.gf, self.n_threads, self._pool, None)
 
-    @staticmethod
-    def set(t: Tensor, array: np.ndarray) -> None:
-        a = np.ascontiguousarray(array)
-        ctypes.memmove(t.contents.data, a.ctypes.data, a.nbytes)
-
     def array(self, t: Tensor) -> np.ndarray | None:
-        """A numpy array over a placed tensor's memory (numpy order, leading 1s dropped), made once per tensor:
-        the graph is rerun every token and its tensors stay where `finish` placed them, so writing an input or
-        copying an output is one numpy copy, not the ctypes round trip of `set`/`to_numpy` (the demo model's
-        decode token spent ~90 µs there, against ~420 in its graph). None for an input no node reads (ggml
-        leaves it unplaced)."""
+        """A numpy array over a placed tensor's memory (`_over`), made once per tensor: the graph is rerun every
+        token and its tensors stay where `finish` placed them, so writing an input or copying an output is one
+        numpy copy, not a ctypes round trip (the demo model's decode token spent ~90 µs in those, against ~420 in
+        its graph). None for an input no node reads (ggml leaves it unplaced)."""
         key = ctypes.addressof(t.contents)
         got = self._arrays.get(key)
         if got is None:
-            c = t.contents
-            if not c.data:
+            if not t.contents.data:
                 return None
-            dims = [int(c.ne[3]), int(c.ne[2]), int(c.ne[1]), int(c.ne[0])]
-            while len(dims) > 1 and dims[0] == 1:
-                dims.pop(0)
-            dtype = _DTYPES[int(c.type)]
-            n = int(np.prod(dims))
-            raw = (ctypes.c_char * (n * dtype.itemsize)).from_address(c.data)
-            got = self._arrays[key] = np.frombuffer(memoryview(raw), dtype=dtype, count=n).reshape(dims)
+            got = self._arrays[key] = _over(t, _DTYPES[int(t.contents.type)])
         return got
 
     def compute(self) -> None:
@@ -352,15 +339,18 @@ def start_registry_quietly() -> None:
 def to_numpy(t: Tensor) -> np.ndarray:
     """A copy of a contiguous F32 or I32 tensor's data, in numpy order (reversed GGUF shape). (Called ~50 times
     per decode token: one copy straight from ggml's memory, no intermediate bytes object.)"""
+    return _over(t, np.dtype(np.int32 if t.contents.type == I32 else np.float32)).copy()
+
+
+def _over(t: Tensor, dtype: np.dtype[Any]) -> np.ndarray:
+    """A numpy array over a contiguous tensor's memory (no copy), in numpy order with leading 1s dropped."""
     c = t.contents
-    dtype = np.int32 if c.type == I32 else np.float32
-    ne = c.ne
-    dims = [int(ne[3]), int(ne[2]), int(ne[1]), int(ne[0])]
+    dims = [int(c.ne[3]), int(c.ne[2]), int(c.ne[1]), int(c.ne[0])]
     n = dims[0] * dims[1] * dims[2] * dims[3]
-    raw = (ctypes.c_char * (n * np.dtype(dtype).itemsize)).from_address(c.data)
+    raw = (ctypes.c_char * (n * dtype.itemsize)).from_address(c.data)
     while len(dims) > 1 and dims[0] == 1:
         dims.pop(0)
-    out: np.ndarray = np.frombuffer(memoryview(raw), dtype=dtype, count=n).reshape(dims).copy()
+    out: np.ndarray = np.frombuffer(memoryview(raw), dtype=dtype, count=n).reshape(dims)
     return out
 
 
