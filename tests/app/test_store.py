@@ -216,7 +216,7 @@ def test_an_old_database_is_upgraded_in_place_and_keeps_everything(tmp_path: Pat
     s = ConversationStore(path)  # opened again: the upgraded file, as any new one
     assert [m.reasoning for m in s.messages(conv.id)] == ["", "", "The user greets; answer briefly."]
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (3,)
+        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
     s.close()
 
 
@@ -296,3 +296,130 @@ def test_reasoning_is_kept_but_never_sent_back(store: ConversationStore) -> None
         {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello again"},
     ]
+
+
+# ------------------------------------------------------------------------------------------------ branches
+def contents(store: ConversationStore, cid: int) -> list[str]:
+    return [m.content for m in store.messages(cid)]
+
+
+def test_editing_any_message_keeps_the_old_version_as_a_branch(store: ConversationStore) -> None:
+    conv = store.create(system_prompt="sys")
+    u1 = store.add_message(conv.id, "user", "one")
+    a1 = store.add_message(conv.id, "assistant", "reply one")
+    store.add_message(conv.id, "user", "two")
+    store.add_message(conv.id, "assistant", "reply two")
+
+    # editing the FIRST message (not the last user one) starts a branch from it: the path ends with the new text
+    path = store.edit_as_branch(u1.id, "ONE")
+    assert [m.content for m in path] == ["ONE"] and path[0].id != u1.id
+    store.add_message(conv.id, "assistant", "reply ONE")
+    assert contents(store, conv.id) == ["ONE", "reply ONE"]
+    assert store.chat_payload(conv.id) == [  # the request carries the active branch only
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "ONE"},
+        {"role": "assistant", "content": "reply ONE"},
+    ]
+    assert store.branch_position(path[0].id) == (2, 2) and store.branch_position(u1.id) == (1, 2)
+    assert store.branch_positions(conv.id) == {path[0].id: (2, 2)}
+
+    # switching back shows the old branch with its own continuation, and on again the new one with its own
+    assert [m.content for m in store.switch_branch(path[0].id, -1)] == ["one", "reply one", "two", "reply two"]
+    assert store.branch_positions(conv.id) == {u1.id: (1, 2)}
+    assert contents(store, conv.id) == ["one", "reply one", "two", "reply two"]
+    assert contents(store, conv.id) == [m["content"] for m in store.chat_payload(conv.id)[1:]]
+    assert [m.content for m in store.switch_branch(u1.id, +5)] == ["ONE", "reply ONE"]  # clamped to the last
+
+    # an edit in the middle of the old branch: a third version of "two"'s turn there, the first two kept
+    store.switch_branch(u1.id, 0)  # (0: nothing changes)
+    store.switch_branch(path[0].id, -1)
+    a1_edit = store.edit_as_branch(a1.id, "reply one, edited")[-1]  # a reply can be edited too
+    assert contents(store, conv.id) == ["one", "reply one, edited"]
+    assert store.branch_position(a1_edit.id) == (2, 2) and a1_edit.role == "assistant"
+    store.add_message(conv.id, "user", "three")
+    assert contents(store, conv.id) == ["one", "reply one, edited", "three"]
+
+    # a new message goes to the end of the active path, whatever was written last elsewhere
+    store.switch_branch(a1_edit.id, -1)
+    assert contents(store, conv.id) == ["one", "reply one", "two", "reply two"]
+    store.add_message(conv.id, "user", "four")
+    assert contents(store, conv.id) == ["one", "reply one", "two", "reply two", "four"]
+
+    # the whole tree survives a reopen, with the path as chosen
+    store.close()
+    again = ConversationStore(store.path)
+    assert contents(again, conv.id) == ["one", "reply one", "two", "reply two", "four"]
+    assert again.branch_positions(conv.id) == {u1.id: (1, 2), a1.id: (1, 2)}
+    again.close()
+
+
+def test_regenerate_keeps_the_old_reply_as_a_sibling(store: ConversationStore) -> None:
+    conv = store.create()
+    store.add_message(conv.id, "user", "q")
+    old = store.add_message(conv.id, "assistant", "first answer")
+    assert contents(store, conv.id) == ["q", "first answer"]
+    assert [m.content for m in store.drop_last_assistant(conv.id)] == ["q"]  # set aside, not deleted
+    new = store.add_message(conv.id, "assistant", "second answer")
+    assert contents(store, conv.id) == ["q", "second answer"]
+    assert store.branch_position(new.id) == (2, 2)
+    third = store.replace_last_assistant(conv.id, "third answer")
+    assert store.branch_position(third.id) == (3, 3)
+    assert [m.content for m in store.switch_branch(third.id, -2)] == ["q", "first answer"]
+    assert store.branch_positions(conv.id) == {old.id: (1, 3)}
+
+
+def test_deleting_and_truncating_take_the_branches_below(store: ConversationStore) -> None:
+    conv = store.create()
+    u = store.add_message(conv.id, "user", "q")
+    store.add_message(conv.id, "assistant", "a")
+    store.add_message(conv.id, "user", "q2")
+    edited = store.edit_as_branch(u.id, "Q")[-1]
+    store.add_message(conv.id, "assistant", "A")
+    # deleting the chosen version shows the one before it again
+    assert [m.content for m in store.delete_message(edited.id)] == ["q", "a", "q2"]
+    assert store.branch_positions(conv.id) == {}
+    assert store.truncate_after(u.id) == 2
+    assert contents(store, conv.id) == ["q"]
+    with sqlite3.connect(store.path) as db:
+        assert db.execute("SELECT count(*) FROM messages").fetchone() == (1,)
+    db.close()
+
+
+def test_a_version_3_database_becomes_its_one_branch(tmp_path: Path) -> None:
+    """A file the app wrote before branches (schema 3, as shipped): every old message is kept, in order, as the
+    one branch, and the conversation can branch from then on."""
+    path = tmp_path / "conversations.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.executescript(SCHEMA_1.replace("PRAGMA user_version=1;", ""))
+        db.execute("ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''")
+        db.execute("ALTER TABLE messages ADD COLUMN tool_rounds TEXT NOT NULL DEFAULT '[]'")
+        db.execute("PRAGMA user_version=3")
+        db.executemany(
+            "INSERT INTO conversations (title, created_at, updated_at) VALUES (?, 1.0, 2.0)", [("a",), ("b",)]
+        )
+        # two conversations' messages interleaved, as two chats written at the same time leave them
+        db.executemany(
+            "INSERT INTO messages (conversation_id, role, content, created_at, tokens) VALUES (?, ?, ?, 1.5, ?)",
+            [
+                (1, "user", "a1", None),
+                (2, "user", "b1", None),
+                (1, "assistant", "a2", 5),
+                (2, "assistant", "b2", 6),
+                (1, "user", "a3", None),
+            ],
+        )
+    db.close()
+    s = ConversationStore(path)
+    assert contents(s, 1) == ["a1", "a2", "a3"] and contents(s, 2) == ["b1", "b2"]
+    assert [m.tokens for m in s.messages(1)] == [None, 5, None]
+    assert s.branch_positions(1) == {} and s.branch_positions(2) == {}
+    first = s.messages(1)[0]
+    s.edit_as_branch(first.id, "A1")
+    assert contents(s, 1) == ["A1"] and contents(s, 2) == ["b1", "b2"]
+    assert contents(s, 1) == [m.content for m in s.switch_branch(first.id, 1)]
+    s.switch_branch(first.id, 0)
+    assert contents(s, 1) == ["a1", "a2", "a3"]
+    s.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (4,)
+    db.close()

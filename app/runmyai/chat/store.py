@@ -5,13 +5,19 @@
   `synchronous=NORMAL`: a power cut may lose the last few commits, never corrupt the file.
 * One connection, meant for the event loop's thread (local I/O of well under a millisecond per call); a lock
   makes a call from another thread safe too.
-* Edit-and-resend: `edit_and_truncate(message_id, text)`; regenerate: `drop_last_assistant(cid)`, then
-  `add_message(...)` (or `replace_last_assistant`).
+* Branches: a conversation is a tree. Each message has a parent (the one it answers or follows; none for the
+  first) and a `chosen` number: among siblings, the one with the highest is on the active path (0 = set aside).
+  `messages(cid)` is the active path, from the first message to the leaf; `add_message` appends to it.
+  Edit-and-resend: `edit_as_branch(message_id, text)` adds the edited text as a sibling (the old message and
+  everything after it stay, one branch); regenerate: `drop_last_assistant(cid)` sets the last reply aside (it
+  stays, a sibling of the new one) before `add_message(...)` (or `replace_last_assistant`, both in one).
+  `branch_position` / `switch_branch` are the transcript's "‹ 2/3 ›".
 * `list()` orders by last activity: creating a conversation, and adding, editing or removing its messages.
 * Schema changes are migrations run on open (`user_version`): a database of an older app is upgraded in place,
   in one transaction, keeping every message. 2 added `messages.reasoning` (a thinking model's reasoning, shown
   folded and never sent back); 3 added `messages.tool_rounds` (a reply's tool calls and their results, JSON:
-  shown again on reload and sent back to the model, as OpenAI's API expects a conversation's calls to be).
+  shown again on reload and sent back to the model, as OpenAI's API expects a conversation's calls to be); 4 added
+  `messages.parent_id` and `messages.chosen` (branches: an older conversation becomes its one branch).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from runmyai.engine.client import ChatSettings
 Role = Literal["system", "user", "assistant"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant"})
 DEFAULT_TITLE = "New chat"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # the latest schema, for a new file; an older file gets the same through _MIGRATIONS
 _SCHEMA = """
@@ -58,9 +64,12 @@ CREATE TABLE IF NOT EXISTS messages (
     finish_reason TEXT,
     model TEXT,
     reasoning TEXT NOT NULL DEFAULT '',
-    tool_rounds TEXT NOT NULL DEFAULT '[]'
+    tool_rounds TEXT NOT NULL DEFAULT '[]',
+    parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
+    chosen INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
+CREATE INDEX IF NOT EXISTS messages_by_parent ON messages(parent_id);
 CREATE INDEX IF NOT EXISTS conversations_by_activity ON conversations(updated_at DESC, id DESC);
 """
 
@@ -69,6 +78,13 @@ CREATE INDEX IF NOT EXISTS conversations_by_activity ON conversations(updated_at
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: ("ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''",),
     3: ("ALTER TABLE messages ADD COLUMN tool_rounds TEXT NOT NULL DEFAULT '[]'",),
+    # every message follows the one before it in its conversation, all chosen: the old list is the one branch
+    4: (
+        "ALTER TABLE messages ADD COLUMN parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE",
+        "ALTER TABLE messages ADD COLUMN chosen INTEGER NOT NULL DEFAULT 0",
+        "UPDATE messages SET chosen = id, parent_id = (SELECT max(p.id) FROM messages p "
+        "WHERE p.conversation_id = messages.conversation_id AND p.id < messages.id)",
+    ),
 }
 
 
@@ -97,6 +113,7 @@ class Message:
     model: str | None = None
     reasoning: str = ""  # the model's thinking before `content`: shown folded, never sent back to it
     tool_rounds: tuple[ToolRound, ...] = ()  # the reply's turns that called tools, in order
+    parent_id: int | None = None  # the message it follows (None: the conversation's first, or a sibling of it)
 
     def openai_messages(self) -> builtins.list[dict[str, Any]]:
         """The message as the API takes it back: a reply that called tools is its turns (each the assistant's
@@ -137,13 +154,14 @@ class ConversationStore:
             if version > SCHEMA_VERSION:
                 raise StoreError(f"{path} was written by a newer Run My AI (schema {version}); update the app.")
             fresh = self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'messages'").fetchone() is None
-            for stmt in _SCHEMA.split(";"):
-                if stmt.strip():
-                    self._db.execute(stmt)
             if not fresh:  # an older file: its missing steps, in order, in this same transaction
                 for step in range(max(version, 1) + 1, SCHEMA_VERSION + 1):
                     for stmt in _MIGRATIONS[step]:
                         self._db.execute(stmt)
+            # then the latest schema (a new file's tables; an upgraded one's are there, its indexes may not be)
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    self._db.execute(stmt)
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -224,11 +242,57 @@ class ConversationStore:
 
     # ------------------------------------------------------------------------------------------ messages
     def messages(self, conversation_id: int) -> builtins.list[Message]:
+        """The active path: the conversation's messages as shown and sent, first to last."""
         with self._lock:
+            return [_to_message(r) for r in _path(self._db, conversation_id)]
+
+    def branch_position(self, message_id: int) -> tuple[int, int]:
+        """(n, of): the message is the n-th (from 1, in the order they were written) of `of` siblings — versions
+        of the same turn. (1, 1) for a message that was never edited or regenerated."""
+        with self._lock:
+            ids = self._sibling_ids(self._db, message_id)
+        return ids.index(message_id) + 1, len(ids)
+
+    def branch_positions(self, conversation_id: int) -> dict[int, tuple[int, int]]:
+        """`branch_position` of each message on the active path that has siblings (one query for the transcript)."""
+        with self._lock:
+            path = _path(self._db, conversation_id)
             rows = self._db.execute(
-                "SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
+                "SELECT id, parent_id FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
             ).fetchall()
-        return [_to_message(r) for r in rows]
+        siblings: dict[int | None, builtins.list[int]] = {}
+        for r in rows:
+            siblings.setdefault(r["parent_id"], []).append(int(r["id"]))
+        out: dict[int, tuple[int, int]] = {}
+        for r in path:
+            ids = siblings.get(r["parent_id"], [])
+            if len(ids) > 1:
+                out[int(r["id"])] = (ids.index(int(r["id"])) + 1, len(ids))
+        return out
+
+    def switch_branch(self, message_id: int, step: int) -> builtins.list[Message]:
+        """The "‹ ›" of a message with siblings: its sibling `step` places away (clamped) becomes the chosen one,
+        and with it that branch's own continuation. Returns the new active path."""
+        with self._tx() as db:
+            cid = self._message_conversation(db, message_id)
+            ids = self._sibling_ids(db, message_id)
+            target = ids[max(0, min(len(ids) - 1, ids.index(message_id) + step))]
+            self._choose(db, cid, target)
+        return self.messages(cid)
+
+    def choose(self, message_id: int) -> builtins.list[Message]:
+        """Puts this message on the active path (it and, above it, each message it follows). Returns the path."""
+        with self._tx() as db:
+            cid = self._message_conversation(db, message_id)
+            at: int | None = message_id
+            chain: builtins.list[int] = []
+            while at is not None:
+                chain.append(at)
+                row = db.execute("SELECT parent_id FROM messages WHERE id = ?", (at,)).fetchone()
+                at = row["parent_id"] if row is not None else None
+            for mid in reversed(chain):
+                self._choose(db, cid, mid)
+        return self.messages(cid)
 
     def add_message(
         self,
@@ -243,6 +307,7 @@ class ConversationStore:
         model: str | None = None,
         reasoning: str = "",
     ) -> Message:
+        """A message at the end of the active path."""
         if role not in ROLES:
             raise StoreError(f"{role!r} is not a message role (system, user or assistant).")
         with self._tx() as db:
@@ -252,14 +317,24 @@ class ConversationStore:
         return self._message(mid)
 
     def _insert(
-        self, db: sqlite3.Connection, conversation_id: int, role: str, content: str, stats: tuple[object, ...]
+        self,
+        db: sqlite3.Connection,
+        conversation_id: int,
+        role: str,
+        content: str,
+        stats: tuple[object, ...],
+        parent: int | Literal["leaf"] | None = "leaf",
     ) -> int:
+        """A new chosen message under `parent` (by default the active path's last message)."""
         now = time.time()
         self._touch(db, conversation_id, now)
+        if parent == "leaf":
+            path = _path(db, conversation_id)
+            parent = int(path[-1]["id"]) if path else None
         cur = db.execute(
             "INSERT INTO messages (conversation_id, role, content, created_at, ttft_s, tokens_per_s, tokens, "
-            "finish_reason, model, reasoning) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (conversation_id, role, content, now, *stats),
+            "finish_reason, model, reasoning, parent_id, chosen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (conversation_id, role, content, now, *stats, parent, _next_chosen(db, conversation_id)),
         )
         return int(cur.lastrowid or 0)
 
@@ -299,33 +374,56 @@ class ConversationStore:
         return self._message(message_id)
 
     def truncate_after(self, message_id: int) -> int:
-        """Removes every message after this one in its conversation; returns how many went."""
+        """Removes everything that follows this message, in every branch; returns how many went."""
         with self._tx() as db:
             cid = self._message_conversation(db, message_id)
-            cur = db.execute("DELETE FROM messages WHERE conversation_id = ? AND id > ?", (cid, message_id))
+            (n,) = db.execute(_DESCENDANTS_COUNT, (message_id,)).fetchone()
+            db.execute("DELETE FROM messages WHERE parent_id = ?", (message_id,))  # (their own follow by cascade)
             self._touch(db, cid, time.time())
-            return cur.rowcount
+            return int(n)
 
-    def edit_and_truncate(self, message_id: int, content: str) -> builtins.list[Message]:
-        """Edit-and-resend: the message gets the new text, everything after it goes (one transaction). Returns
-        the conversation's messages, ending with the edited one."""
+    def delete_message(self, message_id: int) -> builtins.list[Message]:
+        """Removes a message and everything that follows it (every branch below it); a sibling it hid, if any,
+        is shown again. Returns the active path."""
         with self._tx() as db:
             cid = self._message_conversation(db, message_id)
-            db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
-            db.execute("DELETE FROM messages WHERE conversation_id = ? AND id > ?", (cid, message_id))
+            db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
             self._touch(db, cid, time.time())
         return self.messages(cid)
 
+    def edit_and_truncate(self, message_id: int, content: str) -> builtins.list[Message]:
+        """Edit in place: the message gets the new text, everything after it goes (one transaction; no branch is
+        kept: `edit_as_branch` keeps them). Returns the active path, ending with the edited one."""
+        with self._tx() as db:
+            cid = self._message_conversation(db, message_id)
+            db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
+            db.execute("DELETE FROM messages WHERE parent_id = ?", (message_id,))
+            self._choose(db, cid, message_id)
+            self._touch(db, cid, time.time())
+        return self.messages(cid)
+
+    def edit_as_branch(self, message_id: int, content: str) -> builtins.list[Message]:
+        """Edit-and-resend, any message: the new text becomes a sibling of the message, chosen, with nothing after
+        it yet; the old message and what followed it stay as the other branch ("‹ 1/2 ›"). Returns the active
+        path, ending with the new message."""
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+            if row is None:
+                raise StoreError(f"There is no message {message_id} (was it deleted?).")
+            cid = int(row["conversation_id"])
+            stats = (None, None, None, None, row["model"], "")  # an edited reply is the user's text: no speed
+            self._insert(db, cid, row["role"], content, stats, parent=row["parent_id"])
+        return self.messages(cid)
+
     def drop_last_assistant(self, conversation_id: int) -> builtins.list[Message]:
-        """Regenerate, step one: removes the last message if it is the assistant's. Returns what is left (the
+        """Regenerate, step one: the last message, if it is the assistant's, leaves the active path (it is kept,
+        set aside: the next reply becomes its sibling, and "‹ ›" shows it again). Returns the active path (the
         history to send again)."""
         with self._tx() as db:
             self._touch(db, conversation_id, time.time())
-            row = db.execute(
-                "SELECT id, role FROM messages WHERE conversation_id = ? ORDER BY id DESC LIMIT 1", (conversation_id,)
-            ).fetchone()
-            if row is not None and row["role"] == "assistant":
-                db.execute("DELETE FROM messages WHERE id = ?", (row["id"],))
+            path = _path(db, conversation_id)
+            if path and path[-1]["role"] == "assistant":
+                db.execute("UPDATE messages SET chosen = 0 WHERE id = ?", (path[-1]["id"],))
         return self.messages(conversation_id)
 
     def replace_last_assistant(
@@ -340,15 +438,13 @@ class ConversationStore:
         model: str | None = None,
         reasoning: str = "",
     ) -> Message:
-        """Regenerate in one step: the last assistant message (if the conversation ends with one) is replaced by
-        a new one with this text, reasoning and stats."""
+        """Regenerate in one step: the last assistant message (if the active path ends with one) is set aside
+        for a new one with this text, reasoning and stats (its sibling: both are kept)."""
         with self._tx() as db:
             self._touch(db, conversation_id, time.time())
-            row = db.execute(
-                "SELECT id, role FROM messages WHERE conversation_id = ? ORDER BY id DESC LIMIT 1", (conversation_id,)
-            ).fetchone()
-            if row is not None and row["role"] == "assistant":
-                db.execute("DELETE FROM messages WHERE id = ?", (row["id"],))
+            path = _path(db, conversation_id)
+            if path and path[-1]["role"] == "assistant":
+                db.execute("UPDATE messages SET chosen = 0 WHERE id = ?", (path[-1]["id"],))
             stats = (ttft_s, tokens_per_s, tokens, finish_reason, model, reasoning)
             mid = self._insert(db, conversation_id, "assistant", content, stats)
         return self._message(mid)
@@ -394,11 +490,58 @@ class ConversationStore:
             raise StoreError(f"There is no conversation {conversation_id} (was it deleted?).")
 
     @staticmethod
+    def _sibling_ids(db: sqlite3.Connection, message_id: int) -> builtins.list[int]:
+        row = db.execute("SELECT conversation_id, parent_id FROM messages WHERE id = ?", (message_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"There is no message {message_id} (was it deleted?).")
+        rows = db.execute(
+            "SELECT id FROM messages WHERE conversation_id = ? AND parent_id IS ? ORDER BY id",
+            (row["conversation_id"], row["parent_id"]),
+        ).fetchall()
+        return [int(r["id"]) for r in rows]
+
+    @staticmethod
+    def _choose(db: sqlite3.Connection, conversation_id: int, message_id: int) -> None:
+        db.execute("UPDATE messages SET chosen = ? WHERE id = ?", (_next_chosen(db, conversation_id), message_id))
+
+    @staticmethod
     def _message_conversation(db: sqlite3.Connection, message_id: int) -> int:
         row = db.execute("SELECT conversation_id FROM messages WHERE id = ?", (message_id,)).fetchone()
         if row is None:
             raise StoreError(f"There is no message {message_id} (was it deleted?).")
         return int(row["conversation_id"])
+
+
+_DESCENDANTS_COUNT = """
+WITH RECURSIVE below(id) AS (
+    SELECT id FROM messages WHERE parent_id = ?
+    UNION ALL SELECT m.id FROM messages m JOIN below ON m.parent_id = below.id
+) SELECT count(*) FROM below
+"""
+
+
+def _path(db: sqlite3.Connection, conversation_id: int) -> builtins.list[sqlite3.Row]:
+    """The active path's rows: from the chosen first message, each time the chosen of its children, until a
+    message has none chosen (0 is set aside). One read of the conversation; a tree of a few hundred messages."""
+    rows = db.execute(
+        "SELECT * FROM messages WHERE conversation_id = ? AND chosen > 0 ORDER BY chosen DESC", (conversation_id,)
+    ).fetchall()
+    best: dict[int | None, sqlite3.Row] = {}
+    for r in rows:  # the first seen of each parent's children is its most recently chosen
+        best.setdefault(r["parent_id"], r)
+    path: builtins.list[sqlite3.Row] = []
+    at = best.get(None)
+    while at is not None and len(path) <= len(rows):
+        path.append(at)
+        at = best.get(int(at["id"]))
+    return path
+
+
+def _next_chosen(db: sqlite3.Connection, conversation_id: int) -> int:
+    (top,) = db.execute(
+        "SELECT coalesce(max(chosen), 0) FROM messages WHERE conversation_id = ?", (conversation_id,)
+    ).fetchone()
+    return int(top) + 1
 
 
 def _store_error(path: Path | str, e: sqlite3.Error) -> StoreError:
@@ -456,4 +599,5 @@ def _to_message(row: sqlite3.Row) -> Message:
         model=row["model"],
         reasoning=str(row["reasoning"]),
         tool_rounds=_rounds(str(row["tool_rounds"])),
+        parent_id=row["parent_id"],
     )
