@@ -36,7 +36,7 @@ def test_self_test_chats_and_leaves_no_engine(repacked_factory: ModelFactory, tm
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
     r = _runmyai("--self-test", "--home", str(tmp_path / "home"), "--model", str(model), env=env)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "runmyai self-test: ok — engine 0.1.0" in r.stdout
+    assert "runmyai self-test: ok — on the offscreen platform, engine 0.1.0" in r.stdout
     assert "Traceback" not in r.stderr
     assert not _engines_of(tmp_path / "home")
     assert (tmp_path / "home" / "conversations.sqlite3").exists()

@@ -162,7 +162,8 @@ async def self_test(controller: AppController, args: argparse.Namespace) -> int:
             return 1
     version = (controller.supervisor.handshake or {}).get("version") if controller.supervisor else None
     print(
-        f"runmyai self-test: ok — engine {version} at {endpoint.base_url}, "
+        f"runmyai self-test: ok — on the {QGuiApplication.platformName()} platform, engine {version} at "
+        f"{endpoint.base_url}, "
         f"{len(reply)} characters of reply in {time.monotonic() - started:.1f} s; "
         f"graphs: {controller.window.graphs.summary.text()}"
     )
