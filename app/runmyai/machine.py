@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from runmyai.speeds import SpeedMeasurement, read_speeds
+
 T = TypeVar("T")
 
 # CPU features that matter to the engine's kernels, as /proc/cpuinfo names them (x86 "flags", Arm "Features").
@@ -86,6 +88,9 @@ class MachineInfo:
     mem_bandwidth_bps: float | None = None  # RAM bandwidth when known (none is measured yet)
     decode_probe: DecodeProbe | None = None  # the newest decode the autotuner measured on this machine
     gpu_copy: GpuCopy | None = None  # the newest host↔device copy speeds the autotuner measured on this machine
+    # every decode measured here (autotune runs and finished chat replies, runmyai.speeds): what calibrates the
+    # estimate, robustly, and what a measured model's card says
+    speeds: tuple[SpeedMeasurement, ...] = ()
 
     @property
     def ram_usable(self) -> int:
@@ -117,6 +122,7 @@ def probe_machine(
         drive_read_bps = saved_drive_speed(autotune_dir)
     probe = saved_decode_probe(autotune_dir) if autotune_dir is not None else None
     copy = saved_gpu_copy(autotune_dir, _machine_id()) if autotune_dir is not None else None
+    speeds = read_speeds(autotune_dir) if autotune_dir is not None else ()
     return MachineInfo(
         ram_total=total,
         ram_available=available,
@@ -131,6 +137,7 @@ def probe_machine(
         mem_bandwidth_bps=mem_bandwidth_bps,
         decode_probe=probe,
         gpu_copy=copy,
+        speeds=speeds,
     )
 
 

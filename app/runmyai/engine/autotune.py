@@ -34,8 +34,9 @@ from runmyai.engine.command import FlagValue, check_flag_name, engine_command, f
 from runmyai.engine.faults import classify_exit, engine_error_line
 from runmyai.engine.settings import MachineFingerprint, SettingsFiles, machine_fingerprint
 from runmyai.jsonfile import read_json, write_json_atomic
-from runmyai.machine import GpuInfo, GpuReport, nvidia_vram
+from runmyai.machine import DecodeProbe, GpuInfo, GpuReport, nvidia_vram
 from runmyai.paths import AppPaths
+from runmyai.speeds import load_per_core, record_speed
 
 # Settings autotune reports that are not `tokenwing serve` flags (they explain the choice).
 INFO_ONLY = frozenset(
@@ -306,7 +307,29 @@ class AutotuneRunner:
         decode = await self._probe_decode(model, flag_args({**result.flag_values(), "ctx": 256}), decode_tokens)
         result = dataclasses.replace(result, decode=decode)
         await asyncio.to_thread(write_json_atomic, self.files.autotune_path(model), result.to_json())
+        if decode is not None:
+            await asyncio.to_thread(self._record, model, decode, load_per_core())
         return result
+
+    def _record(self, model: Path, decode: Mapping[str, Any], load: float | None) -> None:
+        """The decode probe joins this machine's measured speeds (runmyai.speeds), which calibrate the estimate
+        robustly over several runs; the autotune file keeps only the newest. `load`: the load average per core as
+        the decode ended (its minute also holds autotune's own drive probe, a second or two of it)."""
+        from runmyai.library.estimate import probe_measurement  # (the estimate reads this module's constants)
+
+        try:
+            probe = DecodeProbe(
+                float(decode["compute_s"]),
+                int(decode["layers"]),
+                int(decode["active_bytes"]),
+                bool(decode["streamed"]),
+                str(decode["model"]),
+            )
+            m = probe_measurement(probe, str(model), float(decode["tokens_per_s"]), time.time(), load)
+        except (KeyError, TypeError, ValueError):
+            return
+        with contextlib.suppress(OSError):  # the estimate then stands on the autotune file alone
+            record_speed(self.files.folder, m)
 
     async def _probe_decode(
         self, model: Path, flags: list[str], tokens: int = DECODE_PROBE_TOKENS

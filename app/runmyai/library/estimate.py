@@ -16,8 +16,12 @@ Pure functions over a `Footprint` (from a preset's published facts, or from the 
   the reads the engine does not hide behind compute (lookahead prefetch, reads overlapping compute). With a
   GPU holding part of the experts, + the VRAM swaps' copies: at most the engine's limit of experts per token
   (`tokenwing info --json`), at the RAM → VRAM copy speed the autotuner measured here (else a default).
-  All of it is a `Calibration`: fitted on this machine class by bench/estimate_bench.py, rescaled by what the
-  autotuner measures on this machine.
+  All of it is a `Calibration`: fitted on this machine class by bench/estimate_bench.py, rescaled by what this
+  machine measured (its autotuner runs and finished chat replies, runmyai.speeds): the median of several, robust to
+  one slow run, and their range.
+
+Shown as a range with where it came from: a model measured here says its own measurements ("~40–55 tok/s ·
+measured: 3 chats"), any other model its estimate's range ("estimated from the model's shape").
 
 One code path for every place that shows it (the library window, `runmyai list`, a hub repository's quant
 table): `launch_estimate` of the model as the app would start it — the engine flags it gets (a preset's share of
@@ -27,6 +31,9 @@ else its preset's. Every sentence of the reasoning is written from the numbers i
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -35,7 +42,8 @@ from runmyai.engine.autotune import DEFAULT_CONTEXT
 from runmyai.engine.info import EngineInfo
 from runmyai.library.local import LocalModel
 from runmyai.library.presets import Preset
-from runmyai.machine import MachineInfo
+from runmyai.machine import DecodeProbe, MachineInfo
+from runmyai.speeds import SpeedMeasurement, Spread, counted, model_speed, robust_set
 from runmyai.units import SizeSum
 from runmyai.units import human_bytes as hb
 
@@ -71,9 +79,13 @@ class Calibration:
     stream_factor: float = 1.0  # compute while experts stream, over compute with every expert in RAM
     hidden_io: float = 0.7  # share of the drive's read time hidden behind compute
     stream_layer_s: float = 0.0  # more per streamed layer while experts stream (a graph per layer, the waits)
+    wait_s: float = 0.0  # a token's wait for the CPU on a busy machine, beyond computing (see MAX_COMPUTE_SLOWDOWN)
+    # the fastest and slowest of the measurements this was calibrated on (None: not calibrated here): the range
+    band: tuple[Calibration, Calibration] | None = None
+    runs: tuple[SpeedMeasurement, ...] = ()  # the measurements it stands on
 
-    def scaled(self, k: float, source: str) -> Calibration:
-        """The same shape of costs on a machine k times slower at computing (the autotuner measures k)."""
+    def scaled(self, k: float, source: str, wait_s: float = 0.0) -> Calibration:
+        """The same shape of costs on a machine k times slower at computing, and waiting `wait_s` a token."""
         return Calibration(
             self.per_layer_s * k,
             self.per_token_s * k,
@@ -82,6 +94,7 @@ class Calibration:
             self.stream_factor,
             self.hidden_io,
             self.stream_layer_s * k,
+            wait_s,
         )
 
     def streaming_s(self, in_ram_s: float, moe_layers: int) -> float:
@@ -108,23 +121,69 @@ DEFAULT_CALIBRATION = Calibration(
 )
 
 
-# How far the autotuner's decode may rescale the defaults: only a measurement that cannot be a decode is refused.
-# The upper bound was 20; on this 2-core machine shared by five sessions (load average 10) the built-in model
-# decoded at 1.49 tok/s after autotune, 0.67 s a token against the 0.32 ms the defaults predict (2,100x), and the
-# chat then measured 1.7 tok/s: capped at 20x, the estimate said ~18.4 tok/s.
+# How far a measurement may rescale the defaults: only one that cannot be a decode is refused. On this 2-core
+# machine shared by five sessions (load average 10) the built-in model decoded at 1.49 tok/s after autotune, 0.67 s
+# a token against the 0.32 ms the defaults predict (2,100x), and the chat then measured 1.7 tok/s.
 MIN_SLOWDOWN, MAX_SLOWDOWN = 0.2, 10_000.0
+# But such a run does not say every model computes 2,100x slower: taken as a multiplier of every cost (as it was),
+# it made the 30B models read "~0.0 tok/s". A machine can be a few times slower at computing than this class's
+# defaults (a laptop's RAM reads 10-15 GB/s against this VM's 36); beyond that, what a measurement shows is time
+# its tokens spent not computing: waiting for a CPU among other programs, which every model's token waits alike.
+# So a measured slowdown is a multiplier up to this factor, and the rest of its time an added wait per token.
+MAX_COMPUTE_SLOWDOWN = 4.0
+# The range an estimate is shown with. From the model's shape alone, on defaults fitted on another machine, it is
+# wide: within 0.8x on the runs the defaults were fitted to, but this machine's CPU, RAM and load are not that
+# one's. Calibrated here, the range is the one of the measurements it stands on, never narrower than the fit's
+# own error (MODEL_SPREAD): the model's shape is still an estimate.
+SHAPE_SPREAD = (0.5, 1.5)
+MODEL_SPREAD = (0.8, 1.25)
+
+
+def predicted_compute_s(layers: int, active_bytes: int, streamed: bool) -> float:
+    """What this machine class's defaults predict a decoded token computes for (the autotuner's probe's shape)."""
+    c = DEFAULT_CALIBRATION
+    in_ram = c.per_token_s + layers * c.per_layer_s + active_bytes / c.mem_bps
+    return c.streaming_s(in_ram, layers) if streamed else in_ram
+
+
+def probe_measurement(
+    p: DecodeProbe, model: str, tokens_per_s: float, at: float, load: float | None
+) -> SpeedMeasurement:
+    """The autotuner's decode probe as a measurement (runmyai.speeds)."""
+    predicted = predicted_compute_s(p.layers, p.active_bytes, p.streamed)
+    tps = tokens_per_s if tokens_per_s > 0 else 1.0 / p.compute_s
+    return SpeedMeasurement(model, "autotune", tps, at, load, p.compute_s, predicted)
+
+
+def _split(m: SpeedMeasurement) -> tuple[float, float]:
+    """A measurement's (compute slowdown, wait a token): its slowdown up to MAX_COMPUTE_SLOWDOWN multiplies the
+    costs, the rest of its time is a wait."""
+    r = m.slowdown or 1.0
+    k = min(MAX_COMPUTE_SLOWDOWN, max(MIN_SLOWDOWN, min(MAX_SLOWDOWN, r)))
+    return k, max(0.0, m.compute_s - k * m.predicted_s)
 
 
 def calibration_for(machine: MachineInfo) -> Calibration:
-    """This machine's costs: the defaults of its class, scaled by the decode the autotuner measured here."""
+    """This machine's costs: the defaults of its class, scaled by what was measured here (autotune runs, chats):
+    the median slowdown and wait of a robust set of the recent measurements (runmyai.speeds.robust_set), and the
+    fastest and slowest of them as the band. An autotune result saved before measurements were kept counts as one."""
     c = DEFAULT_CALIBRATION
+    runs = [m for m in machine.speeds if m.slowdown is not None]
     p = machine.decode_probe
-    if p is None:
+    if not runs and p is not None:
+        runs = [probe_measurement(p, p.model, 0.0, 0.0, None)]
+    kept = robust_set(runs, lambda m: m.slowdown or 1.0)
+    if not kept:
         return c
-    in_ram = c.per_token_s + p.layers * c.per_layer_s + p.active_bytes / c.mem_bps
-    predicted = c.streaming_s(in_ram, p.layers) if p.streamed else in_ram
-    k = min(MAX_SLOWDOWN, max(MIN_SLOWDOWN, p.compute_s / predicted))
-    return c.scaled(k, f"measured by the autotuner on {p.model}: {k:.2f}x this machine class's default")
+    parts = [_split(m) for m in kept]
+    ks, waits = [k for k, _ in parts], [w for _, w in parts]
+    k = math.exp(statistics.median(math.log(x) for x in ks))
+    wait = statistics.median(waits)
+    source = f"calibrated on {counted(kept)} here: {k:.2f}x this machine class's default" + (
+        f", and {wait * 1000:.0f} ms a token waiting for the CPU" if wait >= 0.5e-3 else ""
+    )
+    fast, slow = c.scaled(min(ks), source, min(waits)), c.scaled(max(ks), source, max(waits))
+    return dataclasses.replace(c.scaled(k, source, wait), band=(fast, slow), runs=tuple(kept))
 
 
 @dataclass(frozen=True)
@@ -228,6 +287,36 @@ class Estimate:
     fits_in_memory: bool = True  # the always-loaded part plus the smallest cache fit in usable RAM
     cache_share: float = 1.0  # the expert cache's share of all routed experts
     swap_seconds: float = 0.0  # per token: copying the VRAM cache's newcomers to the GPU (at most)
+    # the range it is shown with and where it comes from: "estimated from the model's shape", "measured: 3 chats"
+    low_tokens_per_s: float = 0.0
+    high_tokens_per_s: float = 0.0
+    basis: str = "estimated from the model's shape"
+    measured: bool = False  # the numbers are this model's own measurements here, not an estimate
+
+    @property
+    def speed(self) -> str:
+        """The range as a card says it: "~40–55 tok/s", "~6.2 tok/s", "< 0.1 tok/s"."""
+        return speed_range(self.low_tokens_per_s or self.tokens_per_s, self.high_tokens_per_s or self.tokens_per_s)
+
+
+def _num(v: float) -> str:
+    return f"{v:.1f}" if v < 9.95 else f"{v:,.0f}"
+
+
+def speed_range(low: float, high: float) -> str:
+    """tokens/s from `low` to `high` in a few characters; what rounds to 0.0 is said as under 0.1 (a card said
+    "~0.0 tok/s")."""
+    if high < 0.05:
+        return "< 0.1 tok/s"
+    if low < 0.05:
+        return f"up to {_num(high)} tok/s"
+    a, b = _num(low), _num(high)
+    return f"~{a} tok/s" if a == b else f"~{a}–{b} tok/s"
+
+
+def speed_words(tokens_per_s: float) -> str:
+    """One speed in a sentence: "about 48.2 tokens/s", "under 0.1 tokens/s"."""
+    return "under 0.1 tokens/s" if tokens_per_s < 0.05 else f"about {tokens_per_s:.1f} tokens/s"
 
 
 # A GPU's own memory bandwidth (what its share of a token's weights is read at) is not measured (NVML does not
@@ -342,7 +431,14 @@ def estimate(
     `disk_needed`: what the download needs at its peak (default: the repacked file); `budget_share`: the
     engine is told to keep this share of the experts in RAM (`--ram-budget 25%`), when less than fits."""
     fp = preset_footprint(model) if isinstance(model, Preset) else model
-    reasons = ["This is an estimate from the model's shape and this machine, not a measurement."]
+    cal = calibration if calibration is not None else calibration_for(machine)
+    if cal.runs:
+        reasons = [
+            f"This is an estimate from the model's shape, calibrated by what this machine measured ({counted(cal.runs)}"
+            "), not a measurement of this model."
+        ]
+    else:
+        reasons = ["This is an estimate from the model's shape and this machine, not a measurement."]
 
     dense_tok, experts_tok = active_bytes(fp)
     active = dense_tok + experts_tok
@@ -394,7 +490,6 @@ def estimate(
         reasons.append(hit_rate_reason(min(1.0, share + gpu.expert_share)))
 
     # ---- time per token
-    cal = calibration if calibration is not None else calibration_for(machine)
     miss = experts_tok * (1.0 - hits)
     drive = machine.drive_read_bps
     drive_bps = drive if drive and drive > 0 else DEFAULT_DRIVE_BPS
@@ -410,10 +505,16 @@ def estimate(
     vram_hits = hit_rate(gpu.expert_share) if gpu.expert_share > 0 else 0.0
     gpu_dense, gpu_experts = dense_tok * gpu.dense_share, experts_tok * vram_hits
     cpu_dense, cpu_experts = dense_tok - gpu_dense, experts_tok - gpu_experts
-    read_s = (cpu_dense + gpu_dense * mem / GPU_BPS + max(cpu_experts, gpu_experts * mem / GPU_BPS)) / mem
-    work_s = cal.per_token_s + fp.layers * cal.per_layer_s
     streaming = hits < 1.0
-    compute_s = cal.streaming_s(read_s + work_s, fp.moe_layers) if streaming else read_s + work_s
+
+    def token_parts(c: Calibration) -> tuple[float, float, float, float]:
+        """(memory bandwidth, reads, the engine's work, compute) a token, with the costs of `c`."""
+        bw = machine.mem_bandwidth_bps or c.mem_bps
+        read = (cpu_dense + gpu_dense * bw / GPU_BPS + max(cpu_experts, gpu_experts * bw / GPU_BPS)) / bw
+        work = c.per_token_s + fp.layers * c.per_layer_s
+        return bw, read, work, (c.streaming_s(read + work, fp.moe_layers) if streaming else read + work)
+
+    mem, read_s, work_s, compute_s = token_parts(cal)
     where = f"{hb(active)} read from memory at {hb(mem)}/s"  # a busy machine's can be MB/s ("0 GB/s" said)
     if gpu.line:
         where = (
@@ -443,9 +544,30 @@ def estimate(
             )
         else:
             reasons.append("VRAM swaps: the installed engine does not say how many it makes; not counted.")
-    seconds = io_s + compute_s + swap_s
+    if cal.wait_s > 0:
+        reasons.append(
+            f"Waiting for the CPU: {cal.wait_s * 1000:.0f} ms a token, what the measurements here took beyond "
+            f"computing ({MAX_COMPUTE_SLOWDOWN:g}x this machine class's compute at most): other programs' share of it."
+        )
+    seconds = io_s + compute_s + swap_s + cal.wait_s
     tps = 1.0 / seconds if seconds > 0 else 0.0
-    reasons.append(f"About {tps:.1f} tokens/s ({seconds * 1000:.0f} ms per token).")
+    if cal.band is not None:  # the fastest and slowest measurements' calibrations, widened to the model's own error
+        slow_s, fast_s = (io_s + token_parts(c)[3] + swap_s + c.wait_s for c in (cal.band[1], cal.band[0]))
+        low = min(1.0 / slow_s, tps * MODEL_SPREAD[0])
+        high = max(1.0 / fast_s, tps * MODEL_SPREAD[1])
+        basis = f"estimated, calibrated by {counted(cal.runs)} here"
+    else:
+        low, high = tps * SHAPE_SPREAD[0], tps * SHAPE_SPREAD[1]
+        basis = "estimated from the model's shape"
+    reasons.append(
+        f"{speed_words(tps)[0].upper()}{speed_words(tps)[1:]} ({seconds * 1000:,.0f} ms per token); shown as "
+        f"{speed_range(low, high)}: "
+        + (
+            "the fastest and slowest of the measurements here, at least the estimate's own error."
+            if cal.band is not None
+            else "from the model's shape alone, on defaults from another machine, it may be off by half either way."
+        )
+    )
 
     # ---- disk and verdict
     files = disk_needed if disk_needed is not None else fp.size_bytes
@@ -488,6 +610,45 @@ def estimate(
         fits_in_memory=fits,
         cache_share=share,
         swap_seconds=swap_s,
+        low_tokens_per_s=low,
+        high_tokens_per_s=high,
+        basis=basis,
+    )
+
+
+def measured_estimate(est: Estimate, measured: Spread) -> Estimate:
+    """An installed model's estimate once it was measured here: its own measurements' median and range, where
+    they came from, and the verdict they give; the estimate's reasoning stays below, for comparison."""
+    verdict = est.verdict
+    if verdict in ("runs_well", "runs_slowly"):
+        verdict = "runs_well" if measured.median >= RUNS_WELL_TOKENS_PER_S and est.fits_in_memory else "runs_slowly"
+    dropped = measured.total - len(measured.kept)
+    line = (
+        f"Measured on this machine: {speed_words(measured.median)} (the median of {counted(measured.kept)}; "
+        f"{speed_range(measured.low, measured.high)} from the slowest to the fastest"
+        + (
+            f"; {dropped} older, outlying or heavy-load run{'s' if dropped != 1 else ''} set aside)."
+            if dropped
+            else ")."
+        )
+    )
+    first, rest = est.reasons[0], est.reasons[1:]
+    words = {"runs_well": "Runs well", "runs_slowly": "Runs slowly"}
+    tail = [r for r in rest if not r.startswith(("Runs well:", "Runs slowly:"))]
+    if verdict in words:
+        tail.append(
+            f"{words[verdict]}: {'at least' if verdict == 'runs_well' else 'under'} {RUNS_WELL_TOKENS_PER_S:.0f} "
+            "tokens/s as measured" + ("." if est.fits_in_memory else ", and memory is short.")
+        )
+    return dataclasses.replace(
+        est,
+        tokens_per_s=measured.median,
+        verdict=verdict,
+        reasons=(line, f"What the model's shape alone gives: {first[0].lower()}{first[1:]}", *tail),
+        low_tokens_per_s=measured.low,
+        high_tokens_per_s=measured.high,
+        basis=measured.provenance,
+        measured=True,
     )
 
 
@@ -574,7 +735,9 @@ def installed_estimate(
     fp = footprint_of(local, preset)
     if fp is None or local.error is not None:
         return None
-    return launch_estimate(fp, machine, engine, flags, installed=True, calibration=calibration)
+    est = launch_estimate(fp, machine, engine, flags, installed=True, calibration=calibration)
+    measured = model_speed(machine.speeds, local.path) if calibration is None else None
+    return measured_estimate(est, measured) if measured is not None else est
 
 
 def _is_number(text: str) -> bool:

@@ -36,6 +36,7 @@ TITLE_ROLE = Qt.ItemDataRole.UserRole + 1  # a card's model name
 LINE_ROLE = Qt.ItemDataRole.UserRole + 2  # the estimate in one line
 COLOUR_ROLE = Qt.ItemDataRole.UserRole + 3  # the badge's colour name
 SOURCE_ROLE = Qt.ItemDataRole.UserRole + 4  # "built-in", "on the hub", "installed", …
+BASIS_ROLE = Qt.ItemDataRole.UserRole + 5  # where the estimate's numbers come from: "measured: 3 chats"
 
 
 class CardDelegate(QStyledItemDelegate):
@@ -87,13 +88,17 @@ class CardDelegate(QStyledItemDelegate):
         p.drawText(text_x, y + fm.ascent(), line)
         y += fm.height() + 4
         p.setPen(pal.color(QPalette.ColorRole.PlaceholderText))
+        basis = str(index.data(BASIS_ROLE) or "")
+        if basis:  # under the speed, in its column: "measured: 3 chats", "estimated from the model's shape"
+            p.drawText(text_x, y + fm.ascent(), fm.elidedText(basis, Qt.TextElideMode.ElideRight, width - (text_x - x)))
+        y += fm.height() + 4
         p.drawText(x, y + fm.ascent(), fm.elidedText(str(index.data(SOURCE_ROLE)), Qt.TextElideMode.ElideRight, width))
         p.restore()
 
     def card_height(self) -> int:
-        """Padding, the title, the badge line and the source line (CardGrid sizes its cells with it)."""
+        """Padding, the title, the badge line, its basis and the source line (CardGrid sizes its cells with it)."""
         fm, tfm = self.grid.fontMetrics(), self.grid.title_metrics()
-        return 2 * self.PAD + 2 * self.MARGIN + tfm.height() + 6 + fm.height() + 4 + fm.height()
+        return 2 * self.PAD + 2 * self.MARGIN + tfm.height() + 6 + 2 * (fm.height() + 4) + fm.height()
 
 
 class CardGrid(QListWidget):
@@ -425,7 +430,9 @@ class LibraryPanel(QWidget):
             item = QListWidgetItem(e.title)
             item.setData(Qt.ItemDataRole.UserRole, e.key)
             item.setData(TITLE_ROLE, e.title)
-            item.setData(LINE_ROLE, e.line or e.badge)
+            # the card shows the estimate's basis on a line of its own (the whole line did not fit a 250-px card)
+            item.setData(LINE_ROLE, (e.line.removesuffix(f" · {e.basis}") if e.basis else e.line) or e.badge)
+            item.setData(BASIS_ROLE, e.basis)
             item.setData(COLOUR_ROLE, e.colour)
             item.setData(SOURCE_ROLE, self._progress.get(e.card_repo or "", e.badge))
             item.setToolTip(f"{e.title}: {e.line or e.badge} · {e.badge}")

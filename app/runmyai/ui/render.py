@@ -10,7 +10,7 @@ from pathlib import Path
 
 from runmyai.engine.info import EngineInfo
 from runmyai.library.acquire import QuantChoice, RepoQuants
-from runmyai.library.estimate import Estimate, installed_estimate, launch_estimate
+from runmyai.library.estimate import Estimate, installed_estimate, launch_estimate, speed_words
 from runmyai.library.hub import HubModel
 from runmyai.library.keys import HubKey, LocalKey, PresetKey
 from runmyai.library.local import LocalModel, repacked_name
@@ -42,6 +42,7 @@ class LibraryEntry:
     colour: str = "grey"  # the "will it run here?" badge (viewmodels.badge): green, yellow, red, grey
     line: str = ""  # the estimate in one line, beside the badge
     card_repo: str | None = None  # the hub repository whose README is the model card
+    basis: str = ""  # where the line's numbers come from (its last part): "measured: 3 chats"
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ def local_entry(m: LocalModel, preset: Preset | None, view: View) -> LibraryEntr
         colour=b.colour,
         line=b.line,
         card_repo=repo,
+        basis=b.basis,
     )
 
 
@@ -110,7 +112,18 @@ def preset_entry(p: Preset, view: View) -> LibraryEntry:
         text += estimate_html(est)
     b = badge(est, supported=runs)
     return LibraryEntry(
-        str(PresetKey(p.id)), p.name, kind, text, downloadable, False, choices, choice, b.colour, b.line, card_repo(p)
+        str(PresetKey(p.id)),
+        p.name,
+        kind,
+        text,
+        downloadable,
+        False,
+        choices,
+        choice,
+        b.colour,
+        b.line,
+        card_repo(p),
+        b.basis,
     )
 
 
@@ -145,8 +158,8 @@ def preset_html(p: Preset, view: View) -> str:
 def estimate_html(est: Estimate) -> str:
     reasons = "".join(f"<li>{html.escape(r)}</li>" for r in est.reasons)
     return (
-        f"<h4>Will it run here? {VERDICT_WORDS[est.verdict]}: about {est.tokens_per_s:.1f} tokens/s "
-        f"(an estimate)</h4><ul>{reasons}</ul>"
+        f"<h4>Will it run here? {VERDICT_WORDS[est.verdict]}: {speed_words(est.tokens_per_s)} "
+        f"({html.escape(est.speed.removeprefix('~'))}; {html.escape(est.basis)})</h4><ul>{reasons}</ul>"
     )
 
 
@@ -199,15 +212,18 @@ def hub_entry(h: HubModel, quants: RepoQuants | None, installed: frozenset[str] 
         for c in quants.choices
     )
     choice = str(HubKey(h.repo, best.quant.name)) if best is not None else None
+    basis = ""
     if best is not None and best.estimate is not None:
         detail = estimate_html(best.estimate)
         b = badge(best.estimate)
-        colour, line = b.colour, f"{best.quant.name}: {b.line}"
+        colour, line, basis = b.colour, f"{best.quant.name}: {b.line}", b.basis
     else:  # none recommended: say why
         detail = f"<p><b>{html.escape(quants.why_none())}</b></p>"
         colour, line = "red", "No quant fits here"
     source = f"installed: {', '.join(sorted(installed))}" if installed else "on the hub"
-    return LibraryEntry(key, h.repo, source, head + table + detail, True, False, choices, choice, colour, line, h.repo)
+    return LibraryEntry(
+        key, h.repo, source, head + table + detail, True, False, choices, choice, colour, line, h.repo, basis
+    )
 
 
 def quant_label(c: QuantChoice, recommended: bool) -> str:
@@ -222,7 +238,7 @@ def quant_table_html(q: RepoQuants, best: QuantChoice | None) -> str:
     for c in q.choices:
         est = c.estimate
         bpw = f"{c.bits_per_weight:.2f}" if c.bits_per_weight is not None else "?"
-        speed = f"~{est.tokens_per_s:.1f} tok/s" if est is not None else "?"
+        speed = est.speed if est is not None else "?"
         verdict = VERDICT_WORDS[est.verdict] if est is not None else "?"
         mark = " ★" if c is best else ""
         rows.append(

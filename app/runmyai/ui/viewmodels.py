@@ -88,9 +88,11 @@ class Notifications:
     def get(self, key: str) -> Notice | None:
         return self._items.get(key)
 
-    def fail(self, key: str, title: str, error: str, *, retry: bool = True) -> Notice:
-        """A failure: its reason in plain words, the full text as details; Retry unless it is permanent."""
-        reason, details = plain_reason(error)
+    def fail(self, key: str, title: str, error: str, *, retry: bool = True, details: str | None = None) -> Notice:
+        """A failure: its reason in plain words, the full text (or `details`) as details; Retry unless it is
+        permanent."""
+        reason, whole = plain_reason(error)
+        details = details if details is not None else whole
         notice = Notice(key, title, reason, details, "error", retry and not is_permanent(error))
         self._set(notice)
         return notice
@@ -101,8 +103,10 @@ class Notifications:
         """A long job in progress (replaces a failure of the same key: it is being tried again)."""
         self._set(Notice(key, title, message, "", "job", False, progress, cancellable))
 
-    def info(self, key: str, title: str, text: str) -> None:
-        self._set(Notice(key, title, text, "", "info"))
+    def info(self, key: str, title: str, text: str, action: str = "") -> None:
+        """A confirmation; `action` puts a button on it (the area's retry_requested: a deleted chat's "Undo", a
+        folder's "Copy path")."""
+        self._set(Notice(key, title, text, "", "info", bool(action), action=action))
 
     def offer(self, key: str, title: str, text: str, action: str) -> None:
         """Something worth doing that the app will not do unasked: `action` on its button (the area's
@@ -136,7 +140,8 @@ BADGE_RGB: dict[str, str] = {"green": "#2e9e5b", "yellow": "#d69e0b", "red": "#d
 @dataclass(frozen=True)
 class Badge:
     colour: BadgeColour
-    line: str  # the estimate in one line: "Runs well here · ~12 tok/s"
+    line: str  # the estimate in one line: "Runs well here · ~10–14 tok/s · measured: 3 chats"
+    basis: str = ""  # where its numbers come from, the line's last part ("measured: 3 chats")
 
 
 def badge(est: Estimate | None, *, supported: bool = True, error: str | None = None) -> Badge:
@@ -148,10 +153,11 @@ def badge(est: Estimate | None, *, supported: bool = True, error: str | None = N
         return Badge("red", "Not supported by this engine")
     if est is None:
         return Badge("grey", "No estimate yet")
+    # the words follow the numbers: a range with where it came from (a card said "not a measurement" after one)
     if est.verdict == "runs_well":
-        return Badge("green", f"Runs well here · ~{est.tokens_per_s:.1f} tok/s")
+        return Badge("green", f"Runs well here · {est.speed} · {est.basis}", est.basis)
     if est.verdict == "runs_slowly":
-        return Badge("yellow", f"Runs slowly here · ~{est.tokens_per_s:.1f} tok/s")
+        return Badge("yellow", f"Runs slowly here · {est.speed} · {est.basis}", est.basis)
     if est.verdict == "no_disk_space":
         return Badge("red", "Not enough disk space")
     return Badge("red", "Not supported by this engine")
