@@ -76,3 +76,22 @@ def code_blocks(text: str) -> list[str]:
 def has_open_fence(text: str) -> bool:
     states = [open_run for _, _, open_run, _ in _lines(text)]
     return bool(states) and states[-1] is not None
+
+
+def hard_breaks(text: str) -> str:
+    """The reply with each line break kept as one (two trailing spaces: a markdown hard break), outside code fences.
+
+    Markdown joins a paragraph's lines into one; a model's verse, address or list of lines without bullets then
+    lost its line breaks the moment the reply was rendered (while it streamed, its plain tail showed them: the
+    walk-through saw a verse re-flow when the reply ended). Chat apps keep the writer's lines, as this does.
+    """
+    out: list[str] = []
+    lines = list(_lines(text))
+    for i, (_, line, open_run, closed) in enumerate(lines):
+        body = line.rstrip("\r\n")
+        in_code = open_run is not None or closed
+        following = lines[i + 1][1] if i + 1 < len(lines) else ""
+        if not in_code and body.strip() and following.strip() and line.endswith("\n") and not body.endswith("  "):
+            line = body + "  " + line[len(body) :]
+        out.append(line)
+    return "".join(out)

@@ -20,11 +20,16 @@ from runmyai.engine.endpoint import Endpoint, EndpointSource, client_kind, http_
 
 
 class ChatError(Exception):
-    """A chat request failed; str() is one human sentence. `status` is the HTTP status when there was one."""
+    """A chat request failed; str() is one human sentence. `status` is the HTTP status when there was one, `code`
+    the OpenAI error body's code (e.g. "context_length_exceeded")."""
 
-    def __init__(self, sentence: str, status: int | None = None) -> None:
+    def __init__(self, sentence: str, status: int | None = None, code: str | None = None) -> None:
         super().__init__(sentence)
         self.status = status
+        self.code = code
+
+
+OVERFLOW_POLICIES = ("rolling", "trim-middle", "stop")  # the engine's `context_overflow` (docs/api.md)
 
 
 @dataclass
@@ -39,9 +44,16 @@ class ChatSettings:
     seed: int | None = None
     repeat_penalty: float | None = None
     stop: list[str] | None = None
+    context_overflow: str | None = None  # what the engine drops when the chat outgrows the context (None: its default)
+    # the chat's own, never sent as such: tools offered or not (None: on), the MCP servers left out in this chat,
+    # and the last reply's context notice ({"policy", "dropped_messages", "dropped_tokens", "message_id"})
+    tools: bool | None = None
+    tools_off: list[str] | None = None
+    overflow: dict[str, Any] | None = None
 
     def request_fields(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None and v != []}
+        local = ("tools", "tools_off", "overflow")
+        return {k: v for k, v in asdict(self).items() if v is not None and v != [] and k not in local}
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,6 +80,16 @@ class ChatSettings:
         stop = data.get("stop")
         if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
             out.stop = list(stop)
+        if data.get("context_overflow") in OVERFLOW_POLICIES:
+            out.context_overflow = str(data["context_overflow"])
+        if isinstance(data.get("tools"), bool):
+            out.tools = bool(data["tools"])
+        off = data.get("tools_off")
+        if isinstance(off, list) and all(isinstance(s, str) for s in off):
+            out.tools_off = list(off)
+        note = data.get("overflow")
+        if isinstance(note, dict) and all(isinstance(note.get(k), int) for k in ("dropped_messages", "dropped_tokens")):
+            out.overflow = dict(note)
         return out
 
 
@@ -127,6 +149,17 @@ class ReplyStats:
     tokens_per_s: float | None  # decode speed: tokens after the first over the time since the first
     prompt_tokens: int | None = None  # the server's usage: the prompt the reply was generated after
     n_ctx: int | None = None  # TokenWing's context length (its last chunk says it): the footer's context use
+    # what the engine dropped to make the chat fit ({"policy", "dropped_messages", "dropped_tokens"}), if anything
+    overflow: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class TokenCount:
+    """`POST /v1/chat/count`: the prompt's tokens (with the tools), the tools' share of them, the context."""
+
+    prompt_tokens: int
+    tools_tokens: int
+    n_ctx: int
 
 
 _CONNECT_TIMEOUT = 10.0
@@ -164,6 +197,35 @@ def _error_code(body: bytes) -> object:
     return err.get("code") if isinstance(err, dict) else None
 
 
+PROBE_TIMEOUT_S = 5.0  # a server that cannot list its models in this long is not one to switch to
+
+
+async def probe(endpoint: Endpoint, timeout: float = PROBE_TIMEOUT_S) -> list[str]:
+    """The models an endpoint serves (`GET /models` with its key), asked before the app lets go of anything local:
+    File → Connect to a bad address stopped the local engine first and then failed. A short timeout; cancelling
+    the awaiting task ends the request. Any failure is a ChatError with one sentence."""
+    async with await http_client(endpoint, httpx.Timeout(timeout)) as client:
+        try:
+            r = await client.get(endpoint.url("models"), headers=endpoint.headers())
+        except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
+            raise ChatError(
+                f"No answer from {endpoint.base_url} within {timeout:g} s; check the address and that the server "
+                "is running."
+            ) from None
+        except httpx.TransportError as e:
+            raise _transport_error(e, endpoint, started=False) from None
+    if r.status_code != 200:
+        raise _status_error(r.status_code, r.content, endpoint)
+    try:
+        data = r.json()
+        return [str(m["id"]) for m in data["data"] if isinstance(m, dict) and "id" in m]
+    except (ValueError, KeyError, TypeError):
+        raise ChatError(
+            f"{endpoint.base_url} answered, but not as an OpenAI-compatible API (its model list is not in that "
+            "format); check the address."
+        ) from None
+
+
 def _status_error(status: int, body: bytes, endpoint: Endpoint) -> ChatError:
     msg = _error_message(body)
     who = "The engine" if endpoint.local else "The server"
@@ -183,7 +245,12 @@ def _status_error(status: int, body: bytes, endpoint: Endpoint) -> ChatError:
     if status == 503:
         return ChatError(f"{who} is not ready{': ' + _one_line(msg) if msg else ''}.", status)
     if 400 <= status < 500:
-        return ChatError(f"{who} refused the request: {_one_line(msg or f'HTTP {status}')}.", status)
+        code = _error_code(body)
+        return ChatError(
+            f"{who} refused the request: {_one_line(msg or f'HTTP {status}')}.",
+            status,
+            code if isinstance(code, str) else None,
+        )
     return ChatError(f"{who} failed with HTTP {status}{': ' + _one_line(msg) if msg else ''}.", status)
 
 
@@ -239,6 +306,9 @@ class ChatClient:
         self._clients: dict[tuple[bool, bool], httpx.AsyncClient] = {}
         self.last_stats: ReplyStats | None = None
         self._n_ctx: int | None = None  # the context length the engine reported in the reply being read
+        self._overflow: dict[str, Any] | None = None  # what it dropped to fit that reply's prompt
+        self.n_ctx: int | None = None  # the last context length the engine reported (a reply's, or a count's)
+        self._counts = True  # False once the server said it has no count route (not TokenWing)
         self.last_body: dict[str, Any] | None = None
         self.skipped_lines = 0  # malformed stream lines skipped (over this client's life)
 
@@ -279,6 +349,32 @@ class ChatClient:
         except (ValueError, KeyError, TypeError):
             raise ChatError("The server's model list is not in the OpenAI format.") from None
 
+    async def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> TokenCount:
+        """The tokens a chat request's prompt takes, by the model's own template (`POST /v1/chat/count`, TokenWing's
+        route): with `tools`, also how many of them the tool definitions take. ChatError where the server has no
+        such route (another OpenAI-compatible server: 404) or cannot count."""
+        ep = self._endpoint()
+        if not self._counts:
+            raise ChatError("The server cannot count a prompt's tokens.", 404)
+        body: dict[str, Any] = {"model": ep.model or "default", "messages": messages}
+        if tools:
+            body["tools"] = tools
+        try:
+            r = await (await self._client(ep)).post(ep.url("chat/count"), json=body, headers=ep.headers(), timeout=30)
+        except httpx.TransportError as e:
+            raise _transport_error(e, ep, started=False) from None
+        if r.status_code != 200:
+            if r.status_code in (404, 405):
+                self._counts = False  # asked once, not before every message
+            raise _status_error(r.status_code, r.content, ep)
+        try:
+            data = r.json()
+            out = TokenCount(int(data["prompt_tokens"]), int(data.get("tools_tokens") or 0), int(data["n_ctx"]))
+        except (ValueError, KeyError, TypeError):
+            raise ChatError("The engine's token count is not in the expected format.") from None
+        self.n_ctx = out.n_ctx
+        return out
+
     async def stream_chat(
         self,
         messages: list[dict[str, Any]],
@@ -302,6 +398,7 @@ class ChatClient:
         self.last_body = body
         self.last_stats = None
         self._n_ctx = None
+        self._overflow = None
         sent = time.monotonic()
         first: float | None = None
         last: float | None = None
@@ -366,7 +463,10 @@ class ChatClient:
                 rate,
                 prompt if isinstance(prompt, int) else None,
                 self._n_ctx,
+                self._overflow,
             )
+            if self._n_ctx is not None:
+                self.n_ctx = self._n_ctx
         if not done and finish is None:
             raise ChatError("The reply ended before it was finished (the connection closed without an end marker).")
 
@@ -407,6 +507,8 @@ class ChatClient:
             tw = obj.get("tokenwing")
             if isinstance(tw, dict) and isinstance(tw.get("n_ctx"), int):
                 self._n_ctx = int(tw["n_ctx"])
+            if isinstance(tw, dict) and isinstance(tw.get("context_overflow"), dict):
+                self._overflow = dict(tw["context_overflow"])  # (the first chunk says it, the last again)
             if finish == "length" and isinstance(tw, dict) and tw.get("finish_detail") == "context_full":
                 finish = "context_full"  # TokenWing says which "length": the context, not max_tokens
         elif usage is None:

@@ -27,18 +27,32 @@ class ToolEvents:
 
 class McpToolRunner:
     def __init__(
-        self, manager: McpManager, policy: ApprovalPolicy, approve: Approver, events: ToolEvents | None = None
+        self,
+        manager: McpManager,
+        policy: ApprovalPolicy,
+        approve: Approver,
+        events: ToolEvents | None = None,
+        skip: frozenset[str] = frozenset(),
     ) -> None:
+        """`skip`: the servers left out in this chat (their tools are neither offered nor run)."""
         self.manager = manager
         self.policy = policy
         self.approve = approve
         self.events = events or ToolEvents()
+        self.skip = skip
 
     def openai_tools(self) -> list[dict[str, Any]]:
-        return self.manager.openai_tools()
+        return self.manager.openai_tools(self.skip)
+
+    def servers(self) -> list[str]:
+        """The servers whose tools are offered, in their order (the "do not fit" line names them)."""
+        names = [t.server for t in self.manager.exposed().values() if t.server not in self.skip]
+        return list(dict.fromkeys(names))
 
     async def run(self, call: ToolCall) -> ToolResult:
         tool = self.manager.exposed().get(call.name)
+        if tool is not None and tool.server in self.skip:
+            tool = None  # a server off in this chat: as if it were gone
         self.events.started(call, tool)
         result = await self._run(call, tool)
         self.events.finished(call, result)

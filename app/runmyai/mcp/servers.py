@@ -324,7 +324,8 @@ class McpManager:
             out[re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:128]] = t  # the engine's rule for a function's name
         return out
 
-    def openai_tools(self) -> list[dict[str, Any]]:
+    def openai_tools(self, skip: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+        """The tools as OpenAI's function definitions, but those of the servers in `skip`."""
         return [
             {
                 "type": "function",
@@ -335,6 +336,7 @@ class McpManager:
                 },
             }
             for name, t in self.exposed().items()
+            if t.server not in skip
         ]
 
     def connection(self, server: str) -> ServerConnection | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QPoint, Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -17,11 +17,15 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QListWidget,
     QListWidgetItem,
+    QMenu,
     QPlainTextEdit,
     QPushButton,
     QSizePolicy,
     QSpinBox,
     QSplitter,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -36,9 +40,18 @@ class SamplingValues:
     top_p: float = 0.95
     top_k: int = 40
     min_p: float = 0.05
-    max_tokens: int = 512
+    max_tokens: int = 0  # 0: a quarter of the context (the model's n_ctx), never all of it
     seed: int = -1  # -1: random
     repeat_penalty: float = 1.0
+    context_overflow: str = "rolling"  # when the chat outgrows the context: rolling, trim-middle, stop
+
+
+# the overflow policies as the settings box names them (LM Studio's three)
+OVERFLOW_CHOICES = (
+    ("rolling", "Rolling window (drop the oldest)"),
+    ("trim-middle", "Trim the middle (keep the first question)"),
+    ("stop", "Stop (refuse once it is full)"),
+)
 
 
 PICKER_MAX_WIDTH = 560
@@ -71,7 +84,17 @@ class SettingsBox(QGroupBox):
         self.min_p = self._double(0, 1, 0.01)
         self.repeat_penalty = self._double(0.5, 2, 0.01)
         self.top_k = self._int(0, 1000)
-        self.max_tokens = self._int(1, 32768)
+        self.max_tokens = self._int(0, 1_048_576)
+        self.max_tokens.setSpecialValueText("auto: ¼ of the context")
+        self.max_tokens.setToolTip("The reply's length at most; auto leaves ¾ of the context to the conversation")
+        self.overflow = QComboBox()
+        for value, label in OVERFLOW_CHOICES:
+            self.overflow.addItem(label, value)
+        self.overflow.setToolTip(
+            "When the conversation no longer fits the model's context: the system prompt, the tools and your last "
+            "message are always kept"
+        )
+        self.overflow.currentIndexChanged.connect(self.changed)
         self.seed = self._int(-1, 2**31 - 1)
         self.seed.setSpecialValueText("random")
         form = QFormLayout()
@@ -84,6 +107,7 @@ class SettingsBox(QGroupBox):
             ("Max tokens", self.max_tokens),
             ("Seed", self.seed),
             ("Repeat penalty", self.repeat_penalty),
+            ("When the context is full", self.overflow),
         ):
             form.addRow(label, box)
         inner = QWidget()
@@ -128,11 +152,12 @@ class SettingsBox(QGroupBox):
             max_tokens=self.max_tokens.value(),
             seed=self.seed.value(),
             repeat_penalty=self.repeat_penalty.value(),
+            context_overflow=str(self.overflow.currentData() or "rolling"),
         )
 
     def set_values(self, v: SamplingValues) -> None:
         widgets = (self.system_prompt, self.temperature, self.top_p, self.top_k, self.min_p, self.max_tokens)
-        for w in (*widgets, self.seed, self.repeat_penalty):
+        for w in (*widgets, self.seed, self.repeat_penalty, self.overflow):
             w.blockSignals(True)
         self.system_prompt.setPlainText(v.system_prompt)
         self.temperature.setValue(v.temperature)
@@ -142,7 +167,8 @@ class SettingsBox(QGroupBox):
         self.max_tokens.setValue(v.max_tokens)
         self.seed.setValue(v.seed)
         self.repeat_penalty.setValue(v.repeat_penalty)
-        for w in (*widgets, self.seed, self.repeat_penalty):
+        self.overflow.setCurrentIndex(max(0, self.overflow.findData(v.context_overflow)))
+        for w in (*widgets, self.seed, self.repeat_penalty, self.overflow):
             w.blockSignals(False)
 
 
@@ -178,6 +204,20 @@ class ElidedLabel(QLabel):
         super().setText(self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, width))
 
 
+class TitleEditor(QStyledItemDelegate):
+    """The rename editor over a conversation's whole row, at least as tall as a line edit wants: placed in the
+    row's text rectangle (the style sheet's 8 px padding taken off), with its own padding it was a few pixels
+    tall and its text unreadable (the walk-through)."""
+
+    def updateEditorGeometry(  # Qt's name
+        self, editor: QWidget, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex
+    ) -> None:
+        rect = option.rect  # type: ignore[attr-defined]  # (PySide's stubs miss QStyleOption's fields)
+        need = editor.sizeHint().height()
+        top = rect.top() if rect.height() >= need else rect.center().y() - need // 2
+        editor.setGeometry(rect.left(), top, rect.width(), max(need, rect.height()))
+
+
 class ChatPanel(QWidget):
     send_requested = Signal(str)
     stop_requested = Signal()
@@ -186,11 +226,15 @@ class ChatPanel(QWidget):
     new_conversation_requested = Signal()
     delete_conversation_requested = Signal(str)
     rename_conversation_requested = Signal(str, str)  # id, new title
+    export_conversation_requested = Signal(str, str)  # id, "md" or "json"
+    import_conversation_requested = Signal()
     conversation_selected = Signal(str)
     search_changed = Signal(str)
     model_chosen = Signal(str)  # a library key
     settings_changed = Signal()
     performance_toggled = Signal(bool)
+    tools_toggled = Signal(bool)  # tools on or off in this chat
+    tool_server_toggled = Signal(str, bool)  # one MCP server's tools on or off in this chat
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -205,6 +249,9 @@ class ChatPanel(QWidget):
         self.conversations.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.conversations.currentItemChanged.connect(self._on_select)
         self.conversations.itemChanged.connect(self._on_renamed)
+        self.conversations.setItemDelegate(TitleEditor(self.conversations))
+        self.conversations.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.conversations.customContextMenuRequested.connect(self._conversation_menu)
         self.conversations.setEditTriggers(
             QAbstractItemView.EditTrigger.DoubleClicked | QAbstractItemView.EditTrigger.EditKeyPressed
         )
@@ -261,13 +308,29 @@ class ChatPanel(QWidget):
         self.regenerate_button.clicked.connect(self.regenerate_requested)
         self.edit_button = QPushButton("Edit last")
         self.edit_button.clicked.connect(self.edit_last_requested)
-        self.status = ElidedLabel("")
+        # two wrapped lines, never "…": the walk-through's one elided line read "Chatting with TokenWing demo (22 …"
+        # at 1280x800. Its height is fixed (a longer status must not re-lay out the chat); layout_check finds one
+        # that needs more.
+        self.status = QLabel("")
         self.status.setObjectName("footer")
+        self.status.setWordWrap(True)
+        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+        self.status.setFixedHeight(self.status.fontMetrics().lineSpacing() * 2 + 2)
+        self.status.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
         self.context_label = QLabel("Context: —")
         self.context_label.setObjectName("footer")
         self.speed_label = QLabel("")
         self.speed_label.setObjectName("footer")
+        # the chat's tools: on or off, per server, and what they cost of the context (counted by the engine)
+        self.tools_button = QToolButton()
+        self.tools_button.setObjectName("tools")
+        self.tools_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.tools_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+        self.tools_menu = QMenu(self.tools_button)
+        self.tools_button.setMenu(self.tools_menu)
+        self.tools_button.setVisible(False)  # no MCP server configured: nothing to say
         buttons = QHBoxLayout()
+        buttons.addWidget(self.tools_button)
         buttons.addStretch(1)
         for b in (self.edit_button, self.regenerate_button, self.stop_button, self.send_button):
             buttons.addWidget(b)
@@ -319,6 +382,23 @@ class ChatPanel(QWidget):
         if item is not None:
             self.delete_conversation_requested.emit(str(item.data(Qt.ItemDataRole.UserRole)))
 
+    def conversation_menu(self, item: QListWidgetItem) -> QMenu:
+        """A conversation's right-click menu: rename, export (Markdown, JSON), import, delete."""
+        cid = str(item.data(Qt.ItemDataRole.UserRole))
+        menu = QMenu(self)
+        menu.addAction("Rename", lambda: self.conversations.editItem(item))
+        menu.addAction("Export as Markdown…", lambda: self.export_conversation_requested.emit(cid, "md"))
+        menu.addAction("Export as JSON…", lambda: self.export_conversation_requested.emit(cid, "json"))
+        menu.addAction("Import chat…", self.import_conversation_requested.emit)
+        menu.addSeparator()
+        menu.addAction("Delete", lambda: self.delete_conversation_requested.emit(cid))
+        return menu
+
+    def _conversation_menu(self, pos: QPoint) -> None:
+        item = self.conversations.itemAt(pos)
+        if item is not None:
+            self.conversation_menu(item).popup(self.conversations.viewport().mapToGlobal(pos))
+
     def rename_current(self) -> None:
         """Edits the current conversation's title in place (Enter keeps it, Esc drops it)."""
         item = self.conversations.currentItem()
@@ -360,6 +440,28 @@ class ChatPanel(QWidget):
         index = self.model_picker.findData(current) if current else -1
         self.model_picker.setCurrentIndex(max(0, index))
         self.model_picker.blockSignals(False)
+
+    def set_tools(self, line: str, on: bool, servers: list[tuple[str, str, bool]]) -> None:
+        """The tools button: `line` its text ("Tools on · 2 servers · 1,234 tokens"); its menu: tools on or off in
+        this chat, and each server (name, what it offers, on) on or off. Hidden when there is no server."""
+        self.tools_button.setVisible(bool(servers))
+        self.tools_button.setText(line)
+        self.tools_button.setToolTip(
+            "The MCP servers' tools offered to the model in this chat; their definitions take part of the context"
+        )
+        menu = self.tools_menu
+        menu.clear()
+        use = menu.addAction("Use tools in this chat")
+        use.setCheckable(True)
+        use.setChecked(on)
+        use.toggled.connect(self.tools_toggled)
+        menu.addSeparator()
+        for name, offers, server_on in servers:
+            action = menu.addAction(f"{name} ({offers})")
+            action.setCheckable(True)
+            action.setChecked(server_on)
+            action.setEnabled(on)
+            action.toggled.connect(lambda checked, n=name: self.tool_server_toggled.emit(n, checked))
 
     def set_footer(self, speed: str, context: str) -> None:
         self.speed_label.setText(speed)

@@ -5,14 +5,16 @@ from __future__ import annotations
 import math
 
 import pyqtgraph as pg
-from PySide6.QtCore import QPointF, Qt, QTimer
+from PySide6.QtCore import QPoint, QPointF, Qt, QTimer
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from runmyai.monitor import StatsSeries, TokenEvent
 from runmyai.ui.viewmodels import EXPLAIN_STREAMING, performance_explanation
 
 PLOT_MIN_WIDTH = 240
-PLOT_MIN_HEIGHT = 150  # below this a plot's axis labels crowd its bars; the panel scrolls instead
+# below this a plot's axis labels crowd its bars (the panel scrolls instead); at 150 (and the layer chart's 210)
+# the third chart ran 9 px off the bottom of a 1280x800 window
+PLOT_MIN_HEIGHT = 130
 TIER_COLOURS = {"VRAM": "#8e44ad", "RAM": "#4a90d9", "drive": "#e08e0b"}
 REDRAW_MS = 250  # events are batched: a redraw costs ~9 ms, so one per token at 20 tokens/s would cost 18 % of a core
 
@@ -66,6 +68,10 @@ class GraphsPanel(QWidget):
             plot.setLabel("bottom", "tokens ago")
             plot.setXRange(-self.series.window, 0, padding=0)
         for plot in (self.hits_plot, self.wait_plot, self.bytes_plot, self.vram_plot):
+            # no "(x0.001)" after an axis's name: pyqtgraph scales a short range (the layer axis's -0.5..0.5
+            # before the first token) by an SI factor and says so in the label; the ticks here are plain numbers
+            for name in ("left", "bottom"):
+                plot.getAxis(name).enableAutoSIPrefix(False)
             plot.getAxis("left").setWidth(44)  # a tick label growing a digit must not re-lay out the panel
             plot.getPlotItem().setContentsMargins(0, 0, 14, 0)  # room for the last tick label's right half
             plot.setMouseEnabled(x=False, y=False)
@@ -121,6 +127,7 @@ class GraphsPanel(QWidget):
             plots_layout.addWidget(plot, 1)
         self.hits_plot.setMinimumHeight(int(PLOT_MIN_HEIGHT * 1.4))
         scroll = QScrollArea()  # a short window scrolls the plots; it never squeezes them past reading
+        self.scroll = scroll
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)
         scroll.setWidget(plots)
@@ -142,9 +149,11 @@ class GraphsPanel(QWidget):
         if self.series.add(event):
             self._dirty = True
 
-    def set_device(self, text: str) -> None:
-        """The engine's device line (runmyai.monitor.device_note picks it out of the engine's log)."""
+    def set_device(self, text: str, details: str = "") -> None:
+        """Where the engine computes, in plain words (runmyai.monitor.device_note), the engine's own line as its
+        tooltip (`details`)."""
         self.device.setText(text)
+        self.device.setToolTip(details)
         self.device.setVisible(bool(text))
 
     def set_has_gpu(self, has_gpu: bool) -> None:
@@ -206,6 +215,21 @@ class GraphsPanel(QWidget):
             drawn = plot.getPlotItem().size().width()
             if plot.isVisible() and drawn > plot.width() + 0.5:
                 problems.append(f"the chart '{title.text}' is wider than its plot ({drawn:.0f} > {plot.width()})")
+        return problems
+
+    def cut_charts(self) -> list[str]:
+        """A chart the scroll area shows only part of (the screenshot tests check it): at 1280x800 the third chart
+        ran off the window's bottom."""
+        viewport = self.scroll.viewport()
+        problems = []
+        for plot in (self.hits_plot, self.wait_plot, self.bytes_plot, self.vram_plot):
+            if not plot.isVisible():
+                continue
+            top = plot.mapTo(viewport, QPoint(0, 0)).y()
+            unseen = top + plot.height() - viewport.height()
+            if top < viewport.height() and unseen > 1:
+                title = plot.getPlotItem().titleLabel.text
+                problems.append(f"the chart '{title}' is cut off: {unseen} of its {plot.height()} px below the panel")
         return problems
 
     def _layer_ticks(self, lo: int, hi: int) -> None:
@@ -281,7 +305,9 @@ class GraphsPanel(QWidget):
         if s.bytes_read:
             parts.append(f"{sum(s.bytes_read) / 2**20:.1f} MiB read, SSD wait {sum(s.ssd_wait_ms):.0f} ms")
         if s.tokens_per_s and s.tokens_per_s[-1]:
-            parts.append(f"{s.tokens_per_s[-1]:.1f} tok/s")
+            # the engine's decode speed, live: labelled so it does not read as the chat footer's "last reply" (the
+            # whole reply as the app received it), which it disagreed with (257.8 against 276.8)
+            parts.append(f"engine now {s.tokens_per_s[-1]:.1f} tok/s")
         parts.append(f"VRAM swaps {int(sum(s.vram_swaps))} in, {int(sum(s.vram_swaps_out))} out")
         if s.recall:
             parts.append("prediction recall " + " / ".join(f"{r:.0%}" for r in s.recall))

@@ -20,11 +20,17 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
-from runmyai.chat.markdown_stream import code_blocks, safe_commit_point
+from runmyai.chat.markdown_stream import code_blocks, hard_breaks, safe_commit_point
 from runmyai.ui.markdown_view import tidy_tables
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 MUTED = "#777777"
+FAILED = "#c0392b"  # a failed reply's marker: readable on the light and the dark theme
+
+
+def failure_line(sentence: str) -> str:
+    """The marker of a failed reply, with its reason: "⚠ The reply failed: …"."""
+    return f"⚠ The reply failed: {sentence.strip() or 'no reason was given.'}"
 
 
 @dataclass
@@ -72,7 +78,7 @@ def thought_label(text: str, expanded: bool) -> str:
 
 def markdown_fragment(text: str) -> QTextDocumentFragment:
     doc = QTextDocument()
-    doc.setMarkdown(text, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+    doc.setMarkdown(hard_breaks(text), QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
     tidy_tables(doc)  # a reply's table: its header aligned with its columns, as in the model card
     return QTextDocumentFragment(doc)
 
@@ -86,6 +92,8 @@ class Transcript(QTextBrowser):
     """
 
     copy_requested = Signal(str)
+    edit_requested = Signal(int)  # a message's Edit: its id
+    branch_requested = Signal(int, int)  # a message's "‹" (-1) or "›" (+1): its id, the step
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -101,20 +109,34 @@ class Transcript(QTextBrowser):
         self._tools: dict[str, _ToolEntry] = {}  # a tool call's key → its line
         self._stream_prefix = ""  # the streaming reply's text before its last tool call
         self.renders = 0  # markdown renders (tests check they stay per block, not per token)
+        self.branches: dict[int, tuple[int, int]] = {}  # a shown message's id → its "‹ n/of ›", where it has one
 
     # -- whole messages ------------------------------------------------------------------------------
     def clear_messages(self) -> None:
         self.clear()
         self._messages = []
+        self.branches = {}
         self._thoughts = {}
         self._tools = {}
         self._stream_tail_start = -1
 
     def add_message(
-        self, role: str, text: str, footer: str = "", reasoning: str = "", tools: Sequence[ToolMark] = ()
+        self,
+        role: str,
+        text: str,
+        footer: str = "",
+        reasoning: str = "",
+        tools: Sequence[ToolMark] = (),
+        *,
+        failure: str = "",
+        notice: str = "",
+        message_id: int | None = None,
+        branch: tuple[int, int] | None = None,
     ) -> None:
-        """A whole message; `tools`: its saved tool calls, each collapsed in its place in the text (as they showed
-        while the reply streamed)."""
+        """A whole message (with `message_id`, its footer has Edit; with `branch` (n, of: it is one of several
+        versions), the "‹ n/of ›" that shows the others); `tools`: its saved tool calls, each collapsed in its
+        place in the text (as they showed while the reply streamed); `failure`: a failed reply's marker line;
+        `notice`: a line about the context (what the model no longer sees) under it."""
         index = len(self._messages)
         self._messages.append(text)
         cursor = self._end_cursor()
@@ -134,10 +156,11 @@ class Transcript(QTextBrowser):
             self._fill_tool(mark.key, entry)
             cursor = self._end_cursor()
         rest = text[start:]
-        if rest.strip() or not tools:
+        if rest.strip() or not (tools or failure):
             cursor.insertFragment(markdown_fragment(rest) if role == "assistant" else self._plain_fragment(rest))
             self.renders += 1
-        self._insert_footer(cursor, index, text, footer)
+        self._insert_lines(cursor, failure, notice, bool(rest.strip() or tools))
+        self._insert_footer(cursor, index, text, footer, message_id, branch)
 
     # -- streaming -----------------------------------------------------------------------------------
     def begin_reply(self) -> None:
@@ -260,19 +283,29 @@ class Transcript(QTextBrowser):
             self._stream_committed = commit
             cursor.insertBlock()
             self._stream_tail_start = cursor.position()
-            cursor.insertText(self._stream_text[commit:])
+            cursor.insertText(self._stream_text[commit:], QTextCharFormat())
         else:
-            cursor.insertText(delta)
+            cursor.insertText(delta, QTextCharFormat())  # plain: not the bold of the "Assistant" line above it
         self._follow()
 
-    def end_reply(self, footer: str = "") -> str:
-        """Render the rest of the reply and add its footer; returns the reply's text."""
+    def end_reply(
+        self,
+        footer: str = "",
+        *,
+        failure: str = "",
+        notice: str = "",
+        message_id: int | None = None,
+        branch: tuple[int, int] | None = None,
+    ) -> str:
+        """Render the rest of the reply and add its footer (Edit and "‹ n/of ›" as `add_message` has them; and,
+        for a failed reply, its marker line with the reason; `notice`: the context line); returns the reply's text."""
         text = self._stream_prefix + self._stream_text
         if self._stream_tail_start < 0:
             return text
         cursor = self._render_stream_tail()
         self._messages[-1] = text
-        self._insert_footer(cursor, len(self._messages) - 1, text, footer)
+        self._insert_lines(cursor, failure, notice, bool(text.strip() or self._tools))
+        self._insert_footer(cursor, len(self._messages) - 1, text, footer, message_id, branch)
         self._stream_tail_start = -1
         self._follow()
         return text
@@ -371,14 +404,42 @@ class Transcript(QTextBrowser):
             cursor.insertBlock()
         title = ROLE_TITLES.get(role, role)
         cursor.insertHtml(f"<p style='margin-top:12px'><b>{html.escape(title)}</b></p>")
-        cursor.insertBlock()
+        # the message's block starts plain: it inherited the title's bold (a user's message and a streaming reply's
+        # tail were bold, and the tail turned plain when the reply ended)
+        cursor.insertBlock(cursor.blockFormat(), QTextCharFormat())
+
+    def _insert_lines(self, cursor: QTextCursor, failure: str, notice: str, after_text: bool) -> None:
+        """A failed reply's marker (red) and the context notice (muted, italic), each its own line."""
+        for line, colour, italic in ((failure, FAILED, False), (notice, MUTED, True)):
+            if not line:
+                continue
+            if after_text:
+                cursor.insertBlock(cursor.blockFormat(), QTextCharFormat())
+            fmt = QTextCharFormat()
+            fmt.setForeground(QColor(colour))
+            fmt.setFontItalic(italic)
+            cursor.insertText(line, fmt)
+            after_text = True
 
     @staticmethod
     def _plain_fragment(text: str) -> QTextDocumentFragment:
         return QTextDocumentFragment.fromPlainText(text)
 
-    def _insert_footer(self, cursor: QTextCursor, index: int, text: str, footer: str) -> None:
-        links = [f"<a href='copy:{index}'>Copy</a>"]
+    def _insert_footer(
+        self,
+        cursor: QTextCursor,
+        index: int,
+        text: str,
+        footer: str,
+        message_id: int | None = None,
+        branch: tuple[int, int] | None = None,
+    ) -> None:
+        links = [branch_links(message_id, *branch)] if message_id is not None and branch is not None else []
+        links.append(f"<a href='copy:{index}'>Copy</a>")
+        if message_id is not None:
+            links.append(f"<a href='edit:{message_id}'>Edit</a>")
+            if branch is not None:
+                self.branches[message_id] = branch
         links += [f"<a href='copycode:{index}:{n}'>Copy code {n + 1}</a>" for n in range(len(code_blocks(text)))]
         info = f"<span style='color:#777'>{html.escape(footer)}</span> &nbsp; " if footer else ""
         cursor.insertBlock()
@@ -398,6 +459,13 @@ class Transcript(QTextBrowser):
             if kind == "tool":
                 self.toggle_tool_call(rest)
                 return
+            if kind == "edit":
+                self.edit_requested.emit(int(rest))
+                return
+            if kind == "branch":
+                mid, _, step = rest.partition(":")
+                self.branch_requested.emit(int(mid), int(step))
+                return
             if kind == "copy":
                 text = self._messages[int(rest)]
             elif kind == "copycode":
@@ -409,6 +477,14 @@ class Transcript(QTextBrowser):
             return
         QGuiApplication.clipboard().setText(text)
         self.copy_requested.emit(text)
+
+
+def branch_links(message_id: int, n: int, of: int) -> str:
+    """The "‹ 2/3 ›" of a message that has other versions: each arrow a link to the one before or after (none
+    past the ends)."""
+    prev = f"<a href='branch:{message_id}:-1'>‹</a>" if n > 1 else "‹"
+    after = f"<a href='branch:{message_id}:1'>›</a>" if n < of else "›"
+    return f"{prev} {n}/{of} {after}"
 
 
 def _muted() -> QTextCharFormat:
