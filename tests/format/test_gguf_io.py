@@ -10,7 +10,7 @@ import pytest
 
 from tests.ggufs import write_gguf
 from tokenwing.errors import BadInputError, UnsupportedError
-from tokenwing.format.gguf_io import KV, ValueType, read_header, tensor_nbytes
+from tokenwing.format.gguf_io import KV, ValueType, read_header, rewrite_metadata, tensor_nbytes
 
 
 def test_every_value_type_round_trips(tmp_path: Path) -> None:
@@ -84,3 +84,30 @@ def test_huge_counts_do_not_allocate(tmp_path: Path) -> None:
     p.write_bytes(bytes(data))
     with pytest.raises(BadInputError, match="array items"):
         read_header(str(p))
+
+
+def test_rewrite_metadata_keeps_the_tensor_bytes(tmp_path: Path) -> None:
+    """New metadata (a longer header: the data section moves) with every tensor's bytes and offset unchanged, also
+    rewritten in place; a source whose data is cut short is refused in one line and leaves no output."""
+    data = [bytes(range(i, i + 128)) * 2 for i in range(3)]
+    src = write_gguf(
+        tmp_path / "m.gguf",
+        {"a.n": KV.u32(512), "a.s": KV.string("x")},
+        [(f"t{i}", (64, 1), 0, d[:256]) for i, d in enumerate(data)],
+    )
+    old = read_header(str(src))
+    kv = {"a.n": KV.u32(2048), "a.s": KV.string("x"), "a.scaling.type": KV.string("yarn"), "a.f": KV.f32(4.0)}
+    for dst in (tmp_path / "out.gguf", src):
+        new = rewrite_metadata(str(src), str(dst), kv)
+        assert new.get("a.n") == 2048 and new.get("a.scaling.type") == "yarn" and new.data_start > old.data_start
+        assert [(t.name, t.shape, t.type, t.offset) for t in new.tensors] == [
+            (t.name, t.shape, t.type, t.offset) for t in old.tensors
+        ]
+        raw = dst.read_bytes()
+        for t, d in zip(new.tensors, data, strict=True):
+            assert raw[new.data_start + t.offset : new.data_start + t.offset + t.nbytes] == d[:256]
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(src.read_bytes()[:-100])
+    with pytest.raises(BadInputError, match="ends past the end of the file"):
+        rewrite_metadata(str(cut), str(tmp_path / "cut-out.gguf"), kv)
+    assert not (tmp_path / "cut-out.gguf").exists()

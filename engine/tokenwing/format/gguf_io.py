@@ -179,6 +179,7 @@ class _Cursor:
         self.f = f
         self.path = path
         self.size = file_size
+        self.whole = file_size  # the whole file's size where only a prefix of it is here (set by _parse)
         self.pos = 0
         self._buf = b""
         self._buf_start = 0
@@ -225,6 +226,9 @@ def _read_value(cur: _Cursor, vtype: int, key: str) -> KV:
             it = ValueType(item)
         except ValueError:
             raise BadInputError(f"{cur.path}: metadata {key!r} has unknown array type {item}") from None
+        least = 8 if it == ValueType.STRING else np.dtype(_SCALAR_DTYPES.get(it, "<u1")).itemsize
+        if count * least > cur.whole - cur.pos:
+            raise BadInputError(f"{cur.path}: metadata {key!r} claims {count:,} items, more than the file holds")
         if it == ValueType.STRING:
             return KV(vt, [cur.string(key) for _ in range(count)], it)
         if it == ValueType.ARRAY:
@@ -267,6 +271,7 @@ def read_header(path: str, declared_size: int | None = None) -> GGUFHeader:
 
 def _parse(f: BinaryIO, path: str, size: int, readable: int) -> GGUFHeader:
     cur = _Cursor(f, path, min(readable, MAX_HEADER), truncated=readable < size)
+    cur.whole = size
     if size < 24:
         raise BadInputError(f"{path}: not a GGUF file (only {size} bytes)")
     magic = cur.take(4)
@@ -279,6 +284,13 @@ def _parse(f: BinaryIO, path: str, size: int, readable: int) -> GGUFHeader:
     n_kv = cur.unpack("<Q")
     if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
         raise BadInputError(f"{path}: implausible header ({n_tensors} tensors, {n_kv} metadata keys)")
+    # the smallest a key and its value (13 bytes) and a tensor's entry (32) can be: counts the file cannot hold
+    # are refused before the loops build anything from them
+    if n_kv * 13 + n_tensors * 32 > size - cur.pos:
+        raise BadInputError(
+            f"{path}: the header claims {n_tensors:,} tensors and {n_kv:,} metadata keys, more than its "
+            f"{size:,} bytes can hold"
+        )
     kv: dict[str, KV] = {}
     value_offsets: dict[str, int] = {}
     for _ in range(n_kv):
@@ -371,3 +383,26 @@ def layout_tensors(tensors: Sequence[TensorInfo], alignment: int) -> int:
         t.offset = pos
         pos = align_up(pos + t.nbytes, alignment)
     return pos
+
+
+def rewrite_metadata(src: str, dst: str, kv: dict[str, KV]) -> GGUFHeader:
+    """Writes `src` to `dst` (atomically; `dst` may be `src`) with the metadata `kv` in place of its own: the same
+    tensor table and the tensor data copied byte for byte, so only the header changes (its length too: the data
+    section moves, each tensor's offset within it does not). Returns the new file's header."""
+    from tokenwing.fsutil import atomic_output
+
+    old = read_header(src)
+    header, _ = encode_header(kv, old.tensors, old.alignment)
+    data_size = old.file_size - old.data_start
+    with open(src, "rb") as f_in:
+        f_in.seek(old.data_start)
+        with atomic_output(dst, len(header) + data_size) as tmp, open(tmp, "wb") as f_out:
+            f_out.write(header)
+            left = data_size
+            while left:
+                chunk = f_in.read(min(left, 1 << 24))
+                if not chunk:
+                    raise BadInputError(f"{src}: the file ends inside its tensor data")
+                f_out.write(chunk)
+                left -= len(chunk)
+    return read_header(dst)
