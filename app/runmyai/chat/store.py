@@ -27,7 +27,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,6 +245,67 @@ class ConversationStore:
         """The active path: the conversation's messages as shown and sent, first to last."""
         with self._lock:
             return [_to_message(r) for r in _path(self._db, conversation_id)]
+
+    def tree(self, conversation_id: int) -> builtins.list[Message]:
+        """Every message of the conversation, every branch, in the order written (a parent before its children)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
+            ).fetchall()
+        return [_to_message(r) for r in rows]
+
+    def add_conversation(
+        self, conv: Conversation, messages: Sequence[Message], active: Sequence[int] = ()
+    ) -> Conversation:
+        """A whole conversation at once (an import): `conv`'s title, prompt, settings, model and times (its id is
+        not used), `messages` in an order where each parent comes before its children, their `id`/`parent_id`
+        only naming each other, and `active` the ids on the active path (chosen again in order, so the path is
+        as it was; empty: each parent's last child). One transaction: all of it, or nothing."""
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO conversations (title, system_prompt, settings, model, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    conv.title.strip() or DEFAULT_TITLE,
+                    conv.system_prompt,
+                    _settings_json(conv.settings),
+                    conv.model,
+                    conv.created_at,
+                    conv.updated_at,
+                ),
+            )
+            cid = int(cur.lastrowid or 0)
+            ids: dict[int, int] = {}
+            for n, m in enumerate(messages, 1):
+                if m.role not in ROLES:
+                    raise StoreError(f"{m.role!r} is not a message role (system, user or assistant).")
+                if m.parent_id is not None and m.parent_id not in ids:
+                    raise StoreError(f"Message {m.id} follows {m.parent_id}, which does not come before it.")
+                cur = db.execute(
+                    "INSERT INTO messages (conversation_id, role, content, created_at, ttft_s, tokens_per_s, tokens, "
+                    "finish_reason, model, reasoning, tool_rounds, parent_id, chosen) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        cid,
+                        m.role,
+                        m.content,
+                        m.created_at,
+                        m.ttft_s,
+                        m.tokens_per_s,
+                        m.tokens,
+                        m.finish_reason,
+                        m.model,
+                        m.reasoning,
+                        _rounds_json(builtins.list(m.tool_rounds)),
+                        ids[m.parent_id] if m.parent_id is not None else None,
+                        n,
+                    ),
+                )
+                ids[m.id] = int(cur.lastrowid or 0)
+            for mid in active:
+                if mid in ids:
+                    self._choose(db, cid, ids[mid])
+        return self._conversation(cid)
 
     def branch_position(self, message_id: int) -> tuple[int, int]:
         """(n, of): the message is the n-th (from 1, in the order they were written) of `of` siblings — versions

@@ -10,30 +10,28 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from PySide6.QtCore import QObject, QTimer, QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QApplication,
-    QDialog,
-    QDialogButtonBox,
     QFileDialog,
-    QFormLayout,
-    QLineEdit,
     QMessageBox,
 )
 
 from runmyai import __version__
-from runmyai.chat.session import ChatSession, ReplyCutOff, Sink, footer
+from runmyai.chat.session import ChatSession, Refused, ReplyCutOff, Sink, footer, overflow_line
 from runmyai.chat.store import ConversationStore, Message
 from runmyai.chat.tools import ToolCall, ToolResult, call_detail
+from runmyai.chat.transfer import TransferError, export_file, import_file, suggested_name
 from runmyai.engine.autotune import (
     DECODE_PROBE_TOKENS,
     SMALL_MODEL_PROBE_TOKENS,
     AutotuneError,
     AutotuneRunner,
 )
-from runmyai.engine.client import ChatClient, ChatError, ChatSettings
+from runmyai.engine.client import PROBE_TIMEOUT_S, ChatClient, ChatError, ChatSettings, probe
 from runmyai.engine.endpoint import Endpoint
 from runmyai.engine.faults import EngineError, Fault
 from runmyai.engine.info import EngineInfo, ask_engine, unknown
@@ -41,6 +39,7 @@ from runmyai.engine.stats import StatsClient
 from runmyai.engine.supervisor import EngineState, EngineSupervisor
 from runmyai.library.acquire import PERMANENT_HUB_KINDS, AcquireError, Acquirer, Job, JobStatus, RepoQuants
 from runmyai.library.downloads import DownloadManager, DownloadStatus
+from runmyai.library.estimate import DEFAULT_CALIBRATION, installed_estimate
 from runmyai.library.hub import HubClient, HubError, HubModel
 from runmyai.library.keys import HubKey, LocalKey, PresetKey, parse_key
 from runmyai.library.launch import launch_flags
@@ -51,16 +50,17 @@ from runmyai.mcp.approval import ApprovalPolicy, Decision
 from runmyai.mcp.config import ConfigError, ConfigFile, set_disabled
 from runmyai.mcp.runner import McpToolRunner, ToolEvents
 from runmyai.mcp.servers import CallFailed, McpManager, ToolInfo
-from runmyai.monitor import device_note
+from runmyai.monitor import device_note, plain_device
 from runmyai.paths import AppPaths, bundled_dir
+from runmyai.speeds import chat_measurement, load_per_core, record_speed
 from runmyai.ui import render, theme
 from runmyai.ui.autotune_dialog import AutotuneDialog
 from runmyai.ui.chat_panel import SamplingValues
-from runmyai.ui.main_window import MainWindow
+from runmyai.ui.main_window import ConnectDialog, MainWindow
 from runmyai.ui.mcp_dialog import ApprovalBox, McpDialog, parse_arguments
 from runmyai.ui.notifications import job_line
 from runmyai.ui.render import LibraryEntry, View
-from runmyai.ui.transcript import ToolMark
+from runmyai.ui.transcript import ToolMark, failure_line
 from runmyai.ui.viewmodels import (
     AppSettings,
     ModelRow,
@@ -77,8 +77,12 @@ from runmyai.ui.viewmodels import (
 )
 from runmyai.units import human_bytes
 
+REMOTE_KEY = "remote:"  # the model picker's entry for the connected endpoint's model
 AUTOTUNE_OFFER = "autotune-offer"  # the notification offering to measure this machine
+TOOLS_OFFER = "tools-do-not-fit"  # the notification offering to send a message again without tools
 INFO_SHOWN_MS = 20_000  # how long a confirmation stays up unless hidden
+UNDO_MS = 8_000  # how long a deleted chat's Undo is offered (then it is deleted for good)
+UNDO_DELETE = "undo-delete:"  # its notification's key, before the chat's id
 
 STATE_WORDS: dict[EngineState, str] = {
     "stopped": "stopped",
@@ -133,6 +137,10 @@ class AppController(QObject):
         self._quants_loading: set[str] = set()
         self.supervisor: EngineSupervisor | None = None
         self.endpoint: Endpoint | None = None  # the engine in use (local or remote)
+        self._local_key: str | None = None  # the local model in use before File → Connect (Back to local loads it)
+        self._endpoint_asked: tuple[str, str] = ("http://127.0.0.1:8080/v1", "")  # the Connect dialog's last entry
+        self.connect_dialog: ConnectDialog | None = None
+        self.probe_timeout_s = PROBE_TIMEOUT_S  # File → Connect's check of a server
         self.chat_client: ChatClient | None = None
         self.model_name: str | None = None
         self.conversation_id: int | None = None
@@ -142,6 +150,7 @@ class AppController(QObject):
         self._job_key: str | None = None  # its notification's key
         self._job_lock = asyncio.Lock()
         self._stats_task: asyncio.Task[None] | None = None
+        self._footer_model: Path | None = None  # the model whose reply the chat footer's figures are of
         self._engine_task: asyncio.Task[Any] | None = None
         self.ready = asyncio.Event()  # set when a model can be chatted with
         self.errors: list[str] = list(self.catalog.errors)  # one line each, also shown to the user
@@ -152,13 +161,17 @@ class AppController(QObject):
         self.mcp_dialog: McpDialog | None = None
         self.approval: ApprovalBox | None = None  # the tool-call question on screen, if any
         self._tool_keys: dict[str, str] = {}  # a running turn's call id → its line in the transcript
+        self._tools_tokens: int | None = None  # the chat's tool definitions' tokens, as the engine counted them
+        self._shown_conversation: int | None = None  # the conversation the transcript shows
         self.settings_file = SettingsFile(paths.settings / "app.json")
         self.settings = self.settings_file.load()
         if not self.settings.server.api_key:  # the server never runs without a key: one is made at first start
             self.settings = self.settings.with_server(api_key=new_api_key())
             self._save_app_settings()
         self.library.extra_dirs = [Path(d) for d in self.settings.model_dirs]
+        self.library.exit_kind = lambda code: self.engine_info.exit_kind(code)
         self._retry: dict[str, Callable[[], Any]] = {}  # a notification's key → what its Retry does
+        self._deleting: dict[int, str] = {}  # chats deleted whose Undo is still offered → their titles
         self._conversation_query = ""
         self._cards_asked: set[str] = set()  # entries whose model card was asked for
         self._last_used_file = paths.settings / "last-used.json"
@@ -184,26 +197,35 @@ class AppController(QObject):
         chat.stop_requested.connect(self.stop_reply)
         chat.regenerate_requested.connect(self._regenerate)
         chat.edit_last_requested.connect(self._edit_last)
+        chat.transcript.edit_requested.connect(self._edit_message)
+        chat.export_conversation_requested.connect(lambda cid, kind: self._choose_export(int(cid), kind))
+        chat.import_conversation_requested.connect(self._choose_chat_import)
+        w.export_chat_requested.connect(
+            lambda kind: self._choose_export(self.conversation_id, kind) if self.conversation_id is not None else None
+        )
+        w.import_chat_requested.connect(self._choose_chat_import)
+        chat.transcript.branch_requested.connect(self._switch_branch)
         chat.new_conversation_requested.connect(self.new_conversation)
         chat.delete_conversation_requested.connect(self._delete_conversation)
         chat.conversation_selected.connect(lambda cid: self.open_conversation(int(cid)))
         chat.settings_changed.connect(self._save_settings)
+        chat.tools_toggled.connect(lambda on: self._set_tools(on=on))
+        chat.tool_server_toggled.connect(lambda name, on: self._set_tools(server=name, server_on=on))
         w.connect_endpoint_requested.connect(self._ask_endpoint)
+        w.back_to_local_requested.connect(lambda: self.spawn(self.back_to_local()))
         w.stop_engine_requested.connect(lambda: self.spawn(self.stop_engine()))
         w.restart_engine_requested.connect(lambda: self.spawn(self._restart_engine()))
         w.mcp_requested.connect(self.open_mcp)
         chat.rename_conversation_requested.connect(self._rename_conversation)
         chat.search_changed.connect(self._search_conversations)
-        chat.model_chosen.connect(lambda key: self.spawn(self.use_model(key)))
+        chat.model_chosen.connect(self._pick_model)
         w.notice_area.retry_requested.connect(self._retry_notice)
         w.notice_area.forget_requested.connect(self._forget_notice)
         w.notice_area.cancel_requested.connect(self._cancel_notice)
         models = w.models_page
         models.use_requested.connect(self._chat_with)
         models.verify_requested.connect(lambda path: self.spawn(self.verify_model(Path(path))))
-        models.open_folder_requested.connect(
-            lambda path: QDesktopServices.openUrl(QUrl.fromLocalFile(str(Path(path).parent)))
-        )
+        models.open_folder_requested.connect(self._open_folder)
         models.delete_requested.connect(self._ask_delete)
         w.server_page.changed.connect(lambda s: self.spawn(self.set_server(s)))
         sp = w.settings_page
@@ -237,12 +259,14 @@ class AppController(QObject):
         if e is not None:
             self.report(f"{type(e).__name__}: {e}" if not str(e) else str(e))
 
-    def report(self, line: str, key: str = "app", title: str = "Something went wrong") -> None:
-        """A failure, whole, in the notification area (Details: the full text; Retry where `key` has one and
-        trying again can change it), and in the log."""
-        self.errors.append(line)
-        self.window.log_view.append(f"[app] {line}")
-        self.window.notifications.fail(key, title, line, retry=key in self._retry)
+    def report(
+        self, line: str, key: str = "app", title: str = "Something went wrong", details: str | None = None
+    ) -> None:
+        """A failure, whole, in the notification area (Details: `details`, else the full text; Retry where `key`
+        has one and trying again can change it), and in the log."""
+        self.errors.append(line + (f" ({details})" if details else ""))
+        self.window.log_view.append(f"[app] {line}" + (f" {details}" if details else ""))
+        self.window.notifications.fail(key, title, line, retry=key in self._retry, details=details)
 
     def _retry_notice(self, key: str) -> None:
         again = self._retry.get(key)
@@ -262,6 +286,8 @@ class AppController(QObject):
     def _forget_notice(self, key: str) -> None:
         self.window.notifications.forget(key)
         self._retry.pop(key, None)
+        if key.startswith(UNDO_DELETE):  # Hide on a deleted chat's notice: no undo wanted, deleted now
+            self._finish_delete(int(key.removeprefix(UNDO_DELETE)))
         if key == AUTOTUNE_OFFER:  # "Not now": the offer does not come back at every start
             self.settings = replace(self.settings, autotune_declined=True)
             self._save_app_settings()
@@ -422,6 +448,7 @@ class AppController(QObject):
 
     async def shutdown(self) -> None:
         self.stop_following_desktop()
+        self._finish_delete()  # the chats deleted in the last seconds: their Undo ends with the app
         self.stop_reply()
         self._cancel_job()
         await self.stop_engine()
@@ -448,7 +475,11 @@ class AppController(QObject):
             for m in self.local_models
             if entries.get(str(LocalKey(m.path))) and entries[str(LocalKey(m.path))].can_use
         ]
-        self.window.chat.set_models(usable, str(LocalKey(in_use)) if in_use is not None else None)
+        current = str(LocalKey(in_use)) if in_use is not None else None
+        if self.endpoint is not None and not self.endpoint.local:  # connected: the remote model, never a local one
+            usable.insert(0, (REMOTE_KEY, f"{self.model_name} · {urlsplit(self.endpoint.base_url).netloc}"))
+            current = REMOTE_KEY
+        self.window.chat.set_models(usable, current)
         used = self._read_last_used()
         rows = []
         for m in self.local_models:
@@ -485,6 +516,33 @@ class AppController(QObject):
         used[str(path)] = _time.time()
         with contextlib.suppress(OSError):
             write_json_atomic(self._last_used_file, used)
+
+    def _pick_model(self, key: str) -> None:
+        """The chat's model picker: a local model loads (leaving a remote endpoint); the endpoint's own entry is
+        what is in use already."""
+        if key != REMOTE_KEY:
+            self.spawn(self.use_model(key))
+
+    def _open_folder(self, path_text: str) -> None:
+        """My models' Open folder: the file manager, or where there is none (it failed silently), one line that
+        says so, with the folder's path and a button that copies it."""
+        folder = Path(path_text).parent
+        key = "open-folder"
+        if QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder))):
+            self.window.notifications.forget(key)
+            return
+
+        def copy() -> None:
+            clipboard = QApplication.clipboard()
+            if clipboard is not None:
+                clipboard.setText(str(folder))
+            self.confirm(key, "Path copied", f"{folder} is on the clipboard.")
+
+        self._retry[key] = copy
+        self.window.log_view.append(f"[app] no file manager opened {folder}")
+        self.window.notifications.info(
+            key, "No file manager opened the folder", f"The model is in {folder}", action="Copy path"
+        )
 
     def _chat_with(self, key: str) -> None:
         self.window.show_page("Chat")
@@ -532,6 +590,7 @@ class AppController(QObject):
             return False
         self.window.notifications.succeeded("delete")
         self.window.notifications.forget(f"verify:{path}")  # about a file that is gone
+        self._forget_footer_of(path)
         await self.refresh_library()
         return True
 
@@ -823,14 +882,18 @@ class AppController(QObject):
             except (LibraryError, AcquireError, HubError, AutotuneError) as e:
                 # a failure the library marks permanent (a repository that is not there, a model the engine
                 # refuses) gets no Retry, whatever its words: the notification said "Retry" for a missing repo
-                permanent = (isinstance(e, AcquireError) and e.permanent) or (
-                    isinstance(e, HubError) and e.kind in PERMANENT_HUB_KINDS
+                permanent = (
+                    (isinstance(e, AcquireError) and e.permanent)
+                    or (isinstance(e, HubError) and e.kind in PERMANENT_HUB_KINDS)
+                    or (isinstance(e, LibraryError) and e.permanent)
                 )
                 if again is not None and not permanent:
                     self._retry[key] = again
                 else:
                     self._retry.pop(key, None)
-                self.report(f"{label} failed: {e}", key, f"{label} failed")
+                # the engine's own words (a failed import's "magic b'hell'", its exit code) only under Details
+                detail = e.detail if isinstance(e, LibraryError) else None
+                self.report(f"{label} failed: {e}", key, f"{label} failed", details=detail)
                 return False
             finally:
                 self._job = self._job_key = None
@@ -957,7 +1020,7 @@ class AppController(QObject):
         self.window.log_view.append(line)
         note = device_note(line)
         if note is not None:  # where it computes (a GPU and its share, or the CPU and why) beside the graphs
-            self.window.graphs.set_device(note)
+            self.window.graphs.set_device(plain_device(note), note)
             on_gpu = note.startswith("Computing on ") and not note.startswith("Computing on the CPU")
             if on_gpu != self.window.graphs.has_gpu:
                 self.window.graphs.set_has_gpu(on_gpu)
@@ -993,49 +1056,81 @@ class AppController(QObject):
         if sup is not None:
             await sup.stop()
         self.endpoint = None
+        self.window.set_connected(None)
 
     async def _restart_engine(self) -> None:
         sup = self.supervisor
         if sup is not None:
             await self.use_model(str(LocalKey(sup.model)))
 
-    def _ask_endpoint(self) -> None:
-        dialog = QDialog(self.window)
-        dialog.setWindowTitle("Connect to an OpenAI-compatible endpoint")
-        url = QLineEdit("http://127.0.0.1:8080/v1")
-        key = QLineEdit(os.environ.get("RUNMYAI_ENDPOINT_KEY", ""))
-        key.setEchoMode(QLineEdit.EchoMode.Password)
-        form = QFormLayout(dialog)
-        form.addRow("Base URL", url)
-        form.addRow("API key (optional)", key)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        buttons.accepted.connect(dialog.accept)
-        buttons.rejected.connect(dialog.reject)
-        form.addRow(buttons)
-        dialog.accepted.connect(lambda: self.spawn(self.use_endpoint(url.text().strip(), key.text().strip() or None)))
-        dialog.open()
+    def _ask_endpoint(self) -> ConnectDialog:
+        s = self.settings.server
+        note = "Connecting stops the model running here"
+        note += f" and the API server on port {s.port}" if s.enabled else ""
+        note += " until File → Back to local model. The address is checked first: a wrong one stops nothing."
+        url, key = self._endpoint_asked
+        dialog = ConnectDialog(self.window, url, key or os.environ.get("RUNMYAI_ENDPOINT_KEY", ""), note)
+        checking: list[asyncio.Task[Any]] = []
 
-    async def use_endpoint(self, base_url: str, api_key: str | None) -> None:
+        async def check(url: str, key: str) -> None:
+            self._endpoint_asked = (url, key)
+            dialog.set_checking(url or "the address")
+            try:
+                why = await self.use_endpoint(url, key or None, quiet=True)
+            finally:
+                dialog.set_checking(None)
+            if why is None:
+                dialog.accept()
+            else:
+                dialog.show_state(why)
+
+        dialog.connect_requested.connect(lambda url, key: checking.append(self.spawn(check(url, key))))
+        dialog.cancel_requested.connect(lambda: [t.cancel() for t in checking if not t.done()])
+        self.connect_dialog = dialog
+        dialog.open()
+        return dialog
+
+    async def use_endpoint(self, base_url: str, api_key: str | None, *, quiet: bool = False) -> str | None:
+        """Chats with an OpenAI-compatible server instead of a local model. The server is asked for its models
+        first (probe: a short timeout; cancel the awaiting task to stop it) and a bad one is refused while the
+        local model still runs: the walk-through's bad address stopped the engine and the user's API server, and
+        the chat still said it was with the local model. None once connected, else why not in one sentence (also
+        a notification, unless `quiet`: the Connect dialog shows it itself)."""
         try:
             endpoint = Endpoint.remote(base_url, api_key)
-        except ValueError as e:
-            self.report(f"That is not an endpoint address: {e}.", "endpoint", "Connecting to an endpoint")
-            return
-        await self.stop_engine()
-        client = ChatClient(endpoint)
-        try:
-            models = await client.models()
-        except ChatError as e:
-            await client.aclose()
-            self._retry["endpoint"] = lambda: self.spawn(self.use_endpoint(base_url, api_key))
-            self.report(str(e), "endpoint", f"Connecting to {base_url}")
-            return
-        await client.aclose()
+            models = await probe(endpoint, self.probe_timeout_s)
+        except (ValueError, ChatError) as e:
+            why = f"That is not an endpoint address: {e}." if isinstance(e, ValueError) else str(e)
+            self.errors.append(why)
+            self.window.log_view.append(f"[app] connecting to {base_url!r}: {why}")
+            if not quiet:
+                self._retry["endpoint"] = lambda: self.spawn(self.use_endpoint(base_url, api_key))
+                self.report(why, "endpoint", f"Connecting to {base_url}")
+            return why
         self.window.notifications.succeeded("endpoint")
+        if self.supervisor is not None:  # what File → Back to local model loads again
+            self._local_key = str(LocalKey(self.supervisor.model))
+        await self.stop_engine()
         endpoint = Endpoint.remote(base_url, api_key, models[0] if models else None)
-        self.model_name = endpoint.model or base_url
-        self.window.set_engine_state(f"remote endpoint {base_url}")
+        host = urlsplit(endpoint.base_url).netloc
+        self.model_name = endpoint.model or host
+        self.window.set_engine_state(f"not in use (chatting with {host})")
         self._attach(endpoint)
+        self.window.set_connected(endpoint.base_url)
+        self._show_models()
+        self._show_server_state()
+        return None
+
+    async def back_to_local(self) -> Endpoint | None:
+        """File → Back to local model: the model that ran before File → Connect (else the one used last, else the
+        built-in one) loads again."""
+        if self.endpoint is None or self.endpoint.local:
+            return None
+        key = self._local_key
+        if key is not None and self.model_path(key) is not None:
+            return await self.use_model(key)
+        await self.stop_engine()
+        return await self.use_default_model()
 
     # ------------------------------------------------------------------------------------------ autotune
     def _open_autotune(self, key: str) -> None:
@@ -1144,17 +1239,21 @@ class AppController(QObject):
 
     # ------------------------------------------------------------------------------------------ chat
     def _show_conversations(self) -> None:
-        conversations = self.store.list()
+        conversations = [c for c in self.store.list() if c.id not in self._deleting]
         if not conversations:
             conversations = [self.store.create()]
-        if self.conversation_id is None or self.store.get(self.conversation_id) is None:
+        if (
+            self.conversation_id is None
+            or self.conversation_id in self._deleting
+            or self.store.get(self.conversation_id) is None
+        ):
             self.conversation_id = conversations[0].id
         self._list_conversations()
         self.open_conversation(self.conversation_id)
 
     def _list_conversations(self) -> None:
         """The sidebar's list: every conversation, or those whose title or messages hold the search's words."""
-        items = [(str(c.id), c.title) for c in self.store.list()]
+        items = [(str(c.id), c.title) for c in self.store.list() if c.id not in self._deleting]
         if self._conversation_query:
             items = search_messages(
                 items, lambda cid: (m.content for m in self.store.messages(int(cid))), self._conversation_query
@@ -1179,11 +1278,25 @@ class AppController(QObject):
         conv = self.store.get(conversation_id)
         if conv is None:
             return
-        self.conversation_id = conversation_id
+        switched = conversation_id != self._shown_conversation
+        self.conversation_id = self._shown_conversation = conversation_id
         t = self.window.chat.transcript
         t.clear_messages()
-        for m in self.store.messages(conversation_id):
-            t.add_message(m.role, m.content, footer(m) if m.role == "assistant" else "", m.reasoning, _marks(m))
+        branches = self.store.branch_positions(conversation_id)  # "‹ n/of ›" where a turn has other versions
+        note = conv.settings.overflow  # the last reply's context notice, kept with the chat
+        messages = self.store.messages(conversation_id)
+        for m in messages:
+            t.add_message(
+                m.role,
+                m.content,
+                footer(m) if m.role == "assistant" else "",
+                m.reasoning,
+                _marks(m),
+                message_id=m.id,
+                branch=branches.get(m.id),
+                failure=failure_line("it was cut off by an error.") if m.finish_reason == "error" else "",
+                notice=overflow_line(note) if note is not None and note.get("message_id") == m.id else "",
+            )
         s = conv.settings
         self.window.chat.settings.set_values(
             SamplingValues(
@@ -1192,11 +1305,90 @@ class AppController(QObject):
                 top_p=s.top_p if s.top_p is not None else 1.0,
                 top_k=s.top_k or 0,
                 min_p=s.min_p or 0.0,
-                max_tokens=s.max_tokens or 512,
+                max_tokens=s.max_tokens or 0,
                 seed=s.seed if s.seed is not None else -1,
                 repeat_penalty=s.repeat_penalty or 1.0,
+                context_overflow=s.context_overflow or "rolling",
             )
         )
+        if not while_streaming:
+            self._show_chat_state(messages, switched)
+
+    def _show_chat_state(self, messages: list[Message], switched: bool) -> None:
+        """The footer, status and tools of the conversation on screen: its own, never the one shown before (a new
+        chat showed the last one's error, speed and "512/512")."""
+        chat = self.window.chat
+        if switched:
+            self.window.notifications.forget("chat")
+            self.window.notifications.forget(TOOLS_OFFER)
+            chat.set_status(f"Chatting with {self.model_name}." if self.model_name and self.chat_client else "")
+        last = next((m for m in reversed(messages) if m.role == "assistant"), None)
+        speed = f"last reply {last.tokens_per_s:.1f} tok/s" if last is not None and last.tokens_per_s else ""
+        chat.set_footer(speed, context_line(None, None))
+        self._show_tools()
+        if self.chat_client is not None:
+            self.spawn(self.count_context())
+
+    async def count_context(self) -> None:
+        """The context line and the tools' token count of the conversation on screen, counted by the engine
+        (`/v1/chat/count`, the model's own template); nothing where the server cannot count."""
+        cid, client = self.conversation_id, self.chat_client
+        if cid is None or client is None:
+            return
+        payload = self.store.chat_payload(cid)
+        runner = self._tools(cid)
+        tools = runner.openai_tools() if runner is not None else []
+        try:
+            count = await client.count(payload or [{"role": "user", "content": ""}], tools or None)
+        except ChatError:
+            return
+        if cid != self.conversation_id:
+            return  # another chat is on screen by now
+        self._tools_tokens = count.tools_tokens if tools else None
+        self._show_tools()
+        used = count.prompt_tokens if payload else count.tools_tokens
+        speed = self.window.chat.speed_label.text()
+        self.window.chat.set_footer(speed, context_line(min(used, count.n_ctx), count.n_ctx))
+
+    def _show_tools(self) -> None:
+        """The tools button: on or off in this chat, per server, and their definitions' tokens once counted."""
+        conv = self.store.get(self.conversation_id) if self.conversation_id is not None else None
+        s = conv.settings if conv is not None else ChatSettings()
+        off = set(s.tools_off or [])
+        servers = [
+            (v.name, f"{len(v.tools)} tool{'' if len(v.tools) == 1 else 's'}", v.name not in off)
+            for v in self.mcp.views()
+            if v.state == "ready" and v.tools
+        ]
+        on = s.tools is not False
+        used = [name for name, _, server_on in servers if server_on]
+        if not servers:
+            line = ""
+        elif not on or not used:
+            line = "Tools off"
+        else:
+            line = f"Tools: {', '.join(used)}"
+            if self._tools_tokens is not None:
+                line += f" · {self._tools_tokens:,} tokens"
+        self.window.chat.set_tools(line, on, servers)
+
+    def _set_tools(self, on: bool | None = None, server: str | None = None, server_on: bool = True) -> None:
+        """The chat's tools on or off, or one server's (kept in the conversation's settings)."""
+        cid = self.conversation_id
+        conv = self.store.get(cid) if cid is not None else None
+        if cid is None or conv is None:
+            return
+        s = conv.settings
+        if on is not None:
+            s = replace(s, tools=on)
+        if server is not None:
+            off = [n for n in (s.tools_off or []) if n != server] + ([] if server_on else [server])
+            s = replace(s, tools_off=off or None)
+        self.store.set_settings(cid, s)
+        self._tools_tokens = None
+        self._show_tools()
+        if self.chat_client is not None:
+            self.spawn(self.count_context())
 
     def new_conversation(self) -> None:
         preset = self._current_preset()
@@ -1217,34 +1409,71 @@ class AppController(QObject):
         self.store.set_system_prompt(conversation_id, c.system_prompt)
         self.store.set_settings(
             conversation_id,
-            ChatSettings(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, min_p=c.min_p, max_tokens=512),
+            # max tokens: a share of the context, whatever it is (512 was the demo model's whole context)
+            ChatSettings(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, min_p=c.min_p, max_tokens=None),
         )
         if conversation_id == self.conversation_id:
             self.open_conversation(conversation_id)
 
     def _delete_conversation(self, cid: str) -> None:
+        """Delete, with Undo: the chat leaves the list at once and is deleted from the store only when its
+        notification goes (after UNDO_MS, on Hide, or at shutdown); Undo brings it back as it was. It was deleted
+        at one click, with neither a question nor a way back (the walk-through)."""
         if self._reply_task is not None and not self._reply_task.done():
             return
-        self.store.delete(int(cid))
-        if self.conversation_id == int(cid):
+        conv = self.store.get(int(cid))
+        if conv is None:
+            return
+        self._deleting[conv.id] = conv.title
+        if self.conversation_id == conv.id:
             self.conversation_id = None
         self._show_conversations()
+        key = f"{UNDO_DELETE}{conv.id}"
+        self._retry[key] = lambda: self.undo_delete(conv.id)
+        notes = self.window.notifications
+        notes.info(key, "Chat deleted", f"“{conv.title or 'New chat'}” was deleted.", action="Undo")
+        shown = notes.get(key)
+        # (an Undo and a second Delete of the same chat show a new notice: this timer is then not its own)
+        QTimer.singleShot(UNDO_MS, lambda: self._finish_delete(conv.id) if notes.get(key) in (shown, None) else None)
+
+    def undo_delete(self, conversation_id: int) -> None:
+        """The deleted chat's Undo: back in the list, shown."""
+        if self._deleting.pop(conversation_id, None) is None:
+            return
+        self._retry.pop(f"{UNDO_DELETE}{conversation_id}", None)
+        self.window.notifications.forget(f"{UNDO_DELETE}{conversation_id}")
+        self.conversation_id = conversation_id
+        self._show_conversations()
+
+    def _finish_delete(self, conversation_id: int | None = None) -> None:
+        """Deletes for good the chats whose Undo time is over (`conversation_id`), or all of them (None)."""
+        ids = list(self._deleting) if conversation_id is None else [conversation_id]
+        for cid in ids:
+            if self._deleting.pop(cid, None) is not None:
+                self.store.delete(cid)
+            self._retry.pop(f"{UNDO_DELETE}{cid}", None)
+            self.window.notifications.forget(f"{UNDO_DELETE}{cid}")
 
     def _save_settings(self) -> None:
         if self.conversation_id is None:
             return
         v = self.window.chat.settings.values()
+        conv = self.store.get(self.conversation_id)
+        if conv is None:
+            return
         self.store.set_system_prompt(self.conversation_id, v.system_prompt)
         self.store.set_settings(
             self.conversation_id,
-            ChatSettings(
+            replace(  # (the chat's tools and context notice stay)
+                conv.settings,
                 temperature=v.temperature,
                 top_p=v.top_p,
                 top_k=v.top_k,
                 min_p=v.min_p,
-                max_tokens=v.max_tokens,
+                max_tokens=v.max_tokens or None,
                 seed=None if v.seed < 0 else v.seed,
                 repeat_penalty=v.repeat_penalty,
+                context_overflow=v.context_overflow if v.context_overflow != "rolling" else None,
             ),
         )
 
@@ -1252,12 +1481,65 @@ class AppController(QObject):
         cid = self.conversation_id
         if cid is None:
             return
-        self.window.chat.transcript.add_message("user", text)
+        editing = self.session.editing(cid)
+        if editing is not None and editing.role == "assistant":  # a reply's new version, the user's own words
+            try:
+                self.session.save_edit(cid, text)
+            except ChatError as e:
+                self.report(str(e), "chat", "Editing a reply")
+            self.open_conversation(cid)
+            self.window.chat.set_status("Saved as a new version of the reply (‹ › shows the old one).")
+            return
+        if editing is None:
+            self.window.chat.transcript.add_message("user", text)
+
+        def redraw() -> None:  # an edit: the transcript shows the new branch, up to the edited message
+            self.open_conversation(cid, while_streaming=True)
+            self.window.chat.transcript.begin_reply()
+
+        tools = self._tools(cid)
         self._reply_task = self.spawn(
             self._stream(
-                lambda text_to, reasoning_to: self.session.send(cid, text, text_to, reasoning_to, self._tools())
+                lambda text_to, reasoning_to: self.session.send(cid, text, text_to, reasoning_to, tools, edited=redraw),
+                begin=editing is None,
+                tools_on=tools is not None,
             )
         )
+
+    def _send_without_tools(self, cid: int, text: str) -> None:
+        """The "tools do not fit" offer's button: tools off in that chat, and the same message sent again."""
+        if cid != self.conversation_id or (self._reply_task is not None and not self._reply_task.done()):
+            return
+        self._set_tools(on=False)
+        if self.window.chat.input.toPlainText().strip() == text.strip():
+            self.window.chat.input.clear()
+        self._send(text)
+
+    def _edit_message(self, message_id: int | None = None) -> None:
+        """Edit any message (the transcript's Edit; Edit last: the last question): its text in the input box;
+        sending makes a new version of it, a branch, and the old one stays behind "‹ ›"."""
+        cid = self.conversation_id
+        if cid is None or (self._reply_task is not None and not self._reply_task.done()):
+            return
+        text = self.session.begin_edit(cid, message_id)
+        if text is None:
+            return
+        editing = self.session.editing(cid)
+        self.window.chat.input.setPlainText(text)
+        self.window.chat.input.setFocus()
+        if editing is not None and editing.role == "assistant":
+            self.window.chat.set_status("Editing a reply: Send saves your version beside the model's.")
+        else:
+            self.window.chat.set_status("Editing a message: sending starts a new branch from it; the old one stays.")
+
+    def _switch_branch(self, message_id: int, step: int) -> None:
+        """A message's "‹" or "›": that version of the turn, with its own continuation."""
+        cid = self.conversation_id
+        if cid is None or (self._reply_task is not None and not self._reply_task.done()):
+            return
+        self.session.cancel_edit(cid)
+        self.store.switch_branch(message_id, step)
+        self.open_conversation(cid)
 
     def _regenerate(self) -> None:
         cid = self.conversation_id
@@ -1271,42 +1553,62 @@ class AppController(QObject):
             self.open_conversation(cid, while_streaming=True)
             self.window.chat.transcript.begin_reply()
 
-        async def again(text_to: Sink, reasoning_to: Sink) -> Any:
-            return await self.session.regenerate(cid, text_to, reasoning_to, self._tools(), dropped=redraw)
+        tools = self._tools(cid)
 
-        self._reply_task = self.spawn(self._stream(again, begin=False))
+        async def again(text_to: Sink, reasoning_to: Sink) -> Any:
+            return await self.session.regenerate(cid, text_to, reasoning_to, tools, dropped=redraw)
+
+        self._reply_task = self.spawn(self._stream(again, begin=False, tools_on=tools is not None))
 
     def _edit_last(self) -> None:
-        cid = self.conversation_id
-        if cid is None:
-            return
-        text = self.session.begin_edit(cid)
-        if text is not None:
-            self.window.chat.input.setPlainText(text)
-            self.window.chat.input.setFocus()
-            self.window.chat.set_status("Editing your last message: sending replaces it and what followed.")
+        self._edit_message(None)
 
-    async def _stream(self, turn: Callable[[Sink, Sink], Awaitable[Any]], begin: bool = True) -> None:
+    async def _stream(
+        self, turn: Callable[[Sink, Sink], Awaitable[Any]], begin: bool = True, tools_on: bool = False
+    ) -> None:
         chat = self.window.chat
         transcript = chat.transcript
+        cid = self.conversation_id
         chat.set_busy(True)
+        # an earlier turn's failure is not this one's: its banner stayed up during a regenerate that worked
+        self.window.notifications.forget("chat")
+        self.window.notifications.forget(TOOLS_OFFER)
         if begin:
             transcript.begin_reply()
         chat.set_status("Thinking…")
         try:
             reply = await turn(transcript.append_reply, transcript.append_reasoning)
-            transcript.end_reply(footer(reply.message))  # (the reply's own line; the footer has speed, context)
+            mid = reply.message.id  # (the reply's own line; the footer has speed, context)
+            notice = overflow_line(reply.overflow) if reply.overflow else ""  # what the model no longer sees
+            transcript.end_reply(footer(reply.message), message_id=mid, branch=self._branch_of(mid), notice=notice)
             chat.set_status(f"Chatting with {self.model_name}." if self.model_name else "")
             self._show_footer()
+            self._record_chat_speed(reply.message)
             self.window.notifications.succeeded("chat")
         except asyncio.CancelledError:
             for key in self._tool_keys.values():  # a call (or its question) the stop cut short
                 transcript.update_tool_call(key, "stopped")
             transcript.end_reply("stopped")
             chat.set_status("Stopped.")
+        except Refused as e:
+            # nothing of the turn was kept: it leaves the transcript too, and the message goes back to the input
+            if cid is not None and cid == self.conversation_id:
+                self.open_conversation(cid, while_streaming=True)
+                if not chat.input.toPlainText().strip():
+                    chat.input.setPlainText(e.text)
+            chat.set_status(str(e))
+            self.window.log_view.append(f"[chat] {e}")
+            # the offer only where the tools are what does not fit (a message too long for any context is not)
+            tools_too_big = e.code == "tools_do_not_fit" or (e.code == "context_length_exceeded" and "tool" in str(e))
+            if tools_on and cid is not None and tools_too_big:
+                self._retry[TOOLS_OFFER] = functools.partial(self._send_without_tools, cid, e.text)
+                self.window.notifications.offer(TOOLS_OFFER, "The tools do not fit", str(e), "Chat without tools")
+            else:
+                self.window.notifications.fail("chat", "The message was not sent", str(e), retry=False)
         except ChatError as e:
-            # what arrived before a fault stays, marked cut off as it is in the store
-            transcript.end_reply(footer(e.message) if isinstance(e, ReplyCutOff) else "")
+            # what arrived before a fault stays, marked cut off as it is in the store; a reply that failed is
+            # marked failed, with the reason (it was an empty "Assistant" turn)
+            transcript.end_reply(footer(e.message) if isinstance(e, ReplyCutOff) else "", failure=failure_line(str(e)))
             chat.set_status(str(e))
             self.window.log_view.append(f"[chat] {e}")
             self.window.notifications.fail("chat", "The reply failed", str(e), retry=False)
@@ -1316,6 +1618,52 @@ class AppController(QObject):
             if self.conversation_id is not None:
                 self._show_conversations_keep_transcript()
 
+    def _choose_export(self, conversation_id: int, kind: str) -> None:
+        """A conversation's Export as Markdown or JSON: a save dialog (not exec(): the loop keeps running)."""
+        conv = self.store.get(conversation_id)
+        if conv is None:
+            return
+        name = suggested_name(conv.title, kind)
+        filters = "Markdown (*.md)" if kind == "md" else "JSON (*.json)"
+        dialog = QFileDialog(self.window, "Export chat", str(Path.home() / name), filters)
+        dialog.setAcceptMode(QFileDialog.AcceptMode.AcceptSave)
+        dialog.setDefaultSuffix(kind)
+        dialog.fileSelected.connect(lambda f: self.spawn(self.export_conversation(conversation_id, Path(f))))
+        dialog.open()
+
+    async def export_conversation(self, conversation_id: int, path: Path) -> bool:
+        """Writes the conversation (Markdown for .md, else JSON) off the UI thread; a notice says where."""
+        try:
+            kind = await asyncio.to_thread(export_file, self.store, conversation_id, path)
+        except TransferError as e:
+            self.report(str(e), "export", "Exporting a chat")
+            return False
+        self.window.notifications.succeeded("export")
+        self.confirm("export", "Chat exported", f"Saved as {kind}: {path}")
+        return True
+
+    def _choose_chat_import(self) -> None:
+        dialog = QFileDialog(self.window, "Import chat", str(Path.home()), "Run My AI chat (*.json)")
+        dialog.setFileMode(QFileDialog.FileMode.ExistingFile)
+        dialog.fileSelected.connect(lambda f: self.spawn(self.import_conversation(Path(f))))
+        dialog.open()
+
+    async def import_conversation(self, path: Path) -> int | None:
+        """A JSON export as a new conversation, opened; a file that is not one gets one line, and adds nothing."""
+        try:
+            conv = await asyncio.to_thread(import_file, self.store, path)
+        except TransferError as e:
+            self.report(str(e), "import-chat", "Importing a chat")
+            return None
+        self.window.notifications.succeeded("import-chat")
+        self.conversation_id = conv.id
+        self._show_conversations()
+        return conv.id
+
+    def _branch_of(self, message_id: int) -> tuple[int, int] | None:
+        n, of = self.store.branch_position(message_id)
+        return (n, of) if of > 1 else None
+
     def _show_conversations_keep_transcript(self) -> None:
         self._list_conversations()
 
@@ -1324,9 +1672,49 @@ class AppController(QObject):
         stats = self.chat_client.last_stats if self.chat_client is not None else None
         if stats is None:
             return
-        speed = f"{stats.tokens_per_s:.1f} tok/s" if stats.tokens_per_s else ""
+        # "last reply": the whole reply as the app received it (the performance panel's is the engine's, live)
+        speed = f"last reply {stats.tokens_per_s:.1f} tok/s" if stats.tokens_per_s else ""
         used = (stats.prompt_tokens or 0) + stats.tokens if stats.prompt_tokens is not None else None
         self.window.chat.set_footer(speed, context_line(used, stats.n_ctx))
+        self._footer_model = self.supervisor.model if self.supervisor is not None else None
+
+    def _forget_footer_of(self, path: Path) -> None:
+        """The footer's speed and context figures go with the model they are of (they stayed after it was deleted)."""
+        if self._footer_model == path:
+            self.window.chat.set_footer("", context_line(None, None))
+            self._footer_model = None
+
+    def _record_chat_speed(self, message: Message) -> None:
+        """A finished reply's speed joins this machine's measurements (runmyai.speeds), which calibrate every
+        estimate and give the model's card its measured range; then the cards are worked out again. With it, what
+        the class defaults predict for this model as launched, which the calibration compares it with."""
+        sup, machine = self.supervisor, self.machine
+        local = next((m for m in self.local_models if sup is not None and m.path == sup.model), None)
+        if local is None or machine is None:
+            return  # (a remote endpoint's speed is not this machine's)
+        preset = self.catalog.get(local.preset_id) if local.preset_id else None
+        flags = launch_flags(local.path, local, preset, self.autotune)
+        est = installed_estimate(local, preset, machine, self.engine_info, flags, calibration=DEFAULT_CALIBRATION)
+        if est is None:
+            return
+        m = chat_measurement(
+            local.path, message.tokens_per_s, message.tokens, est.compute_seconds, est.io_seconds, load=load_per_core()
+        )
+        if m is None:
+            return
+
+        async def record() -> None:
+            try:
+                speeds = await asyncio.to_thread(record_speed, self.paths.settings, m)
+            except OSError as e:
+                self.window.log_view.append(f"[app] the measured speed could not be saved: {e}")
+                return
+            if self.machine is not None:
+                self.machine = replace(self.machine, speeds=speeds)
+                self._list_entries()
+                self._show_models()
+
+        self.spawn(record())
 
     def stop_reply(self) -> None:
         if self._reply_task is not None and not self._reply_task.done():
@@ -1353,6 +1741,10 @@ class AppController(QObject):
         await self.mcp.apply(servers)
 
     def _mcp_changed(self) -> None:
+        self._tools_tokens = None
+        self._show_tools()
+        if self.chat_client is not None:
+            self.spawn(self.count_context())
         if self.mcp_dialog is not None:
             self.mcp_dialog.show_servers(self.mcp.views())
         for v in self.mcp.views():
@@ -1415,11 +1807,17 @@ class AppController(QObject):
             return
         self.window.chat.input.appendPlainText(f"\n[{uri}]\n```\n{text}\n```\n")
 
-    def _tools(self) -> McpToolRunner | None:
-        """The runner of this turn's tool calls; None when no server offers any (the request then has none)."""
-        if not self.mcp.exposed():
+    def _tools(self, conversation_id: int | None = None) -> McpToolRunner | None:
+        """The runner of a turn's tool calls in that chat; None when tools are off there, or no server it uses
+        offers any (the request then has none)."""
+        conv = self.store.get(conversation_id) if conversation_id is not None else None
+        s = conv.settings if conv is not None else ChatSettings()
+        if s.tools is False:
             return None
-        return McpToolRunner(self.mcp, self.mcp_policy, self._approve, _TranscriptEvents(self))
+        skip = frozenset(s.tools_off or [])
+        if not any(t.server not in skip for t in self.mcp.exposed().values()):
+            return None
+        return McpToolRunner(self.mcp, self.mcp_policy, self._approve, _TranscriptEvents(self), skip=skip)
 
     async def _approve(self, call: ToolCall, tool: ToolInfo) -> Decision:
         """Asks in a box that does not block the loop; Stop (cancelling the turn) closes it."""

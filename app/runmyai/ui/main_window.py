@@ -6,9 +6,13 @@ from __future__ import annotations
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QResizeEvent, QShortcut
 from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
     QDockWidget,
+    QFormLayout,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QListWidget,
     QListWidgetItem,
     QMainWindow,
@@ -30,13 +34,28 @@ from runmyai.ui.viewmodels import PERF_DOCK_MIN, Notifications, perf_dock_width
 PAGES = ("Chat", "Discover", "My models", "Server", "Settings")
 
 
+class _PagesHost(QWidget):
+    """The pages, with the notification area floating over them: it follows this widget's size."""
+
+    def __init__(self, notices: NotificationArea) -> None:
+        super().__init__()
+        self._notices = notices
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # Qt's name
+        super().resizeEvent(event)
+        self._notices.place()
+
+
 class MainWindow(QMainWindow):
     closing = Signal()
     connect_endpoint_requested = Signal()
+    back_to_local_requested = Signal()
     stop_engine_requested = Signal()
     restart_engine_requested = Signal()
     mcp_requested = Signal()
     page_changed = Signal(str)
+    export_chat_requested = Signal(str)  # "md" or "json": the current conversation, to a file the user picks
+    import_chat_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -87,12 +106,13 @@ class MainWindow(QMainWindow):
         for label in (self.engine_label, version):
             label.setContentsMargins(16, 2, 10, 2)
             side_layout.addWidget(label)
-        main = QWidget()
+        main = _PagesHost(self.notice_area)
         main_layout = QVBoxLayout(main)
         main_layout.setContentsMargins(0, 0, 0, 0)
         main_layout.setSpacing(0)
-        main_layout.addWidget(self.notice_area)
         main_layout.addWidget(self.pages, 1)
+        self.notice_area.setParent(main)  # over the pages, outside their layout (notifications.py says why)
+        self.notice_area.place()
         central = QWidget()
         row = QHBoxLayout(central)
         row.setContentsMargins(0, 0, 0, 0)
@@ -155,9 +175,22 @@ class MainWindow(QMainWindow):
         imp = QAction("&Import GGUF…", self)
         imp.triggered.connect(self.library.import_requested)
         file_menu.addAction(imp)
+        for title, kind in (("&Export chat as Markdown…", "md"), ("Export chat as &JSON…", "json")):
+            export = QAction(title, self)
+            export.triggered.connect(lambda _=False, k=kind: self.export_chat_requested.emit(k))
+            file_menu.addAction(export)
+        import_chat = QAction("Import c&hat…", self)
+        import_chat.triggered.connect(self.import_chat_requested)
+        file_menu.addAction(import_chat)
+        file_menu.addSeparator()
         remote = QAction("&Connect to an OpenAI-compatible endpoint…", self)
         remote.triggered.connect(self.connect_endpoint_requested)
         file_menu.addAction(remote)
+        # the way back from File → Connect (the walk-through found none but My models → Chat): enabled while connected
+        self.back_to_local = QAction("&Back to local model", self)
+        self.back_to_local.triggered.connect(self.back_to_local_requested)
+        self.back_to_local.setEnabled(False)
+        file_menu.addAction(self.back_to_local)
         settings = QAction("&Settings", self)
         settings.setShortcut(QKeySequence("Ctrl+,"))
         settings.triggered.connect(lambda: self.show_page("Settings"))
@@ -236,6 +269,11 @@ class MainWindow(QMainWindow):
         elif text == "ready":
             self.notifications.succeeded("engine")
 
+    def set_connected(self, remote: str | None) -> None:
+        """Connected to a remote endpoint (its address) or not (None): File → Back to local follows it."""
+        self.back_to_local.setEnabled(remote is not None)
+        self.back_to_local.setToolTip(f"Stop using {remote} and load a model on this computer again" if remote else "")
+
     def show_log(self) -> None:
         self.log_view.show()
         self.log_view.raise_()
@@ -243,3 +281,68 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event: QCloseEvent) -> None:  # Qt's name
         self.closing.emit()
         super().closeEvent(event)
+
+
+URL_FIELD_CHARS = 44  # "https://my-gpu-box.example.com:8443/v1" and a margin: the address is read whole
+
+
+class ConnectDialog(QDialog):
+    """File → Connect: the address and key of an OpenAI-compatible server. Connect asks the server for its models
+    first (the controller, off the UI's event handling) while this dialog says so and Cancel stops the check; a
+    refusal is one line here, and nothing local has stopped. The dialog closes only once connected."""
+
+    connect_requested = Signal(str, str)  # base URL, key ("" for none)
+    cancel_requested = Signal()
+
+    def __init__(self, parent: QWidget | None, url: str, key: str, note: str) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Connect to an OpenAI-compatible endpoint")
+        self.url = QLineEdit(url)
+        self.url.setPlaceholderText("http://host:port/v1")
+        # the walk-through's field cut the address; this holds a usual one whole (layout_check.line_edit_problem)
+        self.url.setMinimumWidth(self.url.fontMetrics().horizontalAdvance("x" * URL_FIELD_CHARS) + 16)
+        self.url.setProperty("whole", True)
+        self.key = QLineEdit(key)
+        self.key.setEchoMode(QLineEdit.EchoMode.Password)
+        self.note = QLabel(note)  # what connecting does to the local model (and the API server)
+        self.note.setObjectName("muted")
+        self.note.setWordWrap(True)
+        self.state = QLabel("")  # "Checking …" or why the server was refused, in one sentence
+        self.state.setWordWrap(True)
+        self.state.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.state.setVisible(False)
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel)
+        self.connect_button = self.buttons.addButton("Connect", QDialogButtonBox.ButtonRole.AcceptRole)
+        self.connect_button.setDefault(True)
+        self.buttons.accepted.connect(self._on_connect)
+        self.buttons.rejected.connect(self._on_cancel)
+        form = QFormLayout(self)
+        form.addRow("Base URL", self.url)
+        form.addRow("API key (optional)", self.key)
+        form.addRow(self.note)
+        form.addRow(self.state)
+        form.addRow(self.buttons)
+        self.checking = False
+
+    def _on_connect(self) -> None:
+        if not self.checking:
+            self.connect_requested.emit(self.url.text().strip(), self.key.text().strip())
+
+    def _on_cancel(self) -> None:
+        if self.checking:
+            self.cancel_requested.emit()
+        self.reject()
+
+    def set_checking(self, address: str | None) -> None:
+        """The check of `address` runs (its fields wait), or it ended (None)."""
+        self.checking = address is not None
+        for w in (self.url, self.key, self.connect_button):
+            w.setEnabled(not self.checking)
+        if address is not None:
+            self.show_state(f"Checking {address}…", error=False)
+
+    def show_state(self, text: str, *, error: bool = True) -> None:
+        self.state.setObjectName("error" if error else "muted")
+        self.state.setStyleSheet("color: #d0453a;" if error else "")
+        self.state.setText(text)
+        self.state.setVisible(bool(text))
