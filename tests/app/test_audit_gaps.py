@@ -54,8 +54,8 @@ def _estimate(verdict: str, tokens_per_s: float) -> Estimate:
 @pytest.mark.parametrize(
     ("verdict", "colour", "words"),
     [
-        ("runs_well", "green", "Runs well here · ~12 tok/s · estimated from the model's shape"),
-        ("runs_slowly", "yellow", "Runs slowly here · ~12 tok/s · estimated from the model's shape"),
+        ("runs_well", "green", "Runs well here · ~12 tok/s · estimated from its shape"),
+        ("runs_slowly", "yellow", "Runs slowly here · ~12 tok/s · estimated from its shape"),
         ("no_disk_space", "red", "Not enough disk space"),
         ("unsupported", "red", "Not supported by this engine"),
     ],

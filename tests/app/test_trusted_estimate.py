@@ -114,11 +114,12 @@ def test_speeds_are_shown_as_a_range_and_never_as_zero() -> None:
     assert speed_range(6.24, 6.21) == "~6.2 tok/s"
     assert speed_range(0.004, 0.02) == "< 0.1 tok/s"
     assert speed_range(0.01, 0.5) == "up to 0.5 tok/s"
+    assert speed_range(1650, 2450) == "~1.6k–2.5k tok/s"
     q30 = CATALOG.get("qwen3-30b-a3b")
     assert q30 is not None
     e = estimate(q30, MACHINE, ENGINE)
     assert e.low_tokens_per_s < e.tokens_per_s < e.high_tokens_per_s
-    assert badge(e).line == f"Runs well here · {e.speed} · estimated from the model's shape"
+    assert badge(e).line == f"Runs well here · {e.speed} · estimated from its shape"
     assert "–" in e.speed
 
 
@@ -137,10 +138,10 @@ def test_a_measured_models_card_says_so() -> None:
     # the autotuner's run and chats together; another model on the same machine is estimated, calibrated by them
     tuned = dataclasses.replace(machine, speeds=(*chats, run(50.0, at=5)))
     e = installed_estimate(local, preset, tuned, ENGINE)  # type: ignore[arg-type]
-    assert e is not None and e.basis == "measured: autotune and 3 chats"
+    assert e is not None and e.basis == "measured: autotune, 3 chats"
     q30 = CATALOG.get("qwen3-30b-a3b")
     other = estimate(q30, tuned, ENGINE)  # type: ignore[arg-type]
-    assert not other.measured and other.basis == "estimated, calibrated by autotune and 3 chats here"
+    assert not other.measured and other.basis == "estimated, calibrated by 4 runs"
 
 
 def test_a_chat_reply_is_a_measurement_when_it_says_enough(tmp_path: Path) -> None:

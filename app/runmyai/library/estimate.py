@@ -290,7 +290,7 @@ class Estimate:
     # the range it is shown with and where it comes from: "estimated from the model's shape", "measured: 3 chats"
     low_tokens_per_s: float = 0.0
     high_tokens_per_s: float = 0.0
-    basis: str = "estimated from the model's shape"
+    basis: str = "estimated from its shape"
     measured: bool = False  # the numbers are this model's own measurements here, not an estimate
 
     @property
@@ -300,7 +300,9 @@ class Estimate:
 
 
 def _num(v: float) -> str:
-    return f"{v:.1f}" if v < 9.95 else f"{v:,.0f}"
+    if v >= 999.5:
+        return f"{v / 1000:.1f}k"  # (a card at its narrowest holds "~1.6k–2.5k", not "~1,650–2,450")
+    return f"{v:.1f}" if v < 9.95 else f"{v:.0f}"
 
 
 def speed_range(low: float, high: float) -> str:
@@ -555,10 +557,10 @@ def estimate(
         slow_s, fast_s = (io_s + token_parts(c)[3] + swap_s + c.wait_s for c in (cal.band[1], cal.band[0]))
         low = min(1.0 / slow_s, tps * MODEL_SPREAD[0])
         high = max(1.0 / fast_s, tps * MODEL_SPREAD[1])
-        basis = f"estimated, calibrated by {counted(cal.runs)} here"
+        basis = f"estimated, calibrated by {len(cal.runs)} run{'s' if len(cal.runs) != 1 else ''}"
     else:
         low, high = tps * SHAPE_SPREAD[0], tps * SHAPE_SPREAD[1]
-        basis = "estimated from the model's shape"
+        basis = "estimated from its shape"
     reasons.append(
         f"{speed_words(tps)[0].upper()}{speed_words(tps)[1:]} ({seconds * 1000:,.0f} ms per token); shown as "
         f"{speed_range(low, high)}: "

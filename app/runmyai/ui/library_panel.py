@@ -95,6 +95,14 @@ class CardDelegate(QStyledItemDelegate):
         p.drawText(x, y + fm.ascent(), fm.elidedText(str(index.data(SOURCE_ROLE)), Qt.TextElideMode.ElideRight, width))
         p.restore()
 
+    def elided(self, item: QListWidgetItem, card_width: int) -> tuple[str, str]:
+        """The estimate's line and its basis where a card `card_width` wide cuts them ("" where it does not): the
+        numbers and where they came from are the card's point, so layout_check reports them cut."""
+        fm = self.grid.fontMetrics()
+        room = card_width - 2 * (self.MARGIN + self.PAD) - round(fm.height() * 0.55 + 6)
+        texts = (str(item.data(LINE_ROLE) or ""), str(item.data(BASIS_ROLE) or ""))
+        return tuple(t if fm.horizontalAdvance(t) > room else "" for t in texts)  # type: ignore[return-value]
+
     def card_height(self) -> int:
         """Padding, the title, the badge line, its basis and the source line (CardGrid sizes its cells with it)."""
         fm, tfm = self.grid.fontMetrics(), self.grid.title_metrics()
@@ -171,6 +179,9 @@ class CardGrid(QListWidget):
                 problems.append(f"card '{self.item(row).data(TITLE_ROLE)}' is {r.width()} px wide (< {self.MIN_WIDTH})")
             elif r.right() > right + 1 and r.left() < right:
                 problems.append(f"card '{self.item(row).data(TITLE_ROLE)}' is cut at the right ({r.right()} > {right})")
+            cut = [t for t in self.delegate.elided(self.item(row), r.width()) if t]
+            if cut:
+                problems.append(f"card '{self.item(row).data(TITLE_ROLE)}' cuts its estimate: {' / '.join(cut)}")
         return problems
 
 
