@@ -117,6 +117,33 @@ async def take_screenshots(controller: AppController, folder: Path) -> list[str]
     return problems
 
 
+def show_chat_states(controller: AppController, reply: str) -> None:
+    """For the screenshots: a conversation that shows the chat's states at once (issue 50) — a reply with the
+    notice of what the context dropped, a reply that failed with its marker, and the tools button with what the
+    tools take of the context. The self-test has no MCP server, so the button's servers and count are set here
+    (the words and layout are the app's; tests/app/test_twenty_turns.py checks them with a real server)."""
+    from dataclasses import replace as _replace
+
+    store, chat = controller.store, controller.window.chat
+    conv = store.create("Tell me a story about a king", model=controller.model_name)
+    store.add_message(conv.id, "user", "Tell me a story about a king.")
+    first = store.add_message(conv.id, "assistant", reply or "Once upon a time…", model=controller.model_name)
+    store.add_message(conv.id, "user", "Give me a verse from Psalms.")
+    store.add_message(
+        conv.id, "assistant", "**Psalms 23:1**\nThe LORD is my shepherd;", finish_reason="error", tokens=9
+    )
+    note = {"policy": "rolling", "dropped_messages": 3, "dropped_tokens": 812, "message_id": first.id}
+    store.set_settings(conv.id, _replace(conv.settings, overflow=note))
+    servers = [("time", "2 tools", True), ("everything", "11 tools", True)]
+
+    def tools() -> None:  # (what the controller's own redraws would show with those two servers counted)
+        chat.set_tools("Tools: time, everything · 2,561 tokens", True, servers)
+
+    controller._show_tools = tools  # type: ignore[method-assign]
+    controller.open_conversation(conv.id)
+    controller._list_conversations()
+
+
 async def self_test(controller: AppController, args: argparse.Namespace) -> int:
     """Opens, finds the engine, gets one reply from the built-in model (or --model), closes. 0 if all worked."""
     started = time.monotonic()
@@ -155,6 +182,7 @@ async def self_test(controller: AppController, args: argparse.Namespace) -> int:
             print(f"runmyai self-test: could not save a screenshot to {args.screenshot}", file=sys.stderr)
             return 1
     if getattr(args, "screenshots", None) is not None:
+        show_chat_states(controller, reply)
         problems = await take_screenshots(controller, args.screenshots)
         for line in problems:
             print(f"runmyai self-test: {line}", file=sys.stderr)

@@ -55,6 +55,7 @@ OVERFLOW_CHOICES = (
 
 
 PICKER_MAX_WIDTH = 560
+NO_MODEL = "No model loaded: choose one"
 
 
 class _Input(QPlainTextEdit):
@@ -231,6 +232,8 @@ class ChatPanel(QWidget):
     conversation_selected = Signal(str)
     search_changed = Signal(str)
     model_chosen = Signal(str)  # a library key
+    eject_requested = Signal()
+    draft_changed = Signal(str)  # the input box's text, at every edit
     settings_changed = Signal()
     performance_toggled = Signal(bool)
     tools_toggled = Signal(bool)  # tools on or off in this chat
@@ -286,6 +289,12 @@ class ChatPanel(QWidget):
         top = QHBoxLayout()
         top.addWidget(QLabel("Model"))
         top.addWidget(self.model_picker, 1)
+        # LM Studio's eject: the model stops and its memory is freed; the app stays (the picker loads one again)
+        self.eject_button = QPushButton("Eject")
+        self.eject_button.setToolTip("Unload the model: stop the engine and free its memory")
+        self.eject_button.clicked.connect(self.eject_requested)
+        self.eject_button.setEnabled(False)
+        top.addWidget(self.eject_button)
         top.addStretch(0)
         top.addWidget(self.perf_button)
         # at 1920x1080 the picker spread over 820 px for a 25-character name; 560 px holds the longest names (a
@@ -299,6 +308,11 @@ class ChatPanel(QWidget):
         self.input.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)")
         self.input.setMaximumHeight(110)
         self.input.submitted.connect(self._on_send)
+        self.input.textChanged.connect(lambda: self.draft_changed.emit(self.input.toPlainText()))
+        # the draft's tokens and the context's room, while typing (the controller counts, debounced)
+        self.token_label = QLabel("")
+        self.token_label.setObjectName("footer")
+        self.token_label.setToolTip("What this message adds to the prompt, by the model's own tokenizer")
         self.send_button = QPushButton("Send")
         self.send_button.setObjectName("primary")
         self.send_button.clicked.connect(self._on_send)
@@ -326,11 +340,14 @@ class ChatPanel(QWidget):
         self.tools_button.setObjectName("tools")
         self.tools_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         self.tools_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+        # the menu's arrow is in the text ("▾"): Qt's own indicator sat over the text's last characters
+        self.tools_button.setStyleSheet("QToolButton::menu-indicator { image: none; width: 0px; }")
         self.tools_menu = QMenu(self.tools_button)
         self.tools_button.setMenu(self.tools_menu)
         self.tools_button.setVisible(False)  # no MCP server configured: nothing to say
         buttons = QHBoxLayout()
         buttons.addWidget(self.tools_button)
+        buttons.addWidget(self.token_label)
         buttons.addStretch(1)
         for b in (self.edit_button, self.regenerate_button, self.stop_button, self.send_button):
             buttons.addWidget(b)
@@ -437,6 +454,8 @@ class ChatPanel(QWidget):
             self.model_picker.addItem(name, key)
         if not models:
             self.model_picker.addItem("No model yet: find one in Discover", None)
+        elif current is None:  # none loaded (ejected, or not started yet): said so, not the first model's name
+            self.model_picker.insertItem(0, NO_MODEL, None)
         index = self.model_picker.findData(current) if current else -1
         self.model_picker.setCurrentIndex(max(0, index))
         self.model_picker.blockSignals(False)
@@ -445,7 +464,7 @@ class ChatPanel(QWidget):
         """The tools button: `line` its text ("Tools on · 2 servers · 1,234 tokens"); its menu: tools on or off in
         this chat, and each server (name, what it offers, on) on or off. Hidden when there is no server."""
         self.tools_button.setVisible(bool(servers))
-        self.tools_button.setText(line)
+        self.tools_button.setText(f"{line} ▾" if line else "")
         self.tools_button.setToolTip(
             "The MCP servers' tools offered to the model in this chat; their definitions take part of the context"
         )

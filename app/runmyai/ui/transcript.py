@@ -25,6 +25,8 @@ from runmyai.ui.markdown_view import tidy_tables
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 MUTED = "#777777"
+MARKDOWN_MARGIN = 6.0  # Qt's markdown paragraphs' top and bottom margins (px)
+TITLE_MARGIN = 14.0  # above a message's title ("You", "Assistant"): the space between two messages
 FAILED = "#c0392b"  # a failed reply's marker: readable on the light and the dark theme
 
 
@@ -404,9 +406,17 @@ class Transcript(QTextBrowser):
             cursor.insertBlock()
         title = ROLE_TITLES.get(role, role)
         cursor.insertHtml(f"<p style='margin-top:12px'><b>{html.escape(title)}</b></p>")
+        title_block = cursor.blockFormat()  # (the HTML's margin is lost where it merges into the block before)
+        title_block.setTopMargin(TITLE_MARGIN)
+        title_block.setBottomMargin(MARKDOWN_MARGIN)
+        cursor.setBlockFormat(title_block)
         # the message's block starts plain: it inherited the title's bold (a user's message and a streaming reply's
-        # tail were bold, and the tail turned plain when the reply ended)
-        cursor.insertBlock(cursor.blockFormat(), QTextCharFormat())
+        # tail were bold, and the tail turned plain when the reply ended); with a markdown paragraph's margins, not
+        # the title's (a reply's first line is merged into this block: it stood apart from the lines after it)
+        body = cursor.blockFormat()
+        body.setTopMargin(MARKDOWN_MARGIN)
+        body.setBottomMargin(MARKDOWN_MARGIN)
+        cursor.insertBlock(body, QTextCharFormat())
 
     def _insert_lines(self, cursor: QTextCursor, failure: str, notice: str, after_text: bool) -> None:
         """A failed reply's marker (red) and the context notice (muted, italic), each its own line."""
