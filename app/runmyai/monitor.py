@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -143,3 +144,42 @@ def device_note(line: str) -> str | None:
     if text.startswith(_DEVICE_LINES):
         return text[0].upper() + text[1:]
     return None
+
+
+# the engine's reasons for the CPU (compute/devices.py), most specific first, in a newcomer's words
+_CPU_WHY = (
+    ("too little VRAM", "the GPU has too little free memory"),
+    ("failed to start", "the GPU could not be started"),
+    ("listing devices failed", "the GPUs could not be listed"),
+    ("built for the CPU only", "this engine was built without GPU support"),
+    ("built without", "this engine was built without that kind of GPU"),
+    ("computes on the CPU", "the only GPU driver here runs on the CPU itself"),
+    ("no GPU found", "no GPU was found"),
+    ("device found", "no GPU of that kind was found"),
+)
+_ON_GPU = re.compile(
+    r"computing on (?P<name>.+?), VRAM budget (?P<budget>.+?)"
+    r"(?: \((?:auto|--device)[^)]*\))?(?:; in VRAM: (?P<plan>.*))?$"
+)
+
+
+def plain_device(note: str) -> str:
+    """device_note's line in a newcomer's words for the performance panel: no flags ("--device cpu"), no
+    environment variables ("GGML_VK_VISIBLE_DEVICES"), no driver lists. The engine's own line stays its tooltip."""
+    text = note[:1].lower() + note[1:]
+    if text.startswith("the GPU failed"):
+        return "The GPU failed, so the CPU computes from here on."
+    if text.startswith("computing on the CPU"):
+        if "--device cpu" in text:
+            return "Computing on the CPU, as set for this model."
+        why = next((words for key, words in _CPU_WHY if key in text), None)
+        return f"Computing on the CPU: {why}." if why else "Computing on the CPU."
+    m = _ON_GPU.match(text)
+    if m is None:
+        return note
+    budget = m["budget"]
+    named = re.fullmatch(r"\S+ \((.+)\)", m["name"])  # "CUDA0 (NVIDIA H200)": the card's own name
+    name = named[1] if named else m["name"]
+    amount = budget.rsplit(": ", 1)[-1] if budget.startswith("--") else budget.split(" of ")[0]
+    line = f"Computing on the GPU {name}, with up to {amount} of its memory for the model"
+    return line + (f" (there: {m['plan']})." if m["plan"] else ".")

@@ -30,7 +30,7 @@ DEMO_SOURCE = "demo-model/tokenwing-demo-moe.gguf"  # the shipped GGUF, relative
 _CACHE_FILE = ".library.json"  # per file: size, mtime and what `inspect` said (and sha256 once computed)
 # What `inspect` says changes with the engine (2: KV bytes per token by the model family's rule, no longer counting
 # linear-attention layers): an entry from another version of it is inspected again.
-_FACTS_VERSION = 2
+_FACTS_VERSION = 3  # 3: the name from general.basename where general.name is the file's
 _STOP_GRACE_S = 10.0  # after SIGTERM, the engine removes its partial output and exits; then it is killed
 _SHARD = re.compile(r"-\d{5}-of-\d{5}$")
 _GGUF_SUFFIX = re.compile(r"[-_.]gguf$", re.IGNORECASE)
@@ -42,10 +42,13 @@ _STAGES = {"repacking": (0.0, 0.7, "Converting"), "verifying": (0.7, 1.0, "Check
 class LibraryError(Exception):
     """One sentence for the user. `exit_code` is the engine's, when the engine reported it."""
 
-    def __init__(self, message: str, exit_code: int | None = None, *, detail: str | None = None) -> None:
+    def __init__(
+        self, message: str, exit_code: int | None = None, *, detail: str | None = None, permanent: bool = False
+    ) -> None:
         super().__init__(message)
         self.exit_code = exit_code
         self.detail = detail  # the engine's own one-line reason, when it gave one
+        self.permanent = permanent  # trying again cannot change it (a corrupt file): no Retry
 
 
 class ImportCancelled(LibraryError):
@@ -62,6 +65,20 @@ class LocalModel:
     bundled: bool
     error: str | None = None  # the file is listed but can't be used: why (one sentence)
     facts: Mapping[str, Any] | None = None  # what `tokenwing inspect --json` said (the estimate's input)
+
+
+def header_name(info: Mapping[str, Any], file: str) -> str | None:
+    """The model's own name in its header (`tokenwing inspect --json`): `general.name`, unless that only repeats
+    the file's name (some converters write the file's stem there: an import of `m.gguf` was called "m"), then
+    `general.basename` with its `general.size_label` ("Qwen3 30B-A3B"); None when the header names nothing."""
+    stem = file.removesuffix(".gguf").removesuffix(".tw").lower()
+    raw, base = info.get("name"), info.get("basename")
+    name = raw.strip() if isinstance(raw, str) and raw.strip() else None
+    basename = base if isinstance(base, str) else None
+    if basename and basename.strip() and (name is None or name.lower() == stem):
+        size = info.get("size_label")
+        return basename.strip() + (f" {size.strip()}" if isinstance(size, str) and size.strip() else "")
+    return name
 
 
 def model_name(path: Path, models_dir: Path, general_name: str | None = None) -> str:
@@ -107,6 +124,8 @@ class LocalLibrary:
         self.engine = list(engine) if engine is not None else engine_command()
         self.extra_dirs: list[Path] = []  # more folders the user keeps models in (Settings), scanned as found
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        # the engine's name for an exit code ("corrupt_model"; EngineInfo.exit_kind), to word a failed import
+        self.exit_kind: Callable[[int], str | None] | None = None
 
     # ------------------------------------------------------------------------------------------ listing
     async def scan(self) -> list[LocalModel]:
@@ -184,7 +203,7 @@ class LocalLibrary:
                 if info.get("kind") != "tokenwing":
                     entry["error"] = "not a TokenWing model file (import the GGUF instead of copying it)"
                 entry["arch"] = info.get("architecture")
-                entry["name"] = info.get("name")
+                entry["name"] = header_name(info, path.name)
                 entry["facts"] = _facts(info)
             except LibraryError as e:
                 entry["error"] = str(e)
@@ -306,9 +325,10 @@ class LocalLibrary:
                 raise ImportCancelled(f"The import of {sources[0].name} was cancelled; nothing was kept.") from None
             raise
         if rc != 0:
-            raise LibraryError(
-                f"Couldn't import {sources[0].name}: {_engine_error(lines, rc)} (engine exit code {rc}).", rc
-            )
+            reason = _engine_error(lines, rc)
+            kind = self.exit_kind(rc) if self.exit_kind is not None else None
+            sentence, permanent = import_failure(sources[0].name, reason, kind)
+            raise LibraryError(sentence, rc, detail=f"The engine said: {reason} (exit code {rc}).", permanent=permanent)
         report(1.0, "Done")
 
     # ------------------------------------------------------------------------------------------ split models
@@ -502,6 +522,24 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
 def _remove_partial(dest: Path, pid: int) -> None:
     with contextlib.suppress(OSError):
         (dest.parent / f".{dest.name}.partial-{pid}").unlink()
+
+
+def import_failure(name: str, reason: str, kind: str | None) -> tuple[str, bool]:
+    """(one plain sentence, whether it is permanent) for a failed import, from the engine's name for its exit code
+    (`tokenwing info --json`'s exit_codes). The engine's own words ("…: not a GGUF file (magic b'hell')", a
+    tensor's name, the exit code) are for the details: the walk-through's notification showed them, and offered
+    Retry for a corrupt file, which no retry can change. Retry stays for what can pass (disk space, a crash)."""
+    if kind is None and any(w in reason.lower() for w in ("not a gguf", "corrupt", "truncated", "checksum")):
+        kind = "bad_input"  # an engine that does not name its exit codes: its words
+    if kind == "no_disk_space":
+        return f"There is not enough free disk space to import {name}; free some and try again.", False
+    if kind == "unsupported":
+        return f"The model in {name} is of a kind this version of Run My AI cannot run yet.", True
+    if kind == "corrupt_model":
+        return f"The file {name} is damaged: its contents do not match its own checksums. Download it again.", True
+    if kind == "bad_input":
+        return f"The file {name} is damaged or not a GGUF model, so it cannot be imported.", True
+    return f"The import of {name} stopped: the engine quit before it finished.", False
 
 
 def _engine_error(lines: Sequence[str], rc: int) -> str:

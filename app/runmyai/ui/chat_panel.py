@@ -213,7 +213,7 @@ class TitleEditor(QStyledItemDelegate):
     def updateEditorGeometry(  # Qt's name
         self, editor: QWidget, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex
     ) -> None:
-        rect = option.rect  # type: ignore[attr-defined]  # (PySide's stubs miss QStyleOption's fields)
+        rect = option.rect
         need = editor.sizeHint().height()
         top = rect.top() if rect.height() >= need else rect.center().y() - need // 2
         editor.setGeometry(rect.left(), top, rect.width(), max(need, rect.height()))

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from runmyai import __version__
+from runmyai.chat.draft_count import DraftCounter
 from runmyai.chat.session import ChatSession, Refused, ReplyCutOff, Sink, footer, overflow_line
 from runmyai.chat.store import ConversationStore, Message
 from runmyai.chat.tools import ToolCall, ToolResult, call_detail
@@ -128,6 +129,8 @@ class AppController(QObject):
         self.store = ConversationStore(paths.conversations_db)
         self.autotune = AutotuneRunner(paths)
         self.session = ChatSession(self.store, lambda: self.chat_client, lambda: self.model_name)
+        # the token count under the input while typing: debounced, counted by the engine on the event loop
+        self.draft_counter = DraftCounter(lambda: self.chat_client, self._draft_prompt, self._show_draft_count)
         self.machine: MachineInfo | None = None
         self.local_models: list[LocalModel] = []
         self.hub_results: list[HubModel] = []
@@ -214,6 +217,9 @@ class AppController(QObject):
         w.connect_endpoint_requested.connect(self._ask_endpoint)
         w.back_to_local_requested.connect(lambda: self.spawn(self.back_to_local()))
         w.stop_engine_requested.connect(lambda: self.spawn(self.stop_engine()))
+        w.eject_requested.connect(lambda: self.spawn(self.eject()))
+        chat.eject_requested.connect(lambda: self.spawn(self.eject()))
+        chat.draft_changed.connect(self.draft_counter.changed)
         w.restart_engine_requested.connect(lambda: self.spawn(self._restart_engine()))
         w.mcp_requested.connect(self.open_mcp)
         chat.rename_conversation_requested.connect(self._rename_conversation)
@@ -450,6 +456,7 @@ class AppController(QObject):
         self.stop_following_desktop()
         self._finish_delete()  # the chats deleted in the last seconds: their Undo ends with the app
         self.stop_reply()
+        await self.draft_counter.aclose()
         self._cancel_job()
         await self.stop_engine()
         await self.mcp.close()
@@ -480,6 +487,7 @@ class AppController(QObject):
             usable.insert(0, (REMOTE_KEY, f"{self.model_name} · {urlsplit(self.endpoint.base_url).netloc}"))
             current = REMOTE_KEY
         self.window.chat.set_models(usable, current)
+        self.window.chat.eject_button.setEnabled(self.supervisor is not None)
         used = self._read_last_used()
         rows = []
         for m in self.local_models:
@@ -1058,6 +1066,23 @@ class AppController(QObject):
         self.endpoint = None
         self.window.set_connected(None)
 
+    async def eject(self) -> bool:
+        """Eject (LM Studio's word): the local model stops and the engine process with all the RAM and VRAM it
+        held is gone; the app stays usable (the chat says no model is loaded; the picker or My models loads one).
+        False when no local model was loaded."""
+        if self.supervisor is None:
+            return False
+        name = self.model_name
+        await self.stop_engine()
+        self.model_name = None
+        self.window.set_engine_state("stopped (no model loaded)")
+        self.window.chat.set_footer("", "Context: —")
+        self.window.chat.set_status(f"{name or 'The model'} was ejected: no model is loaded. Choose one above.")
+        self._show_models()
+        self._show_presets()
+        self._show_server_state()
+        return True
+
     async def _restart_engine(self) -> None:
         sup = self.supervisor
         if sup is not None:
@@ -1214,7 +1239,8 @@ class AppController(QObject):
         ok = await self.run_job("Measuring this machine", work, "autotune", lambda: self._measure_again(path))
         if ok:
             after = self._estimate_line(path)
-            was = f" (the defaults said {before.split('·')[-1].strip()})" if "·" in before else ""
+            parts = before.split(" · ")  # "Runs well here · ~167–502 tok/s · estimated from its shape"
+            was = f" (the defaults said {parts[1]})" if len(parts) > 1 else ""
             now = f"{after[0].lower()}{after[1:]}" if after else "has its estimate"
             self.confirm(
                 "autotune",
@@ -1659,6 +1685,17 @@ class AppController(QObject):
         self.conversation_id = conv.id
         self._show_conversations()
         return conv.id
+
+    def _draft_prompt(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """What the next request would carry before the draft: the current chat's messages and its tools."""
+        cid = self.conversation_id
+        if cid is None or self.store.get(cid) is None:
+            return [], None
+        runner = self._tools(cid)
+        return self.store.chat_payload(cid), (runner.openai_tools() or None) if runner is not None else None
+
+    def _show_draft_count(self, line: str) -> None:
+        self.window.chat.token_label.setText(line)
 
     def _branch_of(self, message_id: int) -> tuple[int, int] | None:
         n, of = self.store.branch_position(message_id)

@@ -127,7 +127,7 @@ class GraphsPanel(QWidget):
             plots_layout.addWidget(plot, 1)
         self.hits_plot.setMinimumHeight(int(PLOT_MIN_HEIGHT * 1.4))
         scroll = QScrollArea()  # a short window scrolls the plots; it never squeezes them past reading
-        self.scroll = scroll
+        self.plots_scroll = scroll
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)
         scroll.setWidget(plots)
@@ -220,7 +220,7 @@ class GraphsPanel(QWidget):
     def cut_charts(self) -> list[str]:
         """A chart the scroll area shows only part of (the screenshot tests check it): at 1280x800 the third chart
         ran off the window's bottom."""
-        viewport = self.scroll.viewport()
+        viewport = self.plots_scroll.viewport()
         problems = []
         for plot in (self.hits_plot, self.wait_plot, self.bytes_plot, self.vram_plot):
             if not plot.isVisible():

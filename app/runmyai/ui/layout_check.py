@@ -12,8 +12,11 @@ from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import (
     QAbstractButton,
     QAbstractScrollArea,
+    QAbstractSpinBox,
     QCheckBox,
+    QComboBox,
     QLabel,
+    QLineEdit,
     QPushButton,
     QRadioButton,
     QWidget,
@@ -93,6 +96,25 @@ def button_problem(button: QAbstractButton) -> str | None:
     return None
 
 
+def line_edit_problem(edit: QLineEdit) -> str | None:
+    """A text field lower than its text needs (the rename editor was a few pixels tall), or one whose text is
+    wider than the field (the Connect dialog cut the address). A spin box's or combo box's own field is theirs
+    to size; a password is never read; text the user typed past the end scrolls, as any field's does, so only a
+    field whose text the app put there is held to its width (`setProperty("whole", True)`)."""
+    if isinstance(edit.parentWidget(), (QAbstractSpinBox, QComboBox)):
+        return None
+    need_h = edit.sizeHint().height()
+    if need_h > edit.height() + SLACK_PX:
+        return f"needs {need_h} px of height, has {edit.height()}"
+    if edit.property("whole") and edit.text() and edit.echoMode() == QLineEdit.EchoMode.Normal:
+        fm = edit.fontMetrics()
+        chrome = edit.sizeHint().width() - 17 * fm.horizontalAdvance("x")  # Qt's hint: 17 x's and the frame
+        need = fm.horizontalAdvance(edit.text()) + chrome
+        if need > edit.width() + SLACK_PX:
+            return f"its text needs {need} px, has {edit.width()}"
+    return None
+
+
 def outside_parent(w: QWidget) -> str | None:
     """A widget that reaches out of its parent is cut by it (a row of buttons in a table cell narrower than the
     row: each button keeps its width, the cell cuts the last ones — "Pause/esum/ance")."""
@@ -118,7 +140,10 @@ def clipped(root: QWidget) -> list[str]:
         elif isinstance(w, QAbstractButton):
             problem = button_problem(w)
             text = w.text()
-        if problem is None and isinstance(w, (QLabel, QAbstractButton)) and text.strip():
+        elif isinstance(w, QLineEdit):
+            problem = line_edit_problem(w)
+            text = w.text() or w.placeholderText() or w.objectName() or "(a text field)"
+        if problem is None and isinstance(w, (QLabel, QAbstractButton, QLineEdit)) and text.strip():
             problem = outside_parent(w)
         if problem is not None:
             short = " ".join(text.split())
@@ -129,8 +154,10 @@ def clipped(root: QWidget) -> list[str]:
 
 
 def chart_problems(root: QWidget) -> list[str]:
+    """Each visible performance panel's axes (GraphsPanel.axes_problems), and a chart that its panel's scroll
+    area shows only part of: at 1280x800 the third chart was cut off at the window's bottom."""
     problems = []
     for g in root.findChildren(GraphsPanel):
         if g.isVisible():
-            problems += g.axes_problems()
+            problems += g.axes_problems() + g.cut_charts()
     return problems

@@ -51,6 +51,7 @@ class MainWindow(QMainWindow):
     connect_endpoint_requested = Signal()
     back_to_local_requested = Signal()
     stop_engine_requested = Signal()
+    eject_requested = Signal()
     restart_engine_requested = Signal()
     mcp_requested = Signal()
     page_changed = Signal(str)
@@ -211,6 +212,7 @@ class MainWindow(QMainWindow):
             view_menu.addAction(go)
         engine_menu = self.menuBar().addMenu("&Engine")
         for title, slot in (
+            ("&Eject model", self.eject_requested.emit),
             ("&Stop", self.stop_engine_requested.emit),
             ("&Restart", self.restart_engine_requested.emit),
             ("Show &log", self.show_log),

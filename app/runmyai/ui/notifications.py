@@ -1,16 +1,21 @@
-"""The notification area: errors and long jobs as cards above the pages, each whole sentences (wrapped, never
-cut), with Retry, Details and Forget. It draws `viewmodels.Notifications`; the controller decides what goes in."""
+"""The notification area: errors and long jobs as cards over the pages' top right corner, each whole sentences
+(wrapped, never cut), with Retry, Details and Forget. It draws `viewmodels.Notifications`; the controller decides
+what goes in. It floats over the pages (`place`), so a card coming or going moves nothing under the pointer: in
+the window's layout, each one pushed the whole page down and back, and clicks landed on the wrong thing."""
 
 from __future__ import annotations
 
 import re
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QSizePolicy, QVBoxLayout, QWidget
 
 from runmyai.ui.viewmodels import Notice, Notifications
 
-MAX_SHOWN = 3  # the newest; older ones wait behind them (a flood of failures must not push the page away)
+MAX_SHOWN = 3  # the newest; older ones wait behind them (a flood of failures must not cover the page)
+OVERLAY_WIDTH = 520  # px: a card's most; less in a narrow window
+OVERLAY_MARGIN = 12  # px from the pages' right edge
+OVERLAY_TOP = 52  # px: below the pages' first row (the chat's model picker, Discover's search), which stays usable
 
 
 class NoticeCard(QFrame):
@@ -98,12 +103,34 @@ class NotificationArea(QWidget):
         super().__init__(parent)
         self.model = model
         self._layout = QVBoxLayout(self)
-        self._layout.setContentsMargins(12, 8, 12, 0)
+        self._layout.setContentsMargins(0, 0, 0, 0)
         self._layout.setSpacing(6)
         self.cards: list[NoticeCard] = []
         self.more = QLabel("")
         self.more.setObjectName("muted")
+        self.more.setAutoFillBackground(True)  # over the page's own text
+        self.more.setContentsMargins(8, 2, 8, 2)
         self.refresh()
+
+    def event(self, e: QEvent) -> bool:  # Qt's name
+        handled = super().event(e)
+        if e.type() == QEvent.Type.LayoutRequest:  # a card grew or shrank (its details, a job's line)
+            self.place()
+        return handled
+
+    def place(self) -> None:
+        """Over the parent's (the pages') top right corner, as tall as the cards need; called when they change and
+        when the parent is resized."""
+        host = self.parentWidget()
+        if host is None:
+            return
+        width = max(0, min(OVERLAY_WIDTH, host.width() - 2 * OVERLAY_MARGIN))
+        height = self.heightForWidth(width)
+        if height < 0:
+            height = self.sizeHint().height()
+        height = max(0, min(height, host.height() - OVERLAY_TOP - OVERLAY_MARGIN))
+        self.setGeometry(host.width() - width - OVERLAY_MARGIN, OVERLAY_TOP, width, height)
+        self.raise_()
 
     def refresh(self) -> None:
         """Redraws from the model; a card whose notice did not change keeps its widget (and its open details)."""
@@ -132,6 +159,7 @@ class NotificationArea(QWidget):
         self.more.setVisible(bool(hidden))
         self.cards = cards
         self.setVisible(bool(cards))
+        self.place()
 
     def texts(self) -> list[str]:
         """Each card's title and reason as shown (tests, and the self-test's report)."""

@@ -61,6 +61,8 @@ def inspect_source(source: SourceModel) -> dict[str, Any]:
         "file_bytes": source.size,
         "architecture": arch,
         "name": header.get("general.name"),
+        "basename": header.get("general.basename"),  # a converter's family name ("Qwen3"), and its size ("30B-A3B")
+        "size_label": header.get("general.size_label"),
         "parameters": params,
         "block_count": meta("block_count"),
         "embedding_length": meta("embedding_length"),
