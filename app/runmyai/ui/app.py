@@ -90,8 +90,9 @@ WIDTH_PAGES = ("Chat", "Discover")  # saved at every size: their layout changes 
 
 
 async def take_screenshots(controller: AppController, folder: Path) -> list[str]:
-    """Every page at each size in both themes, checked for clipped text and charts (layout_check); the chat page
-    and Discover at every size and every page at 1600×1000 saved to `folder` as PNGs. Returns the problems found."""
+    """Every page at each size in both themes, checked for clipped text and charts (layout_check: the status line,
+    a chart cut at the panel's bottom), and File → Connect's dialog with a long address; the chat page and Discover
+    at every size, every page at 1600×1000 and the dialog saved to `folder` as PNGs. Returns the problems found."""
     from runmyai.ui import layout_check
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -113,6 +114,15 @@ async def take_screenshots(controller: AppController, folder: Path) -> list[str]
                     name = f"{page.lower().replace(' ', '-')}-{width}x{height}-{theme_name}.png"
                     if not window.grab().save(str(folder / name), "PNG"):
                         problems.append(f"could not save {folder / name}")
+        # File → Connect's dialog, with a long address: the walk-through's field cut it
+        dialog = controller._ask_endpoint()
+        dialog.url.setText("https://my-gpu-box.example.com:8443/v1")
+        await asyncio.sleep(0.2)
+        problems += [f"the Connect dialog, {theme_name}: {p}" for p in layout_check.clipped(dialog)]
+        name = f"connect-{theme_name}.png"
+        if not dialog.grab().save(str(folder / name), "PNG"):
+            problems.append(f"could not save {folder / name}")
+        dialog.reject()
     window.show_page(page_before)
     return problems
 
