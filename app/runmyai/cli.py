@@ -21,7 +21,7 @@ from runmyai.engine.autotune import AutotuneRunner
 from runmyai.engine.info import EngineInfo, ask_engine
 from runmyai.library.acquire import AcquireError, Acquirer, GetProgress, RepoQuants
 from runmyai.library.downloads import DownloadManager
-from runmyai.library.estimate import installed_estimate
+from runmyai.library.estimate import installed_estimate, speed_range, speed_words
 from runmyai.library.hub import HubClient, HubError
 from runmyai.library.keys import parse_model_ref
 from runmyai.library.launch import launch_flags
@@ -148,7 +148,16 @@ def _model_json(
         "architecture": m.arch,
         "preset": m.preset_id,
         "error": m.error,
-        "estimate": None if est is None else {"tokens_per_s": round(est.tokens_per_s, 2), "verdict": est.verdict},
+        "estimate": None
+        if est is None
+        else {
+            "tokens_per_s": round(est.tokens_per_s, 2),
+            "verdict": est.verdict,
+            # the range the window shows and where it came from ("measured: 3 chats", "estimated from its shape")
+            "low_tokens_per_s": round(est.low_tokens_per_s, 2),
+            "high_tokens_per_s": round(est.high_tokens_per_s, 2),
+            "basis": est.basis,
+        },
     }
 
 
@@ -162,7 +171,9 @@ def _model_line(
     elif est is None:
         how = "no estimate"
     else:
-        how = f"{VERDICT_WORDS[est['verdict']]}, about {est['tokens_per_s']:.1f} tokens/s (an estimate)"
+        speed = speed_range(est["low_tokens_per_s"], est["high_tokens_per_s"])
+        basis = f"({speed.removeprefix('~')}; {est['basis']})"
+        how = f"{VERDICT_WORDS[est['verdict']]}, {speed_words(est['tokens_per_s'])} {basis}"
     return f"{m.name}  {human_bytes(m.size_bytes)}  {m.arch or '?'}  {how}\n    {m.path}"
 
 

@@ -302,13 +302,29 @@ class AutotuneRunner:
         except ValueError:
             raw = None
         result = parse_result(raw, str(model), self.files.machine, gpus, time.time())
+        # The model's shape (for the decode probe's calibration) is asked before the probe, so that the probe's
+        # decode is the measurement's last process: asked after it, its engine start kept the bar up ~1-2 s more
+        # (issue 50: the bar sat ~20 s after the autotuner exited, saying "measuring…"). Not beside autotune or
+        # the decode: a Python start on a 2-core machine would disturb their timings.
+        code, shape = await self._run_quiet([*self.command, "inspect", "--json", str(model)])
         if on_progress is not None:
             on_progress(f"measuring decode speed: {decode_tokens} tokens")
-        decode = await self._probe_decode(model, flag_args({**result.flag_values(), "ctx": 256}), decode_tokens)
+        decode = await self._probe_decode(
+            model,
+            flag_args({**result.flag_values(), "ctx": 256}),
+            decode_tokens,
+            shape if code == 0 else "",
+            on_progress,
+        )
         result = dataclasses.replace(result, decode=decode)
-        await asyncio.to_thread(write_json_atomic, self.files.autotune_path(model), result.to_json())
-        if decode is not None:
-            await asyncio.to_thread(self._record, model, decode, load_per_core())
+        load = load_per_core()
+
+        def save() -> None:  # (one worker-thread hop for both files: each write waits for its fsync)
+            write_json_atomic(self.files.autotune_path(model), result.to_json())
+            if decode is not None:
+                self._record(model, decode, load)
+
+        await asyncio.to_thread(save)
         return result
 
     def _record(self, model: Path, decode: Mapping[str, Any], load: float | None) -> None:
@@ -332,19 +348,38 @@ class AutotuneRunner:
             record_speed(self.files.folder, m)
 
     async def _probe_decode(
-        self, model: Path, flags: list[str], tokens: int = DECODE_PROBE_TOKENS
+        self,
+        model: Path,
+        flags: list[str],
+        tokens: int = DECODE_PROBE_TOKENS,
+        shape: str = "",
+        on_progress: Callable[[str], None] | None = None,
     ) -> dict[str, Any] | None:
         """A short decode with the chosen flags (`tokenwing run --stats-json`): the engine's compute per token
-        on this machine, the drive's wait taken out, for a model of this shape (`inspect --json`). None when it
-        cannot be measured (the estimate then keeps its defaults)."""
+        on this machine, the drive's wait taken out, for a model of this shape (`shape`: `inspect --json`'s
+        output). None when it cannot be measured (the estimate then keeps its defaults). While it runs, a progress
+        line each second says how long it has run: on a busy machine it takes a while (128 of the built-in model's
+        tokens, 15 s under a load average of 10), and an unchanging "measuring…" looked stuck."""
         with tempfile.TemporaryDirectory(prefix="runmyai-decode-") as tmp:
             stats_path = Path(tmp) / "stats.json"
             run = [*self.command, "run", str(model), "--prompt", "The", "-n", str(tokens), "--temp", "0"]
-            code, _ = await self._run_quiet([*run, "--stats-json", str(stats_path), *flags])
+            decoding = asyncio.ensure_future(self._run_quiet([*run, "--stats-json", str(stats_path), *flags]))
+            started = time.monotonic()
+            try:
+                while not decoding.done():
+                    await asyncio.wait([decoding], timeout=1.0)
+                    if not decoding.done() and on_progress is not None:
+                        seconds = time.monotonic() - started
+                        on_progress(f"measuring decode speed: {tokens} tokens ({seconds:.0f} s so far)")
+            finally:
+                if not decoding.done():  # cancelled: the decode's process group is killed by its own task
+                    decoding.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await decoding
+            code, _ = decoding.result()
             stats = read_json(stats_path) if code == 0 else None
-        code, out = await self._run_quiet([*self.command, "inspect", "--json", str(model)])
         try:
-            info = json.loads(out) if code == 0 else None
+            info = json.loads(shape) if shape else None
             assert stats is not None and isinstance(info, dict)
             # the rate the decode settles at, its first steps (page faults, a cold cache) left out: 32 tokens of
             # a large model are mostly those (the engine's whole-run rate where it gives no steady one)

@@ -56,10 +56,14 @@ class AutotuneDialog(QDialog):
         layout.addWidget(self.overrides, 2)
         layout.addWidget(buttons)
 
-    def set_running(self, running: bool) -> None:
+    def set_running(self, running: bool, outcome: str = "") -> None:
+        """While measuring: the busy bar and Cancel. After: the bar goes and the line says how it ended (it kept
+        the last progress line, "measuring decode speed: 32 tokens", for as long as the dialog stayed open)."""
         self.progress.setVisible(running)
         self.run_button.setEnabled(not running)
         self.cancel_button.setEnabled(running)
+        if not running:
+            self.progress_label.setText(outcome)
 
     def show_progress(self, line: str) -> None:
         self.progress_label.setText(line)

@@ -36,6 +36,17 @@ from runmyai.engine.client import PROBE_TIMEOUT_S, ChatClient, ChatError, ChatSe
 from runmyai.engine.endpoint import Endpoint
 from runmyai.engine.faults import EngineError, Fault
 from runmyai.engine.info import EngineInfo, ask_engine, unknown
+from runmyai.engine.load_options import (
+    LoadError,
+    LoadFacts,
+    LoadOptions,
+    ask_facts,
+    check_options,
+    has_own_context,
+    save_options,
+    saved_options,
+)
+from runmyai.engine.request_log import LAN_HOST, RequestLog, lan_addresses
 from runmyai.engine.stats import StatsClient
 from runmyai.engine.supervisor import EngineState, EngineSupervisor
 from runmyai.library.acquire import PERMANENT_HUB_KINDS, AcquireError, Acquirer, Job, JobStatus, RepoQuants
@@ -43,7 +54,7 @@ from runmyai.library.downloads import DownloadManager, DownloadStatus
 from runmyai.library.estimate import DEFAULT_CALIBRATION, installed_estimate
 from runmyai.library.hub import HubClient, HubError, HubModel
 from runmyai.library.keys import HubKey, LocalKey, PresetKey, parse_key
-from runmyai.library.launch import launch_flags
+from runmyai.library.launch import launch_flags, model_context
 from runmyai.library.local import ImportCancelled, LibraryError, LocalLibrary, LocalModel
 from runmyai.library.presets import Catalog, Preset, check_flags, load_catalog
 from runmyai.machine import MachineInfo, probe_machine_async
@@ -57,6 +68,7 @@ from runmyai.speeds import chat_measurement, load_per_core, record_speed
 from runmyai.ui import render, theme
 from runmyai.ui.autotune_dialog import AutotuneDialog
 from runmyai.ui.chat_panel import SamplingValues
+from runmyai.ui.load_dialog import LoadDialog
 from runmyai.ui.main_window import ConnectDialog, MainWindow
 from runmyai.ui.mcp_dialog import ApprovalBox, McpDialog, parse_arguments
 from runmyai.ui.notifications import job_line
@@ -131,6 +143,11 @@ class AppController(QObject):
         self.session = ChatSession(self.store, lambda: self.chat_client, lambda: self.model_name)
         # the token count under the input while typing: debounced, counted by the engine on the event loop
         self.draft_counter = DraftCounter(lambda: self.chat_client, self._draft_prompt, self._show_draft_count)
+        self.load_dialog: LoadDialog | None = None  # the last load dialog opened, and its tasks (tests await them)
+        self.load_facts_task: asyncio.Task[Any] | None = None
+        self.load_task: asyncio.Task[Any] | None = None
+        self.request_log = RequestLog()  # the Server page's recent requests, from the engine's log
+        self._lan_addresses: list[str] = []  # this computer's addresses on its networks (the LAN switch's URLs)
         self.machine: MachineInfo | None = None
         self.local_models: list[LocalModel] = []
         self.hub_results: list[HubModel] = []
@@ -154,6 +171,7 @@ class AppController(QObject):
         self._job_lock = asyncio.Lock()
         self._stats_task: asyncio.Task[None] | None = None
         self._footer_model: Path | None = None  # the model whose reply the chat footer's figures are of
+        self.speed_task: asyncio.Task[None] | None = None  # saving the last reply's measured speed
         self._engine_task: asyncio.Task[Any] | None = None
         self.ready = asyncio.Event()  # set when a model can be chatted with
         self.errors: list[str] = list(self.catalog.errors)  # one line each, also shown to the user
@@ -162,6 +180,8 @@ class AppController(QObject):
         self.mcp = McpManager(paths.logs, on_change=self._mcp_changed)
         self.mcp_policy = ApprovalPolicy(paths.home / "mcp-approvals.json")
         self.mcp_dialog: McpDialog | None = None
+        self.autotune_dialog: AutotuneDialog | None = None  # the Autotune… dialog last opened, and its runs
+        self.autotune_runs: list[asyncio.Task[Any]] = []
         self.approval: ApprovalBox | None = None  # the tool-call question on screen, if any
         self._tool_keys: dict[str, str] = {}  # a running turn's call id → its line in the transcript
         self._tools_tokens: int | None = None  # the chat's tool definitions' tokens, as the engine counted them
@@ -220,6 +240,9 @@ class AppController(QObject):
         w.eject_requested.connect(lambda: self.spawn(self.eject()))
         chat.eject_requested.connect(lambda: self.spawn(self.eject()))
         chat.draft_changed.connect(self.draft_counter.changed)
+        chat.load_options_requested.connect(self.open_load_options)
+        w.models_page.load_options_requested.connect(self.open_load_options)
+        w.models_page.eject_requested.connect(lambda: self.spawn(self.eject()))
         w.restart_engine_requested.connect(lambda: self.spawn(self._restart_engine()))
         w.mcp_requested.connect(self.open_mcp)
         chat.rename_conversation_requested.connect(self._rename_conversation)
@@ -401,6 +424,8 @@ class AppController(QObject):
         allowed origins), or back on a private port with a key only the app knows."""
         self.settings = AppSettings(**{**self.settings.__dict__, "server": server})
         self._save_app_settings()
+        if server.lan and not self._lan_addresses:  # (a host name lookup: off the UI's event handling)
+            self._lan_addresses = await asyncio.to_thread(lan_addresses)
         self._show_server_state()
         if self.supervisor is not None:
             await self._restart_engine()
@@ -415,6 +440,9 @@ class AppController(QObject):
             slots = sup.last_health.get("slots")
             if isinstance(slots, int):  # the engine's count (--parallel auto: what memory holds)
                 text += f" {slots} request{'s' if slots > 1 else ''} at once; more wait their turn."
+            if sup.host == LAN_HOST:
+                where = ", ".join(f"http://{a}:{s.port}/v1" for a in self._lan_addresses)
+                text += f" Other devices on this network: {where or f'this computer’s address, port {s.port}'}."
         elif sup is None and not self._loading:
             text = "On: it starts with the next model you load."
         else:
@@ -938,7 +966,9 @@ class AppController(QObject):
         await self.stop_engine()
         local = next((m for m in self.local_models if m.path == path), None)
         preset = self.catalog.get(local.preset_id) if local and local.preset_id else None
-        flags = launch_flags(path, local, preset, self.autotune) + context_flags(self.settings.context_length)
+        flags = launch_flags(path, local, preset, self.autotune)
+        if not has_own_context(self.autotune, path):  # a context chosen for this model (its load dialog) wins
+            flags += context_flags(self.settings.context_length)
         server = self.settings.server
         if server.enabled:
             flags += [f for origin in server.cors_origins for f in ("--cors-origin", origin)]
@@ -952,6 +982,8 @@ class AppController(QObject):
             exit_codes=self.engine_info.exit_codes,
             port=server.port if server.enabled else 0,
             api_key=server.api_key if server.enabled else None,
+            # the local network: every address, and only ever with the user's key (the switch requires one)
+            host=LAN_HOST if server.enabled and server.lan and server.api_key else "127.0.0.1",
         )
         self.supervisor = sup
         self._retry["engine"] = lambda: self.spawn(self.use_model(key))
@@ -1026,6 +1058,10 @@ class AppController(QObject):
 
     def _on_engine_log(self, line: str) -> None:
         self.window.log_view.append(line)
+        entry = self.request_log.add_line(line)
+        if entry is not None:  # an API request: the Server page's list (the app's own chats count too)
+            self.window.server_page.set_requests([e.row() for e in self.request_log.entries()])
+            return
         note = device_note(line)
         if note is not None:  # where it computes (a GPU and its share, or the CPU and why) beside the graphs
             self.window.graphs.set_device(plain_device(note), note)
@@ -1065,6 +1101,47 @@ class AppController(QObject):
             await sup.stop()
         self.endpoint = None
         self.window.set_connected(None)
+
+    def open_load_options(self, key: str) -> LoadDialog | None:
+        """The load dialog: the engine is asked what fits here (`tokenwing info MODEL --json`, on the loop) while
+        it opens; Load keeps the choice for the model and loads it."""
+        path = self.model_path(key)
+        if path is None:
+            return None
+        local = next((m for m in self.local_models if m.path == path), None)
+        preset = self.catalog.get(local.preset_id) if local and local.preset_id else None
+        max_context = model_context(local, preset)
+        dialog = LoadDialog(self.name_of(path), saved_options(self.autotune, path), self.window)
+
+        async def ask() -> None:
+            try:
+                dialog.set_facts(await ask_facts(path, max_context))
+            except LoadError as e:
+                dialog.set_failed(str(e))
+
+        asking = self.spawn(ask())
+        self.load_facts_task = asking
+
+        def load(options: LoadOptions) -> None:
+            try:
+                chosen = check_options(options, dialog.facts or LoadFacts(None, max_context))
+                save_options(self.autotune, path, chosen)
+            except ValueError as e:
+                dialog.show_error(str(e))
+                return
+            except OSError as e:
+                dialog.show_error(f"Couldn't keep the settings: {e.strerror or e}.")
+                return
+            dialog.accept()
+            self._list_entries()  # a context or budget changes the estimate
+            self.window.show_page("Chat")
+            self.load_task = self.spawn(self.use_model(key))
+
+        dialog.load_requested.connect(load)
+        dialog.rejected.connect(asking.cancel)
+        self.load_dialog = dialog
+        dialog.open()
+        return dialog
 
     async def eject(self) -> bool:
         """Eject (LM Studio's word): the local model stops and the engine process with all the RAM and VRAM it
@@ -1173,18 +1250,26 @@ class AppController(QObject):
 
         async def run() -> None:
             dialog.set_running(True)
-            try:
-                await self.run_autotune(path, dialog.show_progress)
+            outcome = "Stopped."
+
+            def measured() -> None:  # the engine's last process has exited: the bar and "measuring…" end now
+                nonlocal outcome
+                outcome = "Measured. The speed estimates now use it."
+                dialog.set_running(False, outcome)
                 show()
+
+            try:
+                await self.run_autotune(path, dialog.show_progress, measured=measured)
             except AutotuneError as e:
-                dialog.show_progress(str(e))
+                outcome = str(e)
             finally:
-                dialog.set_running(False)
+                dialog.set_running(False, outcome)
 
         def save(values: dict[str, str]) -> None:
             self.autotune.set_overrides(path, values)
             self._list_entries()  # a budget or context override changes the estimate
 
+        self.autotune_dialog, self.autotune_runs = dialog, running  # (tests wait for a run at its end)
         dialog.run_requested.connect(lambda: running.append(self.spawn(run())))
         dialog.cancel_requested.connect(lambda: [t.cancel() for t in running])
         dialog.overrides_saved.connect(save)
@@ -1193,12 +1278,25 @@ class AppController(QObject):
         dialog.open()
 
     async def run_autotune(
-        self, path: Path, progress: Callable[[str], None] | None = None, *, decode_tokens: int = DECODE_PROBE_TOKENS
+        self,
+        path: Path,
+        progress: Callable[[str], None] | None = None,
+        *,
+        decode_tokens: int = DECODE_PROBE_TOKENS,
+        measured: Callable[[], None] | None = None,
     ) -> None:
         """Autotune for a model, then every estimate again: the machine probe now holds what autotune measured
         (the drive's read speed, the decode speed that calibrates the estimate, the GPU's copy speed). Discover's
-        cards, My models' rows (they kept the old estimate) and `runmyai list` (it reads the saved result)."""
+        cards, My models' rows (they kept the old estimate) and `runmyai list` (it reads the saved result).
+        `measured`: called as the measurement ends (its last engine process exited, its result saved), before
+        the estimates are worked out again."""
         await self.autotune.run(path, progress, exit_codes=self.engine_info.exit_codes, decode_tokens=decode_tokens)
+        if measured is not None:
+            measured()
+        await self._estimate_again()
+
+    async def _estimate_again(self) -> None:
+        """Every estimate again, from the machine probe that now holds what was measured."""
         self.machine = await probe_machine_async(self.paths.models, autotune_dir=self.paths.settings)
         self._list_entries()
         self._show_models()
@@ -1233,11 +1331,19 @@ class AppController(QObject):
 
         async def work(progress: Callable[[float | None, str], None]) -> None:
             progress(None, "Timing the drive and a short reply of the built-in model")
-            await self.run_autotune(path, lambda line: progress(None, line), decode_tokens=SMALL_MODEL_PROBE_TOKENS)
+            await self.autotune.run(
+                path,
+                lambda line: progress(None, line),
+                exit_codes=self.engine_info.exit_codes,
+                decode_tokens=SMALL_MODEL_PROBE_TOKENS,
+            )
 
         before = self._estimate_line(path)
+        # the job (its notification's bar) ends as the measurement's last engine process exits; the estimates are
+        # worked out again after it, not under a bar that has nothing left to measure
         ok = await self.run_job("Measuring this machine", work, "autotune", lambda: self._measure_again(path))
         if ok:
+            await self._estimate_again()
             after = self._estimate_line(path)
             parts = before.split(" · ")  # "Runs well here · ~167–502 tok/s · estimated from its shape"
             was = f" (the defaults said {parts[1]})" if len(parts) > 1 else ""
@@ -1751,7 +1857,7 @@ class AppController(QObject):
                 self._list_entries()
                 self._show_models()
 
-        self.spawn(record())
+        self.speed_task = self.spawn(record())  # (tests wait for it)
 
     def stop_reply(self) -> None:
         if self._reply_task is not None and not self._reply_task.done():
