@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QPoint
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QLineEdit
 from pytestqt.qtbot import QtBot
 
@@ -301,3 +302,50 @@ def test_an_import_by_the_library_keeps_general_name(tmp_path: Path, model_facto
     renamed.write_bytes(src.read_bytes())
     model = asyncio.run(lib.import_gguf([renamed]))
     assert model.name == src.name.removesuffix(".gguf"), model.name
+
+
+def test_the_performance_panel_stays_after_switching_models_by_double_click(
+    qapp: QApplication, tiny_hub: tuple[HubServer, bytes], tmp_path: Path
+) -> None:
+    server, data = tiny_hub
+    window, c = make_controller(tmp_path, server, data)
+    window.resize(1280, 800)
+    models = tmp_path / "home" / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    first, second = models / "first.tw.gguf", models / "second.tw.gguf"
+    first.write_bytes(data)
+    second.write_bytes(data)
+
+    async def flow() -> None:
+        await c.start()
+        assert await c.use_model(f"local:{first}") is not None
+        assert window.current_page() == "Chat" and window.perf_dock.isVisible()
+
+        async def switch_by_double_click(to: Path) -> None:
+            window.show_page("My models")
+            table = window.models_page.table
+            row = next(r for r in range(table.rowCount()) if table.item(r, 0).toolTip() == str(to))
+            where = table.visualItemRect(table.item(row, 0)).center()
+            QTest.mouseClick(table.viewport(), Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, where)
+            QTest.mouseDClick(table.viewport(), Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, where)
+            await until(lambda: c.supervisor is not None and c.supervisor.model == to and c.ready.is_set(), 120)
+            await until(lambda: not c._loading, 30, "loaded")
+            assert window.current_page() == "Chat"
+
+        # the dock hidden by something other than the user (the window system: minimised, another workspace) on
+        # the chat page: the old code took it for the user's choice, and the panel stayed away from then on
+        window.perf_dock.hide()
+        await switch_by_double_click(second)
+        assert window.perf_dock.isVisible() and window.graphs.isVisible() and window.chat.perf_button.isChecked()
+        # the user's own X on the panel holds
+        window.perf_dock.close()
+        await switch_by_double_click(first)
+        assert not window.perf_dock.isVisible() and not window.chat.perf_button.isChecked()
+        window.chat.perf_button.click()
+        assert window.perf_dock.isVisible()
+        await c.shutdown()
+
+    try:
+        run_qt(qapp, flow)
+    finally:
+        window.close()

@@ -34,6 +34,16 @@ from runmyai.ui.viewmodels import PERF_DOCK_MIN, Notifications, perf_dock_width
 PAGES = ("Chat", "Discover", "My models", "Server", "Settings")
 
 
+class PerfDock(QDockWidget):
+    """The performance panel's dock; `closed` is its X (the user's choice, unlike a hide by a page switch)."""
+
+    closed = Signal()
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # Qt's name
+        super().closeEvent(event)
+        self.closed.emit()
+
+
 class _PagesHost(QWidget):
     """The pages, with the notification area floating over them: it follows this widget's size."""
 
@@ -122,7 +132,7 @@ class MainWindow(QMainWindow):
         row.addWidget(main, 1)
         self.setCentralWidget(central)
 
-        self.perf_dock = QDockWidget("Performance", self)
+        self.perf_dock = PerfDock("Performance", self)
         self.perf_dock.setObjectName("performance")
         self.perf_dock.setWidget(self.graphs)
         self.perf_dock.setFeatures(
@@ -134,6 +144,7 @@ class MainWindow(QMainWindow):
         self.graphs.setMinimumWidth(PERF_DOCK_MIN)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.perf_dock)
         self.perf_dock.visibilityChanged.connect(self._sync_perf_button)
+        self.perf_dock.closed.connect(lambda: self.set_performance_visible(False))
         self.chat.performance_toggled.connect(self.set_performance_visible)
         self.rail.setCurrentRow(0)
         self._menus()
@@ -142,11 +153,15 @@ class MainWindow(QMainWindow):
     # -- navigation ----------------------------------------------------------------------------------
     def show_page(self, name: str) -> None:
         self.rail.setCurrentRow(PAGES.index(name))
+        if name == "Chat" and not self.perf_dock.isFloating():
+            # (also when the rail was already there: a model chosen in My models lands on the chat with its panel)
+            self.perf_dock.setVisible(self._perf_wanted)
 
     def set_icon_colours(self, colour: str, selected: str) -> None:
         """The rail's icons in the theme's colours (the selected item's in the accent's text colour)."""
         for row, name in enumerate(PAGES):
             self.rail.item(row).setIcon(icons.icon(name, colour, selected))
+        self.chat.set_icon_colour(colour)
 
     def current_page(self) -> str:
         return PAGES[self.pages.currentIndex()]
@@ -165,8 +180,9 @@ class MainWindow(QMainWindow):
         self.perf_dock.setVisible(visible)
 
     def _sync_perf_button(self, visible: bool) -> None:
-        if self.pages.currentIndex() == 0 or self.perf_dock.isFloating():  # the user's own choice (its X, the menu)
-            self._perf_wanted = visible
+        """The Performance button follows the dock. Whether the panel is wanted is the user's to say (the button,
+        the View menu, the dock's X): the dock's own visibility changes (the window hidden, a page switch) said it
+        too, and the panel stayed away after a model was switched to from My models (the walk-through)."""
         self.chat.perf_button.blockSignals(True)
         self.chat.perf_button.setChecked(visible)
         self.chat.perf_button.blockSignals(False)
@@ -202,6 +218,7 @@ class MainWindow(QMainWindow):
         file_menu.addAction(quit_action)
         view_menu = self.menuBar().addMenu("&View")
         perf = self.perf_dock.toggleViewAction()
+        perf.triggered.connect(lambda checked: setattr(self, "_perf_wanted", bool(checked)))
         perf.setText("&Performance panel")
         perf.setShortcut(QKeySequence("Ctrl+Shift+P"))
         view_menu.addAction(perf)
