@@ -343,6 +343,9 @@ class EngineSupervisor:
         return self.endpoint
 
     def _url_host(self) -> str:
+        """Where the app itself reaches the engine: listening on every address (the local network), at loopback."""
+        if self.host in ("0.0.0.0", "::"):
+            return "127.0.0.1" if self.host == "0.0.0.0" else "[::1]"
         return f"[{self.host}]" if ":" in self.host else self.host
 
     async def _read_handshake(self, stdout: _Lines, started: float) -> dict[str, Any] | None:

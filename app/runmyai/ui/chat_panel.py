@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QPoint, Qt, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtGui import QIcon, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from runmyai.ui import icons
 from runmyai.ui.transcript import Transcript
 
 
@@ -233,6 +234,7 @@ class ChatPanel(QWidget):
     search_changed = Signal(str)
     model_chosen = Signal(str)  # a library key
     eject_requested = Signal()
+    load_options_requested = Signal(str)  # a library key: its load dialog
     draft_changed = Signal(str)  # the input box's text, at every edit
     settings_changed = Signal()
     performance_toggled = Signal(bool)
@@ -289,12 +291,24 @@ class ChatPanel(QWidget):
         top = QHBoxLayout()
         top.addWidget(QLabel("Model"))
         top.addWidget(self.model_picker, 1)
-        # LM Studio's eject: the model stops and its memory is freed; the app stays (the picker loads one again)
-        self.eject_button = QPushButton("Eject")
-        self.eject_button.setToolTip("Unload the model: stop the engine and free its memory")
+        # LM Studio's eject beside the model (the model stops, its memory is freed; the picker loads one again) and
+        # its load options: icon buttons, so that the picker keeps its room at 1280x800 beside the docked panel
+        self.eject_button = QToolButton()
+        self.eject_button.setObjectName("eject")
+        self.eject_button.setText("Eject")
+        self.eject_button.setToolTip("Eject: unload the model (stop the engine and free its memory)")
         self.eject_button.clicked.connect(self.eject_requested)
         self.eject_button.setEnabled(False)
         top.addWidget(self.eject_button)
+        self.load_options_button = QToolButton()
+        self.load_options_button.setText("Load options…")
+        self.load_options_button.setToolTip("Load options: the model's context length and GPU offload, then load it")
+        self.load_options_button.clicked.connect(self._on_load_options)
+        top.addWidget(self.load_options_button)
+        for tool in (self.eject_button, self.load_options_button):
+            tool.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonIconOnly)
+            tool.setAutoRaise(True)
+        self.set_icon_colour("#5f6673")
         top.addStretch(0)
         top.addWidget(self.perf_button)
         # at 1920x1080 the picker spread over 820 px for a 25-character name; 560 px holds the longest names (a
@@ -426,6 +440,18 @@ class ChatPanel(QWidget):
         title = item.text().strip()
         if title:
             self.rename_conversation_requested.emit(str(item.data(Qt.ItemDataRole.UserRole)), title)
+
+    def set_icon_colour(self, colour: str) -> None:
+        """The top bar's icon buttons in the theme's text colour."""
+        self.eject_button.setIcon(QIcon(icons.pixmap("Eject", colour)))
+        self.load_options_button.setIcon(QIcon(icons.pixmap("Load options", colour)))
+
+    def _on_load_options(self) -> None:
+        key = self.model_picker.currentData()
+        if key is None and self.model_picker.count() > 1:
+            key = self.model_picker.itemData(1)  # "No model loaded": the first model under it
+        if key and not str(key).startswith("remote:"):
+            self.load_options_requested.emit(str(key))
 
     def _on_model(self, index: int) -> None:
         key = self.model_picker.itemData(index)

@@ -77,7 +77,26 @@ def _settings(p: QPainter) -> None:
     p.drawEllipse(QPointF(12, 12), 3, 3)
 
 
+def _eject(p: QPainter) -> None:
+    """Eject: a triangle over a bar (unload the model)."""
+    tri = QPainterPath(QPointF(12, 4.5))
+    tri.lineTo(QPointF(20, 13.5))
+    tri.lineTo(QPointF(4, 13.5))
+    tri.closeSubpath()
+    p.drawPath(tri)
+    p.drawRoundedRect(QRectF(4, 17, 16, 2.5), 1, 1)
+
+
+def _sliders(p: QPainter) -> None:
+    """Three sliders (a model's load options)."""
+    for y, x in ((6.0, 15.0), (12.0, 8.0), (18.0, 13.0)):
+        p.drawLine(QPointF(3.5, y), QPointF(20.5, y))
+        p.drawEllipse(QPointF(x, y), 2.2, 2.2)
+
+
 DRAWINGS: dict[str, Callable[[QPainter], None]] = {
+    "Eject": _eject,
+    "Load options": _sliders,
     "Chat": _chat,
     "Discover": _discover,
     "My models": _models,

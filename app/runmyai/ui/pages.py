@@ -72,6 +72,8 @@ class ModelsPage(QWidget):
     open_folder_requested = Signal(str)
     delete_requested = Signal(str)
     import_requested = Signal()
+    load_options_requested = Signal(str)  # a library key: its load dialog (context length, GPU offload)
+    eject_requested = Signal()
 
     COLUMNS = ("Model", "From", "Size", "Architecture", "Here", "Last used")
 
@@ -98,6 +100,12 @@ class ModelsPage(QWidget):
         self.folder_button = QPushButton("Open folder")
         self.delete_button = QPushButton("Delete…")
         self.import_button = QPushButton("Import GGUF…")
+        self.load_button = QPushButton("Load options…")
+        self.load_button.setToolTip("Choose its context length and GPU offload, then load it")
+        self.load_button.clicked.connect(lambda: self._emit(self.load_options_requested, key=True))
+        self.eject_button = QPushButton("Eject")
+        self.eject_button.setToolTip("Unload the model in use: stop the engine and free its memory")
+        self.eject_button.clicked.connect(self.eject_requested)
         self.use_button.clicked.connect(lambda: self._emit(self.use_requested, key=True))
         self.verify_button.clicked.connect(lambda: self._emit(self.verify_requested))
         self.folder_button.clicked.connect(lambda: self._emit(self.open_folder_requested))
@@ -112,7 +120,8 @@ class ModelsPage(QWidget):
         layout.addWidget(self.table, 1)
         layout.addWidget(self.empty)
         buttons = QHBoxLayout()
-        for b in (self.use_button, self.verify_button, self.folder_button, self.delete_button):
+        for b in (self.use_button, self.load_button, self.eject_button, self.verify_button, self.folder_button,
+                  self.delete_button):  # fmt: skip
             buttons.addWidget(b)
         buttons.addStretch(1)
         buttons.addWidget(self.import_button)
@@ -148,8 +157,9 @@ class ModelsPage(QWidget):
 
     def _update_buttons(self) -> None:
         row = self.current()
-        for b in (self.use_button, self.verify_button, self.folder_button):
+        for b in (self.use_button, self.load_button, self.verify_button, self.folder_button):
             b.setEnabled(row is not None)
+        self.eject_button.setEnabled(any(r.in_use for r in self._rows))
         self.delete_button.setEnabled(row is not None and not row.bundled and not row.in_use)
         # a greyed-out Delete says why (a new user saw it grey beside the model in use, with no reason)
         why = None if row is None else "It is in use: chat with another model first." if row.in_use else None
@@ -158,6 +168,13 @@ class ModelsPage(QWidget):
 
 
 # ------------------------------------------------------------------------------------------ Server
+REQUEST_COLUMNS = ("Time", "Route", "Status", "Tokens", "Duration")
+LAN_WARNING = (
+    "Other devices on this network can reach the server: anyone there with the key can use the model and this "
+    "computer's memory and power. Turn it on only on a network you trust; a firewall may have to allow the port."
+)
+
+
 class ServerPage(QWidget):
     """The local OpenAI-compatible server: on/off, its port, its API key (always one), the URL to copy."""
 
@@ -177,6 +194,28 @@ class ServerPage(QWidget):
         self.copy_url = QPushButton("Copy")
         self.cors = QLineEdit()
         self.cors.setPlaceholderText("none (browsers' pages cannot call it); e.g. http://localhost:3000")
+        # LM Studio's "serve on local network": every address of this computer, never without the key
+        self.lan = QCheckBox("Serve on the local network (other devices, with the key)")
+        self.lan_warning = QLabel(LAN_WARNING)
+        self.lan_warning.setObjectName("warning")
+        self.lan_warning.setWordWrap(True)
+        self.lan_warning.hide()
+        self.requests = QTableWidget(0, len(REQUEST_COLUMNS))
+        self.requests.setObjectName("requests")
+        self.requests.setHorizontalHeaderLabels(REQUEST_COLUMNS)
+        self.requests.verticalHeader().setVisible(False)
+        self.requests.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.requests.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.requests.setShowGrid(False)
+        self.requests.setMinimumHeight(self.fontMetrics().height() * 8)
+        req_header = self.requests.horizontalHeader()
+        req_header.setDefaultAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+        for col in range(len(REQUEST_COLUMNS)):
+            req_header.setSectionResizeMode(
+                col, QHeaderView.ResizeMode.Stretch if col == 1 else QHeaderView.ResizeMode.ResizeToContents
+            )
+        self.requests_empty = QLabel("No requests yet: they are listed here as programs call the server.")
+        self.requests_empty.setObjectName("muted")
         self.state = QLabel("Off.")
         self.state.setWordWrap(True)
         self.example = QLabel("")
@@ -197,6 +236,8 @@ class ServerPage(QWidget):
         form.addRow("API key", key_row)
         form.addRow("Base URL", url_row)
         form.addRow("Allowed web origins", self.cors)
+        form.addRow("", self.lan)
+        form.addRow("", self.lan_warning)
         fixed(self.port)
         column = QWidget()
         column.setMaximumWidth(FORM_WIDTH)
@@ -216,9 +257,14 @@ class ServerPage(QWidget):
         layout.addLayout(form)
         layout.addWidget(self.state)
         layout.addWidget(self.example)
-        layout.addStretch(1)
+        requests_title = QLabel("Recent requests")
+        requests_title.setObjectName("sectionTitle")
+        layout.addWidget(requests_title)
+        layout.addWidget(self.requests, 1)
+        layout.addWidget(self.requests_empty)
 
         self.enabled.toggled.connect(lambda _on: self._emit())
+        self.lan.toggled.connect(lambda _on: self._emit())
         self.port.editingFinished.connect(self._emit)
         self.cors.editingFinished.connect(self._emit)
         self.new_key.clicked.connect(lambda: self._emit(new_key=True))
@@ -227,12 +273,14 @@ class ServerPage(QWidget):
 
     def set_settings(self, s: ServerSettings) -> None:
         self._settings = s
-        for w in (self.enabled, self.port, self.cors):
+        for w in (self.enabled, self.port, self.cors, self.lan):
             w.blockSignals(True)
+        self.lan.setChecked(s.lan)
+        self.lan_warning.setVisible(s.lan)
         self.enabled.setChecked(s.enabled)
         self.port.setValue(s.port)
         self.cors.setText(", ".join(s.cors_origins))
-        for w in (self.enabled, self.port, self.cors):
+        for w in (self.enabled, self.port, self.cors, self.lan):
             w.blockSignals(False)
         self.key.setText(s.api_key)
         self.url.setText(server_url(s.port))
@@ -243,6 +291,22 @@ class ServerPage(QWidget):
 
     def set_state(self, text: str) -> None:
         self.state.setText(text)
+
+    def set_requests(self, rows: list[tuple[str, str, str, str, str]]) -> None:
+        """The recent requests, newest first: time, route, status, tokens, duration."""
+        self.requests.setRowCount(len(rows))
+        for r, row in enumerate(rows):
+            for c, text in enumerate(row):
+                self.requests.setItem(r, c, QTableWidgetItem(text))
+        self.requests_empty.setVisible(not rows)
+
+    def request_rows(self) -> list[tuple[str, ...]]:
+        return [
+            tuple(
+                (item.text() if (item := self.requests.item(r, c)) else "") for c in range(self.requests.columnCount())
+            )
+            for r in range(self.requests.rowCount())
+        ]
 
     def _emit(self, new_key: bool = False) -> None:
         from dataclasses import replace
@@ -255,6 +319,7 @@ class ServerPage(QWidget):
             enabled=self.enabled.isChecked(),
             port=self.port.value(),
             cors_origins=origins,
+            lan=self.lan.isChecked(),
             api_key=new_api_key() if new_key or not self._settings.api_key else self._settings.api_key,
         )
         if s != self._settings:

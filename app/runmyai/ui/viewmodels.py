@@ -243,6 +243,7 @@ class ServerSettings:
     port: int = DEFAULT_SERVER_PORT
     api_key: str = ""  # created at first use: the server never runs without one
     cors_origins: tuple[str, ...] = ()
+    lan: bool = False  # listen on every address (the local network), not only this computer's loopback
 
 
 @dataclass(frozen=True)
@@ -292,6 +293,7 @@ class SettingsFile:
                 port=port if isinstance(port, int) and 0 < port < 65536 else DEFAULT_SERVER_PORT,
                 api_key=str(server.get("api_key") or ""),
                 cors_origins=tuple(str(o) for o in server.get("cors_origins", ()) if isinstance(o, str)),
+                lan=server.get("lan") is True,
             ),
             presets=presets if isinstance(presets, dict) else {},
             autotune_declined=raw.get("autotune_declined") is True,

@@ -1,0 +1,135 @@
+"""Edit any message, with branches: the session against the real engine (what each request carried), and the
+window's Edit and "‹ n/of ›" links clicked for real."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtGui import QTextCursor
+from PySide6.QtWidgets import QApplication
+from pytestqt.qtbot import QtBot
+
+from runmyai.chat.session import ChatSession
+from runmyai.chat.store import ConversationStore
+from runmyai.engine.client import ChatSettings
+from runmyai.ui.transcript import Transcript
+from tests.app.hubserver import HubServer
+from tests.app.test_app_scenario import make_controller
+from tests.app.test_engine_client import KEY, Engine
+from tests.app.test_reasoning import RecordingClient
+from tests.conftest import ModelFactory
+from tests.qtloop import run_qt
+
+SHORT = ChatSettings(max_tokens=6, seed=1)  # the replies' words do not matter here, only where they go
+
+
+@pytest.fixture(scope="module")
+def engine(repacked_factory: ModelFactory) -> Iterator[Engine]:
+    e = Engine(repacked_factory(type="Q8_0", n_layer=3))
+    yield e
+    e.stop()
+
+
+def users(sent: list[dict[str, object]]) -> list[object]:
+    return [m["content"] for m in sent if m["role"] == "user"]
+
+
+def test_editing_an_early_message_sends_only_its_branch_and_switching_back_resumes_the_old(
+    engine: Engine, tmp_path: Path
+) -> None:
+    store = ConversationStore(tmp_path / "c.sqlite3")
+    client = RecordingClient(engine.endpoint)
+    session = ChatSession(store, lambda: client)
+    conv = store.create(settings=SHORT)
+
+    async def main() -> None:
+        try:
+            await session.send(conv.id, "one", lambda _: None)
+            await session.send(conv.id, "two", lambda _: None)
+            first = store.messages(conv.id)[0]
+            edited: list[int] = []
+            assert session.begin_edit(conv.id, first.id) == "one"  # the FIRST message, not the last user one
+            await session.send(conv.id, "ONE", lambda _: None, edited=lambda: edited.append(1))
+            assert edited == [1]
+            assert users(client.sent[-1]) == ["ONE"]  # the new branch alone went to the engine
+            path = store.messages(conv.id)
+            assert [m.role for m in path] == ["user", "assistant"] and path[0].content == "ONE"
+            assert store.branch_positions(conv.id) == {path[0].id: (2, 2)}
+
+            old = store.switch_branch(path[0].id, -1)  # back: the old branch with its own continuation
+            assert [m.content for m in old if m.role == "user"] == ["one", "two"]
+            await session.send(conv.id, "three", lambda _: None)
+            assert users(client.sent[-1]) == ["one", "two", "three"]  # the old branch's path, "ONE" not in it
+
+            # regenerate: the old reply stays as a sibling of the new one
+            before = store.messages(conv.id)[-1]
+            await session.regenerate(conv.id, lambda _: None)
+            assert users(client.sent[-1]) == ["one", "two", "three"]
+            assert client.sent[-1][-1] == {"role": "user", "content": "three"}  # the old reply is not sent
+            new = store.messages(conv.id)[-1]
+            assert new.id != before.id and store.branch_position(new.id) == (2, 2)
+            assert store.switch_branch(new.id, -1)[-1].id == before.id
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+    store.close()
+
+
+def click_link(t: Transcript, qtbot: QtBot, text: str, occurrence: int = 0) -> None:
+    """A real left click in the middle of the `occurrence`-th `text` (a link's one character is too narrow for
+    test_widgets.click_text's point at its right edge)."""
+    found = t.document().find(text)
+    for _ in range(occurrence):
+        found = t.document().find(text, found)
+    assert not found.isNull(), text
+    cursor = QTextCursor(t.document())
+    cursor.setPosition(found.selectionStart())
+    t.setTextCursor(cursor)
+    t.ensureCursorVisible()
+    rect = t.cursorRect(cursor)
+    x = rect.left() + t.fontMetrics().horizontalAdvance(text) // 2 + 1
+    qtbot.mouseClick(t.viewport(), Qt.MouseButton.LeftButton, pos=QPoint(x, rect.center().y()))
+
+
+def test_the_window_edits_any_message_and_switches_branches(
+    qapp: QApplication, qtbot: QtBot, engine: Engine, tmp_path: Path
+) -> None:
+    with HubServer() as hub:
+        window, c = make_controller(tmp_path, hub, b"")
+        t = window.chat.transcript
+        shown: list[str] = []
+
+        async def scenario() -> None:
+            try:
+                await c.use_endpoint(engine.url, KEY)
+                c.new_conversation()
+                assert c.conversation_id is not None
+                c.store.set_settings(c.conversation_id, SHORT)
+                await c.chat_once("first question")
+                await c.chat_once("second question")
+                c.open_conversation(c.conversation_id)
+                assert "‹" not in t.toPlainText()  # no versions yet: no switcher
+                click_link(t, qtbot, "Edit")  # the first message's Edit
+                assert window.chat.input.toPlainText() == "first question"
+                window.chat.input.setPlainText("first question, edited")
+                window.chat.send_button.click()
+                assert c._reply_task is not None
+                await asyncio.shield(c._reply_task)
+                shown.append(t.toPlainText())
+                click_link(t, qtbot, "‹")  # back to version 1 of 2
+                shown.append(t.toPlainText())
+                click_link(t, qtbot, "›")  # and on to 2 of 2 again
+                shown.append(t.toPlainText())
+            finally:
+                await c.shutdown()
+
+        run_qt(qapp, scenario)
+    new, old, again = shown
+    assert "first question, edited" in new and "second question" not in new and "‹ 2/2 ›" in new
+    assert "first question, edited" not in old and "second question" in old and "‹ 1/2 ›" in old
+    assert again == new
