@@ -179,9 +179,7 @@ def calibration_for(machine: MachineInfo) -> Calibration:
     ks, waits = [k for k, _ in parts], [w for _, w in parts]
     k = math.exp(statistics.median(math.log(x) for x in ks))
     wait = statistics.median(waits)
-    source = f"calibrated on {counted(kept)} here: {k:.2f}x this machine class's default" + (
-        f", and {wait * 1000:.0f} ms a token waiting for the CPU" if wait >= 0.5e-3 else ""
-    )
+    source = f"calibrated on {counted(kept)} here: {k:.2f}x this machine class's default"  # (the wait: its own line)
     fast, slow = c.scaled(min(ks), source, min(waits)), c.scaled(max(ks), source, max(waits))
     return dataclasses.replace(c.scaled(k, source, wait), band=(fast, slow), runs=tuple(kept))
 
@@ -625,16 +623,14 @@ def measured_estimate(est: Estimate, measured: Spread) -> Estimate:
     if verdict in ("runs_well", "runs_slowly"):
         verdict = "runs_well" if measured.median >= RUNS_WELL_TOKENS_PER_S and est.fits_in_memory else "runs_slowly"
     dropped = measured.total - len(measured.kept)
-    line = (
-        f"Measured on this machine: {speed_words(measured.median)} (the median of {counted(measured.kept)}; "
-        f"{speed_range(measured.low, measured.high)} from the slowest to the fastest"
-        + (
-            f"; {dropped} older, outlying or heavy-load run{'s' if dropped != 1 else ''} set aside)."
-            if dropped
-            else ")."
-        )
+    runs = counted(measured.kept)
+    if len(measured.kept) > 1:
+        runs = f"the median of {runs}; {speed_range(measured.low, measured.high)} from the slowest to the fastest"
+    set_aside = (
+        f"; {dropped} older, outlying or heavy-load run{'s' if dropped != 1 else ''} set aside" if dropped else ""
     )
-    first, rest = est.reasons[0], est.reasons[1:]
+    line = f"Measured on this machine: {speed_words(measured.median)} ({runs}{set_aside})."
+    rest = est.reasons[1:]
     words = {"runs_well": "Runs well", "runs_slowly": "Runs slowly"}
     tail = [r for r in rest if not r.startswith(("Runs well:", "Runs slowly:"))]
     if verdict in words:
@@ -646,7 +642,7 @@ def measured_estimate(est: Estimate, measured: Spread) -> Estimate:
         est,
         tokens_per_s=measured.median,
         verdict=verdict,
-        reasons=(line, f"What the model's shape alone gives: {first[0].lower()}{first[1:]}", *tail),
+        reasons=(line, "For comparison, the estimate from the model's shape and this machine, worked out:", *tail),
         low_tokens_per_s=measured.low,
         high_tokens_per_s=measured.high,
         basis=measured.provenance,
