@@ -121,6 +121,7 @@ def test_a_bad_endpoint_is_refused_before_anything_local_stops_and_back_to_local
             assert window.chat.status.text() == f"Chatting with {name}."
             assert "tiny" not in window.chat.status.text().lower()
             assert window.back_to_local.isEnabled()
+            assert window.graphs.device.text() == ""  # the local engine's device line went with it
             reply = await c.chat_once("Hello")
             assert reply is not None  # the remote engine answered
 

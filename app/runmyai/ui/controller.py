@@ -969,6 +969,7 @@ class AppController(QObject):
         flags = launch_flags(path, local, preset, self.autotune)
         if not has_own_context(self.autotune, path):  # a context chosen for this model (its load dialog) wins
             flags += context_flags(self.settings.context_length)
+        flags.append("--request-log")  # one log line per API request: the Server page's list
         server = self.settings.server
         if server.enabled:
             flags += [f for origin in server.cors_origins for f in ("--cors-origin", origin)]
@@ -1217,6 +1218,7 @@ class AppController(QObject):
         host = urlsplit(endpoint.base_url).netloc
         self.model_name = endpoint.model or host
         self.window.set_engine_state(f"not in use (chatting with {host})")
+        self.window.graphs.set_device("")  # the local engine's device line is not the server's
         self._attach(endpoint)
         self.window.set_connected(endpoint.base_url)
         self._show_models()
