@@ -220,7 +220,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from tokenwing.runtime.preflight import preflight
 
     with ModelFile.open(args.file) as mf:
-        preflight(mf)
+        preflight(mf, probe_template=True)
         # the default checks what every engine start checks: the resident tensors (read as the engine loads
         # them) and the same sample of experts
         r = mf.verify(full=args.full, show_progress=_progress(args), seed=args.seed, tensors=True)
@@ -491,6 +491,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         notes=notes,
         allowed_hosts=args.allowed_host,
         cors_origins=args.cors_origin,
+        context_overflow=args.context_overflow,
+        request_log=args.request_log,
     )
 
 
@@ -723,7 +725,13 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--out", required=True, help=".npy to write, shape (tokens, vocabulary)")
     lg.set_defaults(func=_cmd_logits)
 
-    sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (key from TOKENWING_API_KEY)")
+    sv = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server (key from TOKENWING_API_KEY)",
+        description="OpenAI-compatible HTTP server (docs/api.md). API key: the environment variable "
+        "TOKENWING_API_KEY, if set, is the key every /v1 request must send as `Authorization: Bearer KEY` "
+        "(there is no flag for it, so that it never shows in a process list); unset, no key is asked for.",
+    )
     add_engine_arguments(sv)
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=0, help="0: any free port (printed in the JSON handshake)")
@@ -751,6 +759,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ORIGIN",
         help="let web pages from this origin (http://localhost:3000; repeatable; * for any) call the server, "
         "with CORS; by default no web page may",
+    )
+    sv.add_argument(
+        "--context-overflow",
+        choices=("rolling", "trim-middle", "stop"),  # (server/protocol.py OVERFLOW_POLICIES: not imported here)
+        default="rolling",
+        help="a chat request whose messages leave the reply no room in the context (its max_tokens, else a quarter "
+        "of the context): rolling drops the oldest turns, trim-middle those after the first user turn, stop "
+        "refuses it (400 context_length_exceeded); the system prompt, the tools and the last user message are "
+        "always kept. A request's own context_overflow field overrides it (default: rolling)",
+    )
+    sv.add_argument(
+        "--request-log",
+        action="store_true",
+        help="one line per API request on stderr once it has ended: `request {time, method, path, status, ms, "
+        "prompt_tokens, completion_tokens}` (no key, no text; the app's Server page lists them)",
     )
     sv.set_defaults(func=_cmd_serve)
 
@@ -819,6 +842,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(message: str, most: int = 2000) -> str:
+    """An error as one line of bounded length, whatever a file's names or values put in it (a crafted tensor name
+    may hold line breaks, or be megabytes long)."""
+    flat = " ".join(message.splitlines())
+    return flat if len(flat) <= most else flat[:most] + "…"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The `tokenwing` process's entry point (it takes over SIGINT and SIGTERM: see interrupts.py)."""
     os.environ.setdefault("GGML_NO_BACKTRACE", "1")
@@ -827,6 +857,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tokenwing.compute.probe import run_probe
 
         return run_probe(argv[1])
+    if argv == ["__render_worker"]:  # the chat templates' renderer child (text/render_worker.py; not for users)
+        from tokenwing.text.render_worker import run_worker
+
+        return run_worker()
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     interrupts.install()
@@ -837,7 +871,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             interrupts.settle()
             pause("cli.decided")
     except TokenWingError as e:
-        print(f"tokenwing: error: {e}", file=sys.stderr)
+        print(f"tokenwing: error: {_one_line(str(e))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt as e:
         by = f" by {e.args[0]}" if isinstance(e, interrupts.Interrupted) and e.signum != signal.SIGINT else ""

@@ -247,11 +247,14 @@ def test_context_limits_through_the_server(model: Path) -> None:
         c = s.client()
         long_prompt = "the quick brown fox " * 20
         assert len(tok.encode(long_prompt, special=False)) > 32
-        for stream in (False, True):  # refused with a status before any stream starts
-            with pytest.raises(openai.BadRequestError, match=r"does not fit the context \(32 tokens\)"):
+        for stream in (False, True):  # refused with a status before any stream starts, with OpenAI's code
+            with pytest.raises(openai.BadRequestError, match=r"does not fit the context \(32 tokens\)") as e:
                 c.completions.create(model="x", prompt=long_prompt, max_tokens=4, stream=stream)
-            with pytest.raises(openai.BadRequestError, match=r"does not fit the context \(32 tokens\)"):
+            assert e.value.code == "context_length_exceeded"
+            # a chat's last message is never dropped (tests/engine/test_server_overflow.py)
+            with pytest.raises(openai.BadRequestError, match=r"message takes \d+ tokens of the 32-token context") as e:
                 c.chat.completions.create(model="x", messages=[{"role": "user", "content": long_prompt}], stream=stream)
+            assert e.value.code == "context_length_exceeded"
         # a prompt that leaves 2 tokens of room, asking for 50: "length", and the reason says the context is full
         words = "Once upon a time there was a fox who lived"
         prompt = tok.encode(words, special=False)

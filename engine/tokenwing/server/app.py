@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import numpy as np
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -41,8 +44,9 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
     def authorized(request: Request) -> bool:
         if not api_key:
             return True
-        got = request.headers.get("authorization", "")
-        return hmac.compare_digest(got.encode(), f"Bearer {api_key}".encode())
+        # the scheme is case-insensitive (RFC 9110 §11.1): `bearer KEY` is the same credential as `Bearer KEY`
+        scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
     def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def wrapped(request: Request) -> Response:
@@ -60,13 +64,20 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         return wrapped
 
     async def read_json(request: Request) -> Any:
-        body = await request.body()
-        if len(body) > MAX_BODY:
-            raise RequestError("request body too large", status=413)
-        try:
-            return json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise RequestError("the request body is not valid JSON") from None
+        # Read as it arrives and refused as soon as it passes the limit: a body read whole first (a 1,000 MB one
+        # took the server to 2.49 GB) is memory any local program could take.
+        too_large = RequestError(f"request body too large (the limit is {MAX_BODY >> 20} MiB)", status=413)
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY:
+            raise too_large
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise too_large
+            chunks.append(chunk)
+        return parse_json_body(b"".join(chunks))
 
     async def health(request: Request) -> Response:
         status = 200 if worker.state in ("ok", "degraded") else 503  # degraded: up, but some requests fail
@@ -102,7 +113,8 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         try:
             # A request the engine refuses (a prompt longer than the context, a template error) gets its status
             # before any stream starts.
-            if await _accepted(request, job) is None:
+            accepted = await _accepted(request, job)
+            if accepted is None:
                 job.cancelled.set()
                 return Response(status_code=499)
         except BaseException:
@@ -110,7 +122,7 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
             raise
         if req.stream:
             return StreamingResponse(
-                _stream(request, job, rid, model_id, chat),
+                _stream(request, job, rid, model_id, chat, accepted.get("context_overflow")),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -172,7 +184,10 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
                 "choices": [{"index": 0, "text": content, "finish_reason": ev["finish_reason"], "logprobs": logprobs}],
                 "usage": usage,
             }
-        body["tokenwing"] = ev.get("stats", {})
+        extra: dict[str, Any] = dict(ev.get("stats", {}))
+        if ev.get("context_overflow"):  # what was dropped to fit the context (server/overflow.py)
+            extra["context_overflow"] = ev["context_overflow"]
+        body["tokenwing"] = extra
         return JSONResponse(body)
 
     async def chat_completions(request: Request) -> Response:
@@ -195,6 +210,26 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         except BadInputError as e:
             raise RequestError(str(e), "tools" if str(e).startswith("tools:") else "messages") from None
         return JSONResponse({"prompt": prompt})
+
+    async def chat_count(request: Request) -> Response:
+        # A chat request's tokens as the engine would run them (before any overflow policy), and the tools' share
+        # of them: the prompt rendered with the tools less the prompt rendered without. Beside the engine's thread.
+        req = parse_apply_template(await read_json(request))
+        assert worker.chat is not None and worker.syntax is not None and worker.session is not None
+        template, syn, tok = worker.chat.template, worker.syntax, worker.session.tokenizer
+
+        def count(tools: list[dict[str, Any]] | None) -> int:
+            messages = prepare(syn, req.messages, tools)
+            text = template.render(messages, req.add_generation_prompt, tools=tools, **req.variables)
+            return len(tok.encode(text, special=True))
+
+        try:
+            with_tools = await asyncio.to_thread(count, req.tools)
+            without = await asyncio.to_thread(count, None) if req.tools else with_tools
+        except BadInputError as e:
+            raise RequestError(str(e), "tools" if str(e).startswith("tools:") else "messages") from None
+        n_ctx = worker.session.n_ctx
+        return JSONResponse({"prompt_tokens": with_tools, "tools_tokens": with_tools - without, "n_ctx": n_ctx})
 
     async def tokenize_route(request: Request) -> Response:
         req = parse_tokenize(await read_json(request))
@@ -271,12 +306,54 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
         Route("/v1/completions", guarded(completions), methods=["POST"]),
         Route("/apply-template", guarded(apply_template), methods=["POST"]),
+        Route("/v1/chat/count", guarded(chat_count), methods=["POST"]),
         Route("/tokenize", guarded(tokenize_route), methods=["POST"]),
         Route("/detokenize", guarded(detokenize_route), methods=["POST"]),
         Route("/v1/tokenwing/stats", guarded(stats)),
         Route("/v1/tokenwing/stats/stream", guarded(stats_stream)),
     ]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: internal_error})
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (404, 405 with its Allow header) in the one JSON error format."""
+    assert isinstance(exc, HTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    e = RequestError(f"{request.method} {request.url.path}: {exc.detail}", status=exc.status_code, kind=kind)
+    return JSONResponse(e.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    """A fault in the server itself: a 500 in the same JSON format (the traceback goes to the log, not the client)."""
+    e = RequestError(f"internal error: {type(exc).__name__}", status=500, kind="server_error")
+    return JSONResponse(e.body(), status_code=500)
+
+
+MAX_JSON_DEPTH = 64  # nesting a request may have (a chat request with tool schemas: about 10)
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+def parse_json_body(body: bytes) -> Any:
+    """The body as JSON, its nesting limited first: 1,000 levels made `json.loads` raise a RecursionError (an
+    unhandled 500), and deep values would reach the recursive code downstream (tool schemas, templates)."""
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and json_depth(body) > MAX_JSON_DEPTH:
+        raise RequestError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise RequestError("the request body is not valid JSON") from None
+    except RecursionError:  # (not reached below the depth limit; kept so that it is a 400 whatever the limit)
+        raise RequestError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
+
+
+def json_depth(body: bytes) -> int:
+    """The deepest nesting of arrays and objects in a JSON text (brackets inside strings do not count), in C
+    speed: strings blanked by one regex, then a running sum over the brackets."""
+    bare = np.frombuffer(_JSON_STRING.sub(b'""', body), dtype=np.uint8)
+    steps = np.zeros(bare.size, dtype=np.int32)
+    steps[(bare == ord("[")) | (bare == ord("{"))] = 1
+    steps[(bare == ord("]")) | (bare == ord("}"))] = -1
+    return int(np.cumsum(steps).max()) if steps.size else 0
 
 
 async def _next_event(request: Request, job: Job) -> dict[str, Any] | None:
@@ -300,7 +377,8 @@ async def _accepted(request: Request, job: Job) -> dict[str, Any] | None:
 
 def _event_error(ev: dict[str, Any]) -> RequestError:
     status = int(ev.get("status", 400))
-    return RequestError(ev["message"], status=status, kind="server_error" if status >= 500 else "invalid_request_error")
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return RequestError(ev["message"], ev.get("param"), status=status, kind=kind, code=ev.get("code"))
 
 
 def _call(ev: dict[str, Any]) -> dict[str, Any]:
@@ -332,7 +410,11 @@ def _logprobs(entries: list[dict[str, Any]], chat: bool, offset: int) -> tuple[d
     return out, offset
 
 
-async def _stream(request: Request, job: Job, rid: str, model: str, chat: bool) -> AsyncIterator[bytes]:
+async def _stream(
+    request: Request, job: Job, rid: str, model: str, chat: bool, overflow: dict[str, Any] | None = None
+) -> AsyncIterator[bytes]:
+    """`overflow`: what was dropped to fit the context, said in the first chunk (a client can show it before the
+    reply) and in the last."""
     created = int(time.time())
     want_logprobs = job.request.logprobs is not None
     pending: list[dict[str, Any]] = []  # log-probabilities of tokens whose text has not gone out yet
@@ -359,7 +441,10 @@ async def _stream(request: Request, job: Job, rid: str, model: str, chat: bool) 
 
     try:
         if chat:
-            yield sse(chunk(None, None, {"role": "assistant", "content": ""}))
+            first = chunk(None, None, {"role": "assistant", "content": ""})
+            if overflow:
+                first["tokenwing"] = {"context_overflow": overflow}
+            yield sse(first)
         while True:
             ev = await _next_event(request, job)
             if ev is None:
@@ -394,6 +479,9 @@ async def _stream(request: Request, job: Job, rid: str, model: str, chat: bool) 
                 last = chunk("", ev["finish_reason"], {})
                 stats = ev.get("stats", {})
                 last["tokenwing"] = {"finish_detail": stats.get("finish_detail"), "n_ctx": stats.get("n_ctx")}
+                last["tokenwing"]["usage"] = _usage(ev)  # (every stream's: the request log reads its tokens here)
+                if ev.get("context_overflow"):
+                    last["tokenwing"]["context_overflow"] = ev["context_overflow"]
                 yield sse(last)
                 if job.request.include_usage:
                     usage: dict[str, Any] = {

@@ -18,13 +18,25 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat (5 for completions; llama.cpp t
 
 class RequestError(Exception):
     def __init__(
-        self, message: str, param: str | None = None, status: int = 400, kind: str = "invalid_request_error"
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
-        self.message, self.param, self.status, self.kind = message, param, status, kind
+        self.message, self.param, self.status, self.kind, self.code = message, param, status, kind, code
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+# OpenAI's error code for a prompt longer than the context (clients such as LangChain's match on it)
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+# What a chat request does when its messages and the reply's room do not fit the context (docs/api.md):
+# rolling drops the oldest turns, trim-middle those after the first user turn, stop refuses.
+OVERFLOW_POLICIES = ("rolling", "trim-middle", "stop")
 
 
 @dataclass
@@ -37,6 +49,8 @@ class GenerationRequest:
     parallel_tool_calls: bool = True
     variables: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs
     max_tokens: int = 256
+    max_tokens_given: bool = False  # the client set max_tokens: the room a chat prompt must leave for the reply
+    context_overflow: str | None = None  # a chat request's policy (OVERFLOW_POLICIES); None: the server's
     stream: bool = False
     stop: list[str] = field(default_factory=list)
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
@@ -92,6 +106,11 @@ def _content(value: Any, where: str) -> str:
 def _common(body: dict[str, Any], req: GenerationRequest, chat: bool = False) -> None:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     req.max_tokens = _integer({"max_tokens": max_tokens}, "max_tokens", 256, 1, MAX_TOKENS_LIMIT) or 256
+    req.max_tokens_given = max_tokens is not None
+    policy = body.get("context_overflow")  # (TokenWing's: through extra_body; completions never cut a prompt)
+    if policy is not None and policy not in OVERFLOW_POLICIES:
+        raise RequestError(f"'context_overflow' must be one of {', '.join(OVERFLOW_POLICIES)}", "context_overflow")
+    req.context_overflow = policy
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise RequestError("'stream' must be a boolean", "stream")

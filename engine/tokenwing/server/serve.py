@@ -18,9 +18,11 @@ from tokenwing.errors import BadInputError, TokenWingError
 from tokenwing.format.reader import ModelFile
 from tokenwing.runtime.preflight import preflight
 from tokenwing.runtime.session import SessionOptions
+from tokenwing.server.access_log import AccessLog
 from tokenwing.server.app import API_VERSION, create_app
 from tokenwing.server.guard import Access, Guard
 from tokenwing.server.worker import EngineWorker
+from tokenwing.text import render_worker
 from tokenwing.version import __version__
 
 API_KEY_ENV = "TOKENWING_API_KEY"
@@ -36,9 +38,12 @@ def serve(
     notes: Sequence[str] = (),
     allowed_hosts: Sequence[str] = (),
     cors_origins: Sequence[str] = (),
+    context_overflow: str = "rolling",
+    request_log: bool = False,
 ) -> int:
     """Serves until stopped; `notes` (the device line) are logged once the model and the port are known good.
-    `allowed_hosts` and `cors_origins` are who else may call it (server/guard.py)."""
+    `allowed_hosts` and `cors_origins` are who else may call it (server/guard.py); `context_overflow` is what a
+    chat request that does not fit the context gets where it names no policy (server/overflow.py)."""
 
     def log(line: str) -> None:
         print(f"tokenwing: {line}", file=sys.stderr, flush=True)
@@ -49,7 +54,7 @@ def serve(
     # handshake: the supervisor sees a one-line error and an exit code, not a server that never gets ready.
     with ModelFile.open(model) as mf:
         mf.verify()
-        preflight(mf)
+        preflight(mf, probe_template=True)
     try:
         sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     except OSError as e:
@@ -58,7 +63,7 @@ def serve(
 
     for note in [*notes, *access.notes(keyed=api_key is not None)]:
         log(note)
-    worker = EngineWorker(model, options, log)
+    worker = EngineWorker(model, options, log, context_overflow=context_overflow)
     model_id = os.path.basename(model).removesuffix(".gguf").removesuffix(".tw")
     app = create_app(worker, model_id, api_key)
     bound = sock.getsockname()
@@ -77,7 +82,15 @@ def serve(
     )
     worker.start()
     server = uvicorn.Server(
-        uvicorn.Config(Guard(app, access, log), log_level="warning", lifespan="off", access_log=False)
+        # (a reply still streaming when SIGTERM comes is cut after a second, not waited for: the stop takes < 2 s)
+        uvicorn.Config(
+            # (uvicorn's own access log is off: with --request-log, AccessLog writes one line per API request)
+            AccessLog(Guard(app, access, log), log) if request_log else Guard(app, access, log),
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=1,
+        )
     )
     if watch_stdin:
 
@@ -91,6 +104,7 @@ def serve(
         threading.Thread(target=wait_eof, daemon=True).start()
     worker.on_fatal = lambda: setattr(server, "should_exit", True)
     server.run(sockets=[sock])
+    render_worker.stop()  # a render in progress ends now (the engine thread gets an error): the stop waits on none
     worker.stop(timeout=STOP_JOIN_S)
     if worker.state == "error":
         kind = type(worker.load_error) if worker.load_error is not None else TokenWingError

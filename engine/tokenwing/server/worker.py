@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,8 @@ from tokenwing.runtime.batch import PromptPart, joins, step
 from tokenwing.runtime.generate import Decoding, TokenLogprob, run_stats
 from tokenwing.runtime.sampler import Sampler
 from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
-from tokenwing.server.protocol import GenerationRequest, RequestError
+from tokenwing.server.overflow import fit_chat
+from tokenwing.server.protocol import CONTEXT_LENGTH_EXCEEDED, GenerationRequest, RequestError
 from tokenwing.text.chat import FALLBACK_NOTICE, ChatFormat, chat_format
 from tokenwing.text.grammar import Constraint
 from tokenwing.text.tokenizer import TextTokenizer
@@ -53,9 +54,16 @@ class Job:
 
 
 class EngineWorker:
-    def __init__(self, model_path: str, options: SessionOptions, log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        options: SessionOptions,
+        log: Callable[[str], None],
+        context_overflow: str = "rolling",
+    ) -> None:
         self.model_path = model_path
         self.options = options
+        self.context_overflow = context_overflow  # a chat request's policy where it names none (server/overflow.py)
         self.log = log
         self.session: Session | None = None
         self.chat: ChatFormat | None = None
@@ -66,7 +74,16 @@ class EngineWorker:
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue[dict[str, Any]]]] = set()
         self.lock = threading.Lock()
-        self.totals = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "errors": 0}
+        self.totals = {
+            "requests": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "errors": 0,
+            # chat requests whose oldest or middle turns were dropped to fit the context, and what they lost
+            "context_overflows": 0,
+            "context_dropped_messages": 0,
+            "context_dropped_tokens": 0,
+        }
         self.last_token_stats: dict[str, Any] = {}
         self.queued = 0  # requests waiting for a slot
         self.replies: dict[int, Reply] = {}  # by slot: the requests being served
@@ -261,7 +278,11 @@ class EngineWorker:
         assert s is not None and fmt is not None and syn is not None
         try:
             reply = self._prepare(job, s, fmt, syn)
-        except (TokenWingError, RequestError) as e:
+        except RequestError as e:
+            self.totals["errors"] += 1
+            job.emit({"type": "error", "message": e.message, "param": e.param, "code": e.code})
+            return
+        except TokenWingError as e:
             self.totals["errors"] += 1
             job.emit({"type": "error", "message": str(e)})
             return
@@ -277,12 +298,30 @@ class EngineWorker:
         stops = list(req.stop)
         reader: ReplyReader | None = None
         grammar = req.grammar
+        overflow: dict[str, Any] | None = None
         if req.messages:
             # tool_choice none: the model is not shown the tools (OpenAI's meaning) and nothing is read as a call
             tools = req.tools if req.tools and req.tool_choice != "none" else None
-            messages = prepare(syn, req.messages, tools)
-            text = fmt.template.render(messages, tools=tools, **req.variables)
-            prompt = s.tokenizer.encode(text, special=True)
+
+            def render(messages: Sequence[dict[str, Any]], with_tools: bool) -> str:
+                shown = tools if with_tools else None
+                return fmt.template.render(prepare(syn, messages, shown), tools=shown, **req.variables)
+
+            # the conversation, less its oldest (or middle) turns where it leaves the reply no room
+            fitted = fit_chat(
+                req.messages,
+                render,
+                lambda text: s.tokenizer.encode(text, special=True),
+                s.n_ctx,
+                req.max_tokens if req.max_tokens_given else None,
+                req.context_overflow or self.context_overflow,
+                tools is not None,
+            )
+            text, prompt, overflow = fitted.text, fitted.prompt, fitted.report()
+            if overflow is not None:
+                self.totals["context_overflows"] += 1
+                self.totals["context_dropped_messages"] += fitted.dropped_messages
+                self.totals["context_dropped_tokens"] += fitted.dropped_tokens
             stops += fmt.stops
             # the reply read back: reasoning (harmony's analysis channel, think tags) and the family's calls
             # under the calls' grammar a streamed call goes out in pieces as it is written (it cannot turn out not
@@ -300,21 +339,24 @@ class EngineWorker:
             prompt = s.tokenizer.encode(req.prompt or "", special=False)
         if not prompt:
             raise RequestError("the prompt is empty")
-        if len(prompt) >= s.n_ctx:
+        if len(prompt) >= s.n_ctx:  # (a plain prompt: a chat's was made to fit, or refused, above)
             raise RequestError(
-                f"the prompt ({len(prompt)} tokens) does not fit the context ({s.n_ctx} tokens)", "messages"
+                f"the prompt ({len(prompt)} tokens) does not fit the context ({s.n_ctx} tokens)",
+                "prompt",
+                code=CONTEXT_LENGTH_EXCEEDED,
             )
         # a response format's matcher (the vocabulary's trie is built once per model, on the first such request)
         constraint = Constraint(s.tokenizer, grammar) if grammar is not None else None
         slot = self._pick_slot(prompt)
         s.use(slot)
-        job.emit({"type": "accepted"})  # the HTTP status can be sent: nothing below is the request's fault
+        # the HTTP status can be sent: nothing below is the request's fault
+        job.emit({"type": "accepted", **({"context_overflow": overflow} if overflow else {})})
         if self.options.prompt_cache:
             cached = s.reuse_prefix(prompt)  # a chat's next turn: only the new tokens are computed
         else:
             s.reset()
             cached = 0
-        reply = Reply(job, slot, prompt, cached, reader, time.perf_counter(), s.counters())
+        reply = Reply(job, slot, prompt, cached, reader, time.perf_counter(), s.counters(), overflow)
 
         def on_text(piece: str) -> None:
             reply.pieces += 1
@@ -441,6 +483,7 @@ class EngineWorker:
                 "prompt_tokens": len(r.prompt),
                 "completion_tokens": len(gen.tokens),
                 "stats": gen.stats,
+                **({"context_overflow": r.overflow} if r.overflow else {}),
             }
         )
         s.save_usage()  # after each request: a crash later keeps what was learnt
@@ -458,6 +501,7 @@ class Reply:
     reader: ReplyReader | None
     start: float
     before: np.ndarray
+    overflow: dict[str, Any] | None = None  # what was dropped to fit the context (the response says so)
     decoding: Decoding = field(init=False)
     next: int | None = None  # the token the next decode step computes
     after_prompt: np.ndarray | None = None
