@@ -140,3 +140,41 @@ def test_auto_slots_take_little_from_the_expert_cache() -> None:
     assert middle.budget - four.budget <= ROOMY.usable // 16  # what the extra slots took from the experts
     capped = _plan(CAPPED, n_ctx=0)  # the context was capped to fill the room: one slot
     assert capped.slots_that_fit(100 * MIB, 4) == 1
+
+
+def test_a_huge_model_context_is_capped_with_a_graph_for_the_capped_context() -> None:
+    """Issue 41: a model whose context_length is millions of positions (16 M here, the validator's most) got a
+    compute graph sized for all of them (4 bytes × heads × batch × positions: 128 GiB), which the OS was then
+    asked for; now the context is capped to what fits beside its own graph, and the graph sized for it."""
+    import dataclasses
+
+    from tokenwing.format.validate import MAX_CONTEXT
+
+    hp = dataclasses.replace(HP, n_ctx_train=MAX_CONTEXT)
+    plan = plan_memory(
+        hp,
+        KV,
+        [None] * hp.n_layer,
+        n_ctx=0,
+        max_batch=64,
+        checkpoints=0,
+        ram_budget=None,
+        weights_bytes=100 * MIB,
+        least_expert_bytes=0,
+        model_dir="/m",
+        info=CAPPED,
+    )
+    assert 256 <= plan.n_ctx < MAX_CONTEXT
+    assert plan.graph_mem < CAPPED.usable
+    room = CAPPED.usable - HEADROOM - plan.graph_mem - 100 * MIB
+    assert plan.kv_bytes <= room // 2  # plan_context's rule, with the graph of this context
+    assert plan.notes == (f"context capped at {plan.n_ctx} tokens so the KV cache fits in memory",)
+
+
+def test_a_context_whose_graph_no_machine_has_is_refused_naming_it() -> None:
+    import pytest
+
+    from tokenwing.errors import BadInputError
+
+    with pytest.raises(BadInputError, match=r"^--ctx 16777216 needs a compute graph of .* more than the"):
+        _plan(ROOMY, n_ctx=1 << 24)

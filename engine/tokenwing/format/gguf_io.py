@@ -144,6 +144,11 @@ class GGUFHeader:
         return None
 
 
+def shown(name: str, most: int = 80) -> str:
+    """A name from a file, quoted for a one-line message: a crafted name may be 64 MiB of any bytes."""
+    return repr(name if len(name) <= most else name[:most] + "…")
+
+
 def ggml_type_name(type_id: int) -> str:
     try:
         return GGMLQuantizationType(type_id).name
@@ -214,25 +219,25 @@ def _read_value(cur: _Cursor, vtype: int, key: str) -> KV:
     try:
         vt = ValueType(vtype)
     except ValueError:
-        raise BadInputError(f"{cur.path}: metadata {key!r} has unknown value type {vtype}") from None
+        raise BadInputError(f"{cur.path}: metadata {shown(key)} has unknown value type {vtype}") from None
     if vt == ValueType.STRING:
         return KV(vt, cur.string(key))
     if vt == ValueType.ARRAY:
         item = cur.unpack("<I")
         count = cur.unpack("<Q")
         if count > MAX_ARRAY:
-            raise BadInputError(f"{cur.path}: metadata {key!r} claims {count} array items")
+            raise BadInputError(f"{cur.path}: metadata {shown(key)} claims {count} array items")
         try:
             it = ValueType(item)
         except ValueError:
-            raise BadInputError(f"{cur.path}: metadata {key!r} has unknown array type {item}") from None
+            raise BadInputError(f"{cur.path}: metadata {shown(key)} has unknown array type {item}") from None
         least = 8 if it == ValueType.STRING else np.dtype(_SCALAR_DTYPES.get(it, "<u1")).itemsize
         if count * least > cur.whole - cur.pos:
-            raise BadInputError(f"{cur.path}: metadata {key!r} claims {count:,} items, more than the file holds")
+            raise BadInputError(f"{cur.path}: metadata {shown(key)} claims {count:,} items, more than the file holds")
         if it == ValueType.STRING:
             return KV(vt, [cur.string(key) for _ in range(count)], it)
         if it == ValueType.ARRAY:
-            raise BadInputError(f"{cur.path}: metadata {key!r} nests arrays, which GGUF models do not use")
+            raise BadInputError(f"{cur.path}: metadata {shown(key)} nests arrays, which GGUF models do not use")
         dtype = np.dtype(_SCALAR_DTYPES[it])
         raw = cur.take(count * dtype.itemsize)
         return KV(vt, np.frombuffer(raw, dtype=dtype).copy(), it)
@@ -298,7 +303,7 @@ def _parse(f: BinaryIO, path: str, size: int, readable: int) -> GGUFHeader:
         vtype = cur.unpack("<I")
         value_offsets[key] = cur.pos
         if key in kv:
-            raise BadInputError(f"{path}: metadata key {key!r} appears twice")
+            raise BadInputError(f"{path}: metadata key {shown(key)} appears twice")
         kv[key] = _read_value(cur, vtype, key)
     alignment = DEFAULT_ALIGNMENT
     if "general.alignment" in kv:
@@ -312,27 +317,27 @@ def _parse(f: BinaryIO, path: str, size: int, readable: int) -> GGUFHeader:
         name = cur.string("tensor name")
         n_dims = cur.unpack("<I")
         if not 1 <= n_dims <= MAX_DIMS:
-            raise BadInputError(f"{path}: tensor {name!r} has {n_dims} dimensions")
+            raise BadInputError(f"{path}: tensor {shown(name)} has {n_dims} dimensions")
         shape = tuple(cur.unpack("<Q") for _ in range(n_dims))
         if any(d == 0 or d > 1 << 40 for d in shape):
-            raise BadInputError(f"{path}: tensor {name!r} has an impossible shape {shape}")
+            raise BadInputError(f"{path}: tensor {shown(name)} has an impossible shape {shape}")
         ttype = cur.unpack("<I")
         offset = cur.unpack("<Q")
         if name in names:
-            raise BadInputError(f"{path}: tensor {name!r} appears twice")
+            raise BadInputError(f"{path}: tensor {shown(name)} appears twice")
         names.add(name)
         try:
             nbytes = tensor_nbytes(shape, ttype)
         except BadInputError as e:
-            raise type(e)(f"{path}: tensor {name!r}: {e}") from None
+            raise type(e)(f"{path}: tensor {shown(name)}: {e}") from None
         if offset % alignment:
-            raise BadInputError(f"{path}: tensor {name!r} is not aligned to {alignment} bytes")
+            raise BadInputError(f"{path}: tensor {shown(name)} is not aligned to {alignment} bytes")
         tensors.append(TensorInfo(name, shape, ttype, offset, nbytes))
     header_end = cur.pos
     data_start = align_up(header_end, alignment)
     for t in tensors:
         if data_start + t.offset + t.nbytes > size:
-            raise BadInputError(f"{path}: tensor {t.name!r} ends past the end of the file (truncated file?)")
+            raise BadInputError(f"{path}: tensor {shown(t.name)} ends past the end of the file (truncated file?)")
     return GGUFHeader(path, version, kv, tensors, alignment, data_start, size, header_end, value_offsets)
 
 

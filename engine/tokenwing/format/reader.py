@@ -20,6 +20,7 @@ from tokenwing import _core
 from tokenwing.errors import BadInputError, CorruptModelError, UnsupportedError
 from tokenwing.format import layout as L
 from tokenwing.format.gguf_io import GGUFHeader, TensorInfo, read_header
+from tokenwing.format.validate import check_header
 from tokenwing.progress import Progress
 from tokenwing.testpause import pause
 
@@ -73,6 +74,7 @@ class ModelFile:
         header = read_header(path)
         check_version(header)
         _check_header_checksum(header)
+        check_header(header)  # (a re-signed header's numbers are still untrusted)
         index = _load_index(header)
         try:
             fh = _core.DirectFile(path, direct)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from tokenwing.errors import BadInputError
 from tokenwing.format.gguf_io import MAX_HEADER, GGUFHeader, TensorInfo, TruncatedHeaderError, read_header
+from tokenwing.format.validate import check_header
 
 _SHARD_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
@@ -188,4 +189,5 @@ def _assemble(headers: list[GGUFHeader], sizes: list[int]) -> SourceModel:
     declared = first.get("split.tensors.count")
     if declared is not None and declared != len(tensors):
         raise BadInputError(f"split model declares {declared} tensors but its shards hold {len(tensors)}")
+    check_header(first, [t.info for t in tensors])  # before anything is planned from its numbers
     return SourceModel([h.path for h in headers], first, tensors, sizes, [h.data_start for h in headers])

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from tokenwing.errors import BadInputError
+from tokenwing.format.validate import check_ranges
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str, recurrence: str = 
             raise BadInputError(f"{where}: {arch}.{key} must be a number")
         return kind(v)
 
+    check_ranges(meta, arch, where)  # before anything below is built per layer or per head from these numbers
     n_embd = get("embedding_length")
     n_head = get("attention.head_count")
     head_dim = get("attention.key_length", n_embd // max(n_head, 1))

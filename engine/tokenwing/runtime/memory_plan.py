@@ -12,6 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from tokenwing.errors import BadInputError
 from tokenwing.fsutil import human_bytes
 from tokenwing.models import family
 from tokenwing.models.common import StateSpec
@@ -183,7 +184,19 @@ def plan_memory(
     graph_mem = graph_bytes(hp, max_batch, n_ctx or hp.n_ctx_train, state_specs)
     states = StatePlan.of(state_specs, checkpoints, info)
     held = weights_bytes + states.reserved * n_seq
+    if n_ctx and graph_mem > info.usable:  # (the graph's memory cannot go to a file as the KV cache can)
+        raise BadInputError(
+            f"--ctx {n_ctx} needs a compute graph of {human_bytes(graph_mem)}, more than the "
+            f"{human_bytes(info.usable)} this machine can use"
+        )
     ctx = plan_context(n_ctx, hp.n_ctx_train, kv_per_token * n_seq, held, graph_mem, info)
+    if ctx.n_ctx < (n_ctx or hp.n_ctx_train):
+        # A context capped to fit: its graph is smaller too (the model's own context_length may be millions of
+        # positions, whose attention reserve no machine has: a graph sized from it was asked of the OS and failed)
+        n = _context_that_fits(hp, max_batch, state_specs, kv_per_token * n_seq, held, info)
+        graph_mem = graph_bytes(hp, max_batch, n, state_specs)
+        ctx = plan_context(n, n, kv_per_token * n_seq, held, graph_mem, info)
+        ctx = dataclasses.replace(ctx, note=f"context capped at {ctx.n_ctx} tokens so the KV cache fits in memory")
     notes = tuple(note for note in (states.note, ctx.note) if note)
     budget, spill = ram_budget, None
     if budget is None:
@@ -192,6 +205,25 @@ def plan_memory(
             spill = model_dir
             budget = expert_budget(info, HEADROOM, graph_mem + states.reserved * n_seq)
     return MemoryPlan(ctx.n_ctx, kv_per_token, graph_mem, states, budget, spill, info, notes, n_seq)
+
+
+def _context_that_fits(
+    hp: HParams, max_batch: int, specs: list[StateSpec | None], kv_per_token: int, held: int, info: MemoryInfo
+) -> int:
+    """The longest context (256 at least, the model's at most) whose KV cache takes at most half of what is left
+    beside the weights and its own compute graph (plan_context's rule, with the graph sized for that context)."""
+
+    def fits(n: int) -> bool:
+        room = max(info.usable - HEADROOM - graph_bytes(hp, max_batch, n, specs) - held, 0) // 2
+        return kv_per_token * n <= room
+
+    lo, hi = 256, max(hp.n_ctx_train, 256)
+    if not fits(lo):
+        return lo
+    while lo < hi:  # (graph and KV cache grow with the context: the largest n that fits, by bisection)
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
 
 
 def prompt_bytes_per_token(hp: HParams, shared: bool, state: int = 0, experts: int = 0) -> int:
