@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from runmyai.engine.info import ask_engine
 from runmyai.library import local
 from runmyai.library.local import ImportCancelled, LibraryError, LocalLibrary, LocalModel, repacked_name
 from runmyai.library.presets import load_catalog
@@ -170,23 +171,27 @@ def test_a_cancel_after_the_engine_finished_keeps_nothing(
     assert _visible(models) == []
 
 
-def test_corrupt_gguf_is_the_engines_one_line(model_factory: ModelFactory, tmp_path: Path) -> None:
+def test_corrupt_gguf_is_one_plain_line_and_permanent(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """Issue 50: the engine's own words ("not a GGUF file (magic b'not ')", the exit code) are the details; the
+    sentence says what is wrong with the file, and a corrupt file is permanent (no Retry)."""
     lib = LocalLibrary(tmp_path / "models")
+    lib.exit_kind = asyncio.run(ask_engine(tmp_path / "settings")).exit_kind  # the engine's names of its codes
     garbage = tmp_path / "broken.gguf"
     garbage.write_bytes(b"not a model at all")
     with pytest.raises(LibraryError) as info:
         asyncio.run(lib.import_gguf([garbage]))
     msg = str(info.value)
-    assert msg.startswith("Couldn't import broken.gguf: ") and "not a GGUF file" in msg, msg
-    assert msg.endswith("(engine exit code 2).") and "\n" not in msg and "Traceback" not in msg
-    assert info.value.exit_code == 2
+    assert msg == "The file broken.gguf is damaged or not a GGUF model, so it cannot be imported.", msg
+    assert info.value.permanent and info.value.exit_code == 2
+    detail = info.value.detail or ""
+    assert "not a GGUF file" in detail and "exit code 2" in detail
     truncated = tmp_path / "cut.gguf"
     data = model_factory().read_bytes()
     truncated.write_bytes(data[: len(data) // 2])
     with pytest.raises(LibraryError) as info:
         asyncio.run(lib.import_gguf([truncated]))
-    assert str(info.value).startswith("Couldn't import cut.gguf: ") and info.value.exit_code not in (None, 0)
-    assert "\n" not in str(info.value)
+    assert str(info.value).startswith("The file cut.gguf is damaged") and info.value.exit_code not in (None, 0)
+    assert info.value.permanent and "\n" not in str(info.value)
     assert _visible(tmp_path / "models") == []
 
 
