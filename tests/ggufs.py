@@ -43,3 +43,18 @@ def expert_tensors(layer: int, n_embd: int, n_ff: int, n_expert: int) -> list[tu
         (f"blk.{layer}.ffn_up_exps.weight", (n_embd, n_ff, n_expert), 0, f32(n, 2 + layer)),
         (f"blk.{layer}.ffn_down_exps.weight", (n_ff, n_embd, n_expert), 0, f32(n, 3 + layer)),
     ]
+
+
+def with_metadata(src: Path, dst: Path, kv: dict[str, KV]) -> Path:
+    """A copy of the plain GGUF `src` with the metadata `kv` instead of its own: the same tensor table and data
+    (offsets in a GGUF are relative to the data section, which moves with the header's new length)."""
+    from tokenwing.format.gguf_io import read_header
+
+    h = read_header(str(src))
+    header, _ = encode_header(kv, h.tensors, h.alignment)
+    with open(src, "rb") as f_in, open(dst, "wb") as f_out:
+        f_out.write(header)
+        f_in.seek(h.data_start)
+        while chunk := f_in.read(1 << 20):
+            f_out.write(chunk)
+    return dst

@@ -13,6 +13,7 @@ from tokenwing.models import family
 from tokenwing.models.base import MoEModel
 from tokenwing.models.hparams import HParams, read_hparams
 from tokenwing.text.chat import ChatTemplate
+from tokenwing.text.render_worker import TemplateBudgetError
 from tokenwing.text.tokenizer import TextTokenizer, tokenizer_from_metadata
 
 
@@ -26,9 +27,11 @@ class Preflight:
     widths: dict[int, int]  # streamed layer → the width of its experts (multi-token-prediction blocks included)
 
 
-def preflight(mf: ModelFile) -> Preflight:
+def preflight(mf: ModelFile, probe_template: bool = False) -> Preflight:
     """Architecture, hyper-parameters, tokenizer, chat template and tensor shapes (one line and the exit code of
-    the engine's refusal otherwise)."""
+    the engine's refusal otherwise). `probe_template` (verify, serve): the chat template renders a one-message
+    chat within its budget (text/render_worker.py), or the model is refused — a template that breaks it for any
+    conversation is the file's fault, not a request's."""
     path = mf.path
     meta = {k: v.value for k, v in mf.header.kv.items()}
     model_class = family(mf.arch)
@@ -42,6 +45,13 @@ def preflight(mf: ModelFile) -> Preflight:
     # read (ExpertScheduler streams the layers that run).
     shapes = {t.name: t.shape for t in mf.resident}
     model_class.check(hp, shapes, {k: v for k, v in widths.items() if k < hp.n_layer}, path)
+    if probe_template and chat_template is not None:
+        try:
+            chat_template.render([{"role": "user", "content": "Hello"}])
+        except TemplateBudgetError as e:
+            raise BadInputError(f"{path}: {e} (rendering a one-message chat)") from None
+        except BadInputError:
+            pass  # (a template may refuse a conversation: that is a request's matter)
     return Preflight(meta, model_class, hp, tokenizer, chat_template, widths)
 
 

@@ -12,6 +12,7 @@ transformers itself on the publishers' templates."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment, 
 from jinja2.utils import Namespace
 
 from tokenwing.errors import BadInputError
+from tokenwing.text import render_worker
 
 MAX_TEMPLATE = 256 << 10
 MAX_OUTPUT = 4 << 20
@@ -263,7 +265,35 @@ class ChatTemplate:
         if self.eos_token is not None:
             variables["eos_token"] = self.eos_token
         variables.update(_plain(extra))
-        variables.update(add_generation_prompt=add_generation_prompt)
+        tools_plain = _plain(list(tools)) if tools is not None else None
+        documents_plain = _plain(list(documents)) if documents is not None else None
+        if os.environ.get(render_worker.IN_PROCESS_ENV):
+            return self.render_here(msgs, add_generation_prompt, tools_plain, documents_plain, variables)
+        # In the renderer child, within its budget (render_worker.py): a template must not take the engine down
+        return render_worker.render(
+            {
+                "source": self.source,
+                "bos": self.bos_token,
+                "eos": self.eos_token,
+                "drop_leading_bos": self.drop_leading_bos,
+                "messages": msgs,
+                "add_generation_prompt": add_generation_prompt,
+                "tools": tools_plain,
+                "documents": documents_plain,
+                "variables": variables,
+            }
+        )
+
+    def render_here(
+        self,
+        msgs: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: list[Any] | None,
+        documents: list[Any] | None,
+        variables: dict[str, Any],
+    ) -> str:
+        """`render` in this process, of values `render` prepared: what the renderer child runs."""
+        variables = {**variables, "add_generation_prompt": add_generation_prompt}
         try:
             try:
                 out = self._generate(self._template, msgs, tools, documents, variables)
