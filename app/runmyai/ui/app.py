@@ -56,7 +56,9 @@ def run_app(args: argparse.Namespace) -> int:
             result["code"] = await self_test(controller, args)
             window.close()
         elif args.endpoint:
-            await controller.use_endpoint(args.endpoint, os.environ.get("RUNMYAI_ENDPOINT_KEY"))
+            # a server that is refused (a notification says why) leaves the window with the local model
+            if await controller.use_endpoint(args.endpoint, os.environ.get("RUNMYAI_ENDPOINT_KEY")) is not None:
+                await controller.use_default_model()
         elif args.model is not None:
             await controller.use_model(f"local:{args.model.resolve()}")
         else:
@@ -123,6 +125,17 @@ async def take_screenshots(controller: AppController, folder: Path) -> list[str]
         if not dialog.grab().save(str(folder / name), "PNG"):
             problems.append(f"could not save {folder / name}")
         dialog.reject()
+        # the load dialog (context length, GPU offload) of the model in use, once the engine said what fits
+        model = controller.supervisor.model if controller.supervisor is not None else None
+        load = controller.open_load_options(f"local:{model}") if model is not None else None
+        if load is not None and controller.load_facts_task is not None:
+            await controller.load_facts_task
+            await asyncio.sleep(0.2)
+            problems += [f"the load dialog, {theme_name}: {p}" for p in layout_check.clipped(load)]
+            name = f"load-options-{theme_name}.png"
+            if not load.grab().save(str(folder / name), "PNG"):
+                problems.append(f"could not save {folder / name}")
+            load.reject()
     window.show_page(page_before)
     return problems
 
@@ -137,6 +150,8 @@ def show_chat_states(controller: AppController, reply: str) -> None:
     store, chat = controller.store, controller.window.chat
     conv = store.create("Tell me a story about a king", model=controller.model_name)
     store.add_message(conv.id, "user", "Tell me a story about a king.")
+    store.add_message(conv.id, "assistant", "There once was a king.", model=controller.model_name)
+    store.drop_last_assistant(conv.id)  # regenerated: the first version is kept, "< 2/2 >" shows on the reply
     first = store.add_message(conv.id, "assistant", reply or "Once upon a time…", model=controller.model_name)
     store.add_message(conv.id, "user", "Give me a verse from Psalms.")
     store.add_message(
@@ -152,6 +167,7 @@ def show_chat_states(controller: AppController, reply: str) -> None:
     controller._show_tools = tools  # type: ignore[method-assign]
     controller.open_conversation(conv.id)
     controller._list_conversations()
+    chat.input.setPlainText("What happened to the king's daughter?")  # the token count under the input
 
 
 async def self_test(controller: AppController, args: argparse.Namespace) -> int:
