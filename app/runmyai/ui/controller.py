@@ -1311,7 +1311,8 @@ class AppController(QObject):
         1.2 s of `tokenwing autotune`, then a 32-token decode, on this 2-core machine)."""
         m = self.machine
         model = next((x for x in self.local_models if x.bundled and x.error is None), None)
-        if m is None or m.decode_probe is not None or self.settings.autotune_declined or model is None:
+        measured = m is not None and (m.decode_probe is not None or bool(m.speeds))  # (a chat's speed counts too)
+        if m is None or measured or self.settings.autotune_declined or model is None:
             return False
         path = model.path
         self._retry[AUTOTUNE_OFFER] = lambda: self.spawn(self.measure_machine(path))
@@ -1416,7 +1417,7 @@ class AppController(QObject):
         self.conversation_id = self._shown_conversation = conversation_id
         t = self.window.chat.transcript
         t.clear_messages()
-        branches = self.store.branch_positions(conversation_id)  # "‹ n/of ›" where a turn has other versions
+        branches = self.store.branch_positions(conversation_id)  # "< n/of >" where a turn has other versions
         note = conv.settings.overflow  # the last reply's context notice, kept with the chat
         messages = self.store.messages(conversation_id)
         for m in messages:
@@ -1622,7 +1623,7 @@ class AppController(QObject):
             except ChatError as e:
                 self.report(str(e), "chat", "Editing a reply")
             self.open_conversation(cid)
-            self.window.chat.set_status("Saved as a new version of the reply (‹ › shows the old one).")
+            self.window.chat.set_status("Saved as a new version of the reply (< > shows the old one).")
             return
         if editing is None:
             self.window.chat.transcript.add_message("user", text)
@@ -1651,7 +1652,7 @@ class AppController(QObject):
 
     def _edit_message(self, message_id: int | None = None) -> None:
         """Edit any message (the transcript's Edit; Edit last: the last question): its text in the input box;
-        sending makes a new version of it, a branch, and the old one stays behind "‹ ›"."""
+        sending makes a new version of it, a branch, and the old one stays behind "< >"."""
         cid = self.conversation_id
         if cid is None or (self._reply_task is not None and not self._reply_task.done()):
             return
@@ -1667,7 +1668,7 @@ class AppController(QObject):
             self.window.chat.set_status("Editing a message: sending starts a new branch from it; the old one stays.")
 
     def _switch_branch(self, message_id: int, step: int) -> None:
-        """A message's "‹" or "›": that version of the turn, with its own continuation."""
+        """A message's "<" or ">": that version of the turn, with its own continuation."""
         cid = self.conversation_id
         if cid is None or (self._reply_task is not None and not self._reply_task.done()):
             return
