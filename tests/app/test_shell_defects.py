@@ -324,8 +324,8 @@ def test_the_performance_panel_stays_after_switching_models_by_double_click(
         async def switch_by_double_click(to: Path) -> None:
             window.show_page("My models")
             table = window.models_page.table
-            row = next(r for r in range(table.rowCount()) if table.item(r, 0).toolTip() == str(to))
-            where = table.visualItemRect(table.item(row, 0)).center()
+            items = [item for r in range(table.rowCount()) if (item := table.item(r, 0)) is not None]
+            where = table.visualItemRect(next(i for i in items if i.toolTip() == str(to))).center()
             QTest.mouseClick(table.viewport(), Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, where)
             QTest.mouseDClick(table.viewport(), Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, where)
             await until(lambda: c.supervisor is not None and c.supervisor.model == to and c.ready.is_set(), 120)
