@@ -1,5 +1,5 @@
 """Edit any message, with branches: the session against the real engine (what each request carried), and the
-window's Edit and "‹ n/of ›" links clicked for real."""
+window's Edit and "< n/of >" links clicked for real."""
 
 from __future__ import annotations
 
@@ -80,20 +80,36 @@ def test_editing_an_early_message_sends_only_its_branch_and_switching_back_resum
     store.close()
 
 
-def click_link(t: Transcript, qtbot: QtBot, text: str, occurrence: int = 0) -> None:
-    """A real left click in the middle of the `occurrence`-th `text` (a link's one character is too narrow for
-    test_widgets.click_text's point at its right edge)."""
-    found = t.document().find(text)
-    for _ in range(occurrence):
-        found = t.document().find(text, found)
-    assert not found.isNull(), text
+def click_at(t: Transcript, qtbot: QtBot, position: int) -> None:
+    """A real left click in the middle of the character at `position` of the transcript's document."""
     cursor = QTextCursor(t.document())
-    cursor.setPosition(found.selectionStart())
+    cursor.setPosition(position)
     t.setTextCursor(cursor)
     t.ensureCursorVisible()
-    rect = t.cursorRect(cursor)
-    x = rect.left() + t.fontMetrics().horizontalAdvance(text) // 2 + 1
-    qtbot.mouseClick(t.viewport(), Qt.MouseButton.LeftButton, pos=QPoint(x, rect.center().y()))
+    left = t.cursorRect(cursor)
+    cursor.setPosition(position + 1)
+    right = t.cursorRect(cursor)
+    qtbot.mouseClick(
+        t.viewport(), Qt.MouseButton.LeftButton, pos=QPoint((left.left() + right.left()) // 2, left.center().y())
+    )
+
+
+def click_link(t: Transcript, qtbot: QtBot, text: str) -> None:
+    """A real click on the first occurrence of a link's words."""
+    found = t.document().find(text)
+    assert not found.isNull(), text
+    click_at(t, qtbot, found.selectionStart() + len(text) // 2)
+
+
+def click_arrow(t: Transcript, qtbot: QtBot, shown: str, step: int) -> None:
+    """A real click on the "<" (step -1) or ">" (+1) beside a message's "n/of" (the footer reads " < n/of > ")."""
+    found = t.document().find(shown)
+    assert not found.isNull(), shown
+    click_at(t, qtbot, found.selectionStart() - 2 if step < 0 else found.selectionEnd() + 1)
+
+
+def switcher(text: str) -> str:
+    return text.replace("\xa0", " ")
 
 
 def test_the_window_edits_any_message_and_switches_branches(
@@ -113,23 +129,23 @@ def test_the_window_edits_any_message_and_switches_branches(
                 await c.chat_once("first question")
                 await c.chat_once("second question")
                 c.open_conversation(c.conversation_id)
-                assert "‹" not in t.toPlainText()  # no versions yet: no switcher
+                assert "/2 >" not in switcher(t.toPlainText())  # no versions yet: no switcher
                 click_link(t, qtbot, "Edit")  # the first message's Edit
                 assert window.chat.input.toPlainText() == "first question"
                 window.chat.input.setPlainText("first question, edited")
                 window.chat.send_button.click()
                 assert c._reply_task is not None
                 await asyncio.shield(c._reply_task)
-                shown.append(t.toPlainText())
-                click_link(t, qtbot, "‹")  # back to version 1 of 2
-                shown.append(t.toPlainText())
-                click_link(t, qtbot, "›")  # and on to 2 of 2 again
-                shown.append(t.toPlainText())
+                shown.append(switcher(t.toPlainText()))
+                click_arrow(t, qtbot, "2/2", -1)  # back to version 1 of 2
+                shown.append(switcher(t.toPlainText()))
+                click_arrow(t, qtbot, "1/2", +1)  # and on to 2 of 2 again
+                shown.append(switcher(t.toPlainText()))
             finally:
                 await c.shutdown()
 
         run_qt(qapp, scenario)
     new, old, again = shown
-    assert "first question, edited" in new and "second question" not in new and "‹ 2/2 ›" in new
-    assert "first question, edited" not in old and "second question" in old and "‹ 1/2 ›" in old
+    assert "first question, edited" in new and "second question" not in new and " < 2/2 > " in new
+    assert "first question, edited" not in old and "second question" in old and " < 1/2 > " in old
     assert again == new

@@ -11,7 +11,7 @@
   Edit-and-resend: `edit_as_branch(message_id, text)` adds the edited text as a sibling (the old message and
   everything after it stay, one branch); regenerate: `drop_last_assistant(cid)` sets the last reply aside (it
   stays, a sibling of the new one) before `add_message(...)` (or `replace_last_assistant`, both in one).
-  `branch_position` / `switch_branch` are the transcript's "‹ 2/3 ›".
+  `branch_position` / `switch_branch` are the transcript's "< 2/3 >".
 * `list()` orders by last activity: creating a conversation, and adding, editing or removing its messages.
 * Schema changes are migrations run on open (`user_version`): a database of an older app is upgraded in place,
   in one transaction, keeping every message. 2 added `messages.reasoning` (a thinking model's reasoning, shown
@@ -332,7 +332,7 @@ class ConversationStore:
         return out
 
     def switch_branch(self, message_id: int, step: int) -> builtins.list[Message]:
-        """The "‹ ›" of a message with siblings: its sibling `step` places away (clamped) becomes the chosen one,
+        """The "< >" of a message with siblings: its sibling `step` places away (clamped) becomes the chosen one,
         and with it that branch's own continuation. Returns the new active path."""
         with self._tx() as db:
             cid = self._message_conversation(db, message_id)
@@ -465,7 +465,7 @@ class ConversationStore:
 
     def edit_as_branch(self, message_id: int, content: str) -> builtins.list[Message]:
         """Edit-and-resend, any message: the new text becomes a sibling of the message, chosen, with nothing after
-        it yet; the old message and what followed it stay as the other branch ("‹ 1/2 ›"). Returns the active
+        it yet; the old message and what followed it stay as the other branch ("< 1/2 >"). Returns the active
         path, ending with the new message."""
         with self._tx() as db:
             row = db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
@@ -478,7 +478,7 @@ class ConversationStore:
 
     def drop_last_assistant(self, conversation_id: int) -> builtins.list[Message]:
         """Regenerate, step one: the last message, if it is the assistant's, leaves the active path (it is kept,
-        set aside: the next reply becomes its sibling, and "‹ ›" shows it again). Returns the active path (the
+        set aside: the next reply becomes its sibling, and "< >" shows it again). Returns the active path (the
         history to send again)."""
         with self._tx() as db:
             self._touch(db, conversation_id, time.time())

@@ -71,7 +71,8 @@ class LoadFacts:
             parts.append(f"the model's maximum is {self.max_context:,}")
         if self.kv_bytes_per_token:
             parts.append(f"{human_bytes(self.kv_bytes_per_token * 1024)} of memory per 1,024 tokens")
-        return "; ".join(parts).capitalize() + "." if parts else ""
+        text = "; ".join(parts)
+        return text[:1].upper() + text[1:] + "." if parts else ""
 
     def gpu_note(self) -> str:
         real = [g for g in self.gpus if not g.software]

@@ -327,6 +327,7 @@ class ChatPanel(QWidget):
         self.token_label = QLabel("")
         self.token_label.setObjectName("footer")
         self.token_label.setToolTip("What this message adds to the prompt, by the model's own tokenizer")
+        self.token_label.setFixedHeight(self.token_label.fontMetrics().height() + 2)  # (no jump as it comes and goes)
         self.send_button = QPushButton("Send")
         self.send_button.setObjectName("primary")
         self.send_button.clicked.connect(self._on_send)
@@ -361,7 +362,6 @@ class ChatPanel(QWidget):
         self.tools_button.setVisible(False)  # no MCP server configured: nothing to say
         buttons = QHBoxLayout()
         buttons.addWidget(self.tools_button)
-        buttons.addWidget(self.token_label)
         buttons.addStretch(1)
         for b in (self.edit_button, self.regenerate_button, self.stop_button, self.send_button):
             buttons.addWidget(b)
@@ -377,6 +377,13 @@ class ChatPanel(QWidget):
         right_layout.addWidget(self.transcript, 1)
         right_layout.addWidget(self.settings)
         right_layout.addWidget(self.input)
+        # the draft's token count on its own line under the input, right-aligned (LM Studio's place for it): in the
+        # buttons' row it had 129 px at 1280x800 beside the tools button
+        count_row = QHBoxLayout()
+        count_row.setContentsMargins(0, 0, 0, 0)
+        count_row.addStretch(1)
+        count_row.addWidget(self.token_label)
+        right_layout.addLayout(count_row)
         right_layout.addLayout(buttons)
         right_layout.addLayout(footer)
 

@@ -51,7 +51,7 @@ class LoadDialog(QDialog):
         self.gpu_note.setObjectName("muted")
         self.gpu_note.setWordWrap(True)
         self.error = QLabel("")
-        self.error.setObjectName("error")
+        self.error.setStyleSheet("color: #d0342c;")
         self.error.setWordWrap(True)
         self.error.hide()
         form = QFormLayout()
@@ -94,12 +94,14 @@ class LoadDialog(QDialog):
         else:
             self.device.setCurrentIndex(self.device.findData("cpu"))
         self.load_button.setEnabled(True)
+        self.adjustSize()  # the notes' wrapped lines: the dialog grows to hold them
 
     def set_failed(self, line: str) -> None:
         """The engine could not say what fits: the choice can still be made by hand."""
         self.context_note.setText(line)
         self.context.setValue(self.saved.context or 4096)
         self.load_button.setEnabled(True)
+        self.adjustSize()
 
     def show_error(self, line: str) -> None:
         self.error.setText(line)

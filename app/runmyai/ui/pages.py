@@ -196,8 +196,7 @@ class ServerPage(QWidget):
         self.cors.setPlaceholderText("none (browsers' pages cannot call it); e.g. http://localhost:3000")
         # LM Studio's "serve on local network": every address of this computer, never without the key
         self.lan = QCheckBox("Serve on the local network (other devices, with the key)")
-        self.lan_warning = QLabel(LAN_WARNING)
-        self.lan_warning.setObjectName("warning")
+        self.lan_warning = QLabel(f"<span style='color:#d08000'>⚠</span> {LAN_WARNING}")
         self.lan_warning.setWordWrap(True)
         self.lan_warning.hide()
         self.requests = QTableWidget(0, len(REQUEST_COLUMNS))
@@ -237,7 +236,6 @@ class ServerPage(QWidget):
         form.addRow("Base URL", url_row)
         form.addRow("Allowed web origins", self.cors)
         form.addRow("", self.lan)
-        form.addRow("", self.lan_warning)
         fixed(self.port)
         column = QWidget()
         column.setMaximumWidth(FORM_WIDTH)
@@ -250,15 +248,17 @@ class ServerPage(QWidget):
             page_title(
                 "Local server",
                 "Other programs (editors, scripts, chat front-ends) can use the model loaded here, as they would "
-                "OpenAI's API. Only this computer can reach it, and only with the key.",
+                "OpenAI's API. Only this computer can reach it (this network too, with the switch below), and only "
+                "with the key.",
             )
         )
         layout.addWidget(self.enabled)
         layout.addLayout(form)
+        layout.addWidget(self.lan_warning)
         layout.addWidget(self.state)
         layout.addWidget(self.example)
-        requests_title = QLabel("Recent requests")
-        requests_title.setObjectName("sectionTitle")
+        requests_title = QLabel("<b>Recent requests</b>")
+        layout.addSpacing(8)
         layout.addWidget(requests_title)
         layout.addWidget(self.requests, 1)
         layout.addWidget(self.requests_empty)

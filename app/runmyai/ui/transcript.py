@@ -95,7 +95,7 @@ class Transcript(QTextBrowser):
 
     copy_requested = Signal(str)
     edit_requested = Signal(int)  # a message's Edit: its id
-    branch_requested = Signal(int, int)  # a message's "‹" (-1) or "›" (+1): its id, the step
+    branch_requested = Signal(int, int)  # a message's "<" (-1) or ">" (+1): its id, the step
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -111,7 +111,7 @@ class Transcript(QTextBrowser):
         self._tools: dict[str, _ToolEntry] = {}  # a tool call's key → its line
         self._stream_prefix = ""  # the streaming reply's text before its last tool call
         self.renders = 0  # markdown renders (tests check they stay per block, not per token)
-        self.branches: dict[int, tuple[int, int]] = {}  # a shown message's id → its "‹ n/of ›", where it has one
+        self.branches: dict[int, tuple[int, int]] = {}  # a shown message's id → its "< n/of >", where it has one
 
     # -- whole messages ------------------------------------------------------------------------------
     def clear_messages(self) -> None:
@@ -136,7 +136,7 @@ class Transcript(QTextBrowser):
         branch: tuple[int, int] | None = None,
     ) -> None:
         """A whole message (with `message_id`, its footer has Edit; with `branch` (n, of: it is one of several
-        versions), the "‹ n/of ›" that shows the others); `tools`: its saved tool calls, each collapsed in its
+        versions), the "< n/of >" that shows the others); `tools`: its saved tool calls, each collapsed in its
         place in the text (as they showed while the reply streamed); `failure`: a failed reply's marker line;
         `notice`: a line about the context (what the model no longer sees) under it."""
         index = len(self._messages)
@@ -299,7 +299,7 @@ class Transcript(QTextBrowser):
         message_id: int | None = None,
         branch: tuple[int, int] | None = None,
     ) -> str:
-        """Render the rest of the reply and add its footer (Edit and "‹ n/of ›" as `add_message` has them; and,
+        """Render the rest of the reply and add its footer (Edit and "< n/of >" as `add_message` has them; and,
         for a failed reply, its marker line with the reason; `notice`: the context line); returns the reply's text."""
         text = self._stream_prefix + self._stream_text
         if self._stream_tail_start < 0:
@@ -490,11 +490,12 @@ class Transcript(QTextBrowser):
 
 
 def branch_links(message_id: int, n: int, of: int) -> str:
-    """The "‹ 2/3 ›" of a message that has other versions: each arrow a link to the one before or after (none
-    past the ends)."""
-    prev = f"<a href='branch:{message_id}:-1'>‹</a>" if n > 1 else "‹"
-    after = f"<a href='branch:{message_id}:1'>›</a>" if n < of else "›"
-    return f"{prev} {n}/{of} {after}"
+    """The "< 2/3 >" of a message that has other versions: each arrow a link to the one before or after (none past
+    the ends), bold and with a space each side inside the link, so that it is seen and hit (a bare "‹" in the
+    footer's small type was a dot)."""
+    prev = f"<a href='branch:{message_id}:-1'><b>&nbsp;&lt;&nbsp;</b></a>" if n > 1 else "<b>&nbsp;&lt;&nbsp;</b>"
+    after = f"<a href='branch:{message_id}:1'><b>&nbsp;&gt;&nbsp;</b></a>" if n < of else "<b>&nbsp;&gt;&nbsp;</b>"
+    return f"{prev}{n}/{of}{after}"
 
 
 def _muted() -> QTextCharFormat:
