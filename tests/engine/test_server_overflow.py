@@ -35,9 +35,10 @@ def _text(i: int, repeats: int) -> str:
     return f"Part {i}: " + WORDS * repeats
 
 
-# Eight turns of about 60 tokens each before the last question: about 1,000 tokens, twice the context.
+# Eight turns before the last question, each shorter than the one before (from about 200 tokens to 80): about
+# 1,100 tokens, twice the context. Which end goes changes how many go and the prompt's length.
 TURNS = [
-    [{"role": "user", "content": _text(i, 4 + i % 3)}, {"role": "assistant", "content": _text(100 + i, 3 + i % 2)}]
+    [{"role": "user", "content": _text(i, 8 - i)}, {"role": "assistant", "content": _text(100 + i, 2 + i % 2)}]
     for i in range(8)
 ]
 CONVERSATION = [SYSTEM, *(m for turn in TURNS for m in turn), LAST]
@@ -68,6 +69,15 @@ def _count(server: Server, messages: list[dict[str, Any]], tools: list[dict[str,
 def _chat(server: Server, messages: list[dict[str, Any]], **kw: Any) -> Any:
     kw.setdefault("max_tokens", 4)
     return server.client().chat.completions.create(model="x", messages=messages, temperature=0, **kw)
+
+
+def _same_prompt(a: Any, b: Any) -> bool:
+    """Two replies to one prompt: the same greedy text and the same log-probabilities of its tokens (the model's
+    distribution after the whole prompt: another history moves them)."""
+    la = [t.logprob for t in a.choices[0].logprobs.content]
+    lb = [t.logprob for t in b.choices[0].logprobs.content]
+    same = a.choices[0].message.content == b.choices[0].message.content and len(la) == len(lb)
+    return same and all(abs(x - y) < 1e-4 for x, y in zip(la, lb, strict=False))
 
 
 def _expected(server: Server, keep: Any, reserve: int) -> tuple[int, list[dict[str, Any]]]:
@@ -104,7 +114,7 @@ def test_rolling_drops_the_oldest_turns_and_keeps_system_and_last(server: Server
     k, kept = _expected(server, lambda k: [SYSTEM, *(m for t in TURNS[k:] for m in t), LAST], 4)
     assert 0 < k < len(TURNS)
     assert kept[0] == SYSTEM and kept[-1] == LAST and kept[1] == TURNS[k][0]
-    r = _chat(server, CONVERSATION)
+    r = _chat(server, CONVERSATION, logprobs=True)
     assert r.usage is not None and r.usage.prompt_tokens == _count(server, kept)["prompt_tokens"]
     report = _overflow(r)
     assert report == {
@@ -112,10 +122,13 @@ def test_rolling_drops_the_oldest_turns_and_keeps_system_and_last(server: Server
         "dropped_messages": 2 * k,
         "dropped_tokens": full - r.usage.prompt_tokens,
     }
-    whole = _chat(server, kept)  # the kept conversation sent as it is: the same prompt, the same greedy reply
+    whole = _chat(server, kept, logprobs=True)  # the kept conversation sent as it is: the same prompt
     assert _overflow(whole) is None and whole.usage is not None
     assert whole.usage.prompt_tokens == r.usage.prompt_tokens
-    assert whole.choices[0].message.content == r.choices[0].message.content
+    assert _same_prompt(whole, r)
+    # (one turn more dropped is another prompt: the check tells histories apart)
+    fewer = [SYSTEM, *(m for t in TURNS[k + 1 :] for m in t), LAST]
+    assert not _same_prompt(_chat(server, fewer, logprobs=True), r)
     # a conversation that fits is not touched
     short = _chat(server, [SYSTEM, *TURNS[-1], LAST])
     assert _overflow(short) is None
@@ -131,11 +144,10 @@ def test_trim_middle_keeps_the_first_user_turn(server: Server) -> None:
 
     k, kept = _expected(server, keep, 4)
     assert 0 < k < len(TURNS) - 1
-    r = _chat(server, CONVERSATION, extra_body={"context_overflow": "trim-middle"})
+    r = _chat(server, CONVERSATION, logprobs=True, extra_body={"context_overflow": "trim-middle"})
     assert r.usage is not None and r.usage.prompt_tokens == _count(server, kept)["prompt_tokens"]
     assert _overflow(r)["policy"] == "trim-middle" and _overflow(r)["dropped_messages"] == 2 * k
-    whole = _chat(server, kept)
-    assert whole.choices[0].message.content == r.choices[0].message.content
+    assert _same_prompt(_chat(server, kept, logprobs=True), r)
 
 
 def test_the_reply_room_is_max_tokens_else_a_quarter(server: Server) -> None:
