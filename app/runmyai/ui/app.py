@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -100,6 +101,9 @@ async def take_screenshots(controller: AppController, folder: Path) -> list[str]
     folder.mkdir(parents=True, exist_ok=True)
     window = controller.window
     problems: list[str] = []
+    if controller.draft_counter.task is not None:  # the draft's token count shown before the first picture
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await controller.draft_counter.task
     page_before = window.current_page()
     for theme_name in ("light", "dark"):
         controller.settings = controller.settings.__class__(**{**controller.settings.__dict__, "theme": theme_name})
