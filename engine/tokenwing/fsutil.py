@@ -21,14 +21,50 @@ def check_free_space(directory: str, needed: int) -> None:
     except OSError as e:
         raise BadInputError(f"cannot use output folder {directory}: {e.strerror or e}") from None
     if free < needed + SPACE_MARGIN:
+        # (the margin named: "need 100 MiB, 110 MiB free" alone reads as if it should have fit)
         raise DiskSpaceError(
-            f"not enough free space in {directory}: need {human_bytes(needed)}, {human_bytes(free)} free"
+            f"not enough free space in {directory}: need {human_bytes(needed + SPACE_MARGIN)} "
+            f"({human_bytes(needed)} and a margin of {human_bytes(SPACE_MARGIN)}), {human_bytes(free)} free"
         )
 
 
 def partial_name(path: str) -> str:
     head, tail = os.path.split(os.path.abspath(path))
     return os.path.join(head, f".{tail}.partial-{os.getpid()}")
+
+
+def remove_stale_partials(path: str) -> list[str]:
+    """Removes the `.NAME.partial-PID` files of earlier writes of `path` whose process is gone (a SIGKILL or a
+    power cut leaves one, 100s of MB for a model, for good); returns their paths. A PID that is alive — the
+    writer itself, or another process now holding a reused PID — keeps its file: a stale file kept is safe, a
+    live writer's file removed is not."""
+    head, tail = os.path.split(os.path.abspath(path))
+    prefix = f".{tail}.partial-"
+    removed: list[str] = []
+    try:
+        names = os.listdir(head)
+    except OSError:
+        return removed
+    for name in names:
+        pid_text = name[len(prefix) :] if name.startswith(prefix) else ""
+        if not pid_text.isdigit() or int(pid_text) == os.getpid() or _alive(int(pid_text)):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(head, name))
+            removed.append(os.path.join(head, name))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # (not a process's: kill(0) would ask about our own group; keep the file)
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # gone, or beyond any PID
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 @contextlib.contextmanager
@@ -44,6 +80,7 @@ def atomic_output(path: str, needed: int) -> Iterator[str]:
         raise BadInputError(f"output folder {directory} does not exist")
     if os.path.isdir(path):
         raise BadInputError(f"output {path} is a folder")
+    remove_stale_partials(path)  # before the space check: what they held counts as free
     check_free_space(directory, needed)
     tmp = partial_name(path)
     try:

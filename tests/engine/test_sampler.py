@@ -41,3 +41,15 @@ def test_seeded_samples_as_before() -> None:
     q /= q.sum()
     want = int(order[np.random.default_rng(7).choice(len(order), p=q)])
     assert got == [want, want]
+
+
+def test_a_temperature_near_zero_samples_the_top_without_a_warning() -> None:
+    """Issue 41: sampler.py warned "overflow encountered in divide" (the gaps below the top over a tiny
+    temperature go to -inf: those tokens' weights are 0, as in the limit, which is no fault to print)."""
+    import warnings
+
+    logits = np.array([0.0, 5.0, 4.0, -3.0], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        picks = {Sampler(SamplerSettings(temperature=1e-308, top_k=0, seed=s)).sample(logits) for s in range(8)}
+    assert picks == {1}

@@ -247,6 +247,8 @@ def test_full_disk_leaves_nothing(model_factory: ModelFactory, tmpfs: Mount) -> 
     r = run_cli("repack", str(src), "-o", str(mnt / "x.tw.gguf"), "-q")
     assert_clean_error(r, 5)
     assert "not enough free space" in r.stderr
+    # the numbers add up: the margin is named ("need 1.2 MiB, 1.0 MiB free" before, of a 16 MiB margin unsaid)
+    assert "and a margin of 16.00 MiB)" in r.stderr
     assert _outputs(mnt) == []
     r = run_cli("testmodel", str(mnt / "big.gguf"), "--n-layer", "8", "-q")
     assert_clean_error(r, 5)

@@ -64,7 +64,10 @@ class Sampler:
             p = np.exp(vals - vals[0])
             keep_mask = p >= s.min_p  # relative to the most likely token
             order, vals = order[keep_mask], vals[keep_mask]
-        q = np.exp((vals - vals[0]) / s.temperature)
+        # (a temperature near 0 takes the gaps below the top to -inf: each such token's weight is then 0, as in the
+        # limit, and numpy's "overflow encountered in divide" is no fault to print)
+        with np.errstate(over="ignore"):
+            q = np.exp((vals - vals[0]) / s.temperature)
         q /= q.sum()
         return int(order[self.rng.choice(len(order), p=q)])
 
