@@ -51,10 +51,10 @@ def test_editing_an_early_message_sends_only_its_branch_and_switching_back_resum
             await session.send(conv.id, "one", lambda _: None)
             await session.send(conv.id, "two", lambda _: None)
             first = store.messages(conv.id)[0]
-            edited: list[int] = []
+            saved: list[str] = []
             assert session.begin_edit(conv.id, first.id) == "one"  # the FIRST message, not the last user one
-            await session.send(conv.id, "ONE", lambda _: None, edited=lambda: edited.append(1))
-            assert edited == [1]
+            await session.send(conv.id, "ONE", lambda _: None, saved=lambda m: saved.append(m.content))
+            assert saved == ["ONE"]
             assert users(client.sent[-1]) == ["ONE"]  # the new branch alone went to the engine
             path = store.messages(conv.id)
             assert [m.role for m in path] == ["user", "assistant"] and path[0].content == "ONE"
@@ -128,9 +128,9 @@ def test_the_window_edits_any_message_and_switches_branches(
                 c.store.set_settings(c.conversation_id, SHORT)
                 await c.chat_once("first question")
                 await c.chat_once("second question")
-                c.open_conversation(c.conversation_id)
                 assert "/2 >" not in switcher(t.toPlainText())  # no versions yet: no switcher
-                click_link(t, qtbot, "Edit")  # the first message's Edit
+                # the first message's Edit, as it was drawn when sent (not reopened: a message sent has its link)
+                click_link(t, qtbot, "Edit")
                 assert window.chat.input.toPlainText() == "first question"
                 window.chat.input.setPlainText("first question, edited")
                 window.chat.send_button.click()

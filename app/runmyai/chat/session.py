@@ -119,10 +119,11 @@ class ChatSession:
         on_delta: Sink,
         on_reasoning: Sink | None = None,
         tools: ToolRunner | None = None,
-        edited: Callable[[], None] | None = None,
+        saved: Callable[[Message], None] | None = None,
     ) -> Reply:
         """Adds the user's message (or, while a message is being edited, a new version of it: a branch from there,
-        the old version and what followed it kept; `edited` is called once it is saved) and replies;
+        the old version and what followed it kept) and replies; `saved` gets the message once it is in the store
+        (the window draws it with its id: its Edit link);
         `on_reasoning` gets the model's thinking as it comes (it is saved either way). With `tools`, the model is
         offered them; its calls are run by `tools` and their results sent back, turn after turn, until it replies
         without calls (the saved reply is the text of all those turns, with its calls and their results: a reloaded
@@ -140,8 +141,8 @@ class ChatSession:
                 added = self.store.add_message(conversation_id, "user", text)
         except StoreError as e:  # e.g. a full disk: one sentence, like any other failed turn
             raise ChatError(str(e)) from None
-        if editing is not None and edited is not None:
-            edited()
+        if saved is not None and added is not None:
+            saved(added)
         try:
             return await self._reply(conversation_id, on_delta, on_reasoning, tools)
         except ChatError as e:

@@ -1625,18 +1625,21 @@ class AppController(QObject):
             self.open_conversation(cid)
             self.window.chat.set_status("Saved as a new version of the reply (< > shows the old one).")
             return
-        if editing is None:
-            self.window.chat.transcript.add_message("user", text)
 
-        def redraw() -> None:  # an edit: the transcript shows the new branch, up to the edited message
-            self.open_conversation(cid, while_streaming=True)
-            self.window.chat.transcript.begin_reply()
+        def show(message: Message) -> None:
+            # the message as saved, with its id (its Edit link); an edit: the new branch, up to the edited message
+            t = self.window.chat.transcript
+            if editing is not None:
+                self.open_conversation(cid, while_streaming=True)
+            else:
+                t.add_message("user", message.content, message_id=message.id)
+            t.begin_reply()
 
         tools = self._tools(cid)
         self._reply_task = self.spawn(
             self._stream(
-                lambda text_to, reasoning_to: self.session.send(cid, text, text_to, reasoning_to, tools, edited=redraw),
-                begin=editing is None,
+                lambda text_to, reasoning_to: self.session.send(cid, text, text_to, reasoning_to, tools, saved=show),
+                begin=False,
                 tools_on=tools is not None,
             )
         )
