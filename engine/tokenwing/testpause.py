@@ -14,7 +14,8 @@ channels, a family's tool calls) from a random-weight model; `ID,…;ID,…` scr
 The points: repack.read, repack.write, repack.flush (the periodic write-back), verify (after the first expert
 is checked), output.fsync, output.rename and output.renamed (fsutil.atomic_output), cli.decided (the command's
 outcome is known), serve.pieceN (a reply's N-th text piece was sent; it waits until the client goes),
-serve.admit (requests are waiting for the server's slots; they are admitted together once it goes).
+serve.admit (requests are waiting for the server's slots; they are admitted together once it goes), render.sentN (the
+process's N-th chat template render was sent to the renderer child: text/render_worker.py).
 """
 
 from __future__ import annotations

@@ -106,3 +106,64 @@ def test_ordinary_templates_still_render(source: str) -> None:
 
     out = ChatTemplate(source).render([{"role": "user", "content": "ab"}])
     assert out in ("ababab", '[{"role": "user", "content": "ab"}]!')
+
+
+def test_sigterm_stops_the_server_during_a_render(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """A request whose render runs on (10**10 steps) when SIGTERM comes: the server stops without waiting for the
+    render (the issue's did not exit within 13 s), its renderer child goes with it. The render's budget here is
+    600 s, so a stop that waited for it would pass the 60 s this test allows; the stop's time is printed."""
+    import signal
+    import threading
+    import time
+
+    import httpx
+    import psutil
+
+    from tests.engine.test_server import Server
+    from tests.pauses import Pauses
+
+    src = model_factory()
+    kv = dict(read_header(str(src)).kv)
+    kv["tokenizer.chat_template"] = KV.string(
+        "{% for m in messages %}{% if m.content == 'boom' %}{% for a in range(100000) %}{% for b in range(100000) %}"
+        "{% endfor %}{% endfor %}{% endif %}{{ m.content }}{% endfor %}"
+    )
+    with_metadata(src, tmp_path / "slow.gguf", kv)
+    r = run_cli("repack", str(tmp_path / "slow.gguf"), "-o", str(tmp_path / "slow.tw.gguf"), "-q")
+    assert r.returncode == 0, r.stderr
+    pauses = Pauses(tmp_path / "p", "render.sent2")  # (the first: verify's probe before the handshake)
+    old = {k: os.environ.get(k) for k in (*pauses.env({}), "TOKENWING_TEST_RENDER_SECONDS")}
+    os.environ.update({**pauses.env({}), "TOKENWING_TEST_RENDER_SECONDS": "600"})
+    try:
+        server = Server(tmp_path / "slow.tw.gguf", "--no-usage-table")
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    children = psutil.Process(server.proc.pid).children(recursive=True)
+    replies: list[object] = []
+
+    def ask() -> None:
+        try:
+            replies.append(
+                httpx.post(
+                    server.url + "/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "boom"}], "max_tokens": 2},
+                    headers={"Authorization": "Bearer test-key-123"},
+                    timeout=120,
+                ).status_code
+            )
+        except httpx.HTTPError as e:
+            replies.append(type(e).__name__)
+
+    t = threading.Thread(target=ask)
+    t.start()
+    pauses.wait("render.sent2", lambda: server.proc.poll() is None)
+    pauses.release("render.sent2")  # (the render goes on in the child)
+    t0 = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    server.proc.wait(timeout=60)
+    print(f"stopped {time.monotonic() - t0:.2f} s after SIGTERM, during a render")
+    t.join(timeout=60)
+    assert server.proc.returncode == 143
+    assert replies and replies[0] != 200
+    assert children and not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)

@@ -103,8 +103,12 @@ def serve(
 
         threading.Thread(target=wait_eof, daemon=True).start()
     worker.on_fatal = lambda: setattr(server, "should_exit", True)
-    server.run(sockets=[sock])
-    render_worker.stop()  # a render in progress ends now (the engine thread gets an error): the stop waits on none
+    try:
+        server.run(sockets=[sock])
+    finally:
+        # a render in progress ends now (the engine thread gets an error), SIGTERM's Interrupted too, which uvicorn
+        # raises again as server.run returns: the stop waits on no template
+        render_worker.stop()
     worker.stop(timeout=STOP_JOIN_S)
     if worker.state == "error":
         kind = type(worker.load_error) if worker.load_error is not None else TokenWingError

@@ -33,6 +33,7 @@ from collections import OrderedDict
 from typing import Any
 
 from tokenwing.errors import BadInputError
+from tokenwing.testpause import pause
 
 ARG = "__render_worker"
 MEMORY_LIMIT = 1 << 30  # the child's address space: Python with Jinja takes ~60 MB; a prompt at most 4 MiB
@@ -85,6 +86,7 @@ class _Renderer:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._closed = False
+        self._sent = 0
 
     def _child(self) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
@@ -109,6 +111,8 @@ class _Renderer:
             deadline = time.monotonic() + TIME_LIMIT_S
             try:
                 _write(proc.stdin.fileno(), payload)
+                self._sent += 1
+                pause(f"render.sent{self._sent}")  # (tests: this process's N-th render in progress)
                 head = _read_exact(proc.stdout.fileno(), 8, deadline)
                 body = _read_exact(proc.stdout.fileno(), struct.unpack("<Q", head)[0], deadline) if head else None
             except OSError:
