@@ -211,3 +211,22 @@ def test_tokenizer_metadata_only_clean_errors() -> None:
     check()
     assert outcomes["refused"] >= 30 and outcomes["accepted"] >= 15, outcomes
     assert sum(n for k, n in outcomes.items() if k.startswith("accepted a changed")) >= 10, outcomes
+
+
+def test_a_token_that_is_not_utf8_is_refused() -> None:
+    """Found by the header fuzzer (issue 41): a flipped byte in a token made a lone surrogate, which the BPE
+    library refused with a TypeError (a traceback from `verify`)."""
+    import pytest
+
+    v = build_vocabulary(300)
+    tokens = list(v.tokens)
+    tokens[7] = "\udc89" + tokens[7]
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "qwen2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": list(v.merges),
+        "tokenizer.ggml.token_type": list(v.token_types),
+    }
+    with pytest.raises(BadInputError, match="hold bytes that are not UTF-8 text"):
+        tokenizer_from_metadata(meta, "m.gguf")

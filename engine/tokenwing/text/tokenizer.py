@@ -478,6 +478,11 @@ def _bpe(
     if not _strings(merges):
         raise BadInputError(f"{where}: the vocabulary's merges are missing or malformed")
     assert isinstance(merges, list)
+    try:  # (a byte that is not UTF-8 reads as a lone surrogate, which the BPE library refuses with a TypeError)
+        "".join(tokens).encode()
+        "".join(merges).encode()
+    except UnicodeEncodeError:
+        raise BadInputError(f"{where}: the vocabulary or its merges hold bytes that are not UTF-8 text") from None
     if len(set(tokens)) != len(tokens):
         raise BadInputError(f"{where}: the vocabulary is inconsistent (duplicate tokens)")
     vocab = {t: i for i, t in enumerate(tokens)}
