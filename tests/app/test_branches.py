@@ -15,7 +15,7 @@ from pytestqt.qtbot import QtBot
 
 from runmyai.chat.session import ChatSession
 from runmyai.chat.store import ConversationStore
-from runmyai.engine.client import ChatSettings
+from runmyai.engine.client import ChatError, ChatSettings
 from runmyai.ui.transcript import Transcript
 from tests.app.hubserver import HubServer
 from tests.app.test_app_scenario import make_controller
@@ -149,3 +149,18 @@ def test_the_window_edits_any_message_and_switches_branches(
     assert "first question, edited" in new and "second question" not in new and " < 2/2 > " in new
     assert "first question, edited" not in old and "second question" in old and " < 1/2 > " in old
     assert again == new
+
+
+def test_a_regenerate_that_fails_before_any_reply_shows_the_old_reply_again(tmp_path: Path) -> None:
+    """No engine (the model was ejected): nothing of a new reply was kept, so the old one is the chat's again, not
+    a hidden branch behind a question without an answer."""
+    store = ConversationStore(tmp_path / "c.sqlite3")
+    session = ChatSession(store, lambda: None)
+    conv = store.create()
+    store.add_message(conv.id, "user", "q")
+    old = store.add_message(conv.id, "assistant", "the old answer")
+    with pytest.raises(ChatError, match="No model is running"):
+        asyncio.run(session.regenerate(conv.id, lambda _: None))
+    assert [m.content for m in store.messages(conv.id)] == ["q", "the old answer"]
+    assert store.messages(conv.id)[-1].id == old.id and store.branch_positions(conv.id) == {}
+    store.close()
