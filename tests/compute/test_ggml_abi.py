@@ -119,6 +119,17 @@ def test_the_cpu_backend_is_the_best_level_this_cpu_runs() -> None:
     assert scores[ggml_api.CPU_VARIANT] == max(scores.values())
 
 
+def test_the_demo_builds_the_level_the_all_levels_build_loads_here() -> None:
+    """./dev demo builds one CPU level (engine/ggml/build.sh --cpu-level best): the one ggml's loader takes here from
+    the all-levels build, by ggml's own score; build.sh --cpu-level names it."""
+    r = subprocess.run(
+        [str(ROOT / "engine" / "ggml" / "build.sh"), "--cpu-level"], capture_output=True, text=True, check=False
+    )
+    assert r.returncode == 0, r.stderr
+    scores = {name: ggml_api.score(path) for name, path in ggml_api.cpu_variants().items()}
+    assert r.stdout.strip() == max(scores, key=lambda n: scores[n])
+
+
 def test_a_cpu_level_this_cpu_lacks_is_refused_in_one_line() -> None:
     variants = ggml_api.cpu_variants()
     with pytest.raises(ggml_api.GgmlMissing, match="is not one of"):
