@@ -465,8 +465,29 @@ class Codec:
 # ----------------------------------------------------------------------------------------------- model (torch)
 
 
-def build_model(cfg: Config) -> Any:
-    """The qwen3moe forward pass in PyTorch (imported lazily: only `train` and `export` need torch)."""
+def rope_scaling(scaling: str, factor: float, n_ctx_orig: int) -> tuple[np.ndarray, float]:
+    """RoPE scaling as ggml's rope applies it (ggml-cpu's rope_yarn): each rotary pair's multiplier of its angle
+    and the multiplier of cos and sin. Linear: every angle / factor. YaRN (ext_factor 1, llama.cpp's beta_fast
+    32 and beta_slow 1): the pairs that turn more than 32 times in n_ctx_orig positions keep their angle, those
+    that turn less than once are divided by the factor, a linear ramp between; cos and sin x (1 + 0.1 ln factor)."""
+    half = CFG.head_dim // 2
+    if scaling == "none":
+        return np.ones(half), 1.0
+    if scaling == "linear":
+        return np.full(half, 1.0 / factor), 1.0
+
+    def corr_dim(n_rot: float) -> float:  # ggml_rope_yarn_corr_dim
+        return CFG.head_dim * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(CFG.rope_base))
+
+    low = max(0.0, math.floor(corr_dim(32.0)))
+    high = min(CFG.head_dim - 1.0, math.ceil(corr_dim(1.0)))
+    ramp = 1 - np.clip((np.arange(half) - low) / max(0.001, high - low), 0, 1)  # 1: extrapolate, 0: interpolate
+    return (1 - ramp) / factor + ramp, 1 + 0.1 * math.log(factor)
+
+
+def build_model(cfg: Config, scaling: str = "none", factor: float = 1.0) -> Any:
+    """The qwen3moe forward pass in PyTorch (imported lazily: only `train` and `export` need torch); `scaling`
+    and `factor`: the RoPE scaling the GGUF declares (training: none)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -588,12 +609,16 @@ def build_model(cfg: Config) -> Any:
             nn.init.normal_(self.embed.weight, std=0.02)
             half = cfg.head_dim // 2
             inv = cfg.rope_base ** (-torch.arange(half, dtype=torch.float64) * 2 / cfg.head_dim)
+            mult, self.mscale = rope_scaling(scaling, factor, cfg.seq_len)
             self.register_buffer("inv_freq", inv.float(), persistent=False)
+            self.register_buffer("freq_mult", torch.from_numpy(mult).float(), persistent=False)
 
         def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             t = ids.shape[1]
             ang = torch.arange(t, dtype=torch.float32).unsqueeze(1) * self.inv_freq.unsqueeze(0)
-            cos, sin = ang.cos(), ang.sin()
+            if scaling != "none":
+                ang = ang * self.freq_mult.unsqueeze(0)
+            cos, sin = ang.cos() * self.mscale, ang.sin() * self.mscale
             x = self.embed(ids)
             balance = torch.zeros((), dtype=torch.float32)
             for block in self.blocks:
@@ -900,6 +925,38 @@ def gguf_metadata(codec: Codec, type_name: str) -> dict[str, Any]:
     return kv
 
 
+# The context the GGUF declares. Trained on CFG.seq_len-token windows; the file extends that with RoPE scaling as
+# llama.cpp runs it (rope.scaling.*), chosen by held-out loss per position (eval_context.py, docs/demo-model.md).
+ROPE_SCALING = "yarn"
+ROPE_FACTOR = 4.0
+
+
+def context_kv(kv: dict[str, Any], scaling: str = ROPE_SCALING, factor: float = ROPE_FACTOR) -> dict[str, Any]:
+    """`kv` with its context keys set: context_length = factor x the training windows, and llama.cpp's
+    rope.scaling keys (type, factor, original_context_length; `none`: the training context and no keys). The
+    scaling keys follow the architecture's own, so `export` and `context` (the shipped file's header rewritten)
+    write the same bytes."""
+    from tokenwing.format.gguf_io import KV
+
+    a = "qwen3moe"
+    n_ctx = CFG.seq_len if scaling == "none" else round(CFG.seq_len * factor)
+    scaling_kv = {}
+    if scaling != "none":
+        scaling_kv = {
+            f"{a}.rope.scaling.type": KV.string(scaling),
+            f"{a}.rope.scaling.factor": KV.f32(factor),
+            f"{a}.rope.scaling.original_context_length": KV.u32(CFG.seq_len),
+        }
+    keep = {k: v for k, v in kv.items() if not k.startswith(f"{a}.rope.scaling.")}
+    last = [k for k in keep if k.startswith(f"{a}.")][-1]
+    out: dict[str, Any] = {}
+    for k, v in keep.items():
+        out[k] = KV.u32(n_ctx) if k == f"{a}.context_length" else v
+        if k == last:
+            out.update(scaling_kv)
+    return out
+
+
 def write_gguf(path: Path, kv: dict[str, Any], tensors: dict[str, tuple[int, np.ndarray, np.ndarray]]) -> None:
     from tokenwing.format.gguf_io import TensorInfo, encode_header, layout_tensors, tensor_nbytes
     from tokenwing.fsutil import atomic_output
@@ -982,8 +1039,6 @@ def sample(model: Any, prompt: list[int], n: int, stop: set[int], temp: float, s
 
 
 def cmd_export(_: argparse.Namespace) -> None:
-    import hashlib
-
     import torch
 
     torch.set_num_threads(2)
@@ -995,10 +1050,65 @@ def cmd_export(_: argparse.Namespace) -> None:
     held = tokens("heldout")
     loss_f32 = heldout_loss(model, held, windows=64)
     quant = quantize(gguf_tensors(model), EXPORT_TYPE)
-    load_tensors(model, {k: v[2] for k, v in quant.items()})  # from here on: exactly the file's weights
-    model.act_q8["on"] = EXPORT_TYPE == "Q8_0"  # and ggml's rounding of the activations
+    write_gguf(OUTPUT, context_kv(gguf_metadata(codec, EXPORT_TYPE)), quant)
+    # From here on: exactly the file's weights, and ggml's rounding of the activations.
+    model = build_model(CFG, ROPE_SCALING, ROPE_FACTOR)
+    load_tensors(model, {k: v[2] for k, v in quant.items()})
+    model.eval()
+    model.act_q8["on"] = EXPORT_TYPE == "Q8_0"
+    # Held-out loss over the training windows (positions 0..511), with the file's RoPE scaling.
     loss_q = heldout_loss(model, held, windows=64)
-    write_gguf(OUTPUT, gguf_metadata(codec, EXPORT_TYPE), quant)
+    training = {
+        "steps": state["step"],
+        "tokens": state["tokens"],
+        "minutes": round(state["elapsed"] / 60, 1),
+        "heldout_loss_f32": round(loss_f32, 4),
+        f"heldout_loss_{EXPORT_TYPE.lower()}": round(loss_q, 4),
+    }
+    record_golden(model, codec, training)
+
+
+def cmd_context(_: argparse.Namespace) -> None:
+    """The shipped file's context keys set to ROPE_SCALING / ROPE_FACTOR in place; tensors byte for byte."""
+    from tokenwing.format.gguf_io import read_header, rewrite_metadata
+
+    h = rewrite_metadata(str(OUTPUT), str(OUTPUT), context_kv(read_header(str(OUTPUT)).kv))
+    print(f"wrote {OUTPUT} ({h.file_size} bytes): context {h.get('qwen3moe.context_length')}, {ROPE_SCALING}")
+
+
+def file_model() -> Any:
+    """The PyTorch model on the shipped file's dequantised weights, with its RoPE scaling and ggml's Q8_0 rounding
+    of the activations (what `export` records the golden tokens with, rebuilt without the checkpoint)."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(str(OUTPUT))
+    arrays = {t.name: dequantize(t.data, t.tensor_type).astype(np.float32) for t in reader.tensors}
+    field = reader.fields.get("qwen3moe.rope.scaling.type")
+    scaling = field.contents() if field else "none"
+    factor = reader.fields["qwen3moe.rope.scaling.factor"].contents() if field else 1.0
+    model = build_model(CFG, scaling, factor)
+    load_tensors(model, arrays)
+    model.eval()
+    model.act_q8["on"] = EXPORT_TYPE == "Q8_0"
+    return model
+
+
+def cmd_golden(_: argparse.Namespace) -> None:
+    """golden.json again from the shipped file (after `context`): no checkpoint needed; the training figures
+    are kept from the old golden.json, the Q8_0 held-out loss measured again with the file's RoPE scaling."""
+    import torch
+
+    torch.set_num_threads(2)
+    training = json.loads(GOLDEN.read_text(encoding="utf-8"))["training"]
+    model = file_model()
+    training[f"heldout_loss_{EXPORT_TYPE.lower()}"] = round(heldout_loss(model, tokens("heldout"), windows=64), 4)
+    record_golden(model, Codec(), training)
+
+
+def record_golden(model: Any, codec: Codec, training: dict[str, Any]) -> None:
+    import hashlib
+
     stop = {codec.special[ENDOFTEXT], codec.special[IM_END]}
     cases = []
     for name, prompt, as_chat in GOLDEN_PROMPTS:
@@ -1034,26 +1144,25 @@ def cmd_export(_: argparse.Namespace) -> None:
     for d in (docs[0], docs[len(docs) // 2], docs[-1]):
         passage += [*codec.encode(d)[:160], codec.special[ENDOFTEXT]]
     passage_tie = first_router_tie(model, passage)
+    # Held-out text over the whole extended context (the tests compare TokenWing with llama.cpp past the 512
+    # trained positions on it): the middle of the held-out stream, 8 positions short of the context.
+    stream = codec.stream(docs)
+    mid, n_long = len(stream) // 2, round(CFG.seq_len * ROPE_FACTOR) - 8
+    long_passage = [int(t) for t in stream[mid : mid + n_long]]
     digest = hashlib.sha256(OUTPUT.read_bytes()).hexdigest()
     golden = {
         "model": OUTPUT.name,
         "sha256": digest,
         "type": EXPORT_TYPE,
         "note": "greedy continuations of the PyTorch model run on the file's dequantised weights (build.py export)",
-        "training": {
-            "steps": state["step"],
-            "tokens": state["tokens"],
-            "minutes": round(state["elapsed"] / 60, 1),
-            "heldout_loss_f32": round(loss_f32, 4),
-            f"heldout_loss_{EXPORT_TYPE.lower()}": round(loss_q, 4),
-        },
+        "context": {"length": round(CFG.seq_len * ROPE_FACTOR), "rope_scaling": ROPE_SCALING, "factor": ROPE_FACTOR},
+        "training": training,
         "cases": cases,
         "heldout_passage": {"text": codec.decode(passage), "tokens": passage, "first_router_tie": passage_tie},
+        "long_passage": {"text": codec.decode(long_passage), "tokens": long_passage},
     }
     GOLDEN.write_text(json.dumps(golden, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(
-        f"wrote {OUTPUT} ({OUTPUT.stat().st_size} bytes), held-out loss f32 {loss_f32:.4f} {EXPORT_TYPE} {loss_q:.4f}"
-    )
+    print(f"wrote {GOLDEN} for {OUTPUT} ({OUTPUT.stat().st_size} bytes); {json.dumps(training)}")
     for i, (prompt, as_chat) in enumerate([("KING RICHARD III:\n", False), ("Define happiness.", True)]):
         ids = codec.encode(chat(prompt, "")[: -len(IM_END + "\n")] if as_chat else prompt)
         print(f"sample T=0.8 {prompt!r}: {codec.decode(sample(model, ids, 60, stop, 0.8, i))!r}")
@@ -1072,6 +1181,8 @@ def main() -> None:
         t.add_argument("--save-every", type=int, default=50)
         t.add_argument("--minutes", type=float, default=0.0, help="train for this long (schedule by time, not steps)")
     sub.add_parser("export")
+    sub.add_parser("context", help="set the shipped file's context keys (ROPE_SCALING, ROPE_FACTOR) in place")
+    sub.add_parser("golden", help="record golden.json from the shipped file (no checkpoint needed)")
     args = p.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     if args.cmd in ("corpus", "all"):
@@ -1082,6 +1193,10 @@ def main() -> None:
         cmd_train(args)
     if args.cmd in ("export", "all"):
         cmd_export(args)
+    if args.cmd == "context":
+        cmd_context(args)
+    if args.cmd == "golden":
+        cmd_golden(args)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.oracle.test_logits import kl_per_position, llama_logits, tokenwing_logits
+from tokenwing.format.gguf_io import read_header, rewrite_metadata
 from tokenwing.runtime.session import Session, SessionOptions
 from tokenwing.testmodel.kquant import quantize_with_llama_cpp
 
@@ -51,6 +52,10 @@ def test_shipped_file_is_the_exported_one() -> None:
     assert value("tokenizer.ggml.pre") == "qwen2"
     assert "<|im_start|>" in value("tokenizer.chat_template")
     assert value("qwen3moe.expert_count") == 32 and value("qwen3moe.expert_used_count") == 4
+    # Trained on 512-token windows, extended 4x with YaRN as llama.cpp runs it (docs/demo-model.md, "Context").
+    assert value("qwen3moe.context_length") == GOLDEN["context"]["length"] == 2048
+    assert value("qwen3moe.rope.scaling.type") == "yarn" and value("qwen3moe.rope.scaling.factor") == 4.0
+    assert value("qwen3moe.rope.scaling.original_context_length") == 512
     assert len(CASES) >= 2 and any(c["chat"] for c in CASES) and any(not c["chat"] for c in CASES)
     assert all(len(c["tokens"]) >= 5 for c in CASES)
 
@@ -161,3 +166,46 @@ def test_repacked_streaming_is_exact(repacked: Path) -> None:
     small, st = tokenwing_logits(repacked, tokens, ram_budget=1)
     assert st["slots_per_layer"] < 32
     assert np.array_equal(full, small)
+
+
+def test_tokenwing_reports_the_extended_context(repacked: Path) -> None:
+    """The engine's own view, which the app sizes its chat context from: the repacked file keeps the YaRN keys and
+    a session asked for no context gets the model's 2,048 positions."""
+    r = run_cli("inspect", str(repacked), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["context_length"] == 2048
+    s = Session(str(repacked), SessionOptions(kv_type="f32"), log=lambda line: None)
+    try:
+        assert s.n_ctx == 2048
+    finally:
+        s.close()
+
+
+def _nll(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    x = logits[:-1].astype(np.float64)
+    x = x - x.max(axis=1, keepdims=True)
+    return np.log(np.exp(x).sum(axis=1)) - x[np.arange(len(tokens) - 1), tokens[1:]]
+
+
+@pytest.mark.oracle
+def test_tokenwing_matches_llama_cpp_past_512_positions(repacked: Path, tmp_path: Path) -> None:
+    """Held-out text over the whole extended context: TokenWing's YaRN is llama.cpp's (KL within the project's
+    exact bar past the 512 trained positions), and YaRN is why the file declares 2,048: without it the same
+    weights predict the text past position 1,024 worse."""
+    tokens = np.asarray(GOLDEN["long_passage"]["tokens"], dtype=np.int64)
+    assert len(tokens) >= 2000
+    ref = llama_logits(MODEL, tokens, tmp_path)
+    itself = kl_per_position(ref, llama_logits(MODEL, tokens, tmp_path, f16_kv=True))[512:].mean()
+    got, _ = tokenwing_logits(repacked, tokens)
+    kl = kl_per_position(ref, got)[512:]
+    assert kl.mean() <= max(1e-4, itself), (kl.mean(), itself)
+    assert (ref.argmax(axis=1) == got.argmax(axis=1))[512:].mean() >= 0.99
+    plain = tmp_path / "demo-no-scaling.gguf"
+    kv = {k: v for k, v in read_header(str(MODEL)).kv.items() if ".rope.scaling." not in k}
+    rewrite_metadata(str(MODEL), str(plain), kv)
+    r = run_cli("repack", str(plain), "-o", str(tmp_path / "plain.tw.gguf"), "-q")
+    assert r.returncode == 0, r.stderr
+    unscaled, _ = tokenwing_logits(tmp_path / "plain.tw.gguf", tokens)
+    assert not np.array_equal(unscaled[:512], got[:512])  # the keys are read: YaRN changes every position
+    late_yarn, late_plain = _nll(got, tokens)[1024:].mean(), _nll(unscaled, tokens)[1024:].mean()
+    assert late_yarn < late_plain - 0.05, (late_yarn, late_plain)
