@@ -33,6 +33,11 @@ DEB=$OUT/runmyai_${VERSION}_amd64.deb
 
 GGML=${RUNMYAI_GGML:-$(python -c 'import sys; print(sys.prefix)')/lib/tokenwing-ggml}
 [ -f "$GGML/lib/libggml.so.0" ] || { log "no ggml build in $GGML: run ./dev setup"; exit 1; }
+levels=$(ls "$GGML/backends/cpu" | sed -n 's/^libggml-cpu-\(.*\)\.so$/\1/p' | paste -sd' ')
+case " $levels " in
+  *" x64 "*" haswell "*|*" haswell "*" x64 "*) ;;
+  *) log "the ggml build in $GGML has the CPU levels '$levels' only (./dev demo builds this CPU's): the installers carry every level: run ./dev setup"; exit 1 ;;
+esac
 export RUNMYAI_GGML=$GGML
 
 # The native core, built for the bundle from this checkout: Release, the compiler's x86-64 baseline (no
@@ -75,7 +80,9 @@ done
 
 log "PyInstaller bundle"
 s=$SECONDS
-nice python -m PyInstaller --noconfirm --log-level WARN --distpath "$WORK/dist" --workpath "$WORK/work" \
+# (PyInstaller imports the engine's modules to collect them: they must find this ggml build, which may not be the
+# venv's; the frozen programs run below find their own)
+TOKENWING_GGML_DIR=$GGML nice python -m PyInstaller --noconfirm --log-level WARN --distpath "$WORK/dist" --workpath "$WORK/work" \
   installer/runmyai.spec
 BUNDLE=$WORK/dist/runmyai
 log "bundle built in $((SECONDS - s)) s: $(du -sh "$BUNDLE" | cut -f1)"
@@ -129,13 +136,30 @@ install -m 644 resources/icons/runmyai.png "$ROOTFS/usr/share/icons/hicolor/256x
 printf 'Run My AI and TokenWing %s\nLicense: Apache-2.0\nThe bundled libraries keep their own licenses.\n' \
   "$VERSION" >"$ROOTFS/usr/share/doc/runmyai/copyright"
 chmod -R u+rwX,go+rX,go-w "$ROOTFS"
+# Depends: what Qt's xcb platform plugin and its libQt6XcbQpa link (libxcb-icccm4, libxcb-cursor0,
+# libxkbcommon-x11-0 …), derived from their ELF NEEDED entries by Debian's own dpkg-shlibdeps (with the versions
+# the symbols need), not from what the build machine happens to have: a library missing here fails the build.
+# PyInstaller may carry some of them in the bundle; the system's are named anyway. Qt's own libraries are the
+# bundle's (-l). libEGL for Qt's OpenGL; libc6 at the oldest glibc the bundle was checked on.
+QT=$PWD/$I/PySide6/Qt
+shl=$PWD/$WORK/shlibdeps
+rm -rf "$shl" && mkdir -p "$shl/debian"
+printf 'Source: runmyai\n\nPackage: runmyai\nArchitecture: amd64\n' >"$shl/debian/control"
+xcb_depends=$(cd "$shl" && dpkg-shlibdeps -O -l"$QT/lib" --ignore-missing-info \
+  "$QT/plugins/platforms/libqxcb.so" "$QT/lib/libQt6XcbQpa.so.6" 2>"$shl/warnings") \
+  || { cat "$shl/warnings" >&2; log "dpkg-shlibdeps failed on Qt's xcb plugin: install its libraries (./dev test does)"; exit 1; }
+xcb_depends=${xcb_depends#shlibs:Depends=}
+[ -n "$xcb_depends" ] || { log "dpkg-shlibdeps named no library for Qt's xcb plugin"; exit 1; }
+DEPENDS=$(echo "libc6 (>= 2.36), libegl1, $xcb_depends" | tr ',' '\n' | sed 's/^ *//' | awk '!/^libc6 / || !c++' | paste -sd, | sed 's/,/, /g')
+rm -rf "$shl"
+log "Depends: $DEPENDS"
 cat >"$ROOTFS/DEBIAN/control" <<EOF
 Package: runmyai
 Version: $VERSION
 Architecture: amd64
 Maintainer: Run My AI <runmyai@localhost>
 Installed-Size: $(du -sk "$ROOTFS" --exclude=DEBIAN | cut -f1)
-Depends: libc6 (>= 2.36), libxcb1, libgl1, libegl1
+Depends: $DEPENDS
 Section: utils
 Priority: optional
 Homepage: https://localhost/runmyai

@@ -12,7 +12,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -21,10 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
 from tests.conftest import ModelFactory
+from tests.installer.conftest import Installers
 from tokenwing.version import __version__
 
 pytestmark = [
@@ -36,12 +35,7 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "build" / "installer" / "out"
 SMOKE = ROOT / "build" / "installer" / "smoke.json"
-# The build is a hang only when its processes use no CPU for this long. Not a limit on its duration: a build
-# under load is slow but never idle (its compiles run under `nice`; with both cores held by busy loops the
-# four ggml builds it then made took more than the 25 minutes a fixed timeout allowed, and the run failed on that).
-BUILD_STALL_S = 900
 KEY = "smoke-test-key"
 timings: dict[str, float] = {}
 
@@ -75,61 +69,12 @@ def record_timings() -> Iterator[None]:
     print(f"\ninstaller smoke timings: {json.dumps(timings)}")
 
 
-def _tree_cpu_s(root: psutil.Process) -> float:
-    """CPU seconds used by a process tree so far: each live process's own and its finished children's."""
-    total = 0.0
-    for p in [root, *root.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-        except psutil.Error:  # ended meanwhile: its parent counts it once it is reaped
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
-
-
-def _wait_while_busy(proc: subprocess.Popen[bytes], stall_s: float) -> None:
-    """Waits for `proc` as long as its process tree keeps using CPU; fails once it used none for `stall_s`."""
-    tree = psutil.Process(proc.pid)
-    used, since = 0.0, time.monotonic()
-    while proc.poll() is None:
-        time.sleep(2)
-        try:
-            now = _tree_cpu_s(tree)
-        except psutil.Error:
-            continue
-        if now > used + 0.5:
-            used, since = now, time.monotonic()
-        elif time.monotonic() - since > stall_s:
-            pytest.fail(f"the installer build used no CPU for {stall_s:.0f} s: hung (see {OUT.parent / 'build.log'})")
-
-
 @pytest.fixture(scope="module")
-def artifacts() -> tuple[Path, Path]:
-    started = time.monotonic()
-    log = OUT.parent / "build.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [str(ROOT / "installer" / "build-linux.sh")],
-            env={**os.environ, "RUNMYAI_DIST": str(OUT)},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its compilers go with it if it has to be stopped
-        )
-        try:
-            _wait_while_busy(proc, BUILD_STALL_S)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    assert proc.returncode == 0, log.read_text(errors="replace")[-4000:]
-    timings["build_s"] = round(time.monotonic() - started, 1)
-    tarball = OUT / f"runmyai-{__version__}-linux-x86_64.tar.gz"
-    deb = OUT / f"runmyai_{__version__}_amd64.deb"
-    assert tarball.is_file() and deb.is_file()
-    timings["tarball_mb"] = round(tarball.stat().st_size / 2**20, 1)
-    timings["deb_mb"] = round(deb.stat().st_size / 2**20, 1)
-    return tarball, deb
+def artifacts(installers: Installers) -> tuple[Path, Path]:
+    timings["build_s"] = installers.build_s
+    timings["tarball_mb"] = round(installers.tarball.stat().st_size / 2**20, 1)
+    timings["deb_mb"] = round(installers.deb.stat().st_size / 2**20, 1)
+    return installers.tarball, installers.deb
 
 
 @pytest.fixture(scope="module")
