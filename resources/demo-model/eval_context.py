@@ -1,16 +1,14 @@
 """Held-out loss of the demo model by position past its 512 training positions, with and without RoPE scaling.
 
     python resources/demo-model/eval_context.py [--windows 16] [--length 2048] [--variants none,yarn2,yarn4,...]
-        [--oracle yarn4] [--out build/demo-model/context-eval.json]
+        [--out build/demo-model/context-eval.json]
 
-Needs `build.py corpus` (build/demo-model/heldout.jsonl). The held-out documents are tokenised by the shipped
-model's own tokenizer and joined with <|endoftext|>, as `build.py` builds its held-out stream; `--windows`
-windows of `--length` tokens are taken at evenly spaced starts. Each variant is the shipped file with other
+Needs `build.py corpus` and `build.py tokenizer`: the held-out stream is `build.py`'s (documents joined with
+<|endoftext|>, checked against the model's own tokenizer in TokenWing); `--windows` windows of `--length` tokens
+are taken at evenly spaced starts. Each variant is the shipped file with other
 context keys (`build.py`'s `context_kv`, written by `gguf_io.rewrite_metadata`: tensors byte-identical), run by
 TokenWing (F32 KV cache) over each window from position 0. The loss (nats/token) is averaged per bucket of
-positions. `--oracle V`: llama.cpp (tests/oracle/llama_logits.py, in a subprocess) on the same windows for
-variant V: its loss per bucket, the mean KL(llama.cpp ‖ TokenWing) per bucket, and llama.cpp's distance from
-itself with its F16 KV cache (the project's yardstick of "exact").
+positions. (TokenWing against llama.cpp past position 512: tests/demomodel/test_demo_model.py.)
 
 Variants: `none` (the 512-context file as is, run past 512), `yarnF` / `linearF` (factor F from 512 positions).
 """
@@ -19,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -72,16 +69,6 @@ def nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return logz - x[np.arange(len(targets)), targets]
 
 
-def kl(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
-    def log_softmax(x: np.ndarray) -> np.ndarray:
-        x = x.astype(np.float64)
-        x = x - x.max(axis=1, keepdims=True)
-        return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
-
-    lp, lq = log_softmax(ref), log_softmax(got)
-    return (np.exp(lp) * (lp - lq)).sum(axis=1)
-
-
 def buckets(per_pos: np.ndarray) -> list[float]:
     """Mean over windows and over each bucket's positions (per_pos: [window, position])."""
     return [float(per_pos[:, a:b].mean()) for a, b in BUCKETS if b <= per_pos.shape[1]]
@@ -101,24 +88,12 @@ def tokenwing_logits(model: Path, windows: np.ndarray) -> list[np.ndarray]:
         s.close()
 
 
-def llama_logits(model: Path, tokens: np.ndarray, tmp: Path, f16_kv: bool = False) -> np.ndarray:
-    tok, out = tmp / "tokens.npy", tmp / "llama.npy"
-    np.save(tok, tokens)
-    args = [sys.executable, str(ROOT / "tests" / "oracle" / "llama_logits.py"), str(model), str(tok), str(out), "512"]
-    proc = subprocess.run([*args, *(["f16kv"] if f16_kv else [])], capture_output=True, text=True, check=False)
-    if proc.returncode:
-        raise SystemExit(f"llama.cpp failed: {proc.stderr[-2000:]}")
-    return np.load(out)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=str(build.OUTPUT))
     p.add_argument("--windows", type=int, default=16)
     p.add_argument("--length", type=int, default=2048)
     p.add_argument("--variants", default="none,yarn2,yarn4,linear2,linear4")
-    p.add_argument("--oracle", default="", help="a variant to run llama.cpp on too")
-    p.add_argument("--oracle-windows", type=int, default=4)
     p.add_argument("--out", default=str(build.WORK / "context-eval.json"))
     args = p.parse_args()
     from tokenwing.format.gguf_io import read_header, rewrite_metadata
@@ -151,21 +126,6 @@ def main() -> None:
             print(f"{name:>9}: " + "  ".join(f"{v:.4f}" for v in table[name]) + f"  ({time.monotonic() - t0:.0f} s)")
             results["loss"] = table
             Path(args.out).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")  # so far
-            if name == args.oracle:
-                k = min(args.oracle_windows, len(windows))
-                ref = [llama_logits(gguf, w[:-1], tmp) for w in windows[:k]]
-                ref16 = [llama_logits(gguf, w[:-1], tmp, f16_kv=True) for w in windows[:k]]
-                results["oracle"] = {
-                    "variant": name,
-                    "windows": k,
-                    "llama_loss": buckets(np.stack([nll(r, w[1:]) for r, w in zip(ref, windows, strict=False)])),
-                    "kl_tokenwing": buckets(np.stack([kl(r, g) for r, g in zip(ref, logits, strict=False)])),
-                    "kl_llama_f16kv": buckets(np.stack([kl(r, r16) for r, r16 in zip(ref, ref16, strict=True)])),
-                    "argmax_equal": float(
-                        np.mean([(r.argmax(1) == g.argmax(1)).mean() for r, g in zip(ref, logits, strict=False)])
-                    ),
-                }
-                print(json.dumps(results["oracle"]), flush=True)
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")
 

@@ -120,12 +120,15 @@ def test_tokenwing_logits_match_llama_cpp_on_heldout_text(repacked: Path, tmp_pa
     tokens = np.asarray(GOLDEN["heldout_passage"]["tokens"], dtype=np.int64)
     assert len(tokens) >= 300
     ref = llama_logits(MODEL, tokens, tmp_path)
+    itself = kl_per_position(ref, llama_logits(MODEL, tokens, tmp_path, f16_kv=True)).mean()
     got, _ = tokenwing_logits(repacked, tokens)
     kl = kl_per_position(ref, got)
     # The project's Q8_0 bar on random weights is 2e-6 (docs/engine.md). On this trained model the router often
     # has near-ties (4th vs 5th of 32 experts within ~1e-4), where one rounding difference picks another
-    # expert in one engine: measured KL 2.5e-5 with every argmax equal (docs/demo-model.md). Bar: 2x that.
-    assert kl.mean() <= 5e-5, kl.mean()
+    # expert in one engine (docs/demo-model.md): the bar is the project's "exact" one, mean KL <= 1e-4 or no
+    # further than llama.cpp from itself when only rounding changes (its F16 KV cache). Measured with YaRN x4:
+    # 1.0e-4, llama.cpp's F16 KV 2.3e-4 from its F32 (2.5e-5 before YaRN, when the bar here was 5e-5).
+    assert kl.mean() <= max(1e-4, itself), (kl.mean(), itself)
     assert (ref.argmax(axis=1) == got.argmax(axis=1)).mean() >= 0.99
     # A trained model, unlike random weights, predicts the held-out text: the loss is far below uniform.
     logp = got - got.max(axis=1, keepdims=True)
