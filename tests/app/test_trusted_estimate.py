@@ -92,12 +92,19 @@ def test_one_models_slow_run_does_not_collapse_every_other_estimate() -> None:
     assert q30 is not None
     before = estimate(q30, MACHINE, ENGINE)
     after = estimate(q30, dataclasses.replace(MACHINE, speeds=(slow,)), ENGINE)
-    assert after.tokens_per_s > 0.3 and after.speed != "< 0.1 tok/s" and "~0.0" not in after.speed
-    assert after.tokens_per_s < before.tokens_per_s  # (slower: the machine is busy, and it says so)
-    assert any(r.startswith("Waiting for the CPU: ") for r in after.reasons)
+    assert after.speed != "< 0.1 tok/s" and "~0.0" not in after.speed
+    # made under heavy load (5 runnable tasks a core), it may say this machine computes up to 4x slower, no more:
+    # it measured the other programs as much as this machine
+    assert before.tokens_per_s / 4.01 < after.tokens_per_s < before.tokens_per_s
+    assert not any(r.startswith("Waiting for the CPU: ") for r in after.reasons)
     for p in CATALOG.presets:  # no card says "~0.0 tok/s"
         line = badge(estimate(p, dataclasses.replace(MACHINE, speeds=(slow,)), ENGINE)).line
         assert "~0.0 " not in line and "0.0 tok/s" not in line, line
+    # the same run on a calm machine: its time beyond 4x is a wait every model's token has here, and it says so
+    calm = dataclasses.replace(slow, load=0.5)
+    waited = estimate(q30, dataclasses.replace(MACHINE, speeds=(calm,)), ENGINE)
+    assert 0.3 < waited.tokens_per_s < after.tokens_per_s and "~0.0" not in waited.speed
+    assert any(r.startswith("Waiting for the CPU: ") for r in waited.reasons)
 
 
 def test_the_machine_calibration_is_robust_over_several_runs() -> None:
