@@ -12,13 +12,19 @@ from typing import Any
 
 
 def write_json_atomic(path: Path, data: object) -> None:
-    """Writes `data` to a temporary file beside `path`, fsyncs it, renames it over `path` (atomic on POSIX and
-    NTFS), then fsyncs the folder so the rename itself survives a power cut. Raises OSError."""
+    """`data` as JSON, written by write_text_atomic. Raises OSError."""
+    write_text_atomic(path, json.dumps(data, indent=1))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Writes `text` (UTF-8, newlines as written) to a temporary file beside `path`, fsyncs it, renames it over
+    `path` (atomic on POSIX and NTFS), then fsyncs the folder so the rename itself survives a power cut. Raises
+    OSError."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

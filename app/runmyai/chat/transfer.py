@@ -7,18 +7,16 @@ conversation, never a traceback, and a file that fails adds nothing (the store t
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from runmyai.chat.store import ROLES, TURN_BREAK, Conversation, ConversationStore, Message, StoreError
 from runmyai.chat.tools import ToolRound
 from runmyai.engine.client import ChatSettings
+from runmyai.jsonfile import write_text_atomic
 
 FORMAT = "runmyai.conversation"
 VERSION = 1
@@ -136,22 +134,6 @@ def export_file(store: ConversationStore, conversation_id: int, path: Path) -> s
     except OSError as e:
         raise TransferError(f"Couldn't write {path}: {e.strerror or e}.") from None
     return "Markdown" if markdown else "JSON"
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """A temporary file beside `path`, fsynced, renamed over it (atomic on POSIX and NTFS). Raises OSError."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def suggested_name(title: str, extension: str) -> str:
