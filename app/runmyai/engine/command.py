@@ -5,6 +5,7 @@ The app never imports `tokenwing`; everything goes through this command line and
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -54,3 +55,23 @@ def check_flag_name(key: str) -> str:
 def display_line(argv: Sequence[str]) -> str:
     """The command line as one string for the log (it never holds a key: keys travel in the environment)."""
     return " ".join(a if a and " " not in a else repr(a) for a in argv)
+
+
+async def run_engine(argv: Sequence[str], timeout_s: float) -> tuple[int, bytes, str]:
+    """Runs a short engine command (`tokenwing info …`) to its end: (exit code, stdout, stderr's last line). Raises
+    OSError where it cannot start, TimeoutError past `timeout_s`; a timeout or a cancel kills it first."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(os.environ, PYTHONIOENCODING="utf-8"),
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except (TimeoutError, asyncio.CancelledError):
+        proc.kill()
+        await proc.wait()
+        raise
+    last = next((ln for ln in reversed(err.decode(errors="replace").splitlines()) if ln.strip()), "")
+    return proc.returncode or 0, out, last.strip()

@@ -13,13 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from runmyai import __version__
-from runmyai.engine.command import engine_command
+from runmyai.engine.command import engine_command, run_engine
 from runmyai.jsonfile import read_json, write_json_atomic
 
 INFO_TIMEOUT_S = 120.0  # the engine's first start on a cold disk imports numpy and ggml: seconds, not minutes
@@ -169,24 +168,13 @@ async def ask_engine(folder: Path, command: Sequence[str] | None = None, *, refr
                 return info
     argv = [*(command if command is not None else engine_command()), "info", "--json"]
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=dict(os.environ, PYTHONIOENCODING="utf-8"),
-        )
+        code, out, last = await run_engine(argv, INFO_TIMEOUT_S)
     except OSError as e:
         return unknown(f"the engine could not be started ({e.strerror or e})")
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), INFO_TIMEOUT_S)
     except TimeoutError:
-        proc.kill()
-        await proc.wait()
         return unknown(f"the engine did not answer `tokenwing info` within {INFO_TIMEOUT_S:.0f} s")
-    if proc.returncode != 0:
-        last = next((ln for ln in reversed(err.decode(errors="replace").splitlines()) if ln.strip()), "")
-        return unknown(f"`tokenwing info` failed (exit code {proc.returncode}): {last.strip()}")
+    if code != 0:
+        return unknown(f"`tokenwing info` failed (exit code {code}): {last}")
     try:
         raw = json.loads(out)
         info = parse_info(raw)

@@ -11,16 +11,14 @@ chosen per model when it loads, kept per model (and machine) and passed on the e
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from runmyai.engine.autotune import AutotuneRunner
-from runmyai.engine.command import FlagValue, engine_command
+from runmyai.engine.command import FlagValue, engine_command, run_engine
 from runmyai.units import human_bytes
 
 MIN_CONTEXT = 256  # below this a chat template and one question do not fit
@@ -125,24 +123,11 @@ async def ask_facts(model: Path, max_context: int | None, command: Sequence[str]
     no weight loaded). LoadError in one sentence where it cannot answer."""
     argv = [*(command if command is not None else engine_command()), "info", str(model), "--json"]
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=dict(os.environ, PYTHONIOENCODING="utf-8"),
-        )
+        code, out, last = await run_engine(argv, INFO_TIMEOUT_S)
     except OSError as e:
         raise LoadError(f"The engine could not be started ({e.strerror or e}).") from None
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), INFO_TIMEOUT_S)
-    except (TimeoutError, asyncio.CancelledError):
-        proc.kill()
-        await proc.wait()
-        raise
-    if proc.returncode != 0:
-        last = next((ln for ln in reversed(err.decode(errors="replace").splitlines()) if ln.strip()), "")
-        raise LoadError(f"The engine could not read the model: {last.strip().removeprefix('tokenwing: ')}")
+    if code != 0:
+        raise LoadError(f"The engine could not read the model: {last.removeprefix('tokenwing: ')}")
     try:
         return parse_facts(json.loads(out), max_context)
     except ValueError:
