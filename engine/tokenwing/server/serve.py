@@ -109,7 +109,10 @@ def serve(
         # a render in progress ends now (the engine thread gets an error), SIGTERM's Interrupted too, which uvicorn
         # raises again as server.run returns: the stop waits on no template
         render_worker.stop()
-    worker.stop(timeout=STOP_JOIN_S)
+        # here too, not after the try: on SIGTERM/SIGINT uvicorn raises its Interrupted again as server.run
+        # returns, and a stop placed after this block was skipped, so the engine thread's StreamCore and
+        # DirectFile were alive at the interpreter's exit (nanobind's ~17-line leak report at every stop)
+        worker.stop(timeout=STOP_JOIN_S)
     if worker.state == "error":
         kind = type(worker.load_error) if worker.load_error is not None else TokenWingError
         raise kind(f"the model failed to load: {worker.error}")
