@@ -122,6 +122,7 @@ def test_speeds_are_shown_as_a_range_and_never_as_zero() -> None:
     assert speed_range(0.004, 0.02) == "< 0.1 tok/s"
     assert speed_range(0.01, 0.5) == "up to 0.5 tok/s"
     assert speed_range(1650, 2450) == "~1.6k–2.5k tok/s"
+    assert speed_range(3700, 11100) == "~3.7k–11k tok/s"  # ("~3.7k–11.1k" cut a card at 1600x1000)
     q30 = CATALOG.get("qwen3-30b-a3b")
     assert q30 is not None
     e = estimate(q30, MACHINE, ENGINE)

@@ -35,6 +35,10 @@ def test_the_cards_say_a_measured_and_an_estimated_range(qtbot: QtBot) -> None:
     assert "~0.0" not in str(other.data(LINE_ROLE))
     assert panel.models.card_problems() == []  # neither line is cut
     assert "measured: 3 chats" in panel.badge_line.text()  # the selected card's headline says it whole
+    # the widest lines the formats make fit the narrowest card (a tiny model's "~3.7k–11.1k tok/s" did not)
+    for line in ("Runs well here · ~9.9k–99k tok/s", "Runs slowly here · ~8.8–9.9 tok/s"):
+        card.setData(LINE_ROLE, line)
+        assert panel.models.delegate.elided(card, panel.models.MIN_WIDTH) == ("", ""), line
     # and layout_check would say so where a card cut them (the words, on a 250-px card)
     wordy = dataclasses.replace(estimated, basis="estimated from the model's shape, calibrated by autotune and 3 chats")
     panel.set_entries([measured, wordy])

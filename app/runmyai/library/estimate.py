@@ -302,6 +302,8 @@ class Estimate:
 
 
 def _num(v: float) -> str:
+    if v >= 9950:
+        return f"{v / 1000:.0f}k"  # two figures, as below 10: "Runs well here · ~3.7k–11.1k tok/s" cut its card
     if v >= 999.5:
         return f"{v / 1000:.1f}k"  # (a card at its narrowest holds "~1.6k–2.5k", not "~1,650–2,450")
     return f"{v:.1f}" if v < 9.95 else f"{v:.0f}"
