@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -72,11 +72,14 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
             raise too_large
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY:
-                raise too_large
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY:
+                    raise too_large
+                chunks.append(chunk)
+        except ClientDisconnect:  # (gone before its body ended: an answer to no one, not a traceback in the log)
+            raise RequestError("the client closed the connection before its request body ended") from None
         return parse_json_body(b"".join(chunks))
 
     async def health(request: Request) -> Response:
@@ -312,7 +315,11 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         Route("/v1/tokenwing/stats", guarded(stats)),
         Route("/v1/tokenwing/stats/stream", guarded(stats_stream)),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: internal_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: internal_error})
+    # a path with a slash too many is a 404 in the JSON format, not Starlette's 307 to the route (the HTTP fuzz
+    # of issue 41: a POST redirected is a body sent twice, and 3xx is no answer an API client handles)
+    app.router.redirect_slashes = False
+    return app
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -340,7 +347,7 @@ def parse_json_body(body: bytes) -> Any:
         raise RequestError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError, and an integer of over 4,300 digits (it was a 500)
         raise RequestError("the request body is not valid JSON") from None
     except RecursionError:  # (not reached below the depth limit; kept so that it is a 400 whatever the limit)
         raise RequestError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
