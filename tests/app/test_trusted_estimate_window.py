@@ -71,6 +71,8 @@ def test_the_autotune_dialog_ends_when_its_last_process_exits(
     window, c = make_controller(tmp_path, server, data)
     c.autotune.probe_bytes = "4M"
     seen: list[tuple[bool, str, int]] = []  # at the measurement's end: bar shown, its line, engine processes alive
+    # (this test's processes only: another test's engine can outlive it, a child of this same process)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
 
     async def scenario() -> None:
         await c.start()
@@ -80,7 +82,11 @@ def test_the_autotune_dialog_ends_when_its_last_process_exits(
         estimate_again = c._estimate_again
 
         async def spy() -> None:  # the point where the estimates are worked out again: the measurement is over
-            kids = [p for p in psutil.Process().children(recursive=True) if "tokenwing" in " ".join(p.cmdline())]
+            kids = [
+                p
+                for p in psutil.Process().children(recursive=True)
+                if p.pid not in before and "tokenwing" in " ".join(p.cmdline())
+            ]
             seen.append((dialog.progress.isVisibleTo(dialog), dialog.progress_label.text(), len(kids)))
             await estimate_again()
 
