@@ -214,16 +214,24 @@ async def probe(endpoint: Endpoint, timeout: float = PROBE_TIMEOUT_S) -> list[st
             ) from None
         except httpx.TransportError as e:
             raise _transport_error(e, endpoint, started=False) from None
+    return _model_ids(
+        r,
+        endpoint,
+        f"{endpoint.base_url} answered, but not as an OpenAI-compatible API (its model list is not in that "
+        "format); check the address.",
+    )
+
+
+def _model_ids(r: httpx.Response, endpoint: Endpoint, not_a_list: str) -> list[str]:
+    """The ids of a `GET /models` answer; a ChatError in one sentence for an error status, `not_a_list` for an
+    answer in another format."""
     if r.status_code != 200:
         raise _status_error(r.status_code, r.content, endpoint)
     try:
         data = r.json()
         return [str(m["id"]) for m in data["data"] if isinstance(m, dict) and "id" in m]
     except (ValueError, KeyError, TypeError):
-        raise ChatError(
-            f"{endpoint.base_url} answered, but not as an OpenAI-compatible API (its model list is not in that "
-            "format); check the address."
-        ) from None
+        raise ChatError(not_a_list) from None
 
 
 def _status_error(status: int, body: bytes, endpoint: Endpoint) -> ChatError:
@@ -341,13 +349,7 @@ class ChatClient:
             r = await (await self._client(ep)).get(ep.url("models"), headers=ep.headers(), timeout=30)
         except httpx.TransportError as e:
             raise _transport_error(e, ep, started=False) from None
-        if r.status_code != 200:
-            raise _status_error(r.status_code, r.content, ep)
-        try:
-            data = r.json()
-            return [str(m["id"]) for m in data["data"] if isinstance(m, dict) and "id" in m]
-        except (ValueError, KeyError, TypeError):
-            raise ChatError("The server's model list is not in the OpenAI format.") from None
+        return _model_ids(r, ep, "The server's model list is not in the OpenAI format.")
 
     async def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> TokenCount:
         """The tokens a chat request's prompt takes, by the model's own template (`POST /v1/chat/count`, TokenWing's

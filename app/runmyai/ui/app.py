@@ -14,7 +14,7 @@ from pathlib import Path
 import qasync
 from PySide6.QtCore import QMessageLogContext, QtMsgType, qInstallMessageHandler
 from PySide6.QtGui import QGuiApplication, QIcon
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QWidget
 
 from runmyai import __version__
 from runmyai.paths import AppPaths, bundled_dir
@@ -124,10 +124,8 @@ async def take_screenshots(controller: AppController, folder: Path) -> list[str]
         dialog = controller._ask_endpoint()
         dialog.url.setText("https://my-gpu-box.example.com:8443/v1")
         await asyncio.sleep(0.2)
-        problems += [f"the Connect dialog, {theme_name}: {p}" for p in layout_check.clipped(dialog)]
-        name = f"connect-{theme_name}.png"
-        if not dialog.grab().save(str(folder / name), "PNG"):
-            problems.append(f"could not save {folder / name}")
+        shot = folder / f"connect-{theme_name}.png"
+        problems += _checked_and_saved(dialog, f"the Connect dialog, {theme_name}", shot)
         dialog.reject()
         # the load dialog (context length, GPU offload) of the model in use, once the engine said what fits
         model = controller.supervisor.model if controller.supervisor is not None else None
@@ -135,10 +133,9 @@ async def take_screenshots(controller: AppController, folder: Path) -> list[str]
         if load is not None and controller.load_facts_task is not None:
             await controller.load_facts_task
             await asyncio.sleep(0.2)
-            problems += [f"the load dialog, {theme_name}: {p}" for p in layout_check.clipped(load)]
-            name = f"load-options-{theme_name}.png"
-            if not load.grab().save(str(folder / name), "PNG"):
-                problems.append(f"could not save {folder / name}")
+            problems += _checked_and_saved(
+                load, f"the load dialog, {theme_name}", folder / f"load-options-{theme_name}.png"
+            )
             load.reject()
     window.show_page(page_before)
     return problems
@@ -228,3 +225,13 @@ async def self_test(controller: AppController, args: argparse.Namespace) -> int:
         f"graphs: {controller.window.graphs.summary.text()}"
     )
     return 0
+
+
+def _checked_and_saved(dialog: QWidget, what: str, path: Path) -> list[str]:
+    """A dialog's clipped parts (layout_check), and its picture saved at `path`."""
+    from runmyai.ui import layout_check
+
+    problems = [f"{what}: {p}" for p in layout_check.clipped(dialog)]
+    if not dialog.grab().save(str(path), "PNG"):
+        problems.append(f"could not save {path}")
+    return problems
