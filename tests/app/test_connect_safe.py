@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtWidgets import QApplication, QDialogButtonBox
+from pytestqt.qtbot import QtBot
 
 from runmyai.engine.endpoint import Endpoint
 from runmyai.engine.supervisor import EngineSupervisor
 from runmyai.ui import layout_check
 from runmyai.ui.controller import REMOTE_KEY, AppController
-from runmyai.ui.main_window import MainWindow
+from runmyai.ui.main_window import ConnectDialog, MainWindow
 from tests.app.hubserver import HubServer
 from tests.app.test_app_scenario import make_controller, until
 from tests.qtloop import run_qt
@@ -159,3 +160,16 @@ def test_the_connect_dialog_shows_a_whole_address(
         assert any("my-gpu-box" in p for p in layout_check.clipped(dialog)), layout_check.clipped(dialog)
     finally:
         dialog.reject()
+
+
+def test_the_dialog_grows_for_its_refusal(qtbot: QtBot) -> None:
+    """The refusal's line is read whole: on a real desktop (Xvfb, xcb) the dialog kept its size when the sentence
+    appeared, cutting it and the note above it in half and squeezing the fields (18 px for 28)."""
+    note = "Connecting stops the model running here until File → Back to local model. The address is checked first."
+    dialog = ConnectDialog(None, "http://127.0.0.1:9/v1", "", note)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    QApplication.processEvents()
+    dialog.show_state("Cannot connect to http://127.0.0.1:9/v1; check the address and that the server is running.")
+    QApplication.processEvents()
+    assert dialog.state.isVisible() and layout_check.clipped(dialog) == []

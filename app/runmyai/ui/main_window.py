@@ -365,3 +365,7 @@ class ConnectDialog(QDialog):
         self.state.setStyleSheet("color: #d0453a;" if error else "")
         self.state.setText(text)
         self.state.setVisible(bool(text))
+        # a dialog does not grow by itself for a wrapped label's new lines: on a real desktop the refusal and the
+        # note above it were cut in half and the fields squeezed (seen under Xvfb on xcb)
+        self.layout().activate()
+        self.adjustSize()
