@@ -367,5 +367,7 @@ class ConnectDialog(QDialog):
         self.state.setVisible(bool(text))
         # a dialog does not grow by itself for a wrapped label's new lines: on a real desktop the refusal and the
         # note above it were cut in half and the fields squeezed (seen under Xvfb on xcb)
-        self.layout().activate()
+        layout = self.layout()
+        if layout is not None:
+            layout.activate()
         self.adjustSize()
