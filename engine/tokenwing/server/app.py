@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from tokenwing.errors import BadInputError
+from tokenwing.server import jobs
 from tokenwing.server.protocol import (
     MAX_BODY,
     GenerationRequest,
@@ -46,20 +47,29 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
             return True
         # the scheme is case-insensitive (RFC 9110 §11.1): `bearer KEY` is the same credential as `Bearer KEY`
         scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            return True
+        # Anthropic's clients send the key as `x-api-key` (the anthropic SDK, Claude Code): the same key
+        return hmac.compare_digest(request.headers.get("x-api-key", "").strip().encode(), api_key.encode())
 
-    def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    def guarded(
+        handler: Callable[[Request], Awaitable[Response]],
+        render: Callable[[RequestError], Response] = error,
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """`render`: how the route's API spells an error (OpenAI's format by default; /v1/messages has its own)."""
+
         async def wrapped(request: Request) -> Response:
             if not authorized(request):
-                return error(RequestError("invalid or missing API key", status=401, kind="authentication_error"))
+                return render(RequestError("invalid or missing API key", status=401, kind="authentication_error"))
             if worker.state == "loading":
-                return error(RequestError("the model is still loading", status=503, kind="server_error"))
+                return render(RequestError("the model is still loading", status=503, kind="server_error"))
             if worker.state == "error":
-                return error(RequestError(f"the model failed to load: {worker.error}", status=503, kind="server_error"))
+                failed = f"the model failed to load: {worker.error}"
+                return render(RequestError(failed, status=503, kind="server_error"))
             try:
                 return await handler(request)
             except RequestError as e:
-                return error(e)
+                return render(e)
 
         return wrapped
 
@@ -106,17 +116,12 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         return JSONResponse({"object": "list", "data": [{**entry, "chat_template": template}]})
 
     async def run(request: Request, req: GenerationRequest, chat: bool) -> Response:
-        if not req.wait and worker.free_slots() <= 0:
-            n = worker.session.n_seq if worker.session is not None else 1
-            return error(RequestError(f"all {n} slots are busy (the request asked not to wait)", "wait", status=503))
-        loop = asyncio.get_running_loop()
-        job = Job(req, loop, asyncio.Queue())
-        worker.submit(job)
+        job = jobs.submit(worker, req)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         try:
             # A request the engine refuses (a prompt longer than the context, a template error) gets its status
             # before any stream starts.
-            accepted = await _accepted(request, job)
+            accepted = await jobs.accepted(request, job)
             if accepted is None:
                 job.cancelled.set()
                 return Response(status_code=499)
@@ -135,7 +140,7 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         entries: list[dict[str, Any]] = []
         try:
             while True:
-                ev = await _next_event(request, job)
+                ev = await jobs.next_event(request, job)
                 if ev is None:
                     return Response(status_code=499)
                 if ev["type"] == "text":
@@ -143,19 +148,19 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
                 elif ev["type"] == "reasoning":
                     reasoning.append(ev["text"])
                 elif ev["type"] == "tool_call":
-                    calls.append(_call(ev))
+                    calls.append(jobs.call(ev))
                 elif ev["type"] in ("tool_call_head", "tool_call_args"):
                     continue  # a call's pieces, for streaming: the tool_call after them is whole
                 elif ev["type"] == "logprob":
                     entries.append(ev["entry"])
                 elif ev["type"] == "error":
-                    raise _event_error(ev)
+                    raise jobs.event_error(ev)
                 else:
                     break
         finally:
             job.cancelled.set()
         content = "".join(text)
-        usage = _usage(ev)
+        usage = jobs.usage(ev)
         logprobs = _logprobs(entries, chat, 0)[0] if req.logprobs is not None else None
         if chat:
             # OpenAI's: a reply of calls only has a null content
@@ -363,40 +368,6 @@ def json_depth(body: bytes) -> int:
     return int(np.cumsum(steps).max()) if steps.size else 0
 
 
-async def _next_event(request: Request, job: Job) -> dict[str, Any] | None:
-    """The job's next event; None when the client went away (the job is then cancelled)."""
-    while True:
-        try:
-            return await asyncio.wait_for(job.events.get(), timeout=0.5)
-        except TimeoutError:
-            if await request.is_disconnected():
-                job.cancelled.set()
-                return None
-
-
-async def _accepted(request: Request, job: Job) -> dict[str, Any] | None:
-    """Waits until the engine takes the job (its "accepted" event); raises its refusal as a RequestError."""
-    ev = await _next_event(request, job)
-    if ev is not None and ev["type"] == "error":
-        raise _event_error(ev)
-    return ev
-
-
-def _event_error(ev: dict[str, Any]) -> RequestError:
-    status = int(ev.get("status", 400))
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    return RequestError(ev["message"], ev.get("param"), status=status, kind=kind, code=ev.get("code"))
-
-
-def _call(ev: dict[str, Any]) -> dict[str, Any]:
-    return {"id": ev["id"], "type": "function", "function": {"name": ev["name"], "arguments": ev["arguments"]}}
-
-
-def _usage(ev: dict[str, Any]) -> dict[str, int]:
-    p, c = int(ev.get("prompt_tokens", 0)), int(ev.get("completion_tokens", 0))
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
-
-
 def _logprobs(entries: list[dict[str, Any]], chat: bool, offset: int) -> tuple[dict[str, Any], int]:
     """The tokens' log-probabilities in OpenAI's shapes: chat `{"content": [...]}` (llama.cpp sends this shape
     for completions too, so completions carry it as well), completions also the legacy lists, whose
@@ -453,7 +424,7 @@ async def _stream(
                 first["tokenwing"] = {"context_overflow": overflow}
             yield sse(first)
         while True:
-            ev = await _next_event(request, job)
+            ev = await jobs.next_event(request, job)
             if ev is None:
                 return
             if ev["type"] == "text":
@@ -480,13 +451,13 @@ async def _stream(
             elif ev["type"] == "logprob":
                 pending.append(ev["entry"])
             elif ev["type"] == "error":
-                yield sse(_event_error(ev).body())
+                yield sse(jobs.event_error(ev).body())
                 return
             else:
                 last = chunk("", ev["finish_reason"], {})
                 stats = ev.get("stats", {})
                 last["tokenwing"] = {"finish_detail": stats.get("finish_detail"), "n_ctx": stats.get("n_ctx")}
-                last["tokenwing"]["usage"] = _usage(ev)  # (every stream's: the request log reads its tokens here)
+                last["tokenwing"]["usage"] = jobs.usage(ev)  # (every stream's: the request log reads its tokens here)
                 if ev.get("context_overflow"):
                     last["tokenwing"]["context_overflow"] = ev["context_overflow"]
                 yield sse(last)
@@ -497,7 +468,7 @@ async def _stream(
                         "created": created,
                         "model": model,
                         "choices": [],
-                        "usage": _usage(ev),
+                        "usage": jobs.usage(ev),
                     }
                     yield sse(usage)
                 yield b"data: [DONE]\n\n"

@@ -1,0 +1,58 @@
+"""A request's life in the engine, shared by every API route (chat and text completions, Responses, Messages):
+submitted to the worker, accepted or refused, then its events (text, reasoning, tool_call_head, tool_call_args,
+tool_call, logprob, error, and the final one with `finish_reason`, usage and stats) until the end or the client
+leaves."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.requests import Request
+
+from tokenwing.server.protocol import GenerationRequest, RequestError
+from tokenwing.server.worker import EngineWorker, Job
+
+
+def submit(worker: EngineWorker, req: GenerationRequest) -> Job:
+    """The request queued for the engine; a 503 at once where it asked not to wait and every slot is busy."""
+    if not req.wait and worker.free_slots() <= 0:
+        n = worker.session.n_seq if worker.session is not None else 1
+        raise RequestError(f"all {n} slots are busy (the request asked not to wait)", "wait", status=503)
+    job = Job(req, asyncio.get_running_loop(), asyncio.Queue())
+    worker.submit(job)
+    return job
+
+
+async def next_event(request: Request, job: Job) -> dict[str, Any] | None:
+    """The job's next event; None when the client went away (the job is then cancelled)."""
+    while True:
+        try:
+            return await asyncio.wait_for(job.events.get(), timeout=0.5)
+        except TimeoutError:
+            if await request.is_disconnected():
+                job.cancelled.set()
+                return None
+
+
+async def accepted(request: Request, job: Job) -> dict[str, Any] | None:
+    """Waits until the engine takes the job (its "accepted" event); raises its refusal as a RequestError."""
+    ev = await next_event(request, job)
+    if ev is not None and ev["type"] == "error":
+        raise event_error(ev)
+    return ev
+
+
+def event_error(ev: dict[str, Any]) -> RequestError:
+    status = int(ev.get("status", 400))
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return RequestError(ev["message"], ev.get("param"), status=status, kind=kind, code=ev.get("code"))
+
+
+def call(ev: dict[str, Any]) -> dict[str, Any]:
+    return {"id": ev["id"], "type": "function", "function": {"name": ev["name"], "arguments": ev["arguments"]}}
+
+
+def usage(ev: dict[str, Any]) -> dict[str, int]:
+    p, c = int(ev.get("prompt_tokens", 0)), int(ev.get("completion_tokens", 0))
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
