@@ -57,6 +57,9 @@ class GenerationRequest:
     include_usage: bool = False
     logprobs: int | None = None  # None: off; else how many alternatives per token (top_logprobs)
     grammar: str | None = None  # response_format's grammar (llguidance), enforced while sampling
+    # schema keywords (JSON-pointer-ish paths) the grammar could not enforce and dropped (no `strict`): said in
+    # the reply (`tokenwing.unenforced`, the X-TokenWing-Unenforced header); empty when all of it was enforced
+    unenforced: list[str] = field(default_factory=list)
     wait: bool = True  # False: a 503 at once when every slot is busy, instead of waiting in the queue
     ignore_eos: bool = False  # llama.cpp's: the end-of-generation tokens are never sampled (max_tokens ends it)
 
