@@ -336,9 +336,10 @@ def _cmd_trace_synth(args: argparse.Namespace) -> int:
 def _device_choice(args: argparse.Namespace) -> Any:
     """The device this run computes on (`--device`, `--vram-budget`); its one line waits in `args.device_line` for
     `_announce_device`, so that a bad model or prompt still gets exactly one line: its error."""
-    from tokenwing.compute.devices import DeviceOptions, choose
+    from tokenwing.compute.devices import DeviceOptions
+    from tokenwing.compute.probe import choose_device
 
-    choice = choose(DeviceOptions.from_args(args))
+    choice = choose_device(DeviceOptions.from_args(args))
     args.device_line = choice.reason
     return choice
 

@@ -12,8 +12,8 @@ import pytest
 
 from tests.compute.conftest import DEVICES, device
 from tests.conftest import ModelFactory, run_cli
-from tokenwing.compute.devices import DeviceOptions, built_backends, choose
-from tokenwing.compute.probe import FAULT_ENV, probe_device
+from tokenwing.compute.devices import DeviceOptions, built_backends
+from tokenwing.compute.probe import FAULT_ENV, choose_device, probe_device
 
 needs_vulkan = pytest.mark.skipif("vulkan" not in built_backends(), reason="ggml was built without Vulkan")
 
@@ -74,7 +74,7 @@ def test_a_device_that_crashes_or_hangs_in_the_probe(name: str, monkeypatch: pyt
     monkeypatch.setenv(FAULT_ENV, "abort")
     error = probe_device(device(name))
     assert error is not None and "crashed (signal 6)" in error
-    c = choose(DeviceOptions(device(name).kind))
+    c = choose_device(DeviceOptions(device(name).kind))
     assert c.on_cpu and f"{name} failed to start (the driver crashed (signal 6))" in c.reason
     monkeypatch.setenv(FAULT_ENV, "hang")
     assert probe_device(device(name), timeout=3) == "no answer within 3 s"

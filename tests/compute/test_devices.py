@@ -7,7 +7,7 @@ import pytest
 
 from tests.compute.conftest import DEVICES, device
 from tokenwing.compute.devices import Device, DeviceOptions, choose, headroom, list_devices, resolve_budget
-from tokenwing.compute.probe import probe_device
+from tokenwing.compute.probe import choose_device, probe_device
 from tokenwing.errors import BadInputError
 
 GiB = 1 << 30
@@ -92,5 +92,5 @@ def test_registry_lists_the_cpu_and_each_device_with_memory() -> None:
 @pytest.mark.parametrize("name", DEVICES)
 def test_the_real_probe_passes_on_a_working_device(name: str) -> None:
     assert probe_device(device(name)) is None
-    c = choose(DeviceOptions(device(name).kind))
+    c = choose_device(DeviceOptions(device(name).kind))
     assert c.device is not None and c.device.name == name and c.vram_budget >= 256 << 20

@@ -23,7 +23,8 @@ from tests.compute.references import model, reference
 from tests.conftest import ModelFactory
 from tests.oracle.test_families import clear_top1
 from tests.oracle.test_logits import _repacked, _tokens, kl_per_position
-from tokenwing.compute.devices import DeviceOptions, choose
+from tokenwing.compute.devices import DeviceOptions
+from tokenwing.compute.probe import choose_device
 from tokenwing.format.layout import K_HEADER_CHECKSUM
 from tokenwing.format.reader import ModelFile
 from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
@@ -63,7 +64,7 @@ def seed_usage(path: Path) -> None:
 
 def run(path: Path, tokens: np.ndarray, kind: str | None, budget: int = 0, **opts: Any) -> Run:
     vram = VramOptions(**opts.pop("vram", {}))
-    choice = choose(DeviceOptions(kind, str(budget))) if kind else None
+    choice = choose_device(DeviceOptions(kind, str(budget))) if kind else None
     if kind:
         assert choice is not None and not choice.on_cpu, choice.reason
     options = SessionOptions(kv_type="f32", n_ctx=512, device=choice, vram=vram, **opts)
@@ -240,7 +241,7 @@ def test_lending_the_vram_cache_to_a_prompt(kind: str, model_factory: ModelFacto
     budget = plan.reserve + plan.layer_bytes + head + plan.n_expert // 4 * row
     opts: dict[str, Any] = {"wave_min_tokens": 1}
     kept = run(path, tokens, kind, budget, ram_budget=1, vram=opts)
-    choice = choose(DeviceOptions(kind, str(budget)))
+    choice = choose_device(DeviceOptions(kind, str(budget)))
     options = SessionOptions(kv_type="f32", n_ctx=512, device=choice, ram_budget=1, vram=VramOptions(**opts, lend=True))
     s = Session(str(path), options, log=lambda line: None)
     up = SESSION_COUNTERS.index("vram_bytes_up")

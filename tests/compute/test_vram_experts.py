@@ -20,8 +20,9 @@ from tests.compute.references import model
 from tests.compute.test_vram import CASES
 from tests.conftest import ModelFactory
 from tests.oracle.test_logits import _repacked
-from tokenwing.compute.devices import DeviceOptions, choose
+from tokenwing.compute.devices import DeviceOptions
 from tokenwing.compute.ggml_lib import to_numpy
+from tokenwing.compute.probe import choose_device
 from tokenwing.models import common
 from tokenwing.runtime.session import Session, SessionOptions
 from tokenwing.runtime.vram import VramOptions
@@ -39,7 +40,7 @@ def test_the_devices_experts_are_the_cpus(key: str, model_factory: ModelFactory,
     type_name, shape, _ = CASES[key]
     src = model(key, lambda: model_factory(type=type_name, **shape))  # type: ignore[arg-type]
     path = _repacked(src, tmp_path)
-    choice = choose(DeviceOptions(device(DEVICES[0]).kind, "256M"))
+    choice = choose_device(DeviceOptions(device(DEVICES[0]).kind, "256M"))
     options = SessionOptions(
         n_ctx=256, device=choice, usage_table=False, cpu_repack=False, vram=VramOptions(max_layers=0)
     )

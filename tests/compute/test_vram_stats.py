@@ -12,7 +12,8 @@ import pytest
 
 from tests.compute.conftest import DEVICES, device
 from tests.conftest import ModelFactory, run_cli
-from tokenwing.compute.devices import DeviceOptions, choose
+from tokenwing.compute.devices import DeviceOptions
+from tokenwing.compute.probe import choose_device
 from tokenwing.runtime.session import Session, SessionOptions
 
 pytestmark = [
@@ -24,7 +25,7 @@ SHAPE = {"arch": "qwen3moe", "n_layer": 3, "n_expert": 16, "n_expert_used": 2}
 
 def quarter_of_the_experts(model: Path) -> str:
     """A VRAM budget holding no layer, the head and 4 of 16 experts per layer (the rest in RAM)."""
-    probe = choose(DeviceOptions(_kind(), "256M"))
+    probe = choose_device(DeviceOptions(_kind(), "256M"))
     s = Session(str(model), SessionOptions(n_ctx=512, device=probe, usage_table=False), log=lambda line: None)
     try:
         assert s.vram is not None

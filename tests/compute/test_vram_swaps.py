@@ -14,7 +14,8 @@ from tests.compute.conftest import DEVICES, device
 from tests.conftest import ModelFactory
 from tests.oracle.test_logits import _repacked
 from tokenwing import testpause
-from tokenwing.compute.devices import DeviceOptions, choose
+from tokenwing.compute.devices import DeviceOptions
+from tokenwing.compute.probe import choose_device
 from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
 from tokenwing.runtime.vram import VramOptions
 from tokenwing.runtime.vram_experts import PAUSE_STAGE, SWAP_EVERY, SWAP_MARGIN, SWAP_RATIO, plan_swaps
@@ -55,12 +56,12 @@ TEXT_A, TEXT_B = [11, 12, 13, 14, 15, 16], [301, 302, 303]  # two texts of diffe
 
 
 def session(path: Path, kind: str, log: list[str]) -> Session:
-    choice = choose(DeviceOptions(kind, "256M"))
+    choice = choose_device(DeviceOptions(kind, "256M"))
     probe = Session(str(path), SessionOptions(n_ctx=512, device=choice, usage_table=False), log=log.append)
     assert probe.vram is not None
     row, reserve, head = probe.vram.expert_row, probe.vram.plan.reserve, probe.vram.head_bytes
     probe.close()
-    choice = choose(DeviceOptions(kind, str(reserve + head + 4 * row)))
+    choice = choose_device(DeviceOptions(kind, str(reserve + head + 4 * row)))
     options = SessionOptions(n_ctx=512, device=choice, usage_table=False, vram=VramOptions(max_layers=0))
     s = Session(str(path), options, log=log.append)
     assert s.vram is not None and s.vram.experts is not None and s.vram.experts.n_slots == 4

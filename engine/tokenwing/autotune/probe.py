@@ -127,14 +127,15 @@ def probe_gpu(
     memory, the Vulkan memory budget — its budget and measured copy speeds; ggml's devices; the choice's line)."""
     from tokenwing.compute.backend import Backend, DeviceError
     from tokenwing.compute.bandwidth import copy_speed
-    from tokenwing.compute.devices import choose, list_devices, resolve_budget
+    from tokenwing.compute.devices import list_devices, resolve_budget
+    from tokenwing.compute.probe import choose_device
 
     try:
         found = list_devices()
     except Exception as e:  # (a registry that cannot be listed: the CPU)
         return None, [], f"computing on the CPU: listing devices failed ({e})"
     devices = [d.as_dict() for d in found]
-    choice = choose(options or DeviceOptions(), found)
+    choice = choose_device(options or DeviceOptions(), found)
     if choice.device is None:
         return None, devices, choice.reason
     dev, source = choice.device, ("CUDA" if choice.device.kind == "cuda" else "the Vulkan memory budget")

@@ -134,14 +134,14 @@ def resolve_budget(text: str | None, dev: Device) -> tuple[int, str]:
 
 def choose(
     options: DeviceOptions,
-    devices: list[Device] | None = None,
-    probe: Callable[[Device], str | None] | None = None,
+    devices: list[Device] | None,
+    probe: Callable[[Device], str | None],
 ) -> DeviceChoice:
     """The device for this run: CUDA, else Vulkan, else the CPU (`auto`), or the one asked for. Never fails: no
     such device, a device that fails its probe, or too little VRAM all give the CPU, with the reason.
 
-    `probe(device) -> str | None` (an error, or None when the device works) defaults to compute/probe.py's child
-    process.
+    `probe(device) -> str | None`: an error, or None when the device works (compute/probe.py's child process, as
+    `probe.choose_device` passes it; the tests pass their own).
     """
     options.check()
     if options.device == "cpu":
@@ -164,10 +164,6 @@ def choose(
                 else f"no {options.device} device found ({_driver_hint(options.device)})"
             )
             return DeviceChoice(None, 0, f"computing on the CPU: --device {options.device}: {why}")
-    if probe is None:
-        from tokenwing.compute.probe import probe_device
-
-        probe = probe_device
     failures = []
     for dev in candidates:  # the first that works; most machines have one
         budget, how = resolve_budget(options.vram_budget, dev)

@@ -17,7 +17,9 @@ import sys
 
 import numpy as np
 
-from tokenwing.compute.devices import Device
+from tokenwing.compute import ggml_lib
+from tokenwing.compute.backend import Backend, DeviceError, DeviceGraph, DeviceTensors
+from tokenwing.compute.devices import Device, DeviceChoice, DeviceOptions, choose, list_devices
 
 ARG = "__device_probe"  # `tokenwing __device_probe NAME` (the frozen engine has no `-m`)
 FAULT_ENV = "TOKENWING_TEST_DEVICE_FAULT"
@@ -47,12 +49,13 @@ def probe_device(device: Device, timeout: float = TIMEOUT_S) -> str | None:
     return last or f"exit code {r.returncode}"
 
 
+def choose_device(options: DeviceOptions, devices: list[Device] | None = None) -> DeviceChoice:
+    """`devices.choose` with each candidate probed in a child process (the engine's choice of device)."""
+    return choose(options, devices, probe_device)
+
+
 def run_probe(name: str) -> int:
     """The child's side: 0 when the device named `name` computes a Q8_0 product right."""
-    from tokenwing.compute import ggml_lib
-    from tokenwing.compute.backend import Backend, DeviceError, DeviceGraph, DeviceTensors
-    from tokenwing.compute.devices import list_devices
-
     ggml = ggml_lib.ops
     fault = os.environ.get(FAULT_ENV, "")
     dev = next((d for d in list_devices() if d.name == name), None)
