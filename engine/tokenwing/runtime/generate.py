@@ -34,6 +34,7 @@ class Generation:
     # why it ended: "eos", "stop" (a stop string), "grammar" (a response format's end), "cancelled",
     # "max_tokens" or "context_full" (finish_reason is "length" for the last two: OpenAI's one word for both)
     finish_detail: str = "max_tokens"
+    stop_string: str | None = None  # the stop string that ended it (finish_detail "stop"): Anthropic's stop_sequence
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens, already in the KV cache from the previous request
@@ -54,6 +55,7 @@ class TextStream:
         self.text = ""
         self.emitted = 0
         self.stopped = False
+        self.matched: str | None = None  # the stop string found (the earliest in the text, where several are)
 
     def push(self, data: bytes) -> str:
         self.pending += data
@@ -72,6 +74,7 @@ class TextStream:
             if i >= 0:
                 self.text = self.text[:i]
                 self.stopped = True
+                self.matched = s
         hold = 0 if self.stopped else max((self._prefix_len(s) for s in self.stops), default=0)
         ready = len(self.text) - hold
         out = self.text[self.emitted : ready] if ready > self.emitted else ""
@@ -166,6 +169,7 @@ class Decoding:
             self.on_text(piece)
         if self.stream.stopped:
             gen.finish_reason, gen.finish_detail = "stop", "stop"
+            gen.stop_string = self.stream.matched
             self.done = True
             return None
         if constraint is not None and script is None and constraint.finished:
@@ -325,5 +329,6 @@ def run_stats(
         "counters": {name: int(decode[:, i].sum()) for name, i in c.items()},
         "finish_reason": gen.finish_reason,
         "finish_detail": gen.finish_detail,
+        "stop_string": gen.stop_string,
         "n_ctx": session.n_ctx,
     }

@@ -350,7 +350,10 @@ class EngineWorker:
         slot = self._pick_slot(prompt)
         s.use(slot)
         # the HTTP status can be sent: nothing below is the request's fault
-        job.emit({"type": "accepted", **({"context_overflow": overflow} if overflow else {})})
+        # (its prompt's tokens: Anthropic's stream says them in its first event, before the reply)
+        job.emit(
+            {"type": "accepted", "prompt_tokens": len(prompt), **({"context_overflow": overflow} if overflow else {})}
+        )
         if self.options.prompt_cache:
             cached = s.reuse_prefix(prompt)  # a chat's next turn: only the new tokens are computed
         else:
