@@ -163,7 +163,7 @@ def compute_floor(
     when the experts are not all resident (the slot pool then holds only some). `part`: "dense" or "experts"
     for one half alone."""
     from tokenwing.compute.ggml_lib import ops
-    from tokenwing.runtime.batch import groups_of
+    from tokenwing.runtime.rows import groups_of
     from tokenwing.runtime.session import Session
 
     assert isinstance(s, Session)

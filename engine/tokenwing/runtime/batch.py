@@ -20,7 +20,7 @@ traffic is N × dense + union of experts; under a memory cap, where the drive bi
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,8 +28,8 @@ from tokenwing.compute.ggml_lib import Tensor, ops, to_numpy
 from tokenwing.errors import BadInputError
 from tokenwing.models import common
 from tokenwing.runtime.experts import selected
-from tokenwing.runtime.kvcache import KVCaches
 from tokenwing.runtime.lookahead import Ahead
+from tokenwing.runtime.rows import groups_of, rows_cache, rows_placement
 from tokenwing.runtime.token_graph import TokenGraph
 
 if TYPE_CHECKING:
@@ -244,11 +244,6 @@ def rows_group(s: Session, n: int) -> int:
     return group
 
 
-def groups_of(items: list[int], size: int) -> list[list[int]]:
-    """`items` in consecutive groups of `size` (the last one shorter)."""
-    return [items[i : i + size] for i in range(0, len(items), max(size, 1))]
-
-
 def rows_batch(s: Session, n: int) -> bool:
     """Whether n decode tokens of different sequences may go through the dense products as the n rows of one
     product (each matrix read once a step, one graph node instead of n), their attention still each over its own
@@ -291,24 +286,6 @@ def _product(s: Session, t: Tensor, x: np.ndarray) -> np.ndarray:
     y = ops.ggml_mul_mat(ctx, t, g.input(x))
     g.compute(y)
     return to_numpy(y).reshape(x.shape[0], -1).copy()
-
-
-def rows_placement(
-    ctx: Any, parts: list[common.Placement], positions: Tensor, caches: list[KVCaches]
-) -> common.Placement:
-    """Several sequences' decode tokens as the rows of one graph: a placement whose positions are theirs (in
-    order; what RoPE reads) and whose parts each attend over their own cache — those of consecutive slots of the
-    stacked caches with equal windows in one product (`common.batch_runs`)."""
-    slots = [kv.slot for kv in caches]
-    runs = common.batch_runs(ctx, parts, [s for s in slots if s is not None]) if None not in slots else ()
-    return dataclasses.replace(parts[0], n=len(parts), positions=positions, parts=tuple(parts), runs=runs)
-
-
-def rows_cache(caches: list[KVCaches], il: int) -> common.BatchKV:
-    """The caches of layer il of a batch's sequences (`rows_placement`)."""
-    layer = [common.kv_cache(kv[il]) for kv in caches]
-    c0 = layer[0]
-    return common.BatchKV(c0.k, c0.v, c0.elt, c0.v_width, c0.stack, c0.index, tuple(layer))
 
 
 def _one_graph(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray] | None:

@@ -22,6 +22,7 @@ from tokenwing.models import common
 from tokenwing.models.base import MoEModel
 from tokenwing.runtime.experts import ExpertCompute
 from tokenwing.runtime.kvcache import KVCaches, v_width
+from tokenwing.runtime.rows import groups_of, rows_cache, rows_placement
 
 
 class TokenGraph:
@@ -59,8 +60,6 @@ class TokenGraph:
         self.seqs: list[_Seq] = []
         self.rows: list[_Rows] = []
         if group > 1:
-            from tokenwing.runtime.batch import groups_of  # (batch.py builds these graphs)
-
             for idx in groups_of(list(range(len(kvs))), group):
                 windows_i = [windows[i] for i in idx]
                 self.rows.append(self._build_rows(model, [kvs[i] for i in idx], windows_i, experts, tables))
@@ -105,8 +104,6 @@ class TokenGraph:
         experts: ExpertCompute,
         tables: dict[int, Tensor],
     ) -> _Rows:
-        from tokenwing.runtime.batch import rows_cache, rows_placement
-
         hp, g, n = model.hp, self.g, len(kvs)
         ctx = g.ctx
         parts = [self._placement(window) for window in windows]
