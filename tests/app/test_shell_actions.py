@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from anthropic import Anthropic
+from openai import OpenAI
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QGuiApplication, QImage, QPalette
 from PySide6.QtTest import QTest
@@ -22,7 +24,7 @@ from runmyai.library.keys import HubKey, LocalKey
 from runmyai.ui import icons, theme
 from runmyai.ui.controller import AppController
 from runmyai.ui.main_window import PAGES, MainWindow
-from runmyai.ui.viewmodels import SettingsFile, server_url
+from runmyai.ui.viewmodels import SettingsFile, anthropic_url, server_url
 from tests.app.conftest import FILE, REPO
 from tests.app.hubserver import HubServer
 from tests.app.test_app_scenario import make_controller, until
@@ -89,6 +91,9 @@ def test_the_server_switch_serves_on_the_users_port_with_its_key_and_origins(
         assert page.url.text() == url and url in page.example.text() and key in page.example.text()
         page.copy_url.click()
         assert QGuiApplication.clipboard().text() == url
+        assert page.anthropic_url.text() == anthropic_url(port)  # Anthropic's clients add /v1/messages themselves
+        page.copy_anthropic_url.click()
+        assert QGuiApplication.clipboard().text() == anthropic_url(port)
         saved = SettingsFile(c.paths.settings / "app.json").load().server
         assert saved.enabled and saved.port == port and saved.cors_origins == ("http://localhost:3000",)
 
@@ -98,6 +103,15 @@ def test_the_server_switch_serves_on_the_users_port_with_its_key_and_origins(
         status, headers, _ = get(f"{url}/models", {"Authorization": f"Bearer {key}", "Origin": "http://localhost:3000"})
         assert status == 200 and headers.get("access-control-allow-origin") == "http://localhost:3000"
         assert get(f"{url}/models", {"Authorization": f"Bearer {key}", "Origin": "http://evil.example"})[0] == 403
+        # all three APIs, through their official clients, at the URLs the page shows (issue 48)
+        openai = OpenAI(base_url=page.url.text(), api_key=key)
+        said = openai.responses.create(model="m", input="Hi", max_output_tokens=4)
+        assert said.status in ("completed", "incomplete") and said.usage is not None and said.usage.output_tokens > 0
+        claude = Anthropic(base_url=page.anthropic_url.text(), api_key=key)
+        reply = claude.messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
+        assert reply.stop_reason in ("end_turn", "max_tokens") and reply.usage.output_tokens > 0
+        counted = claude.messages.count_tokens(model="m", messages=[{"role": "user", "content": "Hi"}])
+        assert counted.input_tokens == reply.usage.input_tokens > 0
 
         # a new key: the engine restarts with it, the old one is refused
         page.new_key.click()

@@ -27,7 +27,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from runmyai.ui.viewmodels import SHORTCUTS, AppSettings, ModelRow, ServerSettings, Theme, chosen_row, server_url
+from runmyai.ui.viewmodels import (
+    SHORTCUTS,
+    AppSettings,
+    ModelRow,
+    ServerSettings,
+    Theme,
+    anthropic_url,
+    chosen_row,
+    server_url,
+)
 
 
 def page_title(text: str, subtitle: str = "") -> QWidget:
@@ -176,13 +185,14 @@ LAN_WARNING = (
 
 
 class ServerPage(QWidget):
-    """The local OpenAI-compatible server: on/off, its port, its API key (always one), the URL to copy."""
+    """The local server (OpenAI's and Anthropic's APIs): on/off, its port, its API key (always one), the base URLs
+    to copy for each kind of client."""
 
     changed = Signal(object)  # ServerSettings
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.enabled = QCheckBox("Let programs on this computer use the model (OpenAI-compatible API)")
+        self.enabled = QCheckBox("Let programs on this computer use the model (OpenAI and Anthropic APIs)")
         self.port = QSpinBox()
         self.port.setRange(1024, 65535)
         self.key = QLineEdit()
@@ -192,6 +202,10 @@ class ServerPage(QWidget):
         self.url = QLineEdit()
         self.url.setReadOnly(True)
         self.copy_url = QPushButton("Copy")
+        # Anthropic's clients add /v1/messages to their base URL themselves: the same server, without /v1
+        self.anthropic_url = QLineEdit()
+        self.anthropic_url.setReadOnly(True)
+        self.copy_anthropic_url = QPushButton("Copy")
         self.cors = QLineEdit()
         self.cors.setPlaceholderText("none (browsers' pages cannot call it); e.g. http://localhost:3000")
         # LM Studio's "serve on local network": every address of this computer, never without the key
@@ -230,10 +244,14 @@ class ServerPage(QWidget):
         url_row = QHBoxLayout()
         url_row.addWidget(self.url, 1)
         url_row.addWidget(self.copy_url)
+        anthropic_row = QHBoxLayout()
+        anthropic_row.addWidget(self.anthropic_url, 1)
+        anthropic_row.addWidget(self.copy_anthropic_url)
         form = QFormLayout()
         form.addRow("Port", self.port)
         form.addRow("API key", key_row)
-        form.addRow("Base URL", url_row)
+        form.addRow("OpenAI base URL", url_row)
+        form.addRow("Anthropic base URL", anthropic_row)
         form.addRow("Allowed web origins", self.cors)
         form.addRow("", self.lan)
         fixed(self.port)
@@ -247,8 +265,9 @@ class ServerPage(QWidget):
         layout.addWidget(
             page_title(
                 "Local server",
-                "Other programs (editors, scripts, chat front-ends) can use the model loaded here, as they would "
-                "OpenAI's API. Only this computer can reach it (this network too, with the switch below), and only "
+                "Other programs (editors, scripts, agents, chat front-ends) can use the model loaded here, as they "
+                "would OpenAI's API (chat completions, Responses) or Anthropic's (Messages). Only this computer can "
+                "reach it (this network too, with the switch below), and only "
                 "with the key.",
             )
         )
@@ -270,6 +289,7 @@ class ServerPage(QWidget):
         self.new_key.clicked.connect(lambda: self._emit(new_key=True))
         self.copy_key.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.key.text()))
         self.copy_url.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.url.text()))
+        self.copy_anthropic_url.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.anthropic_url.text()))
 
     def set_settings(self, s: ServerSettings) -> None:
         self._settings = s
@@ -284,6 +304,7 @@ class ServerPage(QWidget):
             w.blockSignals(False)
         self.key.setText(s.api_key)
         self.url.setText(server_url(s.port))
+        self.anthropic_url.setText(anthropic_url(s.port))
         self.example.setText(
             f'curl {server_url(s.port)}/chat/completions -H "Authorization: Bearer {s.api_key}" '
             '-H "Content-Type: application/json" -d \'{"messages": [{"role": "user", "content": "Hello"}]}\''

@@ -265,7 +265,13 @@ def new_api_key() -> str:
 
 
 def server_url(port: int) -> str:
+    """The base URL OpenAI's clients take (chat completions, completions, Responses: they add /chat/completions…)."""
     return f"http://127.0.0.1:{port}/v1"
+
+
+def anthropic_url(port: int) -> str:
+    """The base URL Anthropic's clients take (its SDK, Claude Code's ANTHROPIC_BASE_URL): they add /v1/messages."""
+    return f"http://127.0.0.1:{port}"
 
 
 class SettingsFile:
