@@ -112,6 +112,50 @@ def test_every_error_is_the_json_format(server: Server) -> None:
     assert r.status == 404 and r.error()["type"] == "not_found_error"
 
 
+def _raw_bytes(server: Server, data: bytes) -> Reply:
+    """These bytes on a fresh connection, the answer read to the server's close."""
+    port = int(server.handshake["port"])
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(data)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = [(k.strip().lower(), v.strip()) for k, _, v in (ln.partition(":") for ln in header_lines)]
+    return Reply(int(status_line.split()[1]), headers, body)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"GARBAGE\r\n\r\n",  # no method, path or version
+        b"GET /health HTTP/9\r\nHost: x\r\n\r\n",  # a version h11 does not know
+        b"GET /health HTTP/1.1\r\nHost: x\r\nno colon in this header\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Bad: a\x00b\r\n\r\n",  # a NUL in a value
+        b"GET /health HTTP/1.1\r\nX-Long: " + b"a" * (64 << 10),  # a header block past h11's 16 KiB, unended
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64),  # a TLS hello on the plain port
+    ],
+)
+def test_an_unparseable_request_is_a_json_400(server: Server, data: bytes) -> None:
+    """uvicorn answered these itself, before any app code, with a plain-text 'Invalid HTTP request received.'"""
+    r = _raw_bytes(server, data)
+    assert r.status == 400 and r.header("content-type") == "application/json", (r.headers, r.body)
+    assert "invalid HTTP request" in r.error()["message"]
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_head_on_the_stats_stream_ends(server: Server) -> None:
+    """HEAD gets the stream's headers and no body (it streamed keep-alives forever: this read to the server's close
+    never ended)."""
+    port = int(server.handshake["port"])
+    head = f"HEAD /v1/tokenwing/stats/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {KEY}\r\n"
+    r = _raw_bytes(server, (head + "Connection: close\r\n\r\n").encode())
+    assert r.status == 200 and r.header("content-type") is not None
+    assert str(r.header("content-type")).startswith("text/event-stream")
+    assert r.body == b""
+
+
 @pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER", "bEaReR"])
 def test_the_auth_scheme_is_case_insensitive(server: Server, scheme: str) -> None:
     r = httpx.get(server.url + "/v1/models", headers={"Authorization": f"{scheme} {KEY}"})

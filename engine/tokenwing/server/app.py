@@ -267,6 +267,9 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         )
 
     async def stats_stream(request: Request) -> Response:
+        headers = {"Cache-Control": "no-cache"}
+        if request.method == "HEAD":  # (Starlette routes HEAD to a GET route: the stream's headers, no endless body)
+            return Response(media_type="text/event-stream", headers=headers)
         loop = asyncio.get_running_loop()
         q = worker.subscribe(loop)
 
@@ -283,7 +286,7 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
             finally:
                 worker.unsubscribe(q)
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
     async def metrics(request: Request) -> Response:
         lines = [

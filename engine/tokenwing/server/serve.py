@@ -21,6 +21,7 @@ from tokenwing.runtime.session import SessionOptions
 from tokenwing.server.access_log import AccessLog
 from tokenwing.server.app import API_VERSION, create_app
 from tokenwing.server.guard import Access, Guard
+from tokenwing.server.http_protocol import JsonErrorH11Protocol
 from tokenwing.server.worker import EngineWorker
 from tokenwing.text import render_worker
 from tokenwing.version import __version__
@@ -90,6 +91,7 @@ def serve(
             lifespan="off",
             access_log=False,
             timeout_graceful_shutdown=1,
+            http=JsonErrorH11Protocol,  # (an unparseable request's 400 in the JSON error format too)
         )
     )
     if watch_stdin:
