@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from tokenwing.errors import BadInputError, exit_codes
+from tokenwing.flags import add_engine_arguments
 from tokenwing.streaming.memory import HEADROOM, MemoryInfo, memory_info
 from tokenwing.version import __version__
 
@@ -60,8 +61,6 @@ def engine_flags() -> dict[str, dict[str, Any]]:
     """The flags `run`, `serve` and `logits` take about a model, read from the parser that takes them: per flag
     its default (None: the engine decides at start), its kind (bool: `--X` / `--no-X`; int; choice, with its
     choices; str) and its help."""
-    from tokenwing.cli import add_engine_arguments
-
     parser = argparse.ArgumentParser(add_help=False)
     add_engine_arguments(parser)
     out: dict[str, dict[str, Any]] = {}
