@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from tokenwing.format.gguf_io import KV, ValueType
 from tokenwing.testmodel.shapes import ModelShape
 from tokenwing.testmodel.tokenizer import FAMILIES as tokenizer_families
+from tokenwing.testmodel.tokenizer import build_vocabulary
 
 
 @dataclass(frozen=True)
@@ -1241,8 +1242,6 @@ def _qwen4exp_kv(s: ModelShape) -> dict[str, KV]:
     """As llama.cpp's converter writes Qwen3.8 Flash Next: Qwen3.5's keys, the hyper-connections' count and rank, the
     indexer (its ratio on full-attention layers, 0 on linear ones), and the PLE group where a layer has the table:
     its hash constants as uint64 arrays, the EOS that resets the n-grams, the table's row width."""
-    from tokenwing.testmodel.tokenizer import build_vocabulary
-
     a = "qwen4exp"
     kv = _qwen_next_kv(s, a)
     kv[f"{a}.hyper_connection.count"] = KV.u32(s.hc_mult)
@@ -1307,3 +1306,8 @@ ARCHITECTURES["qwen4exp"] = Architecture(
     "hyper-connections, an n-gram embedding table on one layer, softmax top-k experts and a gated shared expert",
 )
 _ROUTED = (*_ROUTED, "qwen4exp")  # type: ignore[assignment]  # (a fixed-length tuple above)
+
+
+def n_params(s: ModelShape) -> int:
+    """The parameters of a model of this shape: every tensor the family's list has (its MTP blocks too)."""
+    return sum(math.prod(spec.shape) for spec in tensor_specs(s))

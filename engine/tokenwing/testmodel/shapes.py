@@ -110,17 +110,6 @@ class ModelShape:
         """Blocks in the file: the ones that run, then the next-token-prediction ones."""
         return self.n_layer + self.n_mtp
 
-    def n_params(self) -> int:
-        from tokenwing.testmodel.architectures import tensor_specs
-
-        total = 0
-        for spec in tensor_specs(self):
-            n = 1
-            for d in spec.shape:
-                n *= d
-            total += n
-        return total
-
 
 PRESETS: dict[str, ModelShape] = {
     "tiny": ModelShape(),
