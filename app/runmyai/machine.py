@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import importlib
 import json
 import os
 import platform
 import shutil
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -355,8 +357,6 @@ def saved_gpu_copy(directory: Path, machine_id: str) -> GpuCopy | None:
 
 
 def _machine_id() -> str:
-    from runmyai.engine.settings import machine_fingerprint  # (it reads this module's probes: imported late)
-
     return machine_fingerprint().id
 
 
@@ -371,3 +371,29 @@ def saved_decode_probe(directory: Path) -> DecodeProbe | None:
         return probe if probe.compute_s > 0 and probe.layers > 0 else None
 
     return _newest_saved(directory, "autotune-*.json", read)
+
+
+@dataclass(frozen=True)
+class MachineFingerprint:
+    hostname: str
+    cpu_model: str
+    ram_total: int
+
+    @property
+    def id(self) -> str:
+        text = f"{self.hostname}|{self.cpu_model}|{self.ram_total}"
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"hostname": self.hostname, "cpu_model": self.cpu_model, "ram_total": self.ram_total, "id": self.id}
+
+
+_FINGERPRINT: MachineFingerprint | None = None
+
+
+def machine_fingerprint() -> MachineFingerprint:
+    """This machine (computed once per process: a few small reads)."""
+    global _FINGERPRINT
+    if _FINGERPRINT is None:
+        _FINGERPRINT = MachineFingerprint(socket.gethostname(), cpu_info()[0], ram_info()[0])
+    return _FINGERPRINT

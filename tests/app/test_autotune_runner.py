@@ -14,11 +14,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runmyai.engine.autotune import DEFAULT_CONTEXT, MEMORY_RULE, AutotuneError, AutotuneRunner, nvidia_vram
-from runmyai.engine.settings import MachineFingerprint, machine_fingerprint
+from runmyai.engine.autotune import MEMORY_RULE, AutotuneError, AutotuneRunner, nvidia_vram
+from runmyai.engine.settings import DEFAULT_CONTEXT
 from runmyai.engine.supervisor import EngineSupervisor
 from runmyai.library.estimate import calibration_for
-from runmyai.machine import probe_machine
+from runmyai.machine import MachineFingerprint, machine_fingerprint, probe_machine
 from runmyai.paths import AppPaths
 from tests.conftest import ModelFactory
 

@@ -407,7 +407,7 @@ def test_vram_swaps_copy_at_the_measured_speed_else_a_default() -> None:
 def test_gpu_copy_speeds_from_this_machines_saved_autotune(tmp_path: Path) -> None:
     """`machine.gpu` of the newest autotune result saved for this machine (its id in the file name); results of
     another machine and results without a GPU are not this machine's copy speed."""
-    from runmyai.engine.settings import machine_fingerprint
+    from runmyai.machine import machine_fingerprint
 
     here = machine_fingerprint().id
     gpu = {"name": "Vulkan0", "description": "NVIDIA H200", "up_gb_per_s": 25.5, "down_gb_per_s": 21.0}

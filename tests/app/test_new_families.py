@@ -17,9 +17,9 @@ from typing import TypeVar
 import httpx
 import pytest
 
-from runmyai.engine.autotune import DEFAULT_CONTEXT
 from runmyai.engine.client import ChatClient, ChatSettings
 from runmyai.engine.info import ask_engine
+from runmyai.engine.settings import DEFAULT_CONTEXT
 from runmyai.engine.supervisor import EngineSupervisor
 from runmyai.library.estimate import footprint_of
 from runmyai.library.local import LocalLibrary

@@ -395,7 +395,7 @@ def test_will_it_run_here_for_the_new_families(engine: EngineInfo, preset_id: st
     """ "Will it run here?" with the installed engine: it runs the preset's architecture (so the verdict is the
     machine's, not "unsupported"), and the context's memory is the preset's KV bytes per token (the engine's rule,
     test_preset_kv_bytes_are_the_engines_rule) times the context, said in the reasoning."""
-    from runmyai.engine.autotune import DEFAULT_CONTEXT
+    from runmyai.engine.settings import DEFAULT_CONTEXT
     from runmyai.library.estimate import ENGINE_RESERVE, estimate, preset_footprint
     from runmyai.machine import MachineInfo
     from runmyai.units import human_bytes

@@ -32,9 +32,10 @@ from typing import Any
 
 from runmyai.engine.command import FlagValue, check_flag_name, engine_command, flag_args
 from runmyai.engine.faults import classify_exit, engine_error_line
-from runmyai.engine.settings import MachineFingerprint, SettingsFiles, machine_fingerprint
+from runmyai.engine.settings import DEFAULT_CONTEXT, SettingsFiles
 from runmyai.jsonfile import read_json, write_json_atomic
-from runmyai.machine import DecodeProbe, GpuInfo, GpuReport, nvidia_vram
+from runmyai.library.estimate import probe_measurement
+from runmyai.machine import DecodeProbe, GpuInfo, GpuReport, MachineFingerprint, machine_fingerprint, nvidia_vram
 from runmyai.paths import AppPaths
 from runmyai.speeds import load_per_core, record_speed
 
@@ -42,7 +43,6 @@ from runmyai.speeds import load_per_core, record_speed
 INFO_ONLY = frozenset(
     {"expert_cache_share", "gpus", "memory_rule", "vram_plan", "vram_expert_share", "gpu_copy_gb_per_s"}
 )
-DEFAULT_CONTEXT = 8192  # tokens of chat context unless the user asks for more (the KV cache is sized for it)
 MEMORY_RULE = "free memory at each start"
 DECODE_PROBE_TOKENS = 32  # a short decode after autotune calibrates the estimate (a few seconds on small models)
 # With the built-in model (the first start's offer) a longer one: its first tokens are slow (page faults, graph
@@ -331,8 +331,6 @@ class AutotuneRunner:
         """The decode probe joins this machine's measured speeds (runmyai.speeds), which calibrate the estimate
         robustly over several runs; the autotune file keeps only the newest. `load`: the load average per core as
         the decode ended (its minute also holds autotune's own drive probe, a second or two of it)."""
-        from runmyai.library.estimate import probe_measurement  # (the estimate reads this module's constants)
-
         try:
             probe = DecodeProbe(
                 float(decode["compute_s"]),

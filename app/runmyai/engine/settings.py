@@ -16,38 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-import socket
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from runmyai.machine import cpu_info, ram_info
+from runmyai.machine import MachineFingerprint, machine_fingerprint
 
-
-@dataclass(frozen=True)
-class MachineFingerprint:
-    hostname: str
-    cpu_model: str
-    ram_total: int
-
-    @property
-    def id(self) -> str:
-        text = f"{self.hostname}|{self.cpu_model}|{self.ram_total}"
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"hostname": self.hostname, "cpu_model": self.cpu_model, "ram_total": self.ram_total, "id": self.id}
-
-
-_FINGERPRINT: MachineFingerprint | None = None
-
-
-def machine_fingerprint() -> MachineFingerprint:
-    """This machine (computed once per process: a few small reads)."""
-    global _FINGERPRINT
-    if _FINGERPRINT is None:
-        _FINGERPRINT = MachineFingerprint(socket.gethostname(), cpu_info()[0], ram_info()[0])
-    return _FINGERPRINT
+DEFAULT_CONTEXT = 8192  # tokens of chat context unless the user asks for more (the KV cache is sized for it)
 
 
 def model_key(model: Path) -> str:

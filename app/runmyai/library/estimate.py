@@ -38,8 +38,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from runmyai.engine.autotune import DEFAULT_CONTEXT
 from runmyai.engine.info import EngineInfo
+from runmyai.engine.settings import DEFAULT_CONTEXT
 from runmyai.library.local import LocalModel
 from runmyai.library.presets import Preset
 from runmyai.machine import DecodeProbe, MachineInfo
