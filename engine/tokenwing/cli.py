@@ -266,6 +266,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
         return 0
     m = info["memory"]
     print(f"tokenwing {info['version']}")
+    g = info["ggml"]
+    backends = ", ".join(f"{k}{'' if on else ' (built, not loaded here)'}" for k, on in g["backends"].items())
+    print(f"ggml {g['version']} ({g['source']}); backends: {backends}")
+    print(f"CPU backend: {g['cpu_variant']} ({g['cpu_variant_why']}) of {', '.join(g['cpu_variants'])}")
     print(f"architectures: {', '.join(info['architectures'])}")
     print(
         f"memory: {human_bytes(m['available'])} available of {human_bytes(m['total'])}, limit "

@@ -57,6 +57,23 @@ def devices(isa: list[str], mem: MemoryInfo) -> list[dict[str, Any]]:
     return out
 
 
+def ggml_facts() -> dict[str, Any]:
+    """Which ggml this engine runs: its version and source (the build's build.json), the CPU backend module it
+    loaded with the reason (the best level this CPU runs, or TOKENWING_CPU_VARIANT) and every level the build has,
+    and the GPU backends the build has with whether each loaded here (no Vulkan loader, no CUDA driver: not)."""
+    from tokenwing.compute import ggml_api as ggml
+
+    built = ggml.build_info()
+    return {
+        "version": built.get("ggml"),
+        "source": built.get("source"),
+        "cpu_variant": ggml.CPU_VARIANT,
+        "cpu_variant_why": ggml.CPU_VARIANT_WHY,
+        "cpu_variants": list(ggml.cpu_variants()),
+        "backends": {"cpu": True, **ggml.load_gpu_backends()},
+    }
+
+
 def engine_flags() -> dict[str, dict[str, Any]]:
     """The flags `run`, `serve` and `logits` take about a model, read from the parser that takes them: per flag
     its default (None: the engine decides at start), its kind (bool: `--X` / `--no-X`; int; choice, with its
@@ -145,6 +162,7 @@ def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20, mode
     mem = memory_info()
     info: dict[str, Any] = {
         "version": __version__,
+        "ggml": ggml_facts(),
         "architectures": {arch: {"weight_types": types} for arch in supported_architectures()},
         "headroom_bytes": HEADROOM,
         # what a device keeps free beyond --vram-budget's default: total / divisor, within min and max bytes

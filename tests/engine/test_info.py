@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ModelFactory, assert_clean_error, run_cli
 from tokenwing import errors
+from tokenwing.compute import ggml_api
 from tokenwing.compute.devices import headroom
 from tokenwing.format.inspect import inspect_model
 from tokenwing.info import engine_flags, model_facts
@@ -99,3 +103,31 @@ def test_flags_without_a_model_and_a_model_that_is_not_one(tmp_path: Path) -> No
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf at all")
     assert_clean_error(run_cli("info", "--json", str(junk)), 2)
+
+
+def test_info_names_its_ggml_the_cpu_backend_it_loaded_and_the_backends() -> None:
+    """Which ggml runs is an engine fact (issue 46): the build's version and source, the CPU level it loaded and
+    why (TOKENWING_CPU_VARIANT picks one: the lowest, which every x86-64 CPU runs), the GPU backends built and
+    whether each loaded (TOKENWING_VULKAN=0 keeps Vulkan's unloaded)."""
+    built = ggml_api.build_info()
+    env = {**os.environ, ggml_api.ENV_CPU: "x64", ggml_api.ENV_VULKAN: "0"}
+    r = subprocess.run(
+        [sys.executable, "-m", "tokenwing", "info", "--json"], capture_output=True, text=True, env=env, check=False
+    )
+    assert r.returncode == 0, r.stderr
+    g = json.loads(r.stdout)["ggml"]
+    assert g["version"] == built["ggml"] and g["source"] == built["source"]
+    assert g["cpu_variant"] == "x64" and ggml_api.ENV_CPU in g["cpu_variant_why"]
+    assert set(g["cpu_variants"]) == set(ggml_api.cpu_variants()) and "x64" in g["cpu_variants"]
+    assert set(g["backends"]) == {"cpu", *ggml_api.available_gpu_backends()} and g["backends"]["cpu"] is True
+    if "vulkan" in g["backends"]:
+        assert g["backends"]["vulkan"] is False  # built, not loaded: the line says so
+    text = subprocess.run(
+        [sys.executable, "-m", "tokenwing", "info"], capture_output=True, text=True, env=env, check=False
+    ).stdout
+    assert f"ggml {built['ggml']} ({built['source']})" in text
+    assert "CPU backend: x64 (TOKENWING_CPU_VARIANT=x64)" in text
+    # left to choose, it loads the level ggml's own scores rank first on this CPU
+    auto = json.loads(run_cli("info", "--json").stdout)["ggml"]
+    variants = ggml_api.cpu_variants()
+    assert auto["cpu_variant"] == max(variants, key=lambda n: ggml_api.score(variants[n]))
