@@ -10,6 +10,9 @@ class TokenWingError(Exception):
 
     exit_code = 1
     kind = "error"
+    # the same input fails the same way again: a program that runs the engine need not retry (a download
+    # manager marks the job failed for good); a full disk or a fault of the engine's may pass
+    permanent = False
 
 
 class BadInputError(TokenWingError):
@@ -17,6 +20,7 @@ class BadInputError(TokenWingError):
 
     exit_code = 2
     kind = "bad_input"
+    permanent = True
 
 
 class CorruptModelError(BadInputError):
@@ -49,3 +53,15 @@ def exit_codes() -> dict[str, int]:
         out[cls.kind] = cls.exit_code
         todo += cls.__subclasses__()
     return dict(sorted(out.items(), key=lambda kv: kv[1]))
+
+
+def permanent_kinds() -> list[str]:
+    """The kinds whose failure retrying the same input cannot change (`permanent`), sorted."""
+    out: set[str] = set()
+    todo: list[type[TokenWingError]] = [TokenWingError]
+    while todo:
+        cls = todo.pop()
+        if cls.permanent:
+            out.add(cls.kind)
+        todo += cls.__subclasses__()
+    return sorted(out)

@@ -9,7 +9,7 @@ import argparse
 import os
 from typing import Any
 
-from tokenwing.errors import BadInputError, exit_codes
+from tokenwing.errors import BadInputError, exit_codes, permanent_kinds
 from tokenwing.flags import add_engine_arguments
 from tokenwing.streaming.memory import HEADROOM, MemoryInfo, memory_info
 from tokenwing.version import __version__
@@ -171,6 +171,7 @@ def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20, mode
         # --moe-stream-decay-tokens 0 (its default) means the policy's own half-life, in tokens
         "decay_tokens_by_policy": dict(DECAY_TOKENS),
         "exit_codes": exit_codes(),
+        "permanent_exit_kinds": permanent_kinds(),  # (retrying the same input cannot change these)
         "memory": {
             "total": mem.total,
             "available": mem.available,

@@ -31,6 +31,10 @@ def test_the_engine_says_what_it_runs_and_it_is_cached(tmp_path: Path) -> None:
     assert info.headroom_bytes == HEADROOM  # one number, the engine's
     assert info.swaps_per_token_max == SWAP_MAX / SWAP_EVERY  # the estimate's bound on VRAM swaps, the engine's
     assert json.loads(cache_path(tmp_path).read_text())["version"] == __version__
+    # which refusals are for good is the engine's word too (a download that fails so is not resumed)
+    assert info.permanent_kinds == {"bad_input", "corrupt_model", "unsupported"}
+    assert info.permanent(info.exit_codes["corrupt_model"]) and not info.permanent(info.exit_codes["no_disk_space"])
+    assert not info.permanent(None) and not info.permanent(1)
     # cached per version: a broken engine command is not even run
     broken = [sys.executable, "-c", "import sys; sys.exit(3)"]
     assert asyncio.run(ask_engine(tmp_path, broken)) == info
@@ -53,6 +57,21 @@ def test_the_engine_says_what_it_runs_and_it_is_cached(tmp_path: Path) -> None:
 def test_garbage_is_not_engine_info(raw: object) -> None:
     with pytest.raises(ValueError):
         parse_info(raw)
+
+
+def test_what_is_permanent_follows_the_engines_word(tmp_path: Path) -> None:
+    """A kind the engine calls permanent is, one it does not is not: the app keeps no list of its own. A cached
+    answer from before the engine said so is asked again."""
+    base = {"version": "1", "architectures": {}, "headroom_bytes": 0, "exit_codes": {"bad_input": 2, "odd": 9}}
+    said = parse_info({**base, "permanent_exit_kinds": ["odd", 7]})
+    assert said.permanent(9) and not said.permanent(2) and said.permanent_kinds == {"odd"}
+    assert not parse_info(base).permanent(2)  # an engine that does not say: nothing is taken as for good
+    asyncio.run(ask_engine(tmp_path))
+    old = json.loads(cache_path(tmp_path).read_text())
+    del old["permanent_exit_kinds"]
+    cache_path(tmp_path).write_text(json.dumps(old))
+    assert asyncio.run(ask_engine(tmp_path)).permanent_kinds  # asked again, not read from the old answer
+    assert "permanent_exit_kinds" in json.loads(cache_path(tmp_path).read_text())  # and cached anew
 
 
 def test_a_swap_rule_that_cannot_be_read_is_none() -> None:

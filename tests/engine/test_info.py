@@ -43,6 +43,7 @@ def test_info_reports_flags_headroom_exit_codes_and_the_models_kv_cache(repacked
     rule = info["device_headroom"]
     for total in (2 << 30, 8 << 30, 24 << 30, 141 << 30):
         assert min(rule["max_bytes"], max(rule["min_bytes"], total // rule["divisor"])) == headroom(total)
+    assert info["permanent_exit_kinds"] == ["bad_input", "corrupt_model", "unsupported"]  # (a full disk may pass)
     assert info["exit_codes"] == {
         "error": 1,
         "bad_input": 2,

@@ -58,6 +58,8 @@ class EngineInfo:
     swaps_per_token_max: float | None = None
     flags: Mapping[str, FlagInfo] = field(default_factory=dict)  # "--moe-stream-policy" → its default and choices
     exit_codes: Mapping[str, int] = field(default_factory=dict)  # "no_disk_space" → 5
+    # the exit kinds retrying the same input cannot change ("corrupt_model"): the engine's word, not a copy
+    permanent_kinds: frozenset[str] = frozenset()
     device_headroom: DeviceHeadroom | None = None
 
     def runs(self, arch: str) -> bool:
@@ -70,6 +72,10 @@ class EngineInfo:
     def exit_kind(self, code: int | None) -> str | None:
         """The engine's name for an exit code ("no_disk_space"), None for one it does not name."""
         return next((kind for kind, c in self.exit_codes.items() if c == code), None)
+
+    def permanent(self, code: int | None) -> bool:
+        """True for an exit code whose failure the same input meets again (the engine's `permanent_exit_kinds`)."""
+        return self.exit_kind(code) in self.permanent_kinds
 
     def device_headroom_bytes(self, total: int) -> int:
         """What the engine keeps free on a device of `total` bytes (0 when the engine does not say)."""
@@ -106,6 +112,7 @@ def parse_info(raw: object) -> EngineInfo:
         swaps_per_token_max=_swap_rate(raw.get("vram_swaps")),
         flags=_flags(raw.get("flags")),
         exit_codes=_exit_codes(raw.get("exit_codes")),
+        permanent_kinds=_names(raw.get("permanent_exit_kinds")),
         device_headroom=_device_headroom(raw.get("device_headroom")),
     )
 
@@ -126,6 +133,10 @@ def _exit_codes(raw: object) -> dict[str, int]:
     if not isinstance(raw, dict):
         return {}
     return {k: v for k, v in raw.items() if isinstance(k, str) and _positive_int(v)}
+
+
+def _names(raw: object) -> frozenset[str]:
+    return frozenset(k for k in raw if isinstance(k, str)) if isinstance(raw, list) else frozenset()
 
 
 def _device_headroom(raw: object) -> DeviceHeadroom | None:
@@ -162,9 +173,9 @@ async def ask_engine(folder: Path, command: Sequence[str] | None = None, *, refr
                 info = parse_info(cached)
             except ValueError:
                 info = None
-            # (an answer cached by an engine of this version from before it reported its flags and exit codes
-            # is asked again)
-            if info is not None and info.version == __version__ and info.flags and info.exit_codes:
+            # (an answer cached by an engine of this version from before it reported its flags, exit codes and
+            # which of them are for good is asked again)
+            if info is not None and info.version == __version__ and info.flags and info.permanent_kinds:
                 return info
     argv = [*(command if command is not None else engine_command()), "info", "--json"]
     try:

@@ -59,8 +59,6 @@ SOURCE_WINDOW = 2  # shards on disk at once in their downloaded form (one repack
 
 Phase = Literal["listing", "planning", "downloading", "repacking", "done"]
 JobState = Literal["running", "paused", "failed", "done", "forgotten"]
-# What the engine refuses for good (`tokenwing info --json`'s exit kinds): retrying the same files changes nothing.
-PERMANENT_ENGINE_KINDS = frozenset({"unsupported", "corrupt_model", "bad_input"})
 # What the hub says for good: a file or repository that is not there, bytes that never match their checksum, a
 # file changed upstream under the job's recorded checksums.
 PERMANENT_HUB_KINDS = frozenset({"not_found", "corrupt", "changed"})
@@ -425,7 +423,7 @@ class Acquirer:
         if isinstance(e, AcquireError):
             return e.permanent
         if isinstance(e, LibraryError):
-            return self.engine().exit_kind(e.exit_code) in PERMANENT_ENGINE_KINDS
+            return self.engine().permanent(e.exit_code)  # (the engine says which of its refusals are for good)
         if isinstance(e, HubError):
             return e.kind in PERMANENT_HUB_KINDS
         return False
@@ -433,7 +431,7 @@ class Acquirer:
     def _refusal(self, e: BaseException, job: Job) -> str | None:
         """The engine's one-line reason when it refuses the model itself (an architecture it cannot run, a
         corrupt header), without the job's folder in it; None for any other failure."""
-        if not isinstance(e, LibraryError) or self.engine().exit_kind(e.exit_code) not in PERMANENT_ENGINE_KINDS:
+        if not isinstance(e, LibraryError) or not self.engine().permanent(e.exit_code):
             return None
         reason = e.detail or str(e)
         for folder in ("headers", "shards"):  # a shard by its name, not where the job keeps it
