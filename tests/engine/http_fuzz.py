@@ -300,16 +300,18 @@ def _deep(rng: random.Random) -> bytes:
     return b'{"messages": ' + inner + b"}" if rng.random() < 0.5 else inner
 
 
-def cases(seed: int, n: int) -> Iterator[Case]:
-    """n cases from `seed`: the same seed, the same requests (the fuzz is repeatable)."""
+def cases(seed: int, n: int, routes: dict[str, dict[str, Any]] | None = None) -> Iterator[Case]:
+    """n cases from `seed`: the same seed, the same requests (the fuzz is repeatable). `routes`: the POST routes
+    and their valid bodies to mutate (every route's by default)."""
+    posts = routes or POST_ROUTES
     rng = random.Random(seed)
     ctype = ["Content-Type: application/json"]
     kinds = ["field-type", "field-type", "field-type", "field-drop", "raw-value", "random-bytes", "truncated",
              "byte-flip", "deep", "huge", "headers", "method", "route"]  # fmt: skip
     for _ in range(n):
         kind = rng.choice(kinds)
-        path = rng.choice(list(POST_ROUTES))
-        base = POST_ROUTES[path]
+        path = rng.choice(list(posts))
+        base = posts[path]
         text = json.dumps(base).encode()
         if kind == "field-type":  # a field (at any depth) given a value of another type
             where = rng.choice(list(_paths(base)))
@@ -353,7 +355,7 @@ def cases(seed: int, n: int) -> Iterator[Case]:
             headers = rng.choice(BAD_HEADERS)
             yield Case(f"{kind} {headers}", "POST", path, text, headers)
         elif kind == "method":
-            target = rng.choice([*POST_ROUTES, *GET_ROUTES, "/v1/tokenwing/stats/stream"])
+            target = rng.choice([*posts, *GET_ROUTES, "/v1/tokenwing/stats/stream"])
             # (GET and HEAD of the stats stream are its own use: it streams until the client leaves)
             method = rng.choice([m for m in BAD_METHODS if not (target.endswith("/stream") and m in ("GET", "HEAD"))])
             sent = text if rng.random() < 0.5 else None

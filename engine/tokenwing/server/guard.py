@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tokenwing.errors import BadInputError
+from tokenwing.server import messages
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -172,6 +173,8 @@ class Guard:
         if cors is not None:
             send = _with_cors(send, cors)
         if refusal is not None:
+            if messages.routed(str(scope.get("path", ""))):  # (Anthropic's clients read their API's error format)
+                refusal = messages.as_anthropic(refusal)
             await refusal(scope, receive, send)
             return
         await self.app(scope, receive, send)

@@ -12,6 +12,7 @@ from starlette.requests import Request
 
 from tokenwing.server.protocol import GenerationRequest, RequestError
 from tokenwing.server.worker import EngineWorker, Job
+from tokenwing.text.tools.reply import prepare
 
 
 def submit(worker: EngineWorker, req: GenerationRequest) -> Job:
@@ -56,3 +57,31 @@ def call(ev: dict[str, Any]) -> dict[str, Any]:
 def usage(ev: dict[str, Any]) -> dict[str, int]:
     p, c = int(ev.get("prompt_tokens", 0)), int(ev.get("completion_tokens", 0))
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+UNENFORCED_HEADER = "X-TokenWing-Unenforced"
+
+
+def unenforced_headers(req: GenerationRequest) -> dict[str, str]:
+    """The response header that names the schema keywords the request's grammar did not enforce (none where all
+    was): `X-TokenWing-Unenforced: kw1,kw2`. A name comes from the client's schema (an unknown format's): printable
+    ASCII only, so that no name can break or add a header line."""
+    names = ("".join(c if " " <= c <= "~" and c != "," else "?" for c in k) for k in req.unenforced)
+    return {UNENFORCED_HEADER: ",".join(names)} if req.unenforced else {}
+
+
+def prompt_tokens(
+    worker: EngineWorker,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    variables: dict[str, Any],
+    add_generation_prompt: bool = True,
+) -> int:
+    """The tokens of the prompt a chat makes, as the engine would run it (before any overflow policy): the model's
+    own template, the tools shown as the worker shows them (/v1/chat/count, /v1/messages/count_tokens). It renders
+    and tokenizes: call it beside the engine's thread (asyncio.to_thread). Raises BadInputError for a conversation
+    the template refuses."""
+    assert worker.chat is not None and worker.syntax is not None and worker.session is not None  # (state ok)
+    shown = prepare(worker.syntax, messages, tools)
+    text = worker.chat.template.render(shown, add_generation_prompt, tools=tools, **variables)
+    return len(worker.session.tokenizer.encode(text, special=True))
