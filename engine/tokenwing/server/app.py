@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from tokenwing.errors import BadInputError
-from tokenwing.server import jobs
+from tokenwing.server import jobs, responses
 from tokenwing.server.protocol import (
     MAX_BODY,
     GenerationRequest,
@@ -316,6 +316,7 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         Route("/v1/models", guarded(models)),
         Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
         Route("/v1/completions", guarded(completions), methods=["POST"]),
+        *responses.routes(worker, model_id, guarded, read_json),  # /v1/responses (server/responses.py)
         Route("/apply-template", guarded(apply_template), methods=["POST"]),
         Route("/v1/chat/count", guarded(chat_count), methods=["POST"]),
         Route("/tokenize", guarded(tokenize_route), methods=["POST"]),
