@@ -226,11 +226,12 @@ def test_unenforced_keywords_are_named(plain: tuple[Server, list[str]]) -> None:
 # ------------------------------------------------------------------------- thinking, an auto call, round trip
 @pytest.fixture(scope="module")
 def scripted(model: Path) -> Iterator[Server]:
-    """Each reply in order, one per generating request: a thought and a call (twice: created, then streamed),
+    """Each reply in order, one per generating request: a thought and a call (three times: created, streamed,
+    streamed with its thinking omitted),
     then a thought and the answer after the call's result."""
     mp = pytest.MonkeyPatch()
     call = f"<think>\n{THOUGHT}\n</think>\n\n{CALL}"
-    mp.setenv("TOKENWING_TEST_TOKENS", script(model, [call, call, f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"]))
+    mp.setenv("TOKENWING_TEST_TOKENS", script(model, [call, call, call, f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"]))
     s = Server(model, "--ctx", "4096")
     mp.undo()
     yield s
@@ -267,7 +268,16 @@ def test_thinking_tool_use_and_the_round_trip(scripted: Server) -> None:
     assert final.content[0].thinking == THOUGHT and final.content[0].signature == think.signature
     assert final.content[1].input == {"city": "Zürich"} and final.content[1].name == "get_weather"
 
-    # 3. the result goes back (its turn as the SDK's blocks, the thinking included), and the model answers
+    # 3. thinking's display omitted: the block comes empty, its signature the same, and no thinking_delta goes out
+    omitted: Any = {**thinking, "display": "omitted"}
+    with c.messages.stream(model="m", messages=USER, tools=TOOLS, thinking=omitted, max_tokens=400) as s:
+        hidden = [getattr(getattr(e, "delta", None), "type", None) for e in s]
+        quiet = s.get_final_message()
+    assert "thinking_delta" not in hidden and "signature_delta" in hidden
+    assert quiet.content[0].type == "thinking" and quiet.content[0].thinking == ""
+    assert quiet.content[0].signature == think.signature and quiet.content[1].type == "tool_use"
+
+    # 4. the result goes back (its turn as the SDK's blocks, the thinking included), and the model answers
     turn2: list[Any] = [
         *USER,
         {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
