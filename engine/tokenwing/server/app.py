@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from tokenwing.errors import BadInputError
-from tokenwing.server import jobs, responses
+from tokenwing.server import jobs, messages, responses
 from tokenwing.server.protocol import (
     MAX_BODY,
     GenerationRequest,
@@ -132,7 +132,7 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
             return StreamingResponse(
                 _stream(request, job, rid, model_id, chat, accepted.get("context_overflow")),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **jobs.unenforced_headers(req)},
             )
         text: list[str] = []
         reasoning: list[str] = []
@@ -195,8 +195,9 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         extra: dict[str, Any] = dict(ev.get("stats", {}))
         if ev.get("context_overflow"):  # what was dropped to fit the context (server/overflow.py)
             extra["context_overflow"] = ev["context_overflow"]
+        extra["unenforced"] = req.unenforced  # the schema keywords the grammar dropped (text/grammar.py)
         body["tokenwing"] = extra
-        return JSONResponse(body)
+        return JSONResponse(body, headers=jobs.unenforced_headers(req))
 
     async def chat_completions(request: Request) -> Response:
         return await run(request, parse_chat(await read_json(request)), chat=True)
@@ -223,13 +224,10 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         # A chat request's tokens as the engine would run them (before any overflow policy), and the tools' share
         # of them: the prompt rendered with the tools less the prompt rendered without. Beside the engine's thread.
         req = parse_apply_template(await read_json(request))
-        assert worker.chat is not None and worker.syntax is not None and worker.session is not None
-        template, syn, tok = worker.chat.template, worker.syntax, worker.session.tokenizer
+        assert worker.session is not None
 
         def count(tools: list[dict[str, Any]] | None) -> int:
-            messages = prepare(syn, req.messages, tools)
-            text = template.render(messages, req.add_generation_prompt, tools=tools, **req.variables)
-            return len(tok.encode(text, special=True))
+            return jobs.prompt_tokens(worker, req.messages, tools, req.variables, req.add_generation_prompt)
 
         try:
             with_tools = await asyncio.to_thread(count, req.tools)
@@ -317,6 +315,7 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
         Route("/v1/completions", guarded(completions), methods=["POST"]),
         *responses.routes(worker, model_id, guarded, read_json),  # /v1/responses (server/responses.py)
+        *messages.routes(worker, model_id, guarded, read_json),  # /v1/messages (server/messages.py)
         Route("/apply-template", guarded(apply_template), methods=["POST"]),
         Route("/v1/chat/count", guarded(chat_count), methods=["POST"]),
         Route("/tokenize", guarded(tokenize_route), methods=["POST"]),
@@ -336,12 +335,16 @@ async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
     e = RequestError(f"{request.method} {request.url.path}: {exc.detail}", status=exc.status_code, kind=kind)
+    if messages.routed(request.url.path):  # (Anthropic's clients read errors in their API's format)
+        return messages.error(e, exc.headers)
     return JSONResponse(e.body(), status_code=exc.status_code, headers=exc.headers)
 
 
 async def internal_error(request: Request, exc: Exception) -> Response:
     """A fault in the server itself: a 500 in the same JSON format (the traceback goes to the log, not the client)."""
     e = RequestError(f"internal error: {type(exc).__name__}", status=500, kind="server_error")
+    if messages.routed(request.url.path):
+        return messages.error(e)
     return JSONResponse(e.body(), status_code=500)
 
 
@@ -462,6 +465,7 @@ async def _stream(
                 stats = ev.get("stats", {})
                 last["tokenwing"] = {"finish_detail": stats.get("finish_detail"), "n_ctx": stats.get("n_ctx")}
                 last["tokenwing"]["usage"] = jobs.usage(ev)  # (every stream's: the request log reads its tokens here)
+                last["tokenwing"]["unenforced"] = job.request.unenforced
                 if ev.get("context_overflow"):
                     last["tokenwing"]["context_overflow"] = ev["context_overflow"]
                 yield sse(last)
