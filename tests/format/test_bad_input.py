@@ -10,7 +10,7 @@ import xxhash
 from tests.conftest import ModelFactory, Mount, assert_clean_error, run_cli
 from tests.ggufs import expert_tensors, f32, moe_kv, write_gguf
 from tokenwing.format import layout as L
-from tokenwing.format.gguf_io import KV, read_header
+from tokenwing.format.gguf_io import read_header
 
 
 def _outputs(directory: Path) -> list[str]:
@@ -144,18 +144,19 @@ def test_output_folder_missing(model_factory: ModelFactory, tmp_path: Path) -> N
     assert_clean_error(r, 2)
 
 
-def test_mtp_layers_stay_resident(tmp_path: Path) -> None:
-    kv = moe_kv(arch="glm4moe", **{"glm4moe.block_count": KV.u32(2), "glm4moe.nextn_predict_layers": KV.u32(1)})
-    p = write_gguf(tmp_path / "mtp.gguf", kv, expert_tensors(0, 32, 32, 4) + expert_tensors(1, 32, 32, 4))
+def test_mtp_layers_stay_resident(model_factory: ModelFactory, tmp_path: Path) -> None:
+    # (a whole model: a file of expert tensors alone is refused by its family's checks, as a start refuses it)
+    p = model_factory(arch="deepseek2", n_layer=1, n_mtp=1, n_dense_lead=0)
     out = tmp_path / "mtp.tw.gguf"
     r = run_cli("repack", str(p), "-o", str(out), "-q")
     assert r.returncode == 0, r.stderr
     h = read_header(str(out))
     assert list(h.get(L.K_EXPERT_LAYERS)) == [0]
     assert h.tensor("blk.1.ffn_gate_exps.weight") is not None  # the MTP layer's experts, whole, in the file
-    assert h.get(L.K_KEPT_COUNT) == 3  # ... marked as kept, never loaded
     names = [t.name for t in h.tensors[: h.get(L.K_RESIDENT_COUNT)]]
-    assert names[-3:] == [f"blk.1.ffn_{p}_exps.weight" for p in ("gate", "up", "down")]
+    kept = names[len(names) - h.get(L.K_KEPT_COUNT) :]  # ... last, marked as kept, never loaded
+    assert all(n.startswith("blk.1.") for n in kept)
+    assert {f"blk.1.ffn_{p}_exps.weight" for p in ("gate", "up", "down")} <= set(kept)
 
 
 def _restamp(p: Path) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from tokenwing.errors import TokenWingError
 from tokenwing.format import layout as L
 from tokenwing.format.gguf_io import GGUFHeader, ggml_type_name
+from tokenwing.format.repack import check_family, plan_repack
 from tokenwing.format.source import SourceModel, open_source
 from tokenwing.fsutil import human_bytes
 
@@ -29,10 +30,9 @@ def inspect_source(source: SourceModel) -> dict[str, Any]:
 
         with ModelFile.open(paths[0], announce_fallback=False) as mf:
             index, resident, kept = mf.index, mf.resident, mf.kept
+        check_family(header, resident, index.layers)  # (a source's is in plan_repack)
         kind = "tokenwing"
     else:
-        from tokenwing.format.repack import plan_repack
-
         plan = plan_repack(source)
         index = plan.experts
         resident, kept = L.split_kept([info for info, _ in plan.resident], header)

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from tokenwing.errors import BadInputError
+from tokenwing.errors import BadInputError, UnsupportedError
 from tokenwing.format import layout as L
-from tokenwing.format.gguf_io import KV, TensorInfo, ValueType, encode_header
+from tokenwing.format.gguf_io import KV, GGUFHeader, TensorInfo, ValueType, encode_header
 from tokenwing.format.source import SourceModel, SourceTensor, open_source
 from tokenwing.fsutil import atomic_output
+from tokenwing.models import check_model
 from tokenwing.progress import Progress
 from tokenwing.testpause import pause
 
@@ -44,11 +45,21 @@ class RepackReport:
     verify_seconds: float
 
 
+def check_family(header: GGUFHeader, resident: list[TensorInfo], layers: list[L.ExpertLayer]) -> None:
+    """The family's checks of a header against its tensors (models.check_model), as a start makes them, before
+    anything is planned or written from its numbers: a file `run` would refuse is not converted (nor shown by
+    `inspect` as if it were a model). An architecture, or a variant of one, that the engine does not run yet is
+    still converted and shown: a start refuses it in its own line."""
+    with contextlib.suppress(UnsupportedError):
+        check_model({k: v.value for k, v in header.kv.items()}, L.arch_of(header), resident, layers, header.path)
+
+
 def plan_repack(source: SourceModel) -> Plan:
     if source.header.get(L.K_MAJOR) is not None:
         raise BadInputError(f"{source.paths[0]} is already a TokenWing model file")
     by_name = source.by_name()
     resident_src, layers, found, n_expert, n_used = L.plan_experts(source.infos(), source.header)
+    check_family(source.header, L.split_kept(resident_src, source.header)[0], layers)
     resident = [(TensorInfo(t.name, t.shape, t.type, 0, t.nbytes), by_name[t.name]) for t in resident_src]
     experts = L.ExpertIndex(n_expert, n_used, layers)
     expert_infos = [

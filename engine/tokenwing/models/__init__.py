@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from tokenwing.errors import UnsupportedError
+from tokenwing.errors import BadInputError, UnsupportedError
+from tokenwing.format.gguf_io import TensorInfo
+from tokenwing.format.layout import ExpertLayer
 from tokenwing.models.bailingmoe3 import BailingMoE3
 from tokenwing.models.base import MoEModel
 from tokenwing.models.deepseek2 import DeepSeek2
@@ -13,7 +16,7 @@ from tokenwing.models.ernie4_5_moe import Ernie45MoE
 from tokenwing.models.glm4moe import Glm4MoE
 from tokenwing.models.glm_dsa import GlmDsa
 from tokenwing.models.gpt_oss import GptOss
-from tokenwing.models.hparams import read_hparams
+from tokenwing.models.hparams import HParams, read_hparams
 from tokenwing.models.kimi_k3 import KimiK3
 from tokenwing.models.minimax_m2 import MiniMaxM2
 from tokenwing.models.qwen2moe import Qwen2MoE
@@ -61,3 +64,24 @@ def kv_bytes_per_token(meta: dict[str, Any], arch: str, where: str, elt: int = 2
     metadata its family cannot read."""
     cls = family(arch)
     return cls.kv_bytes_per_token(read_hparams(meta, arch, where, cls.recurrence), elt)
+
+
+def check_model(
+    meta: dict[str, Any], arch: str, resident: Iterable[TensorInfo], layers: Iterable[ExpertLayer], where: str
+) -> tuple[type[MoEModel], HParams]:
+    """The family's own checks of a header against the tensors the file holds (`resident`: those that run;
+    `layers`: the streamed expert layers), before anything is sized from its numbers: the hyper-parameters
+    (read_hparams: ranges, positive head counts, dimensions that divide, each family's keys) and every tensor a
+    layer uses with the shape they imply. One line naming the field otherwise. Every start and `verify` run it
+    (runtime/preflight.py), and so do `inspect` and `repack` (format/inspect.py, format/repack.py), so that a
+    file one of them refuses is refused by all."""
+    model_class = family(arch)
+    hp = read_hparams(meta, arch, where, model_class.recurrence)
+    widths = {el.layer: el.shapes[0][0] for el in layers}
+    if any(layer >= hp.n_layer + hp.n_mtp for layer in widths):
+        raise BadInputError(f"{where}: experts of a layer beyond block_count")
+    # Multi-token-prediction blocks come last: neither their tensors (kept in the file) nor their experts are
+    # read (ExpertScheduler streams the layers that run).
+    shapes = {t.name: t.shape for t in resident}
+    model_class.check(hp, shapes, {k: v for k, v in widths.items() if k < hp.n_layer}, where)
+    return model_class, hp

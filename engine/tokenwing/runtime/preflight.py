@@ -9,9 +9,9 @@ from typing import Any
 
 from tokenwing.errors import BadInputError
 from tokenwing.format.reader import ModelFile
-from tokenwing.models import family
+from tokenwing.models import check_model
 from tokenwing.models.base import MoEModel
-from tokenwing.models.hparams import HParams, read_hparams
+from tokenwing.models.hparams import HParams
 from tokenwing.text.chat import ChatTemplate
 from tokenwing.text.render_worker import TemplateBudgetError
 from tokenwing.text.tokenizer import TextTokenizer, tokenizer_from_metadata
@@ -34,17 +34,10 @@ def preflight(mf: ModelFile, probe_template: bool = False) -> Preflight:
     conversation is the file's fault, not a request's."""
     path = mf.path
     meta = {k: v.value for k, v in mf.header.kv.items()}
-    model_class = family(mf.arch)
-    hp = read_hparams(meta, mf.arch, path, model_class.recurrence)
+    model_class, hp = check_model(meta, mf.arch, mf.resident, mf.index.layers, path)
     tokenizer = tokenizer_from_metadata(meta, path)
     chat_template = _chat_template(meta, tokenizer)
     widths = {el.layer: el.shapes[0][0] for el in mf.index.layers}
-    if any(layer >= hp.n_layer + hp.n_mtp for layer in widths):
-        raise BadInputError(f"{path}: experts of a layer beyond block_count")
-    # Multi-token-prediction blocks come last: neither their tensors (kept in the file) nor their experts are
-    # read (ExpertScheduler streams the layers that run).
-    shapes = {t.name: t.shape for t in mf.resident}
-    model_class.check(hp, shapes, {k: v for k, v in widths.items() if k < hp.n_layer}, path)
     if probe_template and chat_template is not None:
         try:
             chat_template.render([{"role": "user", "content": "Hello"}])
