@@ -72,7 +72,7 @@ def main() -> None:
         consumes: list[float] = []
         lengths: list[int] = []
         for _ in range(args.replies):
-            c = Constraint(tok, grammar)
+            c = Constraint(tok, grammar.text)
             n = 0
             for _ in range(400):
                 t0 = time.perf_counter()

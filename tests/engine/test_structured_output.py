@@ -52,7 +52,7 @@ def test_json_schema_replies_validate_100_of_100_at_temperature_1(repacked_facto
         for seed in range(100):
             session.reset()
             sampler = Sampler(SamplerSettings(temperature=1.0, top_k=0, seed=seed))
-            gen = generate(session, prompt, 120, sampler, constraint=Constraint(session.tokenizer, grammar))
+            gen = generate(session, prompt, 120, sampler, constraint=Constraint(session.tokenizer, grammar.text))
             jsonschema.validate(json.loads(gen.text), SCHEMA)  # raises on an invalid reply
             assert gen.finish_detail in ("grammar", "eos"), (seed, gen.text)
     finally:

@@ -136,7 +136,7 @@ def test_100_random_replies_are_valid_calls(template: str, tokenizer: TextTokeni
     cases = [(["get_weather", "set_alarm"], None, True), (["set_alarm"], "set_alarm", False)]
     for names, only, parallel in cases:
         tools = Tools(TOOLS, only)
-        grammar = call_grammar(syn, tokenizer, prompt, tools, names, parallel)
+        grammar = call_grammar(syn, tokenizer, prompt, tools, names, parallel).text
         for seed in range(50):
             ids = _sample(tokenizer, grammar, seed)
             text = tokenizer.decode(ids)
@@ -158,7 +158,7 @@ def test_harmony_random_replies_are_valid_calls(repacked_factory: ModelFactory) 
     prompt = ChatTemplate(source).render(prepare(syn, USER, TOOLS), tools=TOOLS)
     for names, only in [(["get_weather", "set_alarm"], None), (["set_alarm"], "set_alarm")]:
         tools = Tools(TOOLS, only)
-        grammar = call_grammar(syn, tok, prompt, tools, names, True)
+        grammar = call_grammar(syn, tok, prompt, tools, names, True).text
         for seed in range(30):
             text = tok.decode(_sample(tok, grammar, seed))
             reader = ReplyReader(syn, prompt, tools, True)
@@ -221,7 +221,7 @@ def test_streamed_pieces_are_the_calls_arguments(template: str, tokenizer: TextT
     many = 0
     for names, only, parallel in [(["get_weather", "set_alarm"], None, True), (["set_alarm"], "set_alarm", False)]:
         tools = Tools(TOOLS, only)
-        grammar = call_grammar(syn, tokenizer, prompt, tools, names, parallel)
+        grammar = call_grammar(syn, tokenizer, prompt, tools, names, parallel).text
         for seed in range(10):
             text = tokenizer.decode(_sample(tokenizer, grammar, seed))
             many += _streamed_as_whole(syn, prompt, tools, names, parallel, text)
@@ -240,7 +240,7 @@ def test_harmony_streamed_pieces_are_the_calls_arguments(repacked_factory: Model
     many = 0
     for names, only in [(["get_weather", "set_alarm"], None), (["set_alarm"], "set_alarm")]:
         tools = Tools(TOOLS, only)
-        grammar = call_grammar(syn, tok, prompt, tools, names, True)
+        grammar = call_grammar(syn, tok, prompt, tools, names, True).text
         for seed in range(10):
             text = tok.decode(_sample(tok, grammar, seed))
             many += _streamed_as_whole(syn, prompt, tools, names, False, text)

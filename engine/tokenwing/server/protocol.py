@@ -141,9 +141,11 @@ def _common(body: dict[str, Any], req: GenerationRequest, chat: bool = False) ->
     req.stop = [_text(s, "'stop'", "stop") for s in req.stop]
     _refuse_unsupported(body, _CHAT_ONLY if chat else ())
     try:
-        req.grammar = grammar_of(body.get("response_format"))
+        fmt = grammar_of(body.get("response_format"))
     except BadInputError as e:
         raise RequestError(f"response_format: {e}", "response_format") from None
+    if fmt is not None:
+        req.grammar, req.unenforced = fmt.text, fmt.unenforced
     n = body.get("n", 1)
     if n != 1:
         raise RequestError("only n = 1 is supported", "n")
@@ -403,6 +405,8 @@ def _tools(value: Any) -> list[dict[str, Any]] | None:
         names.add(name)
         if fn.get("description") is not None and not isinstance(fn["description"], str):
             raise RequestError(f"tools[{j}].function.description must be a string", "tools")
+        if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+            raise RequestError(f"tools[{j}].function.strict must be a boolean", "tools")
         if fn.get("parameters") is not None:
             if not isinstance(fn["parameters"], dict):
                 raise RequestError(f"tools[{j}].function.parameters must be a JSON schema object", "tools")

@@ -334,7 +334,9 @@ class EngineWorker:
                 # any quality writes a valid call (a response_format is for content, which such a reply has none of)
                 names = [req.tool_name] if req.tool_name else [t["function"]["name"] for t in tools]
                 parallel = req.parallel_tool_calls and req.tool_name is None
-                grammar = call_grammar(syn, s.tokenizer, text, chosen, names, parallel)
+                calls = call_grammar(syn, s.tokenizer, text, chosen, names, parallel)
+                # what it does not enforce of the functions' schemas, for the route to say (before "accepted")
+                grammar, req.unenforced = calls.text, calls.unenforced
         else:
             prompt = s.tokenizer.encode(req.prompt or "", special=False)
         if not prompt:

@@ -8,12 +8,14 @@ is measured in bench/grammar_bench.py (docs/results.md).
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import llguidance
 import llguidance.numpy
@@ -21,6 +23,9 @@ import numpy as np
 
 from tokenwing.errors import BadInputError
 from tokenwing.text.tokenizer import TextTokenizer
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # (a TypedDict of its stub only)
 
 MAX_SCHEMA = 256 << 10  # a schema's JSON text: more is not a response format but an attack on the compiler
 
@@ -56,8 +61,25 @@ def ll_tokenizer(tok: TextTokenizer) -> llguidance.LLTokenizer:
         return ll
 
 
-def grammar_of(response_format: Any) -> str | None:
-    """The grammar an OpenAI `response_format` asks for (None: plain text); BadInputError names what is wrong."""
+class Grammar(NamedTuple):
+    """A grammar llguidance accepted, and what of its JSON schemas it does not enforce: keyword names (`format:X`
+    for an unknown format), in the order first met, empty when all of it is enforced."""
+
+    text: str
+    unenforced: list[str]
+
+
+def json_options(strict: bool) -> JsonCompileOptions:
+    """llguidance's options for a JSON schema. Whitespace as compact JSON writes it: a model may not pad a reply
+    with spaces forever. Without `strict` the schema is followed as far as it can be (lenient: keywords llguidance
+    does not implement, such as uniqueItems or an unknown format, are dropped and named in its warnings, and oneOf
+    is enforced as anyOf), as OpenAI refuses such keywords only in strict mode; with it they are refused."""
+    return {"whitespace_flexible": False} if strict else {"whitespace_flexible": False, "lenient": True}
+
+
+def grammar_of(response_format: Any) -> Grammar | None:
+    """The grammar an OpenAI `response_format` asks for (None: plain text); BadInputError names what is wrong.
+    `json_schema.strict` true: a keyword the grammar cannot enforce is refused, else it is dropped and named."""
     if response_format is None:
         return None
     if not isinstance(response_format, dict):
@@ -66,36 +88,44 @@ def grammar_of(response_format: Any) -> str | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return _compile({"type": "object"})
+        return _compile({"type": "object"}, strict=True)
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
             raise BadInputError("'response_format.json_schema' must be an object with a 'schema' object")
-        return _compile(spec.get("schema", {}))
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise BadInputError("'response_format.json_schema.strict' must be a boolean")
+        return _compile(spec.get("schema", {}), strict=bool(strict))
     raise BadInputError("'response_format.type' must be 'text', 'json_object' or 'json_schema'")
 
 
-def schema_grammar(schema: dict[str, Any]) -> str:
+def schema_grammar(schema: dict[str, Any], strict: bool = False) -> Grammar:
     """The grammar of one JSON value matching `schema` (a tool call's arguments, for example)."""
-    return _compile(schema)
+    return _compile(schema, strict)
 
 
-def _compile(schema: dict[str, Any]) -> str:
+def _compile(schema: dict[str, Any], strict: bool) -> Grammar:
     try:
         text = json.dumps(schema)
     except (TypeError, ValueError):
         raise BadInputError("the JSON schema is not JSON") from None
     if len(text) > MAX_SCHEMA:
         raise BadInputError(f"the JSON schema is larger than {MAX_SCHEMA >> 10} KiB")
-    # whitespace as compact JSON writes it: a model may not pad a reply with spaces forever
-    return checked(
-        lambda: llguidance.LLMatcher.grammar_from_json_schema(text, overrides={"whitespace_flexible": False}),
-        "the JSON schema is not valid",
+    dropped: list[str] = []
+    if not strict and '"pattern"' in text:
+        schema, dropped = without_bad_patterns(schema)
+        text = json.dumps(schema) if dropped else text
+    options = json_options(strict)
+    found = checked(
+        lambda: llguidance.LLMatcher.grammar_from_json_schema(text, overrides=options), "the JSON schema is not valid"
     )
+    return Grammar(found.text, _union(dropped, found.unenforced))
 
 
-def checked(make: Callable[[], str], what: str) -> str:
-    """A grammar `make` builds, validated by llguidance: BadInputError ("WHAT: why") where it cannot be used."""
+def checked(make: Callable[[], str], what: str) -> Grammar:
+    """A grammar `make` builds, validated by llguidance: BadInputError ("WHAT: why") where it cannot be used; its
+    warnings name the schema keywords a lenient %json / JSON schema left unenforced."""
     try:
         grammar = make()
     except ValueError as e:
@@ -103,7 +133,83 @@ def checked(make: Callable[[], str], what: str) -> str:
     error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if error:
         raise BadInputError(f"{what}: {messages[0] if messages else 'unknown error'}")
-    return grammar
+    return Grammar(grammar, _union(*(_dropped(m, grammar) for m in messages)))
+
+
+_UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[.*?\])")
+_FORMAT = re.compile(r"Unknown format: (.*?)(?: \(\d+ times\))?$")
+
+
+def _dropped(message: str, grammar: str) -> list[str]:
+    """The keywords one of llguidance's warnings says it dropped (its wording, as of 1.9: tests/engine/
+    test_schema_lenient.py holds each case, so that a new wording fails there rather than reads as nothing)."""
+    m = _UNIMPLEMENTED.match(message)
+    if m:
+        try:
+            return [str(k) for k in json.loads(m.group(1))]
+        except ValueError:
+            pass
+    m = _FORMAT.match(message)
+    if m:
+        return [f"format:{m.group(1)}"]
+    if message.startswith("min/maxProperties"):  # (it does not say which: those the schema has)
+        return [k for k in ("minProperties", "maxProperties") if f'"{k}"' in grammar] or ["minProperties"]
+    if message.startswith("oneOf not fully supported"):
+        return ["oneOf"]  # enforced as anyOf: a value may match more than one of them
+    return [re.sub(r" \(\d+ times\)$", "", message.splitlines()[0])[:200]]  # said as it is
+
+
+def _union(*lists: list[str]) -> list[str]:
+    return list(dict.fromkeys(k for lst in lists for k in lst))
+
+
+# Where a JSON schema holds schemas (a `pattern` elsewhere, in an enum's or a default's value, is data)
+_ONE_SCHEMA: tuple[str, ...] = ("additionalProperties", "additionalItems", "contains", "not", "if", "then", "else")
+_ONE_SCHEMA += ("propertyNames", "unevaluatedItems", "unevaluatedProperties", "items")
+_SCHEMA_LISTS = ("items", "prefixItems", "anyOf", "oneOf", "allOf")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def rewritten(schema: dict[str, Any], change: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    """`schema` with `change` applied to it and every schema inside it (a copy, bottom up)."""
+    out = dict(schema)
+    for k in _ONE_SCHEMA:
+        if isinstance(out.get(k), dict):
+            out[k] = rewritten(out[k], change)
+    for k in _SCHEMA_LISTS:
+        if isinstance(out.get(k), list):
+            out[k] = [rewritten(s, change) if isinstance(s, dict) else s for s in out[k]]
+    for k in (*_SCHEMA_MAPS, "dependencies"):
+        if isinstance(out.get(k), dict):
+            out[k] = {n: rewritten(s, change) if isinstance(s, dict) else s for n, s in out[k].items()}
+    return change(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _regex_ok(pattern: str) -> bool:
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps({"type": "string", "pattern": pattern}))
+    except ValueError:
+        return False
+    return not llguidance.LLMatcher.validate_grammar_with_warnings(grammar)[0]
+
+
+def without_bad_patterns(schema: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """`schema` less the `pattern`s llguidance's regex syntax cannot take (look-around, backreferences, \\< ...),
+    and ["pattern"]; (the schema, []) where every pattern parses. Such a pattern is a keyword the grammar cannot
+    enforce (lenient mode still refuses it): dropped where the request is not strict."""
+    bad = False
+
+    def change(s: dict[str, Any]) -> dict[str, Any]:
+        nonlocal bad
+        p = s.get("pattern")
+        if isinstance(p, str) and not _regex_ok(p):
+            bad = True
+            return {k: v for k, v in s.items() if k != "pattern"}
+        return s
+
+    out = rewritten(schema, change)
+    return (out, ["pattern"]) if bad else (schema, [])
 
 
 class Constraint:

@@ -81,10 +81,13 @@ class Tools:
 
     def __init__(self, definitions: Sequence[Mapping[str, Any]], only: str | None = None) -> None:
         self.schemas: dict[str, Mapping[str, Any]] = {}
+        self.strict: set[str] = set()  # functions whose `strict` asks that every keyword be enforced (or a 400)
         for d in definitions:
             fn = d.get("function") or {}
             params = fn.get("parameters")
             self.schemas[str(fn.get("name"))] = params if isinstance(params, Mapping) else {}
+            if fn.get("strict") is True:
+                self.strict.add(str(fn.get("name")))
         self.only = only
 
     def accepts(self, name: str) -> bool:

@@ -13,11 +13,10 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from tokenwing.text.grammar import json_options, without_bad_patterns
 from tokenwing.text.tokenizer import TextTokenizer
 from tokenwing.text.tools.base import Tools
 
-# JSON as the compact form writes it (no padding a model could spin on forever), as for response_format
-_JSON_OPTIONS = {"whitespace_flexible": False}
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~/")
 
 
@@ -38,6 +37,9 @@ class CallGrammar:
         self._defs: list[str] = []
         self._n = 0
         self._root: Mapping[str, Any] = {}  # the parameters whose arguments are being written (their $defs)
+        self._strict = False  # whether that function said `strict` (its schema's every keyword enforced, or a 400)
+        # what the grammar does not enforce of the schemas, beside what llguidance's warnings say (`checked`)
+        self.unenforced: list[str] = []
 
     # ------------------------------------------------------------------------------------------------ pieces
     def lit(self, text: str) -> str:
@@ -65,6 +67,7 @@ class CallGrammar:
     def schema(self, name: str) -> dict[str, Any]:
         """A function's parameters (an object with any properties where it declares none)."""
         s = self.tools.schemas.get(name) or {}
+        self._strict = name in self.tools.strict
         return dict(s) if s else {"type": "object"}
 
     def json(self, schema: Mapping[str, Any]) -> str:
@@ -73,8 +76,14 @@ class CallGrammar:
         for key in ("$defs", "definitions"):
             if key in self._root and key not in s:
                 s[key] = self._root[key]
-        s["x-guidance"] = _JSON_OPTIONS
+        if not self._strict:  # lenient (text/grammar.py): what cannot be enforced is dropped, and named
+            s, dropped = without_bad_patterns(s)
+            self._note(dropped)
+        s["x-guidance"] = json_options(self._strict)
         return "%json " + json.dumps(s, ensure_ascii=False)
+
+    def _note(self, keywords: list[str]) -> None:
+        self.unenforced += [k for k in keywords if k not in self.unenforced]
 
     def is_text(self, name: str, key: str) -> bool:
         """Whether the XML-like readers take this parameter's value as text (a string, or a schema that does not
@@ -91,6 +100,7 @@ class CallGrammar:
         words = [schema["const"]] if "const" in schema else schema.get("enum")
         if isinstance(words, list) and words and all(isinstance(w, str) for w in words):
             return "(" + " | ".join(_string(w) for w in words) + ") " + self.lit(close)
+        self._note([k for k in ("pattern", "format") if k in schema])
         lo = _count(schema.get("minLength"), 0)
         hi = _count(schema.get("maxLength"), None)
         body = f"(?s:.{{{lo},{'' if hi is None else hi}}})"

@@ -19,7 +19,7 @@ from typing import Any
 
 import llguidance
 
-from tokenwing.text.grammar import checked
+from tokenwing.text.grammar import Grammar, checked
 from tokenwing.text.reasoning import Delta, HarmonyParser, ThinkParser, harmony_grammar, harmony_template
 from tokenwing.text.tokenizer import TextTokenizer
 from tokenwing.text.tools import deepseek, glm, kimi, minimax, qwen
@@ -79,21 +79,25 @@ def _syntax(source: str) -> Syntax:
     return Syntax(GENERIC, qwen.Qwen(), think)
 
 
-def call_grammar(syn: Syntax, tok: TextTokenizer, prompt: str, tools: Tools, names: list[str], parallel: bool) -> str:
+def call_grammar(
+    syn: Syntax, tok: TextTokenizer, prompt: str, tools: Tools, names: list[str], parallel: bool
+) -> Grammar:
     """The grammar (llguidance's Lark) of a reply that must be calls (tool_choice required: to any of `names`;
     a named function: to that one), in the template's own format, arguments matching their schemas.
 
     The model does not reason first: where the prompt opened the reasoning tags they are closed at once, empty
     (free reasoning would let a weak model think until max_tokens and never call; a request that wants the
     reasoning asks with tool_choice auto; harmony's analysis channel is skipped the same way). BadInputError
-    where a schema cannot be compiled (naming tools)."""
+    where a schema cannot be compiled (naming tools); with the keywords of the schemas it does not enforce (those
+    of functions that are not `strict`: text/grammar.py)."""
     g = CallGrammar(tok, tools, names, parallel=parallel and syn.block is not None)  # harmony: <|call|> ends it
     start = syn.block.grammar(g) if syn.block is not None else harmony_grammar(g)
     if syn.block is not None and syn.think is not None and prompt.rstrip().endswith(syn.think[0]):
         start = f"{g.lit(syn.think[1] + syn.block.after_think)} {start}"
-    return checked(
+    found = checked(
         lambda: llguidance.grammar_from("lark", g.build(start)), "tools: the functions' parameters cannot be enforced"
     )
+    return Grammar(found.text, list(dict.fromkeys([*g.unenforced, *found.unenforced])))
 
 
 class ReplyReader:
