@@ -170,3 +170,46 @@ def test_sigterm_stops_the_server_during_a_render(model_factory: ModelFactory, t
     assert server.proc.returncode == 143, log[-4000:]
     assert replies and replies[0] != 200
     assert children and not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
+
+
+COMPILE_SCRIPT = """
+import json, resource, sys
+from tokenwing.errors import BadInputError
+from tokenwing.text.chat import ChatTemplate
+out = {}
+for name, source in json.loads(sys.argv[1]).items():
+    try:
+        t = ChatTemplate(source)
+        out[name] = "compiled"
+        t.render([{"role": "user", "content": "hi"}])
+        out[name] = "rendered"
+    except BadInputError as e:
+        out[name] = out[name] + " then refused: " + str(e) if name in out else "refused: " + str(e)
+out["peak MiB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+print(json.dumps(out))
+"""
+
+
+def test_a_template_is_compiled_within_the_budget_too() -> None:
+    """Jinja evaluates constant expressions as it compiles: `'a'|center(1500000000)` took 1.5 GB of the engine's
+    own memory when a model was loaded (a MemoryError under the 2 GiB limit), before any render's budget applied;
+    a deep nesting was a RecursionError traceback. The compile runs in the renderer child now."""
+    bombs = {
+        "folded": "{{ 'a'|center(1500000000) }}",
+        "nested": "{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", COMPILE_SCRIPT, json.dumps(bombs)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        preexec_fn=limited(),
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    # compiled in the child (its folding failed there, under its own limit); rendering it breaks the budget
+    assert out["folded"].startswith("compiled then refused: the chat template took more than its"), out
+    assert out["nested"] == "refused: the chat template does not parse: it is nested too deeply", out
+    assert out["peak MiB"] < 400, out  # (the engine's side never held the folded string)

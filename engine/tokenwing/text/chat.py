@@ -182,6 +182,16 @@ def _environment(mutable: bool = False) -> SandboxedEnvironment:
     return env
 
 
+def _compile(source: str, mutable: bool = False) -> jinja2.Template:
+    """The template compiled (in the renderer child: ChatTemplate), or one line saying why it cannot be."""
+    try:
+        return _environment(mutable).from_string(source)
+    except jinja2.TemplateError as e:
+        raise BadInputError(f"the chat template does not parse: {e}") from None
+    except RecursionError:
+        raise BadInputError("the chat template does not parse: it is nested too deeply") from None
+
+
 def _plain(value: Any) -> Any:
     """A copy of `value` made of plain JSON-like types only: what a template sees cannot be an object with
     methods the sandbox does not know (Hugging Face does the same, and shows other objects as `<TypeName>`)."""
@@ -230,15 +240,29 @@ class ChatTemplate:
     ) -> None:
         if len(source) > MAX_TEMPLATE:
             raise BadInputError("the chat template is too large")
-        try:
-            self._template = _environment().from_string(source)
-        except jinja2.TemplateError as e:
-            raise BadInputError(f"the chat template does not parse: {e}") from None
-        self._mutable: jinja2.Template | None = None  # (`_Mutable`'s, compiled when first needed)
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.drop_leading_bos = drop_leading_bos
         self.source = source
+        self._template: jinja2.Template | None = None  # (compiled where it renders)
+        self._mutable: jinja2.Template | None = None  # (`_Mutable`'s, compiled when first needed)
+        if os.environ.get(render_worker.IN_PROCESS_ENV):
+            self._template = _compile(source)
+        else:
+            # Compiled in the renderer child, within the budget a render has: Jinja evaluates constant expressions
+            # as it compiles ("{{ 'a'|center(1500000000) }}" took 1.5 GB of the engine's own memory at load) and
+            # a deeply nested one is a RecursionError in its parser. Here the template is only named; the child
+            # keeps its compiled form for the renders.
+            render_worker.compile_template(self._identity())
+
+    def _identity(self) -> dict[str, Any]:
+        """What the renderer child compiles this template from."""
+        return {
+            "source": self.source,
+            "bos": self.bos_token,
+            "eos": self.eos_token,
+            "drop_leading_bos": self.drop_leading_bos,
+        }
 
     def render(
         self,
@@ -272,10 +296,7 @@ class ChatTemplate:
         # In the renderer child, within its budget (render_worker.py): a template must not take the engine down
         return render_worker.render(
             {
-                "source": self.source,
-                "bos": self.bos_token,
-                "eos": self.eos_token,
-                "drop_leading_bos": self.drop_leading_bos,
+                **self._identity(),
                 "messages": msgs,
                 "add_generation_prompt": add_generation_prompt,
                 "tools": tools_plain,
@@ -296,12 +317,14 @@ class ChatTemplate:
         variables = {**variables, "add_generation_prompt": add_generation_prompt}
         try:
             try:
+                if self._template is None:
+                    self._template = _compile(self.source)
                 out = self._generate(self._template, msgs, tools, documents, variables)
             except jinja2.exceptions.SecurityError as e:
                 if not _mutation_refused(e):
                     raise
                 if self._mutable is None:
-                    self._mutable = _environment(mutable=True).from_string(self.source)
+                    self._mutable = _compile(self.source, mutable=True)
                 out = self._generate(self._mutable, msgs, tools, documents, variables)
         except BadInputError:
             raise

@@ -111,8 +111,9 @@ class _Renderer:
             deadline = time.monotonic() + TIME_LIMIT_S
             try:
                 _write(proc.stdin.fileno(), payload)
-                self._sent += 1
-                pause(f"render.sent{self._sent}")  # (tests: this process's N-th render in progress)
+                if not request.get("compile"):
+                    self._sent += 1
+                    pause(f"render.sent{self._sent}")  # (tests: this process's N-th render in progress)
                 head = _read_exact(proc.stdout.fileno(), 8, deadline)
                 body = _read_exact(proc.stdout.fileno(), struct.unpack("<Q", head)[0], deadline) if head else None
             except OSError:
@@ -163,6 +164,12 @@ def render(request: dict[str, Any]) -> str:
     return _renderer.render(request)
 
 
+def compile_template(template: dict[str, Any]) -> None:
+    """The template (ChatTemplate._identity) compiled in the child, within the render's budget, and kept there
+    for its renders; BadInputError (TemplateBudgetError: over the budget) where it cannot be."""
+    _renderer.render({**template, "compile": True})
+
+
 def stop() -> None:
     """Ends the child and any render in it; later renders are refused (the engine is stopping)."""
     _renderer.close()
@@ -194,8 +201,12 @@ def run_worker() -> int:
             templates[key] = template
             while len(templates) > KEEP_TEMPLATES:
                 templates.popitem(last=False)
-            prompt = template.render_here(
-                req["messages"], req["add_generation_prompt"], req["tools"], req["documents"], req["variables"]
+            prompt = (
+                ""  # (a compile request: the template is kept above)
+                if req.get("compile")
+                else template.render_here(
+                    req["messages"], req["add_generation_prompt"], req["tools"], req["documents"], req["variables"]
+                )
             )
             reply: dict[str, Any] = {"prompt": prompt}
         except BadInputError as e:
