@@ -178,3 +178,48 @@ def test_a_context_whose_graph_no_machine_has_is_refused_naming_it() -> None:
 
     with pytest.raises(BadInputError, match=r"^--ctx 16777216 needs a compute graph of .* more than the"):
         _plan(ROOMY, n_ctx=1 << 24)
+
+
+def test_a_graph_no_machine_of_this_size_has_is_refused_naming_its_fields() -> None:
+    """Issue 41: every field passed its range, yet the graph they size (a 4 M-token vocabulary's logits for a
+    64-token batch, twice: 2 GiB) is more than this 1 GiB machine has at all. The plan gave it to the session,
+    which asked ggml for it (an abort, or the OOM killer); now it is one line naming the fields."""
+    import dataclasses
+
+    import pytest
+
+    from tokenwing.errors import BadInputError
+    from tokenwing.format.validate import MAX_VOCAB
+
+    hp = dataclasses.replace(HP, vocab_size=MAX_VOCAB)
+    for n_ctx in (0, 4096):  # the model's context (capped to fit) and one asked for
+        with pytest.raises(BadInputError) as e:
+            plan_memory(
+                hp,
+                KV,
+                [None] * hp.n_layer,
+                n_ctx=n_ctx,
+                max_batch=64,
+                checkpoints=0,
+                ram_budget=None,
+                weights_bytes=100 * MIB,
+                least_expert_bytes=0,
+                model_dir="/m",
+                info=CAPPED,
+            )
+        line = str(e.value)
+        assert line.startswith("the model needs 2.") and "more than the 1.00 GiB this machine has" in line, line
+        assert "of it for the compute graph (batches of 64 tokens;" in line and "a vocabulary of 4,194,304" in line
+        assert "\n" not in line
+    assert _plan(ROOMY).graph_mem < ROOMY.limit  # (the same model on a machine that has it: planned)
+
+
+def test_resident_weights_beyond_the_machine_are_refused() -> None:
+    import pytest
+
+    from tokenwing.errors import BadInputError
+    from tokenwing.runtime.memory_plan import RESIDENT_WEIGHTS, refuse_beyond_machine
+
+    with pytest.raises(BadInputError, match=r"of it for the resident weights \(the file's tensors other than"):
+        refuse_beyond_machine({RESIDENT_WEIGHTS: 2 * GIB}, CAPPED)
+    refuse_beyond_machine({RESIDENT_WEIGHTS: 2 * GIB}, ROOMY)  # (what could run is never refused)

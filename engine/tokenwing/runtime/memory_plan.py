@@ -184,7 +184,9 @@ def plan_memory(
     graph_mem = graph_bytes(hp, max_batch, n_ctx or hp.n_ctx_train, state_specs)
     states = StatePlan.of(state_specs, checkpoints, info)
     held = weights_bytes + states.reserved * n_seq
-    if n_ctx and graph_mem > info.usable:  # (the graph's memory cannot go to a file as the KV cache can)
+    # (the graph's memory cannot go to a file as the KV cache can; where even the least context's graph does not
+    # fit, --ctx is not the cause: the model's own fields are named below)
+    if n_ctx and graph_mem > info.usable and graph_bytes(hp, max_batch, 256, state_specs) <= info.usable:
         raise BadInputError(
             f"--ctx {n_ctx} needs a compute graph of {human_bytes(graph_mem)}, more than the "
             f"{human_bytes(info.usable)} this machine can use"
@@ -197,6 +199,19 @@ def plan_memory(
         graph_mem = graph_bytes(hp, max_batch, n, state_specs)
         ctx = plan_context(n, n, kv_per_token * n_seq, held, graph_mem, info)
         ctx = dataclasses.replace(ctx, note=f"context capped at {ctx.n_ctx} tokens so the KV cache fits in memory")
+    graph_what = (
+        f"the compute graph (batches of {max_batch} tokens; attention.head_count {hp.n_head} over "
+        f"{ctx.n_ctx:,} positions, embedding_length {hp.n_embd:,}, expert_used_count {hp.n_expert_used}, "
+        f"a vocabulary of {hp.vocab_size:,})"
+    )
+    refuse_beyond_machine(
+        {
+            RESIDENT_WEIGHTS: weights_bytes,
+            graph_what: graph_mem,
+            f"the recurrent state of {n_seq} sequence(s) (its ssm.* and kda.* sizes)": states.reserved * n_seq,
+        },
+        info,
+    )
     notes = tuple(note for note in (states.note, ctx.note) if note)
     budget, spill = ram_budget, None
     if budget is None:
@@ -205,6 +220,25 @@ def plan_memory(
             spill = model_dir
             budget = expert_budget(info, HEADROOM, graph_mem + states.reserved * n_seq)
     return MemoryPlan(ctx.n_ctx, kv_per_token, graph_mem, states, budget, spill, info, notes, n_seq)
+
+
+RESIDENT_WEIGHTS = "the resident weights (the file's tensors other than its routed experts)"
+
+
+def refuse_beyond_machine(parts: dict[str, int], info: MemoryInfo) -> None:
+    """Refuses in one line, naming the largest part and what sized it, a session whose parts held in RAM
+    whatever else is planned (`parts`: what → bytes) need more memory than this machine has at all: its RAM, or
+    its memory limit. Asked of the OS, such a size (from a file's header, its numbers checked one by one) was an
+    OOM kill or ggml's abort, not a line. What is only not free at the moment is the plan's to fit (a context
+    capped, the KV cache in files); this refuses nothing that could run."""
+    total = sum(parts.values())
+    if total <= info.limit:
+        return
+    what, most = max(parts.items(), key=lambda item: item[1])
+    raise BadInputError(
+        f"the model needs {human_bytes(total)} of memory before any expert or KV cache, more than the "
+        f"{human_bytes(info.limit)} this machine has: {human_bytes(most)} of it for {what}"
+    )
 
 
 def _context_that_fits(

@@ -31,11 +31,18 @@ from tokenwing.fsutil import human_bytes
 from tokenwing.models import common
 from tokenwing.models.base import MoEModel
 from tokenwing.models.hparams import HParams
-from tokenwing.models.weights import ModelWeights
+from tokenwing.models.weights import ModelWeights, resident_bytes
 from tokenwing.runtime.experts import ExpertCompute, ExpertPools
 from tokenwing.runtime.kvcache import KVCaches, KVStacks, kv_element, v_width
 from tokenwing.runtime.lookahead import Ahead, Lookahead
-from tokenwing.runtime.memory_plan import MemoryPlan, PromptMemory, plan_memory, prompt_bytes_per_token
+from tokenwing.runtime.memory_plan import (
+    RESIDENT_WEIGHTS,
+    MemoryPlan,
+    PromptMemory,
+    plan_memory,
+    prompt_bytes_per_token,
+    refuse_beyond_machine,
+)
 from tokenwing.runtime.preflight import preflight
 from tokenwing.runtime.recurrent import Checkpoints, StateBuffers
 from tokenwing.runtime.scheduler import ExpertScheduler
@@ -175,7 +182,12 @@ class Session:
             n_seq = 1
         n_tensors = 5 * hp.n_layer + 3 * len(streamed) + 4 * hp.n_layer * (max(n_seq, AUTO_PARALLEL) - 1)
         n_tensors += 2 * hp.n_layer  # (the slots' stacked K and V)
-        weights = ModelWeights(self.mf, n_tensors + 64, opts.cpu_repack, model_class.lazy_tensors(hp))
+        lazy = model_class.lazy_tensors(hp)
+        # (before they are asked of the OS: resident weights no machine of this size holds are one line, not an
+        # OOM kill halfway through loading them; plan_memory checks them again beside the graph and states)
+        loaded = resident_bytes(t for t in self.mf.resident if t.name not in lazy)
+        refuse_beyond_machine({RESIDENT_WEIGHTS: loaded}, memory_info())
+        weights = ModelWeights(self.mf, n_tensors + 64, opts.cpu_repack, lazy)
         self.model: MoEModel = model_class(hp, weights, streamed)
 
         specs = [self.model.kv_spec(il) for il in range(hp.n_layer)]
