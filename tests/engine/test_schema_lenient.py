@@ -18,13 +18,17 @@ import pytest
 from tests.conftest import ModelFactory
 from tests.engine.schema_sample import outcome, relaxed, sample
 from tests.engine.test_server import Server
-from tests.engine.test_tool_choice import _sample
+from tests.engine.test_tool_choice import FORMATS, USER, _sample, _source
+from tests.llama_source import chat_templates
 from tokenwing.errors import BadInputError
 from tokenwing.format.reader import ModelFile
 from tokenwing.server.jobs import unenforced_headers
 from tokenwing.server.protocol import GenerationRequest
+from tokenwing.text.chat import ChatTemplate
 from tokenwing.text.grammar import grammar_of, schema_grammar
 from tokenwing.text.tokenizer import TextTokenizer, tokenizer_from_metadata
+from tokenwing.text.tools.base import Tools
+from tokenwing.text.tools.reply import call_grammar, prepare, syntax
 
 S4: dict[str, Any] = {"type": "string", "maxLength": 4}
 PAIR: dict[str, Any] = {"a": S4, "b": {"type": "integer", "minimum": 0, "maximum": 9}}
@@ -163,6 +167,21 @@ def test_the_sample_is_accepted_without_strict_and_refused_with_it() -> None:
     assert accepted >= 95 and dropped >= 10, (accepted, dropped)
 
 
+TOOL: dict[str, Any] = {"type": "function", "function": {"name": "put", "description": "Store it", "parameters": MIXED}}
+
+
+@pytest.mark.parametrize("template", [*FORMATS, "openai-gpt-oss-120b.jinja"])
+def test_every_call_format_names_what_its_grammar_drops(template: str, tokenizer: TextTokenizer) -> None:
+    """A forced call's grammar in each family's format: the same three keywords named, whether the arguments are
+    one JSON value (llguidance's lenient warnings) or one element per property (the object's `dependencies`, a
+    raw-text string's format, are not written by the elements: named by the format's grammar itself)."""
+    source = chat_templates()[template] if template.startswith("openai-gpt-oss") else _source(template)
+    syn = syntax(source)
+    prompt = ChatTemplate(source).render(prepare(syn, USER, [TOOL]), tools=[TOOL])
+    g = call_grammar(syn, tokenizer, prompt, Tools([TOOL]), ["put"], True)
+    assert sorted(g.unenforced) == ["dependencies", "format:host-name", "uniqueItems"]
+
+
 # ------------------------------------------------------------------------------------ the official client
 @pytest.fixture(scope="module")
 def server(model: Any) -> Iterator[Server]:
@@ -206,9 +225,6 @@ def test_strict_keeps_the_400(server: Server) -> None:
         )
     assert e.value.status_code == 400 and e.value.body["param"] == "response_format"  # type: ignore[index]
     assert "Unimplemented keys" in e.value.message or "Unknown format" in e.value.message
-
-
-TOOL: dict[str, Any] = {"type": "function", "function": {"name": "put", "description": "Store it", "parameters": MIXED}}
 
 
 def test_a_forced_call_names_what_its_schema_does_not_enforce(server: Server) -> None:

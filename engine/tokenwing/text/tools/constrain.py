@@ -18,6 +18,15 @@ from tokenwing.text.tokenizer import TextTokenizer
 from tokenwing.text.tools.base import Tools
 
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~/")
+# an object's keywords that constrain it as a whole, which one element per declared property cannot enforce
+_OBJECT_ONLY_AS_JSON: tuple[str, ...] = (
+    "dependencies",
+    "dependentRequired",
+    "dependentSchemas",
+    "minProperties",
+    "maxProperties",
+)
+_OBJECT_ONLY_AS_JSON += ("not", "allOf", "anyOf", "oneOf", "if", "then", "else", "propertyNames", "enum", "const")
 
 
 def regex_escape(text: str) -> str:
@@ -100,7 +109,8 @@ class CallGrammar:
         words = [schema["const"]] if "const" in schema else schema.get("enum")
         if isinstance(words, list) and words and all(isinstance(w, str) for w in words):
             return "(" + " | ".join(_string(w) for w in words) + ") " + self.lit(close)
-        self._note([k for k in ("pattern", "format") if k in schema])
+        self._note(["pattern"] if "pattern" in schema else [])
+        self._note([f"format:{schema['format']}"] if isinstance(schema.get("format"), str) else [])
         lo = _count(schema.get("minLength"), 0)
         hi = _count(schema.get("maxLength"), None)
         body = f"(?s:.{{{lo},{'' if hi is None else hi}}})"
@@ -133,6 +143,9 @@ class CallGrammar:
         if not isinstance(props, Mapping):
             return '""'
         required = set(root.get("required") or ())
+        # what of the object itself its elements do not write (reported, not refused: these formats' limit, even
+        # for a strict function, whose other keywords are enforced; only its declared properties are written)
+        self._note([k for k in root if k in _OBJECT_ONLY_AS_JSON])
         parts = []
         for key, schema in props.items():
             expr = one(key, schema if isinstance(schema, Mapping) else {}, self.is_text(name, key))
