@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ModelFactory, assert_clean_error, run_cli
+from tests.format.test_hostile_header import set_int
 from tokenwing.runtime.generate import STEADY_MIN_STEPS, steady_rate
 from tokenwing.streaming.settings import StreamSettings
 from tokenwing.streaming.trace import load_trace
@@ -95,21 +96,17 @@ def test_engine_errors_are_one_line(
     assert not (tmp_path / "o.npy").exists()
 
 
-def test_inconsistent_shapes_stop_cleanly(model_factory: ModelFactory, tmp_path: Path) -> None:
-    """Metadata that contradicts the tensors (valid checksums) is refused before ggml could abort on it."""
-    from tokenwing.format.gguf_io import read_header
-
-    src = tmp_path / "m.gguf"
-    src.write_bytes(model_factory().read_bytes())
-    h = read_header(str(src))
-    with open(src, "r+b") as f:
-        f.seek(h.value_offsets["qwen3moe.attention.head_count"])
-        f.write((8).to_bytes(4, "little"))  # the tensors hold 4 heads
-    out = tmp_path / "m.tw.gguf"
-    assert run_cli("repack", str(src), "-o", str(out), "-q").returncode == 0
-    r = run_cli("run", str(out), "--prompt", "hello")
-    assert_clean_error(r, 2)
-    assert "attn_q.weight has shape" in r.stderr
+def test_inconsistent_shapes_stop_cleanly(
+    model_factory: ModelFactory, repacked_factory: ModelFactory, tmp_path: Path
+) -> None:
+    """Metadata that contradicts the tensors (valid checksums: a re-signed model file) is refused before ggml could
+    abort on it; `repack` refuses such a source in the same line (tests/format/test_family_headers.py)."""
+    src = set_int(model_factory(), tmp_path / "m.gguf", "qwen3moe.attention.head_count", 8)  # the tensors: 4
+    out = set_int(repacked_factory(), tmp_path / "m.tw.gguf", "qwen3moe.attention.head_count", 8)
+    repacked = run_cli("repack", str(src), "-o", str(tmp_path / "out.tw.gguf"), "-q")
+    for r in (repacked, run_cli("run", str(out), "--prompt", "hello")):
+        assert_clean_error(r, 2)
+        assert "attn_q.weight has shape" in r.stderr
 
 
 def test_variants_llama_cpp_computes_unlike_the_model_are_refused(repacked_factory: ModelFactory) -> None:
