@@ -165,7 +165,7 @@ def test_template_sees_the_models_special_tokens(deepseek_model: Path) -> None:
         ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages", "surrogate"),
         ({"messages": [{"role": "user", "content": "x", "reasoning_content": 1}]}, "messages", "reasoning_content"),
         (
-            {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}]},
+            {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{x"}}]}]},
             "messages",
             "messages[0].tool_calls[0].function.arguments is not valid JSON",
         ),

@@ -310,7 +310,7 @@ def test_store_is_bounded() -> None:
         ({"input": [{"role": "tool", "content": "x"}]}, "input", "input[0].role"),
         ({"input": [{"type": "function_call_output", "call_id": "c9", "output": "1"}]}, "input",
          "input[0].call_id 'c9' answers no tool call"),
-        ({"input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{"}]}, "input",
+        ({"input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{x"}]}, "input",
          "input[0].arguments is not valid JSON"),
         ({"input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
                     {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "[]"}]}, "input",

@@ -404,7 +404,7 @@ CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", 
             {
                 "messages": [
                     *USER,
-                    {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f"} | {"arguments": "{"}}]},
+                    {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f"} | {"arguments": "{x"}}]},
                 ]
             },
             "messages",
@@ -593,7 +593,7 @@ def stream_in_pieces(model: Path, tokens: str, bad: str) -> None:
         assert not deltas and text == bad
 
         # required, cut off by max_tokens inside the block's end marker: the call as far as it went (all of its
-        # arguments but the end), no text (the non-streamed reply would give the block as text)
+        # arguments, or all but their end), no text (tests/engine/test_server_cut_calls.py: cut anywhere)
         n = len(tokens.split(";")[0].split(",")) - 1  # the reply's tokens, less the end of generation
         chunks = list(
             client.chat.completions.create(

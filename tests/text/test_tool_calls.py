@@ -6,6 +6,7 @@ text that is not a valid call stays text, and a marker never goes out as content
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from tests.llama_source import chat_templates
 from tokenwing.testmodel.templates import HARMONY
 from tokenwing.text.chat import CHATML, ChatTemplate
-from tokenwing.text.tools.base import Tools, typed_value
+from tokenwing.text.tools.base import Tools, cut_arguments, typed_value
 from tokenwing.text.tools.reply import GENERIC, ReplyReader, prepare, syntax
 
 TOOLS = [
@@ -344,7 +345,6 @@ def test_pieces_do_not_matter(data: st.DataObject) -> None:
     "bad",
     [
         block("delete_everything", {}),  # not a declared function
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zür',  # generation stopped inside
         '<tool_call>\n{"name": "get_weather", "arguments": [1, 2]}\n</tool_call>',  # arguments not an object
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "x"}} trailing words\n</tool_call>',
         "<tool_call>I would call the weather tool here.</tool_call>",
@@ -364,7 +364,11 @@ def test_a_marker_is_held_back_until_it_is_whole_or_is_not_one() -> None:
     assert [e.text for e in reader.push("box> and")] == [" <tool_box> and"]
     reader = ReplyReader(syntax(qwen3()), "", Tools(TOOLS))
     out = reader.push("Sure <tool_") + reader.push("cal") + reader.finish()
-    assert "".join(e.text for e in out) == "Sure <tool_cal"  # an unfinished marker at the end is text after all
+    # a call's marker that the reply's end cut off is no text (test_a_reply_cut_anywhere_...); one of no call is
+    assert "".join(e.text for e in out) == "Sure" and reader.cut == "dropped"
+    reader = ReplyReader(syntax(qwen3()), "", Tools(TOOLS))
+    out = reader.push("Sure <tool_") + reader.push("box") + reader.finish()
+    assert "".join(e.text for e in out) == "Sure <tool_box" and reader.cut is None
 
 
 def test_tool_choice_and_parallel_calls() -> None:
@@ -615,16 +619,182 @@ def test_minimax_m3_streams_nested_arguments_whole() -> None:
 
 def test_a_streamed_harmony_call_cut_off_is_not_sent_again() -> None:
     """gpt-oss: a call's head goes out at its header's <|message|>, its arguments as the JSON is written; a
-    reply cut off inside the arguments leaves the call as far as it went, its text marked as already streamed
-    (the server does not send it again), and no call. A message to a function the request does not allow
-    streams nothing and is text at its end, as without streaming."""
+    reply cut off inside the arguments ends the call with its arguments so far, no text. A message to a
+    function the request does not allow streams nothing and is text at its end, as without streaming."""
     source = chat_templates()["openai-gpt-oss-120b.jinja"]
     head = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
     events, pieces, got = streamed(source, head + '{"city": "Zürich", "da', "<|start|>assistant", 1)
-    assert not got and pieces == {0: ["{", '"city": "Zürich"']}
-    assert [(e.kind, e.text, e.streamed) for e in events if e.kind == "content"] == [
-        ("content", '{"city": "Zürich", "da', True)
-    ]
+    assert pieces == {0: ["{", '"city": "Zürich"']}
+    assert [(c.name, c.arguments) for c in got] == [("get_weather", '{"city": "Zürich"')]
+    assert not [e for e in events if e.kind == "content"]
     other = head.replace("get_weather", "rm_rf") + "{}"
     events, pieces, got = streamed(source, other, "<|start|>assistant", 1)
     assert not got and not pieces and [(e.kind, e.text, e.streamed) for e in events] == [("content", "{}", False)]
+
+
+# ------------------------------------------------------------------------------- calls cut off by the reply's end
+def _merged(events: list[Any]) -> tuple[str, str, list[Any], dict[int, str]]:
+    reasoning = "".join(e.text for e in events if e.kind == "reasoning")
+    content = "".join(e.text for e in events if e.kind == "content" and not e.streamed)
+    calls = [e.call for e in events if e.kind == "call"]
+    sent: dict[int, str] = {}
+    for e in events:
+        if e.kind == "call_head":
+            sent[e.index] = ""
+        elif e.kind == "call_args":
+            sent[e.index] += e.text
+    return reasoning, content, calls, sent
+
+
+@pytest.mark.parametrize(("name", "fmt", "prompt", "reply", "reasoning", "content", "calls"), NATIVE)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reply_cut_anywhere_never_shows_a_call_as_text(
+    name: str,
+    fmt: str,
+    prompt: str,
+    reply: str,
+    reasoning: str,
+    content: str,
+    calls: list[tuple[str, dict[str, Any]]],
+    stream: bool,
+) -> None:
+    """Each format's native reply cut off after every one of its characters (max_tokens, or the model stopping
+    inside a block), read a character at a time, tool_choice auto (`stream` False) and under the calls' grammar
+    (calls streamed in pieces): the content is always a start of the whole reply's content, never any of the
+    block's markup; each call that went out is one of the reply's calls with its arguments so far, a start of
+    the JSON text its whole arguments have; what went out at one cut is kept at the next (a call's arguments
+    only grow, a call once out stays out); a call whose function's name is not whole yet is not sent at all;
+    `cut` says "arguments" exactly where a call went out with arguments that are not whole."""
+    syn = syntax(chat_templates()[name])
+    ends = (*(syn.think or ()), "<|end|>", "<|call|>", "<|return|>")
+    whole = [(n, json.dumps(a, ensure_ascii=False)) for n, a in calls]
+    reader = ReplyReader(syn, prompt, Tools(TOOLS), True, stream_calls=stream)
+    pushed: list[Any] = []
+    before: list[tuple[str, str]] = []
+    checked = 0
+    for n in range(len(reply) + 1):
+        if n:
+            pushed += reader.push(reply[n - 1])
+        done = copy.deepcopy(reader)
+        said, text, got, sent = _merged(pushed + done.finish())
+        at = f"cut after {n} characters: {reply[:n]!r}"
+        # (a reasoning tag's or a harmony message end's start at the very end is their reader's text: it may be
+        # the reply's own; those are one token each in the families' vocabularies, which no max_tokens splits;
+        # whitespace that would have been the format's before a block is the reply's own where none follows)
+        assert content.startswith(_less_start(text, ends).rstrip()), (at, text)
+        assert _squeezed(reasoning).startswith(_squeezed(_less_start(said, ends))), (at, said)
+        got_pairs = [(c.name, c.arguments) for c in got]
+        assert len(got_pairs) <= len(whole), at
+        for (fn, args), (want_fn, want_args) in zip(got_pairs, whole, strict=False):
+            assert fn == want_fn and want_args.startswith(args), (at, got_pairs)
+        for c in got:  # a streamed call ends with what its pieces sent, and more
+            assert c.arguments.startswith(sent.get(got.index(c), "")), at
+        for (fn, args), (was_fn, was_args) in zip(got_pairs, before, strict=False):
+            assert fn == was_fn and args.startswith(was_args), (at, before, got_pairs)
+        assert len(got_pairs) >= len(before), (at, before, got_pairs)
+        assert [c.name for c in done.calls] == [c.name for c in got]
+        open_args = any(not isinstance(json.loads(a) if _is_json(a) else None, dict) for _, a in got_pairs)
+        assert (done.cut == "arguments") == open_args, (at, done.cut, got_pairs)
+        if reply[:n].endswith("Zür"):  # a call cut inside its first argument's value goes out with it so far
+            k = len(got_pairs) - 1
+            assert k >= 0 and got_pairs[k][1] == whole[k][1][: whole[k][1].index("Zür") + 3], (at, got_pairs)
+            assert got_pairs[:k] == whole[:k] and done.cut == "arguments", (at, got_pairs)
+            checked += 1
+        before = got_pairs
+    assert checked == len(calls)  # (every call of the reply was cut there once: its first value has "Zür")
+    assert before == whole  # the whole reply: every call, whole
+
+
+def _less_start(text: str, markers: tuple[str, ...]) -> str:
+    """`text` less an end that is the start of one of `markers`."""
+    for k in range(len(text), 0, -1):
+        if any(m.startswith(text[-k:].lstrip()) and text[-k:].strip() for m in markers):
+            return text[:-k]
+    return text
+
+
+def _squeezed(text: str) -> str:
+    return "".join(text.split())
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("text", "read"),
+    [
+        ("", {}),
+        ("{", {}),
+        ('{"city": "Zü', {}),
+        ('{"city": "Zürich", "da', {"city": "Zürich"}),
+        ('{"city": "Zürich", "days": 2', {"city": "Zürich"}),  # (2 could be 21)
+        ('{"a": [1, {"b": "x\\u00', {}),
+        ('{"a": tr', {}),
+        ('{"a": -', {}),
+        ("{oops", None),
+        ("not json", None),
+        ("[1", None),
+        ('{"a": 1} and more', None),
+        ('{"a": tx', None),
+        ('{"a": -}', None),
+        ('{"a": "\\q', None),
+        ('{"a" 1', None),
+    ],
+)
+def test_a_cut_calls_arguments_sent_back_read_as_their_whole_members(text: str, read: dict[str, Any] | None) -> None:
+    """A client sends a call max_tokens cut back as it got it (an agent: the call, then its tool's error): its
+    arguments' JSON so far reads as the members written whole; text that is no start of an object's JSON is
+    not a cut call (the server's 400)."""
+    assert cut_arguments(text) == read
+
+
+ALARM = [
+    {
+        "type": "function",
+        "function": {
+            "name": "set_alarm",
+            "parameters": {
+                "type": "object",
+                "properties": {"days": {"type": "array", "items": {"type": "string"}}, "at": {"type": "number"}},
+            },
+        },
+    }
+]
+ALARM_ARGS = {"days": ["mon", "tue"], "at": 7.5}
+# nested values as the calls' grammar writes them: compact JSON (the JSON formats) or JSON inside an element
+J = '{"days":["mon","tue"],"at":7.50}'
+COMPACT = [
+    ("Qwen-Qwen3-0.6B.jinja", f'<tool_call>\n{{"name": "set_alarm", "arguments": {J}}}'),
+    ("Qwen3.5-4B.jinja", '<tool_call>\n<function=set_alarm>\n<parameter=days>\n["mon","tue"]\n</parameter>\n'),
+    ("deepseek-ai-DeepSeek-V3.1.jinja", f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>set_alarm<｜tool▁sep｜>{J}"),
+    ("moonshotai-Kimi-K2.jinja", f"<|tool_calls_section_begin|><|tool_call_begin|>functions.set_alarm:0"
+                                 f"<|tool_call_argument_begin|>{J}"),
+    ("GLM-4.7-Flash.jinja", '<tool_call>set_alarm<arg_key>days</arg_key><arg_value>["mon","tue"]</arg_value>'),
+    ("MiniMax-M2.jinja", '<minimax:tool_call>\n<invoke name="set_alarm">\n<parameter name="days">["mon","tue"]'
+                         "</parameter>"),
+    ("openai-gpt-oss-120b.jinja", f"<|channel|>commentary to=functions.set_alarm <|constrain|>json<|message|>{J}"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "reply"), COMPACT)
+def test_a_cut_calls_arguments_are_a_start_of_their_json_as_sent(name: str, reply: str) -> None:
+    """A call cut inside a nested value that the model (its grammar) wrote compact: its arguments so far are
+    still the start of the JSON text the whole call's arguments are sent as (json.dumps: `, ` and `: `, numbers
+    re-serialised), after every character, streamed or not."""
+    whole = json.dumps(ALARM_ARGS, ensure_ascii=False)
+    for stream in (False, True):
+        reader = ReplyReader(syntax(chat_templates()[name]), "", Tools(ALARM), True, stream_calls=stream)
+        seen = 0
+        for n in range(len(reply)):
+            reader.push(reply[n])
+            got = copy.deepcopy(reader).finish()
+            calls = [e.call for e in got if e.call is not None and e.kind == "call"]
+            if calls:
+                assert whole.startswith(calls[0].arguments), (reply[: n + 1], calls[0].arguments)
+                seen = max(seen, len(calls[0].arguments))
+        assert seen >= len('{"days": ["mon", "tue"]'), seen

@@ -10,6 +10,7 @@ from typing import Any
 from tokenwing.errors import BadInputError
 from tokenwing.runtime.sampler import SamplerSettings
 from tokenwing.text.grammar import grammar_of
+from tokenwing.text.tools.base import cut_arguments
 
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_BODY = 8 << 20
@@ -332,7 +333,10 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
         try:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError:
-            raise RequestError(f"{where}.function.arguments is not valid JSON", "messages") from None
+            # a call that max_tokens cut, sent back as the engine returned it (its arguments' JSON so far)
+            args = cut_arguments(args)
+            if args is None:
+                raise RequestError(f"{where}.function.arguments is not valid JSON", "messages") from None
     if not isinstance(args, dict):
         raise RequestError(f"{where}.function.arguments must be a JSON object", "messages")
     out: dict[str, Any] = {}

@@ -476,8 +476,10 @@ class EngineWorker:
         finish_reason = gen.finish_reason
         if r.reader is not None:
             r.emit(r.reader.finish())
-            if r.reader.calls and finish_reason == "stop":
-                finish_reason = "tool_calls"  # OpenAI's: the reply ended in calls to run
+            if r.reader.cut is not None:  # a call the reply's end cut off (docs/api.md, "Tool calls")
+                gen.stats["cut_call"] = r.reader.cut
+            if r.reader.calls and finish_reason == "stop" and r.reader.cut != "arguments":
+                finish_reason = "tool_calls"  # OpenAI's: the reply ended in calls to run (whole ones)
         self.totals["requests"] += 1
         self.totals["prompt_tokens"] += len(r.prompt)
         self.totals["completion_tokens"] += len(gen.tokens)

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tokenwing.text.tools.base import Event, ToolCall, Tools, json_args_prefix, new_call_id
+from tokenwing.text.tools.base import Event, ToolCall, Tools, json_args_prefix, json_call, new_call_id, so_far
 
 if TYPE_CHECKING:
     from tokenwing.text.tools.constrain import CallGrammar
@@ -147,7 +147,11 @@ class HarmonyParser(_StreamParser):
     its message is written — its head once the header names an allowed function (at <|message|>), then its
     arguments as far as their JSON's members are fixed (`json_args_prefix`: the body is the arguments' JSON
     text itself, so it streams as DeepSeek V3.1's and Kimi K2's do). Otherwise a call goes out whole at its
-    end."""
+    end.
+
+    A call the reply's end cuts off (its arguments' JSON unfinished: <|call|> would have ended it) goes out with
+    its arguments so far, as `CallReader` sends one; a header cut off before its <|message|> is dropped. `cut`
+    says which happened to a call: "arguments" or "dropped" (None: neither)."""
 
     def __init__(self, tools: Tools | None = None, parallel: bool = True, stream: bool = False) -> None:
         self.tools = tools
@@ -164,13 +168,16 @@ class HarmonyParser(_StreamParser):
         self._pending_ws = ""  # whitespace-only reasoning so far (llama.cpp drops it when that is all there is)
         self.reasoning = ""
         self.content = ""
+        self.cut: str | None = None
 
     def _drain(self, final: bool) -> Delta:
         out = Delta()
         while self._buf:
             if self._state == "header_start":
-                if not final and any(h.startswith(self._buf) and h != self._buf for h in _HEADER_STARTS):
-                    break  # not enough text to tell yet
+                if any(h.startswith(self._buf) and h != self._buf for h in _HEADER_STARTS):
+                    if final:  # generation stopped inside a header's first marker: no message text to keep
+                        self._buf = ""
+                    break  # (else not enough text to tell yet)
                 self._state = "header" if self._buf.startswith(_HEADER_STARTS) else "raw"
             elif self._state == "header":
                 i = self._buf.find(MESSAGE, 0, MAX_HEADER + len(MESSAGE))
@@ -183,7 +190,11 @@ class HarmonyParser(_StreamParser):
                 elif len(self._buf) >= MAX_HEADER + len(MESSAGE):
                     self._state = "raw"
                 elif final:
-                    self._buf = ""  # generation stopped inside a header: no message text to keep
+                    # generation stopped inside a header: no message text to keep (a call's head: dropped)
+                    to = _RECIPIENT_RE.findall(self._buf)
+                    if self.tools is not None and to and (to[-1].startswith(FUNCTIONS) or FUNCTIONS.startswith(to[-1])):
+                        self.cut = "dropped"
+                    self._buf = ""
                 else:
                     break
             elif self._state == "body":
@@ -205,7 +216,7 @@ class HarmonyParser(_StreamParser):
             else:  # done: nothing follows <|return|> or <|call|>
                 self._buf = ""
         if final:
-            out += self._end_call()  # <|call|> ends generation, so it is not in the text
+            out += self._end_call(at_end=True)  # <|call|> ends generation, so it is not in the text
         self.reasoning += out.reasoning
         self.content += out.content
         return out
@@ -243,16 +254,19 @@ class HarmonyParser(_StreamParser):
             text, self._pending_ws, self._started = self._pending_ws, "", True
         return Delta(reasoning=text)
 
-    def _end_call(self) -> Delta:
+    def _end_call(self, at_end: bool = False) -> Delta:
+        """The current message's call, at its terminator or (`at_end`) where the reply ends."""
         name, body, streamed = self._call, self._call_body, self._streamed
         self._call, self._call_body, self._streamed = None, "", None
         if name is None:
             return Delta()
         assert self.tools is not None
         try:
-            args = json.loads(body or "{}")
+            args = json.loads(body or "{}") if body.strip() or not at_end else None  # (at the end: cut at once)
         except ValueError:
             args = None
+        if args is None and at_end and self.tools.accepts(name):
+            return self._cut_call(name, body, streamed)
         if not isinstance(args, dict) or not self.tools.accepts(name):
             if streamed is not None:  # a streamed call cut off: it stays as far as it went, its text not sent again
                 return Delta(pieces=(Event("content", body, streamed=True),))
@@ -260,6 +274,18 @@ class HarmonyParser(_StreamParser):
         if self.calls and not self.parallel:
             return Delta()
         call = ToolCall(streamed[0] if streamed else new_call_id(), name, json.dumps(args, ensure_ascii=False))
+        self.calls.append(call)
+        return Delta(calls=(call,))
+
+    def _cut_call(self, name: str, body: str, streamed: list[str] | None) -> Delta:
+        """A call whose arguments the reply's end cut off: with its arguments so far, after what streamed."""
+        if self.calls and not self.parallel:
+            return Delta()
+        text = so_far(json_call(name, body))
+        if streamed is not None and not text.startswith(streamed[1]):
+            text = streamed[1]  # (cannot be: the text only grew) what went out stays
+        self.cut = "arguments"
+        call = ToolCall(streamed[0] if streamed else new_call_id(), name, text)
         self.calls.append(call)
         return Delta(calls=(call,))
 

@@ -60,11 +60,22 @@ class Event:
 class PartialCall(NamedTuple):
     """A call of a block still being written, as far as it is fixed (`BlockFormat.partial`): its function's name,
     the start of its arguments' JSON text (`args_prefix`), and its id where the format writes one itself (Kimi
-    K2's functions.NAME:N, known once the call's head is whole; the reader makes one up otherwise)."""
+    K2's functions.NAME:N, known once the call's head is whole; the reader makes one up otherwise). `tail`: the
+    member being written after those, as far as it is (its key, ": " and its value's text so far, as JSON text):
+    not fixed, so never streamed, but a call the reply's end cuts off goes out with it (`so_far`)."""
 
     name: str
     args: str
     id: str | None = None
+    tail: str = ""
+
+
+def so_far(call: PartialCall) -> str:
+    """The arguments of a call cut off where its block's text ends: its fixed start and the member being written,
+    a prefix of the JSON text the whole call would have had (as OpenAI returns a call that max_tokens cut)."""
+    if not call.tail or not call.args:
+        return call.args
+    return call.args + ("" if call.args == "{" else ", ") + call.tail
 
 
 def new_call_id() -> str:
@@ -234,6 +245,177 @@ def json_args_prefix(text: str, pos: int = 0) -> str:
     return "" if found is None else args_prefix(found[0], found[1])
 
 
+def json_call(name: str, text: str, pos: int = 0, call_id: str | None = None) -> PartialCall:
+    """A call whose arguments are the JSON object text that starts at `text[pos]` (after whitespace), still being
+    written: `json_args_prefix`, and as its tail the member being written as far as the text goes (its value's
+    JSON text as the model wrote it)."""
+    found = json_members(text, pos)
+    if found is None:
+        return PartialCall(name, "", call_id)
+    pairs, closed, writing = found
+    prefix = args_prefix(pairs, closed)
+    tail = ""
+    if writing is not None and prefix:
+        tail = json.dumps(writing[0], ensure_ascii=False) + ": " + canonical_prefix(text[writing[1] :])
+    return PartialCall(name, prefix, call_id, tail)
+
+
+_SCALAR = re.compile(r"[^\s,:\[\]{}\"]+")
+
+
+def canonical_prefix(text: str) -> str:
+    """JSON text still being written, as `args_prefix` writes JSON (json.dumps: one space after `,` and `:`,
+    strings and numbers re-serialised): the start of the text its whole value will be written as, where the
+    model wrote it otherwise (the calls' grammar writes compact JSON). A string still open is written as far as
+    its characters are whole; a word at the end (`tr`) as it is."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in _WS:
+            i += 1
+        elif c in "{}[]":
+            out.append(c)
+            i += 1
+        elif c in ",:":
+            out.append(c + " ")
+            i += 1
+        elif c == '"':
+            try:
+                value, i = _DECODER.raw_decode(text, i)
+            except ValueError:  # still open: up to an escape not yet whole
+                for end in range(n, max(i, n - 6), -1):
+                    if (part := json_value(text[i:end] + '"')) is not _NOT_JSON:
+                        return "".join(out) + json.dumps(part, ensure_ascii=False)[:-1]
+                return "".join(out) + text[i:]
+            out.append(json.dumps(value, ensure_ascii=False))
+        else:
+            m = _SCALAR.match(text, i)
+            assert m is not None  # (c is none of the characters it stops at)
+            word, value = m.group(), json_value(m.group())
+            # (a number at the end as json.dumps writes it where more digits cannot change that start: 7.50 is
+            # 7.5 whether or not a 1 follows; not an exponent's, nor -0's, which json.dumps writes as 0)
+            keep = value is _NOT_JSON or (m.end() == n and ("e" in word.lower() or word.startswith("-0")))
+            out.append(word if keep else json.dumps(value, ensure_ascii=False))
+            i = m.end()
+    return "".join(out)
+
+
+def cut_arguments(text: str) -> dict[str, Any] | None:
+    """The arguments a call cut off by max_tokens stands for when a client sends it back in the conversation
+    (as an agent does: the call, then its tool's error): `text` is the start of an object's JSON text (what the
+    engine, like OpenAI, returns for such a call), read as the members written whole. None where `text` is not
+    the start of any object's JSON text: that is an error, not a cut."""
+    if not _object_prefix(text):
+        return None
+    found = json_members(text)
+    return dict(found[0]) if found is not None else {}
+
+
+class _Ended(Exception):
+    """The text ended where JSON could still go on: it is a prefix."""
+
+
+_NUMBER_START = re.compile(r"-?(?:0|[1-9][0-9]*)?(?:\.[0-9]*)?(?:[eE][+-]?[0-9]*)?")
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_ESCAPES = set('"\\/bfnrt')
+_HEX = set("0123456789abcdefABCDEF")
+
+
+def _object_prefix(text: str) -> bool:
+    """Whether `text` is the start, and only the start, of some JSON object's text (not a whole one)."""
+    n = len(text)
+
+    def ws(i: int) -> int:
+        while i < n and text[i] in _WS:
+            i += 1
+        if i == n:
+            raise _Ended
+        return i
+
+    def string(i: int) -> int:  # text[i] is its opening quote
+        i += 1
+        while i < n:
+            c = text[i]
+            if c == '"':
+                return i + 1
+            if c == "\\":
+                if i + 1 < n and text[i + 1] == "u":
+                    digits = text[i + 2 : i + 6]
+                    if not set(digits) <= _HEX:
+                        raise ValueError
+                    i += 6
+                    continue
+                if i + 1 < n and text[i + 1] not in _ESCAPES:
+                    raise ValueError
+                i += 2
+                continue
+            if ord(c) < 0x20:
+                raise ValueError
+            i += 1
+        raise _Ended
+
+    def value(i: int) -> int:
+        i = ws(i)
+        c = text[i]
+        if c in "{[":
+            close = "}" if c == "{" else "]"
+            i = ws(i + 1)
+            if text[i] == close:
+                return i + 1
+            while True:
+                if close == "}":
+                    if text[i] != '"':
+                        raise ValueError
+                    i = ws(string(i))
+                    if text[i] != ":":
+                        raise ValueError
+                    i += 1
+                i = ws(value(i))
+                if text[i] == close:
+                    return i + 1
+                if text[i] != ",":
+                    raise ValueError
+                i = ws(i + 1)
+        if c == '"':
+            return string(i)
+        for word in ("true", "false", "null"):
+            if text.startswith(word, i):
+                return i + len(word)
+            if word.startswith(text[i:]):
+                raise _Ended
+        m = _NUMBER_START.match(text, i)
+        assert m is not None  # (every part of the pattern may be empty)
+        if m.end() == n and m.end() > i:
+            raise _Ended  # (a number may go on)
+        if not _NUMBER.fullmatch(text, i, m.end()):
+            raise ValueError
+        return m.end()
+
+    try:
+        if text[ws(0)] != "{":
+            return False
+        value(0)
+        return False  # a whole object (and maybe more): no prefix
+    except _Ended:
+        return True
+    except ValueError:
+        return False
+
+
+def text_tail(key: str, raw: str, close: str, types: frozenset[str] | None) -> str:
+    """The tail (`PartialCall.tail`) of a parameter the XML-like formats write as raw text up to its closing tag
+    `close`, cut off after `raw`: a string (by its schema, as `typed_value` reads it) as an open JSON string, any
+    other value as the JSON text written so far; without a start of the closing tag at its end, or the newline
+    on each side that is the format's. "" while no value is written."""
+    raw = raw[: len(raw) - _held(raw, (close,))]
+    raw = raw.removeprefix("\n").removesuffix("\n")
+    if types is None or "string" in types:
+        return f"{json.dumps(key, ensure_ascii=False)}: {json.dumps(raw, ensure_ascii=False)[:-1]}" if raw else ""
+    word = canonical_prefix(raw.strip())
+    return f"{json.dumps(key, ensure_ascii=False)}: {word}" if word else ""
+
+
 def after(block: str, marker: str, start: int = 0) -> int | None:
     """The index just after the first `marker` in `block` from `start`; None if it is not there yet."""
     i = block.find(marker, start)
@@ -258,13 +440,15 @@ def only_whitespace_between(text: str, spans: Sequence[tuple[int, int]]) -> bool
 
 
 class BlockFormat:
-    """A family's call syntax. `begins`: the markers a block starts with; `drops`: structural markers that are
-    neither calls nor content (removed from the content); `end(block)`: the length of the block that starts
-    `block` once its end marker is there, else None; `parse(block, tools, complete)`: its calls, or None when it
-    does not read as calls (`complete` is False for a block that generation stopped inside)."""
+    """A family's call syntax. `begins`: the markers a block starts with; `ends`: the markers a block ends with;
+    `drops`: structural markers that are neither calls nor content (removed from the content); `end(block)`: the
+    length of the block that starts `block` once its end marker is there, else None; `parse(block, tools,
+    complete)`: its calls, or None when it does not read as calls (`complete` is False for a block that
+    generation stopped inside)."""
 
     name: ClassVar[str]
     begins: ClassVar[tuple[str, ...]]
+    ends: ClassVar[tuple[str, ...]]
     drops: ClassVar[tuple[str, ...]] = ()
     after_think: ClassVar[str] = "\n\n"  # what the format writes between a closed reasoning block and the calls
 
@@ -316,7 +500,12 @@ class CallReader:
     `stream` True: a call goes out in pieces while its block is being written (its head, then its arguments as
     far as `fmt.partial` says they are fixed). Only for a reply under the calls' grammar (tool_choice required
     or a named function): there the block cannot turn out not to be a call, which with tool_choice auto it can
-    (and must then go out as text), so auto sends each call whole once its block ends."""
+    (and must then go out as text), so auto sends each call whole once its block ends.
+
+    A call the reply's end cuts off (max_tokens, or the model stopped inside its block) is never text: it goes
+    out as a call with its arguments so far (`so_far`) once its function's name is whole and one the request
+    allows; before that (a marker's start at the reply's very end, a block cut inside the call's head) nothing
+    of it goes out. `cut` says which happened: "arguments" or "dropped" (None: neither)."""
 
     def __init__(self, fmt: BlockFormat, tools: Tools | None, parallel: bool = True, stream: bool = False) -> None:
         self.fmt = fmt
@@ -331,6 +520,7 @@ class CallReader:
         self._after_calls = False
         self._ws = ""  # the whitespace before the current block
         self._markers = (*fmt.begins, *fmt.drops) if tools is not None else fmt.drops
+        self.cut: str | None = None
 
     def push(self, text: str) -> list[Event]:
         self._buf += text
@@ -350,7 +540,11 @@ class CallReader:
                     self._after_calls = False
                 found = [(i, m) for m in self._markers if (i := self._buf.find(m)) >= 0]
                 if not found:
-                    keep = 0 if final else self._tail()
+                    if final:
+                        _content(out, self._buf[: self._content_end()])
+                        self._buf = ""
+                        break
+                    keep = self._tail()
                     _content(out, self._buf[: len(self._buf) - keep])
                     self._buf = self._buf[len(self._buf) - keep :]
                     break
@@ -374,8 +568,22 @@ class CallReader:
             block = self._buf if n is None else self._buf[:n]
             self._buf = "" if n is None else self._buf[n:]
             self._in_block = False
-            self._block(out, block, complete=n is not None)
+            self._block(out, block, complete=n is not None, cut=n is None and final)
         return out
+
+    def _content_end(self) -> int:
+        """At the reply's end, where the content held back ends: before a call block's opening marker that the end
+        cut off (and the whitespace before it, the format's), or a structural marker's, which are no text; any
+        other held start of a marker was text after all."""
+        held = _held(self._buf, self._markers)
+        if not held:
+            return len(self._buf)
+        if self.tools is not None and any(m.startswith(self._buf[-held:]) for m in self.fmt.begins):
+            self.cut = "dropped"
+            return len(self._buf[:-held].rstrip(_WS))
+        if any(m.startswith(self._buf[-held:]) for m in self.fmt.drops):
+            return len(self._buf) - held  # the format's structure cut off (Kimi K3's <|open|>respo): no text
+        return len(self._buf)
 
     def _tail(self) -> int:
         """What content must wait: a possible start of a marker, and the whitespace before it (dropped if a call
@@ -389,7 +597,7 @@ class CallReader:
         assert self.tools is not None
         if self._stalled:
             return
-        for k, (name, args, call_id) in enumerate(self.fmt.partial(self._buf, self.tools)):
+        for k, (name, args, call_id, _) in enumerate(self.fmt.partial(self._buf, self.tools)):
             index = len(self.calls) + k
             if index > 0 and not self.parallel:
                 return  # a call that will be dropped
@@ -407,25 +615,67 @@ class CallReader:
                 out.append(Event("call_args", args[len(sent) :], index=index))
                 self._open[k][2] = args
 
-    def _block(self, out: list[Event], block: str, complete: bool) -> None:
+    def _block(self, out: list[Event], block: str, complete: bool, cut: bool) -> None:
         assert self.tools is not None
         opened, self._open, self._stalled = self._open, [], False
-        raw = self.fmt.parse(block, self.tools, complete)
-        calls = _checked(raw, self.tools) if raw else None
+        if cut:
+            # cut inside its end marker ("</" at least: a lone "<" may start another of its tags), the block's
+            # calls are whole where they read so; else they are as far as they were written (`partial`): a block
+            # that does not close its calls' arguments itself (GLM's) may have had more of them to come
+            end = _held(block, self.fmt.ends)
+            raw = self.fmt.parse(block[:-end], self.tools, complete) if end >= 2 else None
+            calls = _checked(raw, self.tools) if raw else None
+            if calls is None:
+                self._cut(out, block, opened)
+                return
+        else:
+            raw = self.fmt.parse(block, self.tools, complete)
+            calls = _checked(raw, self.tools) if raw else None
         if calls is None:
             # not calls after all: the text as the model wrote it (under a grammar only a reply cut off inside
             # the block, whose streamed call then stays as far as it went)
             if self._ws + block:
                 out.append(Event("content", self._ws + block, streamed=bool(opened)))
             return
-        self._after_calls = True
         for k, call in enumerate(calls):
+            if k < len(opened):  # its head went out: the same id
+                calls[k] = ToolCall(opened[k][0], call.name, call.arguments)
+        self._calls(out, calls)
+
+    def _calls(self, out: list[Event], calls: list[ToolCall]) -> None:
+        self._after_calls = True
+        for call in calls:
             if self.calls and not self.parallel:
                 continue  # one call only: the rest are dropped, not shown as text
-            if k < len(opened):  # its head went out: the same id
-                call = ToolCall(opened[k][0], call.name, call.arguments)
             out.append(Event("call", call=call, index=len(self.calls)))
             self.calls.append(call)
+
+    def _cut(self, out: list[Event], block: str, opened: list[list[str]]) -> None:
+        """A block the reply's end cut off that does not read as whole calls: its calls as far as they were
+        written (see the class's docstring); those that streamed keep their ids and what they sent."""
+        assert self.tools is not None
+        found = self.fmt.partial(block, self.tools)
+        calls: list[ToolCall] = []
+        for k, c in enumerate(found):
+            if not self.tools.accepts(c.name):
+                break
+            args = so_far(c)
+            if k < len(opened):
+                call_id, name, sent = opened[k]
+                if name != c.name or not args.startswith(sent):
+                    break  # (cannot be: a streamed call's text only grew) what went out stays, below
+                calls.append(ToolCall(call_id, name, args))
+            else:
+                calls.append(ToolCall(c.id or new_call_id(), c.name, args))
+        calls += [ToolCall(i, name, sent) for i, name, sent in opened[len(calls) :]]
+        if not calls and found:  # a function the request does not allow: the text, as a whole block's would be
+            out.append(Event("content", self._ws + block))
+            return
+        if not calls:
+            self.cut = "dropped"
+        elif any(not isinstance(json_value(c.arguments), dict) for c in calls):
+            self.cut = "arguments"  # (calls whose arguments were all written, their block's end not: whole calls)
+        self._calls(out, calls)
 
 
 def _content(out: list[Event], text: str) -> None:

@@ -21,7 +21,7 @@ from tokenwing.text.tools.base import (
     RawCall,
     Tools,
     after,
-    json_args_prefix,
+    json_call,
     json_value,
     matches_only,
 )
@@ -42,6 +42,7 @@ class DeepSeekV3(BlockFormat):
     name = "deepseek-v3"
     begins = (CALLS_BEGIN, CALL_BEGIN)  # a lone call without the section's marker is read too ...
     drops = (CALLS_END,)  # ... and a section's end after such calls is no text
+    ends = (CALLS_END, CALL_END)
 
     def end(self, block: str) -> int | None:
         if block.startswith(CALLS_BEGIN):
@@ -103,7 +104,7 @@ class DeepSeekV3(BlockFormat):
         name = body[i + len(CALL_BEGIN) : j].strip()
         if name == "function":  # V3 / R1 write the name after the separator, in a fence
             return out
-        return [*out, PartialCall(name, json_args_prefix(body, j + len(SEP)))]
+        return [*out, json_call(name, body, j + len(SEP))]
 
     def grammar(self, g: CallGrammar) -> str:  # V3.1's form (V3 and R1's fenced one is read, not written)
         call = g.calls(lambda name: " ".join([g.lit(CALL_BEGIN + name + SEP), g.json(g.schema(name)), g.lit(CALL_END)]))
@@ -115,6 +116,7 @@ _DSML_BLOCKS = ("function_calls", "tool_calls")
 _INVOKE = re.compile(f'<{DSML}invoke name="([^"]*)">(.*?)</{DSML}invoke>', re.S)
 _INVOKE_HEAD = re.compile(f'<{DSML}invoke name="([^"]*)">')
 _PARAMETER = re.compile(f'<{DSML}parameter name="([^"]*)"(?: string="(true|false)")?>(.*?)</{DSML}parameter>', re.S)
+_PARAMETER_HEAD = re.compile(f'<{DSML}parameter name="([^"]*)"(?: string="(true|false)")?>')
 
 
 class DeepSeekDsml(BlockFormat):
@@ -123,6 +125,7 @@ class DeepSeekDsml(BlockFormat):
 
     name = "deepseek-dsml"
     begins = tuple(f"<{DSML}{b}>" for b in _DSML_BLOCKS)
+    ends = tuple(f"</{DSML}{b}>" for b in _DSML_BLOCKS)
 
     def __init__(self, kind: str = "tool_calls") -> None:
         self.kind = kind
@@ -138,7 +141,8 @@ class DeepSeekDsml(BlockFormat):
 
     def partial(self, block: str, tools: Tools) -> list[PartialCall]:
         kind = next(b for b in _DSML_BLOCKS if block.startswith(f"<{DSML}{b}>"))
-        return partial_invokes(block[len(f"<{DSML}{kind}>") :], _INVOKE, _INVOKE_HEAD, _PARAMETER, tools)
+        body = block[len(f"<{DSML}{kind}>") :]
+        return partial_invokes(body, _INVOKE, _INVOKE_HEAD, _PARAMETER, tools, (_PARAMETER_HEAD, f"</{DSML}parameter>"))
 
     def grammar(self, g: CallGrammar) -> str:
         def param(key: str, schema: Mapping[str, Any], text: bool) -> str:

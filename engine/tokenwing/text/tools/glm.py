@@ -17,6 +17,7 @@ from tokenwing.text.tools.base import (
     after,
     args_prefix,
     matches_only,
+    text_tail,
     typed_value,
 )
 from tokenwing.text.tools.constrain import CallGrammar
@@ -24,6 +25,8 @@ from tokenwing.text.tools.constrain import CallGrammar
 BEGIN, END = "<tool_call>", "</tool_call>"
 _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
 _NAME = re.compile(r"[^\s<>]+")
+_HEAD = re.compile(r"\s*([^\s<>]+)(?=[\s<])")  # the name, whole once what follows it is written
+_ARG_HEAD = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>", re.S)
 
 
 class Glm(BlockFormat):
@@ -32,6 +35,7 @@ class Glm(BlockFormat):
 
     name = "glm"
     begins = (BEGIN,)
+    ends = (END,)
     after_think = ""
 
     def __init__(self, newlines: bool = False) -> None:
@@ -54,19 +58,21 @@ class Glm(BlockFormat):
         return [RawCall(name, args)]
 
     def partial(self, block: str, tools: Tools) -> list[PartialCall]:
-        # the name is whole at the first <arg_key> (a call without arguments goes out when its block ends); an
-        # argument is fixed at its </arg_value>
+        # the name is whole once a newline or a tag follows it; an argument is fixed at its </arg_value>
         body = block[len(BEGIN) :]
-        head, found, _ = body.partition("<arg_key>")
-        name = head.strip()
-        if not found or not _NAME.fullmatch(name):
+        head = _HEAD.match(body)
+        if head is None:
             return []
-        pairs, i = [], len(head)
+        name, pairs, i = head.group(1), [], head.end()
         while (m := _ARG.match(body, len(body) - len(body[i:].lstrip()))) is not None:
             key = m.group(1).strip()
             pairs.append((key, typed_value(m.group(2), tools.types(name, key))))
             i = m.end()
-        return [PartialCall(name, args_prefix(pairs, closed=False))]
+        tail = ""
+        if (m := _ARG_HEAD.match(body, len(body) - len(body[i:].lstrip()))) is not None:
+            key = m.group(1).strip()
+            tail = text_tail(key, body[m.end() :], "</arg_value>", tools.types(name, key))
+        return [PartialCall(name, args_prefix(pairs, closed=False), tail=tail)]
 
     def grammar(self, g: CallGrammar) -> str:
         nl = "\n" if self.newlines else ""

@@ -25,9 +25,10 @@ from tokenwing.text.tools.base import (
     Tools,
     after,
     args_prefix,
-    json_args_prefix,
+    json_call,
     json_value,
     matches_only,
+    text_tail,
     typed_value,
     whole_calls,
 )
@@ -44,6 +45,7 @@ _K2_HEAD = re.compile(r"<\|tool_call_begin\|>\s*([^\s<]+?)\s*<\|tool_call_argume
 class KimiK2(BlockFormat):
     name = "kimi-k2"
     begins = (SECTION_BEGIN,)
+    ends = (SECTION_END,)
 
     def end(self, block: str) -> int | None:
         return after(block, SECTION_END, len(SECTION_BEGIN))
@@ -72,7 +74,7 @@ class KimiK2(BlockFormat):
         head = _K2_HEAD.match(body, i)
         if head is None:
             return out
-        return [*out, PartialCall(_k2_name(head.group(1)), json_args_prefix(body, head.end()), head.group(1))]
+        return [*out, json_call(_k2_name(head.group(1)), body, head.end(), head.group(1))]
 
     def grammar(self, g: CallGrammar) -> str:
         call = g.calls(
@@ -108,6 +110,7 @@ _K3_ARG = re.compile(
 _K3_JSON = re.compile(_Q(OPEN) + r"json[^<]*?" + _Q(SEP) + "(.*?)" + _Q(CLOSE + "json" + SEP), re.S)
 _K3_HEAD = re.compile(_Q(OPEN) + r'call tool="([^"]*)"[^<]*?' + _Q(SEP))
 _K3_JSON_HEAD = re.compile(_Q(OPEN) + r"json[^<]*?" + _Q(SEP))
+_K3_ARG_HEAD = re.compile(_Q(OPEN) + r'argument key="([^"]*)"(?: type="([^"]*)")?' + _Q(SEP))
 
 
 def _k3_args(call: RawCall) -> str | None:
@@ -119,6 +122,7 @@ def _k3_args(call: RawCall) -> str | None:
 class KimiK3(BlockFormat):
     name = "kimi-k3"
     begins = (TOOLS_BEGIN,)
+    ends = (TOOLS_END,)
     drops = (
         f'{OPEN}message role="assistant"{SEP}',
         f"{OPEN}response{SEP}",
@@ -193,12 +197,18 @@ class KimiK3(BlockFormat):
         name, j = html.unescape(head.group(1)), len(body) - len(body[head.end() :].lstrip())
         if (one := _K3_JSON_HEAD.match(body, j)) is not None:
             # (its "{" went out with the head, before the json element was whole: it stays sent)
-            return [*out, PartialCall(name, json_args_prefix(body, one.end()) or "{")]
+            call = json_call(name, body, one.end())
+            return [*out, call._replace(args=call.args or "{")]
         pairs = []
         while (a := _K3_ARG.match(body, j)) is not None:
             pairs.append(_k3_arg(name, a, tools))
             j = len(body) - len(body[a.end() :].lstrip())
-        return [*out, PartialCall(name, args_prefix(pairs, closed=False))]
+        tail = ""
+        if (a := _K3_ARG_HEAD.match(body, j)) is not None:
+            key, kind = html.unescape(a.group(1)), a.group(2)
+            types = frozenset({kind}) if kind else tools.types(name, key)
+            tail = text_tail(key, body[a.end() :], f"{CLOSE}argument{SEP}", types)
+        return [*out, PartialCall(name, args_prefix(pairs, closed=False), tail=tail)]
 
 
 def _k3_arg(name: str, a: re.Match[str], tools: Tools) -> tuple[str, Any]:

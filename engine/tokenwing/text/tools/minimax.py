@@ -21,6 +21,7 @@ from tokenwing.text.tools.base import (
     args_prefix,
     matches_only,
     schema_types,
+    text_tail,
     typed_value,
     whole_calls,
 )
@@ -30,11 +31,13 @@ BEGIN, END = "<minimax:tool_call>", "</minimax:tool_call>"
 _INVOKE = re.compile(r'<invoke name="([^"]*)">(.*?)</invoke>', re.S)
 _PARAMETER = re.compile(r'<parameter name="([^"]*)">(.*?)</parameter>', re.S)
 _INVOKE_HEAD = re.compile(r'<invoke name="([^"]*)">')
+_PARAMETER_HEAD = re.compile(r'<parameter name="([^"]*)">')
 
 
 class MiniMax(BlockFormat):
     name = "minimax-m2"
     begins = (BEGIN,)
+    ends = (END,)
 
     def end(self, block: str) -> int | None:
         return after(block, END, len(BEGIN))
@@ -44,7 +47,9 @@ class MiniMax(BlockFormat):
         return invokes(body, _INVOKE, _PARAMETER, tools)
 
     def partial(self, block: str, tools: Tools) -> list[PartialCall]:
-        return partial_invokes(block[len(BEGIN) :], _INVOKE, _INVOKE_HEAD, _PARAMETER, tools)
+        return partial_invokes(
+            block[len(BEGIN) :], _INVOKE, _INVOKE_HEAD, _PARAMETER, tools, (_PARAMETER_HEAD, "</parameter>")
+        )
 
     def grammar(self, g: CallGrammar) -> str:
         def param(key: str, schema: Mapping[str, Any], text: bool) -> str:
@@ -86,10 +91,14 @@ def invokes(body: str, invoke: re.Pattern[str], parameter: re.Pattern[str], tool
 def _param(name: str, p: re.Match[str], tools: Tools) -> tuple[str, Any]:
     """A parameter element's key and typed value (the invoke formats')."""
     key, *flag, value = p.groups()
-    types = tools.types(name, key)
+    return key, typed_value(value, _types(name, key, flag, tools))
+
+
+def _types(name: str, key: str, flag: list[str | None], tools: Tools) -> frozenset[str] | None:
+    """A parameter's types: as the element says (DSML's string="true|false"), else by the function's schema."""
     if flag and flag[0] is not None:  # the format says itself whether the value is a string
-        types = frozenset({"string"}) if flag[0] == "true" else frozenset({"object"})
-    return key, typed_value(value, types)
+        return frozenset({"string"}) if flag[0] == "true" else frozenset({"object"})
+    return tools.types(name, key)
 
 
 def _whole_call(calls: list[RawCall] | None) -> PartialCall | None:
@@ -100,10 +109,16 @@ def _whole_call(calls: list[RawCall] | None) -> PartialCall | None:
 
 
 def partial_invokes(
-    body: str, invoke: re.Pattern[str], head: re.Pattern[str], parameter: re.Pattern[str], tools: Tools
+    body: str,
+    invoke: re.Pattern[str],
+    head: re.Pattern[str],
+    parameter: re.Pattern[str],
+    tools: Tools,
+    param_head: tuple[re.Pattern[str], str],
 ) -> list[PartialCall]:
     """`BlockFormat.partial` of the invoke formats (`invokes`): each whole invoke element's call, then the one
-    being written: its name once its head is whole, its arguments as far as its parameter elements are whole."""
+    being written: its name once its head is whole, its arguments as far as its parameter elements are whole
+    (and as its tail the one being written: `param_head`, the pattern of its opening tag, and its closing tag)."""
     out, i = whole_calls(body, invoke, lambda whole: _whole_call(invokes(whole.group(0), invoke, parameter, tools)))
     if i is None:
         return out
@@ -114,7 +129,11 @@ def partial_invokes(
     while (p := parameter.match(body, len(body) - len(body[j:].lstrip()))) is not None:
         pairs.append(_param(name, p, tools))
         j = p.end()
-    return [*out, PartialCall(name, args_prefix(pairs, closed=False))]
+    tail, (pattern, close) = "", param_head
+    if (p := pattern.match(body, len(body) - len(body[j:].lstrip()))) is not None:
+        key, *flag = p.groups()
+        tail = text_tail(key, body[p.end() :], close, _types(name, key, flag, tools))
+    return [*out, PartialCall(name, args_prefix(pairs, closed=False), tail=tail)]
 
 
 # MiniMax M3: every tag of its calls starts with the namespace marker (a token of its own in MiniMax's vocabulary),
@@ -132,6 +151,7 @@ _BAD = object()  # a value that does not read as the format's elements
 class MiniMaxM3(BlockFormat):
     name = "minimax-m3"
     begins = (M3_BEGIN,)
+    ends = (M3_END,)
     after_think = ""  # the template writes the calls right after </mm:think> and the text
 
     def end(self, block: str) -> int | None:
@@ -173,14 +193,21 @@ class MiniMaxM3(BlockFormat):
         props = schema.get("properties")
         props = props if isinstance(props, Mapping) else {}
         pairs: list[tuple[str, Any]] = []
-        for tag, inner in _m3_scan(body, head.end())[0]:
+        closed, _, end = _m3_scan(body, head.end())
+        for tag, inner in closed:
             if tag == "item" and (types is None or "array" in types):
-                break  # the schema does not say object only, and <item>s could make the arguments an array
+                return [*out, PartialCall(name, args_prefix(pairs, closed=False))]  # <item>s: maybe an array
             pairs.append((tag, _m3_value(inner, props.get(tag))))
             if pairs[-1][1] is _BAD:
                 pairs.pop()
-                break
-        return [*out, PartialCall(name, args_prefix(pairs, closed=False))]
+                return [*out, PartialCall(name, args_prefix(pairs, closed=False))]
+        # the element being written, where its value is text so far (nested elements go out whole, or not at all)
+        tail = ""
+        if (open_ := _M3_TAG.match(body, len(body) - len(body[end:].lstrip()))) is not None and not open_.group(1):
+            key, raw = open_.group(2), body[open_.end() :]
+            if key != "item" and _M3_TAG.search(raw) is None:
+                tail = text_tail(key, raw, f"{NS}</{key}>", schema_types(props.get(key)))
+        return [*out, PartialCall(name, args_prefix(pairs, closed=False), tail=tail)]
 
     def grammar(self, g: CallGrammar) -> str:
         tags = (NS + "</invoke>", M3_END)
@@ -204,14 +231,14 @@ class MiniMaxM3(BlockFormat):
 def _m3_elements(text: str) -> list[tuple[str, str]] | None:
     """The top-level elements of `text` as (tag, inner text); None where anything else but whitespace lies
     between them or a tag is left open or closed out of turn."""
-    out, whole = _m3_scan(text, 0)
+    out, whole, _ = _m3_scan(text, 0)
     return out if whole else None
 
 
-def _m3_scan(text: str, pos: int) -> tuple[list[tuple[str, str]], bool]:
+def _m3_scan(text: str, pos: int) -> tuple[list[tuple[str, str]], bool, int]:
     """The closed top-level elements of `text` from `pos` on, up to where it stops reading as elements (stray
-    text, a tag closed out of turn) or the first one still open (an invoke still being written), and whether
-    all of it reads as whole elements."""
+    text, a tag closed out of turn) or the first one still open (an invoke still being written), whether all of
+    it reads as whole elements, and where the last closed one ends."""
     out: list[tuple[str, str]] = []
     stack: list[str] = []
     start = end = pos
@@ -220,15 +247,15 @@ def _m3_scan(text: str, pos: int) -> tuple[list[tuple[str, str]], bool]:
         if not closing:
             if not stack:
                 if text[end : m.start()].strip():
-                    return out, False
+                    return out, False, end
                 start = m.end()
             stack.append(tag)
         elif not stack or stack.pop() != tag:
-            return out, False
+            return out, False, end
         elif not stack:
             out.append((tag, text[start : m.start()]))
             end = m.end()
-    return out, not stack and not text[end:].strip()
+    return out, not stack and not text[end:].strip(), end
 
 
 def _m3_value(text: str, schema: Any) -> Any:

@@ -17,8 +17,10 @@ from tokenwing.text.tools.base import (
     Tools,
     after,
     args_prefix,
+    json_call,
     json_members,
     matches_only,
+    text_tail,
     typed_value,
 )
 from tokenwing.text.tools.constrain import CallGrammar
@@ -27,6 +29,7 @@ BEGIN, END = "<tool_call>", "</tool_call>"
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
 _FUNCTION_HEAD = re.compile(r"<function=([^>\n]+)>")
+_PARAMETER_HEAD = re.compile(r"<parameter=([^>\n]+)>")
 
 # the engine's own words for a template that shows no tools (the ChatML fallback): Qwen's JSON form
 TOOL_PROMPT = (
@@ -43,6 +46,7 @@ class Qwen(BlockFormat):
 
     name = "qwen"
     begins = (BEGIN,)
+    ends = (END,)
 
     def __init__(self, xml: bool = False) -> None:
         self.xml = xml
@@ -78,7 +82,12 @@ class Qwen(BlockFormat):
                 key = p.group(1).strip()
                 pairs.append((key, typed_value(p.group(2), tools.types(name, key))))
                 i = p.end()
-            return [PartialCall(name, args_prefix(pairs, body.startswith("</function>", _skip(body, i))))]
+            closed = body.startswith("</function>", _skip(body, i))
+            tail = ""
+            if not closed and (p := _PARAMETER_HEAD.match(body, _skip(body, i))) is not None:
+                key = p.group(1).strip()
+                tail = text_tail(key, body[p.end() :], "</parameter>", tools.types(name, key))
+            return [PartialCall(name, args_prefix(pairs, closed), tail=tail)]
         outer = json_members(body)
         if outer is None:
             return []
@@ -90,8 +99,8 @@ class Qwen(BlockFormat):
         args = fixed.get("arguments")
         if isinstance(args, dict):
             return [PartialCall(name, json.dumps(args, ensure_ascii=False))]
-        if writing is not None and writing[0] == "arguments" and (inner := json_members(body, writing[1])):
-            return [PartialCall(name, args_prefix(inner[0], inner[1]))]
+        if writing is not None and writing[0] == "arguments":
+            return [json_call(name, body, writing[1])]
         return [PartialCall(name, "")]
 
     def grammar(self, g: CallGrammar) -> str:

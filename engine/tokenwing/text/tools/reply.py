@@ -118,6 +118,14 @@ class ReplyReader:
             self._calls = CallReader(syn.block, tools, parallel, stream_calls)
         self.calls: list[ToolCall] = []
 
+    @property
+    def cut(self) -> str | None:
+        """What the reply's end did to a call it cut off: "arguments" (the call went out with its arguments so
+        far), "dropped" (cut before its function's name was whole: nothing of it went out), or None."""
+        if self._harmony is not None:
+            return self._harmony.cut
+        return self._calls.cut if self._calls is not None else None
+
     def push(self, text: str) -> list[Event]:
         if self._harmony is not None:
             return self._events(self._harmony.push(text), final=False)
