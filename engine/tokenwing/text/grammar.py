@@ -112,6 +112,17 @@ def _compile(schema: dict[str, Any], strict: bool) -> Grammar:
         raise BadInputError("the JSON schema is not JSON") from None
     if len(text) > MAX_SCHEMA:
         raise BadInputError(f"the JSON schema is larger than {MAX_SCHEMA >> 10} KiB")
+    if '"dependencies"' in text or '"dependentRequired"' in text:
+        conditioned = dependencies_as_conditions(schema)
+        if conditioned is not schema:
+            try:
+                return _compile_text(conditioned, json.dumps(conditioned), strict)
+            except BadInputError:
+                pass  # (llguidance refused the conditions: the keyword is dropped as any other, or strict's 400)
+    return _compile_text(schema, text, strict)
+
+
+def _compile_text(schema: dict[str, Any], text: str, strict: bool) -> Grammar:
     dropped: list[str] = []
     if not strict and '"pattern"' in text:
         schema, dropped = without_bad_patterns(schema)
@@ -192,6 +203,40 @@ def _regex_ok(pattern: str) -> bool:
     except ValueError:
         return False
     return not llguidance.LLMatcher.validate_grammar_with_warnings(grammar)[0]
+
+
+def dependencies_as_conditions(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` with each property dependency (`dependencies` / `dependentRequired`: {"a": ["b"]}, b is required
+    where a is there) written as what llguidance enforces: allOf [anyOf [a absent, a and b required]]; `schema`
+    itself where it has none. (llguidance does not implement `dependencies`; a reply that broke one was the one
+    invalid reply of JSONSchemaBench's sample.) A schema dependency ({"a": {schema}}) stays as it is."""
+    changed = False
+
+    def change(s: dict[str, Any]) -> dict[str, Any]:
+        nonlocal changed
+        conds: list[dict[str, Any]] = []
+        out = s
+        for key in ("dependencies", "dependentRequired"):
+            deps = s.get(key)
+            if not isinstance(deps, dict):
+                continue
+            names = {k: v for k, v in deps.items() if isinstance(v, list) and all(isinstance(n, str) for n in v)}
+            if not names:
+                continue
+            out = {k: v for k, v in out.items() if k != key}
+            if len(names) < len(deps):
+                out[key] = {k: v for k, v in deps.items() if k not in names}
+            conds += [{"anyOf": [{"properties": {k: False}}, {"required": [k, *v]}]} for k, v in names.items() if v]
+        if out is s:
+            return s
+        changed = True
+        if conds:
+            before = out.get("allOf")
+            out["allOf"] = [*(before if isinstance(before, list) else []), *conds]
+        return out
+
+    out = rewritten(schema, change)
+    return out if changed else schema
 
 
 def without_bad_patterns(schema: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
