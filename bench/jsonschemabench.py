@@ -9,7 +9,7 @@ client (issue 48 item 4). Prints the counts for docs/results.md:
 * with `strict: true` (max_tokens 1: only whether it is accepted): how many get the 400;
 * the keywords not enforced, and in how many schemas.
 
-    python bench/jsonschemabench.py [--model resources/demo-model/tokenwing-demo-moe.gguf] [--max-tokens 256]
+    python bench/jsonschemabench.py [--model resources/demo-model/tokenwing-demo-moe.gguf] [--max-tokens 256] [--seed 0]
 """
 
 from __future__ import annotations
@@ -49,14 +49,15 @@ def main() -> int:
     p.add_argument("--model", default=str(ROOT / "resources" / "demo-model" / "tokenwing-demo-moe.gguf"))
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--ctx", type=int, default=1024)
+    p.add_argument("--seed", type=int, default=0, help="the first schema's seed (the next ones count up from it)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         model = str(Path(d) / "m.tw.gguf")
         repack([args.model], model, show_progress=False)  # (a plain GGUF: what `tokenwing serve` takes)
-        return run(model, args.model, args.max_tokens, args.ctx)
+        return run(model, args.model, args.max_tokens, args.ctx, args.seed)
 
 
-def run(model: str, name: str, max_tokens: int, ctx: int) -> int:
+def run(model: str, name: str, max_tokens: int, ctx: int, seed: int) -> int:
     env = {**os.environ, "TOKENWING_API_KEY": KEY}
     argv = [sys.executable, "-m", "tokenwing", "serve", model, "--ctx", str(ctx), "--no-usage-table"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -89,7 +90,7 @@ def run(model: str, name: str, max_tokens: int, ctx: int) -> int:
                     response_format=fmt(source, schema, False),
                     max_tokens=max_tokens,
                     temperature=0.7,
-                    seed=i,
+                    seed=seed + i,
                 )
             except openai.BadRequestError as e:
                 counts["refused (400)"] += 1
@@ -113,7 +114,7 @@ def run(model: str, name: str, max_tokens: int, ctx: int) -> int:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    print(f"model {Path(name).name}, max_tokens {max_tokens}, {time.monotonic() - t0:.0f} s")
+    print(f"model {Path(name).name}, max_tokens {max_tokens}, seeds from {seed}, {time.monotonic() - t0:.0f} s")
     for k, v in counts.items():
         print(f"| {k} | {v} |")
     print("not enforced: " + ", ".join(f"{k} ({v})" for k, v in dropped.most_common()))
