@@ -785,7 +785,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_probe(argv[1])
     if argv == ["__render_worker"]:  # the chat templates' renderer child (text/render_worker.py; not for users)
-        from tokenwing.text.render_worker import run_worker
+        from tokenwing.text.render_child import run_worker  # (lazy: the child needs nothing else)
 
         return run_worker()
     args = build_parser().parse_args(argv)

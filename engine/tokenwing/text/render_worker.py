@@ -21,15 +21,12 @@ import contextlib
 import json
 import os
 import pickle
-import resource
 import selectors
-import signal
 import struct
 import subprocess
 import sys
 import threading
 import time
-from collections import OrderedDict
 from typing import Any
 
 from tokenwing.errors import BadInputError
@@ -54,7 +51,7 @@ def _command() -> list[str]:
     return [sys.executable, "-m", "tokenwing", ARG]
 
 
-def _write(fd: int, payload: bytes) -> None:
+def write_message(fd: int, payload: bytes) -> None:
     data = struct.pack("<Q", len(payload)) + payload
     view = memoryview(data)
     while view:
@@ -62,7 +59,7 @@ def _write(fd: int, payload: bytes) -> None:
         view = view[n:]
 
 
-def _read_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
+def read_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
     """n bytes from fd; None at its end or past `deadline` (time.monotonic)."""
     out = bytearray()
     with selectors.DefaultSelector() as sel:
@@ -110,12 +107,12 @@ class _Renderer:
             assert proc.stdin is not None and proc.stdout is not None
             deadline = time.monotonic() + TIME_LIMIT_S
             try:
-                _write(proc.stdin.fileno(), payload)
+                write_message(proc.stdin.fileno(), payload)
                 if not request.get("compile"):
                     self._sent += 1
                     pause(f"render.sent{self._sent}")  # (tests: this process's N-th render in progress)
-                head = _read_exact(proc.stdout.fileno(), 8, deadline)
-                body = _read_exact(proc.stdout.fileno(), struct.unpack("<Q", head)[0], deadline) if head else None
+                head = read_exact(proc.stdout.fileno(), 8, deadline)
+                body = read_exact(proc.stdout.fileno(), struct.unpack("<Q", head)[0], deadline) if head else None
             except OSError:
                 body = None
             if body is None:
@@ -173,49 +170,3 @@ def compile_template(template: dict[str, Any]) -> None:
 def stop() -> None:
     """Ends the child and any render in it; later renders are refused (the engine is stopping)."""
     _renderer.close()
-
-
-# ---------------------------------------------------------------------------------------------- the child
-
-
-def run_worker() -> int:
-    """The child's loop: a request (pickled by the parent: plain values only) in, a JSON reply out."""
-    from tokenwing.text.chat import ChatTemplate
-
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the terminal's Ctrl-C is the parent's to handle)
-    templates: OrderedDict[tuple[str, str | None, str | None, bool], ChatTemplate] = OrderedDict()
-    fd_in, fd_out = sys.stdin.fileno(), sys.stdout.fileno()
-    while True:
-        head = _read_exact(fd_in, 8, None)
-        if head is None:
-            return 0
-        body = _read_exact(fd_in, struct.unpack("<Q", head)[0], None)
-        if body is None:
-            return 0
-        over = False
-        try:
-            req = pickle.loads(body)
-            key = (req["source"], req["bos"], req["eos"], req["drop_leading_bos"])
-            template = templates.pop(key, None) or ChatTemplate(key[0], key[1], key[2], drop_leading_bos=key[3])
-            templates[key] = template
-            while len(templates) > KEEP_TEMPLATES:
-                templates.popitem(last=False)
-            prompt = (
-                ""  # (a compile request: the template is kept above)
-                if req.get("compile")
-                else template.render_here(
-                    req["messages"], req["add_generation_prompt"], req["tools"], req["documents"], req["variables"]
-                )
-            )
-            reply: dict[str, Any] = {"prompt": prompt}
-        except BadInputError as e:
-            reply = {"error": str(e)}
-        except MemoryError:
-            over = True
-            reply = {"error": f"the chat template took more than its {MEMORY_LIMIT >> 20} MiB budget", "budget": 1}
-        except Exception as e:  # whatever a template did, the parent gets one line
-            reply = {"error": f"the chat template failed: {type(e).__name__}"}
-        _write(fd_out, json.dumps(reply).encode())
-        if over:
-            return 0  # (after a MemoryError, a fresh child is the safe one)
