@@ -29,6 +29,7 @@ from tests.engine import http_fuzz
 from tests.engine.test_server import KEY, Server
 from tests.engine.test_server_reasoning import REPLY, scripted
 from tests.engine.test_server_tools import ANSWER, script
+from tokenwing.server import responses
 from tokenwing.server.responses import ResponseStore, parse_responses
 
 CITY = {"type": "string", "maxLength": 8}  # bounded: a random model's reply under the grammar still ends
@@ -514,3 +515,12 @@ def test_reasoning_items(repacked_factory: ModelFactory, monkeypatch: pytest.Mon
         assert again.usage is not None and again.usage.input_tokens == _count(s, chat)
     finally:
         s.stop()
+
+
+def test_a_kept_cut_call_goes_back_as_its_whole_members() -> None:
+    """A stored call cut by max_output_tokens, sent back by previous_response_id, stands for the members it wrote
+    whole (the chat endpoint's reading of such a call, text/tools/base.cut_arguments), not for {} nor a 400."""
+    assert json.loads(responses._args({"arguments": '{"unit": "C", "city": "Zü'})) == {"unit": "C"}
+    assert json.loads(responses._args({"arguments": '{"city": "Zü'})) == {}
+    assert responses._args({"arguments": '{"city": "Zürich"}'}) == '{"city": "Zürich"}'
+    assert responses._args({"arguments": "[1, 2]"}) == "{}" and responses._args({"arguments": ""}) == "{}"

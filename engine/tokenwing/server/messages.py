@@ -27,7 +27,7 @@ from tokenwing.errors import BadInputError
 from tokenwing.server import jobs
 from tokenwing.server.protocol import GenerationRequest, RequestError, parse_chat
 from tokenwing.server.worker import EngineWorker, Job
-from tokenwing.text.tools.base import json_members
+from tokenwing.text.tools.base import cut_arguments
 
 PATH = "/v1/messages"
 
@@ -428,8 +428,7 @@ def _input(arguments: str) -> dict[str, Any]:
     try:
         value = json.loads(arguments)
     except ValueError:
-        found = json_members(arguments)
-        return dict(found[0]) if found else {}
+        return cut_arguments(arguments) or {}
     return value if isinstance(value, dict) else {}
 
 

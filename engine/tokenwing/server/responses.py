@@ -25,6 +25,7 @@ from starlette.routing import Route
 from tokenwing.server import jobs
 from tokenwing.server.protocol import GenerationRequest, RequestError, parse_chat
 from tokenwing.server.worker import EngineWorker, Job
+from tokenwing.text.tools.base import cut_arguments
 
 # The responses kept for previous_response_id and GET: the newest KEPT_RESPONSES, at most KEPT_BYTES of JSON in
 # all (a conversation's every turn is kept whole, so long agent runs are what the byte bound is for).
@@ -485,11 +486,14 @@ class Output:
 
 
 def _args(call: dict[str, Any]) -> str:
-    """A call's arguments as a follow-up can send them: one cut by max_output_tokens (a JSON prefix) as {}."""
+    """A call's arguments as a follow-up sends them: one cut by max_output_tokens (a JSON prefix) as the members
+    it wrote whole (text/tools/base.cut_arguments, as the chat endpoint reads such a call sent back)."""
+    text = call["arguments"] or "{}"
     try:
-        return call["arguments"] if isinstance(json.loads(call["arguments"] or "{}"), dict) else "{}"
+        whole = json.loads(text)
     except ValueError:
-        return "{}"
+        return json.dumps(cut_arguments(text) or {})
+    return text if isinstance(whole, dict) else "{}"
 
 
 def routes(
