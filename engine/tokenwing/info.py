@@ -9,17 +9,28 @@ import argparse
 import os
 from typing import Any
 
+from tokenwing.autotune.probe import cpu_isa, probe_drive
+from tokenwing.compute import ggml_api as ggml
+from tokenwing.compute.devices import HEADROOM_DIVISOR, HEADROOM_MAX, HEADROOM_MIN, list_devices
 from tokenwing.errors import BadInputError, exit_codes, permanent_kinds
 from tokenwing.flags import add_engine_arguments
+from tokenwing.format import layout as L
+from tokenwing.format.source import open_source
+from tokenwing.models import family, kv_bytes_per_token, supported_architectures
+from tokenwing.models.hparams import read_hparams
+from tokenwing.models.weights import resident_bytes
+from tokenwing.runtime.kvcache import KV_TYPES
+from tokenwing.runtime.memory_plan import EXTRA_SLOTS_SHARE
+from tokenwing.runtime.session import AUTO_PARALLEL, SessionOptions, session_memory
+from tokenwing.runtime.vram_experts import SWAP_EVERY, SWAP_MAX
 from tokenwing.streaming.memory import HEADROOM, MemoryInfo, memory_info
+from tokenwing.streaming.settings import DECAY_TOKENS
 from tokenwing.version import __version__
 
 
 def weight_types() -> list[str]:
     """GGUF weight types that ggml's CPU backend has matrix kernels for (the engine computes every weight with
     ggml): read from ggml's own type table, not a list kept here."""
-    from tokenwing.compute import ggml_api as ggml
-
     out = []
     for t in range(ggml.GGML_TYPE_COUNT):
         traits = ggml.ggml_get_type_traits_cpu(t)
@@ -33,8 +44,6 @@ def devices(isa: list[str], mem: MemoryInfo) -> list[dict[str, Any]]:
     """Every compute device ggml sees (kind, name, description, type, free and total memory), the CPU with its
     cores, instruction sets and RAM (ggml counts all of it free); a registry that cannot be listed leaves the CPU
     alone, with the reason."""
-    from tokenwing.compute.devices import list_devices
-
     cpu: dict[str, Any] = {
         "kind": "cpu",
         "name": "CPU",
@@ -61,8 +70,6 @@ def ggml_facts() -> dict[str, Any]:
     """Which ggml this engine runs: its version and source (the build's build.json), the CPU backend module it
     loaded with the reason (the best level this CPU runs, or TOKENWING_CPU_VARIANT) and every level the build has,
     and the GPU backends the build has with whether each loaded here (no Vulkan loader, no CUDA driver: not)."""
-    from tokenwing.compute import ggml_api as ggml
-
     built = ggml.build_info()
     return {
         "version": built.get("ggml"),
@@ -103,14 +110,6 @@ def model_facts(path: str, mem: MemoryInfo | None = None) -> dict[str, Any]:
     each `--kv-type` (by its family's rule: the bytes the runtime allocates), and the slots `serve --parallel
     auto` would keep on this machine (by the rule the session plans by, from the file's metadata and its
     resident tensors' sizes: no weight is read)."""
-    from tokenwing.format import layout as L
-    from tokenwing.format.source import open_source
-    from tokenwing.models import family, kv_bytes_per_token
-    from tokenwing.models.hparams import read_hparams
-    from tokenwing.models.weights import resident_bytes
-    from tokenwing.runtime.kvcache import KV_TYPES
-    from tokenwing.runtime.session import SessionOptions, session_memory
-
     source = open_source([path])
     header = source.header
     arch = L.arch_of(header)
@@ -150,14 +149,6 @@ def model_facts(path: str, mem: MemoryInfo | None = None) -> dict[str, Any]:
 
 
 def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20, model: str | None = None) -> dict[str, Any]:
-    from tokenwing.autotune.probe import cpu_isa, probe_drive
-    from tokenwing.compute.devices import HEADROOM_DIVISOR, HEADROOM_MAX, HEADROOM_MIN
-    from tokenwing.models import supported_architectures
-    from tokenwing.runtime.memory_plan import EXTRA_SLOTS_SHARE
-    from tokenwing.runtime.session import AUTO_PARALLEL
-    from tokenwing.runtime.vram_experts import SWAP_EVERY, SWAP_MAX
-    from tokenwing.streaming.settings import DECAY_TOKENS
-
     types = weight_types()
     mem = memory_info()
     info: dict[str, Any] = {
