@@ -1,4 +1,4 @@
-"""JSONSchemaBench's sample (tests/data/jsonschemabench/: 100 real-world schemas, 10 from each of its 10 sets)
+"""JSONSchemaBench's sample (tests/data/jsonschemabench/: 300 real-world schemas, 30 from each of its 10 sets)
 through a live `tokenwing serve`, each as a chat completion's `response_format` through the official `openai`
 client (issue 48 item 4). Prints the counts for docs/results.md:
 

@@ -173,10 +173,11 @@ def test_random_replies_keep_every_kept_keyword(tokenizer: TextTokenizer) -> Non
 
 
 def test_the_sample_is_accepted_without_strict_and_refused_with_it() -> None:
-    """JSONSchemaBench's 100: at least 95 compile without strict; with strict exactly those that dropped nothing
-    (of those that compile at all) do, and each of the others gets the 400."""
+    """JSONSchemaBench's sample (300): at least 95 % compile without strict; with strict exactly those that dropped
+    nothing (of those that compile at all) do, and each of the others gets the 400."""
     accepted = dropped = 0
-    for source, schema in sample():
+    schemas = list(sample())
+    for source, schema in schemas:
         try:
             g = schema_grammar(schema)
         except BadInputError:
@@ -188,7 +189,8 @@ def test_the_sample_is_accepted_without_strict_and_refused_with_it() -> None:
         except BadInputError:
             assert g.unenforced, source
             dropped += 1
-    assert accepted >= 95 and dropped >= 10, (accepted, dropped)
+    # (297 and 49 of 300 as of llguidance 1.9: fewer dropped would mean lenient mode no longer reached them)
+    assert accepted >= 0.95 * len(schemas) and dropped >= len(schemas) // 10, (accepted, dropped)
 
 
 TOOL: dict[str, Any] = {"type": "function", "function": {"name": "put", "description": "Store it", "parameters": MIXED}}
