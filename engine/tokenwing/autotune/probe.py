@@ -10,8 +10,14 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tokenwing import _core
-from tokenwing.compute.devices import DeviceOptions
+from tokenwing.compute.backend import Backend, DeviceError
+from tokenwing.compute.bandwidth import copy_speed
+from tokenwing.compute.devices import DeviceOptions, list_devices, resolve_budget
+from tokenwing.compute.probe import choose_device
 from tokenwing.streaming.memory import MemoryInfo, memory_info
+from tokenwing.streaming.replay import replay
+from tokenwing.streaming.settings import StreamSettings
+from tokenwing.streaming.trace import synthetic_trace
 
 
 @dataclass
@@ -125,11 +131,6 @@ def probe_gpu(
     """(the device `options` take (`--device auto`: CUDA, else a Vulkan GPU), with its VRAM — NVML's on NVIDIA,
     else what ggml reports: CUDA's free
     memory, the Vulkan memory budget — its budget and measured copy speeds; ggml's devices; the choice's line)."""
-    from tokenwing.compute.backend import Backend, DeviceError
-    from tokenwing.compute.bandwidth import copy_speed
-    from tokenwing.compute.devices import list_devices, resolve_budget
-    from tokenwing.compute.probe import choose_device
-
     try:
         found = list_devices()
     except Exception as e:  # (a registry that cannot be listed: the CPU)
@@ -192,10 +193,6 @@ def probe_replay(
     recall measured on real routing) through the core at `slots` per layer, first at each I/O engine and depth
     (lookahead 2), then at each lookahead distance and vote count with the fastest I/O: decode tokens per second.
     A layer's compute is stood in for by busy CPU: its weights' bytes at half this machine's RAM bandwidth."""
-    from tokenwing.streaming.replay import replay
-    from tokenwing.streaming.settings import StreamSettings
-    from tokenwing.streaming.trace import synthetic_trace
-
     idx = mf.index
     per_layer = idx.n_used * sum(el.payload for el in idx.layers) / len(idx.layers)
     resident = sum(t.nbytes for t in mf.resident) / max(len(idx.layers), 1)

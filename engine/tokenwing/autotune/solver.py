@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -12,12 +12,11 @@ from tokenwing.autotune.probe import MachineProbe
 from tokenwing.format.layout import K_HEADER_CHECKSUM
 from tokenwing.format.reader import ModelFile
 from tokenwing.fsutil import human_bytes
+from tokenwing.runtime.placement import VramPlan, plan_for_file
+from tokenwing.runtime.preflight import preflight
 from tokenwing.streaming.memory import HEADROOM, expert_budget
 from tokenwing.streaming.streamer import SlotPlan, plan_slots
 from tokenwing.streaming.usage import load_usage, usage_path
-
-if TYPE_CHECKING:
-    from tokenwing.runtime.placement import VramPlan
 
 # Decode tokens within which a prompt's refill must pay for itself for `--vram-lend` to be on: a short chat reply
 # (the one input of the lending rule that is a choice, not a measurement)
@@ -191,9 +190,6 @@ def _gpu(c: Choice, mf: ModelFile, m: MachineProbe, n_ctx: int, ram_slots: int) 
     if g is None:
         c.set("device", "cpu", m.gpu_reason.removeprefix("computing on the CPU: ") or "no GPU")
         return
-    from tokenwing.runtime.placement import plan_for_file
-    from tokenwing.runtime.preflight import preflight
-
     hp, budget = preflight(mf).hp, int(g["budget"])
     plan = plan_for_file(mf, hp, budget, n_ctx)
     c.set(

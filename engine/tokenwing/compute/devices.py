@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tokenwing.compute import ggml_api as ggml
+from tokenwing.compute import ggml_lib
 from tokenwing.fsutil import human_bytes, parse_size
 
 KINDS = ("auto", "cpu", "vulkan", "cuda")
@@ -59,9 +61,6 @@ def headroom(total: int) -> int:
 
 def list_devices() -> list[Device]:
     """Every device ggml can use here (the CPU first: its backend is loaded with ggml), with its memory now."""
-    from tokenwing.compute import ggml_api as ggml
-    from tokenwing.compute import ggml_lib
-
     ggml_lib.start_registry_quietly()
     out = []
     for i in range(ggml.ggml_backend_dev_count()):
@@ -85,9 +84,7 @@ def list_devices() -> list[Device]:
 
 def built_backends() -> list[str]:
     """Backends this ggml was built with (lower case), whether or not they found a device."""
-    from tokenwing.compute import ggml_api
-
-    return ["cpu", *ggml_api.available_gpu_backends()]
+    return ["cpu", *ggml.available_gpu_backends()]
 
 
 @dataclass(frozen=True)

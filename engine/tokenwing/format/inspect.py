@@ -12,9 +12,12 @@ from typing import Any
 from tokenwing.errors import TokenWingError
 from tokenwing.format import layout as L
 from tokenwing.format.gguf_io import GGUFHeader, ggml_type_name
+from tokenwing.format.reader import ModelFile
 from tokenwing.format.repack import check_family, plan_repack
 from tokenwing.format.source import SourceModel, open_source
 from tokenwing.fsutil import human_bytes
+from tokenwing.models import family, kv_bytes_per_token
+from tokenwing.models.hparams import read_hparams
 
 
 def inspect_model(paths: list[str]) -> dict[str, Any]:
@@ -26,8 +29,6 @@ def inspect_source(source: SourceModel) -> dict[str, Any]:
     header = source.header
     paths = source.paths
     if header.get(L.K_MAJOR) is not None:
-        from tokenwing.format.reader import ModelFile
-
         with ModelFile.open(paths[0], announce_fallback=False) as mf:
             index, resident, kept = mf.index, mf.resident, mf.kept
         check_family(header, resident, index.layers)  # (a source's is in plan_repack)
@@ -113,8 +114,6 @@ def inspect_source(source: SourceModel) -> dict[str, Any]:
 def _kv_bytes_per_token(header: GGUFHeader, arch: str) -> int | None:
     """An F16 KV cache's bytes per token of context over all layers, by the model family's own rule (the number
     the runtime allocates); None for an architecture the engine does not run or metadata it cannot read."""
-    from tokenwing.models import kv_bytes_per_token
-
     try:
         return kv_bytes_per_token({k: v.value for k, v in header.kv.items()}, arch, header.path)
     except TokenWingError:
@@ -124,9 +123,6 @@ def _kv_bytes_per_token(header: GGUFHeader, arch: str) -> int | None:
 def _lazy_tensors(header: GGUFHeader, arch: str) -> frozenset[str]:
     """The names the family of `arch` reads sparsely from the file (`MoEModel.lazy_tensors`); none for an
     architecture the engine does not run or metadata it cannot read."""
-    from tokenwing.models import family
-    from tokenwing.models.hparams import read_hparams
-
     try:
         cls = family(arch)
         return cls.lazy_tensors(read_hparams({k: v.value for k, v in header.kv.items()}, arch, "", cls.recurrence))
