@@ -18,6 +18,7 @@ from PySide6.QtWidgets import QApplication, QWidget
 
 from runmyai import __version__
 from runmyai.paths import AppPaths, bundled_dir
+from runmyai.ui import layout_check
 from runmyai.ui.controller import AUTOTUNE_OFFER, AppController
 from runmyai.ui.main_window import MainWindow
 
@@ -96,8 +97,6 @@ async def take_screenshots(controller: AppController, folder: Path) -> list[str]
     """Every page at each size in both themes, checked for clipped text and charts (layout_check: the status line,
     a chart cut at the panel's bottom), and File → Connect's dialog with a long address; the chat page and Discover
     at every size, every page at 1600×1000 and the dialog saved to `folder` as PNGs. Returns the problems found."""
-    from runmyai.ui import layout_check
-
     folder.mkdir(parents=True, exist_ok=True)
     window = controller.window
     problems: list[str] = []
@@ -229,8 +228,6 @@ async def self_test(controller: AppController, args: argparse.Namespace) -> int:
 
 def _checked_and_saved(dialog: QWidget, what: str, path: Path) -> list[str]:
     """A dialog's clipped parts (layout_check), and its picture saved at `path`."""
-    from runmyai.ui import layout_check
-
     problems = [f"{what}: {p}" for p in layout_check.clipped(dialog)]
     if not dialog.grab().save(str(path), "PNG"):
         problems.append(f"could not save {path}")

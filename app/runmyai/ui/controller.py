@@ -49,6 +49,7 @@ from runmyai.engine.load_options import (
 from runmyai.engine.request_log import LAN_HOST, RequestLog, lan_addresses
 from runmyai.engine.stats import StatsClient
 from runmyai.engine.supervisor import EngineState, EngineSupervisor
+from runmyai.jsonfile import read_json, write_json_atomic
 from runmyai.library.acquire import PERMANENT_HUB_KINDS, AcquireError, Acquirer, Job, JobStatus, RepoQuants
 from runmyai.library.downloads import DownloadManager, DownloadStatus
 from runmyai.library.estimate import DEFAULT_CALIBRATION, installed_estimate
@@ -538,15 +539,11 @@ class AppController(QObject):
         self.window.models_page.set_rows(rows)
 
     def _read_last_used(self) -> dict[str, float]:
-        from runmyai.jsonfile import read_json
-
         data = read_json(self._last_used_file) or {}
         return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))}
 
     def _mark_used(self, path: Path) -> None:
         import time as _time
-
-        from runmyai.jsonfile import write_json_atomic
 
         used = self._read_last_used()
         used[str(path)] = _time.time()

@@ -3,6 +3,8 @@ what the controller gives it (viewmodels.ModelRow, AppSettings)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from PySide6.QtCore import Qt, Signal, SignalInstance
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
@@ -35,6 +37,7 @@ from runmyai.ui.viewmodels import (
     Theme,
     anthropic_url,
     chosen_row,
+    new_api_key,
     server_url,
 )
 
@@ -330,10 +333,6 @@ class ServerPage(QWidget):
         ]
 
     def _emit(self, new_key: bool = False) -> None:
-        from dataclasses import replace
-
-        from runmyai.ui.viewmodels import new_api_key
-
         origins = tuple(o.strip() for o in self.cors.text().replace(" ", ",").split(",") if o.strip())
         s = replace(
             self._settings,

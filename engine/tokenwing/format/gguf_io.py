@@ -18,6 +18,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from tokenwing.errors import BadInputError, UnsupportedError
+from tokenwing.fsutil import atomic_output
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSION = 3
@@ -394,8 +395,6 @@ def rewrite_metadata(src: str, dst: str, kv: dict[str, KV]) -> GGUFHeader:
     """Writes `src` to `dst` (atomically; `dst` may be `src`) with the metadata `kv` in place of its own: the same
     tensor table and the tensor data copied byte for byte, so only the header changes (its length too: the data
     section moves, each tensor's offset within it does not). Returns the new file's header."""
-    from tokenwing.fsutil import atomic_output
-
     old = read_header(src)
     header, _ = encode_header(kv, old.tensors, old.alignment)
     data_size = old.file_size - old.data_start

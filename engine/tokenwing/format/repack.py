@@ -14,6 +14,7 @@ import xxhash
 from tokenwing.errors import BadInputError, UnsupportedError
 from tokenwing.format import layout as L
 from tokenwing.format.gguf_io import KV, GGUFHeader, TensorInfo, ValueType, encode_header
+from tokenwing.format.reader import ModelFile
 from tokenwing.format.source import SourceModel, SourceTensor, open_source
 from tokenwing.fsutil import atomic_output
 from tokenwing.models import check_model
@@ -229,8 +230,6 @@ def _write_data(plan: Plan, out: _Output, src: _Sources, progress: Progress) -> 
 
 def repack(sources: list[str], out_path: str, show_progress: bool = True, verify: bool = True) -> RepackReport:
     """Repacks `sources` (one GGUF or all shards of one) into `out_path`."""
-    from tokenwing.format.reader import ModelFile
-
     source = open_source(sources)
     plan = plan_repack(source)
     if any(os.path.abspath(p) == os.path.abspath(out_path) for p in source.paths):

@@ -37,7 +37,7 @@ import xxhash
 
 from tokenwing.errors import BadInputError, DiskSpaceError
 from tokenwing.format import layout as L
-from tokenwing.format.gguf_io import encode_header
+from tokenwing.format.gguf_io import encode_header, read_header
 from tokenwing.format.inspect import inspect_source
 from tokenwing.format.repack import Plan, _Output, _Sources, copy_resident, final_header, plan_repack
 from tokenwing.format.source import ManifestShard, SourceModel, expand_shard_names, open_manifest
@@ -410,8 +410,6 @@ def _keep_header(s: ManifestShard, sd: str) -> None:
     copy = os.path.join(sd, "headers", os.path.basename(s.path))
     if os.path.exists(copy) or not s.present:
         return
-    from tokenwing.format.gguf_io import read_header
-
     n = read_header(s.path).data_start
     with open(s.path, "rb") as f:
         data = f.read(n)

@@ -53,6 +53,7 @@ from tokenwing.runtime.vram_experts import COUNTERS as VRAM_COUNTERS
 from tokenwing.streaming.memory import MemoryInfo, memory_info
 from tokenwing.streaming.settings import StreamSettings
 from tokenwing.streaming.streamer import COUNTERS, plan_slots
+from tokenwing.streaming.trace import Trace
 from tokenwing.text.tokenizer import TextTokenizer
 
 # A spilled KV cache is written back every this many decode positions: at most this many positions' pages are
@@ -848,8 +849,6 @@ class Session:
     # ------------------------------------------------------------------------------------------- stats
     def recorded_trace(self) -> Any:
         """The routing recorded since `self.trace = []` (last token of each batch), as a trace file object."""
-        from tokenwing.streaming.trace import Trace
-
         rows = self.trace or []
         k = self.hp.n_expert_used
         d = max(self.options.lookahead, 0)

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from tokenwing.errors import BadInputError
+from tokenwing.runtime.session import SESSION_COUNTERS
 from tokenwing.server import jobs, messages, responses
 from tokenwing.server.protocol import (
     MAX_BODY,
@@ -301,8 +302,6 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
             lines.append(f"tokenwing_{k}_total {v}")
         if worker.session is not None:
             c = worker.session.counters()
-            from tokenwing.runtime.session import SESSION_COUNTERS
-
             for i, name in enumerate(SESSION_COUNTERS):
                 for li, layer in enumerate(worker.session.streamed):
                     lines.append(f'tokenwing_expert_{name}_total{{layer="{layer}"}} {int(c[li, i])}')

@@ -29,6 +29,7 @@ from jinja2.utils import Namespace
 
 from tokenwing.errors import BadInputError
 from tokenwing.text import render_worker
+from tokenwing.text.reasoning import harmony_template
 
 MAX_TEMPLATE = 256 << 10
 MAX_OUTPUT = 4 << 20
@@ -386,8 +387,6 @@ def chat_format(own: ChatTemplate | None) -> ChatFormat:
     """The model's template, or ChatML with its end-of-turn text as a stop string, so any chat client works
     with any model."""
     if own is not None:
-        from tokenwing.text.reasoning import harmony_template
-
         return ChatFormat(own, reasoning="harmony" if harmony_template(own.source) else None)
     return ChatFormat(ChatTemplate(CHATML), FALLBACK_NAME, (FALLBACK_STOP,))
 

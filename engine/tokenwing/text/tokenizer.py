@@ -16,6 +16,7 @@ import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from tokenwing.errors import BadInputError, UnsupportedError
+from tokenwing.format.gguf_io import read_header
 
 # llama.cpp's pre-tokeniser regexes, by `tokenizer.ggml.pre`: each splits the pieces the previous one left (as
 # llama.cpp's unicode_regex_split does), in Oniguruma syntax with the semantics llama.cpp gives them.
@@ -511,7 +512,5 @@ def _bpe(
 
 def tokenizer_from_file(path: str) -> TextTokenizer:
     """The tokenizer of a TokenWing model file or a GGUF (the first shard of a split one), from its header."""
-    from tokenwing.format.gguf_io import read_header
-
     meta = {k: v.value for k, v in read_header(path).kv.items()}
     return tokenizer_from_metadata(meta, path)
