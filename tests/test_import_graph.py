@@ -111,6 +111,39 @@ def test_no_import_circles() -> None:
     assert _circles(edges) == []
 
 
+def _unexplained_local_imports(module: str, path: Path, modules: dict[str, Path]) -> list[str]:
+    """Imports of ours inside a function with no comment saying why they are lazy, on them or just above their
+    block of imports."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    out = []
+    for fn in ast.walk(ast.parse(text)):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            relative = isinstance(node, ast.ImportFrom) and node.level > 0
+            if not relative and not any(_owner(n, modules) for n in names):
+                continue  # (not ours: numpy, the standard library)
+            first = node.lineno - 1
+            while first > 0 and lines[first - 1].lstrip().startswith(("from ", "import ")):
+                first -= 1
+            said = lines[first - 1 : node.end_lineno or node.lineno]
+            if not any("lazy" in line.partition("#")[2] for line in said):
+                out.append(f"{module}:{node.lineno}")
+    return out
+
+
+def test_every_function_local_import_says_why_it_is_lazy() -> None:
+    """A function-local import is for start-up time (the CLI's commands, Qt after its platform is chosen), and
+    says so; any other belongs at the top, where the circle test sees it for what it is."""
+    modules = _modules()
+    found = [x for m, p in sorted(modules.items()) for x in _unexplained_local_imports(m, p, modules)]
+    assert found == []
+
+
 def test_the_check_finds_a_circle_hidden_in_a_function() -> None:
     """The checker itself: the cli ↔ info circle as it was (info imported cli inside a function) is found."""
     assert _circles({"a.cli": {"a.info"}, "a.info": {"a.cli"}, "a.x": set()}) == [["a.cli", "a.info"]]

@@ -60,7 +60,7 @@ def _command(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if _command(args_list) in ("get", "list"):  # runmyai.cli: no window, no Qt
-        from runmyai.cli import main as cli_main
+        from runmyai.cli import main as cli_main  # (lazy: these commands start without Qt and the window's code)
 
         return cli_main(args_list)
     args = parse_args(argv)
@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.home is not None:
         os.environ["RUNMYAI_HOME"] = str(args.home)
-    from runmyai.ui.app import run_app
+    from runmyai.ui.app import run_app  # (lazy: Qt is imported only after QT_QPA_PLATFORM is chosen above)
 
     return run_app(args)
 

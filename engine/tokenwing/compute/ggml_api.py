@@ -34,6 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, overload
 
+from tokenwing import _core  # (it calls ggml only through addresses this module hands it: no load order)
+
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 
 ENV_DIR = "TOKENWING_GGML_DIR"
@@ -725,8 +727,6 @@ _capture = log_callback(_capture_text)
 def _quiet() -> None:
     """ggml's log from now on: everything but debug messages (one per repacked tensor, from I/O threads too),
     through a filter in the native core (a Python callback would need the GIL on ggml's threads)."""
-    from tokenwing import _core
-
     ggml_log_set(log_callback(_core.ggml_log_filter()), None)
 
 

@@ -15,6 +15,7 @@ from tokenwing.fsutil import atomic_output
 from tokenwing.progress import Progress
 from tokenwing.testmodel import weights
 from tokenwing.testmodel.architectures import TensorSpec, architecture, check_shape
+from tokenwing.testmodel.kquant import quantize_with_llama_cpp
 from tokenwing.testmodel.shapes import ModelShape
 from tokenwing.testmodel.tokenizer import build_vocabulary
 
@@ -172,8 +173,6 @@ def write_test_model(
 def _write_kquant(
     path: str, shape: ModelShape, type_name: str, seed: int, shards: int, show_progress: bool
 ) -> list[str]:
-    from tokenwing.testmodel.kquant import quantize_with_llama_cpp
-
     if shards != 1:
         raise ValueError("K-quant models are written as one file (split them with llama.cpp's gguf-split)")
     directory = os.path.dirname(os.path.abspath(path))
