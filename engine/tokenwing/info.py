@@ -23,6 +23,7 @@ from tokenwing.runtime.kvcache import KV_TYPES
 from tokenwing.runtime.memory_plan import EXTRA_SLOTS_SHARE
 from tokenwing.runtime.session import AUTO_PARALLEL, SessionOptions, session_memory
 from tokenwing.runtime.vram_experts import SWAP_EVERY, SWAP_MAX
+from tokenwing.server.worker import LAYER_FIELDS, TOKEN_FIELDS
 from tokenwing.streaming.memory import HEADROOM, MemoryInfo, memory_info
 from tokenwing.streaming.settings import DECAY_TOKENS
 from tokenwing.version import __version__
@@ -161,6 +162,8 @@ def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20, mode
         "flags": engine_flags(),
         # --moe-stream-decay-tokens 0 (its default) means the policy's own half-life, in tokens
         "decay_tokens_by_policy": dict(DECAY_TOKENS),
+        # the stats stream's token event: its fields and each layer's (docs/api.md), for readers to check against
+        "stats_fields": {"token": list(TOKEN_FIELDS), "layer": ["layer", *LAYER_FIELDS]},
         "exit_codes": exit_codes(),
         "permanent_exit_kinds": permanent_kinds(),  # (retrying the same input cannot change these)
         "memory": {

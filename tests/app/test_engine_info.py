@@ -12,6 +12,7 @@ import pytest
 
 from runmyai import __version__
 from runmyai.engine.info import EngineInfo, ask_engine, cache_path, parse_info
+from runmyai.engine.stats import LAYER_FIELDS, TOKEN_FIELDS
 from runmyai.library.keys import HubKey, LocalKey, PresetKey, parse_key, parse_model_ref
 from runmyai.library.presets import load_catalog
 from runmyai.machine import probe_machine
@@ -35,6 +36,9 @@ def test_the_engine_says_what_it_runs_and_it_is_cached(tmp_path: Path) -> None:
     assert info.permanent_kinds == {"bad_input", "corrupt_model", "unsupported"}
     assert info.permanent(info.exit_codes["corrupt_model"]) and not info.permanent(info.exit_codes["no_disk_space"])
     assert not info.permanent(None) and not info.permanent(1)
+    # every field the stats client reads is one the engine says it sends (a renamed field fails here, not in a graph)
+    assert set(TOKEN_FIELDS) <= set(info.stats_fields["token"]) and "layers" in TOKEN_FIELDS
+    assert set(LAYER_FIELDS) <= set(info.stats_fields["layer"]) and "hits" in LAYER_FIELDS
     # cached per version: a broken engine command is not even run
     broken = [sys.executable, "-c", "import sys; sys.exit(3)"]
     assert asyncio.run(ask_engine(tmp_path, broken)) == info

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import ModelFactory
+from tests.conftest import ModelFactory, run_cli
 
 KEY = "test-key-123"
 
@@ -200,6 +200,10 @@ def test_stats_stream_and_metrics(server: Server) -> None:
     assert [e["token"] for e in events] == [1, 2, 3]
     ev = events[0]
     assert {"layers", "ssd_wait_ms", "bytes_read", "vram_swaps", "prediction_recall", "tokens_per_s"} <= set(ev)
+    # the fields `tokenwing info --json` publishes for it are the event's, each layer's too
+    published = json.loads(run_cli("info", "--json").stdout)["stats_fields"]
+    layers: list[dict[str, object]] = ev["layers"]  # type: ignore[assignment]
+    assert list(ev) == published["token"] and all(list(e) == published["layer"] for e in layers)
     assert len(ev["layers"]) == 3 and ev["vram_swaps"] == 0  # type: ignore[arg-type]
     text = httpx.get(server.url + "/metrics").text
     assert "tokenwing_up" in text and 'tokenwing_expert_hits_total{layer="0"}' in text

@@ -60,6 +60,8 @@ class EngineInfo:
     exit_codes: Mapping[str, int] = field(default_factory=dict)  # "no_disk_space" → 5
     # the exit kinds retrying the same input cannot change ("corrupt_model"): the engine's word, not a copy
     permanent_kinds: frozenset[str] = frozenset()
+    # the stats stream's fields as the engine sends them: {"token": (...), "layer": (...)} (empty: it does not say)
+    stats_fields: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     device_headroom: DeviceHeadroom | None = None
 
     def runs(self, arch: str) -> bool:
@@ -113,6 +115,7 @@ def parse_info(raw: object) -> EngineInfo:
         flags=_flags(raw.get("flags")),
         exit_codes=_exit_codes(raw.get("exit_codes")),
         permanent_kinds=_names(raw.get("permanent_exit_kinds")),
+        stats_fields=_stats_fields(raw.get("stats_fields")),
         device_headroom=_device_headroom(raw.get("device_headroom")),
     )
 
@@ -133,6 +136,12 @@ def _exit_codes(raw: object) -> dict[str, int]:
     if not isinstance(raw, dict):
         return {}
     return {k: v for k, v in raw.items() if isinstance(k, str) and _positive_int(v)}
+
+
+def _stats_fields(raw: object) -> dict[str, tuple[str, ...]]:
+    if not isinstance(raw, dict):
+        return {}
+    return {k: tuple(n for n in v if isinstance(n, str)) for k, v in raw.items() if isinstance(v, list)}
 
 
 def _names(raw: object) -> frozenset[str]:
@@ -173,9 +182,15 @@ async def ask_engine(folder: Path, command: Sequence[str] | None = None, *, refr
                 info = parse_info(cached)
             except ValueError:
                 info = None
-            # (an answer cached by an engine of this version from before it reported its flags, exit codes and
-            # which of them are for good is asked again)
-            if info is not None and info.version == __version__ and info.flags and info.permanent_kinds:
+            # (an answer cached by an engine of this version from before it reported its flags, exit codes,
+            # which of them are for good and its stats fields is asked again)
+            if (
+                info is not None
+                and info.version == __version__
+                and info.flags
+                and info.permanent_kinds
+                and info.stats_fields
+            ):
                 return info
     argv = [*(command if command is not None else engine_command()), "info", "--json"]
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import httpx
@@ -56,19 +56,10 @@ def _num(v: object, kind: type[int] | type[float], default: float | int = 0) -> 
     return kind(v)
 
 
-_LAYER_FIELDS = ("layer", "hits", "misses", "vram_hits", "vram_swaps_in", "vram_swaps_out", "vram_bytes_up")
-_KNOWN = {
-    "token",
-    "layers",
-    "ssd_wait_ms",
-    "bytes_read",
-    "vram_swaps",
-    "vram_bytes_up",
-    "prediction_recall",
-    "tokens_per_s",
-    "prefetch_issued",
-    "prefetch_used",
-}
+# what this version reads of an event: its dataclasses' fields (every other field is kept in `extra`); a test
+# checks them against the fields the engine says it sends (`tokenwing info --json`'s stats_fields)
+LAYER_FIELDS = tuple(f.name for f in fields(LayerStats))
+TOKEN_FIELDS = tuple(f.name for f in fields(TokenStats) if f.name != "extra")
 
 
 def parse_token_stats(data: str) -> TokenStats | None:
@@ -79,7 +70,7 @@ def parse_token_stats(data: str) -> TokenStats | None:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("layers"), list):
         return None
-    layers = [LayerStats(*(_num(e.get(k), int) for k in _LAYER_FIELDS)) for e in obj["layers"] if isinstance(e, dict)]
+    layers = [LayerStats(*(_num(e.get(k), int) for k in LAYER_FIELDS)) for e in obj["layers"] if isinstance(e, dict)]
     recall_raw = obj.get("prediction_recall")
     recall = [float(r) for r in recall_raw if isinstance(r, int | float)] if isinstance(recall_raw, list) else []
     tps = obj.get("tokens_per_s")
@@ -94,7 +85,7 @@ def parse_token_stats(data: str) -> TokenStats | None:
         prefetch_issued=_num(obj.get("prefetch_issued"), int),
         prefetch_used=_num(obj.get("prefetch_used"), int),
         vram_bytes_up=_num(obj.get("vram_bytes_up"), int),
-        extra={k: v for k, v in obj.items() if k not in _KNOWN},
+        extra={k: v for k, v in obj.items() if k not in TOKEN_FIELDS},
     )
 
 

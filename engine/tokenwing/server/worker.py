@@ -40,6 +40,21 @@ _C = {name: i for i, name in enumerate(SESSION_COUNTERS)}
 # A stats event's counts per streamed layer (docs/api.md): where the selected experts came from (VRAM, RAM, the
 # drive), and the VRAM cache's swaps in and out with the bytes they copied up.
 LAYER_FIELDS = ("hits", "misses", "vram_hits", "vram_swaps_in", "vram_swaps_out", "vram_bytes_up")
+# a stats stream's token event (_token_event), as `tokenwing info --json` publishes it for its readers (the app)
+TOKEN_FIELDS = (
+    "token",
+    "layers",
+    "ssd_wait_ms",
+    "bytes_read",
+    "prefetch_issued",
+    "prefetch_used",
+    "vram_swaps",
+    "vram_bytes_up",
+    "prediction_recall",
+    "batch",
+    "slots",
+    "tokens_per_s",
+)
 
 
 @dataclass
