@@ -8,24 +8,29 @@ whole sample's replies: bench/jsonschemabench.py, docs/results.md)."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jsonschema
 import openai
 import pytest
+from openai.types.chat import ChatCompletion
 
 from tests.conftest import ModelFactory
 from tests.engine.schema_sample import outcome, relaxed, sample
 from tests.engine.test_server import Server
+from tests.engine.test_server_parallel import _together
 from tests.engine.test_tool_choice import FORMATS, USER, _sample, _source
 from tests.llama_source import chat_templates
+from tests.pauses import Pauses
 from tokenwing.errors import BadInputError
 from tokenwing.format.reader import ModelFile
 from tokenwing.server.jobs import unenforced_headers
 from tokenwing.server.protocol import GenerationRequest
 from tokenwing.text.chat import ChatTemplate
-from tokenwing.text.grammar import grammar_of, schema_grammar
+from tokenwing.text.grammar import Constraint, grammar_of, schema_grammar
 from tokenwing.text.tokenizer import TextTokenizer, tokenizer_from_metadata
 from tokenwing.text.tools.base import Tools
 from tokenwing.text.tools.reply import call_grammar, prepare, syntax
@@ -287,3 +292,49 @@ def test_a_subset_of_jsonschemabench_through_the_server(server: Server) -> None:
         what = outcome(schema, r.choices[0].message.content or "", r.choices[0].finish_reason)
         assert not what.startswith("invalid"), (source, what)
     assert len(seen) == 10
+
+
+# JSONSchemaBench's Github_easy/o21053 (the 300-schema run's one invalid reply): llguidance compiles it, then gives
+# up as the reply opens the string (its lexer's regex for this pattern under maxLength 5000 grows past its limits)
+TOO_COMPLEX: dict[str, Any] = next(s for p, s in sample() if p.endswith("/o21053.json"))
+
+
+def test_a_grammar_that_gives_up_mid_reply_is_an_error_not_an_end(tokenizer: TextTokenizer) -> None:
+    """The mask llguidance gives up on, as a reply is decoded (a mask, then its token), is an error: its mask then
+    allowed only the end token, which ended the reply as a plain "stop" with '{"question":",' unfinished."""
+    c = Constraint(tokenizer, schema_grammar(TOO_COMPLEX).text)
+    with pytest.raises(BadInputError, match="cannot be enforced past this point") as e:
+        for t in tokenizer.encode('{"question":"ab', special=False):
+            assert c.allowed()[t]
+            c.accept(t)
+        c.allowed()
+    assert "\n" not in str(e.value)
+    c.close()
+
+
+def test_a_grammar_that_gives_up_fails_its_reply_alone(model: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """Two requests decoded together: the one whose grammar llguidance gives up on gets a one-line 400 (not a 200
+    whose JSON the schema refuses), the other its whole reply (a failure in one reply's grammar is not the pass's)."""
+    pauses = Pauses(tmp_path / "pauses", "serve.admit")
+    pauses.arm(monkeypatch)
+    server = Server(model, "--parallel", "2", "--ctx", "2048", "--ram-budget", "30%")
+    bodies: list[dict[str, Any]] = [
+        {"response_format": fmt(TOO_COMPLEX), "max_tokens": 32},
+        {"max_tokens": 24, "extra_body": {"ignore_eos": True}},
+    ]
+    got: list[Any] = [None, None]
+
+    def one(i: int) -> None:
+        try:
+            got[i] = server.client().chat.completions.create(model="x", messages=MSGS, seed=1, **bodies[i])
+        except openai.BadRequestError as e:
+            got[i] = e
+
+    try:
+        _together(server, pauses, [threading.Thread(target=one, args=(i,)) for i in range(2)])
+    finally:
+        server.stop()
+    assert isinstance(got[0], openai.BadRequestError), got[0]
+    assert "cannot be enforced past this point" in got[0].message and "\n" not in got[0].message
+    assert isinstance(got[1], ChatCompletion), got[1]
+    assert got[1].choices[0].finish_reason == "length" and got[1].usage and got[1].usage.completion_tokens == 24

@@ -31,7 +31,7 @@ from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
 from tokenwing.server.overflow import fit_chat
 from tokenwing.server.protocol import CONTEXT_LENGTH_EXCEEDED, GenerationRequest, RequestError
 from tokenwing.text.chat import FALLBACK_NOTICE, ChatFormat, chat_format
-from tokenwing.text.grammar import Constraint
+from tokenwing.text.grammar import Constraint, UnenforceableError
 from tokenwing.text.tokenizer import TextTokenizer
 from tokenwing.text.tools.base import Event, Tools
 from tokenwing.text.tools.reply import ReplyReader, Syntax, call_grammar, prepare, syntax
@@ -447,22 +447,32 @@ class EngineWorker:
                 r.after_prompt = s.counters()
                 r.decode_start = time.perf_counter()
                 assert last is not None
-                r.next = r.decoding.step(last)
-                if r.next is None:
+                if self._decoded(r, last) and r.next is None:
                     self._end(r)
         if not decoding:
             return
         delta = s.counters() - before
         self._steps += 1
         self.last_batch = len(steps)
+        done: list[Reply] = []
         for d, lg in zip(decoding, logits, strict=True):
             d.decoded += 1
             d.largest_batch = max(d.largest_batch, len(decoding))
-            d.next = d.decoding.step(lg)
+            if self._decoded(d, lg) and d.next is None:
+                done.append(d)
         self._publish(_token_event(s, delta, self._steps, decoding, time.perf_counter()))
-        for d in decoding:
-            if d.next is None:
-                self._end(d)
+        for d in done:
+            self._end(d)
+
+    def _decoded(self, r: Reply, logits: np.ndarray) -> bool:
+        """r's next token (r.next) from these logits; False where its grammar gave up mid-reply: that reply alone
+        fails with the error (a 400), as the others in the same pass go on."""
+        try:
+            r.next = r.decoding.step(logits)
+        except UnenforceableError as e:
+            self._fail([r], {"type": "error", "message": str(e)}, reset=False)
+            return False
+        return True
 
     def _part(self, r: Reply, others: bool) -> PromptPart:
         """The next part of a reply's prompt: all of it when nothing else decodes (`others`), else up to the next

@@ -61,6 +61,10 @@ def ll_tokenizer(tok: TextTokenizer) -> llguidance.LLTokenizer:
         return ll
 
 
+class UnenforceableError(BadInputError):
+    """llguidance gave up on a grammar mid-reply: that reply fails with it (the others in its pass go on)."""
+
+
 class Grammar(NamedTuple):
     """A grammar llguidance accepted, and what of its JSON schemas it does not enforce: keyword names (`format:X`
     for an unknown format), in the order first met, empty when all of it is enforced."""
@@ -275,6 +279,7 @@ class Constraint:
 
     def _mask(self) -> np.ndarray:
         llguidance.numpy.fill_next_token_bitmask(self._matcher, self._bits)
+        self._check()  # (where llguidance gives up: computing the mask inside a string)
         bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
         return bits[: self._n].astype(bool)
 
@@ -308,6 +313,15 @@ class Constraint:
             self._next = None
         if not self._matcher.consume_token(token):
             raise BadInputError(f"the response format refused token {token}: {self._matcher.get_error()}")
+        self._check()
+
+    def _check(self) -> None:
+        if self._matcher.is_error():
+            # llguidance gave up mid-reply (its lexer's regex for a string grew past its limits as the string
+            # opened, as a `pattern` with {0,99} under a maxLength of 5000 does): its mask then allows only the end
+            # token, and the reply ended as a plain "stop" with its JSON unfinished. It fails here instead.
+            why = self._matcher.get_error().splitlines()[0]
+            raise UnenforceableError(f"the response format cannot be enforced past this point of the reply: {why}")
 
     @property
     def finished(self) -> bool:
