@@ -5,15 +5,23 @@ the stop of the engine thread sat after a `finally` that uvicorn's re-raised Int
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from tests.conftest import ModelFactory
-from tests.engine.test_server import Server
+from tests.engine.test_server import KEY, Server
+from tests.pauses import Pauses
+from tokenwing.testpause import GO
 
 
 @contextlib.contextmanager
@@ -72,3 +80,42 @@ def test_a_finished_run_exits_with_no_leak_report(repacked_factory: ModelFactory
     r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert not _leak_lines(r.stderr), r.stderr
+
+
+def test_a_request_open_at_sigterm_gets_a_json_503(
+    repacked_factory: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request still open when the server stops is answered with the JSON 503 'the server is stopping', at
+    once, not after uvicorn's grace second cancels its handler (a plain-text 500 and a traceback in the log, seen
+    with a long reply at SIGTERM). The engine thread is held at serve.admit with the request waiting, so the
+    answer can only come from the shutdown itself."""
+    pauses = Pauses(tmp_path / "pauses", "serve.admit")
+    pauses.arm(monkeypatch)
+    s = Server(repacked_factory(type="Q8_0", n_layer=2), "--no-usage-table")
+    got: dict[str, Any] = {}
+
+    def ask(stream: bool) -> None:
+        body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "stream": stream}
+        r = httpx.post(
+            f"{s.url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+        )
+        got[f"stream={stream}"] = (r.status_code, r.headers.get("content-type"), r.text)
+
+    threads = [threading.Thread(target=ask, args=(stream,)) for stream in (False, True)]
+    for t in threads:
+        t.start()
+    pauses.wait("serve.admit", lambda: s.proc.poll() is None)
+    deadline = time.monotonic() + 60
+    while httpx.get(s.url + "/health").json()["queued"] < 2:  # both submitted (the engine, held, admits neither)
+        assert time.monotonic() < deadline and s.proc.poll() is None
+        time.sleep(0.01)
+    s.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(timeout=60)
+    (pauses.folder / ("serve.admit" + GO)).touch()  # the engine thread goes on, and ends
+    _, err = s.proc.communicate(timeout=30)
+    for status, kind, text in got.values():
+        assert status == 503 and kind == "application/json", text
+        assert json.loads(text)["error"]["message"] == "the server is stopping"
+    assert len(got) == 2 and s.proc.returncode == 143, err
+    assert "Traceback" not in err and "Exception in ASGI application" not in err, err

@@ -82,7 +82,8 @@ def serve(
         flush=True,
     )
     worker.start()
-    server = uvicorn.Server(
+    server = _Server(
+        worker,
         # (a reply still streaming when SIGTERM comes is cut after a second, not waited for: the stop takes < 2 s)
         uvicorn.Config(
             # (uvicorn's own access log is off: with --request-log, AccessLog writes one line per API request)
@@ -92,7 +93,7 @@ def serve(
             access_log=False,
             timeout_graceful_shutdown=1,
             http=JsonErrorH11Protocol,  # (an unparseable request's 400 in the JSON error format too)
-        )
+        ),
     )
     if watch_stdin:
 
@@ -119,3 +120,16 @@ def serve(
         kind = type(worker.load_error) if worker.load_error is not None else TokenWingError
         raise kind(f"the model failed to load: {worker.error}")
     return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server whose shutdown answers the requests still open first (EngineWorker.stop_soon): a 503 in
+    the JSON error format within the grace period, not a handler cancelled after it."""
+
+    def __init__(self, worker: EngineWorker, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.worker = worker
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.worker.stop_soon()
+        await super().shutdown(sockets)

@@ -16,6 +16,7 @@ import queue
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ _C = {name: i for i, name in enumerate(SESSION_COUNTERS)}
 # A stats event's counts per streamed layer (docs/api.md): where the selected experts came from (VRAM, RAM, the
 # drive), and the VRAM cache's swaps in and out with the bytes they copied up.
 LAYER_FIELDS = ("hits", "misses", "vram_hits", "vram_swaps_in", "vram_swaps_out", "vram_bytes_up")
+STOPPING = {"type": "error", "message": "the server is stopping", "status": 503}
 # a stats stream's token event (_token_event), as `tokenwing info --json` publishes it for its readers (the app)
 TOKEN_FIELDS = (
     "token",
@@ -87,6 +89,9 @@ class EngineWorker:
         self.error: str | None = None
         self.load_error: TokenWingError | None = None
         self.jobs: queue.Queue[Job | None] = queue.Queue()
+        # every request submitted and not yet collected (weakly: a finished one goes with its handler), so that a
+        # stopping server can answer them all at once (stop_soon)
+        self.open_jobs: weakref.WeakValueDictionary[int, Job] = weakref.WeakValueDictionary()
         self.subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue[dict[str, Any]]]] = set()
         self.lock = threading.Lock()
         self.totals = {
@@ -127,7 +132,21 @@ class EngineWorker:
     def submit(self, job: Job) -> None:
         with self.lock:
             self.queued += 1
+            self.open_jobs[id(job)] = job
         self.jobs.put(job)
+
+    def stop_soon(self) -> None:
+        """The server is stopping (SIGTERM, SIGINT, its stdin closed): every request still open is answered now
+        with a 503 'the server is stopping' (the JSON error, or a stream's error event), and the engine thread
+        ends at its next step. Called on the server's loop as its shutdown begins, it does not wait for that step:
+        uvicorn cancels a handler still running a second later (timeout_graceful_shutdown), and a cancelled
+        handler was a plain-text 500 with a traceback in the log — a step of a model streamed from the drive can
+        take that long."""
+        with self.lock:
+            open_jobs = list(self.open_jobs.values())
+        for job in open_jobs:
+            job.emit(dict(STOPPING))
+        self.jobs.put(None)
 
     # --------------------------------------------------------------------------------------- stats fan-out
     def subscribe(self, loop: asyncio.AbstractEventLoop) -> asyncio.Queue[dict[str, Any]]:
@@ -275,10 +294,10 @@ class EngineWorker:
     def _stop_all(self, waiting: collections.deque[Job]) -> None:
         for r in self.replies.values():
             r.decoding.close()
-            r.job.emit({"type": "error", "message": "the server is stopping", "status": 503})
+            r.job.emit(dict(STOPPING))
         self.replies.clear()
         for job in waiting:
-            job.emit({"type": "error", "message": "the server is stopping", "status": 503})
+            job.emit(dict(STOPPING))
 
     def free_slots(self) -> int:
         """Slots no request holds or waits for (a request that may not wait is refused when there are none)."""
