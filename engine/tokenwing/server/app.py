@@ -119,16 +119,9 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
     async def run(request: Request, req: GenerationRequest, chat: bool) -> Response:
         job = jobs.submit(worker, req)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        try:
-            # A request the engine refuses (a prompt longer than the context, a template error) gets its status
-            # before any stream starts.
-            accepted = await jobs.accepted(request, job)
-            if accepted is None:
-                job.cancelled.set()
-                return Response(status_code=499)
-        except BaseException:
-            job.cancelled.set()
-            raise
+        accepted = await jobs.accepted(request, job)
+        if accepted is None:
+            return Response(status_code=499)
         if req.stream:
             return StreamingResponse(
                 _stream(request, job, rid, model_id, chat, accepted.get("context_overflow")),

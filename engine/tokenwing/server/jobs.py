@@ -37,10 +37,19 @@ async def next_event(request: Request, job: Job) -> dict[str, Any] | None:
 
 
 async def accepted(request: Request, job: Job) -> dict[str, Any] | None:
-    """Waits until the engine takes the job (its "accepted" event); raises its refusal as a RequestError."""
-    ev = await next_event(request, job)
-    if ev is not None and ev["type"] == "error":
-        raise event_error(ev)
+    """Waits until the engine takes the job (its "accepted" event); raises its refusal as a RequestError. A
+    refused job, one whose client left (None: the route answers 499) or whose handler was cancelled is cancelled
+    for the engine too. Every route asks this before it answers: a refusal (a prompt longer than the context, a
+    template error) gets its status before any stream starts."""
+    try:
+        ev = await next_event(request, job)
+        if ev is None:
+            job.cancelled.set()
+        elif ev["type"] == "error":
+            raise event_error(ev)
+    except BaseException:
+        job.cancelled.set()
+        raise
     return ev
 
 

@@ -528,16 +528,9 @@ def routes(
         parsed = parse(await read_json(request))
         req = parsed.req
         job = jobs.submit(worker, req)
-        try:
-            # a request the engine refuses (a prompt longer than the context, a template error) gets its status
-            # before any stream starts
-            accepted = await jobs.accepted(request, job)
-            if accepted is None:
-                job.cancelled.set()
-                return Response(status_code=499)
-        except BaseException:
-            job.cancelled.set()
-            raise
+        accepted = await jobs.accepted(request, job)
+        if accepted is None:
+            return Response(status_code=499)
         mid = "msg_" + uuid.uuid4().hex[:24]
         # the schema keywords the grammar dropped (a tool's input_schema, output_config.format), known once the
         # engine took the request: X-TokenWing-Unenforced

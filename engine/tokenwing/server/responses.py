@@ -555,13 +555,8 @@ def routes(
         parsed = parse_responses(await read_json(request), store)
         job = jobs.submit(worker, parsed.req)
         rid, created = _id("resp"), time.time()
-        try:
-            if await jobs.accepted(request, job) is None:  # (refusals come before any stream starts)
-                job.cancelled.set()
-                return Response(status_code=499)
-        except BaseException:
-            job.cancelled.set()
-            raise
+        if await jobs.accepted(request, job) is None:  # (refusals come before any stream starts)
+            return Response(status_code=499)
         out = Output(parsed.req.logprobs is not None)
         if parsed.req.stream:
             return StreamingResponse(
