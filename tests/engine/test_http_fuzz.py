@@ -5,7 +5,6 @@ free of tracebacks (a client gone before its body ended logged one each)."""
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Iterator
 
@@ -25,16 +24,8 @@ RSS_GROWTH_LIMIT = 256 << 20  # the 8 MiB bodies (20 MiB ones are refused unread
 @pytest.fixture(scope="module")
 def server(repacked_factory: ModelFactory) -> Iterator[tuple[Server, list[str]]]:
     s = Server(repacked_factory(type="Q8_0", n_layer=2), "--no-usage-table")
-    log: list[str] = []
-    assert s.proc.stderr is not None
-    # read as it comes, as a supervisor does: a pipe left full would block the server's log writes (a hang of
-    # the harness's making, not the server's)
-    reader = threading.Thread(target=lambda: log.extend(s.proc.stderr or ()), daemon=True)
-    reader.start()
-    yield s, log
-    s.proc.terminate()
-    s.proc.wait(timeout=30)
-    reader.join(timeout=30)
+    with s.logged() as log:  # (read as it comes, as a supervisor does: a full pipe would block the server)
+        yield s, log
 
 
 def test_the_http_fuzz_gets_only_clean_answers(server: tuple[Server, list[str]]) -> None:

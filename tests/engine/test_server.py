@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -45,6 +46,19 @@ class Server:
 
     def client(self, key: str = KEY) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+    @contextlib.contextmanager
+    def logged(self) -> Iterator[list[str]]:
+        """The server's log as it comes (read, so that a full pipe never blocks it); the server stops after."""
+        log: list[str] = []
+        reader = threading.Thread(target=lambda: log.extend(self.proc.stderr or ()), daemon=True)
+        reader.start()
+        try:
+            yield log
+        finally:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+            reader.join(timeout=30)
 
     def stop(self) -> str:
         self.proc.terminate()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,13 +69,8 @@ def model(model_factory: ModelFactory, tmp_path_factory: pytest.TempPathFactory)
 def plain(model: Path) -> Iterator[tuple[Server, list[str]]]:
     """The model as it is, and its log as it comes (read, so that a full pipe never blocks the server)."""
     s = Server(model, "--ctx", "4096")  # Qwen3's tool descriptions are long in the test vocabulary
-    log: list[str] = []
-    reader = threading.Thread(target=lambda: log.extend(s.proc.stderr or ()), daemon=True)
-    reader.start()
-    yield s, log
-    s.proc.terminate()
-    s.proc.wait(timeout=30)
-    reader.join(timeout=30)
+    with s.logged() as log:
+        yield s, log
 
 
 def client(server: Server, key: str = KEY) -> anthropic.Anthropic:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -50,13 +49,8 @@ def server(repacked_factory: ModelFactory) -> Iterator[tuple[Server, list[str]]]
     """The generated model, random weights, the engine's own call format (its template shows no tools); its log
     read as it comes (the fuzz checks it for tracebacks)."""
     s = Server(repacked_factory(arch="deepseek2", type="Q8_0"), "--ctx", "4096", "--no-usage-table")
-    log: list[str] = []
-    reader = threading.Thread(target=lambda: log.extend(s.proc.stderr or ()), daemon=True)
-    reader.start()
-    yield s, log
-    s.proc.terminate()
-    s.proc.wait(timeout=30)
-    reader.join(timeout=30)
+    with s.logged() as log:
+        yield s, log
 
 
 def _post(s: Server, path: str, body: Any) -> httpx.Response:
