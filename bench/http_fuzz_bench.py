@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 
+from bench.served import Served  # noqa: E402
 from tests.engine import http_fuzz  # noqa: E402
 from tokenwing.format.repack import repack  # noqa: E402
 from tokenwing.testmodel import preset_shape, write_test_model  # noqa: E402
@@ -42,46 +40,37 @@ def main() -> int:
         src, tw = Path(d) / "m.gguf", Path(d) / "m.tw.gguf"
         write_test_model(str(src), preset_shape("tiny", "qwen3moe"), "Q8_0")
         repack([str(src)], str(tw), show_progress=False)
-        env = {**os.environ, "TOKENWING_API_KEY": KEY}
-        argv = [sys.executable, "-m", "tokenwing", "serve", str(tw), "--ctx", "512", "--no-usage-table"]
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        assert proc.stdout is not None and proc.stderr is not None
-        log: list[str] = []
-        threading.Thread(target=lambda: log.extend(proc.stderr or ()), daemon=True).start()
-        port = json.loads(proc.stdout.readline())["port"]
-        url = f"http://127.0.0.1:{port}"
-        while httpx.get(url + "/health").status_code != 200:
-            time.sleep(0.05)
-        rss = psutil.Process(proc.pid)
-        rss0 = rss.memory_info().rss
-        counts: Counter[str] = Counter()
-        kinds: Counter[str] = Counter()
-        t0 = time.monotonic()
-        for case in http_fuzz.cases(args.seed, args.cases):
-            kinds[case.kind.split()[0]] += 1
-            try:
-                answer = http_fuzz.send(case, port, KEY)
-            except (OSError, ConnectionError) as e:
-                counts["failures"] += 1
-                print(f"FAIL {case.kind}: {type(e).__name__}: {e}", file=sys.stderr)
-                continue
-            problem = answer.problem(head=case.method == "HEAD")
-            if problem:
-                counts["failures"] += 1
-                print(f"FAIL {case.kind}: {problem}", file=sys.stderr)
-            elif answer.status == 0:
-                counts["client left"] += 1
-            elif answer.status < 300:
-                counts["answered"] += 1
-            else:
-                counts["refused cleanly"] += 1
-        wall = time.monotonic() - t0
-        healthy = httpx.get(url + "/health").json()["status"]
-        rss1 = rss.memory_info().rss
-        proc.terminate()
-        proc.wait(timeout=30)
-        tracebacks = sum("Traceback" in line for line in log)
-        leaks = sum("leaked" in line for line in log)
+        with Served(str(tw), KEY, ["--ctx", "512"], stop_timeout=30) as served:
+            url = served.url
+            port = int(url.rsplit(":", 1)[1])
+            rss = psutil.Process(served.pid)
+            rss0 = rss.memory_info().rss
+            counts: Counter[str] = Counter()
+            kinds: Counter[str] = Counter()
+            t0 = time.monotonic()
+            for case in http_fuzz.cases(args.seed, args.cases):
+                kinds[case.kind.split()[0]] += 1
+                try:
+                    answer = http_fuzz.send(case, port, KEY)
+                except (OSError, ConnectionError) as e:
+                    counts["failures"] += 1
+                    print(f"FAIL {case.kind}: {type(e).__name__}: {e}", file=sys.stderr)
+                    continue
+                problem = answer.problem(head=case.method == "HEAD")
+                if problem:
+                    counts["failures"] += 1
+                    print(f"FAIL {case.kind}: {problem}", file=sys.stderr)
+                elif answer.status == 0:
+                    counts["client left"] += 1
+                elif answer.status < 300:
+                    counts["answered"] += 1
+                else:
+                    counts["refused cleanly"] += 1
+            wall = time.monotonic() - t0
+            healthy = httpx.get(url + "/health").json()["status"]
+            rss1 = rss.memory_info().rss
+        tracebacks = served.tracebacks()
+        leaks = sum("leaked" in line for line in served.log)
     print(
         json.dumps(
             {

@@ -15,12 +15,8 @@ client (issue 48 item 4). Prints the counts for docs/results.md:
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -29,9 +25,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
 import openai  # noqa: E402
 
+from bench.served import Served  # noqa: E402
 from tests.engine.schema_sample import outcome, sample  # noqa: E402
 from tokenwing.format.repack import repack  # noqa: E402
 
@@ -58,62 +54,54 @@ def main() -> int:
 
 
 def run(model: str, name: str, max_tokens: int, ctx: int, seed: int) -> int:
-    env = {**os.environ, "TOKENWING_API_KEY": KEY}
-    argv = [sys.executable, "-m", "tokenwing", "serve", model, "--ctx", str(ctx), "--no-usage-table"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout is not None and proc.stderr is not None
-    log: list[str] = []
-    threading.Thread(target=lambda: log.extend(proc.stderr or ()), daemon=True).start()
-    port = json.loads(proc.stdout.readline())["port"]
-    url = f"http://127.0.0.1:{port}"
-    while httpx.get(url + "/health").status_code != 200:
-        time.sleep(0.05)
+    with Served(model, KEY, ["--ctx", str(ctx)]) as served:
+        return _measure(served, name, max_tokens, seed)
+
+
+def _measure(served: Served, name: str, max_tokens: int, seed: int) -> int:
+    url, log = served.url, served.log
     client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=600)
     counts: Counter[str] = Counter()
     dropped: Counter[str] = Counter()
     t0 = time.monotonic()
-    try:
-        for i, (source, schema) in enumerate(sample()):
-            counts["schemas"] += 1
-            msgs: Any = [{"role": "user", "content": f"Reply with a JSON value for '{Path(source).stem}'."}]
-            try:
-                client.chat.completions.create(
-                    model="x", messages=msgs, response_format=fmt(source, schema, True), max_tokens=1
-                )
-                counts["strict: accepted"] += 1
-            except openai.BadRequestError:
-                counts["strict: refused (400)"] += 1
-            try:
-                raw = client.chat.completions.with_raw_response.create(
-                    model="x",
-                    messages=msgs,
-                    response_format=fmt(source, schema, False),
-                    max_tokens=max_tokens,
-                    temperature=0.7,
-                    seed=seed + i,
-                )
-            except openai.BadRequestError as e:
-                counts["refused (400)"] += 1
-                print(f"{source}: refused: {e.message}", file=sys.stderr)
-                continue
-            counts["accepted"] += 1
-            r = raw.parse()
-            unenforced = (r.model_extra or {}).get("tokenwing", {}).get("unenforced", [])
-            header = raw.headers.get(HEADER)
-            if (header or "") != ",".join(unenforced):
-                counts["header disagrees with tokenwing.unenforced"] += 1
-                print(f"{source}: header {header!r}, body {unenforced!r}", file=sys.stderr)
-            if unenforced:
-                counts["accepted with keywords not enforced"] += 1
-                dropped.update(unenforced)
-            choice = r.choices[0]
-            what = outcome(schema, choice.message.content or "", choice.finish_reason)
-            counts[what.split(":")[0]] += 1
-            if what.startswith("invalid"):
-                print(f"{source}: {what} (unenforced {unenforced})", file=sys.stderr)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+    for i, (source, schema) in enumerate(sample()):
+        counts["schemas"] += 1
+        msgs: Any = [{"role": "user", "content": f"Reply with a JSON value for '{Path(source).stem}'."}]
+        try:
+            client.chat.completions.create(
+                model="x", messages=msgs, response_format=fmt(source, schema, True), max_tokens=1
+            )
+            counts["strict: accepted"] += 1
+        except openai.BadRequestError:
+            counts["strict: refused (400)"] += 1
+        try:
+            raw = client.chat.completions.with_raw_response.create(
+                model="x",
+                messages=msgs,
+                response_format=fmt(source, schema, False),
+                max_tokens=max_tokens,
+                temperature=0.7,
+                seed=seed + i,
+            )
+        except openai.BadRequestError as e:
+            counts["refused (400)"] += 1
+            print(f"{source}: refused: {e.message}", file=sys.stderr)
+            continue
+        counts["accepted"] += 1
+        r = raw.parse()
+        unenforced = (r.model_extra or {}).get("tokenwing", {}).get("unenforced", [])
+        header = raw.headers.get(HEADER)
+        if (header or "") != ",".join(unenforced):
+            counts["header disagrees with tokenwing.unenforced"] += 1
+            print(f"{source}: header {header!r}, body {unenforced!r}", file=sys.stderr)
+        if unenforced:
+            counts["accepted with keywords not enforced"] += 1
+            dropped.update(unenforced)
+        choice = r.choices[0]
+        what = outcome(schema, choice.message.content or "", choice.finish_reason)
+        counts[what.split(":")[0]] += 1
+        if what.startswith("invalid"):
+            print(f"{source}: {what} (unenforced {unenforced})", file=sys.stderr)
     print(f"model {Path(name).name}, max_tokens {max_tokens}, seeds from {seed}, {time.monotonic() - t0:.0f} s")
     for k, v in counts.items():
         print(f"| {k} | {v} |")

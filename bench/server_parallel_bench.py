@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.served import Served
 
 PROMPTS = [
     "Quote a verse from the book of Genesis.",
@@ -51,23 +53,10 @@ def main() -> int:
     args = ap.parse_args()
     from openai import AsyncOpenAI
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, TOKENWING_API_KEY="bench")
-    cmd = [sys.executable, "-m", "tokenwing", "serve", args.model, "--port", str(port)]
-    cmd += ["--parallel", str(args.clients), "--threads", str(args.threads), *args.serve_flags]
-    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(3000):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except OSError:
-                if server.poll() is not None:
-                    raise SystemExit(f"the server stopped (exit {server.returncode})") from None
-                time.sleep(0.2)
-        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="bench", max_retries=0, timeout=600)
+    flags = ["--parallel", str(args.clients), "--threads", str(args.threads), *args.serve_flags]
+    with Served(args.model, "bench", flags) as server:
+        url = server.url
+        client = AsyncOpenAI(base_url=url + "/v1", api_key="bench", max_retries=0, timeout=600)
 
         async def one(i: int) -> int:
             r = await client.chat.completions.create(
@@ -95,9 +84,6 @@ def main() -> int:
             return out
 
         rounds = asyncio.run(measure())
-    finally:
-        server.terminate()
-        server.wait()
     print(f"{args.model}: {args.clients} clients x {args.tokens} tokens, {args.threads} threads, {args.rounds} rounds")
     print("| one after another tok/s | at once tok/s | × | CPU ms a token, one after another | at once | rounds (×) |")
     print("|---|---|---|---|---|---|")
