@@ -27,8 +27,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 from limits import DiskWatch, decode_bytes_touched, delta, switches, thread_cpu
 
-from tokenwing.cli import parse_size
 from tokenwing.format.reader import ModelFile
+from tokenwing.fsutil import parse_size
 from tokenwing.models import common
 from tokenwing.runtime import session as session_module
 from tokenwing.runtime.experts import ExpertPools

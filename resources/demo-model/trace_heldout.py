@@ -16,8 +16,8 @@ import json
 import time
 from pathlib import Path
 
-from tokenwing.cli import parse_size
 from tokenwing.format.reader import ModelFile
+from tokenwing.fsutil import parse_size
 from tokenwing.runtime.session import Session, SessionOptions
 
 HELDOUT = Path(__file__).resolve().parents[2] / "build" / "demo-model" / "heldout.jsonl"
