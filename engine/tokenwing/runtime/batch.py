@@ -33,7 +33,8 @@ from tokenwing.runtime.rows import groups_of, rows_cache, rows_placement
 from tokenwing.runtime.token_graph import TokenGraph
 
 if TYPE_CHECKING:
-    from tokenwing.runtime.session import Parts, Session
+    from tokenwing.runtime.passes import Parts
+    from tokenwing.runtime.session import Session
 
 
 def decode_step(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray]:

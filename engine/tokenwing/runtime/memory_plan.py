@@ -1,6 +1,6 @@
 """How much memory each part of a session takes: the KV cache (and the context it allows), the compute graph's
 reserve, the expert cache's budget (`plan_memory`: with it, whether the KV cache goes to files), and a prompt
-pass's working memory against what is free at that moment.
+pass's working memory against what is free at that moment; a session's plan under its options (`session_memory`).
 
 Every size comes from the model's geometry and what the machine has free under its memory limit (spec §4, §12),
 never from a constant for one machine.
@@ -11,14 +11,20 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tokenwing.errors import BadInputError
 from tokenwing.fsutil import human_bytes
 from tokenwing.models import family
 from tokenwing.models.common import StateSpec
 from tokenwing.models.hparams import HParams
+from tokenwing.runtime.kvcache import kv_element
 from tokenwing.runtime.recurrent import state_bytes
 from tokenwing.streaming.memory import HEADROOM, MemoryInfo, expert_budget, memory_info
+
+if TYPE_CHECKING:  # (the session's options and a family's class: only their fields and class methods are read)
+    from tokenwing.models.base import MoEModel
+    from tokenwing.runtime.session import SessionOptions
 
 
 def graph_bytes(hp: HParams, max_batch: int, n_ctx: int, states: list[StateSpec | None] | None = None) -> int:
@@ -306,3 +312,45 @@ class PromptMemory:
     def to_borrow(self, n: int, free: int) -> int:
         """Bytes a pass of n tokens needs beyond its reserve and the free memory (slots to borrow)."""
         return self.bytes(n) - self.reserve - free
+
+
+AUTO_PARALLEL = 4  # slots when none are asked for (llama.cpp's server starts 4 too), if memory holds them
+
+
+def session_memory(
+    model_class: type[MoEModel],
+    hp: HParams,
+    state_specs: list[StateSpec | None],
+    weights_bytes: int,
+    opts: SessionOptions,
+    info: MemoryInfo,
+    n_seq: int,
+    least_expert_bytes: int = 0,
+    model_dir: str = "",
+) -> MemoryPlan:
+    """A session's memory plan for `n_seq` sequences (0: as many slots as memory holds, each with the context
+    one would get, at most AUTO_PARALLEL; `MemoryPlan.slots_that_fit`) under `opts`: Session plans by it, and
+    `tokenwing info MODEL` gives the server's slots by it before any weight is loaded."""
+
+    def plan(n: int, n_ctx: int) -> MemoryPlan:
+        return plan_memory(
+            hp,
+            model_class.kv_bytes_per_token(hp, kv_element(opts.kv_type)[1]),
+            state_specs,
+            n_ctx=n_ctx,
+            max_batch=opts.max_batch,
+            checkpoints=opts.state_checkpoints if opts.prompt_cache else 0,
+            ram_budget=opts.ram_budget,
+            weights_bytes=weights_bytes,
+            least_expert_bytes=least_expert_bytes,
+            model_dir=model_dir,
+            info=info,
+            n_seq=n,
+        )
+
+    memory = plan(max(n_seq, 1), opts.n_ctx)
+    if n_seq == 0:
+        n = memory.slots_that_fit(weights_bytes, AUTO_PARALLEL)
+        if n > 1:
+            memory = plan(n, memory.n_ctx)
+    return memory
