@@ -141,11 +141,11 @@ def test_streamed_is_bit_identical_to_resident(model_factory: ModelFactory, tmp_
     streamed_matches_resident(model, _tokens(160, 512, seed=13))
 
 
-def streamed_matches_resident(model: Path, tokens: np.ndarray) -> None:
-    """10 % of the expert bytes, lookahead 0 and 2, against every expert in RAM (a 100-token prompt, then decode
-    steps): bit-identical, and the lookahead's predictions made and scored."""
+def streamed_matches_resident(model: Path, tokens: np.ndarray, percent: int = 10) -> None:
+    """`percent` of the expert bytes, lookahead 0 and 2, against every expert in RAM (a 100-token prompt, then
+    decode steps): bit-identical, and the lookahead's predictions made and scored."""
     with ModelFile.open(str(model)) as mf:
-        budget = mf.index.total_bytes // 10
+        budget = mf.index.total_bytes * percent // 100
     resident, s = steps(model, tokens, 100, cpu_repack=False)
     assert s.slots_per_layer == s.hp.n_expert and s.one_graph_steps  # type: ignore[attr-defined]
     split = StreamSettings(split_demand=True)  # gate/up (and their biases) computed before down lands
