@@ -115,20 +115,48 @@ def _cmd_testmodel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+def arch_help() -> str:
+    """`--arch`'s help: every family the engine runs (models.FAMILIES, the one family list), the default first."""
+    # (lazy: the registry imports every family's module, 0.2 s, which no other command's start should pay)
+    from tokenwing.models import FAMILIES
+    from tokenwing.testmodel.shapes import ModelShape
+
+    default = ModelShape().arch
+    return _listed([f"{default} (the default)", *(a for a in FAMILIES if a != default)])
+
+
+def preset_help() -> str:
+    """`--preset`'s help: the size presets, for any family, then each family preset with its family."""
+    # (lazy: the factory's shapes import numpy and the GGUF writer, which no other command's start should pay)
+    from tokenwing.testmodel.shapes import FAMILY_PRESETS, PRESETS
+
+    families = ", ".join(f"{name} ({shape.arch})" for name, shape in FAMILY_PRESETS.items())
+    return f"{', '.join(PRESETS)} (any architecture); {families}"
+
+
+class _FactoryHelp(argparse.HelpFormatter):
+    """testmodel's help, with the lists that derive from the registry filled in only when it is printed: parsing
+    builds every command's parser at every start."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.dest == "arch":
+            return arch_help()
+        if action.dest == "preset":
+            return preset_help()
+        return super()._get_help_string(action)
+
+
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    t = sub.add_parser("testmodel", help="write a random-weight GGUF of a real MoE architecture")
+    t = sub.add_parser(
+        "testmodel", help="write a random-weight GGUF of a real MoE architecture", formatter_class=_FactoryHelp
+    )
     t.add_argument("output", help="GGUF path to write")
-    t.add_argument(
-        "--arch",
-        help="qwen3moe (the default), qwen2moe, ernie4_5-moe, glm4moe, deepseek2, gpt-oss, qwen3next, qwen35moe, "
-        "bailingmoe3, minimax-m2, deepseek4 or kimi-k3",
-    )
-    t.add_argument(
-        "--preset",
-        default="tiny",
-        help="tiny, kquant, small, bench (any architecture); kimi-tiny, ds-bench, oss-bench, ling-bench, mm-bench, "
-        "ds4-bench, k3-bench, glm5-bench",
-    )
+    t.add_argument("--arch", help="(the families the engine runs: arch_help)")
+    t.add_argument("--preset", default="tiny", help="(the factory's presets: preset_help)")
     t.add_argument("--type", default="F32", help="F32 F16 BF16 Q8_0 Q4_0, MXFP4_MOE, or a K-quant such as Q4_K_M")
     t.add_argument("--expert-type", help="MXFP4: the routed experts in this type, the rest in --type")
     t.add_argument("--seed", type=int, default=0)

@@ -17,7 +17,7 @@ from tokenwing.format.gguf_io import KV, GGUFHeader, TensorInfo, ValueType, enco
 from tokenwing.format.reader import ModelFile
 from tokenwing.format.source import SourceModel, SourceTensor, open_source
 from tokenwing.fsutil import atomic_output
-from tokenwing.models import check_model
+from tokenwing.models import FAMILIES, check_model
 from tokenwing.progress import Progress
 from tokenwing.testpause import pause
 
@@ -55,9 +55,18 @@ def check_family(header: GGUFHeader, resident: list[TensorInfo], layers: list[L.
         check_model({k: v.value for k, v in header.kv.items()}, L.arch_of(header), resident, layers, header.path)
 
 
+def check_architecture(header: GGUFHeader) -> None:
+    """An architecture repack lays out: a family the engine runs (models.FAMILIES), or another of llama.cpp's MoE
+    architectures with the same expert tensors (layout.OTHER_MOE_ARCHS); UnsupportedError otherwise."""
+    arch = L.arch_of(header)
+    if arch not in FAMILIES and arch not in L.OTHER_MOE_ARCHS:
+        raise UnsupportedError(f"{header.path}: architecture {arch!r} is not supported")
+
+
 def plan_repack(source: SourceModel) -> Plan:
     if source.header.get(L.K_MAJOR) is not None:
         raise BadInputError(f"{source.paths[0]} is already a TokenWing model file")
+    check_architecture(source.header)
     by_name = source.by_name()
     resident_src, layers, found, n_expert, n_used = L.plan_experts(source.infos(), source.header)
     check_family(source.header, L.split_kept(resident_src, source.header)[0], layers)
