@@ -8,6 +8,7 @@ from typing import Any
 from tokenwing.errors import BadInputError, UnsupportedError
 from tokenwing.format.gguf_io import TensorInfo
 from tokenwing.format.layout import ExpertLayer
+from tokenwing.models.bailingmoe2 import BailingMoE2
 from tokenwing.models.bailingmoe3 import BailingMoE3
 from tokenwing.models.base import MoEModel
 from tokenwing.models.deepseek2 import DeepSeek2
@@ -22,7 +23,6 @@ from tokenwing.models.minimax_m2 import MiniMaxM2
 from tokenwing.models.qwen2moe import Qwen2MoE
 from tokenwing.models.qwen3moe import Qwen3MoE
 from tokenwing.models.qwen3next import Qwen3Next, Qwen35MoE
-from tokenwing.models.qwen3vlmoe import Qwen3VLMoE
 from tokenwing.models.qwen4exp import Qwen4Exp
 
 FAMILIES: dict[str, type[MoEModel]] = {
@@ -42,7 +42,7 @@ FAMILIES: dict[str, type[MoEModel]] = {
         KimiK3,
         Qwen4Exp,
         GlmDsa,
-        Qwen3VLMoE,
+        BailingMoE2,
     )
 }
 

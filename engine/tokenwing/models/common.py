@@ -25,6 +25,16 @@ def rms_norm(ctx: Any, x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return ops.ggml_mul(ctx, ops.ggml_rms_norm(ctx, x, eps), weight)
 
 
+def split_rows(ctx: Any, x: Tensor, widths: tuple[int, ...]) -> tuple[Tensor, ...]:
+    """x [sum(widths), n] as consecutive parts of each column, each [width, n] and contiguous (a fused
+    projection's outputs; copies hold the same values as llama.cpp's views of it)."""
+    nb1, elt, start, parts = int(x.contents.nb[1]), int(x.contents.nb[0]), 0, []
+    for width in widths:
+        parts.append(ops.ggml_cont(ctx, ops.ggml_view_2d(ctx, x, width, int(x.contents.ne[1]), nb1, start * elt)))
+        start += width
+    return tuple(parts)
+
+
 # ------------------------------------------------------------------------------------------ where tokens go
 # Decode attends over the cache rounded up to this many positions, masked (llama.cpp pads to 256): one graph
 # serves that many positions, and the masked keys add exact zeros to sums whose SIMD blocks (32 F16 values) are
@@ -535,12 +545,16 @@ def attention(
     qkv_bias: bool,
     whole_qk_norm: bool = False,
 ) -> tuple[Tensor, list[Tensor]]:
-    """Grouped-query self-attention (optional q/k/v biases, and q/k RMSNorm before RoPE: per head, or over the
-    whole query and key vectors with `whole_qk_norm`, as MiniMax M2): the output projection of `attend`."""
+    """Grouped-query self-attention (q/k/v from their own projections or a fused attn_qkv, optional biases, and q/k
+    RMSNorm before RoPE: per head, or over the whole query and key vectors with `whole_qk_norm`, as MiniMax M2):
+    the output projection of `attend`."""
     hd, nh, nkv, n_tokens = hp.head_dim, hp.n_head, hp.n_head_kv, at.n
-    q = ops.ggml_mul_mat(ctx, w["attn_q"], x)
-    k = ops.ggml_mul_mat(ctx, w["attn_k"], x)
-    v = ops.ggml_mul_mat(ctx, w["attn_v"], x)
+    if "attn_qkv" in w:  # one fused projection (Ling 2.0): each token's query, key and value rows in turn
+        q, k, v = split_rows(ctx, ops.ggml_mul_mat(ctx, w["attn_qkv"], x), (hd * nh, hd * nkv, hd * nkv))
+    else:
+        q = ops.ggml_mul_mat(ctx, w["attn_q"], x)
+        k = ops.ggml_mul_mat(ctx, w["attn_k"], x)
+        v = ops.ggml_mul_mat(ctx, w["attn_v"], x)
     if qkv_bias:
         q = ops.ggml_add(ctx, q, w["attn_q.bias"])
         k = ops.ggml_add(ctx, k, w["attn_k.bias"])

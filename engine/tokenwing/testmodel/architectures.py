@@ -400,12 +400,41 @@ def _bailingmoe3(s: ModelShape) -> list[TensorSpec]:
             layers += [*_routed_experts(s, i), TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector")]
             layers += _shared_expert(s, i, gated=False)
         if i >= s.n_layer:
-            layers += [
-                TensorSpec(f"blk.{i}.nextn.eh_proj.weight", (2 * s.n_embd, s.n_embd), "matrix"),
-                TensorSpec(f"blk.{i}.nextn.enorm.weight", (s.n_embd,), "norm"),
-                TensorSpec(f"blk.{i}.nextn.hnorm.weight", (s.n_embd,), "norm"),
-                TensorSpec(f"blk.{i}.layer_output_norm.weight", (s.n_embd,), "norm"),
-            ]
+            layers += _ling_nextn(s, i)
+    return first + layers + last
+
+
+def _ling_nextn(s: ModelShape, i: int) -> list[TensorSpec]:
+    """The extra tensors of a Ling 2.0 / 3.0 next-token-prediction block (the optional ones left out)."""
+    return [
+        TensorSpec(f"blk.{i}.nextn.eh_proj.weight", (2 * s.n_embd, s.n_embd), "matrix"),
+        TensorSpec(f"blk.{i}.nextn.enorm.weight", (s.n_embd,), "norm"),
+        TensorSpec(f"blk.{i}.nextn.hnorm.weight", (s.n_embd,), "norm"),
+        TensorSpec(f"blk.{i}.layer_output_norm.weight", (s.n_embd,), "norm"),
+    ]
+
+
+def _bailingmoe2(s: ModelShape) -> list[TensorSpec]:
+    """Ling 2.0: GQA from one fused attn_qkv with per-head q/k RMSNorm, leading dense layers, a sigmoid router with
+    a selection bias, routed experts plus the shared expert; next-token-prediction blocks last."""
+    first, last = _head(s)
+    q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+    layers: list[TensorSpec] = []
+    for i in range(s.n_block):
+        layers += [
+            TensorSpec(f"blk.{i}.attn_norm.weight", (s.n_embd,), "norm"),
+            TensorSpec(f"blk.{i}.attn_qkv.weight", (s.n_embd, q + 2 * kv), "matrix"),
+            TensorSpec(f"blk.{i}.attn_output.weight", (q, s.n_embd), "matrix"),
+            TensorSpec(f"blk.{i}.attn_q_norm.weight", (s.head_dim,), "norm"),
+            TensorSpec(f"blk.{i}.attn_k_norm.weight", (s.head_dim,), "norm"),
+        ]
+        if i < s.n_dense_lead:
+            layers += _dense_ffn(s, i)
+        else:
+            layers += [*_routed_experts(s, i), TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector")]
+            layers += _shared_expert(s, i, gated=False)
+        if i >= s.n_layer:
+            layers += _ling_nextn(s, i)
     return first + layers + last
 
 
@@ -568,18 +597,6 @@ def _common_kv(s: ModelShape, arch: str) -> dict[str, KV]:
 def _qwen3moe_kv(s: ModelShape) -> dict[str, KV]:
     kv = _common_kv(s, "qwen3moe")
     kv["qwen3moe.feed_forward_length"] = KV.u32(s.n_ff_exp)
-    return kv
-
-
-def _qwen3vlmoe_kv(s: ModelShape) -> dict[str, KV]:
-    """As llama.cpp's converter writes Qwen3-VL MoE's text part: Qwen3-MoE's keys, IMRoPE's sections and the
-    deepstack layers' count (the real models: 3; fewer than the layers here, which llama.cpp's graph needs where
-    it keeps only the last token's output)."""
-    a = "qwen3vlmoe"
-    kv = _common_kv(s, a)
-    kv[f"{a}.feed_forward_length"] = KV.u32(s.n_ff_exp)
-    kv[f"{a}.rope.dimension_sections"] = KV.array(ValueType.INT32, s.rope_sections)
-    kv[f"{a}.n_deepstack_layers"] = KV.u32(min(3, s.n_layer - 1))
     return kv
 
 
@@ -813,6 +830,23 @@ def _minimax_m2_kv(s: ModelShape) -> dict[str, KV]:
     return kv
 
 
+def _bailingmoe2_kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes Ling 2.0 (BailingMoeV2Model): rotary dims, dense layers first, the shared
+    expert's width, routing (scale, norm, sigmoid, groups where set), the vocabulary size, the MTP block count."""
+    a = "bailingmoe2"
+    kv = _common_kv(s, a)
+    kv.update(_sigmoid_routed_kv(s, a))
+    kv[f"{a}.rope.dimension_count"] = KV.u32(s.rot)
+    kv[f"{a}.vocab_size"] = KV.u32(s.vocab_size)
+    # (per shared expert: llama.cpp multiplies it by expert_shared_count)
+    kv[f"{a}.expert_shared_feed_forward_length"] = KV.u32(s.n_ff_shexp)
+    if s.n_expert_group:
+        kv[f"{a}.expert_group_count"] = KV.u32(s.n_expert_group)
+        kv[f"{a}.expert_group_used_count"] = KV.u32(s.n_group_used)
+    kv[f"{a}.nextn_predict_layers"] = KV.u32(s.n_mtp)
+    return kv
+
+
 @dataclass(frozen=True)
 class Architecture:
     name: str
@@ -827,12 +861,6 @@ ARCHITECTURES: dict[str, Architecture] = {
         _qwen3moe,
         _qwen3moe_kv,
         "Qwen3-MoE: q/k RMSNorm, GQA, softmax top-k router, SwiGLU experts",
-    ),
-    "qwen3vlmoe": Architecture(
-        "qwen3vlmoe",
-        _qwen3moe,
-        _qwen3vlmoe_kv,
-        "Qwen3-VL MoE (text): Qwen3-MoE's layers with interleaved multi-axis RoPE (IMRoPE)",
     ),
     "qwen2moe": Architecture(
         "qwen2moe",
@@ -887,6 +915,13 @@ ARCHITECTURES: dict[str, Architecture] = {
         _minimax_m2,
         _minimax_m2_kv,
         "MiniMax M2: GQA with whole-vector q/k RMSNorm, partial RoPE, sigmoid router with selection bias",
+    ),
+    "bailingmoe2": Architecture(
+        "bailingmoe2",
+        _bailingmoe2,
+        _bailingmoe2_kv,
+        "Ling 2.0: GQA from a fused QKV with q/k RMSNorm, partial RoPE, group-limited sigmoid router with "
+        "selection bias, shared expert",
     ),
     "kimi-k3": Architecture(
         "kimi-k3",
@@ -957,11 +992,9 @@ def check_shape(s: ModelShape) -> None:
         return
     if s.hc_low_rank or s.qsa_ratio or s.ple_layer >= 0:
         raise ValueError("low-rank hyper-connections, QSA and the n-gram table are qwen4exp's (use --arch qwen4exp)")
-    if s.n_dense_lead and s.arch not in ("ernie4_5-moe", "glm4moe", "deepseek2", "bailingmoe3", "kimi-k3", "glm-dsa"):
-        raise ValueError(
-            f"{s.arch} has no leading dense layers (use --arch ernie4_5-moe, glm4moe, deepseek2, bailingmoe3, "
-            "kimi-k3 or glm-dsa)"
-        )
+    dense_lead = ("ernie4_5-moe", "glm4moe", "deepseek2", "bailingmoe2", "bailingmoe3", "kimi-k3", "glm-dsa")
+    if s.n_dense_lead and s.arch not in dense_lead:
+        raise ValueError(f"{s.arch} has no leading dense layers (use --arch {', '.join(dense_lead)})")
     if s.arch != "kimi-k3" and (s.n_expert_latent or s.attn_res_block or s.situ_beta or s.situ_linear_beta):
         raise ValueError("latent experts, the residual's checkpoints and SiTU are kimi-k3's (use --arch kimi-k3)")
     if s.n_shared_exp and s.arch in ("qwen3moe", "gpt-oss"):
@@ -1001,6 +1034,8 @@ def check_shape(s: ModelShape) -> None:
             _check_glm_dsa(s)
     elif s.arch == "deepseek4":
         _check_deepseek4(s)
+    elif s.arch == "bailingmoe2":
+        _check_bailingmoe2(s)
     else:
         partial = s.arch in _QWEN_NEXT or s.arch == "minimax-m2"
         mla = s.q_lora_rank or s.kv_lora_rank or (s.n_rot and not partial) or s.v_head_dim
@@ -1019,8 +1054,6 @@ def check_shape(s: ModelShape) -> None:
         raise ValueError("--head-dim must be even (RoPE rotates pairs)")
     if s.arch == "minimax-m2" and (s.rot > s.head_dim or s.rot % 2):
         raise ValueError("minimax-m2's --n-rot must be even and at most --head-dim")
-    if s.arch == "qwen3vlmoe" and (len(s.rope_sections) != 4 or 2 * sum(s.rope_sections) > s.head_dim or s.n_rot):
-        raise ValueError("qwen3vlmoe rotates whole heads by IMRoPE: four section counts whose pairs fit in the head")
     if s.arch == "gpt-oss" and s.sliding_window <= 0:
         raise ValueError("--sliding-window must be positive")
 
@@ -1073,6 +1106,21 @@ def _check_deepseek2(s: ModelShape) -> None:
         raise ValueError("llama.cpp's converter writes one next-token-prediction block: --n-mtp must be 0 or 1")
     if s.arch == "deepseek2":
         _check_lite(s)
+    _check_groups(s)
+
+
+def _check_bailingmoe2(s: ModelShape) -> None:
+    """What llama.cpp's Ling 2.0 loader and graph take."""
+    if s.n_head * s.head_dim != s.n_embd:
+        raise ValueError("bailingmoe2's query heads fill the hidden size: --n-head x --head-dim must be --n-embd")
+    if s.q_lora_rank or s.kv_lora_rank or s.v_head_dim or s.legacy_kv_b:
+        raise ValueError("bailingmoe2 has no MLA ranks or head splits")
+    if not 0 < s.rot <= s.head_dim or s.rot % 2:
+        raise ValueError("bailingmoe2's --n-rot must be even, positive and at most --head-dim")
+    if s.n_shared_exp < 1:
+        raise ValueError("bailingmoe2 runs a shared expert in every MoE layer: --n-shared-exp must be at least 1")
+    if s.n_mtp > 1:
+        raise ValueError("llama.cpp's converter writes at most one next-token-prediction block: --n-mtp 0 or 1")
     _check_groups(s)
 
 

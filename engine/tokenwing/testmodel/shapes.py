@@ -305,6 +305,11 @@ _KIMI_K3 = {
     "tokenizer": "kimi-k2",
 }
 
+# Ling 2.0 as its config has it (inclusionAI/Ling-mini-2.0, Ling-flash-2.0: partial_rotary_factor 0.5, one dense
+# layer first, one shared expert as wide as a routed one, a sigmoid router with an expert bias in 8 groups using 4,
+# weights normalised and x2.5, RMS eps 1e-6), its own vocabulary; groups here: 4 using 2.
+_LING2 = {"n_shared_exp": 1, "expert_weights_scale": 2.5, "rms_eps": 1e-6, "tokenizer": "bailingmoe2"}
+
 FAMILY_PRESETS: dict[str, ModelShape] = {
     "kimi-tiny": PRESETS["tiny"].with_(arch="deepseek2", n_layer=3, **_MLA["tiny"], **_KIMI_K2),
     # Ling 3.0 Flash (bailingmoe3: 42 layers, hidden 2560, 512 experts, top-8, KDA:MLA 5:1, one shared expert,
@@ -505,12 +510,18 @@ def _family_defaults(s: ModelShape, size: str) -> ModelShape:
         )
     if s.arch == "gpt-oss" and s.yarn_factor == 0:
         return s.with_(**_GPT_OSS)
-    if s.arch == "qwen3vlmoe" and not s.rope_sections:
-        # Qwen3-VL's split of the rotary pairs over time, height and width: [24, 20, 20] of 64
-        h = s.head_dim // 2 * 20 // 64
-        return s.with_(rope_sections=(s.head_dim // 2 - 2 * h, h, h, 0), rope_base=5_000_000.0)
     if s.arch == "minimax-m2" and s.n_rot == 0:
         return s.with_(**_MINIMAX_M2, n_rot=s.head_dim // 2)
+    if s.arch == "bailingmoe2" and s.n_rot == 0:
+        groups = 4 if s.n_expert >= 8 and s.n_expert % 4 == 0 else 0
+        return s.with_(
+            **_LING2,
+            n_rot=s.head_dim // 2,
+            n_ff_shexp=s.n_ff_exp,
+            n_dense_lead=s.n_dense_lead or (1 if s.n_layer > 1 else 0),
+            n_expert_group=groups,
+            n_group_used=groups // 2,
+        )
     return s
 
 

@@ -1,0 +1,46 @@
+"""Ling 2.0 (`bailingmoe2`): Ling-mini-2.0 (16B, 1.4B active), Ling-flash-2.0 (100B, 6.1B active) and the Ring 2.0
+reasoning models of the same shape.
+
+A layer: RMSNorm → attention (GQA from one fused projection, attn_qkv, whose rows are the query's, the key's and
+the value's in turn; q and k RMS-normalised per head; NEOX RoPE on the first rope.dimension_count dims of each head,
+half of them in Ling 2.0) → residual → RMSNorm → a dense SwiGLU FFN in the leading_dense_block_count first layers,
+else routed SwiGLU experts plus the shared expert: the router's scoring function is the file's (sigmoid in Ling
+2.0), its top-k adds the per-expert selection bias where the file has one, within the best expert groups where the
+file has groups (Ling 2.0: 8, using 4), the weights normalised and scaled as the file says → residual. The
+next-token-prediction blocks after the last layer are kept in the file, neither loaded nor run (llama.cpp:
+src/models/bailingmoe2.cpp; its keys are the shared ones `read_hparams` reads, none of the family's own).
+"""
+
+from __future__ import annotations
+
+from tokenwing.errors import BadInputError
+from tokenwing.models.base import MoEModel, TensorCheck
+from tokenwing.models.hparams import HParams
+
+
+class BailingMoE2(MoEModel):
+    arch = "bailingmoe2"
+    qk_norm = True
+    shared_experts = "required"  # (llama.cpp reads expert_shared_count as required and loads the shared tensors)
+    routing_keys = True
+    normalize_weights = False  # llama.cpp's default where the file has no expert_weights_norm
+    selection_bias = None  # (exp_probs_b is optional in llama.cpp's loader)
+
+    @classmethod
+    def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
+        if hp.gating == 0:  # (llama.cpp requires the key: it refuses such a file too)
+            raise BadInputError(f"{where}: {cls.arch}.expert_gating_func is missing from the metadata")
+        if hp.n_head * hp.head_dim != hp.n_embd:
+            # llama.cpp's loader sizes attn_qkv's query part as embedding_length and its graph as the heads'
+            raise BadInputError(f"{where}: {cls.arch}'s query heads must fill embedding_length")
+        super().check(hp, shapes, streamed, where)
+
+    @classmethod
+    def check_attention(cls, c: TensorCheck, il: int) -> None:
+        hp, p, e = c.hp, f"blk.{il}.", c.hp.n_embd
+        q, kv = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+        c.need(p + "attn_norm.weight", (e,))
+        c.need(p + "attn_qkv.weight", (e, q + 2 * kv))
+        c.need(p + "attn_output.weight", (q, e))
+        c.need(p + "attn_q_norm.weight", (hp.head_dim,))
+        c.need(p + "attn_k_norm.weight", (hp.head_dim,))
