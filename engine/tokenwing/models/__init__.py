@@ -23,6 +23,7 @@ from tokenwing.models.minimax_m2 import MiniMaxM2
 from tokenwing.models.qwen2moe import Qwen2MoE
 from tokenwing.models.qwen3moe import Qwen3MoE
 from tokenwing.models.qwen3next import Qwen3Next, Qwen35MoE
+from tokenwing.models.qwen3vlmoe import Qwen3VLMoE
 from tokenwing.models.qwen4exp import Qwen4Exp
 
 FAMILIES: dict[str, type[MoEModel]] = {
@@ -42,6 +43,7 @@ FAMILIES: dict[str, type[MoEModel]] = {
         KimiK3,
         Qwen4Exp,
         GlmDsa,
+        Qwen3VLMoE,
         BailingMoE2,
     )
 }

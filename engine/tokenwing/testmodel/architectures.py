@@ -600,6 +600,18 @@ def _qwen3moe_kv(s: ModelShape) -> dict[str, KV]:
     return kv
 
 
+def _qwen3vlmoe_kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes Qwen3-VL MoE's text part: Qwen3-MoE's keys, IMRoPE's sections and the
+    deepstack layers' count (the real models: 3; fewer than the layers here, which llama.cpp's graph needs where
+    it keeps only the last token's output)."""
+    a = "qwen3vlmoe"
+    kv = _common_kv(s, a)
+    kv[f"{a}.feed_forward_length"] = KV.u32(s.n_ff_exp)
+    kv[f"{a}.rope.dimension_sections"] = KV.array(ValueType.INT32, s.rope_sections)
+    kv[f"{a}.n_deepstack_layers"] = KV.u32(min(3, s.n_layer - 1))
+    return kv
+
+
 def _qwen2moe_kv(s: ModelShape) -> dict[str, KV]:
     kv = _common_kv(s, "qwen2moe")
     kv["qwen2moe.feed_forward_length"] = KV.u32(s.n_ff_dense)
@@ -862,6 +874,12 @@ ARCHITECTURES: dict[str, Architecture] = {
         _qwen3moe_kv,
         "Qwen3-MoE: q/k RMSNorm, GQA, softmax top-k router, SwiGLU experts",
     ),
+    "qwen3vlmoe": Architecture(
+        "qwen3vlmoe",
+        _qwen3moe,
+        _qwen3vlmoe_kv,
+        "Qwen3-VL MoE (text): Qwen3-MoE's layers with interleaved multi-axis RoPE (IMRoPE)",
+    ),
     "qwen2moe": Architecture(
         "qwen2moe",
         _qwen2moe,
@@ -1054,6 +1072,8 @@ def check_shape(s: ModelShape) -> None:
         raise ValueError("--head-dim must be even (RoPE rotates pairs)")
     if s.arch == "minimax-m2" and (s.rot > s.head_dim or s.rot % 2):
         raise ValueError("minimax-m2's --n-rot must be even and at most --head-dim")
+    if s.arch == "qwen3vlmoe" and (len(s.rope_sections) != 4 or 2 * sum(s.rope_sections) > s.head_dim or s.n_rot):
+        raise ValueError("qwen3vlmoe rotates whole heads by IMRoPE: four section counts whose pairs fit in the head")
     if s.arch == "gpt-oss" and s.sliding_window <= 0:
         raise ValueError("--sliding-window must be positive")
 

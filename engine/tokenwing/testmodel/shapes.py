@@ -510,6 +510,10 @@ def _family_defaults(s: ModelShape, size: str) -> ModelShape:
         )
     if s.arch == "gpt-oss" and s.yarn_factor == 0:
         return s.with_(**_GPT_OSS)
+    if s.arch == "qwen3vlmoe" and not s.rope_sections:
+        # Qwen3-VL's split of the rotary pairs over time, height and width: [24, 20, 20] of 64
+        h = s.head_dim // 2 * 20 // 64
+        return s.with_(rope_sections=(s.head_dim // 2 - 2 * h, h, h, 0), rope_base=5_000_000.0)
     if s.arch == "minimax-m2" and s.n_rot == 0:
         return s.with_(**_MINIMAX_M2, n_rot=s.head_dim // 2)
     if s.arch == "bailingmoe2" and s.n_rot == 0:
