@@ -22,7 +22,7 @@ from tokenwing.models.weights import resident_bytes
 from tokenwing.runtime.kvcache import KV_TYPES
 from tokenwing.runtime.memory_plan import EXTRA_SLOTS_SHARE
 from tokenwing.runtime.session import AUTO_PARALLEL, SessionOptions, session_memory
-from tokenwing.runtime.vram_experts import SWAP_EVERY, SWAP_MAX
+from tokenwing.runtime.vram.experts import SWAP_EVERY, SWAP_MAX
 from tokenwing.server.worker import LAYER_FIELDS, TOKEN_FIELDS
 from tokenwing.streaming.memory import HEADROOM, MemoryInfo, memory_info
 from tokenwing.streaming.settings import DECAY_TOKENS

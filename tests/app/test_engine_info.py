@@ -22,7 +22,7 @@ from runmyai.ui import render
 
 def test_the_engine_says_what_it_runs_and_it_is_cached(tmp_path: Path) -> None:
     from tokenwing.models import supported_architectures
-    from tokenwing.runtime.vram_experts import SWAP_EVERY, SWAP_MAX
+    from tokenwing.runtime.vram.experts import SWAP_EVERY, SWAP_MAX
     from tokenwing.streaming.memory import HEADROOM
 
     info = asyncio.run(ask_engine(tmp_path))

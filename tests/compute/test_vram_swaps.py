@@ -18,7 +18,7 @@ from tokenwing.compute.devices import DeviceOptions
 from tokenwing.compute.probe import choose_device
 from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
 from tokenwing.runtime.vram import VramOptions
-from tokenwing.runtime.vram_experts import PAUSE_STAGE, SWAP_EVERY, SWAP_MARGIN, SWAP_RATIO, plan_swaps
+from tokenwing.runtime.vram.experts import PAUSE_STAGE, SWAP_EVERY, SWAP_MARGIN, SWAP_RATIO, plan_swaps
 
 
 def all_in_ram(row: int, experts: list[int]) -> list[bool]:

@@ -253,7 +253,7 @@ def test_prompt_leaves_the_experts_its_end_used_in_the_cache(
 def test_info_json_reports_engine_facts(repacked_factory: ModelFactory) -> None:
     """`tokenwing info --json`: what the app asks the engine instead of keeping copies."""
     from tokenwing.models import supported_architectures
-    from tokenwing.runtime.vram_experts import SWAP_EVERY, SWAP_MAX
+    from tokenwing.runtime.vram.experts import SWAP_EVERY, SWAP_MAX
     from tokenwing.streaming.memory import HEADROOM
 
     model = repacked_factory(type="Q8_0")

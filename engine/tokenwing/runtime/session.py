@@ -46,8 +46,8 @@ from tokenwing.runtime.preflight import preflight
 from tokenwing.runtime.scheduler import ExpertScheduler
 from tokenwing.runtime.sequences import SeqState, new_sequences
 from tokenwing.runtime.token_graph import TokenGraph
+from tokenwing.runtime.vram.experts import COUNTERS as VRAM_COUNTERS
 from tokenwing.runtime.vram.tier import VramOptions, VramTier
-from tokenwing.runtime.vram_experts import COUNTERS as VRAM_COUNTERS
 from tokenwing.streaming.memory import memory_info
 from tokenwing.streaming.settings import StreamSettings
 from tokenwing.streaming.streamer import COUNTERS, plan_slots

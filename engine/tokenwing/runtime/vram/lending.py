@@ -8,12 +8,12 @@ file). The device buffers the tier holds do not change through a prompt (`Backen
 
 from __future__ import annotations
 
-from tokenwing.compute.backend import DeviceGraph, DeviceMemoryError, GraphAllocator
+from tokenwing.compute.backend import DeviceMemoryError
 from tokenwing.compute.ggml_lib import ops
+from tokenwing.runtime.vram.experts import ExpertGeometry
 from tokenwing.runtime.vram.graphs import DeviceGraphs
-from tokenwing.runtime.vram.source import MAX_NODES, Builder, GraphSource
+from tokenwing.runtime.vram.source import Builder, GraphSource
 from tokenwing.runtime.vram.weights import Log, VramWeights
-from tokenwing.runtime.vram_experts import _Geometry
 
 
 class Lending:
@@ -41,29 +41,19 @@ class Lending:
             self.on = False
             self.log("the VRAM expert cache is too small to lend a prompt its compute buffer: prompts keep their own")
             return n_slots, 0, None
-        alloc = GraphAllocator(source.backend, limit=size)
-        g = DeviceGraph(source.backend, MAX_NODES, allocator=alloc)
         try:
-            g.finish(*build(g))
-            buffer = g.compute_buffer
+            buffer = source.reserve_prompts(build, size)
         except DeviceMemoryError:
-            alloc.close()
             if source.device_chunk == 1:
                 raise
             source.halve_chunk()  # (the device refused it: as `GraphSource.reserve_largest` does)
             return self.reserve_prompts(n_slots)
-        except Exception:
-            alloc.close()
-            raise
-        finally:
-            g.close()
-        source.prompt_alloc = alloc
         source.note_chunk()
         if buffer is None:
             return n_slots - freed, 0, None
         align = int(ops.ggml_backend_buffer_get_alignment(buffer))
         room = int(ops.ggml_backend_buffer_get_size(buffer))
-        geos = [_Geometry.of(el) for el in self.weights.streamer.layers]
+        geos = [ExpertGeometry.of(el) for el in self.weights.streamer.layers]
         while lent and sum(-(-lent * n // align) * align for g in geos for n in g.proj_size) > room:
             lent -= 1  # (each tensor starts at the buffer's alignment)
         return n_slots - freed, lent, buffer
@@ -75,11 +65,7 @@ class Lending:
         if self._largest is None or self._largest[0] != chunk:
             best, size = None, -1
             for build in self.graphs.prompt_graphs(chunk):
-                g = DeviceGraph(self.source.backend, MAX_NODES)
-                try:
-                    n = g.measure(self.source.alloc, *build(g))
-                finally:
-                    g.close()
+                n = self.source.measure(build)
                 if n > size:
                     best, size = build, n
             assert best is not None

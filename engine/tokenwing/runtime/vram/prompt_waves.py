@@ -12,10 +12,10 @@ import numpy as np
 from tokenwing.compute.backend import DeviceGraph, get_tensor
 from tokenwing.compute.ggml_lib import Tensor
 from tokenwing.runtime.placement import WAVE_PLACES
+from tokenwing.runtime.vram.experts import BYTES_UP
 from tokenwing.runtime.vram.graphs import DeviceGraphs, Views
 from tokenwing.runtime.vram.source import GraphSource
 from tokenwing.runtime.vram.weights import VramWeights
-from tokenwing.runtime.vram_experts import BYTES_UP
 
 WAVE_MIN_TOKENS = 32  # a prompt wave's experts go to the GPU from this many tokens per expert (ggml's own bar)
 

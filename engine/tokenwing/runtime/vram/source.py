@@ -25,10 +25,14 @@ MAX_NODES = 4096
 
 
 class GraphSource:
-    def __init__(self, backend: Backend, alloc: GraphAllocator, weights: VramWeights, max_batch: int, log: Log) -> None:
+    """The one maker of the tier's device graphs and their graph allocators."""
+
+    def __init__(self, backend: Backend, weights: VramWeights, max_batch: int, log: Log) -> None:
         self.backend, self.log, self.max_batch = backend, log, max_batch
         self._weights = weights
-        self.alloc = alloc  # (closed with the source)
+        # every device graph of the tier: one compute buffer, reserved for the largest graphs at start
+        # (`VramTier._reserve`); closed with the source
+        self.alloc = GraphAllocator(backend)
         # lending: the prompts' own compute buffer, which holds the cache's lendable segments between prompts
         self.prompt_alloc: GraphAllocator | None = None
         self.device_chunk = max_batch  # prompt tokens per device graph
@@ -51,6 +55,31 @@ class GraphSource:
                 raise RuntimeError("a prompt's device graph outside a prompt pass (VramTier.begin_pass)")
             alloc = self.prompt_alloc
         return DeviceGraph(self.backend, max_nodes, allocator=alloc)
+
+    def measure(self, build: Builder) -> int:
+        """Bytes the tier's compute buffer would need for the graph `build` makes (nothing allocated)."""
+        g = DeviceGraph(self.backend, MAX_NODES)
+        try:
+            return g.measure(self.alloc, *build(g))
+        finally:
+            g.close()
+
+    def reserve_prompts(self, build: Builder, size: int) -> int | None:
+        """Lending: the prompts' own GraphAllocator, of at most `size` bytes, reserved by placing the graph `build`
+        makes (`Lending.reserve_prompts`); returns its compute buffer (None: the graph needed none). A device that
+        refuses it raises DeviceMemoryError, and nothing is kept."""
+        alloc = GraphAllocator(self.backend, limit=size)
+        g = DeviceGraph(self.backend, MAX_NODES, allocator=alloc)
+        try:
+            g.finish(*build(g))
+            buffer = g.compute_buffer
+        except Exception:
+            alloc.close()
+            raise
+        finally:
+            g.close()
+        self.prompt_alloc = alloc
+        return buffer
 
     def halve_chunk(self) -> None:
         self.device_chunk = max(1, self.device_chunk // 2)

@@ -6,9 +6,10 @@ intermittently (docs/results.md), so each device graph runs wholly on the device
 between the two sides are copied explicitly (a layer's input in, its router outputs and hidden states out).
 
 `VramTier` creates its parts and hands each what it needs; a part calls the parts listed before it and the layers
-below (compute/backend.py, runtime/placement.py, runtime/vram_experts.py), never back up into the tier:
-weights.py plans what the VRAM holds and fills it; source.py gives the device graphs their compute buffers and
-the prompt chunk size; graphs.py builds the layer graphs and the output head; lending.py gives a prompt's graphs
+below (compute/backend.py, runtime/placement.py, runtime/vram/experts.py), never back up into the tier:
+weights.py plans what the VRAM holds and fills it (the only maker of device tensors: weights, KV caches and the
+expert pools of experts.py, the hot-expert cache); source.py gives the device graphs their compute buffers and
+the prompt chunk size (the only maker of device graphs and graph allocators); graphs.py builds the layer graphs and the output head; lending.py gives a prompt's graphs
 memory the expert cache lends; decode_experts.py computes a decode token's experts, prompt_waves.py a prompt's.
 
 A device that fails (`DeviceError`) ends the tier: the session says so in one line and continues on the CPU.
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenwing.compute.backend import Backend, DeviceError, GraphAllocator, Readback
+from tokenwing.compute.backend import Backend, DeviceError, Readback
 from tokenwing.compute.devices import DeviceChoice
 from tokenwing.format.reader import ModelFile
 from tokenwing.models import common
@@ -31,12 +32,12 @@ from tokenwing.runtime.lookahead import Lookahead
 from tokenwing.runtime.placement import LayerCost
 from tokenwing.runtime.scheduler import ExpertScheduler
 from tokenwing.runtime.vram.decode_experts import DecodeExperts
+from tokenwing.runtime.vram.experts import VramExperts
 from tokenwing.runtime.vram.graphs import DeviceGraphs, LayerGraph
 from tokenwing.runtime.vram.lending import Lending
 from tokenwing.runtime.vram.prompt_waves import WAVE_MIN_TOKENS, PromptWaves
 from tokenwing.runtime.vram.source import GraphSource
 from tokenwing.runtime.vram.weights import Log, VramWeights
-from tokenwing.runtime.vram_experts import VramExperts
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,6 @@ class VramTier:
         self.options = options or VramOptions()
         self.log = log
         self.backend = Backend(choice.device)
-        # every device graph of the tier: one compute buffer, reserved for the largest graphs at start (`_reserve`)
-        alloc = GraphAllocator(self.backend)
         # decode steps' outputs (a layer's, the head's) and the device's share of a token's experts, each read into
         # pinned memory behind its graph; two, as a launch's read is in flight while the CPU computes its share
         self._reads = Readback(self.backend)
@@ -80,7 +79,7 @@ class VramTier:
         self.weights = VramWeights(
             self.backend, mf, model, weights, lookahead, scheduler, kv_specs, n_ctx, kv_type, max_batch, log
         )
-        self.source = GraphSource(self.backend, alloc, self.weights, max_batch, log)
+        self.source = GraphSource(self.backend, self.weights, max_batch, log)
         self.graphs = DeviceGraphs(self.source, self.weights, self._reads, layer_graph, log)
         self.lending = Lending(self.source, self.graphs, self.weights, self.options.lend, log)
         self.decode = DecodeExperts(self.source, self.graphs, self.weights, self._expert_reads)

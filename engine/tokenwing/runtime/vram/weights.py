@@ -1,7 +1,7 @@
 """What the VRAM holds, and where (spec §5, §12): planned from the budget, then filled.
 
 Placement (runtime/placement.py sizes it): whole layers' always-used weights and their KV cache first, then the
-output head, then a hot-expert cache per streamed layer (runtime/vram_experts.py: seeded from the usage table,
+output head, then a hot-expert cache per streamed layer (runtime/vram/experts.py: seeded from the usage table,
 swapped as decode moves on). The family's own layer graph runs on the device through a view of its model whose
 weights are the device's copies (`device_view`): no family has GPU code of its own.
 """
@@ -37,7 +37,7 @@ from tokenwing.runtime.placement import (
     plan_vram,
 )
 from tokenwing.runtime.scheduler import ExpertScheduler
-from tokenwing.runtime.vram_experts import ExpertPool, VramExperts, _Geometry, new_pool
+from tokenwing.runtime.vram.experts import ExpertGeometry, ExpertPool, VramExperts
 from tokenwing.streaming.usage import load_usage, usage_path
 
 Log = Callable[[str], None]
@@ -80,8 +80,34 @@ def device_view(model: MoEModel, tensors: dict[str, Tensor]) -> MoEModel:
     return view
 
 
+def new_pool(backend: Backend, el: ExpertLayer, n_slots: int, within: tuple[int, int] | None = None) -> ExpertPool:
+    """A pool of `n_slots` slots of layer `el`'s geometry in a device buffer of its own, or `within` (buffer,
+    offset) another's (`ExpertPool.end`: where it ends there)."""
+    tensors = DeviceTensors(backend, 3)
+    g = ExpertGeometry.of(el)
+    views = tuple(
+        tensors.new(g.types[p], (g.shapes[p][0], g.shapes[p][1], n_slots), f"vram.{el.layer}.{p}") for p in range(3)
+    )
+    end = 0
+    if within is not None:
+        try:
+            end = tensors.place_in(*within)
+        except Exception:
+            tensors.close()
+            raise
+    else:
+        tensors.allocate()
+    pool = ExpertPool(tensors, (views[0], views[1], views[2]), g, end)
+    for p in range(3):  # an expert's projection is one slot of its pool: the file's bytes, nothing between
+        stride = int(views[p].contents.nb[2])
+        if stride != g.proj_size[p]:
+            pool.close()
+            raise ValueError(f"layer {el.layer}: a projection of {g.proj_size[p]} bytes in a slot of {stride}")
+    return pool
+
+
 def _geometry_key(el: ExpertLayer) -> str:
-    g = _Geometry.of(el)
+    g = ExpertGeometry.of(el)
     return f"{g.types}{g.shapes}"
 
 
@@ -159,10 +185,10 @@ class VramWeights:
         """The plan for `budget`, and whether it lends the prompts' compute buffers from the expert cache (`lend`
         asks for it; see lending.py)."""
         costs, head = self._costs()
-        geos = {_geometry_key(el): _Geometry.of(el) for el in self.streamer.layers}
+        geos = {_geometry_key(el): ExpertGeometry.of(el) for el in self.streamer.layers}
         wave = sum(g.device_bytes for g in geos.values())
         reserve = device_reserve(self.hp, self.max_batch, self.n_ctx, wave)
-        expert_bytes = [_Geometry.of(el).device_bytes for el in self.streamer.layers]
+        expert_bytes = [ExpertGeometry.of(el).device_bytes for el in self.streamer.layers]
         self.costs, self.head_bytes, self.expert_row = costs, head, sum(expert_bytes)
         limit = max_layers
         if limit != 0 and any(self.model.state_spec(il) is not None for il in range(self.hp.n_layer)):
@@ -279,6 +305,7 @@ class VramWeights:
             self._ram_record,
             lambda row, experts: streamer.ready(streamer.layers[row].layer, experts),
             streamer.checksums,
+            functools.partial(new_pool, self.backend),
             n_lend,
         )
         self.experts.allocate(lend_buffer)

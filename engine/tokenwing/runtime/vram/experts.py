@@ -109,7 +109,10 @@ class _Staged:
 
 
 @dataclass
-class _Geometry:
+class ExpertGeometry:
+    """An expert's projections as the file lays out its record (types, shapes, offsets and sizes in it), which a
+    pool's slots take byte for byte."""
+
     types: tuple[int, int, int]
     shapes: tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
     proj_offset: tuple[int, int, int]
@@ -117,7 +120,7 @@ class _Geometry:
     record_size: int
 
     @classmethod
-    def of(cls, el: ExpertLayer) -> _Geometry:
+    def of(cls, el: ExpertLayer) -> ExpertGeometry:
         return cls(el.types, el.shapes, el.proj_offset, el.proj_size, el.record_size)
 
     @property
@@ -131,7 +134,7 @@ class ExpertPool:
 
     tensors: DeviceTensors
     views: tuple[Tensor, Tensor, Tensor]
-    geometry: _Geometry
+    geometry: ExpertGeometry
     end: int = 0  # placed in another's buffer: the offset after it there
 
     def upload(self, slot: int, record: np.ndarray | int, wait: bool = True) -> int:
@@ -154,30 +157,8 @@ class ExpertPool:
         self.tensors.close()
 
 
-def new_pool(backend: Backend, el: ExpertLayer, n_slots: int, within: tuple[int, int] | None = None) -> ExpertPool:
-    """A pool of `n_slots` slots of layer `el`'s geometry in a device buffer of its own, or `within` (buffer,
-    offset) another's (`ExpertPool.end`: where it ends there)."""
-    tensors = DeviceTensors(backend, 3)
-    g = _Geometry.of(el)
-    views = tuple(
-        tensors.new(g.types[p], (g.shapes[p][0], g.shapes[p][1], n_slots), f"vram.{el.layer}.{p}") for p in range(3)
-    )
-    end = 0
-    if within is not None:
-        try:
-            end = tensors.place_in(*within)
-        except Exception:
-            tensors.close()
-            raise
-    else:
-        tensors.allocate()
-    pool = ExpertPool(tensors, (views[0], views[1], views[2]), g, end)
-    for p in range(3):  # an expert's projection is one slot of its pool: the file's bytes, nothing between
-        stride = int(views[p].contents.nb[2])
-        if stride != g.proj_size[p]:
-            pool.close()
-            raise ValueError(f"layer {el.layer}: a projection of {g.proj_size[p]} bytes in a slot of {stride}")
-    return pool
+# A pool of n slots of a layer's geometry in a device buffer of its own, or within (buffer, offset) another's
+PoolMaker = Callable[[ExpertLayer, int, tuple[int, int] | None], ExpertPool]
 
 
 @dataclass
@@ -192,6 +173,7 @@ class VramExperts:
     ram_slot: Callable[[int, int], np.ndarray | None]  # (row, expert) → its RAM record now, None if not there
     in_ram: Callable[[int, list[int]], list[bool]]
     checksums: np.ndarray  # [rows, n_expert]
+    new_pool: PoolMaker  # (runtime/vram/weights.py `new_pool`: the one maker of device tensors)
     n_lend: int = 0  # the last slots of every layer: its lendable segment, in the prompts' compute buffer
     pools: list[ExpertPool] = field(default_factory=list)  # per layer: the kept slots (all of them without lending)
     lend_pools: list[ExpertPool] = field(default_factory=list)  # per layer: its lendable segment
@@ -231,10 +213,10 @@ class VramExperts:
         try:
             at = 0
             for el in self.layers:
-                self.pools.append(new_pool(self.backend, el, self.n_slots - self.n_lend))
+                self.pools.append(self.new_pool(el, self.n_slots - self.n_lend, None))
                 if self.n_lend:
                     assert lend_buffer is not None
-                    self.lend_pools.append(new_pool(self.backend, el, self.n_lend, (lend_buffer, at)))
+                    self.lend_pools.append(self.new_pool(el, self.n_lend, (lend_buffer, at)))
                     at = self.lend_pools[-1].end
         except Exception:
             self.close()
