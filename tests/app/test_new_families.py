@@ -1,8 +1,8 @@
 """DeepSeek-V3, Kimi K2 and gpt-oss (issue 13's "done when"), Qwen3-Next, Qwen3.5 and Ling 3.0 (issue 14's), MiniMax
-M2, Kimi K3, Qwen3.8 Flash Next, GLM-5.2 and DeepSeek V4 (issues 25 and 27) as a user gets them: a split GGUF imported
-from any of its shards, or got from a repository on the local test hub, becomes a library entry the installed engine
-says it runs, which chats through the supervised engine with its experts streamed under a RAM budget — and, at
-temperature 0, answers with llama.cpp's tokens."""
+M2, Kimi K3, Qwen3.8 Flash Next, GLM-5.2 and DeepSeek V4 (issues 25 and 27), Ling 2.0 (issue 42) as a user gets them:
+a split GGUF imported from any of its shards, or got from a repository on the local test hub, becomes a library entry
+the installed engine says it runs, which chats through the supervised engine with its experts streamed under a RAM
+budget — and, at temperature 0, answers with llama.cpp's tokens."""
 
 from __future__ import annotations
 
@@ -58,6 +58,8 @@ FAMILIES = {
     ),
     # issue 27: DeepSeek V4, its hyper-connections, compressed attention and hash-routed layers (joyai-llm vocabulary)
     "deepseek4": ({"arch": "deepseek4", "n_expert": 16, "n_expert_used": 4}, "deepseek4"),
+    # issue 42: Ling 2.0, its fused QKV and expert groups (Ling's vocabulary and template shape)
+    "ling-2.0": ({"arch": "bailingmoe2", "n_layer": 4, "n_expert": 16, "n_expert_used": 4}, "bailingmoe2"),
 }
 GREEDY = Path(__file__).parents[1] / "demomodel" / "llama_greedy.py"
 
@@ -132,7 +134,7 @@ def test_split_gguf_imports_and_chats_streamed(model_factory: ModelFactory, tmp_
 
 # The families new since (issue 25 on): from a split GGUF repository on the local hub to a streamed chat, as the
 # app gets a model (header planning, the chosen quant's shards, repack as they land), then llama.cpp's tokens.
-FROM_HUB = ["minimax-m2", "kimi-k3", "qwen4exp", "glm-dsa", "deepseek4"]
+FROM_HUB = ["minimax-m2", "kimi-k3", "qwen4exp", "glm-dsa", "deepseek4", "ling-2.0"]
 
 
 @pytest.mark.parametrize("family", FROM_HUB)
