@@ -6,7 +6,7 @@
 Needs `build.py corpus` and `build.py tokenizer`: the held-out stream is `build.py`'s (documents joined with
 <|endoftext|>, checked against the model's own tokenizer in TokenWing); `--windows` windows of `--length` tokens
 are taken at evenly spaced starts. Each variant is the shipped file with other
-context keys (`build.py`'s `context_kv`, written by `gguf_io.rewrite_metadata`: tensors byte-identical), run by
+context keys (`export.py`'s `context_kv`, written by `gguf_io.rewrite_metadata`: tensors byte-identical), run by
 TokenWing (F32 KV cache) over each window from position 0. The loss (nats/token) is averaged per bucket of
 positions. (TokenWing against llama.cpp past position 512: tests/demomodel/test_demo_model.py.)
 
@@ -29,17 +29,19 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-import build  # noqa: E402  (the recipe: context_kv and the paths)
+import recipe  # noqa: E402  (the recipe's paths, special tokens and documents)
+from export import context_kv  # noqa: E402
+from train import tokens  # noqa: E402
 
 BUCKETS = [(0, 512), (512, 1024), (1024, 2048)]
 
 
 def variant_kv(kv: dict[str, Any], name: str) -> dict[str, Any]:
     if name == "none":
-        return build.context_kv(kv, "none", 1.0)
+        return context_kv(kv, "none", 1.0)
     for kind in ("yarn", "linear"):
         if name.startswith(kind):
-            return build.context_kv(kv, kind, float(name[len(kind) :]))
+            return context_kv(kv, kind, float(name[len(kind) :]))
     raise SystemExit(f"unknown variant {name!r} (none, yarnF, linearF)")
 
 
@@ -48,12 +50,12 @@ def heldout_stream(model: Path) -> np.ndarray:
     against the model's own tokenizer in TokenWing on the first documents."""
     from tokenwing.runtime.session import Session, SessionOptions
 
-    stream = build.tokens("heldout").astype(np.int64)
+    stream = tokens("heldout").astype(np.int64)
     s = Session(str(model), SessionOptions(kv_type="f32", n_ctx=512), log=lambda line: None)
     try:
-        eot = s.tokenizer.encode(build.ENDOFTEXT, special=True)
+        eot = s.tokenizer.encode(recipe.ENDOFTEXT, special=True)
         ids: list[int] = []
-        for doc in build.read_docs("heldout.jsonl")[:4]:
+        for doc in recipe.read_docs("heldout.jsonl")[:4]:
             ids += s.tokenizer.encode(doc, special=True) + eot
     finally:
         s.close()
@@ -90,11 +92,11 @@ def tokenwing_logits(model: Path, windows: np.ndarray) -> list[np.ndarray]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=str(build.OUTPUT))
+    p.add_argument("--model", default=str(recipe.OUTPUT))
     p.add_argument("--windows", type=int, default=16)
     p.add_argument("--length", type=int, default=2048)
     p.add_argument("--variants", default="none,yarn2,yarn4,linear2,linear4")
-    p.add_argument("--out", default=str(build.WORK / "context-eval.json"))
+    p.add_argument("--out", default=str(recipe.WORK / "context-eval.json"))
     args = p.parse_args()
     from tokenwing.format.gguf_io import read_header, rewrite_metadata
     from tokenwing.format.repack import repack
