@@ -386,8 +386,16 @@ def test_missing_folder(tmp_path: Path) -> None:
     assert catalog.presets == () and len(catalog.errors) == 1 and "does not exist" in catalog.errors[0]
 
 
-# The families new in issues 25 and 27, by their presets.
-NEW_FAMILIES = ["kimi-k3", "minimax-m2", "glm-5", "glm-5.2", "qwen3.8-flash-next", "deepseek-v4-flash"]
+# The families new in issues 25, 27 and 42, by their presets.
+NEW_FAMILIES = [
+    "kimi-k3",
+    "minimax-m2",
+    "glm-5",
+    "glm-5.2",
+    "qwen3.8-flash-next",
+    "deepseek-v4-flash",
+    "ling-flash-2.0",
+]
 
 
 @pytest.mark.parametrize("preset_id", NEW_FAMILIES)
