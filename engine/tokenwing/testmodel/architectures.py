@@ -980,21 +980,6 @@ def tensor_specs(s: ModelShape) -> list[TensorSpec]:
 # Layer counts for which llama.cpp's deepseek2 loader assumes a "lite" model (DeepSeek-V2-Lite and kin) and does
 # not read q_lora_rank: with a q_lora_rank it would look for attn_q; without one, other counts fail to load.
 _LITE_LAYERS = (26, 27)
-_ROUTED = (
-    "qwen2moe",
-    "qwen3moe",
-    "ernie4_5-moe",
-    "glm4moe",
-    "deepseek2",
-    "gpt-oss",
-    "qwen3next",
-    "qwen35moe",
-    "bailingmoe3",
-    "minimax-m2",
-    "deepseek4",
-    "kimi-k3",
-    "glm-dsa",
-)
 TOKENIZERS = tuple(tokenizer_families)
 
 
@@ -1393,7 +1378,6 @@ ARCHITECTURES["qwen4exp"] = Architecture(
     "Qwen3.8 Flash Next: gated DeltaNet (sigmoid gate) and QSA-indexed gated attention, low-rank "
     "hyper-connections, an n-gram embedding table on one layer, softmax top-k experts and a gated shared expert",
 )
-_ROUTED = (*_ROUTED, "qwen4exp")  # type: ignore[assignment]  # (a fixed-length tuple above)
 
 
 def n_params(s: ModelShape) -> int:
