@@ -196,12 +196,12 @@ def test_stacked_attention_runs_get_what_each_gets_alone(
     """The slots' caches are one stack per layer, so sequences of consecutive slots with equal windows attend in
     one product over it (`common.Run`); a sequence with another window, or after an idle slot, attends on its own.
     Either way each one's logits are those it gets alone."""
-    from tokenwing.models import common
+    from tokenwing.models import attention, common
 
     model = str(repacked_factory(type="Q8_0"))
     want = [_alone(model, _options(1, None), p) for p in prompts]
     seen: list[int] = []
-    stacked = common._attend_stacked
+    stacked = attention._attend_stacked
 
     def spy(*args: object, **kwargs: object) -> object:
         run = args[3]
@@ -209,7 +209,7 @@ def test_stacked_attention_runs_get_what_each_gets_alone(
         seen.append(run.count)
         return stacked(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(common, "_attend_stacked", spy)
+    monkeypatch.setattr(attention, "_attend_stacked", spy)  # (where `attend` looks it up)
     s = Session(model, _options(4, None), log=lambda line: None)
     try:
         out: list[list[np.ndarray]] = []
