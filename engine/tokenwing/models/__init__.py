@@ -20,6 +20,7 @@ from tokenwing.models.gpt_oss import GptOss
 from tokenwing.models.hparams import HParams, read_hparams
 from tokenwing.models.kimi_k3 import KimiK3
 from tokenwing.models.minimax_m2 import MiniMaxM2
+from tokenwing.models.mistral4 import Mistral4
 from tokenwing.models.qwen2moe import Qwen2MoE
 from tokenwing.models.qwen3moe import Qwen3MoE
 from tokenwing.models.qwen3next import Qwen3Next, Qwen35MoE
@@ -44,6 +45,7 @@ FAMILIES: dict[str, type[MoEModel]] = {
         Qwen4Exp,
         GlmDsa,
         Qwen3VLMoE,
+        Mistral4,
         BailingMoE2,
     )
 }

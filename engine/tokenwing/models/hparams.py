@@ -84,6 +84,8 @@ class HParams:
     indexer_top_k: int = 0
     indexer_types: tuple[bool, ...] = ()
     dsv4: Dsv4Keys | None = None  # DeepSeek V4's own keys (models/deepseek4.py)
+    # attention.temperature_scale: llama.cpp scales the queries by a rule of the position where it is set (0: not)
+    attn_temperature_scale: float = 0.0
 
     @property
     def is_mla(self) -> bool:
@@ -177,6 +179,7 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str, recurrence: str = 
         indexer_head_size=get("attention.indexer.key_length", 0),
         indexer_top_k=get("attention.indexer.top_k", 0),
         indexer_types=_indexer_types(meta.get(f"{arch}.attention.indexer.types"), n_layer, f"{where}: {arch}"),
+        attn_temperature_scale=get("attention.temperature_scale", 0.0, kind=float),
     )
     if arch == "deepseek4":
         hp = dataclasses.replace(hp, dsv4=_dsv4_keys(get, n_layer, where))

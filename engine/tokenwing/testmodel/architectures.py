@@ -686,6 +686,21 @@ def _deepseek2_kv(s: ModelShape) -> dict[str, KV]:
     kv_lora_rank + rope dims) and the per-head sizes move to *_mla; older files describe the MHA form."""
     a = "deepseek2"
     kv = _common_kv(s, a)
+def _mistral4(s: ModelShape) -> list[TensorSpec]:
+    """Mistral Small 4: DeepSeek-V2's tensors (MLA, shared experts), its router without a selection bias."""
+    return [t for t in _deepseek2(s) if ".exp_probs_b." not in t.name]
+
+
+def _mistral4_kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes Mistral Small 4 (Mistral4Model, a DeepseekV2Model): DeepSeek-V2's keys under
+    its own name, and the router as Mistral's MoE configs have it: softmax, weights normalised, scaled by 1."""
+    a = "mistral4"
+    kv = {k.replace("deepseek2.", f"{a}.", 1): v for k, v in _deepseek2_kv(s).items()}
+    kv[f"{a}.expert_gating_func"] = KV.u32(1)  # softmax
+    kv[f"{a}.expert_weights_scale"] = KV.f32(1.0)
+    return kv
+
+
     if s.legacy_kv_b:
         kv[f"{a}.attention.head_count_kv"] = KV.u32(s.n_head)
         kv[f"{a}.attention.value_length"] = KV.u32(s.v_dim)
@@ -889,6 +904,12 @@ ARCHITECTURES: dict[str, Architecture] = {
     "ernie4_5-moe": Architecture(
         "ernie4_5-moe",
         _ernie45moe,
+    "mistral4": Architecture(
+        "mistral4",
+        _mistral4,
+        _mistral4_kv,
+        "Mistral Small 4: DeepSeek-V2's MLA, YaRN and shared experts with a softmax router",
+    ),
         _ernie45moe_kv,
         "ERNIE-4.5-MoE: leading dense layers, routed plus ungated shared experts",
     ),
@@ -995,7 +1016,16 @@ def check_shape(s: ModelShape) -> None:
         return
     if s.hc_low_rank or s.qsa_ratio or s.ple_layer >= 0:
         raise ValueError("low-rank hyper-connections, QSA and the n-gram table are qwen4exp's (use --arch qwen4exp)")
-    dense_lead = ("ernie4_5-moe", "glm4moe", "deepseek2", "bailingmoe2", "bailingmoe3", "kimi-k3", "glm-dsa")
+    dense_lead = (
+        "ernie4_5-moe",
+        "glm4moe",
+        "deepseek2",
+        "mistral4",
+        "bailingmoe2",
+        "bailingmoe3",
+        "kimi-k3",
+        "glm-dsa",
+    )
     if s.n_dense_lead and s.arch not in dense_lead:
         raise ValueError(f"{s.arch} has no leading dense layers (use --arch {', '.join(dense_lead)})")
     if s.arch != "kimi-k3" and (s.n_expert_latent or s.attn_res_block or s.situ_beta or s.situ_linear_beta):
@@ -1031,7 +1061,7 @@ def check_shape(s: ModelShape) -> None:
         raise ValueError("the lightning indexer is deepseek4's and glm-dsa's (use --arch deepseek4 or glm-dsa)")
     if s.indexer_types and s.arch != "glm-dsa":
         raise ValueError("per-layer indexer types are glm-dsa's (GLM-5.2): use --arch glm-dsa")
-    if s.arch in ("deepseek2", "bailingmoe3", "kimi-k3", "glm-dsa"):
+    if s.arch in ("deepseek2", "mistral4", "bailingmoe3", "kimi-k3", "glm-dsa"):
         _check_deepseek2(s)
         if s.arch == "glm-dsa":
             _check_glm_dsa(s)
@@ -1109,7 +1139,7 @@ def _check_deepseek2(s: ModelShape) -> None:
         raise ValueError(f"{s.arch} runs a shared expert in every MoE layer: --n-shared-exp must be at least 1")
     if s.n_mtp > 1:
         raise ValueError("llama.cpp's converter writes one next-token-prediction block: --n-mtp must be 0 or 1")
-    if s.arch == "deepseek2":
+    if s.arch in ("deepseek2", "mistral4"):  # (llama.cpp loads both by deepseek2's rules)
         _check_lite(s)
     _check_groups(s)
 

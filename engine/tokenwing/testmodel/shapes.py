@@ -179,6 +179,18 @@ _MLA: dict[str, dict[str, int]] = {
     "bench": {"head_dim": 192, "n_rot": 64, "v_head_dim": 128, "kv_lora_rank": 256, "q_lora_rank": 512},
 }
 
+# Mistral Small 4 as its GGUF has it, as far as known here (its config.json was not read from here: YaRN x32 from
+# 8,192 positions to 256k, mscale_all_dim 1, one shared expert, no dense layer, Mistral's softmax router): assumed.
+_MISTRAL4 = {
+    "context_length": 262144,
+    "rope_base": 10000.0,
+    "yarn_factor": 32.0,
+    "yarn_orig_ctx": 8192,
+    "yarn_log_mul": 0.1,
+    "expert_weights_scale": 1.0,
+    "tokenizer": "default",
+}
+
 # gpt-oss as its GGUF has it: YaRN x32 from 4,096 positions, rope base 150,000, RMS eps 1e-5.
 _GPT_OSS = {
     "context_length": 131072,
@@ -498,6 +510,8 @@ def _family_defaults(s: ModelShape, size: str) -> ModelShape:
             n_expert_group=groups,
             n_group_used=groups // 2 if groups > 1 else 1,
         )
+    if s.arch == "mistral4" and s.kv_lora_rank == 0:
+        return s.with_(**_MLA.get(size, _MLA["small"]), **_MISTRAL4, n_head_kv=1, n_shared_exp=s.n_shared_exp or 1)
     if s.arch == "deepseek4" and s.hc_mult == 0:
         geometry = _DSV4.get(size, _DSV4["small"])
         return s.with_(**_DEEPSEEK_V4, **{**geometry, "n_layer": max(s.n_layer, geometry["n_layer"])})
