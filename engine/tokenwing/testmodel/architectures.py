@@ -686,21 +686,6 @@ def _deepseek2_kv(s: ModelShape) -> dict[str, KV]:
     kv_lora_rank + rope dims) and the per-head sizes move to *_mla; older files describe the MHA form."""
     a = "deepseek2"
     kv = _common_kv(s, a)
-def _mistral4(s: ModelShape) -> list[TensorSpec]:
-    """Mistral Small 4: DeepSeek-V2's tensors (MLA, shared experts), its router without a selection bias."""
-    return [t for t in _deepseek2(s) if ".exp_probs_b." not in t.name]
-
-
-def _mistral4_kv(s: ModelShape) -> dict[str, KV]:
-    """As llama.cpp's converter writes Mistral Small 4 (Mistral4Model, a DeepseekV2Model): DeepSeek-V2's keys under
-    its own name, and the router as Mistral's MoE configs have it: softmax, weights normalised, scaled by 1."""
-    a = "mistral4"
-    kv = {k.replace("deepseek2.", f"{a}.", 1): v for k, v in _deepseek2_kv(s).items()}
-    kv[f"{a}.expert_gating_func"] = KV.u32(1)  # softmax
-    kv[f"{a}.expert_weights_scale"] = KV.f32(1.0)
-    return kv
-
-
     if s.legacy_kv_b:
         kv[f"{a}.attention.head_count_kv"] = KV.u32(s.n_head)
         kv[f"{a}.attention.value_length"] = KV.u32(s.v_dim)
@@ -713,6 +698,21 @@ def _mistral4_kv(s: ModelShape) -> dict[str, KV]:
         kv[f"{a}.rope.scaling.yarn_log_multiplier"] = KV.f32(s.yarn_log_mul)
     if s.n_mtp:
         kv[f"{a}.nextn_predict_layers"] = KV.u32(s.n_mtp)
+    return kv
+
+
+def _mistral4(s: ModelShape) -> list[TensorSpec]:
+    """Mistral Small 4: DeepSeek-V2's tensors (MLA, shared experts), its router without a selection bias."""
+    return [t for t in _deepseek2(s) if ".exp_probs_b." not in t.name]
+
+
+def _mistral4_kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes Mistral Small 4 (Mistral4Model, a DeepseekV2Model): DeepSeek-V2's keys under
+    its own name, and the router as Mistral's MoE configs have it: softmax, weights normalised, scaled by 1."""
+    a = "mistral4"
+    kv = {k.replace("deepseek2.", f"{a}.", 1): v for k, v in _deepseek2_kv(s).items()}
+    kv[f"{a}.expert_gating_func"] = KV.u32(1)  # softmax
+    kv[f"{a}.expert_weights_scale"] = KV.f32(1.0)
     return kv
 
 
@@ -904,12 +904,6 @@ ARCHITECTURES: dict[str, Architecture] = {
     "ernie4_5-moe": Architecture(
         "ernie4_5-moe",
         _ernie45moe,
-    "mistral4": Architecture(
-        "mistral4",
-        _mistral4,
-        _mistral4_kv,
-        "Mistral Small 4: DeepSeek-V2's MLA, YaRN and shared experts with a softmax router",
-    ),
         _ernie45moe_kv,
         "ERNIE-4.5-MoE: leading dense layers, routed plus ungated shared experts",
     ),
@@ -924,6 +918,12 @@ ARCHITECTURES: dict[str, Architecture] = {
         _deepseek2,
         _deepseek2_kv,
         "DeepSeek-V3 / Kimi K2: MLA, YaRN, group-limited sigmoid router with selection bias, shared expert",
+    ),
+    "mistral4": Architecture(
+        "mistral4",
+        _mistral4,
+        _mistral4_kv,
+        "Mistral Small 4: DeepSeek-V2's MLA, YaRN and shared experts with a softmax router",
     ),
     "gpt-oss": Architecture(
         "gpt-oss",
