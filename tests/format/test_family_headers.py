@@ -22,6 +22,8 @@ CASES = [
     ("deepseek2", "attention.key_length", 160, "an MLA cache needs head_count_kv 1 and key_length kv_lora_rank"),
     ("gpt-oss", "attention.head_count_kv", 4, "tensor blk.0.attn_k.weight has shape"),
     ("qwen3next", "ssm.inner_size", 128, "ssm.inner_size must be ssm.state_size × ssm.time_step_rank"),
+    ("bailingmoe2", "attention.head_count_kv", 1, "tensor blk.0.attn_qkv.weight has shape (64, 128), the metadata"),
+    ("bailingmoe2", "attention.head_count", 2, "bailingmoe2's query heads must fill embedding_length"),
 ]
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tokenwing.format.gguf_io import KV, ValueType
+from tokenwing.models import bailingmoe2
 from tokenwing.testmodel.shapes import ModelShape
 from tokenwing.testmodel.tokenizer import FAMILIES as tokenizer_families
 from tokenwing.testmodel.tokenizer import build_vocabulary
@@ -415,27 +416,11 @@ def _ling_nextn(s: ModelShape, i: int) -> list[TensorSpec]:
 
 
 def _bailingmoe2(s: ModelShape) -> list[TensorSpec]:
-    """Ling 2.0: GQA from one fused attn_qkv with per-head q/k RMSNorm, leading dense layers, a sigmoid router with
-    a selection bias, routed experts plus the shared expert; next-token-prediction blocks last."""
-    first, last = _head(s)
-    q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
-    layers: list[TensorSpec] = []
-    for i in range(s.n_block):
-        layers += [
-            TensorSpec(f"blk.{i}.attn_norm.weight", (s.n_embd,), "norm"),
-            TensorSpec(f"blk.{i}.attn_qkv.weight", (s.n_embd, q + 2 * kv), "matrix"),
-            TensorSpec(f"blk.{i}.attn_output.weight", (q, s.n_embd), "matrix"),
-            TensorSpec(f"blk.{i}.attn_q_norm.weight", (s.head_dim,), "norm"),
-            TensorSpec(f"blk.{i}.attn_k_norm.weight", (s.head_dim,), "norm"),
-        ]
-        if i < s.n_dense_lead:
-            layers += _dense_ffn(s, i)
-        else:
-            layers += [*_routed_experts(s, i), TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector")]
-            layers += _shared_expert(s, i, gated=False)
-        if i >= s.n_layer:
-            layers += _ling_nextn(s, i)
-    return first + layers + last
+    """Ling 2.0: the family's own list (models/bailingmoe2.py), at this shape."""
+    geometry = {k: getattr(s, k) for k in ("n_layer", "n_mtp", "n_embd", "n_head", "n_head_kv", "head_dim")}
+    widths = {"ff_exp": s.n_ff_exp, "ff_shexp": shared_ff(s), "ff_dense": s.n_ff_dense, "vocab": s.vocab_size}
+    specs = bailingmoe2.tensors(**geometry, n_dense_lead=s.n_dense_lead, n_expert=s.n_expert, **widths)
+    return [TensorSpec(*spec) for spec in specs]
 
 
 def _kimi_k3_kda(s: ModelShape, i: int) -> list[TensorSpec]:
