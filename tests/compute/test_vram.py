@@ -122,6 +122,8 @@ FAMILIES: dict[str, dict[str, object]] = {
     "deepseek2": {"arch": "deepseek2", "n_layer": 4, "n_expert": 16, "n_expert_used": 4},
     "gpt-oss": {"arch": "gpt-oss", "n_layer": 4},
     "minimax-m2": {"arch": "minimax-m2", "n_layer": 4, "n_expert": 16, "n_expert_used": 4},
+    # Ling 2.0: the fused QKV projection's rows split on the device, expert groups
+    "bailingmoe2": {"arch": "bailingmoe2", "n_layer": 4, "n_expert": 16, "n_expert_used": 4},
 }
 # The linear-attention families: their layers stay on the CPU (the recurrent state lives in RAM), the VRAM holds the
 # head and experts.
