@@ -9,8 +9,9 @@ between the two sides are copied explicitly (a layer's input in, its router outp
 below (compute/backend.py, runtime/placement.py, runtime/vram/experts.py), never back up into the tier:
 weights.py plans what the VRAM holds and fills it (the only maker of device tensors: weights, KV caches and the
 expert pools of experts.py, the hot-expert cache); source.py gives the device graphs their compute buffers and
-the prompt chunk size (the only maker of device graphs and graph allocators); graphs.py builds the layer graphs and the output head; lending.py gives a prompt's graphs
-memory the expert cache lends; decode_experts.py computes a decode token's experts, prompt_waves.py a prompt's.
+the prompt chunk size (the only maker of device graphs and graph allocators); graphs.py builds the layer graphs
+and the output head; lending.py gives a prompt's graphs memory the expert cache lends; decode_experts.py computes
+a decode token's experts, prompt_waves.py a prompt's.
 
 A device that fails (`DeviceError`) ends the tier: the session says so in one line and continues on the CPU.
 """
