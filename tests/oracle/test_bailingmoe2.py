@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ModelFactory
-from tests.oracle.test_families import clear_top1, steps, streamed_matches_resident
+from tests.oracle.test_families import quantized_matches_llama_cpp, steps, streamed_matches_resident
 from tests.oracle.test_logits import _repacked, _tokens, kl_per_position, llama_logits
 
 pytestmark = pytest.mark.oracle
@@ -63,14 +63,7 @@ def test_quantized_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path
     shape = dict(VARIANTS[variant], weight_std=0.03)
     if type_name.startswith("Q4_K"):
         shape |= {"preset": "kquant", **KQUANT[variant]}
-    src = model_factory(type=type_name, **shape)  # type: ignore[arg-type]
-    tokens = _tokens(300, 512, seed=12)
-    ref = llama_logits(src, tokens, tmp_path)
-    own = llama_logits(src, tokens, tmp_path, plain=True)
-    got, _ = steps(_repacked(src, tmp_path), tokens, 200)
-    kl, noise = kl_per_position(ref, got), kl_per_position(ref, own).mean()
-    assert kl.mean() <= 1e-4, (kl.mean(), noise)
-    assert clear_top1(ref, got) >= 0.99
+    quantized_matches_llama_cpp(model_factory(type=type_name, **shape), tmp_path)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

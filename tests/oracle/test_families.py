@@ -122,7 +122,13 @@ def test_quantized_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path
     shape = dict(VARIANTS[variant], weight_std=QUANT_STD.get(variant, 0.03))
     if type_name.startswith("Q4_K"):
         shape["preset"] = "kquant"  # row lengths that are multiples of 256
-    src = model_factory(type=type_name, **shape)  # type: ignore[arg-type]
+    quantized_matches_llama_cpp(model_factory(type=type_name, **shape), tmp_path)  # type: ignore[arg-type]
+
+
+def quantized_matches_llama_cpp(src: Path, tmp_path: Path) -> None:
+    """A quantized file's 300 positions (a 200-token prompt, then 100 decode steps across position 256): mean KL
+    ≤ 1e-4 from llama.cpp's, and its top-1 on ≥ 99 % of the positions where llama.cpp's leads by > 0.1 logit
+    (llama.cpp's own plain layout against its default, its noise, said where the bar fails)."""
     tokens = _tokens(300, 512, seed=12)
     ref = llama_logits(src, tokens, tmp_path)
     own = llama_logits(src, tokens, tmp_path, plain=True)
