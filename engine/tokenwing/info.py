@@ -15,6 +15,7 @@ from tokenwing.compute.devices import HEADROOM_DIVISOR, HEADROOM_MAX, HEADROOM_M
 from tokenwing.errors import BadInputError, exit_codes, permanent_kinds
 from tokenwing.flags import add_engine_arguments
 from tokenwing.format import layout as L
+from tokenwing.format.quant_names import quant_bits
 from tokenwing.format.source import open_source
 from tokenwing.models import family, kv_bytes_per_token, supported_architectures
 from tokenwing.models.hparams import read_hparams
@@ -80,6 +81,29 @@ def ggml_facts() -> dict[str, Any]:
         "cpu_variants": list(ggml.cpu_variants()),
         "backends": {"cpu": True, **ggml.load_gpu_backends()},
     }
+
+
+def process_bytes() -> int:
+    """This process's resident memory now, having loaded ggml and the engine's code: what a running engine takes
+    before any model, cache or buffer (VmRSS; 0 where /proc is not there to say)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def preset_flags(flags: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """The flags a model's preset may set, by the key it writes them under, with their CLI spelling: `lookahead`
+    (`--lookahead`) and every `--moe-stream-*` flag without its prefix (`io-threads`: `--moe-stream-io-threads`),
+    the streaming tunables measured per model; the rest (memory, context, devices) are the machine's or the
+    user's."""
+    out = {"lookahead": "--lookahead"} if "--lookahead" in flags else {}
+    out.update({name.removeprefix("--moe-stream-"): name for name in flags if name.startswith("--moe-stream-")})
+    return out
 
 
 def engine_flags() -> dict[str, dict[str, Any]]:
@@ -152,6 +176,7 @@ def model_facts(path: str, mem: MemoryInfo | None = None) -> dict[str, Any]:
 def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20, model: str | None = None) -> dict[str, Any]:
     types = weight_types()
     mem = memory_info()
+    flags = engine_flags()
     info: dict[str, Any] = {
         "version": __version__,
         "ggml": ggml_facts(),
@@ -159,7 +184,14 @@ def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20, mode
         "headroom_bytes": HEADROOM,
         # what a device keeps free beyond --vram-budget's default: total / divisor, within min and max bytes
         "device_headroom": {"divisor": HEADROOM_DIVISOR, "min_bytes": HEADROOM_MIN, "max_bytes": HEADROOM_MAX},
-        "flags": engine_flags(),
+        "flags": flags,
+        "preset_flags": preset_flags(flags),
+        # a routed expert's average bits per weight by the quant name a GGUF is published under, and the
+        # alignment of each of its projections in the model file: one expert's bytes before the file is here
+        "quant_bits": quant_bits(),
+        "expert_alignment": L.ALIGNMENT,
+        # what this engine's process holds before a model (the app adds a model's graph reserve, `inspect`)
+        "process_bytes": process_bytes(),
         # --moe-stream-decay-tokens 0 (its default) means the policy's own half-life, in tokens
         "decay_tokens_by_policy": dict(DECAY_TOKENS),
         # the stats stream's token event: its fields and each layer's (docs/api.md), for readers to check against

@@ -18,6 +18,8 @@ from tokenwing.format.source import SourceModel, open_source
 from tokenwing.fsutil import human_bytes
 from tokenwing.models import family, kv_bytes_per_token
 from tokenwing.models.hparams import read_hparams
+from tokenwing.runtime.memory_plan import graph_bytes
+from tokenwing.runtime.session import SessionOptions
 
 
 def inspect_model(paths: list[str]) -> dict[str, Any]:
@@ -50,6 +52,7 @@ def inspect_source(source: SourceModel) -> dict[str, Any]:
     # tensors the family reads a few rows of from the file instead of loading (qwen4exp's n-gram table: 51B weights
     # in the released model, ~29 GB at Q4_K, of which a token reads 16 rows): neither in memory nor read whole
     sparse = _lazy_tensors(header, arch)
+    graph = _graph_reserve(header, arch, {t.name: t.shape for t in resident})
     lazy = [t for t in resident if t.name in sparse]
     resident = [t for t in resident if t.name not in sparse]
     resident_bytes = sum(t.nbytes for t in resident)
@@ -74,6 +77,7 @@ def inspect_source(source: SourceModel) -> dict[str, Any]:
         "has_chat_template": header.get("tokenizer.chat_template") is not None,
         "shared_experts": meta("expert_shared_count") or 0,
         "kv_bytes_per_token": _kv_bytes_per_token(header, arch),
+        "graph_reserve": graph,
         "experts": {
             "count": index.n_expert,
             "used_per_token": index.n_used,
@@ -118,6 +122,21 @@ def _kv_bytes_per_token(header: GGUFHeader, arch: str) -> int | None:
         return kv_bytes_per_token({k: v.value for k, v in header.kv.items()}, arch, header.path)
     except TokenWingError:
         return None
+
+
+def _graph_reserve(header: GGUFHeader, arch: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, int] | None:
+    """The compute graph's reserve the session plans for this model (`memory_plan.graph_bytes`) at the default
+    prompt batch: `bytes` plus `per_context_token` for each position of the context (the attention scores grow
+    with it, nothing else does); None for an architecture the engine does not run or metadata it cannot read."""
+    try:
+        cls = family(arch)
+        hp = read_hparams({k: v.value for k, v in header.kv.items()}, arch, header.path, cls.recurrence)
+        specs = [cls.layer_state(hp, shapes, il) for il in range(hp.n_layer)]
+    except (TokenWingError, KeyError):  # (a tensor the family sizes its state by is missing: `verify` names it)
+        return None
+    batch = SessionOptions().max_batch
+    base = graph_bytes(hp, batch, 0, specs)
+    return {"max_batch": batch, "bytes": base, "per_context_token": graph_bytes(hp, batch, 1, specs) - base}
 
 
 def _lazy_tensors(header: GGUFHeader, arch: str) -> frozenset[str]:
