@@ -80,6 +80,7 @@ async def _context(home: AppPaths) -> tuple[Catalog, LocalLibrary, MachineInfo, 
     library = LocalLibrary(home.models, bundled_dir("resources"), presets=catalog.presets)
     machine = await probe_machine_async(home.models, autotune_dir=home.settings)
     engine = await ask_engine(home.settings)
+    catalog.bind_engine(engine)  # (its error lines are the catalog's, as a bad preset's)
     return catalog, library, machine, engine
 
 

@@ -15,11 +15,12 @@ import os
 import platform
 import shutil
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from runmyai.engine.info import EngineMemory, ask_memory
 from runmyai.speeds import SpeedMeasurement, read_speeds
 
 T = TypeVar("T")
@@ -41,7 +42,6 @@ ISA_FLAGS = (
     "sve",
     "sve2",
 )
-_NO_LIMIT = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class GpuCopy:
 class MachineInfo:
     ram_total: int
     ram_available: int  # free plus reclaimable cache (MemAvailable)
-    ram_limit: int | None  # this process's memory limit (cgroup v1 or v2); None when there is none below RAM
+    ram_limit: int | None  # the engine's memory limit (cgroup v1 or v2); None when there is none below RAM
     cores: int  # cores this process may run on
     cpu_model: str
     isa: tuple[str, ...]
@@ -93,6 +93,7 @@ class MachineInfo:
     # every decode measured here (autotune runs and finished chat replies, runmyai.speeds): what calibrates the
     # estimate, robustly, and what a measured model's card says
     speeds: tuple[SpeedMeasurement, ...] = ()
+    memory_error: str | None = None  # the engine could not say what memory it sees (then the RAM fields are 0)
 
     @property
     def ram_usable(self) -> int:
@@ -109,16 +110,21 @@ def probe_machine(
     autotune_dir: Path | None = None,
     mem_bandwidth_bps: float | None = None,
     root: Path = Path("/"),
+    memory: EngineMemory | str | None = None,
+    command: Sequence[str] | None = None,
 ) -> MachineInfo:
-    """Probes this machine (a fraction of a second; `probe_machine_async` runs it off the event loop).
+    """Probes this machine (about a second, the engine's start; `probe_machine_async` runs it off the event loop).
 
-    `drive_read_bps` wins over a saved autotune result in `autotune_dir`; `root` points /proc and /sys/fs/cgroup
-    at a fake tree in tests.
+    The memory is the engine's answer (`tokenwing info --json`, by its own reader of /proc and the cgroup limits,
+    asked with `command` unless `memory` gives it, or says why it could not be), so the estimate sizes by what the
+    engine will. `drive_read_bps` wins over a saved autotune result in `autotune_dir`; `root` points /proc at a
+    fake tree in tests.
     """
-    total, available = ram_info(root)
-    limit, used = cgroup_memory_limit(root)
-    if limit is not None and total and limit >= total:
-        limit, used = None, 0
+    if memory is None:
+        memory = ask_memory(command)
+    error = memory if isinstance(memory, str) else None
+    mem = memory if isinstance(memory, EngineMemory) else EngineMemory(0, 0, 0, 0)
+    limit: int | None = mem.limit if mem.limit < mem.total else None  # (the engine says `total` for no limit)
     model, isa = cpu_info(root)
     if drive_read_bps is None and autotune_dir is not None:
         drive_read_bps = saved_drive_speed(autotune_dir)
@@ -126,8 +132,8 @@ def probe_machine(
     copy = saved_gpu_copy(autotune_dir, _machine_id()) if autotune_dir is not None else None
     speeds = read_speeds(autotune_dir) if autotune_dir is not None else ()
     return MachineInfo(
-        ram_total=total,
-        ram_available=available,
+        ram_total=mem.total,
+        ram_available=mem.available,
         ram_limit=limit,
         cores=_cores(),
         cpu_model=model,
@@ -135,11 +141,12 @@ def probe_machine(
         gpus=nvidia_gpus(),
         disk_free=disk_free(models_dir),
         drive_read_bps=drive_read_bps,
-        ram_limit_used=used if limit is not None else 0,
+        ram_limit_used=mem.used_in_group if limit is not None else 0,
         mem_bandwidth_bps=mem_bandwidth_bps,
         decode_probe=probe,
         gpu_copy=copy,
         speeds=speeds,
+        memory_error=error,
     )
 
 
@@ -147,84 +154,6 @@ async def probe_machine_async(
     models_dir: Path, drive_read_bps: float | None = None, *, autotune_dir: Path | None = None
 ) -> MachineInfo:
     return await asyncio.to_thread(probe_machine, models_dir, drive_read_bps, autotune_dir=autotune_dir)
-
-
-# ---------------------------------------------------------------------------------------------- memory
-def ram_info(root: Path = Path("/")) -> tuple[int, int]:
-    """(total, available) bytes of RAM."""
-    meminfo = root / "proc" / "meminfo"
-    try:
-        values: dict[str, int] = {}
-        for line in meminfo.read_text().splitlines():
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts and parts[0].isdigit():
-                values[key] = int(parts[0]) * 1024
-        total = values.get("MemTotal", 0)
-        if total:
-            return total, values.get("MemAvailable", values.get("MemFree", 0))
-    except OSError:
-        pass
-    psutil = importlib.import_module("psutil")  # not Linux (or no /proc): the portable way
-    vm = psutil.virtual_memory()
-    return int(vm.total), int(vm.available)
-
-
-def _read_limit(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    if text == "max":
-        return _NO_LIMIT
-    try:
-        value = int(text)
-    except ValueError:
-        return None
-    return value if value >= 0 else None
-
-
-def cgroup_memory_limit(root: Path = Path("/")) -> tuple[int | None, int]:
-    """(the tightest memory limit on this process's cgroup or its ancestors, what that cgroup charges).
-
-    cgroup v2: memory.max / memory.current; v1: memory/…/memory.limit_in_bytes / memory.usage_in_bytes. The
-    group comes from /proc/self/cgroup; a limit set on any ancestor applies too, so the walk goes up to the
-    hierarchy's root. (None, 0) when there is no limit (v1 writes "no limit" as a huge number).
-    """
-    v2_path: str | None = None
-    v1_path: str | None = None
-    try:
-        for line in (root / "proc" / "self" / "cgroup").read_text().splitlines():
-            parts = line.split(":", 2)
-            if len(parts) != 3:
-                continue
-            hierarchy, controllers, path = parts
-            if hierarchy == "0" and controllers == "":
-                v2_path = path
-            elif "memory" in controllers.split(","):
-                v1_path = path
-    except OSError:
-        return None, 0
-    cg = root / "sys" / "fs" / "cgroup"
-    candidates: list[tuple[Path, str, str]] = []
-    if v1_path is not None:
-        candidates.append((cg / "memory", v1_path, "memory.limit_in_bytes|memory.usage_in_bytes"))
-    if v2_path is not None:
-        candidates.append((cg, v2_path, "memory.max|memory.current"))
-    best: int | None = None
-    used = 0
-    for base, rel, names in candidates:
-        limit_name, usage_name = names.split("|")
-        d = base / rel.strip("/") if rel.strip("/") else base
-        while True:
-            limit = _read_limit(d / limit_name)
-            if limit is not None and limit < _NO_LIMIT and (best is None or limit < best):
-                best = limit
-                used = _read_limit(d / usage_name) or 0
-            if d == base or base not in d.parents:
-                break
-            d = d.parent
-    return best, (used if best is not None else 0)
 
 
 # ---------------------------------------------------------------------------------------------- CPU
@@ -395,5 +324,8 @@ def machine_fingerprint() -> MachineFingerprint:
     """This machine (computed once per process: a few small reads)."""
     global _FINGERPRINT
     if _FINGERPRINT is None:
-        _FINGERPRINT = MachineFingerprint(socket.gethostname(), cpu_info()[0], ram_info()[0])
+        # (RAM's size as the OS gives it, MemTotal on Linux: only part of this machine's name, no sizing by it;
+        # psutil by name, as it has no type stubs)
+        ram = int(importlib.import_module("psutil").virtual_memory().total)
+        _FINGERPRINT = MachineFingerprint(socket.gethostname(), cpu_info()[0], ram)
     return _FINGERPRINT

@@ -14,10 +14,9 @@ from runmyai import __version__
 from runmyai.engine.info import EngineInfo, ask_engine, cache_path, parse_info
 from runmyai.engine.stats import LAYER_FIELDS, TOKEN_FIELDS
 from runmyai.library.keys import HubKey, LocalKey, PresetKey, parse_key, parse_model_ref
-from runmyai.library.presets import load_catalog
 from runmyai.machine import probe_machine
-from runmyai.paths import bundled_dir
 from runmyai.ui import render
+from tests.app.engine_facts import sized_catalog
 
 
 def test_the_engine_says_what_it_runs_and_it_is_cached(tmp_path: Path) -> None:
@@ -86,7 +85,7 @@ def test_a_swap_rule_that_cannot_be_read_is_none() -> None:
 
 
 def test_catalog_support_follows_the_engine(tmp_path: Path) -> None:
-    catalog = load_catalog(bundled_dir("presets"))
+    catalog = sized_catalog()
     machine = probe_machine(tmp_path)
     glm = catalog.get("glm-4.5-air")
     deepseek = catalog.get("deepseek-v3.1")

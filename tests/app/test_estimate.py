@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -12,17 +14,17 @@ from typing import Any
 
 import pytest
 
-from runmyai.engine.info import DeviceHeadroom, EngineInfo, unknown
+from runmyai.engine.info import DeviceHeadroom, EngineInfo, EngineMemory, ask_engine, unknown
 from runmyai.library.estimate import (
     DEFAULT_CALIBRATION,
     DEFAULT_DRIVE_BPS,
     DEFAULT_GPU_COPY_BPS,
-    ENGINE_RESERVE,
     HIT_EXPONENT,
     Calibration,
     Footprint,
     calibration_for,
     hit_rate,
+    preset_footprint,
 )
 from runmyai.library.estimate import estimate as estimate_with
 from runmyai.library.presets import ArchFacts, ChatDefaults, Preset, load_catalog
@@ -31,7 +33,6 @@ from runmyai.machine import (
     GpuCopy,
     GpuInfo,
     MachineInfo,
-    cgroup_memory_limit,
     nvidia_gpus,
     probe_machine,
     saved_drive_speed,
@@ -74,10 +75,18 @@ MACHINE = MachineInfo(
     mem_bandwidth_bps=13e9,
 )
 HEADROOM = 512 << 20
+PROCESS = 256 << 20  # the engine's own process, as `info --json`'s process_bytes says it
 # the device headroom rule as the engine states it (`tokenwing info --json`: tests/engine/test_info.py)
 ENGINE = EngineInfo(
-    "test", {"qwen3moe": ("Q8_0",)}, HEADROOM, (), device_headroom=DeviceHeadroom(16, 256 << 20, 1 << 30)
+    "test",
+    {"qwen3moe": ("Q8_0",)},
+    HEADROOM,
+    (),
+    device_headroom=DeviceHeadroom(16, 256 << 20, 1 << 30),
+    process_bytes=PROCESS,
 )
+# The same model as the engine reads it from its header: its KV cache and its compute graph's reserve known.
+HEADER = dataclasses.replace(preset_footprint(PRESET), from_header=True)
 # The arithmetic below counts weight reads only: no per-layer or per-token work (see test_engine_work_counts).
 READS_ONLY = Calibration(0.0, 0.0, 13e9, "reads only", stream_factor=1.0, hidden_io=0.0)
 H25 = 0.25**HIT_EXPONENT  # hits with a quarter of the experts cached (66 %)
@@ -90,8 +99,8 @@ def estimate(model: Preset | Footprint, machine: MachineInfo, **kw: Any) -> Any:
     return estimate_with(model, machine, kw.pop("engine", ENGINE), **kw)
 
 
-# RAM for exactly a 25 % cache: headroom + engine reserve + 1e9 always loaded + 0.75e9 of experts.
-QUARTER = HEADROOM + ENGINE_RESERVE + 1_000_000_000 + 750_000_000
+# RAM for exactly a 25 % cache: headroom + the engine's process + 1e9 always loaded + 0.75e9 of experts.
+QUARTER = HEADROOM + PROCESS + 1_000_000_000 + 750_000_000
 
 
 def test_hit_rate_curve() -> None:
@@ -129,7 +138,7 @@ def test_quarter_cache() -> None:
 def test_memory_limit_counts_without_headroom() -> None:
     # Plenty of free RAM, but a cgroup limit with 1e8 already used: room = limit - used, headroom not taken off.
     used = 100_000_000
-    limit = ENGINE_RESERVE + 1_000_000_000 + 750_000_000 + used
+    limit = PROCESS + 1_000_000_000 + 750_000_000 + used
     e = estimate(PRESET, dataclasses.replace(MACHINE, ram_limit=limit, ram_limit_used=used))
     assert e.cache_bytes == 750_000_000
     assert e.tokens_per_s == pytest.approx(1 / (MISS25 / 1.2e9 + 0.010))
@@ -206,11 +215,19 @@ def test_engine_work_and_context_count() -> None:
     assert e.compute_seconds == pytest.approx(0.022) and e.tokens_per_s == pytest.approx(1 / 0.022)
     assert any("10 layers" in r and "test" in r for r in e.reasons)
     # a context's KV cache comes off the expert cache: 1 MB per token x 750 tokens = 750 MB, from a full cache
-    facts = dataclasses.replace(FACTS, kv_bytes_per_token=1_000_000)
-    fp = dataclasses.replace(PRESET, facts=facts)
+    fp = dataclasses.replace(HEADER, kv_bytes_per_token=1_000_000)
     quarter_plus_kv = dataclasses.replace(MACHINE, ram_available=QUARTER + 750_000_000)
     assert estimate(fp, quarter_plus_kv, context=750).cache_bytes == 750_000_000
     assert estimate(fp, quarter_plus_kv, context=0).cache_bytes == 1_500_000_000
+    # ... and so does the compute graph's reserve the engine plans for the model (`inspect --json`'s
+    # graph_reserve): 150 MB, and 200 kB a token of context, 150 MB more at 750 tokens
+    graphed = dataclasses.replace(HEADER, graph_bytes=150_000_000, graph_bytes_per_context_token=200_000)
+    e = estimate(graphed, quarter_plus_kv, context=750)
+    assert e.cache_bytes == 1_500_000_000 - 300_000_000
+    assert any("568.4 MB for the engine and its compute buffers" in r for r in e.reasons), e.reasons  # + PROCESS
+    assert not any(r.startswith("Not counted yet") for r in e.reasons)
+    # a preset before its header is read counts neither, and says so
+    assert any(r.startswith("Not counted yet: the KV cache") for r in estimate(PRESET, quarter_plus_kv).reasons)
 
 
 def test_defaults_when_nothing_is_measured() -> None:
@@ -230,8 +247,10 @@ def test_defaults_when_nothing_is_measured() -> None:
     assert any("VRAM is not counted" in r for r in gpu.reasons)
 
 
-def test_real_presets_are_sane() -> None:
+def test_real_presets_are_sane(tmp_path: Path) -> None:
     catalog = load_catalog(bundled_dir("presets"))
+    catalog.bind_engine(asyncio.run(ask_engine(tmp_path)))  # (their experts sized by the installed engine)
+    assert catalog.errors == ()
     desktop = dataclasses.replace(MACHINE, ram_available=28 * GIB, drive_read_bps=3e9, mem_bandwidth_bps=None)
     for p in catalog.presets:
         e = estimate(p, dataclasses.replace(desktop, disk_free=10**13))
@@ -249,8 +268,14 @@ def test_real_presets_are_sane() -> None:
 
 # ---------------------------------------------------------------------------------------------- machine probe
 def test_probe_this_machine(tmp_path: Path) -> None:
+    """The machine probe's memory is the engine's answer (`tokenwing info --json`'s memory: its own reader of
+    /proc and the cgroup limits, tests/streaming/test_memory.py), not a copy of that reader in the app."""
     m = probe_machine(tmp_path / "not-yet" / "models")
-    assert m.ram_total > 0 and 0 < m.ram_available <= m.ram_total
+    assert m.memory_error is None
+    engine = json.loads(subprocess.run([sys.executable, "-m", "tokenwing", "info", "--json"], capture_output=True,
+                                       check=True).stdout)["memory"]  # fmt: skip
+    assert m.ram_total == engine["total"] > 0 and 0 < m.ram_available <= m.ram_total
+    assert m.ram_limit == (engine["limit"] if engine["limit"] < engine["total"] else None)
     assert m.ram_limit is None or 0 < m.ram_limit < m.ram_total
     assert 0 < m.ram_usable <= m.ram_available
     assert m.cores >= 1 and m.cpu_model
@@ -260,49 +285,32 @@ def test_probe_this_machine(tmp_path: Path) -> None:
     assert probe_machine(tmp_path, drive_read_bps=2e9).drive_read_bps == 2e9
 
 
-def _fake_root(tmp_path: Path, cgroup: str, files: dict[str, str]) -> Path:
+def _fake_root(tmp_path: Path) -> Path:
     root = tmp_path / "root"
-    (root / "proc" / "self").mkdir(parents=True)
-    (root / "proc" / "meminfo").write_text("MemTotal:       16777216 kB\nMemFree: 1 kB\nMemAvailable:    8388608 kB\n")
+    (root / "proc").mkdir(parents=True)
     (root / "proc" / "cpuinfo").write_text("processor\t: 0\nmodel name\t: Fake CPU 9000\nflags\t\t: fpu avx avx2 fma\n")
-    (root / "proc" / "self" / "cgroup").write_text(cgroup)
-    for rel, text in files.items():
-        path = root / "sys" / "fs" / "cgroup" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
     return root
 
 
-def test_cgroup_v2_limit_on_an_ancestor(tmp_path: Path) -> None:
-    root = _fake_root(
-        tmp_path,
-        "0::/user.slice/app.scope\n",
-        {
-            "user.slice/app.scope/memory.max": "max\n",
-            "user.slice/app.scope/memory.current": "123\n",
-            "user.slice/memory.max": "2147483648\n",
-            "user.slice/memory.current": "1073741824\n",
-        },
-    )
-    assert cgroup_memory_limit(root) == (2 * GIB, GIB)
-    m = probe_machine(tmp_path, root=root)
+def test_the_engines_memory_limit_is_the_machines(tmp_path: Path) -> None:
+    """A limit the engine reports (2 GiB, 1 GiB of it charged) is the machine's: the room under it, not the free
+    RAM, is what a model gets; the engine's "limit = total" is no limit."""
+    root = _fake_root(tmp_path)
+    m = probe_machine(tmp_path, root=root, memory=EngineMemory(16 * GIB, 8 * GIB, 2 * GIB, GIB))
     assert (m.ram_total, m.ram_available, m.ram_limit, m.ram_limit_used) == (16 * GIB, 8 * GIB, 2 * GIB, GIB)
     assert m.ram_usable == GIB  # the room under the limit, not the free RAM
     assert m.cpu_model == "Fake CPU 9000" and m.isa == ("avx", "avx2", "fma")
+    free = probe_machine(tmp_path, root=root, memory=EngineMemory(16 * GIB, 8 * GIB, 16 * GIB, 0))
+    assert free.ram_limit is None and free.ram_limit_used == 0 and free.ram_usable == 8 * GIB
 
 
-def test_cgroup_v1_limit_and_no_limit(tmp_path: Path) -> None:
-    v1 = _fake_root(
-        tmp_path / "a",
-        "12:cpu,cpuacct:/docker/x\n9:memory:/docker/x\n0::/\n",
-        {"memory/docker/x/memory.limit_in_bytes": "1073741824\n", "memory/docker/x/memory.usage_in_bytes": "5000\n"},
-    )
-    assert cgroup_memory_limit(v1) == (GIB, 5000)
-    unlimited = _fake_root(tmp_path / "b", "9:memory:/\n", {"memory/memory.limit_in_bytes": "9223372036854771712\n"})
-    assert cgroup_memory_limit(unlimited) == (None, 0)
-    above_ram = _fake_root(tmp_path / "c", "0::/big\n", {"big/memory.max": str(64 * GIB)})
-    assert probe_machine(tmp_path, root=above_ram).ram_limit is None  # a limit above RAM is no limit
-    assert cgroup_memory_limit(tmp_path / "nowhere") == (None, 0)
+def test_an_engine_that_cannot_say_its_memory(tmp_path: Path) -> None:
+    """No engine to ask: the probe says why, and the estimate says memory is not known rather than guessing."""
+    m = probe_machine(tmp_path, command=[str(tmp_path / "no-such-engine")])
+    assert m.memory_error is not None and "could not be started" in m.memory_error
+    assert m.ram_total == m.ram_available == 0 and m.ram_limit is None
+    e = estimate(PRESET, dataclasses.replace(m, disk_free=10**12))
+    assert any(r.startswith("Memory is not known: the engine could not be started") for r in e.reasons), e.reasons
 
 
 def test_drive_speed_from_a_saved_autotune(tmp_path: Path) -> None:
@@ -349,22 +357,24 @@ def test_gpus_through_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_gpu_the_engine_can_use_counts() -> None:
     """An engine that lists a GPU (not a CPU-type Vulkan driver): the always-used weights and the KV cache go to
     VRAM first, then experts; with NVML's free VRAM where NVML knows the card. Checked by hand: 3 GiB free, less
-    the engine's 256 MiB kept and ENGINE_RESERVE, holds the 1e9 always-loaded bytes and the KV cache, and the
-    rest is that share of the 3e9 bytes of experts."""
+    the engine's 256 MiB kept and the model's compute graph (its reserve, as the engine plans it), holds the 1e9
+    always-loaded bytes and the KV cache, and the rest is that share of the 3e9 bytes of experts."""
     m = dataclasses.replace(MACHINE, ram_available=QUARTER, gpus=(GpuInfo(0, "RTX 3050", 4 * GIB, 3 * GIB),))
-    cpu_only = estimate(PRESET, m, context=4096)
+    model = dataclasses.replace(HEADER, kv_bytes_per_token=2048, graph_bytes=100 << 20)
+    model = dataclasses.replace(model, graph_bytes_per_context_token=64)
+    cpu_only = estimate(model, m, context=4096)
     dev = {"kind": "vulkan", "name": "Vulkan0", "description": "NVIDIA GeForce RTX 3050", "free": 7 * GIB // 2,
            "total": 4 * GIB, "software": False}  # fmt: skip
     engine = dataclasses.replace(ENGINE, devices=({"kind": "cpu", "name": "CPU"}, dev))
-    e = estimate(PRESET, m, engine=engine, context=4096)
-    kv = 4096 * FACTS.kv_bytes_per_token
-    vram = 3 * GIB - (256 << 20) - ENGINE_RESERVE  # NVML's 3 GiB free, not the engine's cached 3.5
+    e = estimate(model, m, engine=engine, context=4096)
+    kv = 4096 * 2048
+    vram = 3 * GIB - (256 << 20) - (100 << 20) - 4096 * 64  # NVML's 3 GiB free, not the engine's cached 3.5
     share = (vram - 1e9 - kv) / 3e9
     assert any(f"{share:.0%} of the experts" in r and "all fit" in r for r in e.reasons), e.reasons
     assert e.hit_rate == pytest.approx(hit_rate(min(1.0, cpu_only.cache_share + share)))
     assert e.tokens_per_s > 1.5 * cpu_only.tokens_per_s
     lavapipe = dict(dev, description="llvmpipe (LLVM 15.0.6, 256 bits)", software=True)
-    soft = estimate(PRESET, m, engine=dataclasses.replace(ENGINE, devices=(lavapipe,)), context=4096)
+    soft = estimate(model, m, engine=dataclasses.replace(ENGINE, devices=(lavapipe,)), context=4096)
     assert soft.tokens_per_s == cpu_only.tokens_per_s and any("VRAM is not counted" in r for r in soft.reasons)
 
 

@@ -18,12 +18,11 @@ import pytest
 from runmyai.engine.info import ask_engine
 from runmyai.library import local
 from runmyai.library.local import ImportCancelled, LibraryError, LocalLibrary, LocalModel, repacked_name
-from runmyai.library.presets import load_catalog
-from runmyai.paths import bundled_dir
+from tests.app.engine_facts import sized_catalog
 from tests.conftest import ModelFactory
 from tests.pauses import REPACK_STEPS, Pauses
 
-CATALOG = load_catalog(bundled_dir("presets"))
+CATALOG = sized_catalog()
 
 
 def _visible(folder: Path) -> list[str]:

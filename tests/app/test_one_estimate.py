@@ -22,11 +22,11 @@ from runmyai.library.estimate import HIT_EXPONENT, MEASURED_HITS, estimate, hit_
 from runmyai.library.hub import HubFile
 from runmyai.library.launch import launch_flags
 from runmyai.library.local import LocalLibrary
-from runmyai.library.presets import load_catalog
 from runmyai.library.quants import Quant
 from runmyai.machine import MachineInfo
 from runmyai.paths import bundled_dir
 from runmyai.ui import render
+from tests.app.engine_facts import sized_catalog
 from tests.app.hubserver import HubServer
 from tests.app.test_app_scenario import make_controller
 from tests.conftest import ModelFactory
@@ -63,7 +63,7 @@ def _window_tokens_per_s(details_html: str) -> float:
 def test_window_and_list_agree_on_the_built_in_model(tmp_path: Path, engine: EngineInfo) -> None:
     """The window said 334.9 tokens/s for the built-in model and `runmyai list` 3,168.9: the list left out the
     preset's 25 % budget (and the window used the preset's facts, the list the file's)."""
-    catalog = load_catalog(bundled_dir("presets"))
+    catalog = sized_catalog()
     library = LocalLibrary(tmp_path / "models", bundled_dir("resources"), presets=catalog.presets)
     demo = asyncio.run(library.ensure_bundled_demo())
     assert demo is not None and demo.preset_id == "tokenwing-demo-moe" and demo.facts is not None
@@ -90,7 +90,7 @@ def test_a_model_without_a_preset_has_an_estimate(
     assert m.preset_id is None and m.error is None
     html = render.local_entry(m, None, render.View(MACHINE, engine)).details_html
     assert "Will it run here?" in html and _window_tokens_per_s(html) > 0
-    catalog = load_catalog(bundled_dir("presets"))
+    catalog = sized_catalog()
     listed = cli._model_json(m, catalog, MACHINE, engine, AutotuneRunner(tmp_path / "settings"))["estimate"]
     assert listed is not None and listed["tokens_per_s"] > 0
 
@@ -108,7 +108,7 @@ def test_the_hit_rate_line_is_written_from_its_numbers() -> None:
         if abs(rule - m_hits) >= 0.005:
             assert f"the rule gives {rule:.0%}, {'more' if rule > m_hits else 'less'} than measured" in line
     # and it is the line an estimate gives
-    catalog = load_catalog(bundled_dir("presets"))
+    catalog = sized_catalog()
     q235 = catalog.get("qwen3-235b-a22b")
     assert q235 is not None
     e = estimate(q235, MACHINE, EngineInfo("x", {"qwen3moe": ("Q4_K",)}, 512 << 20, ()))
@@ -121,7 +121,7 @@ def _choice(name: str, est_of: object) -> QuantChoice:
 
 
 def test_no_quant_is_recommended_that_cannot_run_here_or_does_not_fit(engine: EngineInfo) -> None:
-    catalog = load_catalog(bundled_dir("presets"))
+    catalog = sized_catalog()
     p = catalog.get("qwen3-30b-a3b")
     assert p is not None
     runs = estimate(p, MACHINE, engine)

@@ -23,9 +23,7 @@ from runmyai.library.estimate import (
     speed_range,
 )
 from runmyai.library.local import LocalModel
-from runmyai.library.presets import load_catalog
 from runmyai.machine import MachineInfo, probe_machine
-from runmyai.paths import bundled_dir
 from runmyai.speeds import (
     KEEP_PER_MODEL,
     MIN_CHAT_TOKENS,
@@ -38,6 +36,7 @@ from runmyai.speeds import (
 )
 from runmyai.ui import render
 from runmyai.ui.viewmodels import badge
+from tests.app.engine_facts import sized_catalog
 
 GIB = 1 << 30
 MACHINE = MachineInfo(
@@ -51,7 +50,7 @@ MACHINE = MachineInfo(
     disk_free=100 * GIB,
     drive_read_bps=1.2e9,
 )
-CATALOG = load_catalog(bundled_dir("presets"))
+CATALOG = sized_catalog()
 ENGINE = EngineInfo("test", {p.facts.arch: ("Q4_K", "Q8_0") for p in CATALOG.presets}, 512 << 20, ())
 DEMO_PATH = "/models/demo.tw.gguf"
 # the built-in model's decode as the autotuner's probe sees it (6 layers, 5 MB read a token, all in RAM)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +49,21 @@ class DeviceHeadroom:
 
 
 @dataclass(frozen=True)
+class EngineMemory:
+    """The memory the engine sees (`tokenwing info --json`'s `memory`): the engine's own reader, cgroup limits
+    included, so the app's estimate sizes by what the engine will size by."""
+
+    total: int  # physical RAM
+    available: int  # free plus reclaimable cache
+    limit: int  # the memory limit on the engine's group, or `total` where there is none below it
+    used_in_group: int  # what that group already charges (0 without a limit)
+
+    @property
+    def usable(self) -> int:
+        return max(0, min(self.available, self.limit - self.used_in_group))
+
+
+@dataclass(frozen=True)
 class EngineInfo:
     version: str
     architectures: dict[str, tuple[str, ...]]  # GGUF architecture id → the weight types the engine computes
@@ -63,6 +80,14 @@ class EngineInfo:
     # the stats stream's fields as the engine sends them: {"token": (...), "layer": (...)} (empty: it does not say)
     stats_fields: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     device_headroom: DeviceHeadroom | None = None
+    # the flags a preset may set, by its key, with their CLI spelling ("io-threads" → "--moe-stream-io-threads")
+    preset_flags: Mapping[str, str] = field(default_factory=dict)
+    # a routed expert's bits per weight by quant name ("Q4_K_M", "UD-Q4_K_XL"), upper-case, and the alignment of
+    # each of its projections in the model file (0: the engine does not say)
+    quant_bits: Mapping[str, float] = field(default_factory=dict)
+    expert_alignment: int = 0
+    process_bytes: int = 0  # the engine's own process before any model (its Python and ggml)
+    memory: EngineMemory | None = None  # the memory it saw when asked (stale once cached: probe it fresh)
 
     def runs(self, arch: str) -> bool:
         return arch in self.architectures
@@ -78,6 +103,10 @@ class EngineInfo:
     def permanent(self, code: int | None) -> bool:
         """True for an exit code whose failure the same input meets again (the engine's `permanent_exit_kinds`)."""
         return self.exit_kind(code) in self.permanent_kinds
+
+    def quant_bits_of(self, quant: str) -> float | None:
+        """A routed expert's bits per weight in a file of this quant name, as the engine says; None if unknown."""
+        return self.quant_bits.get(quant.strip().upper())
 
     def device_headroom_bytes(self, total: int) -> int:
         """What the engine keeps free on a device of `total` bytes (0 when the engine does not say)."""
@@ -117,7 +146,39 @@ def parse_info(raw: object) -> EngineInfo:
         permanent_kinds=_names(raw.get("permanent_exit_kinds")),
         stats_fields=_stats_fields(raw.get("stats_fields")),
         device_headroom=_device_headroom(raw.get("device_headroom")),
+        preset_flags=_preset_flags(raw.get("preset_flags")),
+        quant_bits=_quant_bits(raw.get("quant_bits")),
+        expert_alignment=_positive_int(raw.get("expert_alignment")),
+        process_bytes=_positive_int(raw.get("process_bytes")),
+        memory=parse_memory(raw.get("memory")),
     )
+
+
+def parse_memory(raw: object) -> EngineMemory | None:
+    """`info --json`'s `memory` object; None when it is not one."""
+    if not isinstance(raw, dict):
+        return None
+    total, available, limit = (_positive_int(raw.get(k)) for k in ("total", "available", "limit"))
+    used = raw.get("used_in_group")
+    if not total or not limit or isinstance(used, bool) or not isinstance(used, int) or used < 0:
+        return None
+    return EngineMemory(total, available, limit, used)
+
+
+def _preset_flags(raw: object) -> dict[str, str]:
+    if not isinstance(raw, dict):
+        return {}
+    return {k: v for k, v in raw.items() if isinstance(k, str) and isinstance(v, str) and v.startswith("--")}
+
+
+def _quant_bits(raw: object) -> dict[str, float]:
+    if not isinstance(raw, dict):
+        return {}
+    out: dict[str, float] = {}
+    for k, v in raw.items():
+        if isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and 0 < v <= 64:
+            out[k.upper()] = float(v)
+    return out
 
 
 def _flags(raw: object) -> dict[str, FlagInfo]:
@@ -167,6 +228,28 @@ def _positive_int(v: object) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
 
 
+def ask_memory(command: Sequence[str] | None = None) -> EngineMemory | str:
+    """The memory the engine sees now, by its own reader (`tokenwing info --json`'s `memory`; never cached:
+    memory changes): blocking, for the machine probe's thread. Where the engine cannot be asked, the reason."""
+    argv = [*(command if command is not None else engine_command()), "info", "--json"]
+    env = dict(os.environ, PYTHONIOENCODING="utf-8")
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=INFO_TIMEOUT_S, stdin=subprocess.DEVNULL, env=env)
+    except OSError as e:
+        return f"the engine could not be started ({e.strerror or e})"
+    except subprocess.TimeoutExpired:
+        return f"the engine did not answer `tokenwing info` within {INFO_TIMEOUT_S:.0f} s"
+    if done.returncode != 0:
+        last = next((ln for ln in reversed(done.stderr.decode(errors="replace").splitlines()) if ln.strip()), "")
+        return f"`tokenwing info` failed (exit code {done.returncode}): {last.strip()}"
+    try:
+        raw = json.loads(done.stdout)
+    except ValueError:
+        raw = None
+    memory = parse_memory(raw.get("memory")) if isinstance(raw, dict) else None
+    return memory if memory is not None else "the engine's `tokenwing info --json` answer says no memory"
+
+
 def cache_path(folder: Path, version: str = __version__) -> Path:
     return folder / f"engine-info-{version}.json"
 
@@ -183,13 +266,15 @@ async def ask_engine(folder: Path, command: Sequence[str] | None = None, *, refr
             except ValueError:
                 info = None
             # (an answer cached by an engine of this version from before it reported its flags, exit codes,
-            # which of them are for good and its stats fields is asked again)
+            # which of them are for good, its stats fields, quant bits and preset flags is asked again)
             if (
                 info is not None
                 and info.version == __version__
                 and info.flags
                 and info.permanent_kinds
                 and info.stats_fields
+                and info.quant_bits
+                and info.preset_flags
             ):
                 return info
     argv = [*(command if command is not None else engine_command()), "info", "--json"]

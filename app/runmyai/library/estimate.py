@@ -5,9 +5,11 @@ Pure functions over a `Footprint` (from a preset's published facts, or from the 
 
 * A token reads `active bytes` of weights: the always-used part (attention, shared experts, routers, dense
   layers, output head) plus top_k routed experts in every MoE layer.
-* The expert cache gets what memory is left after other apps (the engine's own headroom), the engine's buffers
-  and the KV cache of the chosen context (ENGINE_RESERVE + kv) and the always-loaded part of the file; never
-  less than top_k slots per layer (the engine's minimum). It holds a share f of all routed experts.
+* The expert cache gets what memory is left after other apps (the engine's own headroom), the engine's process
+  (`info --json`'s `process_bytes`), its compute graph's reserve and the KV cache of the chosen context (the
+  model's `graph_reserve` and `kv_bytes_per_token`, from `inspect --json` on its header) and the always-loaded part
+  of the file; never less than top_k slots per layer (the engine's minimum). A preset's card before any header is
+  read counts neither the graph nor the KV cache, and says so. It holds a share f of all routed experts.
 * Expected hit rate h = f ** HIT_EXPONENT (an assumption: routing is skewed, so a cache holding a share f of
   the experts serves more than f of the requests; see HIT_EXPONENT and MEASURED_HITS).
 * Time per token = compute + the wait for the drive. Compute: active bytes / memory bandwidth + the engine's
@@ -47,7 +49,6 @@ from runmyai.speeds import SpeedMeasurement, Spread, counted, model_speed, robus
 from runmyai.units import SizeSum
 from runmyai.units import human_bytes as hb
 
-ENGINE_RESERVE = 256 << 20  # the engine process (Python, ggml), compute buffers, prompt working memory
 DISK_MARGIN = 256 << 20  # kept free beyond the file itself
 DEFAULT_DRIVE_BPS = 1.0e9  # unmeasured drive: a modest NVMe (our virtual dev disk measures 1.0-1.3 GB/s)
 # Hit rate vs cache share: h = f ** 0.3. Measured: the built-in model with 25 % and 40 % of its experts in RAM
@@ -201,8 +202,13 @@ class Footprint:
     shared_experts: int
     expert_bytes: int  # one routed expert as stored in the repacked file
     dense_bytes_per_token: int  # always-used weights a token reads (attention, shared experts, dense layers, head)
-    kv_bytes_per_token: int  # the KV cache one token of context takes (F16): the engine's number, never computed here
+    kv_bytes_per_token: int  # the KV cache one token of context takes (F16): the engine's number (0: not known)
     context: int = 0  # the model's own context length (0: not known)
+    # the compute graph's reserve the engine plans for it: bytes, plus this much per token of context (`inspect
+    # --json`'s graph_reserve; 0: not known)
+    graph_bytes: int = 0
+    graph_bytes_per_context_token: int = 0
+    from_header: bool = True  # False: a preset's published facts, before the engine read the model's header
     # data the engine reads a few rows of from the drive instead of loading (qwen4exp's n-gram table: `inspect`'s
     # "lazy"): in the file, neither always loaded nor streamed as experts
     lazy_bytes: int = 0
@@ -222,7 +228,7 @@ class Footprint:
 def preset_footprint(preset: Preset) -> Footprint:
     """A preset's published facts as a footprint (the always-used part from its active parameters)."""
     f = preset.facts
-    bytes_per_param = preset.expert_bytes / f.expert_params
+    bytes_per_param = preset.expert_bytes / f.expert_params  # (0 until the engine's facts size the expert)
     dense_params = max(0.0, f.active_params - f.moe_layers * f.top_k * f.expert_params)
     return Footprint(
         arch=f.arch,
@@ -234,8 +240,9 @@ def preset_footprint(preset: Preset) -> Footprint:
         shared_experts=f.shared_experts,
         expert_bytes=preset.expert_bytes,
         dense_bytes_per_token=round(dense_params * bytes_per_param),
-        kv_bytes_per_token=f.kv_bytes_per_token,
+        kv_bytes_per_token=0,  # (the engine's, from the header: not known before it is read)
         context=f.context,
+        from_header=False,
         lazy_bytes=round(f.sparse_params * bytes_per_param),  # (at the experts' quant, as the rest)
     )
 
@@ -248,6 +255,7 @@ def footprint_from_inspect(model: Mapping[str, Any], output_bytes: int) -> Footp
     record = round(sum(int(el["record_bytes"]) for el in layers) / max(1, len(layers))) if layers else 0
     streamed = len(ex["streamed_layers"])
     block_count = model.get("block_count")
+    graph = model.get("graph_reserve") or {}
     return Footprint(
         arch=str(model["architecture"]),
         size_bytes=output_bytes,
@@ -261,6 +269,8 @@ def footprint_from_inspect(model: Mapping[str, Any], output_bytes: int) -> Footp
         kv_bytes_per_token=int(model.get("kv_bytes_per_token") or 0),
         context=int(model.get("context_length") or 0),
         lazy_bytes=int((model.get("lazy") or {}).get("bytes") or 0),
+        graph_bytes=int(graph.get("bytes") or 0),
+        graph_bytes_per_context_token=int(graph.get("per_context_token") or 0),
     )
 
 
@@ -346,7 +356,7 @@ class GpuPart:
     copy_source: str = "assumed"  # where copy_bps comes from, for the reasons
 
 
-def gpu_part(fp: Footprint, machine: MachineInfo, engine: EngineInfo, kv: int) -> GpuPart:
+def gpu_part(fp: Footprint, machine: MachineInfo, engine: EngineInfo, kv: int, graph: int) -> GpuPart:
     """The engine's placement in VRAM (layers' always-used weights and KV cache first, then experts), on the GPU
     it would compute on: one it lists that is not a CPU-type driver, with NVML's free VRAM where NVML knows it."""
     usable = [d for d in engine.devices if d.get("kind") not in (None, "cpu") and not d.get("software")]
@@ -363,7 +373,7 @@ def gpu_part(fp: Footprint, machine: MachineInfo, engine: EngineInfo, kv: int) -
     nvml = [g for g in machine.gpus if g.name and g.name in name]
     free = nvml[0].vram_free if nvml else _as_int(d.get("free"))
     total = nvml[0].vram_total if nvml else _as_int(d.get("total"))
-    vram = max(0, free - engine.device_headroom_bytes(total) - ENGINE_RESERVE)  # the engine's own rule
+    vram = max(0, free - engine.device_headroom_bytes(total) - graph)  # the engine's own rule, its graph's reserve
     dense = fp.resident_bytes + kv
     dense_share = min(1.0, vram / dense) if dense else 1.0
     left = max(0, vram - dense)
@@ -469,20 +479,29 @@ def estimate(
         room = min(room, machine.ram_limit - machine.ram_limit_used)
         limit_note = f" ({hb(machine.ram_limit - machine.ram_limit_used)} left under the memory limit)"
     kv = fp.kv_bytes_per_token * context
-    budget = room - ENGINE_RESERVE - kv - resident
+    graph = fp.graph_bytes + fp.graph_bytes_per_context_token * context
+    engine_bytes = engine.process_bytes + graph
+    budget = room - engine_bytes - kv - resident
     minimum = fp.moe_layers * fp.top_k * fp.expert_bytes
     fits = budget >= minimum
     cache = int(min(max(budget, minimum), experts_all))
     if budget_share is not None:
         cache = max(minimum, min(cache, int(budget_share * experts_all)))
     share = cache / experts_all if experts_all else 1.0
-    gpu = gpu_part(fp, machine, engine, kv)
+    gpu = gpu_part(fp, machine, engine, kv, graph)
     hits = hit_rate(min(1.0, share + gpu.expert_share))  # (the RAM cache may hold some of the VRAM's experts too)
     reasons.append(
         f"Memory: {hb(machine.ram_available)} available{limit_note}; after {hb(headroom)} for other apps, "
-        f"{hb(kv)} for a {context:,}-token context, {hb(ENGINE_RESERVE)} for buffers and {hb(resident)} "
-        f"always loaded, the expert cache gets {hb(cache)}: {share:.0%} of the experts."
+        f"{hb(kv)} for a {context:,}-token context, {hb(engine_bytes)} for the engine and its compute buffers "
+        f"and {hb(resident)} always loaded, the expert cache gets {hb(cache)}: {share:.0%} of the experts."
     )
+    if machine.memory_error:
+        reasons.append(f"Memory is not known: {machine.memory_error}.")
+    if not fp.from_header:
+        reasons.append(
+            "Not counted yet: the KV cache and the compute buffers, whose sizes the engine reads from the model's "
+            "header (when its quants are listed or it is downloaded); with them the cache is smaller."
+        )
     if not fits:
         reasons.append(
             f"That is less than the engine's smallest cache ({hb(minimum)}, {fp.top_k} experts per layer): the "

@@ -30,7 +30,7 @@ DEMO_SOURCE = "demo-model/tokenwing-demo-moe.gguf"  # the shipped GGUF, relative
 _CACHE_FILE = ".library.json"  # per file: size, mtime and what `inspect` said (and sha256 once computed)
 # What `inspect` says changes with the engine (2: KV bytes per token by the model family's rule, no longer counting
 # linear-attention layers): an entry from another version of it is inspected again.
-_FACTS_VERSION = 3  # 3: the name from general.basename where general.name is the file's
+_FACTS_VERSION = 4  # 3: the name from general.basename where general.name is the file's; 4: its graph reserve
 _STOP_GRACE_S = 10.0  # after SIGTERM, the engine removes its partial output and exits; then it is killed
 _SHARD = re.compile(r"-\d{5}-of-\d{5}$")
 _GGUF_SUFFIX = re.compile(r"[-_.]gguf$", re.IGNORECASE)
@@ -556,7 +556,7 @@ def _engine_error(lines: Sequence[str], rc: int) -> str:
 
 def _facts(info: Mapping[str, Any]) -> dict[str, Any]:
     """The part of `inspect --json` the estimate uses, without the per-layer table (the cache stays small)."""
-    keys = ("architecture", "block_count", "context_length", "shared_experts", "kv_bytes_per_token")
+    keys = ("architecture", "block_count", "context_length", "shared_experts", "kv_bytes_per_token", "graph_reserve")
     facts = {k: info.get(k) for k in keys}
     experts = info.get("experts")
     if isinstance(experts, dict):

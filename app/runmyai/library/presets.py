@@ -10,76 +10,17 @@ import math
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
 from runmyai.engine.info import EngineInfo
 
-# Average bits per weight of one routed expert (gate, up and down) at each quant type. Exact for the uniform
-# types; for llama.cpp's _M mixes, gate/up use the base K-quant and ffn_down uses the next type up in about
-# half the layers (llama.cpp's `use_more_bits`), so down is averaged over the two.
-QUANT_BITS: dict[str, float] = {
-    "F32": 32.0,
-    "F16": 16.0,
-    "BF16": 16.0,
-    "Q8_0": 8.5,
-    "Q6_K": 6.5625,
-    "Q5_K_M": (5.5 + 5.5 + (6.5625 + 5.5) / 2) / 3,
-    "Q4_K_M": (4.5 + 4.5 + (6.5625 + 4.5) / 2) / 3,
-    "Q4_K_S": 4.5,
-    "Q4_0": 4.5,
-    "MXFP4": 4.25,
-    "MXFP4_MOE": 4.25,  # (llama.cpp's name for a file whose routed experts are MXFP4: the experts' type here)
-    "Q3_K_M": (3.4375 + 3.4375 + 4.5) / 3,
-    "Q2_K": (2.625 + 2.625 + 3.4375) / 3,
-    # the i-quants, as their types (ggml's block sizes); llama.cpp's files of these names may put ffn_down a type up
-    # in some layers, which this leaves out
-    "IQ4_NL": 4.5,
-    "IQ4_XS": 4.25,
-    "IQ3_S": 3.4375,
-    "IQ3_XXS": 3.0625,
-    "IQ2_S": 2.5625,
-    "IQ2_XS": 2.3125,
-    "IQ2_XXS": 2.0625,
-    "IQ1_M": 1.75,
-    "IQ1_S": 1.5625,
-}
-
-# unsloth's dynamic quants ("UD-" + a name): per-model mixes that keep chosen tensors wider than the name's type
-# ("_XL": some wider still). Their experts' bits are taken as the class the name gives (UD-IQ1_M: IQ1_M; UD-Q4_K_XL:
-# Q4_K_M; UD-Q8_K_XL: Q8_0, there being no Q8_K file type) until the real file's `expert_bytes` are stated: where
-# a mix keeps the checkpoint's own expert type the preset states them (DeepSeek V4's FP4 experts stay MXFP4 in its
-# UD-Q8_K_XL and UD-Q4_K_XL: inferred from their sizes, presets/deepseek-v4-flash.toml).
-_XL_CLASS = {
-    "Q2_K_XL": "Q2_K",
-    "Q3_K_XL": "Q3_K_M",
-    "Q4_K_XL": "Q4_K_M",
-    "Q5_K_XL": "Q5_K_M",
-    "Q6_K_XL": "Q6_K",
-    "Q8_K_XL": "Q8_0",
-}
-
-
-def quant_class(quant: str) -> str | None:
-    """The key of QUANT_BITS a quant name counts as: itself, or an unsloth "UD-" name's class; None if unknown."""
-    name = quant.strip().upper()
-    if name in QUANT_BITS:
-        return name
-    if name.startswith("UD-"):
-        base = name.removeprefix("UD-")
-        return base if base in QUANT_BITS else _XL_CLASS.get(base)
-    return None
-
-
-ALIGN = 4096  # every projection of a repacked expert starts on a 4 KiB boundary (docs/model-format.md)
-
-# The engine flags a preset may set: `lookahead` (`--lookahead`) and the `--moe-stream-*` flags without their
-# prefix (`io-threads`, `policy`, …). Their defaults, kinds and choices are the engine's, not kept here: `tokenwing
-# info --json` says them and `check_flags` checks a preset against them. A preset sets only what was measured to
-# differ from the engine's default for its model, and lists it in `measured`; everything else is the engine's
-# default. Booleans become `--moe-stream-X` / `--no-moe-stream-X`.
-_PLAIN_FLAGS = ("lookahead",)
+# The engine flags a preset may set, by the key it writes them under (`lookahead`, `io-threads`, `policy`, …), with
+# their CLI spelling, their defaults, kinds and choices, are the engine's, not kept here: `tokenwing info --json`
+# says them (`preset_flags`, `flags`) and `bind` spells a preset's flags by them and checks them. A preset sets only
+# what was measured to differ from the engine's default for its model, and lists it in `measured`; everything
+# else is the engine's default. Booleans become `--X` / `--no-X`.
 _FLAG_KEY = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 # `ram-budget`: a share of the experts ("25%") for a preset that should stream even where it fits in RAM (the
 # built-in model, so that the first screen shows streaming at work); sizes are per machine, so none here. A
@@ -106,9 +47,6 @@ class ArchFacts:
     hidden: int
     expert_ffn: int  # width of one routed expert's FFN
     context: int
-    # The F16 KV cache one token of context takes over all layers (0: not stated), as the engine's rule for the
-    # family gives it (`tokenwing info --json MODEL` / `inspect --json`): stated, never computed here.
-    kv_bytes_per_token: int = 0
     expert_hidden: int = 0  # the routed experts' width where it is not `hidden` (Kimi K3's latent experts)
     # weights the engine reads a few rows of from the drive instead of loading (Qwen3.8 Flash Next's n-gram table):
     # in total_params and the file, neither always loaded nor experts
@@ -157,9 +95,13 @@ class Preset:
     sha256: str | None  # None until published
     quant: str
     facts: ArchFacts
-    expert_bytes: int  # one routed expert as stored in the repacked file (4 KiB-aligned projections)
+    # one routed expert as stored in the repacked file: stated, or worked out from the engine's facts by `bind`
+    # (0 until then)
+    expert_bytes: int
     chat: ChatDefaults
-    flags: tuple[str, ...]  # engine arguments, e.g. ("--lookahead", "2", "--moe-stream-io-threads", "8", …)
+    # engine arguments, e.g. ("--lookahead", "2", "--moe-stream-io-threads", "8", …), spelled by the engine
+    # (`bind`); until then only the RAM share
+    flags: tuple[str, ...]
     source: Literal["hub", "bundled"]
     notes: str
     measured_flags: tuple[str, ...] = ()  # the flags the preset sets, each measured to differ from the engine's
@@ -167,6 +109,8 @@ class Preset:
     expert_bytes_stated: bool = False  # True: the preset states expert_bytes; False: computed from the quant
     gguf: GgufSource | None = None
     flag_values: Mapping[str, int | bool | str] = field(default_factory=dict)  # [flags] without ram-budget
+    ram_budget: tuple[str, ...] = ()  # ("--ram-budget", "25%"): a share of the experts, a product choice
+    toml: str = ""  # the preset's file name, for error lines
 
     @property
     def published(self) -> bool:
@@ -184,35 +128,50 @@ class Preset:
         return max(0, self.size_bytes - self.expert_total_bytes)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Catalog:
+    """The presets and the error lines of those that could not be loaded. Bound once to the installed engine
+    (`bind_engine`), in place, so that every part of the app holding the catalog sees the engine's sizes."""
+
     presets: tuple[Preset, ...]
     errors: tuple[str, ...]  # one line per preset that could not be loaded
 
     def get(self, preset_id: str) -> Preset | None:
         return next((p for p in self.presets if p.id == preset_id), None)
 
-
-def expert_bytes_for(hidden: int, expert_ffn: int, quant: str) -> int:
-    """Bytes of one repacked expert: three projections of hidden × expert_ffn weights, each 4 KiB-aligned."""
-    known = quant_class(quant)
-    if known is None:
-        raise KeyError(quant)
-    projection = math.ceil(hidden * expert_ffn * QUANT_BITS[known] / 8)
-    return 3 * (-(-projection // ALIGN) * ALIGN)
-
-
-def flag_name(key: str) -> str:
-    """A preset's flag key as the engine's flag: `lookahead` → `--lookahead`, `io-threads` →
-    `--moe-stream-io-threads`."""
-    return f"--{key}" if key in _PLAIN_FLAGS else f"--moe-stream-{key}"
+    def bind_engine(self, engine: EngineInfo) -> list[str]:
+        """Each preset bound to the installed engine's facts (`bind`); one that cannot be becomes an error line
+        instead, as a bad preset does. Returns the new error lines."""
+        presets: list[Preset] = []
+        new: list[str] = []
+        for p in self.presets:
+            try:
+                presets.append(bind(p, engine))
+            except PresetError as e:
+                new.append(str(e))
+        self.presets, self.errors = tuple(presets), (*self.errors, *new)
+        return new
 
 
-def flag_arguments(values: Mapping[str, int | bool | str]) -> tuple[str, ...]:
-    """Engine arguments for a preset's flag values, in their order."""
+def expert_bytes_for(width: int, expert_ffn: int, quant: str, engine: EngineInfo) -> int | None:
+    """Bytes of one repacked expert: three projections of width × expert_ffn weights at the quant's bits per
+    weight, each starting on the model file's alignment, both as the installed engine says them (`quant_bits`,
+    `expert_alignment`); None for a quant it does not size, or an engine that does not say."""
+    bits, align = engine.quant_bits_of(quant), engine.expert_alignment
+    if bits is None or not align:
+        return None
+    projection = math.ceil(width * expert_ffn * bits / 8)
+    return 3 * (-(-projection // align) * align)
+
+
+def flag_arguments(values: Mapping[str, int | bool | str], engine: EngineInfo) -> tuple[str, ...]:
+    """Engine arguments for a preset's flag values, in their order, spelled as the engine says (`preset_flags`);
+    a key it has no flag for is left out (`check_flags` says so)."""
     args: list[str] = []
     for key, value in values.items():
-        name = flag_name(key)
+        name = engine.preset_flags.get(key)
+        if name is None:
+            continue
         if isinstance(value, bool):
             args.append(name if value else "--no-" + name[2:])
         else:
@@ -224,15 +183,15 @@ def check_flags(preset: Preset, engine: EngineInfo) -> list[str]:
     """What is wrong with a preset's flags for the installed engine, one line each ("ID: flags.KEY: …"): a flag
     it does not have, a value of the wrong kind or not among its choices, or the engine's own default (a preset
     sets only what differs from it). Nothing to say when the engine could not say what its flags are."""
-    if not engine.flags:
+    if not engine.flags or not engine.preset_flags:
         return []
     problems: list[str] = []
     for key, value in preset.flag_values.items():
-        name = flag_name(key)
+        name = engine.preset_flags.get(key)
         where = f"{preset.id}: flags.{key}"
-        f = engine.flags.get(name)
-        if f is None:
-            problems.append(f"{where}: the installed engine has no {name}")
+        f = engine.flags.get(name) if name is not None else None
+        if name is None or f is None:
+            problems.append(f"{where}: the installed engine has no flag a preset sets as {key!r}")
         elif f.kind == "bool" and not isinstance(value, bool):
             problems.append(f"{where}: {name} is on or off: true or false")
         elif f.kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
@@ -242,6 +201,34 @@ def check_flags(preset: Preset, engine: EngineInfo) -> list[str]:
         elif value == f.default:
             problems.append(f"{where}: {value!r} is the engine's default for {name}: leave it out")
     return problems
+
+
+def bind(preset: Preset, engine: EngineInfo) -> Preset:
+    """A preset with what only the installed engine can say worked out: its expert's bytes (from the quant's bits
+    and the file's alignment, unless the preset states them) and its engine arguments. An engine that could not be
+    asked leaves it as loaded (expert bytes 0 unless stated; no flags but its RAM share): its estimate then says
+    the engine is unknown. PresetError where the engine does not size its quant, or its experts outgrow its file."""
+    if not engine.known:
+        return preset
+    where = preset.toml or preset.id
+    expert_bytes = preset.expert_bytes if preset.expert_bytes_stated else None
+    if expert_bytes is None:
+        f = preset.facts
+        expert_bytes = expert_bytes_for(f.expert_width, f.expert_ffn, preset.quant, engine)
+    if expert_bytes is None:
+        known = ", ".join(n for n in engine.quant_bits if not n.startswith("UD-"))
+        raise PresetError(
+            f"{where}: quant: the installed engine does not size {preset.quant!r} (it sizes {known or 'none'}, "
+            "and unsloth's UD- names of them); or state arch.expert_bytes"
+        )
+    f = preset.facts
+    if f.moe_layers * f.experts * expert_bytes > preset.size_bytes * 1.02:
+        raise PresetError(
+            f"{where}: size_bytes: {preset.size_bytes:,} is smaller than the experts alone ({f.moe_layers} MoE "
+            f"layers × {f.experts} experts × {expert_bytes:,} bytes)"
+        )
+    flags = preset.ram_budget + flag_arguments(preset.flag_values, engine)
+    return replace(preset, expert_bytes=expert_bytes, flags=flags)
 
 
 def load_catalog(directory: Path) -> Catalog:
@@ -385,24 +372,12 @@ class _Parser:
 
         facts, stated_expert_bytes = self.facts(self.table(data, "arch"))
         gguf = self.gguf(self.table(data, "gguf", required=False))
-        if stated_expert_bytes is not None:
-            expert_bytes = stated_expert_bytes
-        elif quant_class(quant) is not None:
-            expert_bytes = expert_bytes_for(facts.expert_width, facts.expert_ffn, quant)
-        else:
-            raise self.fail(
-                "quant",
-                f"unknown type {quant!r} (known: {', '.join(QUANT_BITS)}, and unsloth's UD- names of them);"
-                " or state arch.expert_bytes",
-            )
-        if facts.moe_layers * facts.experts * expert_bytes > size_bytes * 1.02:
-            raise self.fail(
-                "size_bytes",
-                f"{size_bytes:,} is smaller than the experts alone ({facts.moe_layers} MoE layers × "
-                f"{facts.experts} experts × {expert_bytes:,} bytes)",
-            )
+        if not _QUANT_NAME.fullmatch(quant):
+            raise self.fail("quant", f"{quant!r} is not a quant name")
+        # (its bits per weight, and so the expert's bytes, are the engine's word: `bind`)
+        expert_bytes = stated_expert_bytes or 0
         chat = self.chat(self.table(data, "chat", required=False))
-        flags, measured, values = self.flags(self.table(data, "flags", required=False))
+        budget, measured, values = self.flags(self.table(data, "flags", required=False))
         return Preset(
             id=preset_id,
             name=name,
@@ -414,7 +389,7 @@ class _Parser:
             facts=facts,
             expert_bytes=expert_bytes,
             chat=chat,
-            flags=flags,
+            flags=budget,
             source=cast(Literal["hub", "bundled"], source),
             notes=notes,
             measured_flags=measured,
@@ -422,6 +397,8 @@ class _Parser:
             expert_bytes_stated=stated_expert_bytes is not None,
             gguf=gguf,
             flag_values=values,
+            ram_budget=budget,
+            toml=self.filename,
         )
 
     def gguf(self, t: Mapping[str, Any]) -> GgufSource | None:
@@ -446,7 +423,7 @@ class _Parser:
     def facts(self, t: Mapping[str, Any]) -> tuple[ArchFacts, int | None]:
         p = "arch."
         keys = {"arch", "total_params", "active_params", "layers", "dense_layers", "experts", "shared_experts"}
-        keys |= {"top_k", "hidden", "expert_ffn", "context", "expert_bytes", "kv_bytes_per_token", "expert_hidden"}
+        keys |= {"top_k", "hidden", "expert_ffn", "context", "expert_bytes", "expert_hidden"}
         keys |= {"sparse_params"}
         self.check_keys(t, keys, p)
         arch = self.string(t, "arch", p)
@@ -469,7 +446,6 @@ class _Parser:
         ffn = self.integer(t, "expert_ffn", p, minimum=1)
         context = self.integer(t, "context", p, minimum=1)
         stated = self.integer(t, "expert_bytes", p, minimum=1) if "expert_bytes" in t else None
-        kv = self.integer(t, "kv_bytes_per_token", p, minimum=1) if "kv_bytes_per_token" in t else 0
         latent = self.integer(t, "expert_hidden", p, minimum=1) if "expert_hidden" in t else 0
         sparse = self.number(t, "sparse_params", p, low=1) if "sparse_params" in t else 0.0
         facts = ArchFacts(
@@ -484,7 +460,6 @@ class _Parser:
             hidden,
             ffn,
             context,
-            kv,
             latent,
             sparse,
         )
@@ -535,7 +510,7 @@ class _Parser:
             if key in ("ram-budget", "measured"):
                 continue
             if not _FLAG_KEY.fullmatch(key):
-                raise self.fail(p + key, "not a flag name (lookahead, or a --moe-stream-* flag without its prefix)")
+                raise self.fail(p + key, "not a flag key (words joined by '-', as `tokenwing info` lists them)")
             if isinstance(value, float) or not isinstance(value, bool | int | str):
                 raise self.fail(p + key, f"expected true/false, a whole number or a string, got {_kind(value)}")
             if key not in measured:
@@ -548,7 +523,7 @@ class _Parser:
         for m in measured:
             if m not in values:
                 raise self.fail(p + "measured", f"{m!r} is not a flag set in this preset")
-        return budget + flag_arguments(values), tuple(measured), values
+        return budget, tuple(measured), values
 
 
 def _kind(value: object) -> str:

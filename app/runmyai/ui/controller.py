@@ -462,6 +462,8 @@ class AppController(QObject):
         self.engine_info = await ask_engine(self.paths.settings)
         if not self.engine_info.known:
             self.report(f"Could not ask the engine what it runs: {self.engine_info.error}.")
+        for line in self.catalog.bind_engine(self.engine_info):  # (expert bytes and flags as the engine says)
+            self.window.log_view.append(f"[presets] {line}")
         for preset in self.catalog.presets:  # its flags against the engine's own (names, kinds, defaults)
             for line in check_flags(preset, self.engine_info):
                 self.window.log_view.append(f"[presets] {line}")
