@@ -1,0 +1,152 @@
+"""A sequence's state on disk (runtime/snapshot.py, issue 44): written by one session, read by another, the logits
+after the restore are those of the uninterrupted run to the bit — for attention, MLA, a sliding window, recurrent
+layers (with their checkpoints), in RAM and streamed — and a snapshot that is damaged or not this model's is
+refused before it changes anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ModelFactory
+from tokenwing.runtime import snapshot
+from tokenwing.runtime.session import Session, SessionOptions
+
+FAMILIES = {
+    "qwen3moe": {},  # attention
+    "deepseek2": {"arch": "deepseek2"},  # MLA: V in the latent
+    "gpt-oss": {"arch": "gpt-oss"},  # sliding-window layers, sinks
+    "ling": {"arch": "bailingmoe3", "n_layer": 4},  # KDA (recurrent) and MLA, with checkpoints
+}
+ELT = 4  # f32 caches
+
+
+def _session(model: str, budget: int | None) -> Session:
+    options = SessionOptions(
+        kv_type="f32", n_ctx=256, max_batch=16, checkpoint_interval=32, ram_budget=budget, usage_table=False
+    )
+    return Session(model, options, log=lambda line: None)
+
+
+def _tags(s: Session, model: str) -> snapshot.Tags:
+    return snapshot.make_tags(model, s.chat_template, s.seqs[0], "f32")
+
+
+def _save(s: Session, model: str, path: Path) -> None:
+    snapshot.write(str(path), _tags(s, model), snapshot.capture(s.seqs[0], ELT))
+
+
+def _continue(s: Session, prompt: list[int], steps: int = 3) -> tuple[int, list[np.ndarray]]:
+    """The prompt from what the session holds (prompt caching), then greedy decode steps: every logit."""
+    kept = s.reuse_prefix(prompt)
+    out = [s.forward(prompt[kept:], all_logits=True, prompt=True)]
+    for _ in range(steps):
+        out.append(s.forward([int(out[-1][-1].argmax())]))
+    return kept, out
+
+
+@pytest.mark.parametrize("budget", [None, 1], ids=["ram", "streamed"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_restored_state_gives_the_uninterrupted_logits(
+    repacked_factory: ModelFactory, tmp_path: Path, family: str, budget: int | None
+) -> None:
+    model = str(repacked_factory(**FAMILIES[family]))  # F32 weights: differences would show
+    rng = np.random.default_rng(7)
+    first = [int(t) for t in rng.integers(0, 200, 100)]
+    follow = first + [int(t) for t in rng.integers(0, 200, 20)]  # the conversation goes on
+    branch = first[:70] + [int(t) for t in rng.integers(0, 200, 20)]  # shares 70 tokens, then differs
+    path = tmp_path / f"a{snapshot.SUFFIX}"
+    writer, reader = _session(model, budget), _session(model, budget)
+    try:
+        writer.forward(first, prompt=True)
+        _save(writer, model, path)
+        for prompt in (follow, branch):
+            reader.reset()
+            snapshot.apply(snapshot.read(str(path), _tags(reader, model)), reader.seqs[0], ELT)
+            got_kept, got = _continue(reader, prompt)
+            writer.reuse_prefix(first)  # the uninterrupted run: back to what was saved (the same cut-back)
+            writer.forward(first[writer.pos :], prompt=True)
+            want_kept, want = _continue(writer, prompt)
+            assert got_kept == want_kept > 0
+            if prompt is follow:
+                assert got_kept == len(first)  # nothing recomputed
+            for g, w in zip(got, want, strict=True):
+                assert np.array_equal(g, w)
+    finally:
+        writer.close()
+        reader.close()
+
+
+@pytest.fixture(scope="module")
+def saved(repacked_factory: ModelFactory, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, bytes]:
+    model = str(repacked_factory(**FAMILIES["ling"]))
+    s = _session(model, None)
+    try:
+        s.forward(list(range(3, 80)), prompt=True)
+        path = tmp_path_factory.mktemp("snap") / f"good{snapshot.SUFFIX}"
+        _save(s, model, path)
+    finally:
+        s.close()
+    return model, path, path.read_bytes()
+
+
+def _damaged(tmp_path: Path, data: bytes) -> str:
+    path = tmp_path / f"bad{snapshot.SUFFIX}"
+    path.write_bytes(data)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["truncated", "header-byte", "payload-byte", "last-byte", "appended", "empty"],
+)
+def test_damaged_snapshot_is_refused_and_changes_nothing(
+    saved: tuple[str, Path, bytes], tmp_path: Path, damage: str
+) -> None:
+    model, _, data = saved
+    b = bytearray(data)
+    if damage == "truncated":
+        b = b[: len(b) // 2]
+    elif damage == "header-byte":
+        b[20] ^= 0x01
+    elif damage == "payload-byte":
+        b[len(b) // 2] ^= 0x10
+    elif damage == "last-byte":
+        b[-1] ^= 0x80
+    elif damage == "appended":
+        b += b"\0"
+    else:
+        b = bytearray()
+    s = _session(model, None)
+    try:
+        prompt = [9, 8, 7, 6, 5, 4]
+        s.forward(prompt, prompt=True)
+        before = (list(s.history), s.pos, [c.pos for c in s.checkpoints.saved])
+        with pytest.raises(snapshot.SnapshotError):
+            snapshot.apply(snapshot.read(_damaged(tmp_path, bytes(b)), _tags(s, model)), s.seqs[0], ELT)
+        assert (list(s.history), s.pos, [c.pos for c in s.checkpoints.saved]) == before
+    finally:
+        s.close()
+
+
+def test_snapshot_of_another_model_build_or_template_is_refused(
+    saved: tuple[str, Path, bytes], repacked_factory: ModelFactory
+) -> None:
+    model, path, _ = saved
+    s = _session(model, None)
+    try:
+        tags = _tags(s, model)
+        assert snapshot.read(str(path), tags).tokens == list(range(3, 80))  # (whole and ours: taken)
+        other = str(repacked_factory(**FAMILIES["ling"], seed=11))  # same shapes, other weights
+        for wrong, why in [
+            (snapshot.Tags(snapshot.model_identity(other), tags.build, tags.template, tags.layout), "another model"),
+            (snapshot.Tags(tags.model, tags.build + "+1", tags.template, tags.layout), "another build"),
+            (snapshot.Tags(tags.model, tags.build, "0" * 32, tags.layout), "another template"),
+            (snapshot.Tags(tags.model, tags.build, tags.template, "f16"), "another layout"),
+        ]:
+            with pytest.raises(snapshot.SnapshotError, match=why):
+                snapshot.read(str(path), wrong)
+    finally:
+        s.close()
