@@ -1,5 +1,7 @@
 """Mistral Small 4 (mistral4: DeepSeek-V2's graph under its own name in llama.cpp) against llama.cpp on the same GGUF,
-and streamed against resident: MLA with YaRN, a softmax router whose weights are normalised, shared experts."""
+and streamed against resident: MLA with YaRN, a softmax router whose weights are normalised, shared experts, the
+gate and up experts fused in the source (ffn_gate_up_exps: each expert's gate rows, then its up rows; with the
+halves swapped in the repack, F32 is 2.6 off)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ModelFactory
+from tests.conftest import ModelFactory, run_cli
+from tests.format.test_shards import copy_shards, plain, sha256, shards_of
 from tests.ggufs import with_metadata
 from tests.oracle.test_families import clear_top1, steps, streamed_matches_resident
 from tests.oracle.test_logits import _repacked, _tokens, kl_per_position, llama_logits
@@ -19,10 +22,13 @@ from tokenwing.format.gguf_io import KV, read_header
 pytestmark = pytest.mark.oracle
 
 VARIANTS: dict[str, dict[str, object]] = {
-    # the factory's model: 3 MoE layers of 16 experts, top-4, one shared expert, MLA at the tiny sizes, YaRN x32
+    # the factory's model: 3 MoE layers of 16 experts, top-4, one shared expert, MLA at the tiny sizes, YaRN x32,
+    # each layer's gate and up experts in one ffn_gate_up_exps as the converter writes them (repack splits them)
     "factory": {"arch": "mistral4", "n_layer": 3, "n_expert": 16, "n_expert_used": 4},
-    # a second geometry: a dense layer first, 8 query heads, 32 experts, top-4, two shared experts
+    # a second geometry: a dense layer first, 8 query heads, 32 experts, top-4, two shared experts, gate and up
+    # experts apart (llama.cpp loads either form)
     "dense-first": {
+        "fused_gate_up": False,
         "arch": "mistral4",
         "n_layer": 4,
         "n_dense_lead": 1,
@@ -84,3 +90,15 @@ def test_attention_temperature_is_refused_in_one_line(model_factory: ModelFactor
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode != 0 and len(lines) == 1, proc.stderr
     assert "mistral4.attention.temperature_scale" in lines[0]
+
+
+def test_fused_experts_repack_shard_by_shard_as_whole(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """The shard-by-shard repack (--delete-source, the app's download path) reads a fused gate_up tensor's halves as
+    the whole-file repack does: the same bytes."""
+    first = model_factory(type="Q8_0", shards=3, **VARIANTS["factory"])  # type: ignore[arg-type]
+    expected = sha256(plain(first, tmp_path))
+    copies = copy_shards(shards_of(first), tmp_path / "src")
+    out = tmp_path / "out.tw.gguf"
+    r = run_cli("repack", str(copies[0]), "-o", str(out), "--delete-source", "-q")
+    assert r.returncode == 0, r.stderr
+    assert sha256(out) == expected

@@ -179,8 +179,9 @@ def plan_experts(
     found: dict[tuple[int, str], TensorInfo] = {}
     resident: list[TensorInfo] = []
     for t in tensors:
-        if _MERGED_RE.match(t.name):
-            raise UnsupportedError(f"{header.path}: merged gate_up expert tensors are not supported yet")
+        if _MERGED_RE.match(t.name) and block_of(t.name) not in keep:
+            found[(block_of(t.name) or 0, "gate")] = found[(block_of(t.name) or 0, "up")] = merged_half(header.path, t)
+            continue
         m = _EXPERT_RE.match(t.name)
         if m and int(m.group(1)) not in keep:
             found[(int(m.group(1)), m.group(2))] = t
@@ -194,6 +195,25 @@ def plan_experts(
     for layer in sorted({lyr for lyr, _ in found}):
         layers.append(_expert_layer(header.path, layer, found, n_expert))
     return resident, layers, found, n_expert, n_used
+
+
+def merged_half(path: str, t: TensorInfo) -> TensorInfo:
+    """A merged ffn_gate_up_exps tensor (llama.cpp's; today's converter writes Mistral Small 4's so) as its gate or
+    its up experts: each expert's 2 x n_ff rows are its gate's n_ff rows, then its up's (build_moe_ffn's views),
+    so each half is an expert tensor of half the bytes whose experts lie twice their size apart (merged_stride)."""
+    if len(t.shape) != 3 or t.shape[1] % 2:
+        raise BadInputError(f"{path}: {t.name} has shape {t.shape}: not [n_embd, 2 x n_ff, n_expert]")
+    return TensorInfo(t.name, (t.shape[0], t.shape[1] // 2, t.shape[2]), t.type, 0, t.nbytes // 2)
+
+
+def merged_stride(t: TensorInfo, proj: str, n_expert: int) -> tuple[int, int]:
+    """(offset of expert 0's `proj` in its source tensor, bytes from one expert's to the next) of an expert tensor
+    plan_experts found: (0, 0) for a whole one (contiguous experts); for a half of a merged gate_up tensor, the
+    half's place in each expert's rows (gate first) and twice an expert's size."""
+    if not _MERGED_RE.match(t.name):
+        return 0, 0
+    size = t.nbytes // n_expert
+    return (0 if proj == "gate" else size), 2 * size
 
 
 def _expert_layer(path: str, layer: int, found: dict[tuple[int, str], TensorInfo], n_expert: int) -> ExpertLayer:

@@ -96,8 +96,14 @@ def plan_repack(source: SourceModel) -> Plan:
             for i in range(3):
                 next(it).offset = pos + e * el.record_size + el.proj_offset[i]
         pos += el.record_size * n_expert
-    expert_sources = {key: by_name[t.name] for key, t in found.items()}
+    expert_sources = {key: _expert_source(by_name[t.name], t, key[1], n_expert) for key, t in found.items()}
     return Plan(source, kv, resident, experts, expert_sources, tensors, data_start, data_start + pos)
+
+
+def _expert_source(st: SourceTensor, t: TensorInfo, proj: str, n_expert: int) -> SourceTensor:
+    """Where the experts of one projection lie in the source: the tensor, or its half of a merged gate_up."""
+    offset, stride = L.merged_stride(t, proj, n_expert)
+    return SourceTensor(t, st.path, st.file_offset + offset, stride) if stride else st
 
 
 def _index_kv(
@@ -230,7 +236,7 @@ def _write_data(plan: Plan, out: _Output, src: _Sources, progress: Progress) -> 
                 st = plan.expert_sources[(el.layer, proj)]
                 size = el.proj_size[p]
                 start = el.proj_offset[p]
-                record[start : start + size] = src.read(st.path, st.file_offset + e * size, size)
+                record[start : start + size] = src.read(st.path, st.expert_offset(e, size), size)
             ex.checksums[li, e] = xxhash.xxh3_64_intdigest(record)
             out.write(record, el.expert_offset(e))
             progress.advance(el.payload)

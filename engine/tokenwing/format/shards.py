@@ -271,7 +271,7 @@ def _repack_one(
             size = el.proj_size[p]
             h = xxhash.xxh3_64()
             for e in range(ex.n_expert):
-                data = src.read(st.path, st.file_offset + e * size, size)
+                data = src.read(st.path, st.expert_offset(e, size), size)
                 h.update(data)
                 out.write(data, el.expert_offset(e) + el.proj_offset[p])
                 progress.advance(size)

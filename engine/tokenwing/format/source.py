@@ -25,6 +25,11 @@ class SourceTensor:
     info: TensorInfo
     path: str
     file_offset: int  # absolute offset of the tensor's data in `path`
+    expert_stride: int = 0  # bytes from one expert's data to the next (0: the expert's size; layout.merged_stride)
+
+    def expert_offset(self, expert: int, size: int) -> int:
+        """Where the `size` bytes of one expert of this expert tensor start in `path`."""
+        return self.file_offset + expert * (self.expert_stride or size)
 
 
 @dataclass

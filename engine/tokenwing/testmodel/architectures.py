@@ -687,8 +687,19 @@ def _deepseek2_kv(s: ModelShape) -> dict[str, KV]:
 
 
 def _mistral4(s: ModelShape) -> list[TensorSpec]:
-    """Mistral Small 4: DeepSeek-V2's tensors (MLA, shared experts), its router without a selection bias."""
-    return [t for t in _deepseek2(s) if ".exp_probs_b." not in t.name]
+    """Mistral Small 4: DeepSeek-V2's tensors (MLA, shared experts), its router without a selection bias; with
+    `fused_gate_up` each layer's gate and up experts as one ffn_gate_up_exps (each expert's gate rows, then its
+    up rows), as its converter writes the checkpoint's gate_up_proj."""
+    out: list[TensorSpec] = []
+    for t in _deepseek2(s):
+        if ".exp_probs_b." in t.name or (s.fused_gate_up and t.name.endswith("ffn_up_exps.weight")):
+            continue
+        if s.fused_gate_up and t.name.endswith("ffn_gate_exps.weight"):
+            t = TensorSpec(
+                t.name.replace("ffn_gate_exps", "ffn_gate_up_exps"), (s.n_embd, 2 * s.n_ff_exp, s.n_expert), "expert"
+            )
+        out.append(t)
+    return out
 
 
 def _mistral4_kv(s: ModelShape) -> dict[str, KV]:
@@ -1074,6 +1085,8 @@ def check_shape(s: ModelShape) -> None:
         raise ValueError("minimax-m2's --n-rot must be even and at most --head-dim")
     if s.arch == "qwen3vlmoe" and (len(s.rope_sections) != 4 or 2 * sum(s.rope_sections) > s.head_dim or s.n_rot):
         raise ValueError("qwen3vlmoe rotates whole heads by IMRoPE: four section counts whose pairs fit in the head")
+    if s.fused_gate_up and s.arch != "mistral4":
+        raise ValueError("fused gate_up experts are written for mistral4 only (its converter's form)")
     if s.arch == "gpt-oss" and s.sliding_window <= 0:
         raise ValueError("--sliding-window must be positive")
 

@@ -40,6 +40,7 @@ class ModelShape:
     n_rot: int = 0  # rotary dimensions per head (0: all; deepseek2: qk_rope_head_dim, glm4moe: half)
     v_head_dim: int = 0  # value head size (0: head_dim)
     legacy_kv_b: bool = False  # deepseek2: the older combined attn_kv_b instead of attn_k_b/attn_v_b
+    fused_gate_up: bool = False  # mistral4: each layer's gate and up experts as one ffn_gate_up_exps (its converter)
     n_expert_group: int = 0  # group-limited routing: expert groups (0: no key written) and groups used
     n_group_used: int = 0
     expert_weights_scale: float = 2.5  # routing weights × this (glm4moe, deepseek2)
@@ -180,7 +181,8 @@ _MLA: dict[str, dict[str, int]] = {
 }
 
 # Mistral Small 4 as its GGUF has it, as far as known here (its config.json was not read from here: YaRN x32 from
-# 8,192 positions to 256k, mscale_all_dim 1, one shared expert, no dense layer, Mistral's softmax router): assumed.
+# 8,192 positions to 256k, mscale_all_dim 1, one shared expert, no dense layer, Mistral's softmax router): assumed;
+# its gate and up experts fused, as Mistral4Model converts them (the checkpoint's gate_up_proj).
 _MISTRAL4 = {
     "context_length": 262144,
     "rope_base": 10000.0,
@@ -188,6 +190,7 @@ _MISTRAL4 = {
     "yarn_orig_ctx": 8192,
     "yarn_log_mul": 0.1,
     "expert_weights_scale": 1.0,
+    "fused_gate_up": True,
     "tokenizer": "default",
 }
 
