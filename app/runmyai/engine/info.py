@@ -58,10 +58,6 @@ class EngineMemory:
     limit: int  # the memory limit on the engine's group, or `total` where there is none below it
     used_in_group: int  # what that group already charges (0 without a limit)
 
-    @property
-    def usable(self) -> int:
-        return max(0, min(self.available, self.limit - self.used_in_group))
-
 
 @dataclass(frozen=True)
 class EngineInfo:
@@ -87,7 +83,6 @@ class EngineInfo:
     quant_bits: Mapping[str, float] = field(default_factory=dict)
     expert_alignment: int = 0
     process_bytes: int = 0  # the engine's own process before any model (its Python and ggml)
-    memory: EngineMemory | None = None  # the memory it saw when asked (stale once cached: probe it fresh)
 
     def runs(self, arch: str) -> bool:
         return arch in self.architectures
@@ -150,7 +145,6 @@ def parse_info(raw: object) -> EngineInfo:
         quant_bits=_quant_bits(raw.get("quant_bits")),
         expert_alignment=_positive_int(raw.get("expert_alignment")),
         process_bytes=_positive_int(raw.get("process_bytes")),
-        memory=parse_memory(raw.get("memory")),
     )
 
 

@@ -7,14 +7,16 @@ A family is a subclass of `MoEModel` in `models/<arch>.py`: it checks that a fil
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import numpy as np
 
 from tokenwing.compute.ggml_lib import ROPE_NEOX, Tensor, ops
 from tokenwing.errors import BadInputError, UnsupportedError
-from tokenwing.models import common
+from tokenwing.models import common, specs
 from tokenwing.models.hparams import HParams
+from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
 
 
@@ -36,6 +38,15 @@ class TensorCheck:
             raise BadInputError(f"{self.where}: tensor {name} is missing")
         if _squeezed(tuple(got)) != _squeezed(shape):  # (llama.cpp's quantizer drops trailing 1s, as ggml may)
             raise BadInputError(f"{self.where}: tensor {name} has shape {tuple(got)}, the metadata implies {shape}")
+
+    def specs(self, listed: list[TensorSpec], n_layer: int) -> None:
+        """Every tensor the family lists (`MoEModel.tensors`) for the layers that run, its routed experts aside
+        (streamed: the repack's record of them is checked by `experts`); an optional one where the file has it."""
+        for t in listed:
+            block = t.block
+            if t.role == "expert" or (block is not None and block >= n_layer) or (t.optional and not self.has(t.name)):
+                continue
+            self.need(t.name, t.shape)
 
     def head(self) -> None:
         e = self.hp.n_embd
@@ -116,6 +127,9 @@ class MoEModel:
     # Shared experts: "required", "optional" or "none". Where llama.cpp computes a file without them (or with
     # them) differently from the model the file claims to be, the engine refuses it instead of guessing.
     shared_experts: ClassVar[str] = "none"
+    # The shared experts are expert_shared_count routed experts wide (llama.cpp: n_ff_exp × n_expert_shared), not
+    # expert_shared_feed_forward_length: the factory writes them so (`tensors` takes the width a file has)
+    shared_as_experts: ClassVar[bool] = False
     sigmoid_router: ClassVar[bool] = False  # router probabilities by sigmoid (else softmax)
     normalize_weights: ClassVar[bool] = True  # renormalise the top-k weights
     routing_keys: ClassVar[bool] = False  # the file's expert_gating_func / _weights_norm / _weights_scale apply
@@ -167,10 +181,82 @@ class MoEModel:
             cls.softmax_selected,
         )
 
+    # ------------------------------------------------------------------------------------------- tensors
+    @classmethod
+    def tensors(cls, hp: HParams, parts: Parts) -> list[TensorSpec]:
+        """Every tensor of the family's files, in the converter's order (models/specs.py): the one list of them,
+        which `check` requires of a file and the factory writes. Here the default block `layer` computes:
+        attention (`attention_tensors`), then a dense FFN or the router, routed experts and shared experts."""
+        first, last = specs.head(hp)
+        out = first
+        for il in range(hp.n_layer):
+            out += cls.attention_tensors(hp, il, parts)
+            if il not in parts.moe_layers:
+                out += specs.dense(hp, il, parts.ff_dense, cls.ffn_norm)
+                continue
+            out += specs.routed(hp, il, parts, cls.ffn_norm)
+            if parts.ff_shexp:
+                out += specs.shared(hp, il, parts.ff_shexp, cls.shared_gated)
+        return out + last
+
+    @classmethod
+    def attention_tensors(cls, hp: HParams, il: int, parts: Parts) -> list[TensorSpec]:
+        """Layer il's attention tensors, its input norm first (the default block: GQA)."""
+        return specs.attention(hp, il, parts.qk_norm, cls.qkv_bias)
+
+    @classmethod
+    def file_parts(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int]) -> Parts:
+        """The parts a file has (`Parts`), read off its tensors: the layers with experts are those the repack
+        found; a part the family may leave out is there if any layer has it (then every layer must); the FFN
+        widths are those of the first dense layer and of the first layer with shared experts."""
+
+        def first(name: str, layers: Iterable[int]) -> str | None:
+            return next((f"blk.{il}.{name}" for il in layers if f"blk.{il}.{name}" in shapes), None)
+
+        dense = first("ffn_gate.weight", (il for il in range(hp.n_layer) if il not in streamed))
+        shexp = first("ffn_gate_shexp.weight", sorted(streamed))
+        has_bias = first("exp_probs_b.bias", streamed) is not None
+        return Parts(
+            moe_layers=frozenset(streamed),
+            ff_dense=shapes[dense][-1] if dense else 0,
+            ff_shexp=shapes[shexp][-1] if shexp else 0,
+            qk_norm=cls.qk_norm
+            if cls.qk_norm is not None
+            else first("attn_q_norm.weight", range(hp.n_layer)) is not None,
+            exp_bias=bool(cls.selection_bias) or (cls.selection_bias is None and has_bias),
+        )
+
     # -------------------------------------------------------------------------------------------- checks
     @classmethod
     def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
-        """Every tensor the layers use exists with its shape (streamed: layer → width of its experts)."""
+        """Every tensor the layers use exists with its shape (streamed: layer → width of its experts): those
+        `tensors` lists for the file's parts, and the shared experts the family requires or refuses."""
+        if any("check_attention" in vars(k) for k in cls.__mro__ if k is not MoEModel):
+            cls.check_layers(hp, shapes, streamed, where)  # (a family whose tensors are not listed yet)
+            return
+        c = TensorCheck(hp, shapes, where)
+        parts = cls.file_parts(hp, shapes, streamed)
+        cls.check_shared(parts.ff_shexp > 0, where)
+        c.specs(cls.tensors(hp, parts), hp.n_layer)
+        for il, width in streamed.items():
+            c.experts(il, width, cls.expert_width(hp, il))
+
+    @classmethod
+    def check_shared(cls, has: bool, where: str) -> None:
+        """Shared experts where the family requires them, none where it has none (`shared_experts`)."""
+        if has != (cls.shared_experts == "required") and cls.shared_experts != "optional":
+            what = "without shared experts" if not has else "with shared experts"
+            raise UnsupportedError(
+                f"{where}: a {cls.arch} model {what} is not run: llama.cpp computes such a file unlike the "
+                "model it claims to be, so there is no reference for its output"
+            )
+
+    @classmethod
+    def check_layers(
+        cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str
+    ) -> None:
+        """`check` layer by layer through `check_attention`, for the families whose `tensors` do not list their
+        files yet (issue 42 item 1 moves them one by one)."""
         c = TensorCheck(hp, shapes, where)
         c.head()
         for il in range(hp.n_layer):
@@ -181,13 +267,7 @@ class MoEModel:
                 continue
             c.router(il, cls.selection_bias)
             c.experts(il, streamed[il], cls.expert_width(hp, il))
-            has = c.shared_expert(il, cls.shared_gated)
-            if has != (cls.shared_experts == "required") and cls.shared_experts != "optional":
-                what = "without shared experts" if not has else "with shared experts"
-                raise UnsupportedError(
-                    f"{where}: a {cls.arch} model {what} is not run: llama.cpp computes such a file unlike the "
-                    "model it claims to be, so there is no reference for its output"
-                )
+            cls.check_shared(c.shared_expert(il, cls.shared_gated), where)
 
     @classmethod
     def check_attention(cls, c: TensorCheck, il: int) -> None:

@@ -14,6 +14,7 @@ from tokenwing.models.base import MoEModel
 class Glm4MoE(MoEModel):
     arch = "glm4moe"
     shared_experts = "required"
+    shared_as_experts = True
     normalize_weights = False  # llama.cpp's default where the file has no expert_weights_norm
     routing_keys = True
     qk_norm = None

@@ -12,9 +12,10 @@ from typing import Any
 
 from tokenwing.compute.ggml_lib import Tensor
 from tokenwing.errors import UnsupportedError
-from tokenwing.models import common
-from tokenwing.models.base import MoEModel, TensorCheck
+from tokenwing.models import common, specs
+from tokenwing.models.base import MoEModel
 from tokenwing.models.hparams import HParams
+from tokenwing.models.specs import Parts, TensorSpec
 
 
 class MiniMaxM2(MoEModel):
@@ -37,11 +38,13 @@ class MiniMaxM2(MoEModel):
         super().check(hp, shapes, streamed, where)
 
     @classmethod
-    def check_attention(cls, c: TensorCheck, il: int) -> None:
-        hp, p = c.hp, f"blk.{il}."
-        c.attention(il, qk_norm=False, qkv_bias=False)
-        c.need(p + "attn_q_norm.weight", (hp.n_head * hp.head_dim,))
-        c.need(p + "attn_k_norm.weight", (hp.n_head_kv * hp.head_dim,))
+    def attention_tensors(cls, hp: HParams, il: int, parts: Parts) -> list[TensorSpec]:
+        p = f"blk.{il}."
+        return [
+            *specs.attention(hp, il, qk_norm=False, bias=False),
+            TensorSpec(p + "attn_q_norm.weight", (hp.n_head * hp.head_dim,), "norm"),  # (all heads at once)
+            TensorSpec(p + "attn_k_norm.weight", (hp.n_head_kv * hp.head_dim,), "norm"),
+        ]
 
     def attention(
         self, ctx: Any, il: int, x: Tensor, at: common.Placement, kv: common.LayerCache

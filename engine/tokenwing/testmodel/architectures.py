@@ -11,25 +11,44 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tokenwing.format.gguf_io import KV, ValueType
-from tokenwing.models import bailingmoe2
+from tokenwing.models import FAMILIES, bailingmoe2
+from tokenwing.models.base import MoEModel
+from tokenwing.models.hparams import HParams, read_hparams
+from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.testmodel.shapes import ModelShape
 from tokenwing.testmodel.tokenizer import FAMILIES as tokenizer_families
 from tokenwing.testmodel.tokenizer import build_vocabulary
 
 
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    shape: tuple[int, ...]
-    role: str  # "norm" (F32, ~1.0), "vector" (F32, small), "router" (F32), "embd", "matrix", "expert",
-    # "decay_neg" / "decay_pos" (F32: a linear layer's decay rate, -exp or exp of a small normal),
-    # "mixer" (F32 matrix: DeepSeek V4's hyper-connection mixes, F32 in its checkpoints and GGUFs),
-    # "expert_ids" (I32: each row `id_range`-bounded distinct ids, a hash layer's experts per token)
-    id_range: int = 0
+def family_tensors(s: ModelShape) -> list[TensorSpec]:
+    """The family's own list (`tensors` in models/<family>.py) at this shape: its hyper-parameters as the engine
+    reads them from the metadata the factory writes (so keys and tensors cannot disagree), its parts as the shape
+    has them (`parts`)."""
+    cls = FAMILIES[s.arch]
+    return cls.tensors(shape_hparams(s), parts(s, cls))
 
-    @property
-    def fan_in(self) -> int:
-        return self.shape[0]
+
+def shape_hparams(s: ModelShape) -> HParams:
+    """The hyper-parameters the engine reads from the metadata the factory writes for this shape."""
+    meta = {k: v.value for k, v in architecture(s.arch).metadata(s).items()}
+    hp = read_hparams(meta, s.arch, f"the factory's {s.arch} shape", FAMILIES[s.arch].recurrence)
+    return dataclasses.replace(hp, vocab_size=s.vocab_size)  # (the vocabulary is written apart from these keys)
+
+
+def parts(s: ModelShape, cls: type[MoEModel]) -> Parts:
+    """What the shape's file has of what a family may leave out: experts after the leading dense layers, shared
+    experts where the family requires them or takes them and the shape has them (as wide as n_shared_exp routed
+    experts where its keys say so, `shared_as_experts`), q/k norms and the selection bias where the family takes
+    them."""
+    shexp = s.n_ff_exp * s.n_shared_exp if cls.shared_as_experts else shared_ff(s)
+    return Parts(
+        moe_layers=frozenset(range(s.n_dense_lead, s.n_block)),
+        ff_exp=s.n_ff_exp,
+        ff_dense=s.n_ff_dense,
+        ff_shexp={"required": shexp, "optional": shexp if s.n_shared_exp else 0}.get(cls.shared_experts, 0),
+        qk_norm=bool(cls.qk_norm),
+        exp_bias=bool(cls.selection_bias),
+    )
 
 
 def _attention(s: ModelShape, i: int, qk_norm: bool, bias: bool) -> list[TensorSpec]:
@@ -98,69 +117,6 @@ def _head(s: ModelShape) -> tuple[list[TensorSpec], list[TensorSpec]]:
         TensorSpec("output.weight", (s.n_embd, s.vocab_size), "matrix"),
     ]
     return first, last
-
-
-def _qwen3moe(s: ModelShape) -> list[TensorSpec]:
-    first, last = _head(s)
-    layers: list[TensorSpec] = []
-    for i in range(s.n_layer):
-        layers += _attention(s, i, qk_norm=True, bias=False) + _routed_experts(s, i)
-    return first + layers + last
-
-
-def _qwen2moe(s: ModelShape) -> list[TensorSpec]:
-    first, last = _head(s)
-    layers: list[TensorSpec] = []
-    for i in range(s.n_layer):
-        layers += _attention(s, i, qk_norm=False, bias=True)
-        layers += _routed_experts(s, i) + _shared_expert(s, i, gated=True)
-    return first + layers + last
-
-
-def _ernie45moe(s: ModelShape) -> list[TensorSpec]:
-    first, last = _head(s)
-    layers: list[TensorSpec] = []
-    for i in range(s.n_layer):
-        layers += _attention(s, i, qk_norm=False, bias=False)
-        if i < s.n_dense_lead:
-            layers += _dense_ffn(s, i)
-            continue
-        layers += _routed_experts(s, i)
-        if s.n_shared_exp:
-            layers += _shared_expert(s, i, gated=False)
-    return first + layers + last
-
-
-def _glm4moe(s: ModelShape) -> list[TensorSpec]:
-    """GLM-4.5: q/k/v biases, post-attention norm, leading dense layers, sigmoid router with a selection bias,
-    routed experts plus ungated shared experts as wide as n_shared_exp routed ones."""
-    first, last = _head(s)
-    layers: list[TensorSpec] = []
-    norm = "post_attention_norm"
-    for i in range(s.n_layer):
-        layers += _attention(s, i, qk_norm=False, bias=True)
-        if i < s.n_dense_lead:
-            layers += _dense_ffn(s, i, norm)
-            continue
-        layers += [*_routed_experts(s, i, norm), TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector")]
-        if s.n_shared_exp:
-            layers += _shared_expert(s, i, gated=False, ff=s.n_ff_exp * s.n_shared_exp)
-    return first + layers + last
-
-
-def _minimax_m2(s: ModelShape) -> list[TensorSpec]:
-    """MiniMax M2: GQA with RMSNorms over the whole query and key vectors (all heads at once), partial RoPE, a
-    sigmoid router with a selection bias, routed SwiGLU experts, no shared or dense FFN."""
-    first, last = _head(s)
-    layers: list[TensorSpec] = []
-    for i in range(s.n_layer):
-        layers += _attention(s, i, qk_norm=False, bias=False)
-        layers += [
-            TensorSpec(f"blk.{i}.attn_q_norm.weight", (s.n_head * s.head_dim,), "norm"),
-            TensorSpec(f"blk.{i}.attn_k_norm.weight", (s.n_head_kv * s.head_dim,), "norm"),
-        ]
-        layers += [*_routed_experts(s, i), TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector")]
-    return first + layers + last
 
 
 def _mla_attention(s: ModelShape, i: int) -> list[TensorSpec]:
@@ -881,31 +837,31 @@ class Architecture:
 ARCHITECTURES: dict[str, Architecture] = {
     "qwen3moe": Architecture(
         "qwen3moe",
-        _qwen3moe,
+        family_tensors,
         _qwen3moe_kv,
         "Qwen3-MoE: q/k RMSNorm, GQA, softmax top-k router, SwiGLU experts",
     ),
     "qwen3vlmoe": Architecture(
         "qwen3vlmoe",
-        _qwen3moe,
+        family_tensors,
         _qwen3vlmoe_kv,
         "Qwen3-VL MoE (text): Qwen3-MoE's layers with interleaved multi-axis RoPE (IMRoPE)",
     ),
     "qwen2moe": Architecture(
         "qwen2moe",
-        _qwen2moe,
+        family_tensors,
         _qwen2moe_kv,
         "Qwen2-MoE: q/k/v bias, routed experts plus one sigmoid-gated shared expert",
     ),
     "ernie4_5-moe": Architecture(
         "ernie4_5-moe",
-        _ernie45moe,
+        family_tensors,
         _ernie45moe_kv,
         "ERNIE-4.5-MoE: leading dense layers, routed plus ungated shared experts",
     ),
     "glm4moe": Architecture(
         "glm4moe",
-        _glm4moe,
+        family_tensors,
         _glm4moe_kv,
         "GLM-4.5-MoE: q/k/v bias, partial RoPE, leading dense layers, sigmoid router with selection bias",
     ),
@@ -947,7 +903,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     ),
     "minimax-m2": Architecture(
         "minimax-m2",
-        _minimax_m2,
+        family_tensors,
         _minimax_m2_kv,
         "MiniMax M2: GQA with whole-vector q/k RMSNorm, partial RoPE, sigmoid router with selection bias",
     ),
