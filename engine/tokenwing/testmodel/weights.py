@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from tokenwing.testmodel.architectures import TensorSpec
+from tokenwing.models.specs import TensorSpec
 
 DIRECT_TYPES = {
     "F32": GGMLQuantizationType.F32,

@@ -12,9 +12,10 @@ from gguf import GGMLQuantizationType
 
 from tokenwing.format.gguf_io import KV, TensorInfo, ValueType, encode_header, layout_tensors, tensor_nbytes
 from tokenwing.fsutil import atomic_output
+from tokenwing.models.specs import TensorSpec
 from tokenwing.progress import Progress
 from tokenwing.testmodel import weights
-from tokenwing.testmodel.architectures import TensorSpec, architecture, check_shape
+from tokenwing.testmodel.architectures import architecture, check_shape
 from tokenwing.testmodel.kquant import quantize_with_llama_cpp
 from tokenwing.testmodel.shapes import ModelShape
 from tokenwing.testmodel.tokenizer import build_vocabulary
