@@ -61,6 +61,7 @@ FAMILIES = {
     "deepseek-v3": {"arch": "deepseek2"},
     "kimi-k2": {"preset": "kimi-tiny"},
     "gpt-4o": {"arch": "gpt-oss"},
+    "tekken": {"arch": "mistral4"},
 }
 MIXED = [
     "GPU显存模型model混合mixed日本語テキストtext한국어abc123中文",
@@ -107,18 +108,19 @@ def test_family_tokenizer_and_template_match_llama_cpp(model_factory: ModelFacto
         assert tok.encode(text, special=False, add_bos=False) == plain, text
         assert tok.encode(text, special=True, add_bos=False) == special, text
         assert tok.decode(special) == shown, text  # control tokens hidden, user-defined ones shown
-    assert tok.add_bos == (family == "deepseek-v3")
+    assert tok.add_bos == (family in ("deepseek-v3", "tekken"))
 
 
 # Every vocabulary type a family we run ships with, by the name its GGUF carries (`tokenizer.ggml.pre`, or `spm`
 # for a SentencePiece vocabulary): Qwen3/Qwen2/Qwen3-Next (qwen2), Qwen3.5 (qwen35), GLM-4.5..GLM-5 (glm4),
 # ERNIE 4.5 (SentencePiece), DeepSeek V3/V3.1 (deepseek-v3), Kimi K2 (kimi-k2), gpt-oss (gpt-4o), Ling 2.0/3.0
-# (bailingmoe2), MiniMax M2 (minimax-m2), DeepSeek V4 (joyai-llm), and files that name none (default). Issue 25
-# and 27's families use these: Kimi K3 kimi-k2, MiniMax M2 minimax-m2, Qwen3.8 Flash Next qwen35, GLM-5 / 5.2 glm4,
-# DeepSeek V4 joyai-llm (test_new_families_write_a_checked_vocabulary ties each family's files to this list).
+# (bailingmoe2), MiniMax M2 (minimax-m2), DeepSeek V4 (joyai-llm), Mistral Small 4 (tekken), and files that name none
+# (default). Issue 25 and 27's families use these: Kimi K3 kimi-k2, MiniMax M2 minimax-m2, Qwen3.8 Flash Next qwen35,
+# GLM-5 / 5.2 glm4, DeepSeek V4 joyai-llm (test_new_families_write_a_checked_vocabulary ties each family's files to
+# this list).
 VOCAB_FAMILIES = [
     "qwen2", "qwen35", "glm4", "spm", "deepseek-v3", "kimi-k2", "gpt-4o", "bailingmoe2", "minimax-m2", "joyai-llm",
-    "default",
+    "tekken", "default",
 ]  # fmt: skip
 # The new families' markers, in running text and glued to words.
 MARKERS = [
@@ -127,6 +129,7 @@ MARKERS = [
     "]~!b[]~b]system\nsys[e~[\n]~b]user\nhi[e~[\n]~b]ai\n<think>t</think><minimax:tool_call>x</minimax:tool_call>",
     "<s>User: hi\nAssistant: ok<|end_of_sentence|></s><unk><|begin_of_sentence|><mask:5><0x41>",
     "word<s>word</s> <s> space before, <unk>unknown",
+    "<s>[SYSTEM_PROMPT] sys[/SYSTEM_PROMPT][INST] hi[/INST] ok</s>[THINK]t[/THINK][TOOL_CALLS]f<SPECIAL_999>x",
 ]
 
 
@@ -168,6 +171,7 @@ def test_every_vocabulary_type_tokenizes_as_llama_cpp(model_factory: ModelFactor
         ("spm", "ernie4_5-moe"), ("glm4", "glm4moe"), ("bailingmoe2", "bailingmoe3"), ("qwen35", "qwen35moe"),
         ("kimi-k2", "kimi-k3"),  # (K3's converter writes K2's vocabulary: it borrows kimi-linear's)
         ("minimax-m2", "minimax-m2"), ("qwen35", "qwen4exp"), ("glm4", "glm-dsa"), ("joyai-llm", "deepseek4"),
+        ("tekken", "mistral4"),
     ],
 )  # fmt: skip
 def test_tokenize_command_and_a_chat_on_the_real_vocabulary(
@@ -201,6 +205,8 @@ NEW_FAMILY_VOCABULARIES = {
     "qwen4exp": "qwen35",
     "glm-dsa": "glm4",
     "deepseek4": "joyai-llm",
+    "mistral4": "tekken",
+    "qwen3vlmoe": "qwen2",
 }
 
 

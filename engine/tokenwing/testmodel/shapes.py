@@ -191,7 +191,7 @@ _MISTRAL4 = {
     "yarn_log_mul": 0.1,
     "expert_weights_scale": 1.0,
     "fused_gate_up": True,
-    "tokenizer": "default",
+    "tokenizer": "tekken",
 }
 
 # gpt-oss as its GGUF has it: YaRN x32 from 4,096 positions, rope base 150,000, RMS eps 1e-5.

@@ -85,3 +85,15 @@ ERNIE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- 'Assistant: ' }}{%- endif %}"
 )
+
+# Mistral v7 (Mistral Small 3.1+, Small 4; our own, in its shape): [SYSTEM_PROMPT] …[/SYSTEM_PROMPT], [INST] …[/INST],
+# each reply followed by </s>; llama.cpp recognises it by [SYSTEM_PROMPT] and writes a space after each opening marker
+# and before each reply (its mistral-v7 handler); the BOS comes from the tokenizer (add_bos).
+MISTRAL_V7 = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}{{- '[SYSTEM_PROMPT] ' + message['content'] + '[/SYSTEM_PROMPT]' }}"
+    "{%- elif message['role'] == 'user' %}{{- '[INST] ' + message['content'] + '[/INST]' }}"
+    "{%- else %}{{- ' ' + message['content'] + '</s>' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+)

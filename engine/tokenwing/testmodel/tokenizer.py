@@ -246,6 +246,32 @@ FAMILIES: dict[str, Family] = {
         chat_template=templates.MINIMAX_M2,
         corpus=CORPUS + MULTILINGUAL,
     ),
+    # Mistral's tekken (Mistral Small 3.1+, Small 4): <unk>, <s>, </s> and the instruction markers are control
+    # tokens (the real vocabulary has them first, then <SPECIAL_n> up to 1,000), a BOS added, whole tokens unmerged
+    "tekken": Family(
+        "tekken",
+        (
+            ("<unk>", _C),
+            ("<s>", _C),
+            ("</s>", _C),
+            ("[INST]", _C),
+            ("[/INST]", _C),
+            ("[SYSTEM_PROMPT]", _C),
+            ("[/SYSTEM_PROMPT]", _C),
+            ("[TOOL_CALLS]", _C),
+            ("[THINK]", _C),
+            ("[/THINK]", _C),
+        ),
+        bos="<s>",
+        eos="</s>",
+        pad="<unk>",
+        add_bos=True,
+        padding="<SPECIAL_{n}>",
+        padding_type=_C,
+        chat_template=templates.MISTRAL_V7,
+        corpus=CORPUS + MULTILINGUAL,
+        words=(" zebras", " vexingly", "Straße"),
+    ),
     # A file that names no pre-tokenizer type of its own
     "default": Family(
         "default",

@@ -55,6 +55,13 @@ _GPT4O = (
     + _CONTRACTION
     + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Mistral's tekken (LLAMA_VOCAB_PRE_TYPE_TEKKEN): o200k's word classes as llama.cpp rewrites them (above), without
+# the contractions, each digit its own piece.
+_TEKKEN = (
+    r"[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])*(?:(?=\p{L})[^A-Z])+"
+    r"|[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])+(?:(?=\p{L})[^A-Z])*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # Kimi K2 (LLAMA_VOCAB_PRE_TYPE_KIMI_K2): llama.cpp's hand-written splitter (unicode.cpp,
 # unicode_regex_split_custom_kimi_k2) as a regex: Han runs (its code point ranges), runs of other letters of any
 # case with an optional leading non-letter and an English contraction, digits in threes, then as o200k.
@@ -106,6 +113,8 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "gpt-4o": PreTokenizer((_GPT4O,)),
     "minimax-m2": PreTokenizer((_GPT4O,)),  # MiniMax M2 shares o200k's split (LLAMA_VOCAB_PRE_TYPE_MINIMAX_M2)
     "kimi-k2": PreTokenizer((_KIMI_K2,)),
+    # Mistral Small 3.1+ / 4: whole-token pieces unmerged, a BOS added (llama.cpp's rules for this type)
+    "tekken": PreTokenizer((_TEKKEN,), ignore_merges=True, add_bos=True),
     "bailingmoe": PreTokenizer((_BAILINGMOE,)),
     "bailingmoe2": PreTokenizer((_BAILINGMOE,)),
     "llada-moe": PreTokenizer((_BAILINGMOE,)),
