@@ -190,14 +190,16 @@ class MoEModel:
         first, last = specs.head(hp)
         out = first
         for il in range(hp.n_layer):
-            out += cls.attention_tensors(hp, il, parts)
-            if il not in parts.moe_layers:
-                out += specs.dense(hp, il, parts.ff_dense, cls.ffn_norm)
-                continue
-            out += specs.routed(hp, il, parts, cls.ffn_norm)
-            if parts.ff_shexp:
-                out += specs.shared(hp, il, parts.ff_shexp, cls.shared_gated)
+            out += cls.attention_tensors(hp, il, parts) + cls.ffn_tensors(hp, il, parts)
         return out + last
+
+    @classmethod
+    def ffn_tensors(cls, hp: HParams, il: int, parts: Parts) -> list[TensorSpec]:
+        """Layer il's FFN norm and dense FFN, or its router, routed experts and shared experts."""
+        if il not in parts.moe_layers:
+            return specs.dense(hp, il, parts.ff_dense, cls.ffn_norm)
+        out = specs.routed(hp, il, parts, cls.ffn_norm)
+        return out + specs.shared(hp, il, parts.ff_shexp, cls.shared_gated) if parts.ff_shexp else out
 
     @classmethod
     def attention_tensors(cls, hp: HParams, il: int, parts: Parts) -> list[TensorSpec]:
@@ -237,7 +239,11 @@ class MoEModel:
         c = TensorCheck(hp, shapes, where)
         parts = cls.file_parts(hp, shapes, streamed)
         cls.check_shared(parts.ff_shexp > 0, where)
-        c.specs(cls.tensors(hp, parts), hp.n_layer)
+        listed = cls.tensors(hp, parts)
+        c.specs(listed, hp.n_layer)
+        routed = {t.block for t in listed if t.role == "expert" and t.block is not None and t.block < hp.n_layer}
+        if unrouted := sorted(routed - set(streamed)):
+            raise BadInputError(f"{where}: layer {unrouted[0]} has no routed experts")
         for il, width in streamed.items():
             c.experts(il, width, cls.expert_width(hp, il))
 

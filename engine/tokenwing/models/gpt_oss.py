@@ -10,14 +10,16 @@ are MXFP4 in the released files; the rest in the file's types.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 from tokenwing.compute.ggml_lib import ROPE_NEOX, Tensor, ops
 from tokenwing.errors import BadInputError
 from tokenwing.models import common
-from tokenwing.models.base import MoEModel, TensorCheck
+from tokenwing.models.base import MoEModel
 from tokenwing.models.hparams import HParams
+from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
 
 
@@ -38,22 +40,48 @@ class GptOss(MoEModel):
         return self.hp.sliding_window if any(self.swa) else 0
 
     @classmethod
-    def check_attention(cls, c: TensorCheck, il: int) -> None:
-        hp, p = c.hp, f"blk.{il}."
-        c.attention(il, qk_norm=False, qkv_bias=True)
-        c.need(p + "attn_output.bias", (hp.n_embd,))
-        c.need(p + "attn_sinks.weight", (hp.n_head,))
+    def attention_tensors(cls, hp: HParams, il: int, parts: Parts) -> list[TensorSpec]:
+        """Biased q/k/v/o projections (each bias after its matrix, as the converter writes them) and a sink logit
+        per head."""
+        p, e = f"blk.{il}.", hp.n_embd
+        q, kv = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+        return [
+            TensorSpec(p + "attn_norm.weight", (e,), "norm"),
+            TensorSpec(p + "attn_q.weight", (e, q), "matrix"),
+            TensorSpec(p + "attn_q.bias", (q,), "vector"),
+            TensorSpec(p + "attn_k.weight", (e, kv), "matrix"),
+            TensorSpec(p + "attn_k.bias", (kv,), "vector"),
+            TensorSpec(p + "attn_v.weight", (e, kv), "matrix"),
+            TensorSpec(p + "attn_v.bias", (kv,), "vector"),
+            TensorSpec(p + "attn_output.weight", (q, e), "matrix"),
+            TensorSpec(p + "attn_output.bias", (e,), "vector"),
+            TensorSpec(p + "attn_sinks.weight", (hp.n_head,), "vector"),
+        ]
+
+    @classmethod
+    def ffn_tensors(cls, hp: HParams, il: int, parts: Parts) -> list[TensorSpec]:
+        """The routed experts with a bias on the router's logits and on each expert's three projections."""
+        out = super().ffn_tensors(hp, il, parts)
+        if il not in parts.moe_layers:
+            return out
+        p, ff, n = f"blk.{il}.", parts.ff_exp, hp.n_expert
+        return [
+            *out,
+            TensorSpec(p + "ffn_gate_inp.bias", (n,), "vector"),
+            TensorSpec(p + "ffn_gate_exps.bias", (ff, n), "vector"),
+            TensorSpec(p + "ffn_up_exps.bias", (ff, n), "vector"),
+            TensorSpec(p + "ffn_down_exps.bias", (hp.n_embd, n), "vector"),
+        ]
+
+    @classmethod
+    def file_parts(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int]) -> Parts:
+        """The experts' width is resident too, in their biases' shape (the first layer with experts')."""
+        ff = shapes.get(f"blk.{min(streamed, default=-1)}.ffn_gate_exps.bias", (0,))[0]
+        return dataclasses.replace(super().file_parts(hp, shapes, streamed), ff_exp=ff)
 
     @classmethod
     def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
         super().check(hp, shapes, streamed, where)
-        c = TensorCheck(hp, shapes, where)
-        for il in streamed:
-            p, ff = f"blk.{il}.", c.shapes.get(f"blk.{il}.ffn_gate_exps.bias", (0, 0))[0]
-            c.need(p + "ffn_gate_inp.bias", (hp.n_expert,))
-            c.need(p + "ffn_gate_exps.bias", (ff, hp.n_expert))
-            c.need(p + "ffn_up_exps.bias", (ff, hp.n_expert))
-            c.need(p + "ffn_down_exps.bias", (hp.n_embd, hp.n_expert))
         if any(sliding(hp, il) for il in range(hp.n_layer)) and hp.sliding_window <= 0:
             raise BadInputError(f"{where}: sliding-window layers need attention.sliding_window")
 

@@ -211,35 +211,6 @@ def _glm_dsa(s: ModelShape) -> list[TensorSpec]:
     return first + layers + last
 
 
-def _gpt_oss(s: ModelShape) -> list[TensorSpec]:
-    """gpt-oss: biased q/k/v/o projections, per-head attention sinks, a post-attention norm, a biased router
-    and experts with biases (llama.cpp's tensor names: the converter's `openai-moe` layout)."""
-    first, last = _head(s)
-    q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
-    layers: list[TensorSpec] = []
-    for i in range(s.n_layer):
-        layers += [
-            TensorSpec(f"blk.{i}.attn_norm.weight", (s.n_embd,), "norm"),
-            TensorSpec(f"blk.{i}.attn_q.weight", (s.n_embd, q), "matrix"),
-            TensorSpec(f"blk.{i}.attn_q.bias", (q,), "vector"),
-            TensorSpec(f"blk.{i}.attn_k.weight", (s.n_embd, kv), "matrix"),
-            TensorSpec(f"blk.{i}.attn_k.bias", (kv,), "vector"),
-            TensorSpec(f"blk.{i}.attn_v.weight", (s.n_embd, kv), "matrix"),
-            TensorSpec(f"blk.{i}.attn_v.bias", (kv,), "vector"),
-            TensorSpec(f"blk.{i}.attn_output.weight", (q, s.n_embd), "matrix"),
-            TensorSpec(f"blk.{i}.attn_output.bias", (s.n_embd,), "vector"),
-            TensorSpec(f"blk.{i}.attn_sinks.weight", (s.n_head,), "vector"),
-        ]
-        layers += _routed_experts(s, i, "post_attention_norm")
-        layers += [
-            TensorSpec(f"blk.{i}.ffn_gate_inp.bias", (s.n_expert,), "vector"),
-            TensorSpec(f"blk.{i}.ffn_gate_exps.bias", (s.n_ff_exp, s.n_expert), "vector"),
-            TensorSpec(f"blk.{i}.ffn_up_exps.bias", (s.n_ff_exp, s.n_expert), "vector"),
-            TensorSpec(f"blk.{i}.ffn_down_exps.bias", (s.n_embd, s.n_expert), "vector"),
-        ]
-    return first + layers + last
-
-
 def _qwen_linear(s: ModelShape, i: int, separate_alpha_beta: bool) -> list[TensorSpec]:
     """A gated DeltaNet layer of Qwen3-Next / Qwen3.5 (llama.cpp's names; ssm_a is -exp(A_log), as converted)."""
     e, st, nk, nv = s.n_embd, s.ssm_d_state, s.ssm_n_group, s.ssm_dt_rank
@@ -879,7 +850,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     ),
     "gpt-oss": Architecture(
         "gpt-oss",
-        _gpt_oss,
+        family_tensors,
         _gpt_oss_kv,
         "gpt-oss: attention sinks, alternating sliding-window layers, YaRN, biases, swiglu_oai experts",
     ),
