@@ -60,6 +60,10 @@ FAMILIES = {
     "deepseek4": ({"arch": "deepseek4", "n_expert": 16, "n_expert_used": 4}, "deepseek4"),
     # issue 42: Ling 2.0, its fused QKV and expert groups (Ling's vocabulary and template shape)
     "ling-2.0": ({"arch": "bailingmoe2", "n_layer": 4, "n_expert": 16, "n_expert_used": 4}, "bailingmoe2"),
+    # issue 42: Qwen3-VL's text part (IMRoPE; Qwen's vocabulary), Mistral Small 4 (MLA, its fused gate/up experts
+    # split by the import's repack, tekken with its BOS)
+    "qwen3-vl": ({"arch": "qwen3vlmoe", "n_layer": 4, "n_expert": 16, "n_expert_used": 4}, "qwen3vlmoe"),
+    "mistral-small-4": ({"arch": "mistral4", "n_layer": 3, "n_expert": 16, "n_expert_used": 4}, "mistral4"),
 }
 GREEDY = Path(__file__).parents[1] / "demomodel" / "llama_greedy.py"
 

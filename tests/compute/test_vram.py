@@ -124,6 +124,9 @@ FAMILIES: dict[str, dict[str, object]] = {
     "minimax-m2": {"arch": "minimax-m2", "n_layer": 4, "n_expert": 16, "n_expert_used": 4},
     # Ling 2.0: the fused QKV projection's rows split on the device, expert groups
     "bailingmoe2": {"arch": "bailingmoe2", "n_layer": 4, "n_expert": 16, "n_expert_used": 4},
+    # Qwen3-VL's text part: IMRoPE (ggml_rope_multi) on the device; Mistral Small 4: MLA with a softmax router
+    "qwen3vlmoe": {"arch": "qwen3vlmoe", "n_layer": 4, "n_expert": 16, "n_expert_used": 4},
+    "mistral4": {"arch": "mistral4", "n_layer": 4, "n_expert": 16, "n_expert_used": 4},
 }
 # The linear-attention families: their layers stay on the CPU (the recurrent state lives in RAM), the VRAM holds the
 # head and experts.
