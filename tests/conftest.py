@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import glob
 import importlib.util
@@ -10,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,12 @@ from tokenwing.format.repack import repack  # noqa: E402
 from tokenwing.testmodel import ModelShape, preset_shape, write_test_model  # noqa: E402
 
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+# The servers' prompt cache on disk (serve's default folder is under the user's cache folder): the tests' own, empty
+# at each run, never the user's; Mesa's shader cache (lavapipe) stays where it was, warm.
+_user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+os.environ.setdefault("MESA_SHADER_CACHE_DIR", _user_cache)
+os.environ["XDG_CACHE_HOME"] = _test_cache = tempfile.mkdtemp(prefix="tokenwing-tests-cache-")
+atexit.register(shutil.rmtree, _test_cache, True)
 
 # Property tests draw the same inputs on every run and machine, with no per-example deadline (a busy machine made
 # examples "too slow"): a red run is a real failure that reproduces. HYPOTHESIS_PROFILE=explore draws new ones.

@@ -165,6 +165,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     # (lazy: only this command loads these; all of them at start-up took 2.4-3.4 s, not 0.25 s)
     from tokenwing.server.serve import serve
 
+    if args.prompt_cache_size is not None:
+        parse_size(args.prompt_cache_size, 100)  # (a bad size: one line before the handshake)
     options = _session_options(args)
     # (with a device, the session says where it computes once it is loaded: the GPU's share, or why the CPU)
     notes = [args.device_line] if options.device is None else []
@@ -179,6 +181,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         cors_origins=args.cors_origin,
         context_overflow=args.context_overflow,
         request_log=args.request_log,
+        prompt_cache_dir=args.prompt_cache_dir,
+        prompt_cache_size=args.prompt_cache_size,
     )
 
 
@@ -257,5 +261,18 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         action="store_true",
         help="one line per API request on stderr once it has ended: `request {time, method, path, status, ms, "
         "prompt_tokens, completion_tokens}` (no key, no text; the app's Server page lists them)",
+    )
+    sv.add_argument(
+        "--prompt-cache-dir",
+        metavar="DIR",
+        help="where each slot's context is kept when its request ends, so that a later request (or another server "
+        "on the same model) restores it instead of computing it again (docs/prompt-cache.md); default: "
+        "prompt-cache under the user's cache folder (--no-prompt-cache: none)",
+    )
+    sv.add_argument(
+        "--prompt-cache-size",
+        metavar="SIZE",
+        help="the most those contexts take on disk (20G, or 10%% of the drive's free space; 0: none), the least "
+        "recently used going first; default: a quarter of the free space, at most 20G",
     )
     sv.set_defaults(func=_cmd_serve)

@@ -110,7 +110,7 @@ class Capture:
 
 
 def _bytes(a: np.ndarray) -> memoryview:
-    return memoryview(a).cast("B")
+    return a.data.cast("B")
 
 
 def capture(seq: SeqState, elt: int) -> Capture:
@@ -215,13 +215,13 @@ def read(path: str, tags: Tags) -> Loaded:
             raise SnapshotError(why)
         size = sum(int(s["bytes"]) for s in header["sections"])
         payload = np.empty(size, dtype=np.uint8)
-        got = f.readinto(memoryview(payload))
+        got = f.readinto(payload.data)
         if got != size or f.read(1):
             raise SnapshotError("truncated" if got != size else "longer than its header says")
     offset = 0
     for s in header["sections"]:
         n = int(s["bytes"])
-        if zlib.crc32(memoryview(payload[offset : offset + n])) != s["crc32"]:
+        if zlib.crc32(payload[offset : offset + n].data) != s["crc32"]:
             raise SnapshotError(f"section {s['kind']} {s['index']} fails its checksum")
         offset += n
     return Loaded(header, payload)

@@ -22,6 +22,7 @@ from tokenwing.server.access_log import AccessLog
 from tokenwing.server.app import API_VERSION, create_app
 from tokenwing.server.guard import Access, Guard
 from tokenwing.server.http_protocol import JsonErrorH11Protocol
+from tokenwing.server.prompt_disk_cache import DiskCacheSettings
 from tokenwing.server.worker import EngineWorker
 from tokenwing.text import render_worker
 from tokenwing.version import __version__
@@ -41,10 +42,13 @@ def serve(
     cors_origins: Sequence[str] = (),
     context_overflow: str = "rolling",
     request_log: bool = False,
+    prompt_cache_dir: str | None = None,
+    prompt_cache_size: str | None = None,
 ) -> int:
     """Serves until stopped; `notes` (the device line) are logged once the model and the port are known good.
     `allowed_hosts` and `cors_origins` are who else may call it (server/guard.py); `context_overflow` is what a
-    chat request that does not fit the context gets where it names no policy (server/overflow.py)."""
+    chat request that does not fit the context gets where it names no policy (server/overflow.py);
+    `prompt_cache_dir` and `_size` the prompt cache on disk (server/prompt_disk_cache.py)."""
 
     def log(line: str) -> None:
         print(f"tokenwing: {line}", file=sys.stderr, flush=True)
@@ -64,7 +68,8 @@ def serve(
 
     for note in [*notes, *access.notes(keyed=api_key is not None)]:
         log(note)
-    worker = EngineWorker(model, options, log, context_overflow=context_overflow)
+    disk_cache = DiskCacheSettings(prompt_cache_dir, prompt_cache_size)  # (opened once the model is loaded)
+    worker = EngineWorker(model, options, log, context_overflow=context_overflow, disk_cache=disk_cache)
     model_id = os.path.basename(model).removesuffix(".gguf").removesuffix(".tw")
     app = create_app(worker, model_id, api_key)
     bound = sock.getsockname()

@@ -30,6 +30,7 @@ from tokenwing.runtime.generate import Decoding, TokenLogprob, run_stats
 from tokenwing.runtime.sampler import Sampler
 from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
 from tokenwing.server.overflow import fit_chat
+from tokenwing.server.prompt_disk_cache import DiskCacheSettings, DiskPromptCache, Restored, open_cache
 from tokenwing.server.protocol import CONTEXT_LENGTH_EXCEEDED, GenerationRequest, RequestError
 from tokenwing.text.chat import FALLBACK_NOTICE, ChatFormat, chat_format
 from tokenwing.text.grammar import Constraint, UnenforceableError
@@ -77,8 +78,11 @@ class EngineWorker:
         options: SessionOptions,
         log: Callable[[str], None],
         context_overflow: str = "rolling",
+        disk_cache: DiskCacheSettings | None = None,
     ) -> None:
         self.model_path = model_path
+        self.disk_settings = disk_cache  # the prompt cache on disk (None: off)
+        self.disk: DiskPromptCache | None = None
         self.options = options
         self.context_overflow = context_overflow  # a chat request's policy where it names none (server/overflow.py)
         self.log = log
@@ -196,9 +200,13 @@ class EngineWorker:
             self.state, self.error = "error", f"loading failed: {type(e).__name__}: {e}"
             self.on_fatal()
             return
+        if self.disk_settings is not None and self.options.prompt_cache:
+            self.disk = open_cache(self.disk_settings, self.session, self.model_path, self.log)
         try:
             self._serve_all()
         finally:
+            if self.disk is not None:
+                self.disk.close()  # (its writes read the slots' memory: before the session goes)
             self.session.close()
             self.session = None
 
@@ -385,17 +393,22 @@ class EngineWorker:
         constraint = Constraint(s.tokenizer, grammar) if grammar is not None else None
         slot = self._pick_slot(prompt)
         s.use(slot)
+        if self.disk is not None:
+            self.disk.wait(slot)  # its state being written, if it is: left alone until then
         # the HTTP status can be sent: nothing below is the request's fault
         # (its prompt's tokens: Anthropic's stream says them in its first event, before the reply)
         job.emit(
             {"type": "accepted", "prompt_tokens": len(prompt), **({"context_overflow": overflow} if overflow else {})}
         )
+        restored = self._restore(slot, prompt)
         if self.options.prompt_cache:
             cached = s.reuse_prefix(prompt)  # a chat's next turn: only the new tokens are computed
         else:
             s.reset()
             cached = 0
         reply = Reply(job, slot, prompt, cached, reader, time.perf_counter(), s.counters(), overflow)
+        if restored is not None:
+            reply.restored, reply.prompt_seconds = restored, restored.seconds
 
         def on_text(piece: str) -> None:
             reply.pieces += 1
@@ -421,6 +434,18 @@ class EngineWorker:
         )
         return reply
 
+    def _restore(self, slot: int, prompt: list[int]) -> Restored | None:
+        """The prompt cache on disk: the snapshot that gives more of the prompt than the slot holds, put into the
+        slot (server/prompt_disk_cache.py)."""
+        s = self.session
+        assert s is not None
+        if self.disk is None:
+            return None
+        entry, n = self.disk.best(prompt)
+        if entry is None or n <= _shared(s.seqs[slot].history, prompt):
+            return None
+        return self.disk.restore(entry, s.seqs[slot])
+
     def _pick_slot(self, prompt: list[int]) -> int:
         """The free slot whose cached tokens share the longest start with the prompt; ties: the one used least
         recently (its cache is the least likely to be continued)."""
@@ -428,14 +453,7 @@ class EngineWorker:
         assert s is not None
         free = [i for i in range(s.n_seq) if i not in self.replies]
 
-        def shared(i: int) -> int:
-            h, n = s.seqs[i].history, 0
-            limit = min(len(h), len(prompt))
-            while n < limit and h[n] == prompt[n]:
-                n += 1
-            return n
-
-        return max(free, key=lambda i: (shared(i), -self._last_used.get(i, 0.0)))
+        return max(free, key=lambda i: (_shared(s.seqs[i].history, prompt), -self._last_used.get(i, 0.0)))
 
     def _step(self, replies: list[Reply]) -> None:
         """One step: the next part of the first reply's prompt if it has one left, and a decode token for every
@@ -515,7 +533,15 @@ class EngineWorker:
         gen.stats = run_stats(s, r.before, after_prompt, s.counters(), gen)
         # (the counters are the engine's: with several replies at once, every one's reads in those steps)
         gen.stats.update(slot=r.slot, largest_batch=r.largest_batch)
+        if r.restored is not None:  # (its tokens are among prompt_cached_tokens)
+            gen.stats.update(
+                prompt_restored_tokens=r.restored.tokens,
+                prompt_restore_ms=r.restored.seconds * 1e3,
+                prompt_restore_bytes=r.restored.nbytes,
+            )
         del self.replies[r.slot]
+        if self.disk is not None:
+            self.disk.save(r.slot, s.seqs[r.slot])  # in the background: the slot is left alone until it is written
         self._last_used[r.slot] = time.perf_counter()
         finish_reason = gen.finish_reason
         if r.reader is not None:
@@ -561,6 +587,7 @@ class Reply:
     decoded: int = 0
     largest_batch: int = 0  # the most replies its decode steps were computed with
     pieces: int = 0
+    restored: Restored | None = None  # its prompt's start read from the disk cache
 
     @property
     def prompt_left(self) -> bool:
@@ -591,6 +618,14 @@ def logprob_entry(tok: TextTokenizer, lp: TokenLogprob) -> dict[str, Any]:
         return {"id": token, "token": _whole_chars(data), "bytes": list(data), "logprob": logprob}
 
     return {**one(lp.token, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
+
+
+def _shared(history: list[int], prompt: list[int]) -> int:
+    """The tokens a slot's history and a prompt start with alike."""
+    n, limit = 0, min(len(history), len(prompt))
+    while n < limit and history[n] == prompt[n]:
+        n += 1
+    return n
 
 
 def _whole_chars(data: bytes) -> str:
