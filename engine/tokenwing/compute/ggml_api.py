@@ -510,6 +510,7 @@ ggml_relu = _g.fn("ggml_relu", TENSOR, CONTEXT, TENSOR)  # (qwen4exp's QSA index
 ggml_scale_bias = _g.fn("ggml_scale_bias", TENSOR, CONTEXT, TENSOR, FLOAT, FLOAT)  # a·s + b
 ggml_tanh = _g.fn("ggml_tanh", TENSOR, CONTEXT, TENSOR)
 ggml_swiglu_split = _g.fn("ggml_swiglu_split", TENSOR, CONTEXT, TENSOR, TENSOR)
+ggml_geglu_split = _g.fn("ggml_geglu_split", TENSOR, CONTEXT, TENSOR, TENSOR)
 ggml_swiglu_oai = _g.fn("ggml_swiglu_oai", TENSOR, CONTEXT, TENSOR, TENSOR, FLOAT, FLOAT)
 # silu(min(gate, limit)) · clamp(up, ±limit): the gate clamped before the SiLU (DeepSeek V4)
 ggml_swiglu_clamp = _g.fn("ggml_swiglu_clamp", TENSOR, CONTEXT, TENSOR, TENSOR, FLOAT)

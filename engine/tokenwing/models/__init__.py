@@ -14,6 +14,7 @@ from tokenwing.models.base import MoEModel
 from tokenwing.models.deepseek2 import DeepSeek2
 from tokenwing.models.deepseek4 import DeepSeek4
 from tokenwing.models.ernie4_5_moe import Ernie45MoE
+from tokenwing.models.gemma4 import Gemma4
 from tokenwing.models.glm4moe import Glm4MoE
 from tokenwing.models.glm_dsa import GlmDsa
 from tokenwing.models.gpt_oss import GptOss
@@ -47,6 +48,7 @@ FAMILIES: dict[str, type[MoEModel]] = {
         Qwen3VLMoE,
         Mistral4,
         BailingMoE2,
+        Gemma4,
     )
 }
 

@@ -122,7 +122,11 @@ def _cache_writes(ctx: Any, k: Tensor, v: Tensor | None, at: Placement, kv: KVCa
         assert v is not None and at.v_cells is not None
         n_ctx = int(kv.v.contents.ne[0])
         v_flat = ops.ggml_view_2d(ctx, kv.v, 1, n_ctx * kv.v_width, kv.elt, 0)  # one row per element
-        writes.append(ops.ggml_set_rows(ctx, v_flat, ops.ggml_reshape_2d(ctx, v, 1, kv.v_width * n), at.v_cells))
+        cells, widest = at.v_cells, int(at.v_cells.contents.ne[0]) // n
+        if kv.v_width < widest:  # a narrower layer (Gemma 4's full layers): the first cells of each token's
+            view = ops.ggml_view_2d(ctx, cells, kv.v_width, n, widest * int(cells.contents.nb[0]), 0)
+            cells = ops.ggml_reshape_2d(ctx, ops.ggml_cont(ctx, view), kv.v_width * n, 1)
+        writes.append(ops.ggml_set_rows(ctx, v_flat, ops.ggml_reshape_2d(ctx, v, 1, kv.v_width * n), cells))
     return writes
 
 

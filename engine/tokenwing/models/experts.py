@@ -24,6 +24,7 @@ class ExpertFFN:
     limit: float = 0.0  # a SwiGLU limit (`swiglu`)
     situ: tuple[float, float] | None = None  # SiTU's (beta, linear beta) in place of SwiGLU (Kimi K3, `situ`)
     clamp_gate: bool = False  # the limit clamps the gate before the SiLU (ggml_swiglu_clamp: DeepSeek V4)
+    gelu: bool = False  # GELU-gated in place of SwiGLU (ggml_geglu_split: build_moe_ffn's LLM_FFN_GELU, Gemma 4)
 
 
 SWIGLU = ExpertFFN()
@@ -43,6 +44,8 @@ def situ(ctx: Any, gate: Tensor, up: Tensor, beta: float, linear_beta: float) ->
 
 
 def _activate(ctx: Any, gate: Tensor, up: Tensor, ffn: ExpertFFN) -> Tensor:
+    if ffn.gelu:
+        return ops.ggml_geglu_split(ctx, gate, up)
     if ffn.situ is not None:
         return situ(ctx, gate, up, *ffn.situ)
     if ffn.oai:

@@ -23,6 +23,7 @@ class TensorSpec:
     # "decay_neg" / "decay_pos" (F32: a linear layer's decay rate, -exp or exp of a small normal),
     # "mixer" (F32 matrix: DeepSeek V4's hyper-connection mixes, F32 in its checkpoints and GGUFs),
     # "expert_ids" (I32: each row `id_range`-bounded distinct ids, a hash layer's experts per token)
+    # "rope_freqs" (F32: RoPE's frequency factors, 1 where a pair rotates and 1e30 where it does not: Gemma 4)
     id_range: int = 0
     optional: bool = False  # a file may leave it out (llama.cpp's TENSOR_NOT_REQUIRED); the factory writes it
 

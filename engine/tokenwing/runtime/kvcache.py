@@ -148,6 +148,6 @@ class KVStacks:
 
 
 def v_width(specs: list[KVSpec]) -> int:
-    """The V elements per position a placement writes: every attention layer's are alike (0: V lives in K, or
-    no layer attends)."""
-    return next((s.v_stored for s in specs if s.k), 0)
+    """The V elements per position a placement writes: the widest attention layer's, whose first cells a narrower
+    layer writes (Gemma 4's full and sliding-window layers differ); 0: V lives in K, or no layer attends."""
+    return max((s.v_stored for s in specs if s.k), default=0)

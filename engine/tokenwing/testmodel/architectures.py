@@ -797,6 +797,31 @@ def _bailingmoe2_kv(s: ModelShape) -> dict[str, KV]:
     return kv
 
 
+def _gemma4_kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes Gemma 4 (Gemma4Model): the full layers' head size as key_length and the
+    sliding-window layers' as key_length_swa, KV heads and the window pattern per layer, both rotary counts (the
+    full layers' whole head: rope_freqs leaves pairs unrotated), both rope bases, the soft-cap, the dense FFN's
+    width, and no per-layer embeddings or shared KV layers (26B-A4B)."""
+    a = "gemma4"
+    kv = _common_kv(s, a)
+    full = [(i + 1) % s.full_attention_interval == 0 for i in range(s.n_block)]
+    hd_full, kv_full = s.head_dim_full or 2 * s.head_dim, s.n_head_kv_full or max(1, s.n_head_kv // 2)
+    for key, value in (("key_length", hd_full), ("value_length", hd_full), ("key_length_swa", s.head_dim)):
+        kv[f"{a}.attention.{key}"] = KV.u32(value)
+    kv[f"{a}.attention.value_length_swa"] = KV.u32(s.head_dim)
+    kv[f"{a}.attention.head_count_kv"] = KV.array(ValueType.UINT32, [kv_full if f else s.n_head_kv for f in full])
+    kv[f"{a}.attention.sliding_window_pattern"] = KV.array(ValueType.BOOL, [not f for f in full])
+    kv[f"{a}.attention.sliding_window"] = KV.u32(s.sliding_window)
+    kv[f"{a}.attention.shared_kv_layers"] = KV.u32(0)
+    kv[f"{a}.rope.dimension_count"] = KV.u32(hd_full)
+    kv[f"{a}.rope.dimension_count_swa"] = KV.u32(s.rot)
+    kv[f"{a}.rope.freq_base_swa"] = KV.f32(10000.0)
+    kv[f"{a}.final_logit_softcapping"] = KV.f32(30.0)
+    kv[f"{a}.embedding_length_per_layer_input"] = KV.u32(0)
+    kv[f"{a}.feed_forward_length"] = KV.u32(s.n_ff_dense)
+    return kv
+
+
 @dataclass(frozen=True)
 class Architecture:
     name: str
@@ -906,6 +931,13 @@ ARCHITECTURES: dict[str, Architecture] = {
         "GLM-5 / GLM-5.2: MLA whose keys a lightning indexer picks (top-k tokens per query, shared across layers "
         "in GLM-5.2), sigmoid router with selection bias, shared expert",
     ),
+    "gemma4": Architecture(
+        "gemma4",
+        family_tensors,
+        _gemma4_kv,
+        "Gemma 4 (26B-A4B): sliding-window and full layers of their own head sizes, per-layer norms, a dense GELU "
+        "FFN beside GELU experts, logit soft-capping",
+    ),
 }
 
 
@@ -948,6 +980,7 @@ def check_shape(s: ModelShape) -> None:
         "bailingmoe3",
         "kimi-k3",
         "glm-dsa",
+        "gemma4",
     )
     if s.n_dense_lead and s.arch not in dense_lead:
         raise ValueError(f"{s.arch} has no leading dense layers (use --arch {', '.join(dense_lead)})")
@@ -993,7 +1026,7 @@ def check_shape(s: ModelShape) -> None:
     elif s.arch == "bailingmoe2":
         _check_bailingmoe2(s)
     else:
-        partial = s.arch in _QWEN_NEXT or s.arch == "minimax-m2"
+        partial = s.arch in _QWEN_NEXT or s.arch in ("minimax-m2", "gemma4")
         mla = s.q_lora_rank or s.kv_lora_rank or (s.n_rot and not partial) or s.v_head_dim
         if mla or s.legacy_kv_b or s.n_mtp or s.n_expert_group or s.n_group_used:
             raise ValueError(

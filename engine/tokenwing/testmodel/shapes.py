@@ -50,7 +50,11 @@ class ModelShape:
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
     yarn_log_mul: float = 0.1  # deepseek2: 0.1 × mscale_all_dim, as llama.cpp's converter writes it
-    sliding_window: int = 128  # gpt-oss: the window of its sliding-window layers
+    sliding_window: int = 128  # gpt-oss, gemma4: the window of its sliding-window layers
+    # gemma4: its full layers' head size and KV heads (0: twice head_dim, half n_head_kv); its sliding-window layers
+    # take head_dim, n_head_kv and n_rot; every full_attention_interval-th layer is a full one
+    head_dim_full: int = 0
+    head_kv_full: int = 0  # (not n_: 0 is a default)
     # linear attention: gated DeltaNet (qwen3next, qwen35moe) and KDA (bailingmoe3, whose heads are n_head)
     ssm_d_conv: int = 4  # the short convolution's width
     ssm_d_state: int = 16  # a linear layer's key and value head size (bailingmoe3: kda.head_dim)

@@ -72,6 +72,8 @@ def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
 def _floats(rng: np.random.Generator, n: int, spec: TensorSpec, std: float) -> np.ndarray:
     if spec.role == "norm":
         return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+    if spec.role == "rope_freqs":  # proportional RoPE (Gemma 4): a quarter of the pairs rotate, 1e30 stills the rest
+        return np.where(np.arange(n) < max(1, n // 4), 1.0, 1e30).astype(np.float32)
     if spec.role in ("decay_neg", "decay_pos"):  # a linear layer's decay rate: -exp(A_log), or exp(A_log) (KDA)
         rate: np.ndarray = np.exp(0.5 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
         return -rate if spec.role == "decay_neg" else rate
