@@ -13,69 +13,13 @@ src/models/bailingmoe2.cpp; its keys are the shared ones `read_hparams` reads, n
 
 from __future__ import annotations
 
+import dataclasses
+
 from tokenwing.errors import BadInputError
-from tokenwing.models.base import MoEModel, TensorCheck
+from tokenwing.models import specs
+from tokenwing.models.base import MoEModel
 from tokenwing.models.hparams import HParams
-
-Spec = tuple[str, tuple[int, ...], str]  # a tensor's name, shape (GGUF order, row length first) and role
-
-
-def tensors(
-    *,
-    n_layer: int,
-    n_mtp: int,
-    n_embd: int,
-    n_head: int,
-    n_head_kv: int,
-    head_dim: int,
-    n_dense_lead: int,
-    n_expert: int,
-    ff_exp: int,
-    ff_shexp: int,
-    ff_dense: int,
-    vocab: int,
-) -> list[Spec]:
-    """Every tensor of a Ling 2.0 file as llama.cpp's loader names and shapes it, in the converter's order, each with
-    its role: "embd", "norm", "vector", "router", "matrix", or "expert" (the routed experts, streamed). The one list
-    of them: the factory writes it (testmodel/architectures.py), `check` requires it of a file's layers that run.
-    The MTP blocks last (n_mtp) are whole layers plus their own tensors (llama.cpp's optional ones left out)."""
-    e, q, kv = n_embd, n_head * head_dim, n_head_kv * head_dim
-    out: list[Spec] = [("token_embd.weight", (e, vocab), "embd")]
-    for i in range(n_layer + n_mtp):
-        p = f"blk.{i}."
-        out += [
-            (p + "attn_norm.weight", (e,), "norm"),
-            (p + "attn_qkv.weight", (e, q + 2 * kv), "matrix"),
-            (p + "attn_output.weight", (q, e), "matrix"),
-            (p + "attn_q_norm.weight", (head_dim,), "norm"),
-            (p + "attn_k_norm.weight", (head_dim,), "norm"),
-            (p + "ffn_norm.weight", (e,), "norm"),
-        ]
-        if i < n_dense_lead:
-            out += [
-                (p + "ffn_gate.weight", (e, ff_dense), "matrix"),
-                (p + "ffn_up.weight", (e, ff_dense), "matrix"),
-                (p + "ffn_down.weight", (ff_dense, e), "matrix"),
-            ]
-        else:
-            out += [
-                (p + "ffn_gate_inp.weight", (e, n_expert), "router"),
-                (p + "ffn_gate_exps.weight", (e, ff_exp, n_expert), "expert"),
-                (p + "ffn_up_exps.weight", (e, ff_exp, n_expert), "expert"),
-                (p + "ffn_down_exps.weight", (ff_exp, e, n_expert), "expert"),
-                (p + "exp_probs_b.bias", (n_expert,), "vector"),  # (optional in llama.cpp's loader)
-                (p + "ffn_gate_shexp.weight", (e, ff_shexp), "matrix"),
-                (p + "ffn_up_shexp.weight", (e, ff_shexp), "matrix"),
-                (p + "ffn_down_shexp.weight", (ff_shexp, e), "matrix"),
-            ]
-        if i >= n_layer:
-            out += [
-                (p + "nextn.eh_proj.weight", (2 * e, e), "matrix"),
-                (p + "nextn.enorm.weight", (e,), "norm"),
-                (p + "nextn.hnorm.weight", (e,), "norm"),
-                (p + "layer_output_norm.weight", (e,), "norm"),
-            ]
-    return [*out, ("output_norm.weight", (e,), "norm"), ("output.weight", (e, vocab), "matrix")]
+from tokenwing.models.specs import Parts, TensorSpec
 
 
 class BailingMoE2(MoEModel):
@@ -87,9 +31,32 @@ class BailingMoE2(MoEModel):
     selection_bias = None  # (exp_probs_b is optional in llama.cpp's loader)
 
     @classmethod
+    def attention_tensors(cls, hp: HParams, il: int, parts: Parts) -> list[TensorSpec]:
+        """GQA from one fused projection (the query's rows, the key's, the value's) with per-head q/k norms."""
+        p, e = f"blk.{il}.", hp.n_embd
+        q, kv = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+        return [
+            TensorSpec(p + "attn_norm.weight", (e,), "norm"),
+            TensorSpec(p + "attn_qkv.weight", (e, q + 2 * kv), "matrix"),
+            TensorSpec(p + "attn_output.weight", (q, e), "matrix"),
+            TensorSpec(p + "attn_q_norm.weight", (hp.head_dim,), "norm"),
+            TensorSpec(p + "attn_k_norm.weight", (hp.head_dim,), "norm"),
+        ]
+
+    @classmethod
+    def tensors(cls, hp: HParams, parts: Parts) -> list[TensorSpec]:
+        """The default block's list with the next-token-prediction blocks last (n_mtp): whole layers plus their own
+        tensors (llama.cpp's optional ones left out); output.weight required, as llama.cpp's loader has it."""
+        first, last = specs.head(hp)
+        out = first
+        for il in range(hp.n_layer + hp.n_mtp):
+            out += cls.attention_tensors(hp, il, parts) + cls.ffn_tensors(hp, il, parts)
+            if il >= hp.n_layer:
+                out += nextn_tensors(hp, il)
+        return out + [dataclasses.replace(t, optional=False) for t in last]
+
+    @classmethod
     def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
-        """Every tensor `tensors` lists for the layers that run, with its shape; the FFN widths are the file's own
-        (llama.cpp takes them from keys it checks the tensors against), the routed experts' the repack recorded."""
         if hp.gating == 0:  # (llama.cpp requires the key: it refuses such a file too)
             raise BadInputError(f"{where}: {cls.arch}.expert_gating_func is missing from the metadata")
         if hp.n_head * hp.head_dim != hp.n_embd:
@@ -97,25 +64,15 @@ class BailingMoE2(MoEModel):
             raise BadInputError(f"{where}: {cls.arch}'s query heads must fill embedding_length")
         if set(streamed) != set(range(hp.n_dense_lead, hp.n_layer)):
             raise BadInputError(f"{where}: the layers with experts are not those after leading_dense_block_count")
-        c = TensorCheck(hp, shapes, where)
-        moe = hp.n_dense_lead  # (the first layer with experts)
-        specs = tensors(
-            n_layer=hp.n_layer,
-            n_mtp=0,
-            n_embd=hp.n_embd,
-            n_head=hp.n_head,
-            n_head_kv=hp.n_head_kv,
-            head_dim=hp.head_dim,
-            n_dense_lead=hp.n_dense_lead,
-            n_expert=hp.n_expert,
-            ff_exp=0,
-            ff_shexp=shapes.get(f"blk.{moe}.ffn_gate_shexp.weight", (0, 0))[-1],
-            ff_dense=shapes.get("blk.0.ffn_gate.weight", (0, 0))[-1],
-            vocab=hp.vocab_size,
-        )
-        for name, shape, role in specs:
-            if role == "expert" or (name.endswith("exp_probs_b.bias") and not c.has(name)):
-                continue
-            c.need(name, shape)
-        for il, width in streamed.items():
-            c.experts(il, width, cls.expert_width(hp, il))
+        super().check(hp, shapes, streamed, where)
+
+
+def nextn_tensors(hp: HParams, il: int) -> list[TensorSpec]:
+    """The own tensors of a Ling next-token-prediction block (llama.cpp's optional ones left out)."""
+    p, e = f"blk.{il}.", hp.n_embd
+    return [
+        TensorSpec(p + "nextn.eh_proj.weight", (2 * e, e), "matrix"),
+        TensorSpec(p + "nextn.enorm.weight", (e,), "norm"),
+        TensorSpec(p + "nextn.hnorm.weight", (e,), "norm"),
+        TensorSpec(p + "layer_output_norm.weight", (e,), "norm"),
+    ]
