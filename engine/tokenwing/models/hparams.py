@@ -84,8 +84,6 @@ class HParams:
     indexer_top_k: int = 0
     indexer_types: tuple[bool, ...] = ()
     dsv4: Dsv4Keys | None = None  # DeepSeek V4's own keys (models/deepseek4.py)
-    # attention.temperature_scale: llama.cpp scales the queries by a rule of the position where it is set (0: not)
-    attn_temperature_scale: float = 0.0
     # Every `<arch>.` key as the file has it (the prefix dropped): a family file reads the keys only it needs from
     # here (models/gemma4.py), so they live in that file, not in this one
     keys: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
@@ -182,7 +180,6 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str, recurrence: str = 
         indexer_head_size=get("attention.indexer.key_length", 0),
         indexer_top_k=get("attention.indexer.top_k", 0),
         indexer_types=_indexer_types(meta.get(f"{arch}.attention.indexer.types"), n_layer, f"{where}: {arch}"),
-        attn_temperature_scale=get("attention.temperature_scale", 0.0, kind=float),
         keys={k[len(arch) + 1 :]: v for k, v in meta.items() if k.startswith(f"{arch}.")},
     )
     if arch == "deepseek4":

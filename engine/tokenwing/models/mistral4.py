@@ -14,7 +14,7 @@ here rather than computed without it.
 
 from __future__ import annotations
 
-from tokenwing.errors import UnsupportedError
+from tokenwing.errors import BadInputError, UnsupportedError
 from tokenwing.models.deepseek2 import DeepSeek2
 from tokenwing.models.hparams import HParams
 
@@ -24,7 +24,10 @@ class Mistral4(DeepSeek2):
 
     @classmethod
     def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
-        if hp.attn_temperature_scale:
+        scale = hp.keys.get("attention.temperature_scale", 0.0)  # (the one key of its own: HParams.keys)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise BadInputError(f"{where}: {cls.arch}.attention.temperature_scale must be a number")
+        if scale:
             raise UnsupportedError(
                 f"{where}: {cls.arch}.attention.temperature_scale (llama.cpp's position-dependent query scaling) "
                 "is not run yet"
