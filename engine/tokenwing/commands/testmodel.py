@@ -94,6 +94,7 @@ SHAPE_FLAGS: dict[str, Callable[[str], object]] = {
 def _cmd_testmodel(args: argparse.Namespace) -> int:
     # (lazy: only this command loads these; all of them at start-up took 2.4-3.4 s, not 0.25 s)
     from tokenwing.testmodel import preset_shape, write_test_model
+    from tokenwing.testmodel.mmproj import write_mmproj
 
     try:
         shape = preset_shape(args.preset, args.arch)
@@ -108,6 +109,8 @@ def _cmd_testmodel(args: argparse.Namespace) -> int:
         paths = write_test_model(
             args.output, shape, args.type, args.seed, args.shards, progress(args), expert_type=args.expert_type
         )
+        if args.mmproj:  # the image encoder's file beside the model (issue 45)
+            paths.append(write_mmproj(args.mmproj, shape, args.seed))
     except ValueError as e:
         raise BadInputError(str(e)) from None
     for p in paths:
@@ -166,5 +169,6 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     t.add_argument("--legacy-kv-b", action="store_true", help="deepseek2: the older combined attn_kv_b tensor")
     t.add_argument("--legacy-ssm-in", action="store_true", help="qwen3next: the older joint ssm_in projection")
     t.add_argument("--no-chat-template", action="store_true", help="write no tokenizer.chat_template")
+    t.add_argument("--mmproj", help="also write the family's image encoder (llama.cpp's clip layout) to this path")
     t.add_argument("-q", "--quiet", action="store_true")
     t.set_defaults(func=_cmd_testmodel)

@@ -245,6 +245,7 @@ INT: C[int] = C(ctypes.c_int, "int")
 INT32: C[int] = C(ctypes.c_int32, "int32_t")
 INT64: C[int] = C(ctypes.c_int64, "int64_t")
 UINT8: C[int] = C(ctypes.c_uint8, "uint8_t")
+UINT32: C[int] = C(ctypes.c_uint32, "uint32_t")
 SIZE: C[int] = C(ctypes.c_size_t, "size_t")
 FLOAT: C[float] = C(ctypes.c_float, "float")
 STR: C[bytes] = C(ctypes.c_char_p, "const char *")
@@ -310,6 +311,9 @@ CONSTANTS: dict[str, int] = {
     "GGML_ROPE_TYPE_NORMAL": 0,
     "GGML_ROPE_TYPE_NEOX": 2,
     "GGML_ROPE_TYPE_IMROPE": 40,
+    "GGML_ROPE_TYPE_VISION": 24,
+    "GGML_SCALE_MODE_BILINEAR": 1,
+    "GGML_SCALE_FLAG_ALIGN_CORNERS": 256,
     "GGML_STATUS_SUCCESS": 0,
     "GGML_LOG_LEVEL_DEBUG": 1,
     "GGML_BACKEND_BUFFER_USAGE_WEIGHTS": 1,
@@ -342,6 +346,9 @@ GGML_PREC_F32 = CONSTANTS["GGML_PREC_F32"]
 GGML_ROPE_TYPE_NORMAL = CONSTANTS["GGML_ROPE_TYPE_NORMAL"]
 GGML_ROPE_TYPE_NEOX = CONSTANTS["GGML_ROPE_TYPE_NEOX"]
 GGML_ROPE_TYPE_IMROPE = CONSTANTS["GGML_ROPE_TYPE_IMROPE"]
+GGML_ROPE_TYPE_VISION = CONSTANTS["GGML_ROPE_TYPE_VISION"]  # 2-D RoPE of image patches (Qwen-VL encoders)
+GGML_SCALE_MODE_BILINEAR = CONSTANTS["GGML_SCALE_MODE_BILINEAR"]
+GGML_SCALE_FLAG_ALIGN_CORNERS = CONSTANTS["GGML_SCALE_FLAG_ALIGN_CORNERS"]
 GGML_STATUS_SUCCESS = CONSTANTS["GGML_STATUS_SUCCESS"]
 GGML_LOG_LEVEL_DEBUG = CONSTANTS["GGML_LOG_LEVEL_DEBUG"]
 GGML_BACKEND_BUFFER_USAGE_WEIGHTS = CONSTANTS["GGML_BACKEND_BUFFER_USAGE_WEIGHTS"]
@@ -516,6 +523,10 @@ ggml_swiglu_oai = _g.fn("ggml_swiglu_oai", TENSOR, CONTEXT, TENSOR, TENSOR, FLOA
 ggml_swiglu_clamp = _g.fn("ggml_swiglu_clamp", TENSOR, CONTEXT, TENSOR, TENSOR, FLOAT)
 ggml_rms_norm = _g.fn("ggml_rms_norm", TENSOR, CONTEXT, TENSOR, FLOAT)
 ggml_norm = _g.fn("ggml_norm", TENSOR, CONTEXT, TENSOR, FLOAT)  # LayerNorm (GLM-5's indexer keys)
+# image encoders (vision/): the patch convolution, the ViT's activation, learned positions resized to the grid
+ggml_conv_2d = _g.fn("ggml_conv_2d", TENSOR, CONTEXT, TENSOR, TENSOR, INT, INT, INT, INT, INT, INT)
+ggml_gelu = _g.fn("ggml_gelu", TENSOR, CONTEXT, TENSOR)
+ggml_interpolate = _g.fn("ggml_interpolate", TENSOR, CONTEXT, TENSOR, INT64, INT64, INT64, INT64, UINT32)
 ggml_mul_mat = _g.fn("ggml_mul_mat", TENSOR, CONTEXT, TENSOR, TENSOR)
 ggml_mul_mat_id = _g.fn("ggml_mul_mat_id", TENSOR, CONTEXT, TENSOR, TENSOR, TENSOR)
 ggml_prec_set_acc = _g.fn("ggml_prec_set_acc", BOOL, TENSOR, PREC)

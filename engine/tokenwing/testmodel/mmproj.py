@@ -1,0 +1,145 @@
+"""The factory's `mmproj` files: random weights for a family's image encoder in llama.cpp's clip layout
+(`tokenwing testmodel OUT.gguf --arch qwen3vlmoe --mmproj OUT.mmproj.gguf`), loadable by libmtmd.
+
+Qwen3-VL's encoder (`clip.projector_type` qwen3vl_merger; llama.cpp tools/mtmd/models/qwen3vl.cpp): two patch
+convolutions summed (a still image is its two temporal frames alike) with a bias, learned positions resized to the
+patch grid, pre-LayerNorm ViT blocks with one fused QKV and 2-D M-RoPE, a post-LayerNorm and the merger (2×2
+patches → an MLP to the text model's width), and deepstack mergers after some blocks whose outputs go beside the
+merger's (the text model adds them into its first layers). Shapes are in GGUF order (ne0 first).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokenwing.format.gguf_io import KV, TensorInfo, ValueType, encode_header, layout_tensors, tensor_nbytes
+from tokenwing.fsutil import atomic_output
+from tokenwing.testmodel.architectures import architecture
+from tokenwing.testmodel.shapes import ModelShape
+
+ALIGNMENT = 32
+_F32 = 0  # ggml type id
+
+
+@dataclass(frozen=True)
+class VisionShape:
+    """A small Qwen3-VL encoder: the real one is 1152 wide, 16 heads, 27 blocks, patches of 16, 48×48 positions."""
+
+    n_embd: int = 32
+    n_head: int = 2  # heads of 16: M-RoPE gives each of its four sections a quarter of the head
+    n_ff: int = 64
+    n_layer: int = 4
+    patch_size: int = 8
+    n_per_side: int = 4  # learned positions on a 4×4 grid, resized (bilinear) to the image's patch grid
+    n_merge: int = 2
+    eps: float = 1e-6
+    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+
+
+def deepstack_layers(text: ModelShape, v: VisionShape) -> list[int]:
+    """The blocks whose outputs feed a deepstack merger: as many as the text model's n_deepstack_layers (llama.cpp
+    checks the widths agree), the first ones, so that later blocks still run after them."""
+    n = int(architecture(text.arch).metadata(text)[f"{text.arch}.n_deepstack_layers"].value)
+    if n >= v.n_layer:
+        raise ValueError(f"the encoder needs more than {n} blocks for {n} deepstack layers")
+    return list(range(n))
+
+
+def _tensors(text: ModelShape, v: VisionShape) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, GGUF shape, kind) of every tensor; kind picks the random values: w (matrix), n (norm weight), b."""
+    e, p, m = v.n_embd, v.patch_size, v.n_embd * v.n_merge * v.n_merge
+    out: list[tuple[str, tuple[int, ...], str]] = [
+        ("v.patch_embd.weight", (p, p, 3, e), "w"),
+        ("v.patch_embd.weight.1", (p, p, 3, e), "w"),
+        ("v.patch_embd.bias", (e,), "b"),
+        ("v.position_embd.weight", (e, v.n_per_side * v.n_per_side), "w"),
+    ]
+    for i in range(v.n_layer):
+        out += [
+            (f"v.blk.{i}.ln1.weight", (e,), "n"),
+            (f"v.blk.{i}.ln1.bias", (e,), "b"),
+            (f"v.blk.{i}.attn_qkv.weight", (e, 3 * e), "w"),
+            (f"v.blk.{i}.attn_qkv.bias", (3 * e,), "b"),
+            (f"v.blk.{i}.attn_out.weight", (e, e), "w"),
+            (f"v.blk.{i}.attn_out.bias", (e,), "b"),
+            (f"v.blk.{i}.ln2.weight", (e,), "n"),
+            (f"v.blk.{i}.ln2.bias", (e,), "b"),
+            (f"v.blk.{i}.ffn_up.weight", (e, v.n_ff), "w"),
+            (f"v.blk.{i}.ffn_up.bias", (v.n_ff,), "b"),
+            (f"v.blk.{i}.ffn_down.weight", (v.n_ff, e), "w"),
+            (f"v.blk.{i}.ffn_down.bias", (e,), "b"),
+        ]
+    for i in deepstack_layers(text, v):
+        out += [
+            (f"v.deepstack.{i}.norm.weight", (m,), "n"),
+            (f"v.deepstack.{i}.norm.bias", (m,), "b"),
+            (f"v.deepstack.{i}.fc1.weight", (m, m), "w"),
+            (f"v.deepstack.{i}.fc1.bias", (m,), "b"),
+            (f"v.deepstack.{i}.fc2.weight", (m, text.n_embd), "w"),
+            (f"v.deepstack.{i}.fc2.bias", (text.n_embd,), "b"),
+        ]
+    out += [
+        ("v.post_ln.weight", (e,), "n"),
+        ("v.post_ln.bias", (e,), "b"),
+        ("mm.0.weight", (m, m), "w"),
+        ("mm.0.bias", (m,), "b"),
+        ("mm.2.weight", (m, text.n_embd), "w"),
+        ("mm.2.bias", (text.n_embd,), "b"),
+    ]
+    return out
+
+
+def _metadata(text: ModelShape, v: VisionShape, name: str) -> dict[str, KV]:
+    return {
+        "general.architecture": KV.string("clip"),
+        "general.name": KV.string(name),
+        "general.file_type": KV.u32(0),
+        "clip.projector_type": KV.string("qwen3vl_merger"),
+        "clip.has_vision_encoder": KV.boolean(True),
+        "clip.use_gelu": KV.boolean(True),  # Qwen3-VL's gelu_pytorch_tanh: ggml_gelu
+        "clip.vision.embedding_length": KV.u32(v.n_embd),
+        "clip.vision.feed_forward_length": KV.u32(v.n_ff),
+        "clip.vision.block_count": KV.u32(v.n_layer),
+        "clip.vision.projection_dim": KV.u32(text.n_embd),
+        "clip.vision.attention.head_count": KV.u32(v.n_head),
+        "clip.vision.attention.layer_norm_epsilon": KV.f32(v.eps),
+        "clip.vision.image_size": KV.u32(v.patch_size * v.n_per_side),
+        "clip.vision.patch_size": KV.u32(v.patch_size),
+        "clip.vision.spatial_merge_size": KV.u32(v.n_merge),
+        "clip.vision.image_mean": KV.array(ValueType.FLOAT32, v.image_mean),
+        "clip.vision.image_std": KV.array(ValueType.FLOAT32, v.image_std),
+    }
+
+
+def _values(name: str, shape: tuple[int, ...], kind: str, seed: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    n = int(np.prod(shape))
+    if kind == "n":
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    if kind == "b":
+        return (0.05 * rng.standard_normal(n)).astype(np.float32)
+    fan_in = n // shape[-1]
+    return np.asarray(rng.standard_normal(n) / np.sqrt(fan_in), np.float32)
+
+
+def write_mmproj(path: str, text: ModelShape, seed: int = 0, v: VisionShape | None = None) -> str:
+    """Writes an F32 mmproj GGUF for `text`'s family (qwen3vlmoe); returns its path."""
+    if text.arch != "qwen3vlmoe":
+        raise ValueError(f"--mmproj: the factory writes image encoders for qwen3vlmoe, not {text.arch}")
+    v = v or VisionShape()
+    specs = _tensors(text, v)
+    infos = [TensorInfo(n, s, _F32, 0, tensor_nbytes(s, _F32)) for n, s, _ in specs]
+    data_size = layout_tensors(infos, ALIGNMENT)
+    name = path.rsplit("/", 1)[-1].removesuffix(".gguf")
+    header, _ = encode_header(_metadata(text, v, name), infos, ALIGNMENT)
+    with atomic_output(path, len(header) + data_size) as tmp, open(tmp, "wb") as f:
+        f.write(header)
+        for (n, s, kind), info in zip(specs, infos, strict=True):
+            f.seek(len(header) + info.offset)
+            f.write(_values(n, s, kind, seed).tobytes())
+        f.truncate(len(header) + data_size)
+    return path

@@ -1,0 +1,89 @@
+"""Qwen3-VL's image encoder (vision/qwen3vl.py) against llama.cpp's libmtmd on the factory's mmproj and the same
+RGB bytes: mtmd_encode_chunk + mtmd_get_output_embd (tests/oracle/mtmd_probe.py, a subprocess).
+
+The bar is llama.cpp's own distance when only rounding changes (its encoder with flash attention, F16 keys and
+values, against without): two ggml CPU builds differ in the patch convolution's F16 dot products by ~4e-7, and
+ggml_gelu's F16 table turns some of those into an F16 step; ours is 3-6e-4 from llama.cpp's, llama.cpp 1-2e-3 from
+itself, both 1.5e-3 from an F64 computation. The images cover llama.cpp's preprocessing: one already aligned (its
+patch grid not the learned positions' 4×4, so they are resized), one Pillow-bicubic upscaled to the pixel budget and
+padded, a wide one.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli
+from tokenwing.vision.qwen3vl import Qwen3VLEncoder
+
+pytestmark = pytest.mark.oracle
+
+PROBE = Path(__file__).with_name("mtmd_probe.py")
+
+
+def mtmd_run(model: Path, mmproj: Path, rgb: np.ndarray, text: str, out: Path, *flags: str) -> dict[str, object]:
+    """llama.cpp's embeddings (out/embd.npy) and last logits (out/logits.npy) for `text` with the image."""
+    out.mkdir(parents=True, exist_ok=True)
+    np.save(out / "image.npy", rgb)
+    cmd = [sys.executable, str(PROBE), str(model), str(mmproj), str(out / "image.npy"), text, str(out), *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info: dict[str, object] = json.loads((out / "info.json").read_text())
+    return info
+
+
+def image(height: int, width: int, seed: int) -> np.ndarray:
+    """A picture with structure (gradients and a disc) and noise, as RGB bytes."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    disc = ((y - height / 2) ** 2 + (x - width / 3) ** 2 < (min(height, width) / 3) ** 2) * 120
+    base = np.stack([x * 255 / max(width - 1, 1), y * 255 / max(height - 1, 1), disc], axis=-1)
+    return np.clip(base + rng.normal(0, 25, base.shape), 0, 255).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The factory's text model and its mmproj, written by the command a user runs."""
+    root = tmp_path_factory.mktemp("qwen3vl")
+    model, mmproj = root / "m.gguf", root / "m.mmproj.gguf"
+    r = run_cli("testmodel", str(model), "--arch", "qwen3vlmoe", "--mmproj", str(mmproj), "-q")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(model), str(mmproj)]
+    return model, mmproj
+
+
+IMAGES = {
+    "aligned-64x48": (48, 64),  # no resize; an 8×6 patch grid
+    "upscaled-50x37": (37, 50),  # under 8 merged patches: bicubic to fit 64×48, centred on black
+    "wide-200x30": (30, 200),  # rounded to 208×32, the height padded
+}
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_embeddings_match_llama_cpp(files: tuple[Path, Path], tmp_path: Path, name: str) -> None:
+    model, mmproj = files
+    rgb = image(*IMAGES[name], seed=len(name))
+    info = mtmd_run(model, mmproj, rgb, "<__media__>", tmp_path / "ref")
+    ref = np.load(tmp_path / "ref" / "embd.npy")
+    mtmd_run(model, mmproj, rgb, "<__media__>", tmp_path / "flash", "flash")
+    own = np.abs(np.load(tmp_path / "flash" / "embd.npy") - ref).max()
+
+    enc = Qwen3VLEncoder(str(mmproj))
+    try:
+        pre = enc.preprocess(rgb)
+        got = enc.encode(pre)
+    finally:
+        enc.close()
+    chunk = next(c for c in info["chunks"] if c["type"] == 1)  # type: ignore[attr-defined]
+    assert (pre.width // 16, pre.height // 16) == (chunk["nx"], chunk["ny"])
+    # a row: the text model's width × (1 + its deepstack layers: 1 in the factory's 2-layer model)
+    assert got.shape == ref.shape == (chunk["nx"] * chunk["ny"], enc.hp.proj_dim * 2)
+    diff = np.abs(got - ref)
+    assert diff.max() <= own, (diff.max(), own)
+    assert np.median(diff) <= 1e-5  # most values agree to F32 rounding
