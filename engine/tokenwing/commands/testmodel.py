@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 
 from tokenwing.commands.common import progress
 from tokenwing.errors import BadInputError
+from tokenwing.testmodel.shapes import ModelShape
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -17,77 +19,15 @@ def _int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
 
 
-# `tokenwing testmodel` shape flags: dest → type (each overrides the preset's value when given).
-SHAPE_FLAGS: dict[str, Callable[[str], object]] = {
-    **dict.fromkeys(
-        (
-            "n_layer",
-            "n_embd",
-            "n_head",
-            "n_head_kv",
-            "head_dim",
-            "n_expert",
-            "n_expert_used",
-            "n_ff_exp",
-            "n_dense_lead",
-            "n_ff_dense",
-            "n_shared_exp",
-            "n_ff_shexp",
-            "vocab_size",
-            "q_lora_rank",
-            "kv_lora_rank",
-            "n_rot",
-            "v_head_dim",
-            "n_expert_group",
-            "n_group_used",
-            "n_mtp",
-            "yarn_orig_ctx",
-            "sliding_window",
-            "context_length",
-            "ssm_d_conv",
-            "ssm_d_state",
-            "ssm_n_group",
-            "ssm_dt_rank",
-            "full_attention_interval",
-            "hc_mult",
-            "hc_sinkhorn_iters",
-            "indexer_n_head",
-            "indexer_head_size",
-            "indexer_top_k",
-            "o_group_count",
-            "o_lora_rank",
-            "hash_layer_count",
-            "n_expert_latent",
-            "attn_res_block",
-        ),
-        int,
-    ),
-    **dict.fromkeys(
-        (
-            "embd_std",
-            "expert_weights_scale",
-            "yarn_factor",
-            "yarn_beta_fast",
-            "yarn_beta_slow",
-            "kda_gate_lower_bound",
-            "swiglu_limit",
-            "hc_eps",
-            "compress_rope_base",
-            "situ_beta",
-            "situ_linear_beta",
-        ),
-        float,
-    ),
-    "compress_ratios": _int_list,
-    "hc_low_rank": int,
-    "qsa_ratio": int,
-    "ple_layer": int,
-    "ple_ngram": int,
-    "ple_heads_per_ngram": int,
-    "ple_conv_kernel": int,
-    "ple_head_rows": int,
-    "indexer_types": _int_list,
-    "tokenizer": str,
+_KINDS: dict[str, Callable[[str], object]] = {"int": int, "float": float, "str": str, "tuple[int, ...]": _int_list}
+
+# `tokenwing testmodel`'s shape flags, one for each field of ModelShape but the family (--arch): dest → its type
+# (each overrides the preset's value when given; a bool field is a switch, --name where it is off by default,
+# --no-name where it is on)
+SHAPE_FLAGS: dict[str, Callable[[str], object] | None] = {
+    f.name: None if f.type == "bool" else _KINDS[str(f.type)]
+    for f in dataclasses.fields(ModelShape)
+    if f.name != "arch"
 }
 
 
@@ -99,12 +39,6 @@ def _cmd_testmodel(args: argparse.Namespace) -> int:
     try:
         shape = preset_shape(args.preset, args.arch)
         overrides = {k: getattr(args, k) for k in SHAPE_FLAGS if getattr(args, k) is not None}
-        if args.legacy_kv_b:
-            overrides["legacy_kv_b"] = True
-        if args.legacy_ssm_in:
-            overrides["legacy_ssm_in"] = True
-        if args.no_chat_template:
-            overrides["chat_template"] = False
         shape = shape.with_(**overrides)
         paths = write_test_model(
             args.output, shape, args.type, args.seed, args.shards, progress(args), expert_type=args.expert_type
@@ -164,11 +98,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     t.add_argument("--expert-type", help="MXFP4: the routed experts in this type, the rest in --type")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--shards", type=int, default=1, help="write a llama.cpp split model of N files")
+    defaults = ModelShape()
     for name, kind in SHAPE_FLAGS.items():
-        t.add_argument("--" + name.replace("_", "-"), dest=name, type=kind)
-    t.add_argument("--legacy-kv-b", action="store_true", help="deepseek2: the older combined attn_kv_b tensor")
-    t.add_argument("--legacy-ssm-in", action="store_true", help="qwen3next: the older joint ssm_in projection")
-    t.add_argument("--no-chat-template", action="store_true", help="write no tokenizer.chat_template")
+        if kind is None:  # (a switch: the opposite of the field's default)
+            on = bool(getattr(defaults, name))
+            flag = ("--no-" if on else "--") + name.replace("_", "-")
+            t.add_argument(flag, dest=name, action="store_const", const=not on, default=None)
+        else:
+            t.add_argument("--" + name.replace("_", "-"), dest=name, type=kind)
     t.add_argument("--mmproj", help="also write the family's image encoder (llama.cpp's clip layout) to this path")
     t.add_argument("-q", "--quiet", action="store_true")
     t.set_defaults(func=_cmd_testmodel)
