@@ -48,6 +48,7 @@ def main() -> int:
     assert rc == 0, f"mtmd_tokenize: {rc}"
 
     info: dict[str, object] = {"chunks": []}
+    p0 = 0
     for i in range(mtmd.mtmd_input_chunks_size(chunks)):
         chunk = mtmd.mtmd_input_chunks_get(chunks, i)
         kind = mtmd.mtmd_input_chunk_get_type(chunk)
@@ -66,6 +67,12 @@ def main() -> int:
             image = mtmd.mtmd_input_chunk_get_tokens_image(chunk)
             entry["nx"] = int(mtmd.mtmd_image_tokens_get_nx(image))
             entry["ny"] = int(mtmd.mtmd_image_tokens_get_ny(image))
+            # the rows' decoder positions where the helper puts them: after the positions of the chunks before
+            pos = (mtmd.mtmd_decoder_pos * n)()
+            mtmd.mtmd_helper_image_get_decoder_pos(image, p0, pos)
+            entry["p0"] = p0
+            entry["decoder_pos"] = [[int(q.t), int(q.y), int(q.x), int(q.z)] for q in pos]
+        p0 += int(entry["n_pos"])
         info["chunks"].append(entry)  # type: ignore[attr-defined]
 
     new_n_past = llama_cpp.llama_pos(0)

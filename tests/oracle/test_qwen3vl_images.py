@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_cli
+from tokenwing.vision.cache import EncodedImages
+from tokenwing.vision.positions import image_positions, image_span
 from tokenwing.vision.qwen3vl import Qwen3VLEncoder
 
 pytestmark = pytest.mark.oracle
@@ -87,3 +89,40 @@ def test_embeddings_match_llama_cpp(files: tuple[Path, Path], tmp_path: Path, na
     diff = np.abs(got - ref)
     assert diff.max() <= own, (diff.max(), own)
     assert np.median(diff) <= 1e-5  # most values agree to F32 rounding
+
+
+@pytest.mark.parametrize("name", ["aligned-64x48", "wide-200x30"])
+def test_image_rows_are_placed_as_llama_cpp_places_them(files: tuple[Path, Path], tmp_path: Path, name: str) -> None:
+    """Each row's four RoPE positions (mtmd_helper_image_get_decoder_pos, after the text before it) and where the
+    text after the image goes on (mtmd_helper_eval_chunks' n_past): an image of nx × ny takes max(nx, ny)."""
+    model, mmproj = files
+    rgb = image(*IMAGES[name], seed=3)
+    info = mtmd_run(model, mmproj, rgb, "Look: <__media__> What is it?", tmp_path)
+    chunks: list[dict[str, object]] = info["chunks"]  # type: ignore[assignment]
+    img = next(c for c in chunks if c["type"] == 1)
+    nx, ny, p0 = int(img["nx"]), int(img["ny"]), int(img["p0"])  # type: ignore[call-overload]
+    assert p0 == chunks[0]["n_tokens"] and nx != ny
+    ours = image_positions(p0, nx, ny).reshape(4, nx * ny).T  # rows of (t, y, x, z)
+    np.testing.assert_array_equal(ours, np.asarray(img["decoder_pos"]))
+    text = sum(int(c["n_tokens"]) for c in chunks if c["type"] == 0)  # type: ignore[call-overload]
+    assert info["n_past"] == text + image_span(nx, ny) == text + img["n_pos"]
+
+
+def test_an_image_sent_again_is_not_encoded_again(files: tuple[Path, Path]) -> None:
+    """The encoder's output by the image's content: the same bytes again are a hit (the same rows, not recomputed),
+    another picture of the same size a miss."""
+    enc = Qwen3VLEncoder(str(files[1]))
+    cache = EncodedImages()
+    try:
+
+        def encode(rgb: np.ndarray) -> np.ndarray:
+            return enc.encode(enc.preprocess(rgb))
+
+        a = image(48, 64, seed=1)
+        first = cache.get(a, encode)
+        again = cache.get(a.copy(), encode)
+        other = cache.get(image(48, 64, seed=2), encode)
+    finally:
+        enc.close()
+    assert again is first and (cache.hits, cache.misses) == (1, 2)
+    assert np.abs(other - first).max() > 0.1
