@@ -170,3 +170,20 @@ def test_crash_during_the_write_leaves_nothing_used(
     assert "prompt_restored_tokens" not in got[2] and got[:2] == got1[:2] == first[:2]
     assert not [p for p in folder.iterdir() if ".partial-" in p.name]  # the dead writer's file is gone
     assert len(_snapshots(folder)) == 1  # and this server's own is whole
+
+
+def test_least_recently_used_go_past_the_size(qwen: tuple[Path, list[Any]], tmp_path: Path) -> None:
+    model, _ = qwen
+    one = _write_one(model, tmp_path / "measure").stat().st_size
+    folder = tmp_path / "pc"
+    other = [{"role": "user", "content": "Write a short poem about the mountains, and about the rivers."}]
+    flags = ("--prompt-cache-dir", str(folder), "--prompt-cache-size", str(one * 3 // 2), "--no-usage-table")
+    a = Server(model, *flags)
+    _ask(a, TURN1)
+    _ask(a, other)  # (its slot waits for turn 1's write, then its own goes past the size: turn 1's goes)
+    _no_traceback(a.stop())
+    assert len(_snapshots(folder)) == 1
+    b = Server(model, *flags)
+    kept, gone = _ask(b, other), _ask(b, TURN1)
+    _no_traceback(b.stop())
+    assert kept[2]["prompt_restored_tokens"] > 0 and "prompt_restored_tokens" not in gone[2]

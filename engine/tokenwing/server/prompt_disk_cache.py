@@ -137,7 +137,10 @@ class DiskPromptCache:
         except (snapshot.SnapshotError, OSError) as e:
             self._drop(name, f"refused ({e})")
             return None
-        snapshot.apply(loaded, seq, self.elt)
+        try:
+            snapshot.apply(loaded, seq, self.elt)
+        except snapshot.SnapshotError:  # (longer than this server's context: kept for one whose is longer)
+            return None
         self._touch(entry)
         return Restored(len(loaded.tokens), time.perf_counter() - t0, entry.nbytes)
 
