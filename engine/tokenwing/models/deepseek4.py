@@ -40,7 +40,8 @@ from tokenwing.compute.ggml_lib import F16, F32, I32, ROPE_NORM, Tensor, ops, to
 from tokenwing.errors import BadInputError, UnsupportedError
 from tokenwing.models import common
 from tokenwing.models.base import MoEModel, TensorCheck
-from tokenwing.models.hparams import Dsv4Keys, HParams
+from tokenwing.models.hparams import HParams
+from tokenwing.models.keys import Key, read_keys
 from tokenwing.models.weights import ModelWeights
 
 CSA, HCA = 4, 128  # the compression ratios llama.cpp runs (0: the window only)
@@ -54,9 +55,48 @@ Data = Callable[[Fill, tuple[object, ...]], Tensor]
 _GTYPES = {np.dtype(np.float32): F32, np.dtype(np.float16): F16, np.dtype(np.int32): I32}
 
 
-def keys(hp: HParams) -> Dsv4Keys:
-    assert hp.dsv4 is not None, "a deepseek4 model without its keys"
-    return hp.dsv4
+@dataclass(frozen=True)
+class Dsv4Keys:
+    """DeepSeek V4's keys as llama.cpp reads them (deepseek4.cpp load_arch_hparams; docs/families/deepseek4.md §1)."""
+
+    compress_ratios: tuple[int, ...]  # per layer that runs: 0 (the window only), 4 (CSA) or 128 (HCA)
+    compress_rope_base: float
+    hc_mult: int
+    hc_sinkhorn_iters: int
+    hc_eps: float
+    hash_layer_count: int
+    indexer_n_head: int
+    indexer_head_size: int
+    indexer_top_k: int
+    o_group_count: int
+    o_lora_rank: int
+
+
+# Dsv4Keys' fields and their keys (all required by llama.cpp, CSA layers or not): read here, written by the factory
+KEYS: dict[str, Key] = {
+    "compress_ratios": Key("attention.compress_ratios", "i32[]"),
+    "compress_rope_base": Key("attention.compress_rope_freq_base", "f32"),
+    "hc_mult": Key("hyper_connection.count", "u32"),
+    "hc_sinkhorn_iters": Key("hyper_connection.sinkhorn_iterations", "u32"),
+    "hc_eps": Key("hyper_connection.epsilon", "f32"),
+    "hash_layer_count": Key("hash_layer_count", "u32"),
+    "indexer_n_head": Key("attention.indexer.head_count", "u32"),
+    "indexer_head_size": Key("attention.indexer.key_length", "u32"),
+    "indexer_top_k": Key("attention.indexer.top_k", "u32"),
+    "o_group_count": Key("attention.output_group_count", "u32"),
+    "o_lora_rank": Key("attention.output_lora_rank", "u32"),
+}
+
+
+def keys(hp: HParams, where: str = "the model") -> Dsv4Keys:
+    """The family's keys from the file's (`KEYS`), checked: one line naming the key otherwise."""
+    values = read_keys(KEYS, hp, where)
+    ratios = values["compress_ratios"]
+    if len(ratios) < hp.n_layer or any(r not in (0, CSA, HCA) for r in ratios[: hp.n_layer]):
+        raise BadInputError(
+            f"{where}: deepseek4.attention.compress_ratios must give every block a ratio of 0, 4 or 128"
+        )
+    return Dsv4Keys(**{**values, "compress_ratios": ratios[: hp.n_layer]})
 
 
 def state_rows(ratio: int) -> int:
@@ -122,9 +162,7 @@ class DeepSeek4(MoEModel):
     # -------------------------------------------------------------------------------------------- checks
     @classmethod
     def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
-        k = hp.dsv4
-        if k is None:
-            raise BadInputError(f"{where}: the deepseek4 keys are missing")
+        k = keys(hp, where)
         if hp.gating != 4:
             raise BadInputError(
                 f"{where}: deepseek4.expert_gating_func must be 4 (sqrt-softplus), as llama.cpp requires"

@@ -83,7 +83,6 @@ class HParams:
     indexer_head_size: int = 0
     indexer_top_k: int = 0
     indexer_types: tuple[bool, ...] = ()
-    dsv4: Dsv4Keys | None = None  # DeepSeek V4's own keys (models/deepseek4.py)
     # Every `<arch>.` key as the file has it (the prefix dropped): a family file reads the keys only it needs from
     # here (models/gemma4.py), so they live in that file, not in this one
     keys: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
@@ -182,8 +181,6 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str, recurrence: str = 
         indexer_types=_indexer_types(meta.get(f"{arch}.attention.indexer.types"), n_layer, f"{where}: {arch}"),
         keys={k[len(arch) + 1 :]: v for k, v in meta.items() if k.startswith(f"{arch}.")},
     )
-    if arch == "deepseek4":
-        hp = dataclasses.replace(hp, dsv4=_dsv4_keys(get, n_layer, where))
     if arch == "qwen4exp":
         hp = _qsa(hp, get, meta.get(f"{arch}.attention.compress_ratios"), where)
         hp = _ple(hp, meta, where)
@@ -282,44 +279,6 @@ def _flag(v: Any, what: str) -> bool | None:
     if v is None or isinstance(v, bool):
         return v
     raise BadInputError(f"{what} must be a boolean")
-
-
-@dataclass(frozen=True)
-class Dsv4Keys:
-    """DeepSeek V4's keys as llama.cpp reads them (deepseek4.cpp load_arch_hparams; docs/families/deepseek4.md §1)."""
-
-    compress_ratios: tuple[int, ...]  # per layer that runs: 0 (the window only), 4 (CSA) or 128 (HCA)
-    compress_rope_base: float
-    hc_mult: int
-    hc_sinkhorn_iters: int
-    hc_eps: float
-    hash_layer_count: int
-    indexer_n_head: int
-    indexer_head_size: int
-    indexer_top_k: int
-    o_group_count: int
-    o_lora_rank: int
-
-
-def _dsv4_keys(get: Any, n_layer: int, where: str) -> Dsv4Keys:
-    ratios = get("attention.compress_ratios", kind=list)
-    if len(ratios) < n_layer or any(r not in (0, 4, 128) for r in ratios[:n_layer]):
-        raise BadInputError(
-            f"{where}: deepseek4.attention.compress_ratios must give every block a ratio of 0, 4 or 128"
-        )
-    return Dsv4Keys(
-        compress_ratios=tuple(int(r) for r in ratios[:n_layer]),
-        compress_rope_base=get("attention.compress_rope_freq_base", kind=float),
-        hc_mult=get("hyper_connection.count"),
-        hc_sinkhorn_iters=get("hyper_connection.sinkhorn_iterations"),
-        hc_eps=get("hyper_connection.epsilon", kind=float),
-        hash_layer_count=get("hash_layer_count"),  # (llama.cpp requires these keys, CSA layers or not)
-        indexer_n_head=get("attention.indexer.head_count"),
-        indexer_head_size=get("attention.indexer.key_length"),
-        indexer_top_k=get("attention.indexer.top_k"),
-        o_group_count=get("attention.output_group_count"),
-        o_lora_rank=get("attention.output_lora_rank"),
-    )
 
 
 def _qsa(hp: HParams, get: Any, ratios: Any, where: str) -> HParams:

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tokenwing.format.gguf_io import KV, ValueType
-from tokenwing.models import FAMILIES
+from tokenwing.models import FAMILIES, deepseek4
 from tokenwing.models.base import MoEModel
 from tokenwing.models.hparams import HParams, read_hparams
+from tokenwing.models.keys import write_keys
 from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.testmodel.shapes import ModelShape
 from tokenwing.testmodel.tokenizer import FAMILIES as tokenizer_families
@@ -340,8 +341,6 @@ def _ling_nextn(s: ModelShape, i: int) -> list[TensorSpec]:
         TensorSpec(f"blk.{i}.nextn.hnorm.weight", (s.n_embd,), "norm"),
         TensorSpec(f"blk.{i}.layer_output_norm.weight", (s.n_embd,), "norm"),
     ]
-
-
 
 
 def _kimi_k3_kda(s: ModelShape, i: int) -> list[TensorSpec]:
@@ -728,17 +727,9 @@ def _deepseek4_kv(s: ModelShape) -> dict[str, KV]:
     kv[f"{a}.expert_weights_norm"] = KV.boolean(True)
     kv[f"{a}.swiglu_clamp_exp"] = KV.array(ValueType.FLOAT32, [s.swiglu_limit] * s.n_layer)
     kv[f"{a}.swiglu_clamp_shexp"] = KV.array(ValueType.FLOAT32, [s.swiglu_limit] * s.n_layer)
-    kv[f"{a}.attention.indexer.head_count"] = KV.u32(s.indexer_n_head)
-    kv[f"{a}.attention.indexer.key_length"] = KV.u32(s.indexer_head_size)
-    kv[f"{a}.attention.indexer.top_k"] = KV.u32(s.indexer_top_k)
-    kv[f"{a}.attention.output_group_count"] = KV.u32(s.o_group_count)
-    kv[f"{a}.attention.output_lora_rank"] = KV.u32(s.o_lora_rank)
-    kv[f"{a}.attention.compress_ratios"] = KV.array(ValueType.INT32, [*dsv4_compress_ratios(s), 0])
-    kv[f"{a}.attention.compress_rope_freq_base"] = KV.f32(s.compress_rope_base)
-    kv[f"{a}.hyper_connection.count"] = KV.u32(s.hc_mult)
-    kv[f"{a}.hyper_connection.sinkhorn_iterations"] = KV.u32(s.hc_sinkhorn_iters)
-    kv[f"{a}.hyper_connection.epsilon"] = KV.f32(s.hc_eps)
-    kv[f"{a}.hash_layer_count"] = KV.u32(s.hash_layer_count)
+    # the family's own keys (models/deepseek4.py KEYS), from the shape's fields of the same names
+    own = {field: getattr(s, field) for field in deepseek4.KEYS}
+    kv.update(write_keys(deepseek4.KEYS, a, {**own, "compress_ratios": [*dsv4_compress_ratios(s), 0]}))
     kv[f"{a}.embedding_length_out"] = KV.u32(s.hc_mult * s.n_embd)
     kv.update(_yarn_kv(s, a))
     return kv

@@ -1,0 +1,58 @@
+"""A family's own GGUF keys as one table (issue 42 item 1): each key's name after `<arch>.`, its type and its default.
+
+The family's file reads its keys with it from the file's (`HParams.keys`), and the factory (testmodel/) writes them
+from the same table, so a key's name and type are written once. The keys every family shares are `read_hparams`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tokenwing.errors import BadInputError
+from tokenwing.format.gguf_io import KV, ValueType
+from tokenwing.models.hparams import HParams
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str  # after "<arch>."
+    kind: str  # "u32", "f32" or "i32[]"
+    default: Any = None  # where the file has no such key (None: it is required)
+
+    def read(self, hp: HParams, where: str) -> Any:
+        """The file's value, checked: one line naming the key where it is missing or of another type."""
+        full = f"{hp.arch}.{self.name}"
+        v = hp.keys.get(self.name, self.default)
+        if v is None:
+            raise BadInputError(f"{where}: {full} is missing from the metadata")
+        if self.kind == "u32":
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise BadInputError(f"{where}: {full} must be an integer")
+            return int(v)
+        if self.kind == "f32":
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise BadInputError(f"{where}: {full} must be a number")
+            return float(v)
+        items = v.tolist() if hasattr(v, "tolist") else v
+        if not isinstance(items, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in items):
+            raise BadInputError(f"{where}: {full} must list integers")
+        return tuple(items)
+
+    def kv(self, value: Any) -> KV:
+        """The key's value as the factory writes it."""
+        if self.kind == "u32":
+            return KV.u32(value)
+        if self.kind == "f32":
+            return KV.f32(value)
+        return KV.array(ValueType.INT32, list(value))
+
+
+def read_keys(table: dict[str, Key], hp: HParams, where: str) -> dict[str, Any]:
+    """Every key of a family's table (field → key), by field."""
+    return {field: key.read(hp, where) for field, key in table.items()}
+
+
+def write_keys(table: dict[str, Key], arch: str, values: dict[str, Any]) -> dict[str, KV]:
+    """The table's keys with these values (by field), as the factory writes them."""
+    return {f"{arch}.{key.name}": key.kv(values[field]) for field, key in table.items()}

@@ -1,0 +1,48 @@
+"""A family's own GGUF keys are one table in its family file (issue 42 item 1; models/keys.py): DeepSeek V4's
+`KEYS` is what the factory writes and what the family reads, and a file lacking one, or holding one of another
+type, is refused in one line naming it."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from tokenwing.errors import BadInputError
+from tokenwing.models import deepseek4
+from tokenwing.models.hparams import read_hparams
+from tokenwing.testmodel.architectures import architecture, dsv4_compress_ratios
+from tokenwing.testmodel.shapes import preset_shape
+
+SHAPE = preset_shape("tiny", "deepseek4")
+
+
+def _meta(**changes: Any) -> dict[str, Any]:
+    meta = {k: v.value for k, v in architecture("deepseek4").metadata(SHAPE).items()}
+    for key, value in changes.items():
+        if value is None:
+            del meta[key]
+        else:
+            meta[key] = value
+    return meta
+
+
+def _keys(meta: dict[str, Any]) -> deepseek4.Dsv4Keys:
+    return deepseek4.keys(read_hparams(meta, "deepseek4", "m.gguf"), "m.gguf")
+
+
+def test_the_factory_writes_the_table_and_the_family_reads_it_back() -> None:
+    k = _keys(_meta())
+    for field in deepseek4.KEYS.keys() - {"compress_ratios"}:
+        assert getattr(k, field) == getattr(SHAPE, field) != 0, field
+    assert k.compress_ratios == dsv4_compress_ratios(SHAPE) == (0, 0, 4, 128)  # (the MTP block's 0 written, not read)
+
+
+@pytest.mark.parametrize("field", sorted(deepseek4.KEYS))
+def test_a_missing_or_mistyped_key_is_refused_naming_it(field: str) -> None:
+    full = "deepseek4." + deepseek4.KEYS[field].name
+    with pytest.raises(BadInputError, match=re.escape(f"m.gguf: {full} is missing from the metadata")):
+        _keys(_meta(**{full: None}))
+    with pytest.raises(BadInputError, match=re.escape(f"m.gguf: {full} must")):
+        _keys(_meta(**{full: "four"}))
