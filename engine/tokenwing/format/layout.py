@@ -45,7 +45,6 @@ OTHER_MOE_ARCHS = frozenset(
         "bailingmoe",
         "dots1",
         "hunyuan-moe",
-        "llama4",
         "olmoe",
         "granitemoe",
         "phimoe",

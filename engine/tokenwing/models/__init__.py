@@ -20,6 +20,7 @@ from tokenwing.models.glm_dsa import GlmDsa
 from tokenwing.models.gpt_oss import GptOss
 from tokenwing.models.hparams import HParams, read_hparams
 from tokenwing.models.kimi_k3 import KimiK3
+from tokenwing.models.llama4 import Llama4
 from tokenwing.models.minimax_m2 import MiniMaxM2
 from tokenwing.models.mistral4 import Mistral4
 from tokenwing.models.qwen2moe import Qwen2MoE
@@ -49,6 +50,7 @@ FAMILIES: dict[str, type[MoEModel]] = {
         Mistral4,
         BailingMoE2,
         Gemma4,
+        Llama4,
     )
 }
 

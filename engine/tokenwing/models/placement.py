@@ -86,6 +86,12 @@ def batch_runs(ctx: Any, parts: list[Placement], slots: list[int]) -> tuple[Run,
     return tuple(runs)
 
 
+class Chunks(int):
+    """A window of llama.cpp's chunked kind (LLAMA_SWA_TYPE_CHUNKED, Llama 4): a query at position p sees the keys
+    from its chunk's start, p // span · span, not the last `span` positions. An int, the span, so that the runtime
+    hands it on as it does a sliding window (`MoEModel.window`); `placement_arrays` masks by its kind."""
+
+
 FLASH_ROWS = 64  # ggml's CPU flash attention runs its F32 tiled kernel for 64 queries or more (GGML_FA_TILE_Q)
 FLASH_ALIGN = 16  # ... and value rows of a multiple of the widest SIMD vector (16 floats)
 
@@ -94,10 +100,10 @@ def placement_arrays(
     pos0: int, n: int, n_kv: int, n_ctx: int, v_width: int, window: int = 0, axes: int = 1, flash: bool = False
 ) -> dict[str, np.ndarray]:
     """The input data of a `Placement` (numpy order); `window`: the sliding window's span, for its own mask (a
-    key is masked when the query is `window` or more positions after it, as llama.cpp's standard SWA); `axes`:
-    4 for multi-axis RoPE (a text token's position on the first three axes, 0 on the fourth, as llama.cpp);
-    `flash`: the F16 masks of flash attention too, each padded to FLASH_ROWS rows with copies of its last
-    (padding queries then need no key tile the real ones do not)."""
+    key is masked when the query is `window` or more positions after it, as llama.cpp's standard SWA; before the
+    query's chunk for `Chunks`); `axes`: 4 for multi-axis RoPE (a text token's position on the first three axes,
+    0 on the fourth, as llama.cpp); `flash`: the F16 masks of flash attention too, each padded to FLASH_ROWS rows
+    with copies of its last (padding queries then need no key tile the real ones do not)."""
     mask = np.zeros((n, n_kv), np.float32)
     for i in range(n):
         mask[i, pos0 + i + 1 :] = -np.inf
@@ -110,8 +116,10 @@ def placement_arrays(
         out["v_cells"] = (np.arange(v_width, dtype=np.int64)[None, :] * n_ctx + rows[:, None]).reshape(-1)
     if window:
         swa = mask.copy()
+        chunked = isinstance(window, Chunks)
         for i in range(n):
-            swa[i, : max(0, pos0 + i - window + 1)] = -np.inf
+            start = (pos0 + i) // window * window if chunked else pos0 + i - window + 1
+            swa[i, : max(0, start)] = -np.inf
         out["mask_swa"] = swa
     if flash:
         for name in ("mask", "mask_swa") if window else ("mask",):

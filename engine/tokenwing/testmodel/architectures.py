@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tokenwing.format.gguf_io import KV, ValueType
-from tokenwing.models import FAMILIES, deepseek4
+from tokenwing.models import FAMILIES, deepseek4, llama4
 from tokenwing.models.base import MoEModel
 from tokenwing.models.hparams import HParams, read_hparams
 from tokenwing.models.keys import write_keys
@@ -807,6 +807,18 @@ def _gemma4_kv(s: ModelShape) -> dict[str, KV]:
     return kv
 
 
+def _llama4_kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes Llama 4 (Llama4Model): the dense layers' FFN width, the experts' (the shared
+    expert's too), the MoE layers' interleave step, whole heads rotated; no sliding_window (llama.cpp then chunks
+    attention at 8,192 positions whatever it would say)."""
+    a = "llama4"
+    kv = _common_kv(s, a)
+    kv[f"{a}.feed_forward_length"] = KV.u32(s.n_ff_dense)
+    kv.update(write_keys(llama4.KEYS, a, {"moe_layer_step": s.moe_layer_step}))
+    kv[f"{a}.rope.dimension_count"] = KV.u32(s.head_dim)
+    return kv
+
+
 @dataclass(frozen=True)
 class Architecture:
     name: str
@@ -923,6 +935,14 @@ ARCHITECTURES: dict[str, Architecture] = {
         "Gemma 4 (26B-A4B): sliding-window and full layers of their own head sizes, per-layer norms, a dense GELU "
         "FFN beside GELU experts, logit soft-capping",
     ),
+    "llama4": Architecture(
+        "llama4",
+        family_tensors,
+        _llama4_kv,
+        "Llama 4 (Scout, Maverick): chunked attention with RoPE and L2-normed q/k in 3 of 4 layers, NoPE with "
+        "temperature tuning in the 4th, interleaved MoE layers, a top-1 sigmoid router weighting the expert's "
+        "input, a shared expert",
+    ),
 }
 
 
@@ -971,6 +991,8 @@ def check_shape(s: ModelShape) -> None:
         raise ValueError(f"{s.arch} has no leading dense layers (use --arch {', '.join(dense_lead)})")
     if s.arch != "kimi-k3" and (s.n_expert_latent or s.attn_res_block or s.situ_beta or s.situ_linear_beta):
         raise ValueError("latent experts, the residual's checkpoints and SiTU are kimi-k3's (use --arch kimi-k3)")
+    if s.arch != "llama4" and s.moe_layer_step != 1:
+        raise ValueError("an interleave step of MoE layers is llama4's (use --arch llama4)")
     if s.n_shared_exp and s.arch in ("qwen3moe", "gpt-oss"):
         raise ValueError(f"{s.arch} has no shared experts (use --arch qwen2moe, ernie4_5-moe or deepseek2)")
     if s.n_dense_lead >= s.n_layer:
@@ -1010,6 +1032,8 @@ def check_shape(s: ModelShape) -> None:
         _check_deepseek4(s)
     elif s.arch == "bailingmoe2":
         _check_bailingmoe2(s)
+    elif s.arch == "llama4":
+        _check_llama4(s)
     else:
         partial = s.arch in _QWEN_NEXT or s.arch in ("minimax-m2", "gemma4")
         mla = s.q_lora_rank or s.kv_lora_rank or (s.n_rot and not partial) or s.v_head_dim
@@ -1085,6 +1109,22 @@ def _check_deepseek2(s: ModelShape) -> None:
     if s.arch in ("deepseek2", "mistral4"):  # (llama.cpp loads both by deepseek2's rules)
         _check_lite(s)
     _check_groups(s)
+
+
+def _check_llama4(s: ModelShape) -> None:
+    """What llama.cpp's Llama 4 loader and graph take (and what this engine runs of it: one expert a token)."""
+    if s.n_expert_used != 1:
+        raise ValueError("llama4 routes one expert a token here: --n-expert-used 1")
+    if s.n_shared_exp != 1 or s.n_ff_shexp != s.n_ff_exp:
+        raise ValueError(
+            "llama4 has one shared expert as wide as a routed one: --n-shared-exp 1, --n-ff-shexp n_ff_exp"
+        )
+    if s.moe_layer_step < 1 or s.n_layer < s.moe_layer_step:
+        raise ValueError("llama4's --moe-layer-step must be at least 1 and at most --n-layer")
+    if s.q_lora_rank or s.kv_lora_rank or s.n_rot not in (0, s.head_dim) or s.v_head_dim or s.n_mtp:
+        raise ValueError("llama4 rotates whole heads and has no MLA ranks, head splits or MTP blocks")
+    if s.n_expert_group or s.n_group_used:
+        raise ValueError("llama4's router has no expert groups")
 
 
 def _check_bailingmoe2(s: ModelShape) -> None:

@@ -27,6 +27,7 @@ class ModelShape:
     n_ff_dense: int = 96
     n_shared_exp: int = 0  # shared experts (qwen2moe has one, gated)
     n_ff_shexp: int = 64
+    moe_layer_step: int = 1  # llama4: every n-th layer routes experts, the others are dense (Maverick: 2)
     vocab_size: int = 512
     context_length: int = 4096
     rope_base: float = 1_000_000.0
@@ -329,6 +330,10 @@ _KIMI_K3 = {
 # weights normalised and x2.5, RMS eps 1e-6), its own vocabulary; groups here: 4 using 2.
 _LING2 = {"n_shared_exp": 1, "expert_weights_scale": 2.5, "rms_eps": 1e-6, "tokenizer": "bailingmoe2"}
 
+# Llama 4 as its config has it (meta-llama/Llama-4-Scout-17B-16E: one shared expert as wide as a routed one, top-1,
+# RMS eps 1e-5, rope theta 5e5; Maverick interleaves dense and MoE layers, step 2: the factory's shapes take that)
+_LLAMA4 = {"n_shared_exp": 1, "n_expert_used": 1, "moe_layer_step": 2, "rms_eps": 1e-5, "rope_base": 500000.0}
+
 FAMILY_PRESETS: dict[str, ModelShape] = {
     "kimi-tiny": PRESETS["tiny"].with_(arch="deepseek2", n_layer=3, **_MLA["tiny"], **_KIMI_K2),
     # Ling 3.0 Flash (bailingmoe3: 42 layers, hidden 2560, 512 experts, top-8, KDA:MLA 5:1, one shared expert,
@@ -537,6 +542,8 @@ def _family_defaults(s: ModelShape, size: str) -> ModelShape:
         return s.with_(rope_sections=(s.head_dim // 2 - 2 * h, h, h, 0), rope_base=5_000_000.0)
     if s.arch == "minimax-m2" and s.n_rot == 0:
         return s.with_(**_MINIMAX_M2, n_rot=s.head_dim // 2)
+    if s.arch == "llama4" and s.n_shared_exp == 0:
+        return s.with_(**_LLAMA4, n_ff_shexp=s.n_ff_exp)
     if s.arch == "bailingmoe2" and s.n_rot == 0:
         groups = 4 if s.n_expert >= 8 and s.n_expert % 4 == 0 else 0
         return s.with_(
