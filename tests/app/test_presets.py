@@ -41,6 +41,7 @@ EXPECTED = {
     "qwen3-vl-30b-a3b": "qwen3vlmoe",
     "qwen3-vl-235b-a22b": "qwen3vlmoe",
     "mistral-small-4": "mistral4",
+    "gemma-4-26b-a4b": "gemma4",
 }
 
 GOOD = """\
@@ -375,6 +376,7 @@ NEW_FAMILIES = [
     "qwen3.8-flash-next",
     "deepseek-v4-flash",
     "ling-flash-2.0",
+    "gemma-4-26b-a4b",
 ]
 
 

@@ -45,12 +45,16 @@ KQUANT: dict[str, dict[str, object]] = {"factory": {}, "other": {"n_embd": 256, 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_f32_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path, variant: str) -> None:
-    """160 positions, an 80-token prompt then decode steps: within 1e-4 of llama.cpp's logits."""
+    """160 positions, an 80-token prompt then decode steps: within 1e-4 of llama.cpp's logits, or within llama.cpp's
+    own distance from itself where that is larger. ggml's GELU reads an F16 table (GGML_GELU_FP16): an input one ulp
+    apart can land on the next entry, so where F32 rounding differs (a batch of 512 tokens or one at a time)
+    llama.cpp's own logits part by up to 9.8e-5 on the factory's geometry, as far as ours do."""
     src = model_factory(type="F32", **VARIANTS[variant])  # type: ignore[arg-type]
     tokens = _tokens(160, 512, seed=11)
     ref = llama_logits(src, tokens, tmp_path)
+    own = llama_logits(src, tokens, tmp_path, n_batch=1)
     got, _ = steps(_repacked(src, tmp_path), tokens, 80)
-    assert np.abs(ref - got).max() <= 1e-4
+    assert np.abs(ref - got).max() <= max(1e-4, np.abs(ref - own).max())
     assert kl_per_position(ref, got).mean() <= 1e-8
 
 

@@ -17,11 +17,13 @@ from tokenwing.streaming.settings import StreamSettings
 pytestmark = pytest.mark.oracle
 
 
-def llama_logits(gguf: Path, tokens: np.ndarray, tmp: Path, plain: bool = False, f16_kv: bool = False) -> np.ndarray:
+def llama_logits(
+    gguf: Path, tokens: np.ndarray, tmp: Path, plain: bool = False, f16_kv: bool = False, n_batch: int = 512
+) -> np.ndarray:
     tok_path = tmp / "tokens.npy"
-    out_path = tmp / f"llama{'-plain' if plain else ''}{'-f16kv' if f16_kv else ''}.npy"
+    out_path = tmp / f"llama{'-plain' if plain else ''}{'-f16kv' if f16_kv else ''}{n_batch}.npy"
     np.save(tok_path, tokens)
-    extra = ["512", *(["plain"] if plain else []), *(["f16kv"] if f16_kv else [])]
+    extra = [str(n_batch), *(["plain"] if plain else []), *(["f16kv"] if f16_kv else [])]
     proc = subprocess.run(
         [
             sys.executable,
