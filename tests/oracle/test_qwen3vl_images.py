@@ -12,15 +12,18 @@ padded, a wide one.
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import assert_clean_error, run_cli
 from tokenwing.vision.cache import EncodedImages
+from tokenwing.vision.png import decode_png
 from tokenwing.vision.positions import image_positions, image_span
 from tokenwing.vision.qwen3vl import Qwen3VLEncoder
 
@@ -126,3 +129,93 @@ def test_an_image_sent_again_is_not_encoded_again(files: tuple[Path, Path]) -> N
         enc.close()
     assert again is first and (cache.hits, cache.misses) == (1, 2)
     assert np.abs(other - first).max() > 0.1
+
+
+def write_png(path: Path, px: np.ndarray) -> None:
+    """An 8-bit PNG of px (height, width, channels 1-4), its rows filtered by each of PNG's five filters in turn."""
+    h, w, c = px.shape
+    raw, prev = bytearray(), np.zeros(w * c, np.int32)
+    for y in range(h):
+        line = px[y].reshape(-1).astype(np.int32)
+        left = np.concatenate([np.zeros(c, np.int32), line[:-c]])
+        upleft = np.concatenate([np.zeros(c, np.int32), prev[:-c]])
+        p = left + prev - upleft
+        pa, pb, pc = np.abs(p - left), np.abs(p - prev), np.abs(p - upleft)
+        paeth = np.where((pa <= pb) & (pa <= pc), left, np.where(pb <= pc, prev, upleft))
+        pred = [0 * line, left, prev, (left + prev) >> 1, paeth][y % 5]
+        raw.append(y % 5)
+        raw += ((line - pred) & 0xFF).astype(np.uint8).tobytes()
+        prev = line
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", w, h, 8, {1: 0, 2: 4, 3: 2, 4: 6}[c], 0, 0, 0)
+    png = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(bytes(raw))) + chunk(b"IEND", b"")
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + png)
+
+
+def test_png_is_read_as_llama_cpp_reads_it(tmp_path: Path) -> None:
+    """Every filter and colour type: RGB as it is, grey repeated, alpha dropped (stb_image's 3 channels)."""
+    rgb = image(23, 31, seed=5)
+    grey = rgb[:, :, :1]
+    cases = {
+        "rgb": (rgb, rgb),
+        "rgba": (np.concatenate([rgb, grey], axis=2), rgb),
+        "grey": (grey, np.repeat(grey, 3, axis=2)),
+        "grey-alpha": (np.concatenate([grey, rgb[:, :, 1:2]], axis=2), np.repeat(grey, 3, axis=2)),
+    }
+    for name, (px, want) in cases.items():
+        write_png(tmp_path / f"{name}.png", px)
+        np.testing.assert_array_equal(decode_png((tmp_path / f"{name}.png").read_bytes()), want, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def repacked(files: tuple[Path, Path]) -> Path:
+    out = files[0].with_suffix(".tw.gguf")
+    r = run_cli("repack", str(files[0]), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+LOGITS = {  # (image, text)
+    "aligned-middle": ("aligned-64x48", "Describe <__media__> in one word."),
+    "wide-end": ("wide-200x30", "<|im_start|>user\nWhat is this? <__media__>"),
+}
+
+
+@pytest.mark.parametrize("case", LOGITS)
+def test_logits_with_an_image_match_llama_cpp(
+    files: tuple[Path, Path], repacked: Path, tmp_path: Path, case: str
+) -> None:
+    """`tokenwing logits MODEL --mmproj P --image FILE --text T` against mtmd_helper_eval_chunks on the same
+    files: within llama.cpp's own distance when only its KV cache precision changes (F16 for F32)."""
+    model, mmproj = files
+    name, text = LOGITS[case]
+    rgb = image(*IMAGES[name], seed=7)
+    write_png(tmp_path / "image.png", rgb)
+    mtmd_run(model, mmproj, rgb, text, tmp_path / "ref")
+    mtmd_run(model, mmproj, rgb, text, tmp_path / "f16kv", "f16kv")
+    ref = np.load(tmp_path / "ref" / "logits.npy")
+    own = np.abs(np.load(tmp_path / "f16kv" / "logits.npy") - ref).max()
+    out = tmp_path / "ours.npy"
+    args = ["--mmproj", str(mmproj), "--image", str(tmp_path / "image.png"), "--text", text]
+    r = run_cli("logits", str(repacked), *args, "--out", str(out), "--kv-type", "f32")
+    assert r.returncode == 0, r.stderr
+    got = np.load(out)
+    assert got.shape == ref.shape == (1, 512)
+    assert np.abs(got - ref).max() <= own, (np.abs(got - ref).max(), own)
+
+
+def test_bad_image_input_is_one_line(files: tuple[Path, Path], repacked: Path, tmp_path: Path) -> None:
+    mmproj = str(files[1])
+    (tmp_path / "a.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a png")
+    write_png(tmp_path / "ok.png", image(48, 64, seed=1))
+    cases = [
+        ("--image", str(tmp_path / "a.jpg"), "--text", "<__media__>"),  # not a PNG
+        ("--image", str(tmp_path / "ok.png"), "--text", "no marker"),  # no <__media__>
+        ("--image", str(tmp_path / "missing.png"), "--text", "<__media__>"),  # no file
+    ]
+    for extra in cases:
+        r = run_cli("logits", str(repacked), "--mmproj", mmproj, *extra, "--out", str(tmp_path / "x.npy"))
+        assert_clean_error(r, 2)

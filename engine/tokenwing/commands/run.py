@@ -145,6 +145,10 @@ def _cmd_logits(args: argparse.Namespace) -> int:
     # (lazy: only this command loads these; all of them at start-up took 2.4-3.4 s, not 0.25 s)
     import numpy as np
 
+    if args.image or args.mmproj or args.text is not None:
+        return _image_logits(args)
+    if not args.tokens:
+        raise BadInputError("logits: --tokens (or --mmproj, --image and --text)")
     try:
         tokens = np.load(args.tokens, allow_pickle=False).astype(np.int64).ravel().tolist()
     except (OSError, ValueError) as e:
@@ -155,6 +159,25 @@ def _cmd_logits(args: argparse.Namespace) -> int:
         _announce_device(args, session)  # after the tokens were checked: an error stays the only line
         if args.stats_json:
             write_json(args.stats_json, session.stats())
+    finally:
+        session.close()
+    write_atomic(args.out, lambda f: np.save(f, logits), logits.nbytes)
+    return 0
+
+
+def _image_logits(args: argparse.Namespace) -> int:
+    """The last position's logits, (1, n_vocab), of --text with --image where <__media__> is (issue 45)."""
+    # (lazy: only this command loads these; all of them at start-up took 2.4-3.4 s, not 0.25 s)
+    import numpy as np
+
+    from tokenwing.vision.logits import image_logits  # (lazy, as above: the encoder and its ggml graph)
+
+    if not (args.image and args.mmproj and args.text is not None) or args.tokens:
+        raise BadInputError("logits: an image takes --mmproj, --image and --text (with <__media__>), not --tokens")
+    session = _open_session(args)
+    try:
+        logits = image_logits(session, args.mmproj, args.image, args.text)
+        _announce_device(args, session)
     finally:
         session.close()
     write_atomic(args.out, lambda f: np.save(f, logits), logits.nbytes)
@@ -208,7 +231,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     lg = sub.add_parser("logits", help="per-position logits of a token sequence (for oracle checks)")
     add_engine_arguments(lg)
-    lg.add_argument("--tokens", required=True, help=".npy of token ids")
+    lg.add_argument("--tokens", help=".npy of token ids")
+    lg.add_argument("--mmproj", help="the image encoder's GGUF (with --image and --text)")
+    lg.add_argument("--image", help="a PNG image, where --text has <__media__>")
+    lg.add_argument("--text", help="the prompt's text, <__media__> where the image goes")
     lg.add_argument("--out", required=True, help=".npy to write, shape (tokens, vocabulary)")
     lg.set_defaults(func=_cmd_logits)
 

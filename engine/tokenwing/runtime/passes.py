@@ -24,6 +24,7 @@ from tokenwing.runtime.sequences import SequenceState
 from tokenwing.runtime.token_graph import TokenGraph
 from tokenwing.runtime.vram.tier import VramTier
 from tokenwing.runtime.vram.weights import Place
+from tokenwing.vision.prompt import MediaPrompt
 
 if TYPE_CHECKING:  # (the session's options: only their fields are read)
     from tokenwing.runtime.session import SessionOptions
@@ -61,6 +62,8 @@ class Passes(SequenceState):
     _warned_prompt: bool
     _prompt_memory_held: bool
     _known: dict[int, list[int]]
+    # a prompt with images while it runs (vision/prompt.py): their rows' inputs, positions and deepstack parts
+    media: MediaPrompt | None = None
 
     def _forward_all(self, tokens: list[int], all_logits: bool, prompt: bool, end: bool = True) -> np.ndarray:
         hp, n = self.hp, len(tokens)
@@ -103,17 +106,22 @@ class Passes(SequenceState):
         n, pos0 = len(tokens), self.pos
         decode = n == 1 and not prompt
         self._open_pass(tokens, snapshot, decode)
-        logits = self._token_step(tokens[0]) if decode and self.scheduler.slot_map is not None else None
+        one_graph = decode and self.scheduler.slot_map is not None and self.media is None  # (its positions: text's)
+        logits = self._token_step(tokens[0]) if one_graph else None
         if logits is not None:
             self._advance(tokens)
             return logits.reshape(1, -1) if all_logits else logits
         h = self._pass_input(tokens)
+        if self.media is not None:
+            self.media.inputs(h, pos0)
         sel_rows: list[np.ndarray] = []
         pred_rows: list[np.ndarray] = []
         carry: Parts | None = None  # layer il's graph results, computed with the layer before's experts
         for il in range(self.hp.n_layer):
             out, sel, preds, carry = self._layer(il, h, decode, carry)
             h = out if out is not None else h  # (None: fused into the next layer's graph)
+            if self.media is not None and out is not None:
+                self.media.after_layer(il, h, pos0)
             if self.kv.spilled and not decode:  # a prompt writes a layer's positions at once: reclaimable now
                 self.kv.write_back(il)
             if self.trace is not None and sel is not None and preds is not None:
@@ -343,7 +351,10 @@ class Passes(SequenceState):
         n_kv = common.decode_window(pos0 + n - 1, self.n_ctx)
         flash = not decode and self.options.prompt_attention == "flash"
         axes = self.model.position_axes
-        return common.placement(self.graph, pos0, n, n_kv, self.n_ctx, self._v_width, self.model.window, axes, flash)
+        at = common.placement(self.graph, pos0, n, n_kv, self.n_ctx, self._v_width, self.model.window, axes, flash)
+        if self.media is not None:  # image rows' positions, and the text's after them
+            at = dataclasses.replace(at, positions=self.graph.input(self.media.positions(pos0, n)))
+        return at
 
     # ------------------------------------------------------------------------- a decode step as one graph
     def _token_step(self, token: int) -> np.ndarray | None:

@@ -1,0 +1,99 @@
+"""A prompt with images in it, as the runtime's prompt pass takes it (issue 45): the text's tokens and each image's
+rows in the sequence, the rows' RoPE positions and the text's after them, and the deepstack parts of the rows that
+Qwen3-VL adds into its first layers' outputs.
+
+`Session.media` holds one while a prompt with images runs (runtime/passes.py's three hooks: the pass's first state,
+each placement's positions, each layer's output). An image row is a KV cell like a token's, so the KV cache, masks
+and chunks are the text's; what differs is its input (the encoder's row, not a token's embedding), its positions
+(vision/positions.py) and, after layer il < the deepstack count, the addition of the row's slice il + 1 (llama.cpp's
+qwen3vlmoe graph: ds = t_inp_embd's slice, zero for text).
+
+The text is split where `MEDIA_MARKER` stands; llama.cpp's libmtmd tokenizes each piece apart with the image's
+begin and end texts (Qwen-VL's <|vision_start|> and <|vision_end|>) and so does `tokens`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tokenwing.errors import BadInputError
+from tokenwing.text.tokenizer import TextTokenizer
+from tokenwing.vision.positions import image_positions, image_span
+
+MEDIA_MARKER = "<__media__>"  # llama.cpp's mtmd_default_marker
+IMAGE_BEGIN, IMAGE_END = "<|vision_start|>", "<|vision_end|>"  # Qwen-VL's (mtmd.cpp, PROJECTOR_TYPE_QWEN3VL)
+PLACEHOLDER = 0  # the token id an image row stands as in the session's history (its input is replaced)
+
+
+@dataclass(frozen=True)
+class ImageRows:
+    start: int  # the sequence index (KV cell) of its first row
+    nx: int
+    ny: int
+    embd: np.ndarray  # (nx · ny, n_embd × (1 + deepstack layers))
+
+
+@dataclass
+class MediaPrompt:
+    n_embd: int
+    images: list[ImageRows] = field(default_factory=list)
+
+    def _shift(self, cell: int) -> int:
+        """How far position and cell part at `cell`: each whole image before it takes fewer positions than rows."""
+        return sum(im.nx * im.ny - image_span(im.nx, im.ny) for im in self.images if im.start + im.nx * im.ny <= cell)
+
+    def positions(self, pos0: int, n: int) -> np.ndarray:
+        """I32 [4 n] for the cells pos0 … pos0 + n - 1: text on three axes and 0 on the fourth, image rows theirs."""
+        out = np.zeros((4, n), np.int32)
+        for i in range(n):
+            cell = pos0 + i
+            im = next((m for m in self.images if m.start <= cell < m.start + m.nx * m.ny), None)
+            if im is None:
+                out[:3, i] = cell - self._shift(cell)
+            else:
+                p0 = im.start - self._shift(im.start)
+                out[:, i] = image_positions(p0, im.nx, im.ny).reshape(4, -1)[:, cell - im.start]
+        return out.reshape(-1)
+
+    def _rows(self, pos0: int, n: int) -> list[tuple[slice, ImageRows, slice]]:
+        """(rows of the pass, image, its rows) where the pass's cells pos0 … pos0 + n - 1 are an image's."""
+        out = []
+        for im in self.images:
+            lo, hi = max(pos0, im.start), min(pos0 + n, im.start + im.nx * im.ny)
+            if lo < hi:
+                out.append((slice(lo - pos0, hi - pos0), im, slice(lo - im.start, hi - im.start)))
+        return out
+
+    def inputs(self, h: np.ndarray, pos0: int) -> None:
+        """The pass's first state: image rows' main parts in place of their placeholders' embeddings."""
+        for at, im, rows in self._rows(pos0, h.shape[0]):
+            h[at] = im.embd[rows, : self.n_embd]
+
+    def after_layer(self, il: int, h: np.ndarray, pos0: int) -> None:
+        """Layer il's output: its deepstack part added to the image rows (text adds zeros)."""
+        lo, hi = (il + 1) * self.n_embd, (il + 2) * self.n_embd
+        for at, im, rows in self._rows(pos0, h.shape[0]):
+            if hi <= im.embd.shape[1]:
+                h[at] += im.embd[rows, lo:hi]
+
+
+def tokens(
+    tok: TextTokenizer, text: str, images: list[tuple[int, int, np.ndarray]], n_embd: int
+) -> tuple[list[int], MediaPrompt]:
+    """The session's tokens for `text` with one image (nx, ny, embeddings) per MEDIA_MARKER, and its MediaPrompt."""
+    parts = text.split(MEDIA_MARKER)
+    if len(parts) - 1 != len(images):
+        raise BadInputError(f"the text has {len(parts) - 1} {MEDIA_MARKER} for {len(images)} image(s)")
+    out: list[int] = []
+    media = MediaPrompt(n_embd)
+    for i, part in enumerate(parts):
+        pieces = ([IMAGE_END] if i else []) + ([part] if part else []) + ([IMAGE_BEGIN] if i < len(images) else [])
+        for piece in pieces:
+            out += tok.encode(piece, special=True, add_bos=False)
+        if i < len(images):
+            nx, ny, embd = images[i]
+            media.images.append(ImageRows(len(out), nx, ny, embd))
+            out += [PLACEHOLDER] * (nx * ny)
+    return out, media
