@@ -25,6 +25,8 @@ LISTED = {
     "minimax-m2": {},
     "gpt-oss": {},
     "bailingmoe2": {"n_dense_lead": 1, "n_mtp": 1},
+    "deepseek2": {"n_dense_lead": 1, "n_mtp": 1},
+    "mistral4": {"n_dense_lead": 1, "fused_gate_up": False},
 }
 
 

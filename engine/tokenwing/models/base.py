@@ -189,9 +189,15 @@ class MoEModel:
         attention (`attention_tensors`), then a dense FFN or the router, routed experts and shared experts."""
         first, last = specs.head(hp)
         out = first
-        for il in range(hp.n_layer):
+        for il in range(hp.n_layer + hp.n_mtp):  # (the next-token-prediction blocks last: whole layers and more)
             out += cls.attention_tensors(hp, il, parts) + cls.ffn_tensors(hp, il, parts)
+            out += cls.mtp_tensors(hp, il) if il >= hp.n_layer else []
         return out + last
+
+    @classmethod
+    def mtp_tensors(cls, hp: HParams, il: int) -> list[TensorSpec]:
+        """A next-token-prediction block's own tensors beside its layer's (the check reads none: never run)."""
+        return []
 
     @classmethod
     def ffn_tensors(cls, hp: HParams, il: int, parts: Parts) -> list[TensorSpec]:

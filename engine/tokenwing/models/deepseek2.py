@@ -14,8 +14,9 @@ import numpy as np
 
 from tokenwing.compute.ggml_lib import ROPE_NORM, Tensor, ops
 from tokenwing.models import common, mla
-from tokenwing.models.base import MoEModel, TensorCheck
+from tokenwing.models.base import MoEModel
 from tokenwing.models.hparams import HParams
+from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
 
 
@@ -40,9 +41,29 @@ class DeepSeek2(MoEModel):
         mscale = attn_factor_org * (f32(1.0) + f32(0.1) * f32(log_mul) * ln_factor)
         self.kq_scale = float(f32(mscale * mscale) / np.sqrt(f32(k_head)))
 
+    shared_as_experts = True
+
     @classmethod
-    def check_attention(cls, c: TensorCheck, il: int) -> None:
-        mla.check(c, il)
+    def attention_tensors(cls, hp: HParams, il: int, parts: Parts) -> list[TensorSpec]:
+        return mla.tensors(hp, il)
+
+    @classmethod
+    def mtp_tensors(cls, hp: HParams, il: int) -> list[TensorSpec]:
+        """llama.cpp's `blk.N.nextn.*`: the projection of [embedding, hidden], their norms, its own head."""
+        p, e, v = f"blk.{il}.nextn.", hp.n_embd, hp.vocab_size
+        return [
+            TensorSpec(p + "eh_proj.weight", (2 * e, e), "matrix"),
+            TensorSpec(p + "enorm.weight", (e,), "norm"),
+            TensorSpec(p + "hnorm.weight", (e,), "norm"),
+            TensorSpec(p + "embed_tokens.weight", (e, v), "embd"),
+            TensorSpec(p + "shared_head_head.weight", (e, v), "matrix"),
+            TensorSpec(p + "shared_head_norm.weight", (e,), "norm"),
+        ]
+
+    @classmethod
+    def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
+        mla.validate(hp, where)
+        super().check(hp, shapes, streamed, where)
 
     @classmethod
     def kv_layer(cls, hp: HParams, il: int) -> common.KVSpec:

@@ -22,6 +22,7 @@ from tokenwing.errors import BadInputError
 from tokenwing.models import common
 from tokenwing.models.base import TensorCheck
 from tokenwing.models.hparams import HParams
+from tokenwing.models.specs import TensorSpec
 
 
 @dataclass(frozen=True)
@@ -41,36 +42,55 @@ class Heads:
         return self.k - hp.n_rot
 
 
-def check(c: TensorCheck, il: int, split: bool = False) -> None:
-    """The attention tensors of layer il; `split`: only the attn_k_b/attn_v_b form (no older attn_kv_b)."""
-    hp, p, e = c.hp, f"blk.{il}.", c.hp.n_embd
-    heads = Heads.of(hp)
-    nope, rank = heads.nope(hp), hp.kv_lora_rank
+def validate(hp: HParams, where: str, split: bool = False) -> None:
+    """The MLA geometry the keys give is one llama.cpp computes; `split`: only the attn_k_b/attn_v_b form."""
+    nope, rank = Heads.of(hp).nope(hp), hp.kv_lora_rank
     if nope < 1 or rank < 1:
-        raise BadInputError(f"{c.where}: kv_lora_rank and the no-rope part of the key heads must be positive")
-    c.need(p + "attn_norm.weight", (e,))
-    if hp.q_lora_rank:
-        c.need(p + "attn_q_a.weight", (e, hp.q_lora_rank))
-        c.need(p + "attn_q_a_norm.weight", (hp.q_lora_rank,))
-        c.need(p + "attn_q_b.weight", (hp.q_lora_rank, hp.n_head * heads.k))
-    else:
-        c.need(p + "attn_q.weight", (e, hp.n_head * heads.k))
-    c.need(p + "attn_kv_a_mqa.weight", (e, rank + hp.n_rot))
-    c.need(p + "attn_kv_a_norm.weight", (rank,))
+        raise BadInputError(f"{where}: kv_lora_rank and the no-rope part of the key heads must be positive")
     if hp.is_mla:
         if hp.n_head_kv != 1 or hp.head_dim != rank + hp.n_rot:
-            raise BadInputError(
-                f"{c.where}: an MLA cache needs head_count_kv 1 and key_length kv_lora_rank + rope dims"
-            )
-        c.need(p + "attn_k_b.weight", (nope, rank, hp.n_head))
-        c.need(p + "attn_v_b.weight", (rank, heads.v, hp.n_head))
+            raise BadInputError(f"{where}: an MLA cache needs head_count_kv 1 and key_length kv_lora_rank + rope dims")
     elif split:
-        raise BadInputError(f"{c.where}: {hp.arch} needs key_length_mla and value_length_mla (MLA's split form)")
+        raise BadInputError(f"{where}: {hp.arch} needs key_length_mla and value_length_mla (MLA's split form)")
+    elif hp.n_head_kv != hp.n_head:
+        raise BadInputError(f"{where}: a model without MLA keys needs head_count_kv = head_count")
+
+
+def tensors(hp: HParams, il: int) -> list[TensorSpec]:
+    """Layer il's attention tensors as llama.cpp's converter writes them: the query through a low-rank pair (or a
+    plain attn_q without q_lora_rank), K/V from one compressed latent plus the shared rotary key, and attn_kv_b split
+    into per-head attn_k_b (transposed) and attn_v_b, or kept whole (older files, without MLA's head sizes)."""
+    p, e = f"blk.{il}.", hp.n_embd
+    heads = Heads.of(hp)
+    nope, rank, q = heads.nope(hp), hp.kv_lora_rank, hp.n_head * heads.k
+    out = [TensorSpec(p + "attn_norm.weight", (e,), "norm")]
+    if hp.q_lora_rank:
+        out += [
+            TensorSpec(p + "attn_q_a.weight", (e, hp.q_lora_rank), "matrix"),
+            TensorSpec(p + "attn_q_a_norm.weight", (hp.q_lora_rank,), "norm"),
+            TensorSpec(p + "attn_q_b.weight", (hp.q_lora_rank, q), "matrix"),
+        ]
     else:
-        if hp.n_head_kv != hp.n_head:
-            raise BadInputError(f"{c.where}: a model without MLA keys needs head_count_kv = head_count")
-        c.need(p + "attn_kv_b.weight", (rank, hp.n_head * (nope + heads.v)))
-    c.need(p + "attn_output.weight", (hp.n_head * heads.v, e))
+        out.append(TensorSpec(p + "attn_q.weight", (e, q), "matrix"))
+    out += [
+        TensorSpec(p + "attn_kv_a_mqa.weight", (e, rank + hp.n_rot), "matrix"),
+        TensorSpec(p + "attn_kv_a_norm.weight", (rank,), "norm"),
+    ]
+    if hp.is_mla:
+        out += [
+            TensorSpec(p + "attn_k_b.weight", (nope, rank, hp.n_head), "matrix"),
+            TensorSpec(p + "attn_v_b.weight", (rank, heads.v, hp.n_head), "matrix"),
+        ]
+    else:
+        out.append(TensorSpec(p + "attn_kv_b.weight", (rank, hp.n_head * (nope + heads.v)), "matrix"))
+    return [*out, TensorSpec(p + "attn_output.weight", (hp.n_head * heads.v, e), "matrix")]
+
+
+def check(c: TensorCheck, il: int, split: bool = False) -> None:
+    """The attention tensors of layer il (`tensors`); `split`: only the attn_k_b/attn_v_b form."""
+    validate(c.hp, c.where, split)
+    for t in tensors(c.hp, il):
+        c.need(t.name, t.shape)
 
 
 def kv_spec(hp: HParams) -> common.KVSpec:

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tokenwing.format.gguf_io import KV, ValueType
-from tokenwing.models import FAMILIES, deepseek4, llama4
+from tokenwing.models import FAMILIES, deepseek4, llama4, mla
 from tokenwing.models.base import MoEModel
+from tokenwing.models.deepseek2 import DeepSeek2
 from tokenwing.models.hparams import HParams, read_hparams
 from tokenwing.models.keys import write_keys
 from tokenwing.models.specs import Parts, TensorSpec
@@ -121,62 +122,13 @@ def _head(s: ModelShape) -> tuple[list[TensorSpec], list[TensorSpec]]:
 
 
 def _mla_attention(s: ModelShape, i: int) -> list[TensorSpec]:
-    """DeepSeek-V2/V3 multi-head latent attention as llama.cpp's converter writes it: the query through a
-    low-rank compression (or a plain attn_q without q_lora_rank), K/V from one compressed latent plus a shared
-    rotary key, and attn_kv_b split into per-head attn_k_b (transposed) and attn_v_b, or kept whole (older files).
-    """
-    nope, q_dim = s.head_dim - s.rot, s.n_head * s.head_dim
-    out = [TensorSpec(f"blk.{i}.attn_norm.weight", (s.n_embd,), "norm")]
-    if s.q_lora_rank:
-        out += [
-            TensorSpec(f"blk.{i}.attn_q_a.weight", (s.n_embd, s.q_lora_rank), "matrix"),
-            TensorSpec(f"blk.{i}.attn_q_a_norm.weight", (s.q_lora_rank,), "norm"),
-            TensorSpec(f"blk.{i}.attn_q_b.weight", (s.q_lora_rank, q_dim), "matrix"),
-        ]
-    else:
-        out.append(TensorSpec(f"blk.{i}.attn_q.weight", (s.n_embd, q_dim), "matrix"))
-    out += [
-        TensorSpec(f"blk.{i}.attn_kv_a_mqa.weight", (s.n_embd, s.kv_lora_rank + s.rot), "matrix"),
-        TensorSpec(f"blk.{i}.attn_kv_a_norm.weight", (s.kv_lora_rank,), "norm"),
-    ]
-    if s.legacy_kv_b:
-        out.append(TensorSpec(f"blk.{i}.attn_kv_b.weight", (s.kv_lora_rank, s.n_head * (nope + s.v_dim)), "matrix"))
-    else:
-        out += [
-            TensorSpec(f"blk.{i}.attn_k_b.weight", (nope, s.kv_lora_rank, s.n_head), "matrix"),
-            TensorSpec(f"blk.{i}.attn_v_b.weight", (s.kv_lora_rank, s.v_dim, s.n_head), "matrix"),
-        ]
-    out.append(TensorSpec(f"blk.{i}.attn_output.weight", (s.n_head * s.v_dim, s.n_embd), "matrix"))
-    return out
+    """Multi-head latent attention's tensors of layer i (models/mla.py's list, at this shape's keys)."""
+    return mla.tensors(shape_hparams(s), i)
 
 
 def _nextn(s: ModelShape, i: int) -> list[TensorSpec]:
-    """The extra tensors of a next-token-prediction block (llama.cpp's `blk.N.nextn.*`)."""
-    return [
-        TensorSpec(f"blk.{i}.nextn.eh_proj.weight", (2 * s.n_embd, s.n_embd), "matrix"),
-        TensorSpec(f"blk.{i}.nextn.enorm.weight", (s.n_embd,), "norm"),
-        TensorSpec(f"blk.{i}.nextn.hnorm.weight", (s.n_embd,), "norm"),
-        TensorSpec(f"blk.{i}.nextn.embed_tokens.weight", (s.n_embd, s.vocab_size), "embd"),
-        TensorSpec(f"blk.{i}.nextn.shared_head_head.weight", (s.n_embd, s.vocab_size), "matrix"),
-        TensorSpec(f"blk.{i}.nextn.shared_head_norm.weight", (s.n_embd,), "norm"),
-    ]
-
-
-def _deepseek2(s: ModelShape) -> list[TensorSpec]:
-    """DeepSeek-V2/V3, Kimi K2: MLA, leading dense layers, sigmoid router with a selection bias, routed experts
-    plus shared ones as wide as n_shared_exp routed experts; next-token-prediction blocks last."""
-    first, last = _head(s)
-    layers: list[TensorSpec] = []
-    for i in range(s.n_block):
-        layers += _mla_attention(s, i)
-        if i < s.n_dense_lead:
-            layers += _dense_ffn(s, i)
-        else:
-            layers += [*_routed_experts(s, i), TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector")]
-            layers += _shared_expert(s, i, gated=False, ff=s.n_ff_exp * s.n_shared_exp)
-        if i >= s.n_layer:
-            layers += _nextn(s, i)
-    return first + layers + last
+    """A DeepSeek-style next-token-prediction block's own tensors (llama.cpp's `blk.N.nextn.*`: deepseek2's)."""
+    return DeepSeek2.mtp_tensors(shape_hparams(s), i)
 
 
 def glm_dsa_indexer_full(s: ModelShape, i: int) -> bool:
@@ -611,7 +563,7 @@ def _mistral4(s: ModelShape) -> list[TensorSpec]:
     `fused_gate_up` each layer's gate and up experts as one ffn_gate_up_exps (each expert's gate rows, then its
     up rows), as its converter writes the checkpoint's gate_up_proj."""
     out: list[TensorSpec] = []
-    for t in _deepseek2(s):
+    for t in family_tensors(s):
         if ".exp_probs_b." in t.name or (s.fused_gate_up and t.name.endswith("ffn_up_exps.weight")):
             continue
         if s.fused_gate_up and t.name.endswith("ffn_gate_exps.weight"):
@@ -860,7 +812,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     ),
     "deepseek2": Architecture(
         "deepseek2",
-        _deepseek2,
+        family_tensors,
         _deepseek2_kv,
         "DeepSeek-V3 / Kimi K2: MLA, YaRN, group-limited sigmoid router with selection bias, shared expert",
     ),
@@ -1056,6 +1008,8 @@ def check_shape(s: ModelShape) -> None:
         raise ValueError("qwen3vlmoe rotates whole heads by IMRoPE: four section counts whose pairs fit in the head")
     if s.fused_gate_up and s.arch != "mistral4":
         raise ValueError("fused gate_up experts are written for mistral4 only (its converter's form)")
+    if s.legacy_kv_b and s.arch not in ("deepseek2", "mistral4"):  # (the engine refuses it of the others)
+        raise ValueError("--legacy-kv-b is the older DeepSeek-V2/V3 converter's form: deepseek2 and mistral4 only")
     if s.arch == "gpt-oss" and s.sliding_window <= 0:
         raise ValueError("--sliding-window must be positive")
 
