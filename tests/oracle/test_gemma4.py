@@ -16,6 +16,11 @@ import pytest
 from tests.conftest import ModelFactory
 from tests.oracle.test_families import quantized_matches_llama_cpp, steps, streamed_matches_resident
 from tests.oracle.test_logits import _repacked, _tokens, kl_per_position, llama_logits
+from tokenwing.errors import BadInputError, UnsupportedError
+from tokenwing.models.gemma4 import keys
+from tokenwing.models.hparams import read_hparams
+from tokenwing.testmodel import preset_shape
+from tokenwing.testmodel.architectures import architecture
 
 pytestmark = pytest.mark.oracle
 
@@ -76,3 +81,21 @@ def test_streamed_at_a_quarter_is_bit_identical_to_resident(
     """25 % of the expert bytes, lookahead 0 and 2: the same logits as every expert in RAM."""
     model = _repacked(model_factory(type="Q8_0", **VARIANTS[variant]), tmp_path)  # type: ignore[arg-type]
     streamed_matches_resident(model, _tokens(160, 512, seed=13), percent=25)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("embedding_length_per_layer_input", 256, "per-layer embeddings and shared KV layers"),
+        ("attention.shared_kv_layers", 2, "per-layer embeddings and shared KV layers"),
+        ("attention.sliding_window_pattern", 4, "sliding_window_pattern must have one flag per layer"),
+        ("attention.value_length_swa", 8, "key and value heads must be of one size"),
+        ("final_logit_softcapping", "30", "final_logit_softcapping must be a number"),
+    ],
+)
+def test_a_file_it_cannot_run_is_refused_in_one_line(key: str, value: object, says: str) -> None:
+    """Gemma 4 E2B/E4B's per-layer embeddings and shared KV layers are not run; malformed keys are named."""
+    s = preset_shape("tiny", "gemma4")
+    meta = {k: v.value for k, v in architecture("gemma4").metadata(s).items()} | {f"gemma4.{key}": value}
+    with pytest.raises((BadInputError, UnsupportedError), match=says):
+        keys(read_hparams(meta, "gemma4", "m.gguf"), "m.gguf")

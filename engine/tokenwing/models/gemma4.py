@@ -30,6 +30,7 @@ from tokenwing.errors import BadInputError, UnsupportedError
 from tokenwing.models import common, specs
 from tokenwing.models.base import MoEModel, TensorCheck
 from tokenwing.models.hparams import HParams
+from tokenwing.models.keys import Key, read_keys
 from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
 
@@ -51,42 +52,38 @@ class Keys:
         return self.head_dim_swa if self.swa[il] else hp.head_dim
 
 
+# The family's own keys (models/keys.py: read here, written by the factory from the same table), by Keys field; 0 in
+# key_length_swa and rope.dimension_count_swa: the full layers' (llama.cpp's defaults where the file has none)
+KEYS: dict[str, Key] = {
+    "head_dim_swa": Key("attention.key_length_swa", "u32", 0),
+    "head_dim_v_swa": Key("attention.value_length_swa", "u32", 0),
+    "n_rot_swa": Key("rope.dimension_count_swa", "u32", 0),
+    "rope_base_swa": Key("rope.freq_base_swa", "f32", 10000.0),
+    "softcap": Key("final_logit_softcapping", "f32", 30.0),
+    "n_embd_per_layer": Key("embedding_length_per_layer_input", "u32"),
+    "shared_kv_layers": Key("attention.shared_kv_layers", "u32", 0),
+}
+
+
 def keys(hp: HParams, where: str = "the model") -> Keys:
-    """The family's keys from the file's (hp.keys), checked; one line naming the key otherwise."""
-    k = hp.keys
-
-    def number(key: str, default: float | None, kind: type = int) -> Any:
-        v = k.get(key, default)
-        if v is None:
-            raise BadInputError(f"{where}: gemma4.{key} is missing from the metadata")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
-            raise BadInputError(f"{where}: gemma4.{key} must be {'an integer' if kind is int else 'a number'}")
-        return kind(v)
-
+    """The family's keys from the file's (hp.keys), checked; one line naming the key otherwise. Its per-layer KV
+    heads and window pattern are shared keys (`read_hparams` reads them; the heads' per-layer list is kept here)."""
+    own = read_keys(KEYS, hp, where)
     pattern = hp.swa_pattern
     if not isinstance(pattern, tuple) or len(pattern) < hp.n_layer:
         raise BadInputError(f"{where}: gemma4.attention.sliding_window_pattern must have one flag per layer")
-    heads = k.get("attention.head_count_kv", hp.n_head_kv)
+    heads = hp.keys.get("attention.head_count_kv", hp.n_head_kv)
     heads = heads.tolist() if hasattr(heads, "tolist") else heads
     head_kv = tuple(heads[: hp.n_layer]) if isinstance(heads, list) else (heads,) * hp.n_layer
     if len(head_kv) < hp.n_layer or min(head_kv) <= 0 or any(hp.n_head % h for h in head_kv):
         raise BadInputError(f"{where}: gemma4.attention.head_count_kv must divide head_count in every layer")
-    head_dim_swa = number("attention.key_length_swa", hp.head_dim)
-    if number("attention.value_length_swa", head_dim_swa) != head_dim_swa or hp.head_dim_v != hp.head_dim:
+    head_dim_swa = own.pop("head_dim_swa") or hp.head_dim
+    if (own.pop("head_dim_v_swa") or head_dim_swa) != head_dim_swa or hp.head_dim_v != hp.head_dim:
         raise BadInputError(f"{where}: gemma4's key and value heads must be of one size (llama.cpp requires it)")
-    n_rot_swa = number("rope.dimension_count_swa", hp.n_rot)
-    if head_dim_swa <= 0 or not 0 < n_rot_swa <= head_dim_swa or n_rot_swa % 2:
+    own["n_rot_swa"] = own["n_rot_swa"] or hp.n_rot
+    if not 0 < own["n_rot_swa"] <= head_dim_swa or own["n_rot_swa"] % 2:
         raise BadInputError(f"{where}: gemma4.rope.dimension_count_swa must be even, positive, at most the head")
-    out = Keys(
-        swa=tuple(pattern[: hp.n_layer]),
-        head_kv=head_kv,
-        head_dim_swa=head_dim_swa,
-        n_rot_swa=n_rot_swa,
-        rope_base_swa=number("rope.freq_base_swa", 10000.0, float),
-        softcap=number("final_logit_softcapping", 30.0, float),
-        n_embd_per_layer=number("embedding_length_per_layer_input", None),
-        shared_kv_layers=number("attention.shared_kv_layers", 0),
-    )
+    out = Keys(swa=tuple(pattern[: hp.n_layer]), head_kv=head_kv, head_dim_swa=head_dim_swa, **own)
     if any(out.swa) and hp.sliding_window <= 0:
         raise BadInputError(f"{where}: gemma4's sliding-window layers need attention.sliding_window")
     if out.n_embd_per_layer or out.shared_kv_layers:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tokenwing.format.gguf_io import KV, ValueType
-from tokenwing.models import FAMILIES, deepseek4, llama4, mla
+from tokenwing.models import FAMILIES, deepseek4, gemma4, llama4, mla
 from tokenwing.models.base import MoEModel
 from tokenwing.models.deepseek2 import DeepSeek2
 from tokenwing.models.hparams import HParams, read_hparams
@@ -742,21 +742,17 @@ def _gemma4_kv(s: ModelShape) -> dict[str, KV]:
     a = "gemma4"
     kv = _common_kv(s, a)
     full = [(i + 1) % s.full_attention_interval == 0 for i in range(s.n_block)]
-    hd_full, kv_full = s.head_dim_full or 2 * s.head_dim, s.n_head_kv_full or max(1, s.n_head_kv // 2)
-    for key, value in (("key_length", hd_full), ("value_length", hd_full), ("key_length_swa", s.head_dim)):
-        kv[f"{a}.attention.{key}"] = KV.u32(value)
-    kv[f"{a}.attention.value_length_swa"] = KV.u32(s.head_dim)
+    hd_full, kv_full = s.head_dim_full or 2 * s.head_dim, s.head_kv_full or max(1, s.n_head_kv // 2)
+    kv[f"{a}.attention.key_length"] = KV.u32(hd_full)
+    kv[f"{a}.attention.value_length"] = KV.u32(hd_full)
     kv[f"{a}.attention.head_count_kv"] = KV.array(ValueType.UINT32, [kv_full if f else s.n_head_kv for f in full])
     kv[f"{a}.attention.sliding_window_pattern"] = KV.array(ValueType.BOOL, [not f for f in full])
     kv[f"{a}.attention.sliding_window"] = KV.u32(s.sliding_window)
-    kv[f"{a}.attention.shared_kv_layers"] = KV.u32(0)
     kv[f"{a}.rope.dimension_count"] = KV.u32(hd_full)
-    kv[f"{a}.rope.dimension_count_swa"] = KV.u32(s.rot)
-    kv[f"{a}.rope.freq_base_swa"] = KV.f32(10000.0)
-    kv[f"{a}.final_logit_softcapping"] = KV.f32(30.0)
-    kv[f"{a}.embedding_length_per_layer_input"] = KV.u32(0)
     kv[f"{a}.feed_forward_length"] = KV.u32(s.n_ff_dense)
-    return kv
+    own = {"head_dim_swa": s.head_dim, "head_dim_v_swa": s.head_dim, "n_rot_swa": s.rot, "rope_base_swa": 10000.0}
+    own |= {"softcap": 30.0, "n_embd_per_layer": 0, "shared_kv_layers": 0}
+    return kv | write_keys(gemma4.KEYS, a, own)
 
 
 def _llama4_kv(s: ModelShape) -> dict[str, KV]:
