@@ -5,7 +5,8 @@ usage: python mtmd_probe.py MODEL.gguf MMPROJ.gguf IMAGE.npy TEXT OUT_DIR [f16kv
 IMAGE.npy holds the image's RGB bytes (height, width, 3) as mtmd_bitmap_init takes them; TEXT has one
 `<__media__>` where the image goes. Writes OUT_DIR/embd.npy (the image chunk's embeddings from mtmd_encode_chunk +
 mtmd_get_output_embd: (n_tokens, n_embd × (1 + deepstack layers))), OUT_DIR/logits.npy (the last position's logits
-after mtmd_helper_eval_chunks: (1, n_vocab)) and OUT_DIR/info.json (the chunks' token counts and n_past). The
+after mtmd_helper_eval_chunks: (1, n_vocab)), OUT_DIR/step.npy (a greedy decode step's after it) and
+OUT_DIR/info.json (the chunks' token counts and n_past). The
 encoder without flash attention (`flash`: with it, F16 keys and values: llama.cpp's own distance when only rounding
 changes) and the text model with an F32 KV cache (`f16kv`: F16), as the oracles run it.
 """
@@ -81,7 +82,15 @@ def main() -> int:
     info["n_past"] = int(new_n_past.value)
     logits = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
     n_vocab = llm.n_vocab()
-    np.save(out / "logits.npy", np.ctypeslib.as_array(logits, shape=(n_vocab,)).reshape(1, n_vocab).copy())
+    last = np.ctypeslib.as_array(logits, shape=(n_vocab,)).reshape(1, n_vocab).copy()
+    np.save(out / "logits.npy", last)
+    # one decode step after the prompt: its greedy token at the next position (llama.cpp places it after the
+    # image's positions, not its rows), OUT_DIR/step.npy
+    token = int(last.argmax())
+    info["step_token"] = token
+    assert llama_cpp.llama_decode(llm.ctx, llama_cpp.llama_batch_get_one((llama_cpp.llama_token * 1)(token), 1)) == 0
+    step = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    np.save(out / "step.npy", np.ctypeslib.as_array(step, shape=(n_vocab,)).reshape(1, n_vocab).copy())
     (out / "info.json").write_text(json.dumps(info))
     mtmd.mtmd_input_chunks_free(chunks)
     mtmd.mtmd_bitmap_free(bitmap)
