@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 
 from tokenwing.errors import BadInputError
-from tokenwing.models import specs
 from tokenwing.models.base import MoEModel
 from tokenwing.models.hparams import HParams
 from tokenwing.models.specs import Parts, TensorSpec
@@ -45,15 +44,19 @@ class BailingMoE2(MoEModel):
 
     @classmethod
     def tensors(cls, hp: HParams, parts: Parts) -> list[TensorSpec]:
-        """The default block's list with the next-token-prediction blocks last (n_mtp): whole layers plus their own
-        tensors (llama.cpp's optional ones left out); output.weight required, as llama.cpp's loader has it."""
-        first, last = specs.head(hp)
-        out = first
-        for il in range(hp.n_layer + hp.n_mtp):
-            out += cls.attention_tensors(hp, il, parts) + cls.ffn_tensors(hp, il, parts)
-            if il >= hp.n_layer:
-                out += nextn_tensors(hp, il)
-        return out + [dataclasses.replace(t, optional=False) for t in last]
+        """The default block's list; output.weight required, as llama.cpp's loader has it."""
+        return [dataclasses.replace(t, optional=False) for t in super().tensors(hp, parts)]
+
+    @classmethod
+    def mtp_tensors(cls, hp: HParams, il: int) -> list[TensorSpec]:
+        """A Ling next-token-prediction block's own tensors (llama.cpp's optional ones left out)."""
+        p, e = f"blk.{il}.", hp.n_embd
+        return [
+            TensorSpec(p + "nextn.eh_proj.weight", (2 * e, e), "matrix"),
+            TensorSpec(p + "nextn.enorm.weight", (e,), "norm"),
+            TensorSpec(p + "nextn.hnorm.weight", (e,), "norm"),
+            TensorSpec(p + "layer_output_norm.weight", (e,), "norm"),
+        ]
 
     @classmethod
     def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
@@ -65,14 +68,3 @@ class BailingMoE2(MoEModel):
         if set(streamed) != set(range(hp.n_dense_lead, hp.n_layer)):
             raise BadInputError(f"{where}: the layers with experts are not those after leading_dense_block_count")
         super().check(hp, shapes, streamed, where)
-
-
-def nextn_tensors(hp: HParams, il: int) -> list[TensorSpec]:
-    """The own tensors of a Ling next-token-prediction block (llama.cpp's optional ones left out)."""
-    p, e = f"blk.{il}.", hp.n_embd
-    return [
-        TensorSpec(p + "nextn.eh_proj.weight", (2 * e, e), "matrix"),
-        TensorSpec(p + "nextn.enorm.weight", (e,), "norm"),
-        TensorSpec(p + "nextn.hnorm.weight", (e,), "norm"),
-        TensorSpec(p + "layer_output_norm.weight", (e,), "norm"),
-    ]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from tokenwing.format.gguf_io import KV, ValueType
 from tokenwing.models import FAMILIES, deepseek4, gemma4, llama4, mla
+from tokenwing.models.bailingmoe2 import BailingMoE2
 from tokenwing.models.base import MoEModel
 from tokenwing.models.deepseek2 import DeepSeek2
 from tokenwing.models.hparams import HParams, read_hparams
@@ -286,13 +287,8 @@ def _bailingmoe3(s: ModelShape) -> list[TensorSpec]:
 
 
 def _ling_nextn(s: ModelShape, i: int) -> list[TensorSpec]:
-    """The extra tensors of a Ling 2.0 / 3.0 next-token-prediction block (the optional ones left out)."""
-    return [
-        TensorSpec(f"blk.{i}.nextn.eh_proj.weight", (2 * s.n_embd, s.n_embd), "matrix"),
-        TensorSpec(f"blk.{i}.nextn.enorm.weight", (s.n_embd,), "norm"),
-        TensorSpec(f"blk.{i}.nextn.hnorm.weight", (s.n_embd,), "norm"),
-        TensorSpec(f"blk.{i}.layer_output_norm.weight", (s.n_embd,), "norm"),
-    ]
+    """The extra tensors of a Ling 2.0 / 3.0 next-token-prediction block (Ling 2.0's family file lists them)."""
+    return BailingMoE2.mtp_tensors(shape_hparams(s), i)
 
 
 def _kimi_k3_kda(s: ModelShape, i: int) -> list[TensorSpec]:
