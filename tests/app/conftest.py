@@ -39,7 +39,7 @@ def _controllers_stop_following_the_desktop(monkeypatch: pytest.MonkeyPatch) -> 
         c.stop_following_desktop()
         # ... and its engine goes with it: one left serving (a test failed before its shutdown) was a child of the
         # test process that the supervisor tests' "no engine is left" then counted (CI, after test_shell failed)
-        pid = c.supervisor.pid if c.supervisor is not None else None
+        pid = c.engine.supervisor.pid if c.engine.supervisor is not None else None
         if pid is not None:
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)

@@ -529,7 +529,7 @@ def test_the_window_shows_the_quants_and_gets_the_one_picked(
         lib.search.setText("Tiny")
         lib.search.returnPressed.emit()
         key = f"hub:{REPO}"
-        await until(lambda: any(e.key == key and e.choices for e in c._entries()), 60, "quants")
+        await until(lambda: any(e.key == key and e.choices for e in c.models.entries()), 60, "quants")
         lib.select(key)
         labels = [lib.quant.itemText(i) for i in range(lib.quant.count())]
         assert [t.split(":")[0] for t in labels] == ["Q8_0", "F16", "F32"] and lib.quant.isVisible()
@@ -541,8 +541,8 @@ def test_the_window_shows_the_quants_and_gets_the_one_picked(
         lib.tabs.setCurrentIndex(0)
         lib.quant.setCurrentIndex(0)  # the user prefers the smallest
         lib.download_button.click()
-        await until(lambda: any(m.path.name == "Tiny-Q8_0.tw.gguf" for m in c.local_models), 120, "get")
-        assert lib.current_key() == f"local:{c.local_models[0].path}"  # selected, ready to chat
+        await until(lambda: any(m.path.name == "Tiny-Q8_0.tw.gguf" for m in c.models.local_models), 120, "get")
+        assert lib.current_key() == f"local:{c.models.local_models[0].path}"  # selected, ready to chat
         await c.shutdown()
 
     try:
@@ -580,7 +580,7 @@ def test_the_window_resumes_a_get_killed_midway(
 
     async def flow() -> None:
         await c.start()  # finds the started job and resumes it
-        await until(lambda: any(m.path.name == "Tiny-Q8_0.tw.gguf" for m in c.local_models), 120, "resume")
+        await until(lambda: any(m.path.name == "Tiny-Q8_0.tw.gguf" for m in c.models.local_models), 120, "resume")
         await c.shutdown()
 
     try:
@@ -612,7 +612,7 @@ def test_the_window_lists_a_failed_job_without_running_it_again_and_forgets_it(
         presets_dir=tmp_path / "presets",
         resources_dir=tmp_path / "resources",
     )
-    [job] = c.acquirer.started()
+    [job] = c.jobs.acquirer.started()
     requests = len(hub.log)
     lib, table = window.library, window.library.downloads
     window.show()
@@ -620,22 +620,22 @@ def test_the_window_lists_a_failed_job_without_running_it_again_and_forgets_it(
 
     async def flow() -> None:
         await c.start()
-        assert table.item_ids() == [f"job:{job.id}"] and not c.acquirer.unfinished()
+        assert table.item_ids() == [f"job:{job.id}"] and not c.jobs.acquirer.unfinished()
         assert "cannot run here" in table.item(0, 4).text() and "will not change" in table.item(0, 4).text()
         buttons = table.cellWidget(0, 5)
         enabled = {name: buttons.findChild(QPushButton, name).isEnabled() for name in ("pause", "resume", "forget")}
         assert enabled == {"pause": False, "resume": True, "forget": True}  # Resume: try again when asked to
         buttons.findChild(QPushButton, "forget").click()
         await until(lambda: table.rowCount() == 0, 30, "forget")
-        assert not c.acquirer.started() and not any(c.paths.jobs.iterdir())
+        assert not c.jobs.acquirer.started() and not any(c.paths.jobs.iterdir())
         assert len(hub.log) == requests  # it was never run again: not one request to the hub
 
         lib.search.setText("Odd")
         lib.search.returnPressed.emit()
         key = f"hub:{ODD}"
-        await until(lambda: ODD in c.hub_quants, 60, "quants")
+        await until(lambda: ODD in c.models.hub_quants, 60, "quants")
         lib.select(key)
-        entry = next(e for e in c._entries() if e.key == key)
+        entry = next(e for e in c.models.entries() if e.key == key)
         assert entry.badge == "can't run here" and not lib.download_button.isEnabled() and not lib.quant.isVisible()
         assert "qwen9moe" in lib.details.toPlainText() and "recommended" not in lib.details.toPlainText()
         await c.shutdown()

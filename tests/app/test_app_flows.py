@@ -35,8 +35,8 @@ def test_search_import_endpoint_and_download_buttons(
         # hub search: repacked models and GGUF repositories, with their files
         window.library.search.setText("tiny")
         window.library.search.returnPressed.emit()
-        await until(lambda: any(e.key == f"hub:{REPO}" for e in c._entries()), 30, "search")
-        hit = next(e for e in c._entries() if e.key == f"hub:{REPO}")
+        await until(lambda: any(e.key == f"hub:{REPO}" for e in c.models.entries()), 30, "search")
+        hit = next(e for e in c.models.entries() if e.key == f"hub:{REPO}")
         assert FILE in hit.details_html and hit.can_download
 
         # Import GGUF: repacked with progress into the library
@@ -49,9 +49,9 @@ def test_search_import_endpoint_and_download_buttons(
             original(key, title, message, progress, **kw)
 
         notes.job = spy  # type: ignore[method-assign]
-        imported = await c.import_files([gguf])
+        imported = await c.jobs.import_files([gguf])
         assert imported is not None and imported.error is None
-        assert any(m.path == imported.path for m in c.local_models)
+        assert any(m.path == imported.path for m in c.models.local_models)
         assert any(label.startswith("Importing") for label in seen) and notes.get("import") is None  # done: gone
 
         # a published file's download: its notification's Cancel pauses it, its row resumes it; the hub holds
@@ -61,26 +61,26 @@ def test_search_import_endpoint_and_download_buttons(
         window.library.select("preset:tiny")
         window.library.download_button.click()
         table = window.library.downloads
-        await until(lambda: bool(c.downloads.items()) and c.downloads.items()[0].state == "downloading", 30)
-        note = f"download:{c.downloads.items()[0].id}"
+        await until(lambda: bool(c.jobs.downloads.items()) and c.jobs.downloads.items()[0].state == "downloading", 30)
+        note = f"download:{c.jobs.downloads.items()[0].id}"
         await until(lambda: notes.get(note) is not None, 30, "its notification")
         shown = next(card for card in window.notice_area.cards if card.notice.key == note)
         assert table.rowCount() == 0  # running: the notification shows it, not the table as well
         shown.cancel.click()
-        await until(lambda: c.downloads.items()[0].state == "paused" and table.rowCount() == 1, 30, "pause")
+        await until(lambda: c.jobs.downloads.items()[0].state == "paused" and table.rowCount() == 1, 30, "pause")
         assert table.item(0, 4).text() and notes.get(note) is None  # the state is shown; the notification went
         server.faults.hold_after = None
         server.faults.release.set()
         table.cellWidget(0, 5).findChild(QPushButton, "resume").click()
-        await until(lambda: any(m.preset_id == "tiny" for m in c.local_models), 60, "resume")
-        assert table.rowCount() == 0 and not c.downloads.items()  # done: the finished row cleared itself
+        await until(lambda: any(m.preset_id == "tiny" for m in c.models.local_models), 60, "resume")
+        assert table.rowCount() == 0 and not c.jobs.downloads.items()  # done: the finished row cleared itself
         assert notes.get(note) is None
 
         # a remote OpenAI-compatible endpoint instead of a local engine
-        await c.use_endpoint(engine.url, "remote-key")
-        assert c.supervisor is None and c.endpoint is not None and not c.endpoint.local
-        assert await c.chat_once("Hello, remote")
-        await c.use_endpoint("not a url", None)
+        await c.engine.use_endpoint(engine.url, "remote-key")
+        assert c.engine.supervisor is None and c.engine.endpoint is not None and not c.engine.endpoint.local
+        assert await c.chat.chat_once("Hello, remote")
+        await c.engine.use_endpoint("not a url", None)
         assert any("not an endpoint address" in t for t in window.notice_area.texts())
         await c.shutdown()
 

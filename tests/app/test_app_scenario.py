@@ -101,52 +101,52 @@ def test_download_chat_graphs_and_crash_without_stalling_the_ui(
 
     async def scenario() -> tuple[float, list[int]]:
         await c.start()
-        entry = next(e for e in c._entries() if e.key == "preset:tiny")
+        entry = next(e for e in c.models.entries() if e.key == "preset:tiny")
         assert entry.can_download and not entry.can_use and "Will it run here?" in entry.details_html
         dog = LoopWatchdog().start()
         dogs.append(dog)
         window.library.select("preset:tiny")
         window.library.download_button.click()
-        await until(lambda: any(m.preset_id == "tiny" for m in c.local_models), what="download + library")
-        installed = next(m for m in c.local_models if m.preset_id == "tiny")
+        await until(lambda: any(m.preset_id == "tiny" for m in c.models.local_models), what="download + library")
+        installed = next(m for m in c.models.local_models if m.preset_id == "tiny")
         assert installed.path.read_bytes() == data  # verified (sha256) before it joined the library
         assert window.library.downloads.rowCount() == 0  # a finished download's row clears itself
         assert server.body_bytes() < len(data) * 1.5  # resumed with Range, not fetched twice
 
         # autotune: measured on this machine, saved, and its flags go to the engine
-        c.autotune.probe_bytes = "4M"
-        tuned = await c.autotune.run(installed.path)
+        c.ctx.autotune.probe_bytes = "4M"
+        tuned = await c.ctx.autotune.run(installed.path)
         assert tuned.ram_total > 0 and "threads" in tuned.settings
-        assert c.autotune.serve_flags(installed.path)
+        assert c.ctx.autotune.serve_flags(installed.path)
 
-        endpoint = await c.use_model(f"local:{installed.path}")
-        assert endpoint is not None and c.supervisor is not None
-        pids = [c.supervisor.pid or 0]
-        conversation = c.store.get(c.conversation_id or 0)
+        endpoint = await c.engine.use_model(f"local:{installed.path}")
+        assert endpoint is not None and c.engine.supervisor is not None
+        pids = [c.engine.supervisor.pid or 0]
+        conversation = c.store.get(c.talks.conversation_id or 0)
         assert conversation is not None and conversation.system_prompt == "You are a test."  # preset defaults
-        reply = await c.chat_once("Hello there")
+        reply = await c.chat.chat_once("Hello there")
         # the reply, as the transcript renders markdown, is what the window shows (whitespace aside: a streamed
         # reply is rendered block by block), and what the store keeps
         shown = " ".join(window.chat.transcript.toPlainText().split())
         assert reply.strip() and " ".join(markdown_fragment(reply).toPlainText().split()) in shown, (reply, shown)
-        assert c.store.messages(c.conversation_id or 0)[-1].content == reply
+        assert c.store.messages(c.talks.conversation_id or 0)[-1].content == reply
         await until(lambda: window.graphs.series.tokens > 0, what="stats stream")
         assert window.graphs.series.layer_ids  # per-layer hit rates arrived
 
         # the engine crashes: the supervisor restarts it, the chat goes on where it was
         os.kill(pids[0], signal.SIGKILL)
-        await until(lambda: c.supervisor is not None and c.supervisor.state != "ready", 30, "crash seen")
+        await until(lambda: c.engine.supervisor is not None and c.engine.supervisor.state != "ready", 30, "crash seen")
         await until(
             lambda: any("crash" in t.lower() for t in window.notice_area.texts()), 30, "crash reported to the user"
         )
-        await until(lambda: c.supervisor is not None and c.supervisor.state == "ready", 120, "restart")
-        assert c.supervisor is not None
-        pids.append(c.supervisor.pid or 0)
-        assert c.supervisor.last_fault is not None and c.supervisor.last_fault.kind == "crash"
-        await until(c.ready.is_set, 30, "chat ready again")
-        second = await c.chat_once("And again")
+        await until(lambda: c.engine.supervisor is not None and c.engine.supervisor.state == "ready", 120, "restart")
+        assert c.engine.supervisor is not None
+        pids.append(c.engine.supervisor.pid or 0)
+        assert c.engine.supervisor.last_fault is not None and c.engine.supervisor.last_fault.kind == "crash"
+        await until(c.engine.ready.is_set, 30, "chat ready again")
+        second = await c.chat.chat_once("And again")
         assert second
-        roles = [m.role for m in c.store.messages(c.conversation_id or 0)]
+        roles = [m.role for m in c.store.messages(c.talks.conversation_id or 0)]
         assert roles == ["user", "assistant", "user", "assistant"]
         dog.stop()
         await c.shutdown()
@@ -177,14 +177,14 @@ def test_stop_regenerate_edit_and_persistence(
 
     async def scenario() -> None:
         await c.start()
-        assert await c.use_model(f"local:{model}") is not None
-        cid = c.conversation_id or 0
+        assert await c.engine.use_model(f"local:{model}") is not None
+        cid = c.talks.conversation_id or 0
         c.store.set_settings(cid, c.store.get(cid).settings.__class__(temperature=0.0, max_tokens=2000))  # type: ignore[union-attr]
-        first = await c.chat_once("Write a long story")
+        first = await c.chat.chat_once("Write a long story")
         assert first
         # regenerate: greedy, so the same reply replaces the old one (one assistant message, not two)
         window.chat.regenerate_button.click()
-        await until(lambda: c._reply_task is not None and c._reply_task.done(), 120, "regenerate")
+        await until(lambda: c.chat.reply_task is not None and c.chat.reply_task.done(), 120, "regenerate")
         msgs = c.store.messages(cid)
         assert [m.role for m in msgs] == ["user", "assistant"] and msgs[1].content == first
         # edit-and-resend: the edited question replaces the old one and what followed
@@ -192,7 +192,7 @@ def test_stop_regenerate_edit_and_persistence(
         assert window.chat.input.toPlainText() == "Write a long story"
         window.chat.input.setPlainText("Write a short story")
         window.chat.send_button.click()
-        await until(lambda: c._reply_task is not None and c._reply_task.done(), 120, "edit")
+        await until(lambda: c.chat.reply_task is not None and c.chat.reply_task.done(), 120, "edit")
         msgs = c.store.messages(cid)
         assert (msgs[0].role, msgs[0].content) == ("user", "Write a short story") and len(msgs) == 2
         # stop mid-reply (pressed as the first words arrive): what arrived is kept and marked stopped
@@ -207,7 +207,7 @@ def test_stop_regenerate_edit_and_persistence(
         transcript.append_reply = append_then_stop  # type: ignore[method-assign]
         window.chat.input.setPlainText("Go on")
         window.chat.send_button.click()
-        await until(lambda: c._reply_task is not None and c._reply_task.done(), 60, "stop")
+        await until(lambda: c.chat.reply_task is not None and c.chat.reply_task.done(), 60, "stop")
         transcript.append_reply = append  # type: ignore[method-assign]
         last = c.store.messages(cid)[-1]
         assert last.role == "assistant" and last.finish_reason == "stopped"
@@ -221,9 +221,9 @@ def test_stop_regenerate_edit_and_persistence(
 
     async def reopen() -> list[str]:
         await c2.start()
-        roles = [m.role for m in c2.store.messages(c2.conversation_id or 0)]
-        assert await c2.use_default_model() is not None  # the model used last starts by itself
-        assert c2.supervisor is not None and c2.supervisor.model == model
+        roles = [m.role for m in c2.store.messages(c2.talks.conversation_id or 0)]
+        assert await c2.engine.use_default_model() is not None  # the model used last starts by itself
+        assert c2.engine.supervisor is not None and c2.engine.supervisor.model == model
         await c2.shutdown()
         return roles
 

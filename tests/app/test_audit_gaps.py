@@ -12,7 +12,7 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-import runmyai.ui.controller as controller_module
+import runmyai.ui.controllers.engine as engine_room
 from runmyai.engine.faults import EngineError
 from runmyai.library.estimate import Estimate
 from runmyai.library.keys import LocalKey
@@ -94,11 +94,11 @@ def test_the_settings_context_length_reaches_the_engines_launch_flags(
         c = AppController(window, AppPaths(tmp_path / "home"))
         try:
             await c.start()
-            monkeypatch.setattr(controller_module, "EngineSupervisor", Recorder)
-            c._set_context(8192)
-            assert c.local_models, "the built-in model"
-            await c.use_model(str(LocalKey(c.local_models[0].path)))
-            c.supervisor = None
+            monkeypatch.setattr(engine_room, "EngineSupervisor", Recorder)
+            c.prefs.set_context(8192)
+            assert c.models.local_models, "the built-in model"
+            await c.engine.use_model(str(LocalKey(c.models.local_models[0].path)))
+            c.engine.supervisor = None
             await c.shutdown()
         finally:
             window.close()
@@ -120,10 +120,10 @@ def test_my_models_last_used_column_shows_a_model_once_used(qapp: QApplication, 
         c = AppController(window, AppPaths(home))
         try:
             await c.start()
-            path = c.local_models[0].path
+            path = c.models.local_models[0].path
             if mark:
-                c._mark_used(path)
-                c._show_models()
+                c.models.mark_used(path)
+                c.models.show_models()
             table = window.models_page.table
             cells = [[table.item(r, col) for col in range(table.columnCount())] for r in range(table.rowCount())]
             [row] = [cs for cs in cells if cs[0] is not None and cs[0].toolTip() == str(path)]

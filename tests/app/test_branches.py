@@ -122,20 +122,20 @@ def test_the_window_edits_any_message_and_switches_branches(
 
         async def scenario() -> None:
             try:
-                await c.use_endpoint(engine.url, KEY)
-                c.new_conversation()
-                assert c.conversation_id is not None
-                c.store.set_settings(c.conversation_id, SHORT)
-                await c.chat_once("first question")
-                await c.chat_once("second question")
+                await c.engine.use_endpoint(engine.url, KEY)
+                c.talks.new_conversation()
+                assert c.talks.conversation_id is not None
+                c.store.set_settings(c.talks.conversation_id, SHORT)
+                await c.chat.chat_once("first question")
+                await c.chat.chat_once("second question")
                 assert "/2 >" not in switcher(t.toPlainText())  # no versions yet: no switcher
                 # the first message's Edit, as it was drawn when sent (not reopened: a message sent has its link)
                 click_link(t, qtbot, "Edit")
                 assert window.chat.input.toPlainText() == "first question"
                 window.chat.input.setPlainText("first question, edited")
                 window.chat.send_button.click()
-                assert c._reply_task is not None
-                await asyncio.shield(c._reply_task)
+                assert c.chat.reply_task is not None
+                await asyncio.shield(c.chat.reply_task)
                 shown.append(switcher(t.toPlainText()))
                 click_arrow(t, qtbot, "2/2", -1)  # back to version 1 of 2
                 shown.append(switcher(t.toPlainText()))

@@ -134,13 +134,13 @@ def test_a_new_chat_shows_its_own_footer_not_the_last_ones(qapp: QApplication, t
         window, AppPaths(tmp_path / "home"), presets_dir=tmp_path / "presets", resources_dir=tmp_path / "resources"
     )
     try:
-        c._show_conversations()
+        c.talks.show_conversations()
         chat = window.chat
         # what a failed turn in the first chat left on screen
         chat.set_footer("last reply 257.8 tok/s", "Context 512 / 512 tokens (100%)")
         chat.set_status("The engine refused the request: the prompt (527 tokens) does not fit the context.")
         window.notifications.fail("chat", "The reply failed", "The engine refused the request.", retry=False)
-        c.new_conversation()
+        c.talks.new_conversation()
         assert chat.speed_label.text() == ""
         assert chat.context_label.text() == "Context: —"
         assert "refused" not in chat.status.text()

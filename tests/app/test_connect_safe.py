@@ -18,7 +18,8 @@ from pytestqt.qtbot import QtBot
 from runmyai.engine.endpoint import Endpoint
 from runmyai.engine.supervisor import EngineSupervisor
 from runmyai.ui import layout_check
-from runmyai.ui.controller import REMOTE_KEY, AppController
+from runmyai.ui.controller import AppController
+from runmyai.ui.controllers.library import REMOTE_KEY
 from runmyai.ui.main_window import ConnectDialog, MainWindow
 from tests.app.hubserver import HubServer
 from tests.app.test_app_scenario import make_controller, until
@@ -60,8 +61,8 @@ def test_a_bad_endpoint_is_refused_before_anything_local_stops_and_back_to_local
 
     async def flow() -> None:
         await c.start()
-        assert await c.use_model(f"local:{model}") is not None
-        sup = c.supervisor
+        assert await c.engine.use_model(f"local:{model}") is not None
+        sup = c.engine.supervisor
         assert sup is not None and sup.endpoint is not None
         status = window.chat.status.text()
         assert status.startswith("Chatting with ")
@@ -72,50 +73,50 @@ def test_a_bad_endpoint_is_refused_before_anything_local_stops_and_back_to_local
             (f"http://127.0.0.1:{dead_port}/v1", "Cannot connect"),
             ("ftp://example.com", "not an endpoint address"),
         ):
-            why = await c.use_endpoint(url, "some-key")
+            why = await c.engine.use_endpoint(url, "some-key")
             assert why is not None and words in why and "\n" not in why, why
-            assert c.supervisor is sup and sup.state == "ready" and answers(sup.endpoint)
-            assert window.chat.status.text() == status and c.endpoint is not None and c.endpoint.local
+            assert c.engine.supervisor is sup and sup.state == "ready" and answers(sup.endpoint)
+            assert window.chat.status.text() == status and c.engine.endpoint is not None and c.engine.endpoint.local
         notice = window.notifications.get("endpoint")
         assert notice is not None and "Connect" in notice.title  # (from the command line: a notification)
-        c.probe_timeout_s = 0.5
-        why = await c.use_endpoint(f"http://127.0.0.1:{silent.getsockname()[1]}/v1", None)
+        c.engine.probe_timeout_s = 0.5
+        why = await c.engine.use_endpoint(f"http://127.0.0.1:{silent.getsockname()[1]}/v1", None)
         assert why is not None and why.startswith("No answer from") and "0.5 s" in why, why
-        assert c.supervisor is sup and answers(sup.endpoint)
+        assert c.engine.supervisor is sup and answers(sup.endpoint)
 
         # a real server with a key: the wrong key is refused, the engine here untouched
         remote = EngineSupervisor(model, [], api_key="rma-remote-key", log_dir=c.paths.logs)
         remote_endpoint = await remote.start()
         try:
-            why = await c.use_endpoint(remote_endpoint.base_url, "wrong-key")
+            why = await c.engine.use_endpoint(remote_endpoint.base_url, "wrong-key")
             assert why is not None and "refused the API key" in why
-            assert c.supervisor is sup and answers(sup.endpoint)
+            assert c.engine.supervisor is sup and answers(sup.endpoint)
 
             # the dialog: Connect starts the check, Cancel stops it (a silent server: it would wait), nothing stops
-            c.probe_timeout_s = 600
-            dialog = c._ask_endpoint()
+            c.engine.probe_timeout_s = 600
+            dialog = c.engine.ask_endpoint()
             dialog.url.setText(f"http://127.0.0.1:{silent.getsockname()[1]}/v1")
             dialog.connect_button.click()
             await until(lambda: dialog.checking, 10, "checking")
             assert dialog.state.text().startswith("Checking ") and not dialog.url.isEnabled()
             dialog.buttons.button(QDialogButtonBox.StandardButton.Cancel).click()
             await until(lambda: not dialog.checking, 10, "cancelled")
-            assert not dialog.isVisible() and c.supervisor is sup and answers(sup.endpoint)
+            assert not dialog.isVisible() and c.engine.supervisor is sup and answers(sup.endpoint)
 
             # the dialog again, the right server: connected, the local engine stopped, the remote model named
-            c.probe_timeout_s = 30
-            dialog = c._ask_endpoint()
+            c.engine.probe_timeout_s = 30
+            dialog = c.engine.ask_endpoint()
             dialog.url.setText(remote_endpoint.base_url)
             dialog.key.setText("wrong-key")
             dialog.connect_button.click()
             await until(lambda: not dialog.checking and dialog.state.text().startswith("The server refused"), 30, "?")
-            assert dialog.isVisible() and c.supervisor is sup  # refused in the dialog, in one line; still local
+            assert dialog.isVisible() and c.engine.supervisor is sup  # refused in the dialog, in one line; still local
             dialog.key.setText("rma-remote-key")
             dialog.connect_button.click()
             await until(lambda: not dialog.isVisible(), 30, "connected")
-            assert c.supervisor is None and sup.state == "stopped"
-            assert c.endpoint is not None and not c.endpoint.local and c.endpoint.model
-            name = c.endpoint.model
+            assert c.engine.supervisor is None and sup.state == "stopped"
+            assert c.engine.endpoint is not None and not c.engine.endpoint.local and c.engine.endpoint.model
+            name = c.engine.endpoint.model
             picker = window.chat.model_picker
             assert picker.currentData() == REMOTE_KEY and picker.currentText().startswith(name), picker.currentText()
             assert "127.0.0.1" in picker.currentText() and "local.tw" not in picker.currentText()
@@ -123,16 +124,25 @@ def test_a_bad_endpoint_is_refused_before_anything_local_stops_and_back_to_local
             assert "tiny" not in window.chat.status.text().lower()
             assert window.back_to_local.isEnabled()
             assert window.graphs.device.text() == ""  # the local engine's device line went with it
-            reply = await c.chat_once("Hello")
+            reply = await c.chat.chat_once("Hello")
             assert reply is not None  # the remote engine answered
 
             # File → Back to local model: the local model again, the picker says so, the action disabled
             window.back_to_local.trigger()
-            await until(lambda: c.supervisor is not None and c.supervisor.state == "ready" and c.ready.is_set(), 120)
-            assert c.supervisor is not None and c.supervisor.model == model and c.endpoint is not None
-            assert c.endpoint.local and not window.back_to_local.isEnabled()
+            await until(
+                lambda: (
+                    c.engine.supervisor is not None and c.engine.supervisor.state == "ready" and c.engine.ready.is_set()
+                ),
+                120,
+            )
+            assert (
+                c.engine.supervisor is not None and c.engine.supervisor.model == model and c.engine.endpoint is not None
+            )
+            assert c.engine.endpoint.local and not window.back_to_local.isEnabled()
             assert picker.currentData() == f"local:{model}" and picker.findData(REMOTE_KEY) == -1
-            assert answers(c.supervisor.endpoint) and remote.state == "ready"  # (the remote one was never touched)
+            assert (
+                answers(c.engine.supervisor.endpoint) and remote.state == "ready"
+            )  # (the remote one was never touched)
         finally:
             await remote.stop()
             await c.shutdown()
@@ -148,7 +158,7 @@ def test_the_connect_dialog_shows_a_whole_address(
 ) -> None:
     """The walk-through's URL field cut the address; layout_check sees a cut one."""
     _window, c, _model = local
-    dialog = c._ask_endpoint()
+    dialog = c.engine.ask_endpoint()
     try:
         dialog.url.setText("https://my-gpu-box.example.com:8443/v1")
         qapp.processEvents()

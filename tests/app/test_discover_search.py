@@ -91,7 +91,7 @@ def test_a_search_filters_discover_but_not_the_picker_nor_my_models(
         assert keys()[0] == f"hub:{REPO}" and f"local:{model}" not in keys()
         assert lib.current_key() == f"hub:{REPO}"  # the first result is shown
         assert lib.search_status.text().startswith("“runmyai”: 1 on the hub")
-        await c.refresh_library()  # as after a download, while the search is on
+        await c.models.refresh_library()  # as after a download, while the search is on
         assert window.chat.model_picker.findData(f"local:{model}") >= 0
         rows = window.models_page._rows
         assert [r.path for r in rows] == [model] and rows[0].estimate != "—"

@@ -99,10 +99,10 @@ def test_the_window_shows_the_count_under_the_input(qapp: QApplication, engine: 
 
         async def scenario() -> tuple[str, DraftCount | None, str]:
             try:
-                await c.use_endpoint(engine.url, KEY)
-                c.new_conversation()
+                await c.engine.use_endpoint(engine.url, KEY)
+                c.talks.new_conversation()
                 chat.input.setPlainText("Tell me about the sea.")  # as typing does: the text changed
-                task = c.draft_counter.task
+                task = c.chat.draft_counter.task
                 assert task is not None
                 result = await task
                 line = chat.token_label.text()

@@ -21,9 +21,9 @@ from tests.qtloop import run_qt
 
 async def clicked(c: AppController, act: Callable[[], object]) -> None:
     """Does what a click does, then awaits the tasks that click started (not a sleep, not a poll)."""
-    before = set(c._tasks)
+    before = set(c.ctx.tasks)
     act()
-    await asyncio.gather(*(c._tasks - before))
+    await asyncio.gather(*(c.ctx.tasks - before))
 
 
 def alive(pid: int) -> bool:
@@ -50,31 +50,36 @@ def test_eject_ends_the_engine_and_the_app_stays_usable(
             try:
                 await c.start()  # (the machine probed: the picker lists the models that can run here)
                 assert not chat.eject_button.isEnabled()  # nothing loaded yet
-                assert await c.use_model(key) is not None and c.supervisor is not None
-                pid = c.supervisor.pid
+                assert await c.engine.use_model(key) is not None and c.engine.supervisor is not None
+                pid = c.engine.supervisor.pid
                 assert pid is not None and alive(pid) and chat.eject_button.isEnabled()
                 assert chat.model_picker.currentData() == key
 
-                seen["name"] = c.model_name
+                seen["name"] = c.engine.model_name
                 await clicked(c, chat.eject_button.click)
                 seen["alive"] = alive(pid)
-                seen["state"] = (c.supervisor, c.chat_client, c.model_name, c.ready.is_set())
+                seen["state"] = (
+                    c.engine.supervisor,
+                    c.engine.chat_client,
+                    c.engine.model_name,
+                    c.engine.ready.is_set(),
+                )
                 seen["status"] = chat.status.text()
                 seen["picker"] = chat.model_picker.currentText()
                 seen["eject"] = chat.eject_button.isEnabled()
                 seen["engine"] = window.engine_label.text()
 
-                cid = c.conversation_id
+                cid = c.talks.conversation_id
                 assert cid is not None
                 c.store.set_settings(cid, ChatSettings(max_tokens=4))
-                seen["reply"] = await c.chat_once("Hello?")
+                seen["reply"] = await c.chat.chat_once("Hello?")
                 seen["kept"] = [m.content for m in c.store.messages(cid)]
                 seen["after"] = chat.status.text()
 
                 # the picker loads a model again, as it would any time
                 await clicked(c, lambda: chat.model_picker.activated.emit(chat.model_picker.findData(key)))
-                seen["again"] = c.supervisor is not None and c.supervisor.state == "ready"
-                seen["reply2"] = await c.chat_once("Hello again")
+                seen["again"] = c.engine.supervisor is not None and c.engine.supervisor.state == "ready"
+                seen["reply2"] = await c.chat.chat_once("Hello again")
             finally:
                 await c.shutdown()
 

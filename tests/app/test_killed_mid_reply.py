@@ -43,16 +43,16 @@ def test_engine_killed_mid_reply(
 
     async def scenario() -> None:
         await c.start()
-        assert await c.use_model(f"local:{model}") is not None and c.supervisor is not None
-        cid = c.conversation_id or 0
+        assert await c.engine.use_model(f"local:{model}") is not None and c.engine.supervisor is not None
+        cid = c.talks.conversation_id or 0
         c.store.set_settings(cid, ChatSettings(temperature=0.0, max_tokens=N - 1))  # (too short to be held)
-        await c.chat_once("Hello there")  # a whole reply before the fault
+        await c.chat.chat_once("Hello there")  # a whole reply before the fault
         assert c.store.messages(cid)[-1].finish_reason in ("stop", "length")
         c.store.set_settings(cid, ChatSettings(temperature=0.0, max_tokens=400))
         # the second reply stops at N pieces (the engine holds it): kill the engine as the N-th arrives
         transcript = window.chat.transcript
         append = transcript.append_reply
-        pid = c.supervisor.pid
+        pid = c.engine.supervisor.pid
         assert pid is not None
 
         def append_then_kill(delta: str) -> None:
@@ -65,7 +65,7 @@ def test_engine_killed_mid_reply(
         transcript.append_reply = append_then_kill  # type: ignore[method-assign]
         window.chat.input.setPlainText("Tell me a long story")
         window.chat.send_button.click()
-        await until(lambda: c._reply_task is not None and c._reply_task.done(), 60, "the cut-off reply")
+        await until(lambda: c.chat.reply_task is not None and c.chat.reply_task.done(), 60, "the cut-off reply")
         transcript.append_reply = append  # type: ignore[method-assign]
         assert len(received) == N
         status = window.chat.status.text()
@@ -77,12 +77,16 @@ def test_engine_killed_mid_reply(
         assert cut.content == "".join(received)  # exactly what arrived
         # the supervisor restarts the engine; the next message works
         await until(
-            lambda: c.supervisor is not None and c.supervisor.state == "ready" and c.supervisor.pid not in (None, pid),
+            lambda: (
+                c.engine.supervisor is not None
+                and c.engine.supervisor.state == "ready"
+                and c.engine.supervisor.pid not in (None, pid)
+            ),
             120,
         )
-        await until(c.ready.is_set, 30, "chat ready again")
-        assert c.supervisor.last_fault is not None and c.supervisor.last_fault.kind == "crash"
-        again = await c.chat_once("And now?")
+        await until(c.engine.ready.is_set, 30, "chat ready again")
+        assert c.engine.supervisor.last_fault is not None and c.engine.supervisor.last_fault.kind == "crash"
+        again = await c.chat.chat_once("And now?")
         assert c.store.messages(cid)[-1].finish_reason in ("stop", "length"), window.chat.status.text()
         assert again == c.store.messages(cid)[-1].content
         await c.shutdown()

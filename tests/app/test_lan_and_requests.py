@@ -69,26 +69,26 @@ def test_lan_switch_reaches_the_command_line_and_requests_are_listed(
 
         async def scenario() -> None:
             try:
-                await c.refresh_library()
-                assert await c.use_model(key) is not None and c.supervisor is not None
-                seen["private"] = c.supervisor.host
+                await c.models.refresh_library()
+                assert await c.engine.use_model(key) is not None and c.engine.supervisor is not None
+                seen["private"] = c.engine.supervisor.host
                 # the switch, as the page sends it: the server on, on the local network, with its key (one change)
                 page.port.setValue(port)
                 page.enabled.blockSignals(True)
                 page.enabled.setChecked(True)
                 page.enabled.blockSignals(False)
                 seen["warning hidden"] = not page.lan_warning.isVisibleTo(page)
-                before = set(c._tasks)
+                before = set(c.ctx.tasks)
                 page.lan.setChecked(True)
                 restart = [
-                    t for t in c._tasks - before if getattr(t.get_coro(), "__qualname__", "").endswith("set_server")
+                    t for t in c.ctx.tasks - before if getattr(t.get_coro(), "__qualname__", "").endswith("set_server")
                 ]
                 assert len(restart) == 1
                 await restart[0]  # the restart the switch started, to its end
                 seen["warning"] = page.lan_warning.isVisibleTo(page) and page.lan_warning.text().endswith(LAN_WARNING)
-                s = c.settings.server
+                s = c.ctx.settings.server
                 assert s.enabled and s.lan and s.port == port and s.api_key
-                sup = c.supervisor
+                sup = c.engine.supervisor
                 assert sup is not None and sup.state == "ready"
                 seen["host"] = (sup.host, (sup.handshake or {}).get("host"))
                 seen["argv"] = next(ln for ln in sup.log if "starting the engine:" in ln)
@@ -100,9 +100,9 @@ def test_lan_switch_reaches_the_command_line_and_requests_are_listed(
                 await until(lambda: len(page.request_rows()) >= 3, 60, "the three requests listed")
                 seen["rows"] = page.request_rows()
                 # off again: back on loopback
-                await c.set_server(replace(c.settings.server, lan=False))
-                assert c.supervisor is not None
-                seen["off"] = c.supervisor.host
+                await c.server.set_server(replace(c.ctx.settings.server, lan=False))
+                assert c.engine.supervisor is not None
+                seen["off"] = c.engine.supervisor.host
             finally:
                 await c.shutdown()
 

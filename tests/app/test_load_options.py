@@ -119,11 +119,11 @@ def test_the_dialog_loads_the_model_with_its_own_context(
     key = f"local:{model}"
     with HubServer() as hub:
         _window, c = make_controller(tmp_path, hub, b"")
-        c.settings = AppSettings(**{**c.settings.__dict__, "context_length": 1024})  # Settings' global length
+        c.ctx.settings = AppSettings(**{**c.ctx.settings.__dict__, "context_length": 1024})  # Settings' global length
         seen: dict[str, Any] = {}
 
         async def n_ctx() -> int:
-            client = ChatClient(lambda: c.supervisor.endpoint if c.supervisor else None)
+            client = ChatClient(lambda: c.engine.supervisor.endpoint if c.engine.supervisor else None)
             try:
                 return (await client.count([{"role": "user", "content": "Hi"}])).n_ctx
             finally:
@@ -131,28 +131,28 @@ def test_the_dialog_loads_the_model_with_its_own_context(
 
         async def scenario() -> None:
             try:
-                await c.refresh_library()
-                assert await c.use_model(key) is not None and c.supervisor is not None
-                seen["global"] = (last(c.supervisor.flags, "--ctx"), await n_ctx())
-                dialog = c.open_load_options(key)
-                assert dialog is not None and c.load_facts_task is not None
+                await c.models.refresh_library()
+                assert await c.engine.use_model(key) is not None and c.engine.supervisor is not None
+                seen["global"] = (last(c.engine.supervisor.flags, "--ctx"), await n_ctx())
+                dialog = c.engine.open_load_options(key)
+                assert dialog is not None and c.engine.load_facts_task is not None
                 assert not dialog.load_button.isEnabled()  # until the engine said what fits
-                await c.load_facts_task
+                await c.engine.load_facts_task
                 facts = dialog.facts
                 assert facts is not None and facts.fits_context
                 seen["default"] = (dialog.context.value(), facts.default_context, dialog.context.maximum())
                 seen["gpu"] = (dialog.device.isEnabled(), facts.offload, dialog.gpu_note.text())
                 dialog.context.setValue(384)
                 dialog.load_button.click()
-                assert c.load_task is not None
-                assert await c.load_task is not None and c.supervisor is not None
-                seen["own"] = (last(c.supervisor.flags, "--ctx"), await n_ctx())
+                assert c.engine.load_task is not None
+                assert await c.engine.load_task is not None and c.engine.supervisor is not None
+                seen["own"] = (last(c.engine.supervisor.flags, "--ctx"), await n_ctx())
                 # and again from the picker (a plain load): the model's own context is still its
-                assert await c.use_model(key) is not None and c.supervisor is not None
-                seen["again"] = (last(c.supervisor.flags, "--ctx"), await n_ctx())
-                reopened = c.open_load_options(key)
-                assert reopened is not None and c.load_facts_task is not None
-                await c.load_facts_task
+                assert await c.engine.use_model(key) is not None and c.engine.supervisor is not None
+                seen["again"] = (last(c.engine.supervisor.flags, "--ctx"), await n_ctx())
+                reopened = c.engine.open_load_options(key)
+                assert reopened is not None and c.engine.load_facts_task is not None
+                await c.engine.load_facts_task
                 seen["reopened"] = reopened.context.value()
                 reopened.reject()
             finally:

@@ -217,26 +217,31 @@ def test_app_tool_calls_approve_deny_crash_and_stop(
     window, c = make_controller(tmp_path, hub, data)
 
     async def answer(button: str) -> None:
-        await until(lambda: c.approval is not None, 60, "the approval box")
-        assert c.approval is not None
-        getattr(c.approval, button).click()
+        await until(lambda: c.mcp_room.approval is not None, 60, "the approval box")
+        assert c.mcp_room.approval is not None
+        getattr(c.mcp_room.approval, button).click()
 
     async def send(text: str) -> None:
         window.chat.input.setPlainText(text)
         window.chat.send_button.click()
 
     async def done() -> None:
-        await until(lambda: c._reply_task is not None and c._reply_task.done(), 120, "the reply")
+        await until(lambda: c.chat.reply_task is not None and c.chat.reply_task.done(), 120, "the reply")
 
     async def scenario() -> None:
         await c.start()
-        await until(lambda: c.mcp.servers.get("tools") is not None and c.mcp.servers["tools"].state == "ready", 60)
-        assert await c.use_model(f"local:{model}") is not None and c.endpoint is not None
-        cid = c.conversation_id or 0
+        await until(
+            lambda: (
+                c.mcp_room.mcp.servers.get("tools") is not None and c.mcp_room.mcp.servers["tools"].state == "ready"
+            ),
+            60,
+        )
+        assert await c.engine.use_model(f"local:{model}") is not None and c.engine.endpoint is not None
+        cid = c.talks.conversation_id or 0
         transcript = window.chat.transcript
         # the window lists the server, its tools, prompts and resources
-        c.open_mcp()
-        d = c.mcp_dialog
+        c.mcp_room.open_mcp()
+        d = c.mcp_room.mcp_dialog
         assert d is not None and "tools (stdio) — ready: 4 tools" in d.server_line("tools")
         assert d.select_detail("tool", "add") and d.select_detail("resource", "note://readme")
         d.attach_button.click()
@@ -251,12 +256,12 @@ def test_app_tool_calls_approve_deny_crash_and_stop(
         await send("What is 2 + 3?")
         await answer("once")
         await done()
-        body = c.chat_client.last_body if c.chat_client else None
+        body = c.engine.chat_client.last_body if c.engine.chat_client else None
         assert body is not None and [t["function"]["name"] for t in body["tools"]] == ["add", "echo", "crash", "hang"]
         tool_msg = body["messages"][-1]
         assert tool_msg["role"] == "tool" and tool_msg["content"] == "2 + 3 = 5"
         assert body["messages"][-2]["tool_calls"][0]["function"]["name"] == "add"
-        ep = c.endpoint
+        ep = c.engine.endpoint
         r = httpx.post(
             ep.url("/apply-template").replace("/v1/", "/"),
             json={"messages": body["messages"], "tools": body["tools"]},
@@ -287,7 +292,7 @@ def test_app_tool_calls_approve_deny_crash_and_stop(
         (saved_round,) = again.messages(cid)[-1].tool_rounds
         assert saved_round.at == len("Let me add.") and saved_round.results[0].line == "add returned 9 characters"
         again.close()
-        c.open_conversation(cid)
+        c.talks.open_conversation(cid)
         shown = transcript.toPlainText()
         assert "Let me add.\n▸ Tool add — add returned 9 characters\nThe sum is five." in shown, shown
         (key,) = transcript._tools
@@ -298,10 +303,10 @@ def test_app_tool_calls_approve_deny_crash_and_stop(
         await send("Echo my secret")
         await answer("deny")
         await done()
-        assert c.chat_client is not None and c.chat_client.last_body is not None
-        assert "denied" in c.chat_client.last_body["messages"][-1]["content"]
+        assert c.engine.chat_client is not None and c.engine.chat_client.last_body is not None
+        assert "denied" in c.engine.chat_client.last_body["messages"][-1]["content"]
         # the next turn's requests carried the earlier turn's call and result (the engine took them)
-        assert c.chat_client.last_body["messages"][-7:-3] == first_round
+        assert c.engine.chat_client.last_body["messages"][-7:-3] == first_round
         assert c.store.messages(cid)[-1].content == "I may not echo."
         assert "You denied the call of echo." in transcript.toPlainText()
 
@@ -310,14 +315,14 @@ def test_app_tool_calls_approve_deny_crash_and_stop(
         await answer("always")
         await done()
         assert c.store.messages(cid)[-1].content == "The tool crashed."
-        line = c.chat_client.last_body["messages"][-1]["content"]
+        line = c.engine.chat_client.last_body["messages"][-1]["content"]
         assert line.startswith("Error: The MCP server 'tools' failed during the call of crash") and "\n" not in line
-        assert "crashing on purpose" in c.mcp.servers["tools"].line
+        assert "crashing on purpose" in c.mcp_room.mcp.servers["tools"].line
 
         # 4. a call that never answers (its gate stays shut), stopped by the user
-        await c.mcp.apply([])  # restart the crashed server
-        await c.start_mcp()
-        await c.mcp.wait_ready()
+        await c.mcp_room.mcp.apply([])  # restart the crashed server
+        await c.mcp_room.start_mcp()
+        await c.mcp_room.mcp.wait_ready()
         await send("Wait forever")
         await answer("once")
         await until(lambda: (tmp_path / "hang-started").exists(), 60, "the hanging call")
@@ -326,14 +331,14 @@ def test_app_tool_calls_approve_deny_crash_and_stop(
         assert c.store.messages(cid)[-1].finish_reason == "stopped"
         assert "Tool hang (tools) — stopped" in transcript.toPlainText()
         assert window.chat.status.text() == "Stopped."
-        assert c.mcp.servers["tools"].state == "ready"  # the server itself lives on
-        c.open_conversation(cid)
+        assert c.mcp_room.mcp.servers["tools"].state == "ready"  # the server itself lives on
+        c.talks.open_conversation(cid)
         assert "Tool hang — stopped" in transcript.toPlainText()  # saved without a result: shown stopped
         # the stopped call goes back with a result that says so (a call without one is refused), and the chat
         # goes on
         await send("Never mind")
         await done()
-        sent = c.chat_client.last_body["messages"]
+        sent = c.engine.chat_client.last_body["messages"]
         assert sent[-3]["tool_calls"][0]["function"]["name"] == "hang"
         assert sent[-2] == {
             "role": "tool",

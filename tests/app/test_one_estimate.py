@@ -158,8 +158,8 @@ def test_the_window_works_it_out_again_after_autotune(
     async def flows() -> tuple[str, str]:
         await c.start()
         before = window.library._entries["preset:tiny"].details_html  # what the window shows
-        c.autotune.run = fake_run  # type: ignore[method-assign,assignment]
-        await c.run_autotune(model)
+        c.ctx.autotune.run = fake_run  # type: ignore[method-assign,assignment]
+        await c.tune.run_autotune(model)
         after = window.library._entries["preset:tiny"].details_html
         await c.shutdown()
         return before, after

@@ -192,10 +192,10 @@ def test_the_window_shows_the_reasoning_folded_and_keeps_it(
         transcript = window.chat.transcript
 
         async def turn() -> str:
-            await c.use_endpoint(gptoss.url, KEY)
-            c.new_conversation()
+            await c.engine.use_endpoint(gptoss.url, KEY)
+            c.talks.new_conversation()
             try:
-                return await c.chat_once("Hi")
+                return await c.chat.chat_once("Hi")
             finally:
                 await c.shutdown()
 
@@ -204,9 +204,10 @@ def test_the_window_shows_the_reasoning_folded_and_keeps_it(
     assert THOUGHT not in text and text.index("Thought for 5 words — show") < text.index(ANSWER)
     click_text(transcript, qtbot, "Thought for")
     assert transcript.reasoning_shown(1) and THOUGHT in transcript.toPlainText()
-    cid = c.conversation_id
+    cid = c.talks.conversation_id
     assert cid is not None
-    c.store = ConversationStore(c.paths.conversations_db)  # shutdown closed it; the file is what is kept
-    c.open_conversation(cid)
+    # shutdown closed it; the file is what is kept (the conversations room shows the chat from it)
+    c.talks.store = store = ConversationStore(c.paths.conversations_db)
+    c.talks.open_conversation(cid)
     assert transcript.toPlainText() == text  # from the store: the same, folded again
-    c.store.close()
+    store.close()

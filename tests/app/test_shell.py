@@ -81,14 +81,14 @@ def test_every_page_at_three_sizes_in_both_themes_is_unclipped_and_a_regenerate_
 
     async def scenario() -> None:
         await c.start()
-        assert await c.use_model(f"local:{model}") is not None
-        cid = c.conversation_id or 0
+        assert await c.engine.use_model(f"local:{model}") is not None
+        cid = c.talks.conversation_id or 0
         conversation = c.store.get(cid)
         assert conversation is not None
         settings = conversation.settings
         c.store.set_settings(cid, settings.__class__(temperature=0.0, max_tokens=60))
-        c.open_conversation(cid)
-        first = await c.chat_once("Tell me a story")
+        c.talks.open_conversation(cid)
+        first = await c.chat.chat_once("Tell me a story")
         assert first.strip()
         transcript = window.chat.transcript
         head = " ".join(first.split())[:30]
@@ -96,7 +96,7 @@ def test_every_page_at_three_sizes_in_both_themes_is_unclipped_and_a_regenerate_
 
         # defect 5: regenerate (greedy: the same reply again) shows one reply, not the old one above the new one
         window.chat.regenerate_button.click()
-        await until(lambda: c._reply_task is not None and c._reply_task.done(), 120, "regenerate")
+        await until(lambda: c.chat.reply_task is not None and c.chat.reply_task.done(), 120, "regenerate")
         shown = " ".join(transcript.toPlainText().split())
         assert shown.count(head) == 1, shown
         assert shown.count("You") == 1 and [m.role for m in c.store.messages(cid)] == ["user", "assistant"]
@@ -169,7 +169,7 @@ def test_a_failed_import_is_said_whole_and_a_later_success_clears_it(
 
     async def flow() -> None:
         await c.start()
-        assert await c.import_files([garbage]) is None
+        assert await c.jobs.import_files([garbage]) is None
         await until(lambda: any("garbage" in t for t in shown_texts(window)), 10, "the failure shown")
         notice = window.notifications.get("import")
         # in plain words (issue 50: the engine's "magic b'this'" and its exit code are for the details)
@@ -181,7 +181,7 @@ def test_a_failed_import_is_said_whole_and_a_later_success_clears_it(
         card.details_button.click()
         assert card.details.isVisible() and "garbage.gguf" in card.details.text().replace("\u200b", "")
 
-        imported = await c.import_files([good])
+        imported = await c.jobs.import_files([good])
         assert imported is not None
         assert not any("garbage" in t for t in shown_texts(window)), shown_texts(window)  # cleared by the success
         await c.shutdown()

@@ -73,17 +73,17 @@ def test_the_server_switch_serves_on_the_users_port_with_its_key_and_origins(
 
     async def flow() -> None:
         await c.start()
-        assert await c.use_model(f"local:{model}") is not None
-        private = c.supervisor
+        assert await c.engine.use_model(f"local:{model}") is not None
+        private = c.engine.supervisor
         assert private is not None and not private.fixed_port
         key = page.key.text()
-        assert key.startswith("rma-") and key == c.settings.server.api_key  # a key exists before the switch is on
+        assert key.startswith("rma-") and key == c.ctx.settings.server.api_key  # a key exists before the switch is on
         window.show_page("Server")
         page.port.setValue(port)
         page.cors.setText("http://localhost:3000")
         page.enabled.click()  # on: the engine restarts on the user's port, with the key and the origin
-        await until(lambda: c.supervisor is not private and c.supervisor is not None, 60, "restart")
-        sup = c.supervisor
+        await until(lambda: c.engine.supervisor is not private and c.engine.supervisor is not None, 60, "restart")
+        sup = c.engine.supervisor
         assert sup is not None
         await until(lambda: sup.state == "ready" and page.state.text().startswith("On:"), 60, "server on")
         assert sup.fixed_port and sup.api_key == key
@@ -117,21 +117,31 @@ def test_the_server_switch_serves_on_the_users_port_with_its_key_and_origins(
         page.new_key.click()
         new_key = page.key.text()
         assert new_key.startswith("rma-") and new_key != key
-        await until(lambda: c.supervisor is not sup and c.supervisor is not None, 60, "restart with the new key")
-        await until(lambda: c.supervisor is not None and c.supervisor.state == "ready", 60, "ready")
-        assert c.settings.server.api_key == new_key == SettingsFile(c.paths.settings / "app.json").load().server.api_key
+        await until(
+            lambda: c.engine.supervisor is not sup and c.engine.supervisor is not None, 60, "restart with the new key"
+        )
+        await until(lambda: c.engine.supervisor is not None and c.engine.supervisor.state == "ready", 60, "ready")
+        assert (
+            c.ctx.settings.server.api_key
+            == new_key
+            == SettingsFile(c.paths.settings / "app.json").load().server.api_key
+        )
         assert get(f"{url}/models", {"Authorization": f"Bearer {key}"})[0] == 401
         assert get(f"{url}/models", {"Authorization": f"Bearer {new_key}"})[0] == 200
 
         # off: back on a private port, nothing answers on the user's port
-        on = c.supervisor
+        on = c.engine.supervisor
         page.enabled.click()
-        await until(lambda: c.supervisor is not on and c.supervisor is not None, 60, "restart, off")
-        await until(lambda: c.supervisor is not None and c.supervisor.state == "ready", 60, "ready")
-        assert c.supervisor is not None and not c.supervisor.fixed_port and page.state.text().startswith("Off.")
+        await until(lambda: c.engine.supervisor is not on and c.engine.supervisor is not None, 60, "restart, off")
+        await until(lambda: c.engine.supervisor is not None and c.engine.supervisor.state == "ready", 60, "ready")
+        assert (
+            c.engine.supervisor is not None
+            and not c.engine.supervisor.fixed_port
+            and page.state.text().startswith("Off.")
+        )
         with pytest.raises(urllib.error.URLError):
             urllib.request.urlopen(f"{url}/models", timeout=10)
-        assert await c.chat_once("Still there?") is not None  # the app's own chat goes on
+        assert await c.chat.chat_once("Still there?") is not None  # the app's own chat goes on
         await c.shutdown()
 
     try:
@@ -146,7 +156,7 @@ def test_a_failed_get_is_retried_from_its_notification_a_permanent_one_is_not_an
 ) -> None:
     window, c, model, hub = installed
     model.unlink()  # this test gets it from the hub
-    c.hub.retries = 0  # the hub client's own retries are tested in test_hub.py: here the first failure shows
+    c.models.hub.retries = 0  # the hub client's own retries are tested in test_hub.py: here the first failure shows
 
     async def flow() -> None:
         await c.start()
@@ -155,7 +165,7 @@ def test_a_failed_get_is_retried_from_its_notification_a_permanent_one_is_not_an
 
         # the hub answers 503 (a passing outage): the failure shows with Retry
         hub.faults.status = 503
-        assert await c.get_model(HubKey(REPO)) is None
+        assert await c.jobs.get_model(HubKey(REPO)) is None
         notice = window.notifications.get(key)
         assert notice is not None and notice.kind == "error" and notice.retry
         card = next(card for card in area.cards if card.notice.key == key)
@@ -167,18 +177,18 @@ def test_a_failed_get_is_retried_from_its_notification_a_permanent_one_is_not_an
         # the hub is back: Retry gets the model and the failure clears
         hub.faults.status = None
         card.retry.click()
-        await until(lambda: any(m.path.name == FILE for m in c.local_models), 60, "the retried download")
+        await until(lambda: any(m.path.name == FILE for m in c.models.local_models), 60, "the retried download")
         await until(lambda: window.notifications.get(key) is None, 30, "cleared")
         assert not any(REPO in t for t in area.texts()) and not area.isVisible()
 
         # a repository that is not on the hub: permanent, so no Retry; Forget removes it
         missing = HubKey("nobody/not-there")
         hub.faults.status, hub.faults.error_code = 404, "RepoNotFound"
-        assert await c.get_model(missing) is None
+        assert await c.jobs.get_model(missing) is None
         notice = window.notifications.get("get:nobody/not-there")
         assert notice is not None and not notice.retry, notice
         card = next(card for card in area.cards if card.notice.key == "get:nobody/not-there")
-        assert not card.retry.isVisible() and "get:nobody/not-there" not in c._retry
+        assert not card.retry.isVisible() and "get:nobody/not-there" not in c.ctx.retry
         card.forget.click()
         assert window.notifications.get("get:nobody/not-there") is None and not area.isVisible()
         await c.shutdown()
@@ -255,7 +265,7 @@ def test_my_models_verify_delete_after_confirming_and_open_folder(
         opened.append(url)
         return True
 
-    monkeypatch.setattr("runmyai.ui.controller.QDesktopServices.openUrl", open_url)
+    monkeypatch.setattr("runmyai.ui.controllers.library.QDesktopServices.openUrl", open_url)
     page = window.models_page
 
     async def flow() -> None:
@@ -320,7 +330,7 @@ def test_extra_model_folders_and_per_model_presets_in_settings(
 
     async def flow() -> None:
         await c.start()
-        assert not c.local_models
+        assert not c.models.local_models
         window.show_page("Settings")
         # Add folder… asks with a folder dialog; choosing one scans it
         add = next(b for b in sp.findChildren(QPushButton) if b.text() == "Add folder…")
@@ -328,15 +338,15 @@ def test_extra_model_folders_and_per_model_presets_in_settings(
         dialog = next(d for d in window.findChildren(QFileDialog) if d.isVisible())
         dialog.selectFile(str(elsewhere))
         dialog.accept()
-        await until(lambda: any(m.path == extra for m in c.local_models), 30, "the extra folder scanned")
+        await until(lambda: any(m.path == extra for m in c.models.local_models), 30, "the extra folder scanned")
         assert [sp.folders.item(i).text() for i in range(sp.folders.count())] == [str(elsewhere)]
         assert SettingsFile(c.paths.settings / "app.json").load().model_dirs == (str(elsewhere),)
         assert window.models_page.table.rowCount() == 1
 
         # presets are per model: none loaded, none to save
         assert sp.preset_model.text() == "no model loaded"
-        assert await c.use_model(str(LocalKey(extra))) is not None
-        assert sp.preset_model.text() == c.model_name
+        assert await c.engine.use_model(str(LocalKey(extra))) is not None
+        assert sp.preset_model.text() == c.engine.model_name
         window.show_page("Chat")
         chat_settings.temperature.setValue(1.25)
         chat_settings.top_k.setValue(7)
@@ -345,24 +355,24 @@ def test_extra_model_folders_and_per_model_presets_in_settings(
         next(b for b in sp.findChildren(QPushButton) if b.text() == "Save").click()
         assert [sp.presets.itemText(i) for i in range(sp.presets.count())] == ["wild"]
         saved = SettingsFile(c.paths.settings / "app.json").load().presets
-        assert saved[c.model_name or ""]["wild"]["temperature"] == 1.25
+        assert saved[c.engine.model_name or ""]["wild"]["temperature"] == 1.25
         chat_settings.temperature.setValue(0.1)
         chat_settings.top_k.setValue(40)
         next(b for b in sp.findChildren(QPushButton) if b.text() == "Apply to this chat").click()
         assert window.current_page() == "Chat"
         assert (chat_settings.temperature.value(), chat_settings.top_k.value()) == (1.25, 7)
-        conv = c.store.get(c.conversation_id or 0)
+        conv = c.store.get(c.talks.conversation_id or 0)
         assert conv is not None and conv.settings.temperature == 1.25  # the conversation keeps them
         window.show_page("Settings")
         next(b for b in sp.findChildren(QPushButton) if b.text() == "Delete" and b.parent() is not None).click()
         assert sp.presets.count() == 0
-        assert not SettingsFile(c.paths.settings / "app.json").load().presets.get(c.model_name or "")
+        assert not SettingsFile(c.paths.settings / "app.json").load().presets.get(c.engine.model_name or "")
 
         # Remove the folder: its model leaves the library
         sp.folders.setCurrentRow(0)
         next(b for b in sp.findChildren(QPushButton) if b.text() == "Remove").click()
-        await until(lambda: not any(m.path == extra for m in c.local_models), 30, "the folder dropped")
-        assert c.settings.model_dirs == ()
+        await until(lambda: not any(m.path == extra for m in c.models.local_models), 30, "the folder dropped")
+        assert c.ctx.settings.model_dirs == ()
         await c.shutdown()
 
     try:

@@ -18,7 +18,7 @@ import tokenwing.testmodel.writer as writer
 from runmyai.library.local import LocalLibrary, header_name, import_failure
 from runmyai.monitor import plain_device
 from runmyai.ui import layout_check
-from runmyai.ui.controller import UNDO_DELETE
+from runmyai.ui.controllers.conversations import UNDO_DELETE
 from runmyai.ui.main_window import MainWindow
 from tests.app.hubserver import HubServer
 from tests.app.test_app_scenario import make_controller, until
@@ -181,7 +181,7 @@ def test_an_import_is_named_by_its_header_and_a_corrupt_one_is_refused_plainly(
 
     async def flow() -> None:
         await c.start()
-        assert await c.import_files([bad]) is None
+        assert await c.jobs.import_files([bad]) is None
         notice = window.notifications.get("import")
         assert notice is not None
         assert "magic" not in notice.reason and "exit code" not in notice.reason and "hell" not in notice.reason
@@ -191,7 +191,7 @@ def test_an_import_is_named_by_its_header_and_a_corrupt_one_is_refused_plainly(
         card = next(c for c in window.notice_area.cards if c.notice.key == "import")
         assert not card.retry.isVisible() and not layout_check.clipped(window)
 
-        imported = await c.import_files([good])
+        imported = await c.jobs.import_files([good])
         assert imported is not None and imported.name == "Tiny-MoE 8x1M", imported
         picker = window.chat.model_picker
         assert picker.findText("Tiny-MoE 8x1M") >= 0
@@ -249,7 +249,7 @@ def test_a_deleted_chat_can_be_undone_and_is_deleted_only_when_its_undo_goes(
         c.store.rename(keep.id, "Keep me")
         gone = c.store.create()
         c.store.rename(gone.id, "Delete me")
-        c._show_conversations()
+        c.talks.show_conversations()
         assert "Delete me" in listed()
 
         window.chat.delete_conversation_requested.emit(str(gone.id))
@@ -262,7 +262,7 @@ def test_a_deleted_chat_can_be_undone_and_is_deleted_only_when_its_undo_goes(
         )
         card = next(card for card in window.notice_area.cards if card.notice.key == key)
         card.retry.click()  # Undo
-        assert "Delete me" in listed() and c.conversation_id == gone.id
+        assert "Delete me" in listed() and c.talks.conversation_id == gone.id
         assert window.notifications.get(key) is None
 
         window.chat.delete_conversation_requested.emit(str(gone.id))
@@ -320,7 +320,7 @@ def test_the_performance_panel_stays_after_switching_models_by_double_click(
 
     async def flow() -> None:
         await c.start()
-        assert await c.use_model(f"local:{first}") is not None
+        assert await c.engine.use_model(f"local:{first}") is not None
         assert window.current_page() == "Chat" and window.perf_dock.isVisible()
 
         async def switch_by_double_click(to: Path) -> None:
@@ -330,8 +330,11 @@ def test_the_performance_panel_stays_after_switching_models_by_double_click(
             where = table.visualItemRect(next(i for i in items if i.toolTip() == str(to))).center()
             QTest.mouseClick(table.viewport(), Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, where)
             QTest.mouseDClick(table.viewport(), Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, where)
-            await until(lambda: c.supervisor is not None and c.supervisor.model == to and c.ready.is_set(), 120)
-            await until(lambda: not c._loading, 30, "loaded")
+            await until(
+                lambda: c.engine.supervisor is not None and c.engine.supervisor.model == to and c.engine.ready.is_set(),
+                120,
+            )
+            await until(lambda: not c.engine.loading, 30, "loaded")
             assert window.current_page() == "Chat"
 
         # the dock hidden by something other than the user (the window system: minimised, another workspace) on

@@ -40,31 +40,40 @@ def test_a_model_chosen_mid_reply_stops_the_reply_and_a_replaced_start_is_no_fai
 
     async def scenario() -> None:
         await c.start()
-        assert await c.use_model(key) is not None and c.supervisor is not None
-        pid = c.supervisor.pid
-        cid = c.conversation_id or 0
+        assert await c.engine.use_model(key) is not None and c.engine.supervisor is not None
+        pid = c.engine.supervisor.pid
+        cid = c.talks.conversation_id or 0
         c.store.set_settings(cid, ChatSettings(temperature=0.0, max_tokens=400))
         window.chat.input.setPlainText("Tell me a long story")
         window.chat.send_button.click()
         await until(lambda: pauses.reached(f"serve.piece{N}") == pid, 120, "the reply held mid-way")
         # the user picks a model (the same one: a restart) while the reply streams
         window.chat.model_chosen.emit(key)
-        await until(lambda: c._reply_task is not None and c._reply_task.done(), 60, "the reply ended")
-        await until(lambda: c.supervisor is not None and c.supervisor.pid not in (None, pid), 60, "a new engine")
+        await until(lambda: c.chat.reply_task is not None and c.chat.reply_task.done(), 60, "the reply ended")
+        await until(
+            lambda: c.engine.supervisor is not None and c.engine.supervisor.pid not in (None, pid), 60, "a new engine"
+        )
         texts = window.notice_area.texts()
         assert not any("reply failed" in t.lower() or "broke off" in t for t in texts), texts
         assert c.store.messages(cid)[-1].finish_reason == "stopped"
         assert "stopped" in window.chat.transcript.toPlainText()
 
         # another model chosen while this one starts: the first start's end is no failure
-        await until(lambda: c.supervisor is not None and c.supervisor.state in ("ready", "starting", "loading"), 60)
-        await until(lambda: c.supervisor is not None and c.supervisor.state == "ready", 120, "ready")
-        reported = len(c.errors)  # every failure shown, even one a later success clears (a red card flashed)
-        first = asyncio.ensure_future(c.use_model(key))
-        await until(lambda: c.supervisor is not None and c.supervisor.state in ("starting", "loading"), 60, "starting")
-        second = await c.use_model(key)
+        await until(
+            lambda: c.engine.supervisor is not None and c.engine.supervisor.state in ("ready", "starting", "loading"),
+            60,
+        )
+        await until(lambda: c.engine.supervisor is not None and c.engine.supervisor.state == "ready", 120, "ready")
+        reported = len(c.ctx.errors)  # every failure shown, even one a later success clears (a red card flashed)
+        first = asyncio.ensure_future(c.engine.use_model(key))
+        await until(
+            lambda: c.engine.supervisor is not None and c.engine.supervisor.state in ("starting", "loading"),
+            60,
+            "starting",
+        )
+        second = await c.engine.use_model(key)
         assert second is not None and await first is None  # the first was stopped before it was ready
-        assert c.errors[reported:] == []
+        assert c.ctx.errors[reported:] == []
         await c.shutdown()
 
     try:
@@ -99,12 +108,14 @@ def test_the_server_page_says_starting_while_the_switch_restarts_the_engine(
 
     async def scenario() -> None:
         await c.start()
-        assert await c.use_model(f"local:{model}") is not None
+        assert await c.engine.use_model(f"local:{model}") is not None
         page.port.setValue(free_port())
         said.clear()
         page.enabled.click()
-        await until(lambda: c.supervisor is not None and c.supervisor.fixed_port, 60, "restarted on the port")
-        await until(lambda: c.supervisor is not None and c.supervisor.state == "ready", 120, "ready")
+        await until(
+            lambda: c.engine.supervisor is not None and c.engine.supervisor.fixed_port, 60, "restarted on the port"
+        )
+        await until(lambda: c.engine.supervisor is not None and c.engine.supervisor.state == "ready", 120, "ready")
         await until(lambda: page.state.text().startswith("On: "), 10, "said on")
         assert not any("next model you load" in t for t in said), said
         assert any(t.startswith("Starting on port") for t in said), said

@@ -196,7 +196,7 @@ def test_the_window_exports_and_imports_through_its_menus(qapp: QApplication, tm
     with HubServer() as hub:
         window, c = make_controller(tmp_path, hub, b"")
         cid = branched(c.store)
-        c._show_conversations()
+        c.talks.show_conversations()
         item = window.chat.conversations.currentItem()
         assert item is not None
         menu = [a.text() for a in window.chat.conversation_menu(item).actions() if a.text()]
@@ -208,16 +208,16 @@ def test_the_window_exports_and_imports_through_its_menus(qapp: QApplication, tm
 
         async def scenario() -> tuple[bool, int | None, int | None]:
             try:
-                wrote = await c.export_conversation(cid, out)
-                new = await c.import_conversation(out)
-                refused = await c.import_conversation(bad)
+                wrote = await c.talks.export_conversation(cid, out)
+                new = await c.talks.import_conversation(out)
+                refused = await c.talks.import_conversation(bad)
                 return wrote, new, refused
             finally:
                 await c.shutdown()
 
         wrote, new, refused = run_qt(qapp, scenario)
     assert wrote and new is not None and refused is None
-    assert c.conversation_id == new  # the imported chat is opened
+    assert c.talks.conversation_id == new  # the imported chat is opened
     assert "Weather in Zürich?" in window.chat.transcript.toPlainText()
     assert " < 1/2 > " in window.chat.transcript.toPlainText().replace("\xa0", " ")  # with its branches
     notice = window.notifications.get("import-chat")

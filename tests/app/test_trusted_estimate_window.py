@@ -32,18 +32,18 @@ def test_a_reply_is_measured_and_a_deleted_models_figures_go(
 
     async def scenario() -> tuple[str, str, str, str, float | None, str]:
         await c.start()
-        assert await c.use_model(str(LocalKey(first))) is not None
-        cid = c.conversation_id or 0
+        assert await c.engine.use_model(str(LocalKey(first))) is not None
+        cid = c.talks.conversation_id or 0
         c.store.set_settings(cid, c.store.get(cid).settings.__class__(temperature=0.0, max_tokens=200))  # type: ignore[union-attr]
-        assert await c.chat_once("Write a long story")
-        assert c.speed_task is not None
-        await c.speed_task  # the reply's speed saved and the cards worked out again
+        assert await c.chat.chat_once("Write a long story")
+        assert c.chat.speed_task is not None
+        await c.chat.speed_task  # the reply's speed saved and the cards worked out again
         reply = c.store.messages(cid)[-1]
-        card = next(e for e in c._entries() if e.key == str(LocalKey(first)))
+        card = next(e for e in c.models.entries() if e.key == str(LocalKey(first)))
         row = next(r for r in window.models_page._rows if r.path == first)
         shown = (chat.speed_label.text(), chat.context_label.text())
-        assert await c.use_model(str(LocalKey(second))) is not None
-        assert await c.delete_model(first)
+        assert await c.engine.use_model(str(LocalKey(second))) is not None
+        assert await c.models.delete_model(first)
         after = (chat.speed_label.text(), chat.context_label.text())
         await c.shutdown()
         return card.line, row.estimate, shown[1], after[0] + "|" + after[1], reply.tokens_per_s, card.details_html
@@ -69,17 +69,17 @@ def test_the_autotune_dialog_ends_when_its_last_process_exits(
     model = models / "m.tw.gguf"
     model.write_bytes(data)
     window, c = make_controller(tmp_path, server, data)
-    c.autotune.probe_bytes = "4M"
+    c.ctx.autotune.probe_bytes = "4M"
     seen: list[tuple[bool, str, int]] = []  # at the measurement's end: bar shown, its line, engine processes alive
     # (this test's processes only: another test's engine can outlive it, a child of this same process)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
 
     async def scenario() -> None:
         await c.start()
-        c._open_autotune(str(LocalKey(model)))
-        dialog = c.autotune_dialog
+        c.tune.open_autotune(str(LocalKey(model)))
+        dialog = c.tune.autotune_dialog
         assert dialog is not None
-        estimate_again = c._estimate_again
+        estimate_again = c.tune.estimate_again
 
         async def spy() -> None:  # the point where the estimates are worked out again: the measurement is over
             kids = [
@@ -90,10 +90,10 @@ def test_the_autotune_dialog_ends_when_its_last_process_exits(
             seen.append((dialog.progress.isVisibleTo(dialog), dialog.progress_label.text(), len(kids)))
             await estimate_again()
 
-        c._estimate_again = spy  # type: ignore[method-assign]
+        c.tune.estimate_again = spy  # type: ignore[method-assign]
         dialog.run_button.click()
-        assert c.autotune_runs
-        await asyncio.wait_for(c.autotune_runs[-1], 300)
+        assert c.tune.autotune_runs
+        await asyncio.wait_for(c.tune.autotune_runs[-1], 300)
         seen.append((dialog.progress.isVisibleTo(dialog), dialog.progress_label.text(), -1))
         dialog.close()
         await c.shutdown()

@@ -14,7 +14,8 @@ from PySide6.QtWidgets import QApplication
 
 from runmyai.engine.client import ChatSettings
 from runmyai.paths import AppPaths
-from runmyai.ui.controller import TOOLS_OFFER, AppController
+from runmyai.ui.controller import AppController
+from runmyai.ui.controllers.conversations import TOOLS_OFFER
 from runmyai.ui.main_window import MainWindow
 from tests.app.test_app_scenario import until
 from tests.qtloop import run_qt
@@ -50,7 +51,7 @@ def _controller(tmp_path: Path) -> tuple[MainWindow, AppController]:
     c = AppController(window, AppPaths(home), offline=True, resources_dir=ROOT / "resources")
     window.show()
     for tool in ("add", "echo", "crash", "hang"):  # the demo model never calls them; if it did, nothing waits
-        c.mcp_policy.record("test", tool, "always")
+        c.mcp_room.mcp_policy.record("test", tool, "always")
     return window, c
 
 
@@ -58,17 +59,17 @@ async def _ready(c: AppController, max_tokens: int | None, context: int = CONTEX
     """Started as the app starts (the built-in model prepared and loaded, the MCP server connected), in a new chat
     with greedy sampling; returns the chat's id."""
     await c.start()
-    c._set_context(context)
-    assert await c.use_default_model() is not None, c.errors
-    await c.mcp.wait_ready()
-    await until(lambda: bool(c.mcp.exposed()), 60, "the MCP server's tools")
-    c.new_conversation()
-    cid = c.conversation_id
+    c.prefs.set_context(context)
+    assert await c.engine.use_default_model() is not None, c.ctx.errors
+    await c.mcp_room.mcp.wait_ready()
+    await until(lambda: bool(c.mcp_room.mcp.exposed()), 60, "the MCP server's tools")
+    c.talks.new_conversation()
+    cid = c.talks.conversation_id
     assert cid is not None
     conv = c.store.get(cid)
     assert conv is not None
     c.store.set_settings(cid, ChatSettings(**{**conv.settings.__dict__, "temperature": 0.0, "max_tokens": max_tokens}))
-    c.open_conversation(cid)
+    c.talks.open_conversation(cid)
     return cid
 
 
@@ -80,20 +81,20 @@ def test_twenty_turns_with_tools_on_and_off(qapp: QApplication, tmp_path: Path) 
             cid = await _ready(c, max_tokens=64)  # short replies: a fast test (the default is tested below)
             notices = 0
             for turn in range(20):
-                c._set_tools(on=turn % 3 != 2)  # tools on for two turns, off for the third
-                tools = c._tools(cid)
+                c.talks.set_tools(on=turn % 3 != 2)  # tools on for two turns, off for the third
+                tools = c.mcp_room.tools(cid)
                 assert (tools is not None) == (turn % 3 != 2)
-                reply = await c.chat_once(QUESTIONS[turn % len(QUESTIONS)], timeout_s=240)
+                reply = await c.chat.chat_once(QUESTIONS[turn % len(QUESTIONS)], timeout_s=240)
                 status = window.chat.status.text()
                 assert c.store.messages(cid), (turn, status)
                 last = c.store.messages(cid)[-1]
                 assert reply.strip(), (turn, status)  # a reply, not a refusal or an empty turn
                 assert last.role == "assistant" and last.finish_reason in ("stop", "length"), (turn, status)
-                assert c.chat_client is not None and c.chat_client.last_body is not None
-                sent = c.chat_client.last_body
+                assert c.engine.chat_client is not None and c.engine.chat_client.last_body is not None
+                sent = c.engine.chat_client.last_body
                 assert ("tools" in sent) == (tools is not None)
                 assert 0 < sent["max_tokens"] <= CONTEXT // 4  # never the whole context
-                if c.chat_client.last_stats is not None and c.chat_client.last_stats.overflow:
+                if c.engine.chat_client.last_stats is not None and c.engine.chat_client.last_stats.overflow:
                     notices += 1
                     assert "out of the model's view" in window.chat.transcript.toPlainText()
             messages = c.store.messages(cid)
@@ -102,7 +103,7 @@ def test_twenty_turns_with_tools_on_and_off(qapp: QApplication, tmp_path: Path) 
             conv = c.store.get(cid)
             assert conv is not None and conv.settings.overflow is not None
             # the notice is kept: the conversation opened again says it under its last reply
-            c.open_conversation(cid)
+            c.talks.open_conversation(cid)
             assert "out of the model's view: rolling window" in window.chat.transcript.toPlainText()
             assert window.notifications.get("chat") is None
         finally:
@@ -125,27 +126,27 @@ def test_refused_messages_are_not_kept_and_tools_that_do_not_fit_are_offered_off
             # the issue's case: the built-in model's 512 tokens, and a server whose tools take more than that
             cid = await _ready(c, max_tokens=None, context=SMALL_CONTEXT)
             # the tools' tokens, counted by the engine, on the tools button
-            await c.count_context()
+            await c.talks.count_context()
             assert chat.tools_button.isVisible() and "tokens" in chat.tools_button.text(), chat.tools_button.text()
             # tools that do not fit: one line naming the server, the message back in the input, nothing kept
             chat.input.setPlainText("Tell me a story about a king.")
             chat._on_send()
-            await until(lambda: c._reply_task is not None and c._reply_task.done(), 120)
+            await until(lambda: c.chat.reply_task is not None and c.chat.reply_task.done(), 120)
             offer = window.notifications.get(TOOLS_OFFER)
             assert offer is not None and "test" in offer.reason and "context" in offer.reason, offer
             assert chat.input.toPlainText() == "Tell me a story about a king."
             assert c.store.messages(cid) == []
             assert "Assistant" not in chat.transcript.toPlainText()
             # "Chat without tools": one click, the same message, tools off in this chat, a reply
-            c._retry_notice(TOOLS_OFFER)
-            assert c._reply_task is not None
-            await c._reply_task
+            c.retry_notice(TOOLS_OFFER)
+            assert c.chat.reply_task is not None
+            await c.chat.reply_task
             messages = c.store.messages(cid)
             assert [m.role for m in messages] == ["user", "assistant"] and messages[0].content.endswith("king.")
             assert messages[1].content.strip() and chat.input.toPlainText() == ""
-            assert c.chat_client is not None and c.chat_client.last_body is not None
-            assert "tools" not in c.chat_client.last_body
-            assert c.chat_client.last_body["max_tokens"] == SMALL_CONTEXT // 4  # a share, never all of it
+            assert c.engine.chat_client is not None and c.engine.chat_client.last_body is not None
+            assert "tools" not in c.engine.chat_client.last_body
+            assert c.engine.chat_client.last_body["max_tokens"] == SMALL_CONTEXT // 4  # a share, never all of it
             conv = c.store.get(cid)
             assert conv is not None and conv.settings.tools is False and chat.tools_button.text() == "Tools off ▾"
 
@@ -153,7 +154,7 @@ def test_refused_messages_are_not_kept_and_tools_that_do_not_fit_are_offered_off
             paste = "The king rode out into the night and the stars sang. " * 200
             chat.input.setPlainText(paste)
             chat._on_send()
-            await until(lambda: c._reply_task is not None and c._reply_task.done(), 120)
+            await until(lambda: c.chat.reply_task is not None and c.chat.reply_task.done(), 120)
             assert len(c.store.messages(cid)) == 2  # the paste is not in the conversation
             assert chat.input.toPlainText() == paste.strip()
             failed = window.notifications.get("chat")
@@ -171,9 +172,9 @@ def test_refused_messages_are_not_kept_and_tools_that_do_not_fit_are_offered_off
 
             chat.transcript.append_reply = first_piece  # type: ignore[method-assign]
             chat.input.clear()
-            c._regenerate()
-            assert c._reply_task is not None
-            await c._reply_task
+            c.chat.regenerate()
+            assert c.chat.reply_task is not None
+            await c.chat.reply_task
             assert seen == [None]
             assert c.store.messages(cid)[-1].role == "assistant"
         finally:

@@ -69,7 +69,7 @@ def test_the_picker_and_my_models_name_a_download_by_its_repository_and_keep_the
         names = [picker.itemText(i) for i in range(picker.count())]
         table = window.models_page.table
         rows = [tuple(str(table.model().index(r, col).data()) for col in (0, 1)) for r in range(table.rowCount())]
-        cards = [e.title for e in c._entries()]
+        cards = [e.title for e in c.models.entries()]
         await c.shutdown()
         return names, rows, cards
 
@@ -160,7 +160,7 @@ def test_a_downloads_progress_shows_in_its_notification_and_on_its_card_only(
         window.show_page("Discover")
         lib.search.setText("Tiny-MoE")
         lib.search.returnPressed.emit()
-        await until(lambda: HUB_REPO in c.hub_quants, 60, "quants")
+        await until(lambda: HUB_REPO in c.models.hub_quants, 60, "quants")
         lib.select(key)
         lib.download_button.click()
         await until(lambda: server.faults.held.is_set(), 60, "the shard held")
@@ -173,7 +173,7 @@ def test_a_downloads_progress_shows_in_its_notification_and_on_its_card_only(
         assert not [b for b in lib.findChildren(QPushButton) if b.text() == "Cancel" and b.isVisibleTo(lib)]
         shown.cancel.click()
         await until(lambda: notes.get(note) is None and table.rowCount() == 1, 30, "cancelled")
-        assert table.item_ids() == [f"job:{c.acquirer.started()[0].id}"]  # paused: Resume or Forget it there
+        assert table.item_ids() == [f"job:{c.jobs.acquirer.started()[0].id}"]  # paused: Resume or Forget it there
         assert lib.card_line(key) != "" and "%" not in lib.card_line(key)  # the card says where it is from again
         assert lib.download_button.isEnabled()  # stopped: it can be asked for again
         server.faults.hold_after = None
@@ -199,7 +199,7 @@ def test_a_published_files_download_shows_in_the_notification_area_with_retry(
     # connection drops at 2000; with no retries left, the download fails for now
     server.faults.hold_after, server.faults.drop_after = 1000, 2000
     window, c = make_controller(tmp_path, server, data)
-    c.downloads.max_retries = 0
+    c.jobs.downloads.max_retries = 0
     lib, notes, table = window.library, window.notifications, window.library.downloads
 
     async def flows() -> None:
@@ -208,7 +208,7 @@ def test_a_published_files_download_shows_in_the_notification_area_with_retry(
         lib.select("preset:tiny")
         lib.download_button.click()
         await until(lambda: server.faults.held.is_set(), 60, "the body held")
-        note = f"download:{c.downloads.items()[0].id}"
+        note = f"download:{c.jobs.downloads.items()[0].id}"
         await until(lambda: (n := notes.get(note)) is not None and n.progress is not None, 30, "progress")
         shown = next(card for card in window.notice_area.cards if card.notice.key == note)
         assert shown.cancel.isVisibleTo(shown) and "%" in shown.reason.text()
@@ -218,10 +218,10 @@ def test_a_published_files_download_shows_in_the_notification_area_with_retry(
         await until(lambda: (n := notes.get(note)) is not None and n.kind == "error", 60, "the failure")
         failed = next(card for card in window.notice_area.cards if card.notice.key == note)
         assert failed.notice.retry and failed.retry.isVisibleTo(failed)  # a dropped connection: worth a retry
-        assert "failed" in failed.notice.title and table.item_ids() == [c.downloads.items()[0].id]
+        assert "failed" in failed.notice.title and table.item_ids() == [c.jobs.downloads.items()[0].id]
         assert "%" not in lib.card_line("preset:tiny") and lib.download_button.isEnabled()
         failed.retry.click()
-        await until(lambda: any(m.preset_id == "tiny" for m in c.local_models), 60, "the retry")
+        await until(lambda: any(m.preset_id == "tiny" for m in c.models.local_models), 60, "the retry")
         assert notes.get(note) is None and table.rowCount() == 0  # a success clears it
         await c.shutdown()
 
@@ -268,26 +268,28 @@ def test_first_start_offers_to_measure_the_machine_and_every_estimate_follows(
     notes.job = spy  # type: ignore[method-assign]
 
     def demo_row() -> tuple[str, str]:
-        demo = next(m for m in c.local_models if m.bundled)
-        entry = next(e for e in c._entries() if e.key == str(LocalKey(demo.path)))
+        demo = next(m for m in c.models.local_models if m.bundled)
+        entry = next(e for e in c.models.entries() if e.key == str(LocalKey(demo.path)))
         row = next(r for r in window.models_page._rows if r.bundled)
         return entry.line, row.estimate
 
     async def flows() -> tuple[str, str, str]:
         await c.start()
         offer = notes.get(AUTOTUNE_OFFER)
-        assert offer is not None and offer.kind == "offer" and c.machine is not None and not c.machine.decode_probe
+        assert (
+            offer is not None and offer.kind == "offer" and c.ctx.machine is not None and not c.ctx.machine.decode_probe
+        )
         card = next(card for card in window.notice_area.cards if card.notice.key == AUTOTUNE_OFFER)
         assert card.retry.text() == "Measure now" and card.forget.text() == "Not now" and card.retry.isVisibleTo(card)
         before = demo_row()
-        details_before = next(e for e in c._entries() if e.line == before[0]).details_html
+        details_before = next(e for e in c.models.entries() if e.line == before[0]).details_html
         card.retry.click()  # one click; the window stays usable meanwhile (a task on the loop)
         await until(lambda: (n := notes.get("autotune")) is not None and n.kind != "job", 300, "measured")
         assert notes.get("autotune").kind == "info", notes.items()  # type: ignore[union-attr]
         assert notes.get(AUTOTUNE_OFFER) is None
         after = demo_row()
         assert after[1] == after[0]  # My models gives the estimate worked out again (it kept the old one)
-        details = next(e for e in c._entries() if e.line == after[0]).details_html
+        details = next(e for e in c.models.entries() if e.line == after[0]).details_html
         await c.shutdown()
         return details_before, details, after[0]
 

@@ -57,10 +57,10 @@ class Walk:
         print(f"{self.n:02d}-{name}: {self.window.notice_area.texts()}", flush=True)
 
     def ready(self) -> bool:
-        return self.c.supervisor is not None and self.c.supervisor.state == "ready"
+        return self.c.engine.supervisor is not None and self.c.engine.supervisor.state == "ready"
 
     def replied(self) -> bool:
-        return self.c._reply_task is None or self.c._reply_task.done()
+        return self.c.chat.reply_task is None or self.c.chat.reply_task.done()
 
     async def run(self) -> None:
         w, c = self.window, self.c
@@ -74,7 +74,7 @@ class Walk:
         w.show_page("My models")
         await self.shot("measured")
         w.show_page("Chat")
-        await c.use_default_model()
+        await c.engine.use_default_model()
         await until(self.ready)
         w.chat.input.setPlainText("Hello! Who are you?")
         w.chat.send_button.click()
@@ -93,9 +93,9 @@ class Walk:
         w.library.download_button.click()
         await asyncio.sleep(1.0)
         await self.shot("downloading", 0.0)
-        await until(lambda: any(not m.bundled for m in c.local_models))
+        await until(lambda: any(not m.bundled for m in c.models.local_models))
         await self.shot("downloaded")
-        mine = next(m for m in c.local_models if not m.bundled)
+        mine = next(m for m in c.models.local_models if not m.bundled)
         w.library.select(f"local:{mine.path}")
         w.library.use_button.click()
         await asyncio.sleep(0.5)
@@ -124,7 +124,9 @@ class Walk:
         QDesktopServices.openUrl = open_url  # type: ignore[method-assign, assignment]  # no file manager here
         page.folder_button.click()
         print(f"open folder -> {opened}")
-        await c.use_model(f"local:{next(m.path for m in c.local_models if m.bundled)}")  # free the model to delete it
+        await c.engine.use_model(
+            f"local:{next(m.path for m in c.models.local_models if m.bundled)}"
+        )  # free the model to delete it
         await until(self.ready)
         page.table.selectRow(next(i for i, r in enumerate(page._rows) if not r.bundled))
         page.delete_button.click()
@@ -137,10 +139,10 @@ class Walk:
 
         w.show_page("Server")
         w.server_page.enabled.click()
-        await until(lambda: self.ready() and c.supervisor is not None and c.supervisor.fixed_port)
+        await until(lambda: self.ready() and c.engine.supervisor is not None and c.engine.supervisor.fixed_port)
         await self.shot("server-on")
         w.server_page.enabled.click()
-        await until(lambda: self.ready() and c.supervisor is not None and not c.supervisor.fixed_port)
+        await until(lambda: self.ready() and c.engine.supervisor is not None and not c.engine.supervisor.fixed_port)
         w.show_page("Settings")
         w.settings_page.theme.setCurrentIndex(w.settings_page.theme.findData("dark"))
         await self.shot("settings-dark")

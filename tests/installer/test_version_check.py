@@ -79,15 +79,15 @@ def test_engine_of_another_version_is_refused(
 
     async def scenario() -> tuple[object, supervisor_module.EngineSupervisor | None]:
         try:
-            return await c.use_model(f"local:{model}"), c.supervisor
+            return await c.engine.use_model(f"local:{model}"), c.engine.supervisor
         finally:
             await c.shutdown()
 
     endpoint, sup = run_qt(qapp, scenario, timeout=60)
     assert endpoint is None
-    assert c.endpoint is None and not c.ready.is_set()
+    assert c.engine.endpoint is None and not c.engine.ready.is_set()
     want = f"This engine is version {other}, but Run My AI {__version__} needs the same version; reinstall Run My AI."
-    assert c.errors[-1] == want
+    assert c.ctx.errors[-1] == want
     assert any(want in t for t in c.window.notice_area.texts())  # the user sees it, whole
     assert sup is not None and sup.handshake is not None and sup.handshake["version"] == other  # it did start
     assert sup.state == "stopped" and sup.pid is None  # and was stopped, not left running
@@ -103,10 +103,10 @@ def test_engine_of_the_same_version_is_used(
 
     async def scenario() -> object:
         try:
-            return await c.use_model(f"local:{model}")
+            return await c.engine.use_model(f"local:{model}")
         finally:
             await c.shutdown()
 
     endpoint = run_qt(qapp, scenario, timeout=60)
     assert endpoint is not None
-    assert not any("needs the same version" in e for e in c.errors)
+    assert not any("needs the same version" in e for e in c.ctx.errors)

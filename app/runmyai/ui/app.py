@@ -59,12 +59,12 @@ def run_app(args: argparse.Namespace) -> int:
             window.close()
         elif args.endpoint:
             # a server that is refused (a notification says why) leaves the window with the local model
-            if await controller.use_endpoint(args.endpoint, os.environ.get("RUNMYAI_ENDPOINT_KEY")) is not None:
-                await controller.use_default_model()
+            if await controller.engine.use_endpoint(args.endpoint, os.environ.get("RUNMYAI_ENDPOINT_KEY")) is not None:
+                await controller.engine.use_default_model()
         elif args.model is not None:
-            await controller.use_model(f"local:{args.model.resolve()}")
+            await controller.engine.use_model(f"local:{args.model.resolve()}")
         else:
-            await controller.use_default_model()
+            await controller.engine.use_default_model()
         await closed.wait()
         await controller.shutdown()
 
@@ -100,13 +100,15 @@ async def take_screenshots(controller: AppController, folder: Path) -> list[str]
     folder.mkdir(parents=True, exist_ok=True)
     window = controller.window
     problems: list[str] = []
-    if controller.draft_counter.task is not None:  # the draft's token count shown before the first picture
+    if controller.chat.draft_counter.task is not None:  # the draft's token count shown before the first picture
         with contextlib.suppress(Exception, asyncio.CancelledError):
-            await controller.draft_counter.task
+            await controller.chat.draft_counter.task
     page_before = window.current_page()
     for theme_name in ("light", "dark"):
-        controller.settings = controller.settings.__class__(**{**controller.settings.__dict__, "theme": theme_name})
-        controller._apply_theme()
+        controller.ctx.settings = controller.ctx.settings.__class__(
+            **{**controller.ctx.settings.__dict__, "theme": theme_name}
+        )
+        controller.prefs.apply_theme()
         for width, height in SCREENSHOT_SIZES:
             window.resize(width, height)
             for page in SCREENSHOT_PAGES:
@@ -120,17 +122,17 @@ async def take_screenshots(controller: AppController, folder: Path) -> list[str]
                     if not window.grab().save(str(folder / name), "PNG"):
                         problems.append(f"could not save {folder / name}")
         # File → Connect's dialog, with a long address: the walk-through's field cut it
-        dialog = controller._ask_endpoint()
+        dialog = controller.engine.ask_endpoint()
         dialog.url.setText("https://my-gpu-box.example.com:8443/v1")
         await asyncio.sleep(0.2)
         shot = folder / f"connect-{theme_name}.png"
         problems += _checked_and_saved(dialog, f"the Connect dialog, {theme_name}", shot)
         dialog.reject()
         # the load dialog (context length, GPU offload) of the model in use, once the engine said what fits
-        model = controller.supervisor.model if controller.supervisor is not None else None
-        load = controller.open_load_options(f"local:{model}") if model is not None else None
-        if load is not None and controller.load_facts_task is not None:
-            await controller.load_facts_task
+        model = controller.engine.supervisor.model if controller.engine.supervisor is not None else None
+        load = controller.engine.open_load_options(f"local:{model}") if model is not None else None
+        if load is not None and controller.engine.load_facts_task is not None:
+            await controller.engine.load_facts_task
             await asyncio.sleep(0.2)
             problems += _checked_and_saved(
                 load, f"the load dialog, {theme_name}", folder / f"load-options-{theme_name}.png"
@@ -148,11 +150,11 @@ def show_chat_states(controller: AppController, reply: str) -> None:
     from dataclasses import replace as _replace
 
     store, chat = controller.store, controller.window.chat
-    conv = store.create("Tell me a story about a king", model=controller.model_name)
+    conv = store.create("Tell me a story about a king", model=controller.engine.model_name)
     store.add_message(conv.id, "user", "Tell me a story about a king.")
-    store.add_message(conv.id, "assistant", "There once was a king.", model=controller.model_name)
+    store.add_message(conv.id, "assistant", "There once was a king.", model=controller.engine.model_name)
     store.drop_last_assistant(conv.id)  # regenerated: the first version is kept, "< 2/2 >" shows on the reply
-    first = store.add_message(conv.id, "assistant", reply or "Once upon a time…", model=controller.model_name)
+    first = store.add_message(conv.id, "assistant", reply or "Once upon a time…", model=controller.engine.model_name)
     store.add_message(conv.id, "user", "Give me a verse from Psalms.")
     store.add_message(
         conv.id, "assistant", "**Psalms 23:1**\nThe LORD is my shepherd;", finish_reason="error", tokens=9
@@ -164,9 +166,9 @@ def show_chat_states(controller: AppController, reply: str) -> None:
     def tools() -> None:  # (what the controller's own redraws would show with those two servers counted)
         chat.set_tools("Tools: time, everything · 2,561 tokens", True, servers)
 
-    controller._show_tools = tools  # type: ignore[method-assign]
-    controller.open_conversation(conv.id)
-    controller._list_conversations()
+    controller.talks.show_tools = tools  # type: ignore[method-assign]
+    controller.talks.open_conversation(conv.id)
+    controller.talks.list_conversations()
     chat.input.setPlainText("What happened to the king's daughter?")  # the token count under the input
 
 
@@ -178,7 +180,7 @@ async def self_test(controller: AppController, args: argparse.Namespace) -> int:
             if args.model is not None:
                 key = f"local:{args.model.resolve()}"
             else:
-                demo = next((m for m in controller.local_models if m.bundled and m.error is None), None)
+                demo = next((m for m in controller.models.local_models if m.bundled and m.error is None), None)
                 if demo is None:
                     print("runmyai self-test: no built-in model is ready", file=sys.stderr)
                     return 1
@@ -187,18 +189,18 @@ async def self_test(controller: AppController, args: argparse.Namespace) -> int:
                     # the pictures show the pages, not the first start's offer to measure this machine (it sat
                     # above every page; docs/app-walkthrough.md shows it). Hidden, not declined: nothing is saved.
                     controller.window.notifications.forget(AUTOTUNE_OFFER)
-            endpoint = await controller.use_model(key)
+            endpoint = await controller.engine.use_model(key)
             if endpoint is None:
-                print(f"runmyai self-test: the engine did not start: {controller.errors[-1:]}", file=sys.stderr)
+                print(f"runmyai self-test: the engine did not start: {controller.ctx.errors[-1:]}", file=sys.stderr)
                 return 1
-            controller.new_conversation()
-            reply = await controller.chat_once("Hello! Who are you?")
-            if controller.speed_task is not None:  # its speed saved: the screenshots show the measured card
-                await controller.speed_task
+            controller.talks.new_conversation()
+            reply = await controller.chat.chat_once("Hello! Who are you?")
+            if controller.chat.speed_task is not None:  # its speed saved: the screenshots show the measured card
+                await controller.chat.speed_task
     except TimeoutError:
         print(f"runmyai self-test: no reply within {SELF_TEST_TIMEOUT_S} s", file=sys.stderr)
         return 1
-    cid = controller.conversation_id
+    cid = controller.talks.conversation_id
     last = controller.store.messages(cid)[-1] if cid is not None and controller.store.messages(cid) else None
     if last is None or last.role != "assistant" or last.finish_reason not in ("stop", "length", "context_full"):
         # (an empty but finished reply counts: a random test model may well say end-of-text first)
@@ -216,7 +218,7 @@ async def self_test(controller: AppController, args: argparse.Namespace) -> int:
             print(f"runmyai self-test: {line}", file=sys.stderr)
         if problems:
             return 1
-    version = (controller.supervisor.handshake or {}).get("version") if controller.supervisor else None
+    version = (controller.engine.supervisor.handshake or {}).get("version") if controller.engine.supervisor else None
     print(
         f"runmyai self-test: ok — on the {QGuiApplication.platformName()} platform, engine {version} at "
         f"{endpoint.base_url}, "

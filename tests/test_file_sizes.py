@@ -1,0 +1,36 @@
+"""No Python file over 800 lines (issue 46: each job one room): a file that long holds several jobs, as
+`ui/controller.py` did at 2,028 lines (settings, presets, library, downloads, engine, autotune, chats, MCP, the
+server page). Tests count too. Left out, as the issue leaves them: the generated test models (`testmodel/`) and a
+family's own file in `models/` (one architecture's whole graph); `models/common.py` is no family's and counts."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_LINES = 800
+MODELS = Path("engine/tokenwing/models")
+SHARED_IN_MODELS = {"__init__.py", "common.py"}  # not a family's own file
+# over the bar still, to be split (then taken out of here: the test fails while one listed is back under it)
+STILL_OVER = {"engine/tokenwing/compute/ggml_api.py"}  # 806 lines at 8630939 (the vision encoder's bindings)
+
+
+def _counted(path: Path) -> bool:
+    if Path("engine/tokenwing/testmodel") in path.parents:
+        return False
+    return not (path.parent == MODELS and path.name not in SHARED_IN_MODELS)
+
+
+def test_no_python_file_is_over_800_lines() -> None:
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    files = [Path(f) for f in listed if _counted(Path(f)) and (REPO / f).is_file()]
+    assert Path("app/runmyai/ui/controller.py") in files  # (the tree was found)
+    long = {str(f): n for f in files if (n := len((REPO / f).read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert set(long) == STILL_OVER, f"over {MAX_LINES} lines: {long}; listed as still over: {sorted(STILL_OVER)}"
