@@ -66,6 +66,8 @@ FAMILIES = {
     "mistral-small-4": ({"arch": "mistral4", "n_layer": 3, "n_expert": 16, "n_expert_used": 4}, "mistral4"),
     # issue 42: Gemma 4 26B-A4B's layers (sliding-window and full attention, GELU experts beside a dense FFN)
     "gemma-4": ({"arch": "gemma4", "n_layer": 4, "n_expert": 16, "n_expert_used": 4}, "gemma4"),
+    # issue 42: Llama 4, its chunked/NoPE layers, interleaved MoE and the router weighting the expert's input
+    "llama-4": ({"arch": "llama4", "n_layer": 4, "n_expert": 16}, "llama4"),
 }
 GREEDY = Path(__file__).parents[1] / "demomodel" / "llama_greedy.py"
 
