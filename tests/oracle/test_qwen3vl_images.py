@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import assert_clean_error, run_cli
+from tokenwing.format.gguf_io import read_header
 from tokenwing.format.reader import ModelFile
 from tokenwing.runtime.session import Session, SessionOptions
 from tokenwing.vision.cache import EncodedImages
@@ -261,3 +262,33 @@ def test_a_decode_step_after_an_image_and_streamed_at_a_quarter(
     streamed, streamed_slots = _image_then_step(repacked, mmproj, rgb, text, ram_budget=budget, lookahead=2)
     assert streamed_slots < slots
     assert np.array_equal(resident, streamed)
+
+
+def test_an_f16_mmproj_matches_llama_cpp(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    """Published mmproj files hold their matrices and convolutions in F16 (`--type F16` writes them so; norms,
+    biases and the learned positions F32): the embeddings and the logits with the image within llama.cpp's own
+    distances, as in F32."""
+    root = tmp_path_factory.mktemp("qwen3vl-f16")
+    model, mmproj, repacked = root / "m.gguf", root / "m.mmproj.gguf", root / "m.tw.gguf"
+    r = run_cli("testmodel", str(model), "--arch", "qwen3vlmoe", "--type", "F16", "--mmproj", str(mmproj), "-q")
+    assert r.returncode == 0, r.stderr
+    assert run_cli("repack", str(model), "-o", str(repacked)).returncode == 0
+    rgb, text = image(37, 50, seed=11), "What is in <__media__>?"
+    mtmd_run(model, mmproj, rgb, text, tmp_path / "ref")
+    mtmd_run(model, mmproj, rgb, text, tmp_path / "flash", "flash")
+    mtmd_run(model, mmproj, rgb, text, tmp_path / "f16kv", "f16kv")
+    ref = np.load(tmp_path / "ref" / "embd.npy")
+    enc = Qwen3VLEncoder(str(mmproj))
+    try:
+        assert {t.type_name for t in read_header(str(mmproj)).tensors} == {"F16", "F32"}
+        got = enc.encode(enc.preprocess(rgb))
+    finally:
+        enc.close()
+    assert np.abs(got - ref).max() <= np.abs(np.load(tmp_path / "flash" / "embd.npy") - ref).max()
+    write_png(tmp_path / "image.png", rgb)
+    out = tmp_path / "ours.npy"
+    args = ["--mmproj", str(mmproj), "--image", str(tmp_path / "image.png"), "--text", text, "--kv-type", "f32"]
+    assert run_cli("logits", str(repacked), *args, "--out", str(out)).returncode == 0
+    ref_logits = np.load(tmp_path / "ref" / "logits.npy")
+    own = np.abs(np.load(tmp_path / "f16kv" / "logits.npy") - ref_logits).max()
+    assert np.abs(np.load(out) - ref_logits).max() <= own

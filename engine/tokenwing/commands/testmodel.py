@@ -44,7 +44,9 @@ def _cmd_testmodel(args: argparse.Namespace) -> int:
             args.output, shape, args.type, args.seed, args.shards, progress(args), expert_type=args.expert_type
         )
         if args.mmproj:  # the image encoder's file beside the model (issue 45)
-            paths.append(write_mmproj(args.mmproj, shape, args.seed))
+            paths.append(
+                write_mmproj(args.mmproj, shape, args.seed, type_name="F16" if args.type.upper() == "F16" else "F32")
+            )
     except ValueError as e:
         raise BadInputError(str(e)) from None
     for p in paths:

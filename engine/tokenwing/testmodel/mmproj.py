@@ -21,7 +21,7 @@ from tokenwing.testmodel.architectures import architecture
 from tokenwing.testmodel.shapes import ModelShape
 
 ALIGNMENT = 32
-_F32 = 0  # ggml type id
+_F32, _F16 = 0, 1  # ggml type ids
 
 
 @dataclass(frozen=True)
@@ -126,20 +126,35 @@ def _values(name: str, shape: tuple[int, ...], kind: str, seed: int) -> np.ndarr
     return np.asarray(rng.standard_normal(n) / np.sqrt(fan_in), np.float32)
 
 
-def write_mmproj(path: str, text: ModelShape, seed: int = 0, v: VisionShape | None = None) -> str:
-    """Writes an F32 mmproj GGUF for `text`'s family (qwen3vlmoe); returns its path."""
+def _type(name: str, shape: tuple[int, ...], f16: bool) -> int:
+    """F16 for the matrices and convolutions, as published mmproj files have them; norms, biases and the learned
+    positions (which ggml_interpolate resizes in F32) stay F32."""
+    return _F16 if f16 and len(shape) > 1 and name != "v.position_embd.weight" else _F32
+
+
+def write_mmproj(
+    path: str, text: ModelShape, seed: int = 0, v: VisionShape | None = None, type_name: str = "F32"
+) -> str:
+    """Writes an mmproj GGUF for `text`'s family (qwen3vlmoe), F32 or F16 (`type_name`); returns its path."""
+    if type_name not in ("F32", "F16"):
+        raise ValueError(f"--mmproj: the image encoder is written in F32 or F16, not {type_name}")
+    f16 = type_name == "F16"
     if text.arch != "qwen3vlmoe":
         raise ValueError(f"--mmproj: the factory writes image encoders for qwen3vlmoe, not {text.arch}")
     v = v or VisionShape()
     specs = _tensors(text, v)
-    infos = [TensorInfo(n, s, _F32, 0, tensor_nbytes(s, _F32)) for n, s, _ in specs]
+    types = [_type(n, s, f16) for n, s, _ in specs]
+    infos = [TensorInfo(n, s, t, 0, tensor_nbytes(s, t)) for (n, s, _), t in zip(specs, types, strict=True)]
     data_size = layout_tensors(infos, ALIGNMENT)
     name = path.rsplit("/", 1)[-1].removesuffix(".gguf")
-    header, _ = encode_header(_metadata(text, v, name), infos, ALIGNMENT)
+    kv = _metadata(text, v, name)
+    kv["general.file_type"] = KV.u32(1 if f16 else 0)
+    header, _ = encode_header(kv, infos, ALIGNMENT)
     with atomic_output(path, len(header) + data_size) as tmp, open(tmp, "wb") as f:
         f.write(header)
         for (n, s, kind), info in zip(specs, infos, strict=True):
             f.seek(len(header) + info.offset)
-            f.write(_values(n, s, kind, seed).tobytes())
+            values = _values(n, s, kind, seed)
+            f.write((values.astype(np.float16) if info.type == _F16 else values).tobytes())
         f.truncate(len(header) + data_size)
     return path
