@@ -130,6 +130,25 @@ def test_quantized_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path
     quantized_matches_llama_cpp(model_factory(type=type_name, **shape), tmp_path)  # type: ignore[arg-type]
 
 
+def family_quantized_matches(
+    factory: ModelFactory, tmp_path: Path, shape: dict[str, object], kquant: dict[str, object], type_name: str
+) -> None:
+    """A family module's quantized case (its VARIANTS entry `shape`): at the tame weights (std 0.03), a K-quant on
+    the `kquant` preset with the module's KQUANT changes (rows of multiples of 256), against llama.cpp as
+    `quantized_matches_llama_cpp` measures it."""
+    shape = dict(shape, weight_std=0.03)
+    if type_name.startswith("Q4_K"):
+        shape |= {"preset": "kquant", **kquant}
+    quantized_matches_llama_cpp(factory(type=type_name, **shape), tmp_path)  # type: ignore[arg-type]
+
+
+def family_streamed_matches(factory: ModelFactory, tmp_path: Path, shape: dict[str, object], percent: int) -> None:
+    """A family module's streamed case: its Q8_0 file repacked, `percent` of the expert bytes against resident
+    (`streamed_matches_resident`) over 160 positions."""
+    model = _repacked(factory(type="Q8_0", **shape), tmp_path)  # type: ignore[arg-type]
+    streamed_matches_resident(model, _tokens(160, 512, seed=13), percent=percent)
+
+
 def quantized_matches_llama_cpp(src: Path, tmp_path: Path) -> None:
     """A quantized file's 300 positions (a 200-token prompt, then 100 decode steps across position 256): mean KL
     ≤ 1e-4 from llama.cpp's, and its top-1 on ≥ 99 % of the positions where llama.cpp's leads by > 0.1 logit
