@@ -27,6 +27,7 @@ LISTED = {
     "bailingmoe2": {"n_dense_lead": 1, "n_mtp": 1},
     "deepseek2": {"n_dense_lead": 1, "n_mtp": 1},
     "mistral4": {"n_dense_lead": 1, "fused_gate_up": False},
+    "glm-dsa": {"n_dense_lead": 1, "n_mtp": 1, "indexer_types": (1, 0, 1)},
 }
 
 

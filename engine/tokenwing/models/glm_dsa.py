@@ -28,8 +28,10 @@ import numpy as np
 from tokenwing.compute.ggml_lib import F16, F32, I32, ROPE_NORM, Tensor, TensorArena, ops
 from tokenwing.errors import BadInputError
 from tokenwing.models import common, mla
-from tokenwing.models.base import MoEModel, TensorCheck
+from tokenwing.models.base import MoEModel
+from tokenwing.models.deepseek2 import DeepSeek2
 from tokenwing.models.hparams import HParams
+from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
 
 # GLM-5.2's indexer types where the file has no key and its context is a million tokens or more (llama.cpp's
@@ -58,6 +60,7 @@ def hadamard(n: int) -> np.ndarray:
 class GlmDsa(MoEModel):
     arch = "glm-dsa"
     shared_experts = "required"
+    shared_as_experts = True
     sigmoid_router = True  # llama.cpp's default for glm-dsa where the file has no expert_gating_func
     normalize_weights = False  # llama.cpp's default where the file has no expert_weights_norm
     routing_keys = True
@@ -96,21 +99,32 @@ class GlmDsa(MoEModel):
             )
         if not indexer_full(hp, 0):
             raise BadInputError(f"{where}: layer 0 must run its own indexer (attention.indexer.types)")
+        if not hp.q_lora_rank or not hp.is_mla:
+            raise BadInputError(f"{where}: glm-dsa needs q_lora_rank and MLA's attn_k_b/attn_v_b")
+        mla.validate(hp, where, split=True)
         super().check(hp, shapes, streamed, where)
 
     @classmethod
-    def check_attention(cls, c: TensorCheck, il: int) -> None:
-        hp = c.hp
-        if not hp.q_lora_rank or not hp.is_mla:
-            raise BadInputError(f"{c.where}: glm-dsa needs q_lora_rank and MLA's attn_k_b/attn_v_b")
-        mla.check(c, il, split=True)
-        if indexer_full(hp, il):
-            p, e, di, ni = f"blk.{il}.indexer.", hp.n_embd, hp.indexer_head_size, hp.indexer_n_head
-            c.need(p + "k_norm.weight", (di,))
-            c.need(p + "k_norm.bias", (di,))
-            c.need(p + "proj.weight", (e, ni))
-            c.need(p + "attn_k.weight", (e, di))
-            c.need(p + "attn_q_b.weight", (hp.q_lora_rank, ni * di))
+    def attention_tensors(cls, hp: HParams, il: int, parts: Parts) -> list[TensorSpec]:
+        """MLA's (models/mla.py), then the DSA indexer's in a layer that runs its own (GLM-5.2's shared layers have
+        none; a next-token-prediction block has one): its query from the query latent, its one key head with a
+        LayerNorm (weight and bias), its per-head weights."""
+        out = mla.tensors(hp, il)
+        if il < hp.n_layer and not indexer_full(hp, il):
+            return out
+        p, e, di, ni = f"blk.{il}.indexer.", hp.n_embd, hp.indexer_head_size, hp.indexer_n_head
+        return [
+            *out,
+            TensorSpec(p + "k_norm.weight", (di,), "norm"),
+            TensorSpec(p + "k_norm.bias", (di,), "vector"),
+            TensorSpec(p + "proj.weight", (e, ni), "matrix"),
+            TensorSpec(p + "attn_k.weight", (e, di), "matrix"),
+            TensorSpec(p + "attn_q_b.weight", (hp.q_lora_rank, ni * di), "matrix"),
+        ]
+
+    @classmethod
+    def mtp_tensors(cls, hp: HParams, il: int) -> list[TensorSpec]:
+        return DeepSeek2.mtp_tensors(hp, il)  # (llama.cpp's blk.N.nextn.*, as DeepSeek's)
 
     @classmethod
     def kv_layer(cls, hp: HParams, il: int) -> common.KVSpec:

@@ -132,39 +132,6 @@ def _nextn(s: ModelShape, i: int) -> list[TensorSpec]:
     return DeepSeek2.mtp_tensors(shape_hparams(s), i)
 
 
-def glm_dsa_indexer_full(s: ModelShape, i: int) -> bool:
-    """Whether layer i runs its own indexer (GLM-5.2's shared layers reuse the last one's top-k; GLM-5: all)."""
-    return not s.indexer_types or bool(s.indexer_types[i]) if i < s.n_layer else True
-
-
-def _glm_dsa(s: ModelShape) -> list[TensorSpec]:
-    """GLM-5 / GLM-5.2 (llama.cpp's converter, GlmMoeDsaModel: DeepSeek-V2's tensors plus the DSA indexer): MLA, the
-    indexer's query from the query latent, its one key head with a LayerNorm (weight and bias), its per-head
-    weights; leading dense layers, a sigmoid router with a selection bias, one shared expert; the indexer's tensors
-    only in layers that run their own (GLM-5.2's shared layers have none); next-token-prediction blocks last."""
-    first, last = _head(s)
-    di = s.indexer_head_size
-    layers: list[TensorSpec] = []
-    for i in range(s.n_block):
-        layers += _mla_attention(s, i)
-        if glm_dsa_indexer_full(s, i):
-            layers += [
-                TensorSpec(f"blk.{i}.indexer.k_norm.weight", (di,), "norm"),
-                TensorSpec(f"blk.{i}.indexer.k_norm.bias", (di,), "vector"),
-                TensorSpec(f"blk.{i}.indexer.proj.weight", (s.n_embd, s.indexer_n_head), "matrix"),
-                TensorSpec(f"blk.{i}.indexer.attn_k.weight", (s.n_embd, di), "matrix"),
-                TensorSpec(f"blk.{i}.indexer.attn_q_b.weight", (s.q_lora_rank, s.indexer_n_head * di), "matrix"),
-            ]
-        if i < s.n_dense_lead:
-            layers += _dense_ffn(s, i)
-        else:
-            layers += [*_routed_experts(s, i), TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector")]
-            layers += _shared_expert(s, i, gated=False, ff=s.n_ff_exp * s.n_shared_exp)
-        if i >= s.n_layer:
-            layers += _nextn(s, i)
-    return first + layers + last
-
-
 def _qwen_linear(s: ModelShape, i: int, separate_alpha_beta: bool) -> list[TensorSpec]:
     """A gated DeltaNet layer of Qwen3-Next / Qwen3.5 (llama.cpp's names; ssm_a is -exp(A_log), as converted)."""
     e, st, nk, nv = s.n_embd, s.ssm_d_state, s.ssm_n_group, s.ssm_dt_rank
@@ -867,7 +834,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     ),
     "glm-dsa": Architecture(
         "glm-dsa",
-        _glm_dsa,
+        family_tensors,
         _glm_dsa_kv,
         "GLM-5 / GLM-5.2: MLA whose keys a lightning indexer picks (top-k tokens per query, shared across layers "
         "in GLM-5.2), sigmoid router with selection bias, shared expert",
