@@ -13,7 +13,7 @@ MAX_LINES = 800
 MODELS = Path("engine/tokenwing/models")
 SHARED_IN_MODELS = {"__init__.py", "common.py"}  # not a family's own file
 # over the bar still, to be split (then taken out of here: the test fails while one listed is back under it)
-STILL_OVER = {"engine/tokenwing/compute/ggml_api.py"}  # 806 lines at 8630939 (the vision encoder's bindings)
+STILL_OVER: set[str] = set()  # (compute/ggml_api.py was, 806 lines at 8630939: 763 with RoPE's arguments shared)
 
 
 def _counted(path: Path) -> bool:

@@ -566,59 +566,16 @@ ggml_dsv4_hc_pre = _g.fn("ggml_dsv4_hc_pre", TENSOR, CONTEXT, TENSOR, TENSOR)
 ggml_dsv4_hc_comb = _g.fn("ggml_dsv4_hc_comb", TENSOR, CONTEXT, TENSOR, TENSOR, TENSOR, FLOAT, INT32)
 # the streams [n_embd, hc, n] after a sublayer: out [n_embd, n] · post [hc, n] + residual mixed by comb
 ggml_dsv4_hc_post = _g.fn("ggml_dsv4_hc_post", TENSOR, CONTEXT, TENSOR, TENSOR, TENSOR, TENSOR)
-ggml_rope_ext = _g.fn(
-    "ggml_rope_ext",
-    TENSOR,
-    CONTEXT,
-    TENSOR,
-    TENSOR,
-    TENSOR,
-    INT,
-    INT,
-    INT,
-    FLOAT,
-    FLOAT,
-    FLOAT,
-    FLOAT,
-    FLOAT,
-    FLOAT,
-)
+# RoPE's scaling arguments after n_ctx_orig: freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow
+_ROPE_SCALING = (FLOAT,) * 6
+ggml_rope_ext = _g.fn("ggml_rope_ext", TENSOR, CONTEXT, TENSOR, TENSOR, TENSOR, INT, INT, INT, *_ROPE_SCALING)
 ggml_rope_ext_back = _g.fn(  # the inverse rotation (DeepSeek V4 de-ropes its attention output)
-    "ggml_rope_ext_back",
-    TENSOR,
-    CONTEXT,
-    TENSOR,
-    TENSOR,
-    TENSOR,
-    INT,
-    INT,
-    INT,
-    FLOAT,
-    FLOAT,
-    FLOAT,
-    FLOAT,
-    FLOAT,
-    FLOAT,
+    "ggml_rope_ext_back", TENSOR, CONTEXT, TENSOR, TENSOR, TENSOR, INT, INT, INT, *_ROPE_SCALING
 )
 # a rope node rotates dims [offset, offset + n_dims) instead of the first n_dims
 ggml_rope_set_offset = _g.fn("ggml_rope_set_offset", TENSOR, TENSOR, INT)
 ggml_rope_multi = _g.fn(
-    "ggml_rope_multi",
-    TENSOR,
-    CONTEXT,
-    TENSOR,
-    TENSOR,
-    TENSOR,
-    INT,
-    SECTIONS,
-    INT,
-    INT,
-    FLOAT,
-    FLOAT,
-    FLOAT,
-    FLOAT,
-    FLOAT,
-    FLOAT,
+    "ggml_rope_multi", TENSOR, CONTEXT, TENSOR, TENSOR, TENSOR, INT, SECTIONS, INT, INT, *_ROPE_SCALING
 )
 ggml_flash_attn_ext = _g.fn("ggml_flash_attn_ext", TENSOR, CONTEXT, TENSOR, TENSOR, TENSOR, TENSOR, FLOAT, FLOAT, FLOAT)
 ggml_flash_attn_ext_add_sinks = _g.fn("ggml_flash_attn_ext_add_sinks", VOID, TENSOR, TENSOR)
