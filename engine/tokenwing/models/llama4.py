@@ -43,6 +43,7 @@ MAX_POSITIONS = 1 << 24  # positions an F32 holds exactly: the temperature table
 # (chunked) layers take where a file has it, is read only (0: rope.freq_base; Llama 4's converter writes none)
 KEYS = {"moe_layer_step": Key("interleave_moe_layer_step", "u32")}
 ROPE_BASE_SWA = Key("rope.freq_base_swa", "f32", 0.0)
+TEMPERATURES = "llama4.attn_temperature"  # the temperature table's name among the resident weights (not the file's)
 
 
 def rope_layer(il: int) -> bool:
@@ -83,11 +84,13 @@ class Llama4(MoEModel):
         # RoPE layers take rope.freq_base_swa where the file has it (llama.cpp: they are its SWA layers)
         base = dataclasses.replace(hp, rope_base=ROPE_BASE_SWA.read(hp, "the model") or hp.rope_base)
         self.rope_chunked = common.rope_of(base, self.rope_mode, hp.rope_yarn_log_mul)
-        self.factors = weights.get("rope_freqs.weight") if weights.has("rope_freqs.weight") else None
         # The temperature of each 8,192-position block as a table the graph indexes by (p + 1) // 8192: the scale
-        # is llama.cpp's double-precision value, which no float op of the graph would round alike
-        table = np.ascontiguousarray(temperature(np.arange(0, MAX_POSITIONS + TEMP_FLOOR, TEMP_FLOOR, dtype=np.int64)))
-        self.temperatures = weights.arena.wrap(table, F32, (1, len(table)))
+        # is llama.cpp's double-precision value, which no float op of the graph would round alike. A resident
+        # tensor of its own (outside the layers: the VRAM tier uploads it with the head, `weights.py`'s view)
+        table = temperature(np.arange(0, MAX_POSITIONS + TEMP_FLOOR, TEMP_FLOOR, dtype=np.int64))
+        if not weights.has(TEMPERATURES):
+            weights.tensors[TEMPERATURES] = weights.arena.wrap(np.ascontiguousarray(table), F32, (1, len(table)))
+            weights.shapes[TEMPERATURES], weights.types[TEMPERATURES] = (1, len(table)), F32
 
     @property
     def window(self) -> int:
@@ -150,14 +153,15 @@ class Llama4(MoEModel):
     def _rope(self, ctx: Any, x: Tensor, positions: Tensor) -> Tensor:
         r = self.rope_chunked
         scaling = (r.n_ctx_orig, r.base, r.freq_scale, r.ext_factor, r.attn_factor, r.beta_fast, r.beta_slow)
-        return ops.ggml_rope_ext(ctx, x, positions, self.factors, r.n_rot, r.mode, *scaling)
+        factors = self.weights.get("rope_freqs.weight") if self.weights.has("rope_freqs.weight") else None
+        return ops.ggml_rope_ext(ctx, x, positions, factors, r.n_rot, r.mode, *scaling)
 
     def _temperature(self, ctx: Any, positions: Tensor, n: int) -> Tensor:
         """[1, 1, n]: each token's temperature, the table's row (p + 1) // 8192 (exact in F32 below 2^24)."""
         p = ops.ggml_cast(ctx, positions, F32)
         block = ops.ggml_scale_bias(ctx, p, 1.0 / TEMP_FLOOR, TEMP_OFFSET / TEMP_FLOOR)
         # (F32 → I32 truncates, which is the floor of these non-negative values)
-        rows = ops.ggml_get_rows(ctx, self.temperatures, ops.ggml_cast(ctx, block, I32))
+        rows = ops.ggml_get_rows(ctx, self.weights.get(TEMPERATURES), ops.ggml_cast(ctx, block, I32))
         return ops.ggml_reshape_3d(ctx, rows, 1, 1, n)
 
     # -------------------------------------------------------------------------------------------- router
