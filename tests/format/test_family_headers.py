@@ -24,6 +24,7 @@ CASES = [
     ("qwen3next", "ssm.inner_size", 128, "ssm.inner_size must be ssm.state_size × ssm.time_step_rank"),
     ("bailingmoe2", "attention.head_count_kv", 1, "tensor blk.0.attn_qkv.weight has shape (64, 128), the metadata"),
     ("bailingmoe2", "attention.head_count", 2, "bailingmoe2's query heads must fill embedding_length"),
+    ("llama4", "interleave_moe_layer_step", 1, "tensor blk.0.ffn_gate_inp.weight is missing"),
 ]
 
 

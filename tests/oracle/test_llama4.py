@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ModelFactory
+from tests.conftest import ModelFactory, assert_clean_error
+from tests.format.test_hostile_header import run_limited, set_int
 from tests.oracle.test_families import quantized_matches_llama_cpp, steps, streamed_matches_resident
 from tests.oracle.test_logits import _repacked, _tokens, kl_per_position, llama_logits
 
@@ -74,3 +75,13 @@ def test_streamed_at_a_quarter_is_bit_identical_to_resident(
     """25 % of the expert bytes, lookahead 0 and 2: the same logits as every expert in RAM."""
     model = _repacked(model_factory(type="Q8_0", **VARIANTS[variant]), tmp_path)  # type: ignore[arg-type]
     streamed_matches_resident(model, _tokens(160, 512, seed=13), percent=25)
+
+
+def test_more_than_one_expert_a_token_is_refused(repacked_factory: ModelFactory, tmp_path: Path) -> None:
+    """The router weights the expert's input, which the engine computes for one expert a token (both Llama 4
+    models): a file routing two is refused by verify (as a start would) in one line, exit 4 (unsupported), not
+    computed otherwise (inspect and repack still show and convert such a variant, as for any family)."""
+    crafted = set_int(repacked_factory(arch="llama4"), tmp_path / "m.tw.gguf", "llama4.expert_used_count", 2)
+    r = run_limited("verify", str(crafted))
+    assert_clean_error(r, 4)
+    assert "llama4 with 2 experts a token is not run" in r.stderr, r.stderr

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from tokenwing.compute.ggml_lib import F32, I32, ROPE_NORM, Tensor, ops
-from tokenwing.errors import UnsupportedError
+from tokenwing.errors import BadInputError, UnsupportedError
 from tokenwing.models import common, specs
 from tokenwing.models.base import MoEModel
 from tokenwing.models.hparams import HParams
@@ -115,11 +115,11 @@ class Llama4(MoEModel):
     @classmethod
     def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
         if moe_step(hp, where) <= 0:
-            raise UnsupportedError(f"{where}: {cls.arch}.interleave_moe_layer_step must be positive")
+            raise BadInputError(f"{where}: {cls.arch}.interleave_moe_layer_step must be positive")
         if ROPE_BASE_SWA.read(hp, where) < 0:
-            raise UnsupportedError(f"{where}: {cls.arch}.rope.freq_base_swa must be positive")
+            raise BadInputError(f"{where}: {cls.arch}.rope.freq_base_swa must be positive")
         if hp.n_rot != hp.head_dim:  # (llama.cpp's graph asserts it)
-            raise UnsupportedError(f"{where}: {cls.arch} rotates whole heads: rope.dimension_count must be head size")
+            raise BadInputError(f"{where}: {cls.arch} rotates whole heads: rope.dimension_count must be head size")
         if hp.n_expert_used != 1:
             raise UnsupportedError(
                 f"{where}: {cls.arch} with {hp.n_expert_used} experts a token is not run (its router weights the "
@@ -127,7 +127,7 @@ class Llama4(MoEModel):
             )
         super().check(hp, shapes, streamed, where)
         if set(streamed) != {il for il in range(hp.n_layer) if moe_layer(hp, il)}:
-            raise UnsupportedError(f"{where}: the layers with experts are not those interleave_moe_layer_step says")
+            raise BadInputError(f"{where}: the layers with experts are not those interleave_moe_layer_step says")
 
     # ------------------------------------------------------------------------------------------ attention
     def attention(
