@@ -42,6 +42,8 @@ EXPECTED = {
     "qwen3-vl-235b-a22b": "qwen3vlmoe",
     "mistral-small-4": "mistral4",
     "gemma-4-26b-a4b": "gemma4",
+    "llama-4-scout": "llama4",
+    "llama-4-maverick": "llama4",
 }
 
 GOOD = """\
@@ -377,6 +379,8 @@ NEW_FAMILIES = [
     "deepseek-v4-flash",
     "ling-flash-2.0",
     "gemma-4-26b-a4b",
+    "llama-4-scout",
+    "llama-4-maverick",
 ]
 
 
