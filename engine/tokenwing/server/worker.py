@@ -180,6 +180,8 @@ class EngineWorker:
             self.syntax = syntax(self.chat.template.source)
             if self.chat.fallback:
                 self.log(FALLBACK_NOTICE)
+            if self.disk_settings is not None and self.options.prompt_cache:  # (before /health says ok)
+                self.disk = open_cache(self.disk_settings, self.session, self.model_path, self.log)
             self.state = "ok"
             self.log(f"ready: {self.session.describe()}")
         except TokenWingError as e:
@@ -200,8 +202,6 @@ class EngineWorker:
             self.state, self.error = "error", f"loading failed: {type(e).__name__}: {e}"
             self.on_fatal()
             return
-        if self.disk_settings is not None and self.options.prompt_cache:
-            self.disk = open_cache(self.disk_settings, self.session, self.model_path, self.log)
         try:
             self._serve_all()
         finally:
