@@ -25,6 +25,7 @@ from tests.conftest import assert_clean_error, run_cli
 from tokenwing.format.gguf_io import read_header
 from tokenwing.format.reader import ModelFile
 from tokenwing.runtime.session import Session, SessionOptions
+from tokenwing.text.tokenizer import tokenizer_from_file
 from tokenwing.vision.cache import EncodedImages
 from tokenwing.vision.png import decode_png
 from tokenwing.vision.positions import image_positions, image_span
@@ -292,3 +293,21 @@ def test_an_f16_mmproj_matches_llama_cpp(tmp_path_factory: pytest.TempPathFactor
     ref_logits = np.load(tmp_path / "ref" / "logits.npy")
     own = np.abs(np.load(tmp_path / "f16kv" / "logits.npy") - ref_logits).max()
     assert np.abs(np.load(out) - ref_logits).max() <= own
+
+
+def test_run_with_an_image_says_what_llama_cpp_says(files: tuple[Path, Path], repacked: Path, tmp_path: Path) -> None:
+    """`tokenwing run MODEL --mmproj P --image FILE --prompt "… <__media__> …" -n 2`: llama.cpp's two greedy tokens
+    after the same prompt (the prompt's argmax, then the decode step's). The command's plumbing only: this 2-layer
+    random model's greedy tokens do not depend on the image (they are the same with the image's rows left out), so
+    what the image does is the logits and decode-step tests' to check."""
+    model, mmproj = files
+    rgb, text = image(37, 50, seed=13), "Tell me: <__media__> is"
+    info = mtmd_run(model, mmproj, rgb, text, tmp_path / "ref")
+    first = int(np.load(tmp_path / "ref" / "logits.npy").argmax())
+    second = int(np.load(tmp_path / "ref" / "step.npy").argmax())
+    assert info["step_token"] == first
+    write_png(tmp_path / "image.png", rgb)
+    args = ["--mmproj", str(mmproj), "--image", str(tmp_path / "image.png"), "--prompt", text, "-n", "2"]
+    r = run_cli("run", str(repacked), *args, "--kv-type", "f32")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == tokenizer_from_file(str(repacked)).decode([first, second]) + "\n"

@@ -97,7 +97,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             text = fmt.template.render([{"role": "user", "content": args.prompt}])
             prompt = session.tokenizer.encode(text, special=True)
             stops += fmt.stops
-        else:
+        if args.image or args.mmproj:  # the image where the prompt has <__media__>, as llama.cpp's mtmd-cli
+            prompt, session.media = _image_prompt(args, session, text if args.chat else args.prompt)
+        elif not args.chat:
             prompt = session.tokenizer.encode(args.prompt, special=False)
         if not prompt:
             raise BadInputError("the prompt is empty")
@@ -165,6 +167,15 @@ def _cmd_logits(args: argparse.Namespace) -> int:
     return 0
 
 
+def _image_prompt(args: argparse.Namespace, session: Any, text: str) -> tuple[list[int], Any]:
+    # (lazy: only a prompt with an image loads the encoder and its ggml graph)
+    from tokenwing.vision.logits import image_prompt
+
+    if not (args.image and args.mmproj):
+        raise BadInputError("an image takes --mmproj and --image, and <__media__> in the prompt where it goes")
+    return image_prompt(session, args.mmproj, args.image, text)
+
+
 def _image_logits(args: argparse.Namespace) -> int:
     """The last position's logits, (1, n_vocab), of --text with --image where <__media__> is (issue 45)."""
     # (lazy: only this command loads these; all of them at start-up took 2.4-3.4 s, not 0.25 s)
@@ -227,6 +238,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     run.add_argument("--repeat-penalty", type=float, default=1.0)
     run.add_argument("--stop", action="append", help="stop when this text appears (repeatable)")
     run.add_argument("--record-trace", help="write the routing trace (for `tokenwing trace simulate`)")
+    run.add_argument("--mmproj", help="the image encoder's GGUF (with --image)")
+    run.add_argument("--image", help="a PNG image, where the prompt has <__media__>")
     run.set_defaults(func=_cmd_run)
 
     lg = sub.add_parser("logits", help="per-position logits of a token sequence (for oracle checks)")

@@ -9,7 +9,7 @@ import numpy as np
 
 from tokenwing.errors import BadInputError
 from tokenwing.vision.png import decode_png
-from tokenwing.vision.prompt import tokens
+from tokenwing.vision.prompt import MediaPrompt, tokens
 from tokenwing.vision.qwen3vl import Qwen3VLEncoder
 
 if TYPE_CHECKING:
@@ -25,12 +25,14 @@ def read_image(path: str) -> np.ndarray:
     return decode_png(data)
 
 
-def image_logits(session: Session, mmproj: str, image: str, text: str) -> np.ndarray:
-    """(1, n_vocab): the last position's logits of `text` with `image` in place of its marker, from a fresh
-    session (its cells are the prompt's from 0)."""
+def image_prompt(session: Session, mmproj: str, image: str, text: str) -> tuple[list[int], MediaPrompt]:
+    """The session's tokens for `text` with `image` in place of its marker, and the MediaPrompt that places the
+    image's rows (set it as `session.media` while the prompt and its reply run), for a fresh session."""
     hp = session.hp
     if hp.arch != "qwen3vlmoe":
         raise BadInputError(f"images: the engine places them for qwen3vlmoe; this model is {hp.arch}")
+    if session.pos != 0:
+        raise BadInputError("images: a prompt with images starts a session")
     rgb = read_image(image)
     enc = Qwen3VLEncoder(mmproj)
     try:
@@ -44,10 +46,12 @@ def image_logits(session: Session, mmproj: str, image: str, text: str) -> np.nda
         side = enc.hp.patch_size * enc.hp.n_merge
     finally:
         enc.close()
-    ids, media = tokens(session.tokenizer, text, [(pre.width // side, pre.height // side, embd)], hp.n_embd)
-    if session.pos != 0:
-        raise BadInputError("images: a prompt with images starts a session")
-    session.media = media
+    return tokens(session.tokenizer, text, [(pre.width // side, pre.height // side, embd)], hp.n_embd)
+
+
+def image_logits(session: Session, mmproj: str, image: str, text: str) -> np.ndarray:
+    """(1, n_vocab): the last position's logits of `text` with `image` in place of its marker."""
+    ids, session.media = image_prompt(session, mmproj, image, text)
     try:
         logits = session.forward(ids)
     finally:
