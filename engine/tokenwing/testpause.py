@@ -11,11 +11,12 @@ is. Without the variable, `pause` is one set lookup.
 channels, a family's tool calls) from a random-weight model; `ID,…;ID,…` scripts one reply per request, in order
 (the last one then repeats), for a conversation of several turns.
 
-The points: repack.read, repack.write, repack.flush (the periodic write-back), verify (after the first expert
-is checked), output.fsync, output.rename and output.renamed (fsutil.atomic_output), cli.decided (the command's
-outcome is known), serve.pieceN (a reply's N-th text piece was sent; it waits until the client goes),
-serve.admit (requests are waiting for the server's slots; they are admitted together once it goes), render.sentN (the
-process's N-th chat template render was sent to the renderer child: text/render_worker.py).
+The points: repack.read, repack.write, repack.flush (the periodic write-back), verify (after the first expert is
+checked), output.fsync, output.rename and output.renamed (fsutil.atomic_output), cli.decided (the command's outcome
+is known), serve.pieceN (a reply's N-th text piece was sent; it waits until the client goes), serve.admit (requests
+are waiting for the server's slots; they are admitted together once it goes), serve.decode (a decode step is about
+to run, its replies open), serve.stopped (the server's loop has closed; the engine thread is joined once it goes),
+render.sentN (the process's N-th chat template render was sent to the renderer child: text/render_worker.py).
 """
 
 from __future__ import annotations

@@ -119,3 +119,37 @@ def test_a_request_open_at_sigterm_gets_a_json_503(
         assert json.loads(text)["error"]["message"] == "the server is stopping"
     assert len(got) == 2 and s.proc.returncode == 143, err
     assert "Traceback" not in err and "Exception in ASGI application" not in err, err
+
+
+def test_a_reply_mid_step_when_the_loop_closes_ends_without_a_traceback(
+    repacked_factory: ModelFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine thread still in a step when the server's loop has closed (a long reply at SIGTERM or at stdin's
+    close: its 503 went out from stop_soon, the loop closed, the step then emitted its token) ends quietly. Its
+    emit into the closed loop raised 'Event loop is closed', so did the failure report's, and the thread died
+    with two tracebacks in the log (seen in the app's stop with a reply streaming). Held at serve.decode with the
+    reply open until the main thread is past the loop (serve.stopped), the step runs exactly then."""
+    pauses = Pauses(tmp_path / "pauses", "serve.decode", "serve.stopped")
+    pauses.arm(monkeypatch)
+    s = Server(repacked_factory(type="Q8_0", n_layer=2), "--no-usage-table")
+    got: list[str] = []
+
+    def ask() -> None:
+        body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 32, "stream": True}
+        with httpx.stream(
+            "POST", f"{s.url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+        ) as r:
+            got.extend(r.iter_lines())
+
+    t = threading.Thread(target=ask)
+    t.start()
+    pauses.wait("serve.decode", lambda: s.proc.poll() is None)
+    s.proc.send_signal(signal.SIGTERM)
+    t.join(timeout=60)
+    pauses.wait("serve.stopped", lambda: s.proc.poll() is None)
+    (pauses.folder / ("serve.decode" + GO)).touch()  # the step runs now, into the closed loop
+    (pauses.folder / ("serve.stopped" + GO)).touch()
+    _, err = s.proc.communicate(timeout=60)
+    assert any("the server is stopping" in line for line in got), got
+    assert s.proc.returncode == 143, err
+    assert "Traceback" not in err and "Event loop is closed" not in err, err

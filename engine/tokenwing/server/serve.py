@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
+from tokenwing import testpause
 from tokenwing.errors import BadInputError, TokenWingError
 from tokenwing.format.reader import ModelFile
 from tokenwing.runtime.preflight import preflight
@@ -117,6 +118,7 @@ def serve(
         # a render in progress ends now (the engine thread gets an error), SIGTERM's Interrupted too, which uvicorn
         # raises again as server.run returns: the stop waits on no template
         render_worker.stop()
+        testpause.pause("serve.stopped")  # tests: the server's loop has closed, the engine thread not yet joined
         # here too, not after the try: on SIGTERM/SIGINT uvicorn raises its Interrupted again as server.run
         # returns, and a stop placed after this block was skipped, so the engine thread's StreamCore and
         # DirectFile were alive at the interpreter's exit (nanobind's ~17-line leak report at every stop)

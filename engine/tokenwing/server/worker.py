@@ -68,7 +68,19 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def emit(self, event: dict[str, Any]) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        post(self.loop, self.events.put_nowait, event)
+
+
+def post(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: object) -> None:
+    """Runs fn(*args) on the server's loop, from the engine thread; nothing once that loop has closed: the server
+    has stopped and the event's reader with it. A step still running when the loop closed (a reply open at stdin's
+    close or SIGTERM, its 503 already sent by stop_soon) then ends without a traceback, where its emit raised
+    'Event loop is closed' twice over (the step's, then its failure report's) and killed the engine thread."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        if not loop.is_closed():
+            raise
 
 
 class EngineWorker:
@@ -168,7 +180,7 @@ class EngineWorker:
         with self.lock:
             subs = list(self.subscribers)
         for loop, q in subs:
-            loop.call_soon_threadsafe(_offer, q, event)
+            post(loop, _offer, q, event)
 
     # ------------------------------------------------------------------------------------------ the thread
     def _run(self) -> None:
@@ -253,6 +265,7 @@ class EngineWorker:
                     self._guarded(pending, self._step)
                 decoding = [r for r in self.replies.values() if not r.prompt_left]
                 if decoding:
+                    testpause.pause("serve.decode")  # tests: a decode step about to run, its replies open
                     self._guarded(decoding, self._step)
             if not self.replies:
                 self._steps = 0
