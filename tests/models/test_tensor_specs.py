@@ -6,6 +6,7 @@ holding one of another shape, is refused in one line naming it."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ from tokenwing.testmodel.architectures import check_shape, family_tensors, shape
 from tokenwing.testmodel.shapes import ModelShape, preset_shape
 
 # the families moved to one list so far, each with the parts it may have (dense layers first, shared experts)
-LISTED = {
+LISTED: dict[str, dict[str, Any]] = {
     "qwen3moe": {},
     "qwen3vlmoe": {},
     "qwen2moe": {},
@@ -28,11 +29,13 @@ LISTED = {
     "deepseek2": {"n_dense_lead": 1, "n_mtp": 1},
     "mistral4": {"n_dense_lead": 1, "fused_gate_up": False},
     "glm-dsa": {"n_dense_lead": 1, "n_mtp": 1, "indexer_types": (1, 0, 1)},
+    "qwen3next": {"n_layer": 4, "legacy_ssm_in": True},
+    "qwen35moe": {"n_layer": 4},
 }
 
 
 def _shape(arch: str) -> ModelShape:
-    s = preset_shape("tiny", arch).with_(n_layer=3, **LISTED[arch])
+    s = preset_shape("tiny", arch).with_(n_layer=3).with_(**LISTED[arch])
     check_shape(s)
     return s
 

@@ -26,8 +26,9 @@ import numpy as np
 from tokenwing.compute.ggml_lib import ROPE_IMROPE, ROPE_NEOX, Tensor, ops
 from tokenwing.errors import BadInputError
 from tokenwing.models import common, delta_net
-from tokenwing.models.base import MoEModel, TensorCheck
+from tokenwing.models.base import MoEModel
 from tokenwing.models.hparams import HParams
+from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
 
 
@@ -56,6 +57,53 @@ class Linear:
     def conv_dim(self) -> int:
         """Channels of the convolution: q, k and v."""
         return 2 * self.key_dim + self.value_dim
+
+
+def gated_attention_tensors(hp: HParams, il: int) -> list[TensorSpec]:
+    """Full attention whose attn_q gives each head's query and output gate side by side, q/k RMSNorm."""
+    p, e, hd = f"blk.{il}.", hp.n_embd, hp.head_dim
+    q, kv = hp.n_head * hd, hp.n_head_kv * hd
+    return [
+        TensorSpec(p + "attn_norm.weight", (e,), "norm"),
+        TensorSpec(p + "attn_q.weight", (e, 2 * q), "matrix"),
+        TensorSpec(p + "attn_k.weight", (e, kv), "matrix"),
+        TensorSpec(p + "attn_v.weight", (e, kv), "matrix"),
+        TensorSpec(p + "attn_output.weight", (q, e), "matrix"),
+        TensorSpec(p + "attn_q_norm.weight", (hd,), "norm"),
+        TensorSpec(p + "attn_k_norm.weight", (hd,), "norm"),
+    ]
+
+
+def linear_tensors(hp: HParams, il: int, separate_alpha_beta: bool, joint: bool = False) -> list[TensorSpec]:
+    """A gated DeltaNet layer (llama.cpp's names; ssm_a is -exp(A_log), as converted): q, k, v and the output
+    gate from attn_qkv and attn_gate (`joint`: the older converter's one ssm_in), the short convolution, the
+    decay and β/α (interleaved per key head in ssm_ba, or apart: `separate_alpha_beta`), the output norm."""
+    p, e, lin = f"blk.{il}.", hp.n_embd, Linear.of(hp)
+    out = [TensorSpec(p + "attn_norm.weight", (e,), "norm")]
+    if joint:
+        out.append(TensorSpec(p + "ssm_in.weight", (e, 2 * lin.key_dim + 2 * lin.value_dim), "matrix"))
+    else:
+        out += [
+            TensorSpec(p + "attn_qkv.weight", (e, lin.conv_dim), "matrix"),
+            TensorSpec(p + "attn_gate.weight", (e, lin.value_dim), "matrix"),
+        ]
+    out += [
+        TensorSpec(p + "ssm_conv1d.weight", (lin.d_conv, lin.conv_dim), "vector"),
+        TensorSpec(p + "ssm_dt.bias", (lin.v_heads,), "vector"),
+        TensorSpec(p + "ssm_a", (lin.v_heads,), "decay_neg"),
+    ]
+    if separate_alpha_beta:
+        out += [
+            TensorSpec(p + "ssm_beta.weight", (e, lin.v_heads), "matrix"),
+            TensorSpec(p + "ssm_alpha.weight", (e, lin.v_heads), "matrix"),
+        ]
+    else:
+        out.append(TensorSpec(p + "ssm_ba.weight", (e, 2 * lin.v_heads), "matrix"))
+    return [
+        *out,
+        TensorSpec(p + "ssm_norm.weight", (lin.s,), "norm"),
+        TensorSpec(p + "ssm_out.weight", (lin.value_dim, e), "matrix"),
+    ]
 
 
 class Qwen3Next(MoEModel):
@@ -87,39 +135,23 @@ class Qwen3Next(MoEModel):
             )
         if any(hp.recurrent) and hp.ssm_d_inner != lin.value_dim:
             raise BadInputError(f"{where}: ssm.inner_size must be ssm.state_size × ssm.time_step_rank")
+        if not all(hp.is_recurrent(il) for il in range(hp.n_layer)) and hp.head_dim_v != hp.head_dim:
+            raise BadInputError(f"{where}: {hp.arch} needs value_length = key_length")
         super().check(hp, shapes, streamed, where)
 
     @classmethod
-    def check_attention(cls, c: TensorCheck, il: int) -> None:
-        hp, p, e = c.hp, f"blk.{il}.", c.hp.n_embd
-        c.need(p + "attn_norm.weight", (e,))
-        if not hp.is_recurrent(il):
-            hd, q, kv = hp.head_dim, hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
-            if hp.head_dim_v != hd:
-                raise BadInputError(f"{c.where}: {hp.arch} needs value_length = key_length")
-            c.need(p + "attn_q.weight", (e, 2 * q))  # each head's query, then its output gate
-            c.need(p + "attn_k.weight", (e, kv))
-            c.need(p + "attn_v.weight", (e, kv))
-            c.need(p + "attn_output.weight", (q, e))
-            c.need(p + "attn_q_norm.weight", (hd,))
-            c.need(p + "attn_k_norm.weight", (hd,))
-            return
-        lin = Linear.of(hp)
-        if c.has(p + "ssm_in.weight") and not cls.separate_alpha_beta:  # the older converter's joint projection
-            c.need(p + "ssm_in.weight", (e, 2 * lin.key_dim + 2 * lin.value_dim))
-        else:
-            c.need(p + "attn_qkv.weight", (e, lin.conv_dim))
-            c.need(p + "attn_gate.weight", (e, lin.value_dim))
-        c.need(p + "ssm_conv1d.weight", (lin.d_conv, lin.conv_dim))
-        c.need(p + "ssm_dt.bias", (lin.v_heads,))
-        c.need(p + "ssm_a", (lin.v_heads,))
-        if cls.separate_alpha_beta:
-            c.need(p + "ssm_beta.weight", (e, lin.v_heads))
-            c.need(p + "ssm_alpha.weight", (e, lin.v_heads))
-        else:
-            c.need(p + "ssm_ba.weight", (e, 2 * lin.v_heads))
-        c.need(p + "ssm_norm.weight", (lin.s,))
-        c.need(p + "ssm_out.weight", (lin.value_dim, e))
+    def attention_tensors(cls, hp: HParams, il: int, parts: Parts) -> list[TensorSpec]:
+        if hp.is_recurrent(il):
+            return linear_tensors(hp, il, cls.separate_alpha_beta, "ssm_in" in parts.forms)
+        return gated_attention_tensors(hp, il)
+
+    @classmethod
+    def file_parts(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int]) -> Parts:
+        """The older converter's joint ssm_in where a layer has it (Qwen3-Next's files only)."""
+        joint = not cls.separate_alpha_beta and any(f"blk.{il}.ssm_in.weight" in shapes for il in range(hp.n_layer))
+        return dataclasses.replace(
+            super().file_parts(hp, shapes, streamed), forms=frozenset({"ssm_in"} if joint else ())
+        )
 
     # ------------------------------------------------------------------------------------------- caches
     @classmethod

@@ -37,6 +37,7 @@ from tokenwing.models import common
 from tokenwing.models.base import TensorCheck
 from tokenwing.models.hparams import HParams
 from tokenwing.models.qwen3next import Qwen35MoE
+from tokenwing.models.specs import Parts
 from tokenwing.models.weights import ModelWeights
 
 TABLE = "per_layer_token_embd.weight"
@@ -268,8 +269,9 @@ class Qwen4Exp(Qwen35MoE):
 
     @classmethod
     def check_attention(cls, c: TensorCheck, il: int) -> None:
-        super().check_attention(c, il)
         hp = c.hp
+        for t in cls.attention_tensors(hp, il, Parts(frozenset())):  # (Qwen3.5's gated DeltaNet or attention)
+            c.need(t.name, t.shape)
         if qsa_ratio(hp, il):
             p, e, di = f"blk.{il}.indexer.", hp.n_embd, hp.indexer_head_size
             if hp.indexer_n_head < 1 or di < 1 or hp.n_rot > di:

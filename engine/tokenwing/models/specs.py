@@ -53,6 +53,7 @@ class Parts:
     ff_shexp: int = 0  # the shared expert(s)' width in a layer with experts (0: none)
     qk_norm: bool = False  # per-head q/k RMSNorm, where a family takes it as the file has it
     exp_bias: bool = False  # the router's selection bias (exp_probs_b), likewise
+    forms: frozenset[str] = frozenset()  # a family's other forms of some tensors (qwen3next: "ssm_in", older files')
 
 
 def head(hp: HParams) -> tuple[list[TensorSpec], list[TensorSpec]]:

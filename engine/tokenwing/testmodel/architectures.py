@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tokenwing.format.gguf_io import KV, ValueType
-from tokenwing.models import FAMILIES, deepseek4, gemma4, llama4, mla
+from tokenwing.models import FAMILIES, deepseek4, gemma4, llama4, mla, qwen3next
 from tokenwing.models.bailingmoe2 import BailingMoE2
 from tokenwing.models.base import MoEModel
 from tokenwing.models.deepseek2 import DeepSeek2
@@ -51,6 +51,7 @@ def parts(s: ModelShape, cls: type[MoEModel]) -> Parts:
         ff_shexp={"required": shexp, "optional": shexp if s.n_shared_exp else 0}.get(cls.shared_experts, 0),
         qk_norm=bool(cls.qk_norm),
         exp_bias=cls.selection_bias is not False,  # (where a family takes it as the file has it: written)
+        forms=frozenset({"ssm_in"} if s.legacy_ssm_in else ()),
     )
 
 
@@ -133,76 +134,18 @@ def _nextn(s: ModelShape, i: int) -> list[TensorSpec]:
 
 
 def _qwen_linear(s: ModelShape, i: int, separate_alpha_beta: bool) -> list[TensorSpec]:
-    """A gated DeltaNet layer of Qwen3-Next / Qwen3.5 (llama.cpp's names; ssm_a is -exp(A_log), as converted)."""
-    e, st, nk, nv = s.n_embd, s.ssm_d_state, s.ssm_n_group, s.ssm_dt_rank
-    key_dim, value_dim = st * nk, st * nv
-    conv_dim = 2 * key_dim + value_dim
-    out = [TensorSpec(f"blk.{i}.attn_norm.weight", (e,), "norm")]
-    if s.legacy_ssm_in:
-        out.append(TensorSpec(f"blk.{i}.ssm_in.weight", (e, 2 * key_dim + 2 * value_dim), "matrix"))
-    else:
-        out += [
-            TensorSpec(f"blk.{i}.attn_qkv.weight", (e, conv_dim), "matrix"),
-            TensorSpec(f"blk.{i}.attn_gate.weight", (e, value_dim), "matrix"),
-        ]
-    out += [
-        TensorSpec(f"blk.{i}.ssm_conv1d.weight", (s.ssm_d_conv, conv_dim), "vector"),
-        TensorSpec(f"blk.{i}.ssm_dt.bias", (nv,), "vector"),
-        TensorSpec(f"blk.{i}.ssm_a", (nv,), "decay_neg"),
-    ]
-    if separate_alpha_beta:
-        out += [
-            TensorSpec(f"blk.{i}.ssm_beta.weight", (e, nv), "matrix"),
-            TensorSpec(f"blk.{i}.ssm_alpha.weight", (e, nv), "matrix"),
-        ]
-    else:
-        out.append(TensorSpec(f"blk.{i}.ssm_ba.weight", (e, 2 * nv), "matrix"))
-    out += [
-        TensorSpec(f"blk.{i}.ssm_norm.weight", (st,), "norm"),
-        TensorSpec(f"blk.{i}.ssm_out.weight", (value_dim, e), "matrix"),
-    ]
-    return out
+    """A gated DeltaNet layer's tensors (models/qwen3next.py's list, at this shape's keys)."""
+    return qwen3next.linear_tensors(shape_hparams(s), i, separate_alpha_beta, s.legacy_ssm_in)
 
 
 def _qwen_gated_attention(s: ModelShape, i: int) -> list[TensorSpec]:
-    """Full attention whose attn_q gives each head's query and output gate side by side, q/k RMSNorm."""
-    q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
-    return [
-        TensorSpec(f"blk.{i}.attn_norm.weight", (s.n_embd,), "norm"),
-        TensorSpec(f"blk.{i}.attn_q.weight", (s.n_embd, 2 * q), "matrix"),
-        TensorSpec(f"blk.{i}.attn_k.weight", (s.n_embd, kv), "matrix"),
-        TensorSpec(f"blk.{i}.attn_v.weight", (s.n_embd, kv), "matrix"),
-        TensorSpec(f"blk.{i}.attn_output.weight", (q, s.n_embd), "matrix"),
-        TensorSpec(f"blk.{i}.attn_q_norm.weight", (s.head_dim,), "norm"),
-        TensorSpec(f"blk.{i}.attn_k_norm.weight", (s.head_dim,), "norm"),
-    ]
+    """Qwen3-Next's gated full attention's tensors (models/qwen3next.py's list)."""
+    return qwen3next.gated_attention_tensors(shape_hparams(s), i)
 
 
 def qwen_recurrent(s: ModelShape, i: int) -> bool:
     """Qwen3-Next / Qwen3.5: every layer but each full_attention_interval-th is linear attention."""
     return (i + 1) % s.full_attention_interval != 0
-
-
-def _qwen_next(s: ModelShape, separate_alpha_beta: bool) -> list[TensorSpec]:
-    first, last = _head(s)
-    layers: list[TensorSpec] = []
-    for i in range(s.n_layer):
-        if qwen_recurrent(s, i):
-            layers += _qwen_linear(s, i, separate_alpha_beta)
-        else:
-            layers += _qwen_gated_attention(s, i)
-        layers += _routed_experts(s, i, "post_attention_norm") + _shared_expert(s, i, gated=True)
-    return first + layers + last
-
-
-def _qwen3next(s: ModelShape) -> list[TensorSpec]:
-    """Qwen3-Next: gated DeltaNet (ssm_ba: β and α interleaved per key head) and gated attention."""
-    return _qwen_next(s, separate_alpha_beta=False)
-
-
-def _qwen35moe(s: ModelShape) -> list[TensorSpec]:
-    """Qwen3.5 MoE: as Qwen3-Next with ssm_beta and ssm_alpha apart, and IMRoPE."""
-    return _qwen_next(s, separate_alpha_beta=True)
 
 
 def ling_full_attention(s: ModelShape, i: int) -> bool:
@@ -789,13 +732,13 @@ ARCHITECTURES: dict[str, Architecture] = {
     ),
     "qwen3next": Architecture(
         "qwen3next",
-        _qwen3next,
+        family_tensors,
         _qwen3next_kv,
         "Qwen3-Next: gated DeltaNet in 3 of 4 layers, gated attention, partial RoPE, gated shared expert",
     ),
     "qwen35moe": Architecture(
         "qwen35moe",
-        _qwen35moe,
+        family_tensors,
         _qwen35moe_kv,
         "Qwen3.5 MoE: Qwen3-Next's layers with separate alpha/beta projections and IMRoPE",
     ),
