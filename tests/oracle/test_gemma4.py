@@ -3,7 +3,8 @@
 Two geometries, both past their sliding window: the factory's (every fourth layer full, its heads twice as wide with
 half the KV heads and V from the key projection; sliding-window layers over 128 positions; every layer MoE) and
 another (a dense layer first, every second layer full, a window of 32, a quarter of the sliding-window heads
-rotated, another head split).
+rotated, and V caches of different widths, as 26B-A4B's: four KV heads of 32 in the sliding-window layers, one of 64
+in the full ones, which write the first cells of the placement's; with those cells misplaced F32 fails).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ VARIANTS: dict[str, dict[str, object]] = {
         "n_layer": 4,
         "n_embd": 128,
         "n_head": 4,
-        "n_head_kv": 2,
+        "n_head_kv": 4,
         "head_dim": 32,
         "n_rot": 8,
         "head_dim_full": 64,
