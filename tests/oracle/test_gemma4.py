@@ -1,7 +1,8 @@
 """Gemma 4 (gemma4) against llama.cpp on the same GGUF, and streamed at a 25 % budget against resident.
 
 Two geometries, both past their sliding window: the factory's (every fourth layer full, its heads twice as wide with
-half the KV heads and V from the key projection; sliding-window layers over 128 positions; every layer MoE) and
+half the KV heads and V from the key projection; sliding-window layers over 128 positions; every layer MoE, its gate
+and up experts fused as the converter writes them) and
 another (a dense layer first, every second layer full, a window of 32, a quarter of the sliding-window heads
 rotated, and V caches of different widths, as 26B-A4B's: four KV heads of 32 in the sliding-window layers, one of 64
 in the full ones, which write the first cells of the placement's; with those cells misplaced F32 fails).
@@ -43,6 +44,7 @@ VARIANTS: dict[str, dict[str, object]] = {
         "n_expert": 12,
         "n_expert_used": 3,
         "rope_base": 10000.0,
+        "fused_gate_up": False,  # (llama.cpp's loader takes both forms; the factory's is the converter's, fused)
     },
 }
 # The quantized files' rows are multiples of 256 for the K-quants (the `kquant` preset)
@@ -54,7 +56,7 @@ def test_f32_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path, vari
     """160 positions, an 80-token prompt then decode steps: within 1e-4 of llama.cpp's logits, or within llama.cpp's
     own distance from itself where that is larger. ggml's GELU reads an F16 table (GGML_GELU_FP16): an input one ulp
     apart can land on the next entry, so where F32 rounding differs (a batch of 512 tokens or one at a time)
-    llama.cpp's own logits part by up to 9.8e-5 on the factory's geometry, as far as ours do."""
+    llama.cpp's own logits part by 8e-5 to 1e-4 on the factory's geometry, as far as ours do."""
     src = model_factory(type="F32", **VARIANTS[variant])  # type: ignore[arg-type]
     tokens = _tokens(160, 512, seed=11)
     ref = llama_logits(src, tokens, tmp_path)

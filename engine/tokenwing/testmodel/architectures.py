@@ -465,12 +465,22 @@ def _deepseek2_kv(s: ModelShape) -> dict[str, KV]:
 
 
 def _mistral4(s: ModelShape) -> list[TensorSpec]:
-    """Mistral Small 4: DeepSeek-V2's tensors (MLA, shared experts), its router without a selection bias; with
-    `fused_gate_up` each layer's gate and up experts as one ffn_gate_up_exps (each expert's gate rows, then its
-    up rows), as its converter writes the checkpoint's gate_up_proj."""
+    """Mistral Small 4: DeepSeek-V2's tensors (MLA, shared experts), its router without a selection bias, its gate
+    and up experts fused where the shape says (`_gate_up`)."""
+    return _gate_up(s, [t for t in family_tensors(s) if ".exp_probs_b." not in t.name])
+
+
+def _gemma4(s: ModelShape) -> list[TensorSpec]:
+    """Gemma 4: the family's list, its gate and up experts fused where the shape says (`_gate_up`)."""
+    return _gate_up(s, family_tensors(s))
+
+
+def _gate_up(s: ModelShape, specs: list[TensorSpec]) -> list[TensorSpec]:
+    """With `fused_gate_up`, each layer's gate and up experts as one ffn_gate_up_exps (each expert's gate rows, then
+    its up rows), as Mistral Small 4's and Gemma 4's converters write their checkpoints' gate_up_proj."""
     out: list[TensorSpec] = []
-    for t in family_tensors(s):
-        if ".exp_probs_b." in t.name or (s.fused_gate_up and t.name.endswith("ffn_up_exps.weight")):
+    for t in specs:
+        if s.fused_gate_up and t.name.endswith("ffn_up_exps.weight"):
             continue
         if s.fused_gate_up and t.name.endswith("ffn_gate_exps.weight"):
             t = TensorSpec(
@@ -784,7 +794,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     ),
     "gemma4": Architecture(
         "gemma4",
-        family_tensors,
+        _gemma4,
         _gemma4_kv,
         "Gemma 4 (26B-A4B): sliding-window and full layers of their own head sizes, per-layer norms, a dense GELU "
         "FFN beside GELU experts, logit soft-capping",
@@ -908,8 +918,8 @@ def check_shape(s: ModelShape) -> None:
         raise ValueError("minimax-m2's --n-rot must be even and at most --head-dim")
     if s.arch == "qwen3vlmoe" and (len(s.rope_sections) != 4 or 2 * sum(s.rope_sections) > s.head_dim or s.n_rot):
         raise ValueError("qwen3vlmoe rotates whole heads by IMRoPE: four section counts whose pairs fit in the head")
-    if s.fused_gate_up and s.arch != "mistral4":
-        raise ValueError("fused gate_up experts are written for mistral4 only (its converter's form)")
+    if s.fused_gate_up and s.arch not in ("mistral4", "gemma4"):
+        raise ValueError("fused gate_up experts are written for mistral4 and gemma4 only (their converters' form)")
     if s.legacy_kv_b and s.arch not in ("deepseek2", "mistral4"):  # (the engine refuses it of the others)
         raise ValueError("--legacy-kv-b is the older DeepSeek-V2/V3 converter's form: deepseek2 and mistral4 only")
     if s.arch == "gpt-oss" and s.sliding_window <= 0:

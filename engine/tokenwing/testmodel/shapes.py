@@ -544,6 +544,8 @@ def _family_defaults(s: ModelShape, size: str) -> ModelShape:
         return s.with_(**_MINIMAX_M2, n_rot=s.head_dim // 2)
     if s.arch == "llama4" and s.n_shared_exp == 0:
         return s.with_(**_LLAMA4, n_ff_shexp=s.n_ff_exp)
+    if s.arch == "gemma4" and not s.fused_gate_up:
+        return s.with_(fused_gate_up=True)  # (Gemma4Model converts the checkpoint's gate_up_proj so)
     if s.arch == "bailingmoe2" and s.n_rot == 0:
         groups = 4 if s.n_expert >= 8 and s.n_expert % 4 == 0 else 0
         return s.with_(
