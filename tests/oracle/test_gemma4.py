@@ -98,3 +98,14 @@ def test_a_file_it_cannot_run_is_refused_in_one_line(key: str, value: object, sa
     meta = {k: v.value for k, v in architecture("gemma4").metadata(s).items()} | {f"gemma4.{key}": value}
     with pytest.raises((BadInputError, UnsupportedError), match=says):
         keys(read_hparams(meta, "gemma4", "m.gguf"), "m.gguf")
+
+
+def test_without_a_full_layer_there_is_no_rope_freqs(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """Two sliding-window layers and no full one: llama.cpp creates rope_freqs with the first full layer, so such a
+    file has none (the family's list leaves it out; llama.cpp refuses a file with a tensor it does not create)."""
+    src = model_factory(type="F32", arch="gemma4", n_layer=2, full_attention_interval=4)
+    tokens = _tokens(40, 512, seed=3)
+    ref = llama_logits(src, tokens, tmp_path)
+    got, s = steps(_repacked(src, tmp_path), tokens, 20)
+    assert not s.model.weights.has("rope_freqs.weight")
+    assert np.abs(ref - got).max() <= 1e-4

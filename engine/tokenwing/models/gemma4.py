@@ -120,7 +120,9 @@ class Gemma4(MoEModel):
         ffn_down_exps.scale and layer_output_scale are optional in llama.cpp and written by the factory."""
         k, e, n, ff = keys(hp), hp.n_embd, hp.n_expert, parts.ff_dense
         first, last = specs.head(hp)
-        out = [*first, TensorSpec("rope_freqs.weight", (hp.head_dim // 2,), "rope_freqs")]
+        out = list(first)
+        if not all(k.swa):  # (llama.cpp creates it with the first full layer: a file without one has none)
+            out.append(TensorSpec("rope_freqs.weight", (hp.head_dim // 2,), "rope_freqs"))
         for il in range(hp.n_layer):
             p, hd = f"blk.{il}.", k.head_dim(hp, il)
             q, kv = hp.n_head * hd, k.head_kv[il] * hd
