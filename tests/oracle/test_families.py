@@ -91,13 +91,21 @@ def test_f32_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path, vari
     f32_matches_llama_cpp(src, tmp_path, 40 if variant == "deepseek-v2-lite" else 160)
 
 
-def f32_matches_llama_cpp(src: Path, tmp_path: Path, n: int = 160) -> None:
+def f32_matches_llama_cpp(src: Path, tmp_path: Path, n: int = 160, rounding: bool = False) -> None:
     """An F32 file's n positions (a prompt of half, then one decode step a token): within 1e-4 of llama.cpp's
-    logits, mean KL <= 1e-8."""
+    logits, mean KL <= 1e-8. `rounding`: past 1e-4, within twice llama.cpp's own distance when only its batch
+    changes (512 or 1 token a pass), for graphs whose rounding is coarser than F32's: ggml's GELU reads an F16 table
+    (GGML_GELU_FP16), so an input one ulp apart can land on the next entry (Gemma 4's default model: llama.cpp
+    9.6e-5 from itself, ours batched 1.3e-4 from ours one token at a time, and 1.3e-4 from llama.cpp)."""
     tokens = _tokens(n, 512, seed=11)
     ref = llama_logits(src, tokens, tmp_path)
     got, _ = steps(_repacked(src, tmp_path), tokens, n // 2)
-    assert np.abs(ref - got).max() <= 1e-4
+    diff = np.abs(ref - got).max()
+    if rounding and diff > 1e-4:  # (llama.cpp run again only where 1e-4 is exceeded)
+        own = np.abs(ref - llama_logits(src, tokens, tmp_path, n_batch=1)).max()
+        assert diff <= 2 * own, (diff, own)
+    else:
+        assert diff <= 1e-4
     assert kl_per_position(ref, got).mean() <= 1e-8
 
 

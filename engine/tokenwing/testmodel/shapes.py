@@ -489,10 +489,12 @@ def _family_defaults(s: ModelShape, size: str) -> ModelShape:
     if s.arch in ("qwen3next", "qwen35moe") and s.n_rot == 0:
         n_rot = max(2, s.head_dim // 4 // 2 * 2)
         sections = _imrope_sections(n_rot) if s.arch == "qwen35moe" else ()
-        return s.with_(**_QWEN_NEXT, n_rot=n_rot, rope_sections=sections)
+        # (one full-attention layer in four: llama.cpp allocates no KV cache, and aborts, for a model without one)
+        return s.with_(**_QWEN_NEXT, n_layer=max(s.n_layer, 4), n_rot=n_rot, rope_sections=sections)
     if s.arch == "bailingmoe3" and s.kv_lora_rank == 0:
         return s.with_(
             **_MLA.get(size, _MLA["small"]),
+            n_layer=max(s.n_layer, 4),  # a dense layer, then KDA, KDA, MLA (a model without MLA has no KV cache)
             n_head_kv=1,
             n_shared_exp=s.n_shared_exp or 1,
             n_dense_lead=s.n_dense_lead or 1,
@@ -534,6 +536,9 @@ def _family_defaults(s: ModelShape, size: str) -> ModelShape:
             **_GLM_DSA.get(size, _GLM_DSA["small"]),
             n_dense_lead=s.n_dense_lead or (1 if s.n_layer > 1 else 0),
         )
+    if s.arch == "glm4moe" and s.n_shared_exp == 0:
+        # GLM-4.5's: a shared expert (the engine refuses a glm4moe without one), a dense layer first
+        return s.with_(n_shared_exp=1, n_dense_lead=s.n_dense_lead or (1 if s.n_layer > 1 else 0))
     if s.arch == "gpt-oss" and s.yarn_factor == 0:
         return s.with_(**_GPT_OSS)
     if s.arch == "qwen3vlmoe" and not s.rope_sections:
@@ -543,9 +548,12 @@ def _family_defaults(s: ModelShape, size: str) -> ModelShape:
     if s.arch == "minimax-m2" and s.n_rot == 0:
         return s.with_(**_MINIMAX_M2, n_rot=s.head_dim // 2)
     if s.arch == "llama4" and s.n_shared_exp == 0:
-        return s.with_(**_LLAMA4, n_ff_shexp=s.n_ff_exp)
+        # (a NoPE layer every fourth: with none, llama.cpp's iSWA cache has no full part and aborts)
+        return s.with_(**_LLAMA4, n_layer=max(s.n_layer, 4), n_ff_shexp=s.n_ff_exp)
     if s.arch == "gemma4" and not s.fused_gate_up:
-        return s.with_(fused_gate_up=True)  # (Gemma4Model converts the checkpoint's gate_up_proj so)
+        # (Gemma4Model converts the checkpoint's gate_up_proj so); a full layer every fourth: without one, llama.cpp
+        # refuses the file (it reads rope_freqs only for the full layers)
+        return s.with_(fused_gate_up=True, n_layer=max(s.n_layer, s.full_attention_interval))
     if s.arch == "bailingmoe2" and s.n_rot == 0:
         groups = 4 if s.n_expert >= 8 and s.n_expert % 4 == 0 else 0
         return s.with_(
