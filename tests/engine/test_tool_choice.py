@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import ModelFactory
 from tests.engine.test_server import Server
 from tests.engine.test_server_apply_template import _templated
+from tests.engine.test_server_tools import _with_template
 from tests.llama_source import chat_templates
 from tokenwing.format.reader import ModelFile
 from tokenwing.text.chat import ChatTemplate
@@ -73,6 +74,7 @@ CHATML = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+MINISTRAL = "mistralai-Ministral-3-14B-Reasoning-2512.jinja"
 # template → the reader's format (each native format the readers support; CHATML: the engine's own)
 FORMATS = {
     "Qwen-Qwen3-0.6B.jinja": "qwen",  # JSON
@@ -86,6 +88,7 @@ FORMATS = {
     "GLM-4.7-Flash.jinja": "glm",
     "MiniMax-M2.jinja": "minimax-m2",
     "MiniMax-M3.jinja": "minimax-m3",  # a string as text, anything else as JSON (not its nested elements)
+    MINISTRAL: "mistral",  # Mistral Small 4's form: a call ends with its JSON
     "CHATML": "generic",
 }
 
@@ -168,14 +171,17 @@ def test_harmony_random_replies_are_valid_calls(repacked_factory: ModelFactory) 
 
 
 # ------------------------------------------------------------------------------------ the official client
-@pytest.mark.parametrize("template", [t for t in FORMATS if t != "CHATML"] + ["generic", "gpt-oss"])
+@pytest.mark.parametrize("template", [t for t in FORMATS if t != "CHATML"] + ["generic", "gpt-oss", "mistral4"])
 def test_the_official_client_gets_a_valid_call(
     template: str, tmp_path: Path, model_factory: ModelFactory, repacked_factory: ModelFactory
 ) -> None:
     """The random-weight model, at temperature 1: required (one call, parallel_tool_calls false) and a named
     function each come back as tool_calls whose arguments validate; the model's own template, or for
-    `generic` the factory's, which knows no tools (the engine's format); gpt-oss with its own vocabulary."""
-    if template == "generic":
+    `generic` the factory's, which knows no tools (the engine's format); gpt-oss with its own vocabulary, and
+    mistral4 with its own (tekken: [TOOL_CALLS] a control token, which the reply prints as llama.cpp does)."""
+    if template == "mistral4":
+        model = _with_template(model_factory(arch="mistral4", type="Q8_0"), tmp_path, MINISTRAL)
+    elif template == "generic":
         model = repacked_factory(arch="deepseek2", type="Q8_0")
     elif template == "gpt-oss":
         model = repacked_factory(arch="gpt-oss", type="Q8_0")

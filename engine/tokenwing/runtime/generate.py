@@ -116,6 +116,7 @@ class Decoding:
         on_logprob: Callable[[TokenLogprob], None] | None = None,
         constraint: Constraint | None = None,
         ignore_eos: bool = False,
+        shown: frozenset[int] = frozenset(),
     ) -> None:
         room = session.n_ctx - len(prompt)
         if room <= 0:
@@ -127,6 +128,7 @@ class Decoding:
         self.limit = min(max_tokens, room)
         self.on_text, self.should_stop = on_text, should_stop
         self.logprobs, self.on_logprob, self.constraint = logprobs, on_logprob, constraint
+        self.shown = shown  # control tokens printed as their text: a chat format's markers (llama.cpp's preserved)
         # the end-of-generation tokens never sampled (llama.cpp's ignore_eos): a reply of max_tokens, as benchmarks
         # and load tests ask for; log-probabilities stay the model's own
         eog = sorted(i for i in session.tokenizer.eos_ids if 0 <= i < session.hp.vocab_size)
@@ -164,7 +166,8 @@ class Decoding:
             gen.logprobs.append(lp)
             if self.on_logprob:
                 self.on_logprob(lp)
-        piece = self.stream.push(self.session.tokenizer.token_bytes(tok))
+        tokenizer = self.session.tokenizer
+        piece = self.stream.push(tokenizer.piece_bytes(tok) if tok in self.shown else tokenizer.token_bytes(tok))
         if piece and self.on_text:
             self.on_text(piece)
         if self.stream.stopped:

@@ -36,7 +36,7 @@ from tokenwing.text.chat import FALLBACK_NOTICE, ChatFormat, chat_format
 from tokenwing.text.grammar import Constraint, UnenforceableError
 from tokenwing.text.tokenizer import TextTokenizer
 from tokenwing.text.tools.base import Event, Tools
-from tokenwing.text.tools.reply import ReplyReader, Syntax, call_grammar, prepare, syntax
+from tokenwing.text.tools.reply import ReplyReader, Syntax, call_grammar, prepare, preserved_ids, syntax
 
 _C = {name: i for i, name in enumerate(SESSION_COUNTERS)}
 # A stats event's counts per streamed layer (docs/api.md): where the selected experts came from (VRAM, RAM, the
@@ -101,6 +101,7 @@ class EngineWorker:
         self.session: Session | None = None
         self.chat: ChatFormat | None = None
         self.syntax: Syntax | None = None  # how the chat template writes tools and calls
+        self.shown: frozenset[int] = frozenset()  # control tokens its replies print (the syntax's markers)
         self.state = "loading"  # then "ok", "error" (loading failed), or "degraded" (below)
         self.error: str | None = None
         self.load_error: TokenWingError | None = None
@@ -190,6 +191,7 @@ class EngineWorker:
                 self.log(self.session.device_line)  # where it computes: the GPU's share, or why the CPU
             self.chat = chat_format(self.session.chat_template)
             self.syntax = syntax(self.chat.template.source)
+            self.shown = preserved_ids(self.syntax, self.session.tokenizer)
             if self.chat.fallback:
                 self.log(FALLBACK_NOTICE)
             if self.disk_settings is not None and self.options.prompt_cache:  # (before /health says ok)
@@ -444,6 +446,7 @@ class EngineWorker:
             on_logprob=lambda lp: job.emit({"type": "logprob", "entry": logprob_entry(s.tokenizer, lp)}),
             constraint=constraint,
             ignore_eos=req.ignore_eos,
+            shown=self.shown,
         )
         return reply
 

@@ -306,7 +306,7 @@ def cut_arguments(text: str) -> dict[str, Any] | None:
     (as an agent does: the call, then its tool's error): `text` is the start of an object's JSON text (what the
     engine, like OpenAI, returns for such a call), read as the members written whole. None where `text` is not
     the start of any object's JSON text: that is an error, not a cut."""
-    if not _object_prefix(text):
+    if not object_prefix(text):
         return None
     found = json_members(text)
     return dict(found[0]) if found is not None else {}
@@ -322,7 +322,7 @@ _ESCAPES = set('"\\/bfnrt')
 _HEX = set("0123456789abcdefABCDEF")
 
 
-def _object_prefix(text: str) -> bool:
+def object_prefix(text: str) -> bool:
     """Whether `text` is the start, and only the start, of some JSON object's text (not a whole one)."""
     n = len(text)
 
@@ -451,6 +451,9 @@ class BlockFormat:
     ends: ClassVar[tuple[str, ...]]
     drops: ClassVar[tuple[str, ...]] = ()
     after_think: ClassVar[str] = "\n\n"  # what the format writes between a closed reasoning block and the calls
+    # markers the reply must show though the vocabulary makes them control tokens, never printed (Mistral's
+    # [TOOL_CALLS]): llama.cpp's preserved_tokens, printed for a chat in this format
+    preserved: ClassVar[tuple[str, ...]] = ()
 
     def end(self, block: str) -> int | None:
         raise NotImplementedError
@@ -563,9 +566,13 @@ class CallReader:
             n = self.fmt.end(self._buf)
             if n is None and not final and len(self._buf) <= MAX_BLOCK:
                 if self.stream:
-                    self._pieces(out)
+                    self._pieces(out, self._buf)
                 break  # the block is still being written
             block = self._buf if n is None else self._buf[:n]
+            if self.stream and n is not None and self._open:
+                # its last pieces before the call: a format whose call ends with its JSON (Mistral's) has no end
+                # marker after the closing brace, so the last member was fixed only by the text that ended it
+                self._pieces(out, block)
             self._buf = "" if n is None else self._buf[n:]
             self._in_block = False
             self._block(out, block, complete=n is not None, cut=n is None and final)
@@ -592,12 +599,12 @@ class CallReader:
         body = self._buf[: len(self._buf) - held]
         return held + len(body) - len(body.rstrip(_WS))
 
-    def _pieces(self, out: list[Event]) -> None:
+    def _pieces(self, out: list[Event], block: str) -> None:
         """The pieces of the block's calls that are newly fixed (see the class's docstring)."""
         assert self.tools is not None
         if self._stalled:
             return
-        for k, (name, args, call_id, _) in enumerate(self.fmt.partial(self._buf, self.tools)):
+        for k, (name, args, call_id, _) in enumerate(self.fmt.partial(block, self.tools)):
             index = len(self.calls) + k
             if index > 0 and not self.parallel:
                 return  # a call that will be dropped

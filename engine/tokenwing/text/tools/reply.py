@@ -5,9 +5,10 @@ The formats are told apart by the markers only their templates write, checked in
 test matches a later family's template (llama.cpp's common/chat.cpp does the same; its checks were read, not
 copied): harmony's <|channel|>, Kimi K2's tool-call section, Kimi K3's <|open|>/<|close|> tags, MiniMax M3's
 namespace token, DeepSeek's DSML (V3.2, V4) and tool-call tokens (V3, V3.1), MiniMax M2's <minimax:tool_call>,
-GLM's and Ling's <arg_key>, Qwen's <tool_call>. A template with none of them (the ChatML fallback, a template
-without tools) gets the engine's own: Qwen's JSON calls, the tools described in the system message, and a turn's
-calls and results written into the messages as text, since such a template would drop them."""
+GLM's and Ling's <arg_key>, Mistral's [TOOL_CALLS] with [ARGS], Qwen's <tool_call>. A template with none of them
+(the ChatML fallback, a template without tools) gets the engine's own: Qwen's JSON calls, the tools described in
+the system message, and a turn's calls and results written into the messages as text, since such a template would
+drop them."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import llguidance
 from tokenwing.text.grammar import Grammar, checked
 from tokenwing.text.reasoning import Delta, HarmonyParser, ThinkParser, harmony_grammar, harmony_template
 from tokenwing.text.tokenizer import TextTokenizer
-from tokenwing.text.tools import deepseek, glm, kimi, minimax, qwen
+from tokenwing.text.tools import deepseek, glm, kimi, minimax, mistral, qwen
 from tokenwing.text.tools.base import BlockFormat, CallReader, Event, ToolCall, Tools
 from tokenwing.text.tools.constrain import CallGrammar
 
@@ -74,9 +75,18 @@ def _syntax(source: str) -> Syntax:
         return Syntax("minimax-m2", minimax.MiniMax(), think)
     if "<arg_key>" in source:
         return Syntax("glm", glm.Glm(newlines="\n<arg_key>" in source), think)  # GLM-4.6 and Ling; 4.7 writes none
+    if mistral.BEGIN in source and mistral.ARGS in source:  # v11+ tekken: Small 3.2, Ministral 3, Small 4
+        return Syntax("mistral", mistral.Mistral(), mistral.THINK if mistral.THINK[1] in source else think)
     if qwen.BEGIN in source:
         return Syntax("qwen", qwen.Qwen(xml="<function=" in source), think)
     return Syntax(GENERIC, qwen.Qwen(), think)
+
+
+def preserved_ids(syn: Syntax, tok: TextTokenizer) -> frozenset[int]:
+    """The control tokens a reply in this syntax prints as their text (its format's `preserved` markers that the
+    vocabulary has as one control token each), as llama.cpp prints a chat format's preserved_tokens."""
+    ids = (tok.encode(m, special=True, add_bos=False) for m in (syn.block.preserved if syn.block else ()))
+    return frozenset(one[0] for one in ids if len(one) == 1 and one[0] in tok.special_ids)
 
 
 def call_grammar(
