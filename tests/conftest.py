@@ -40,7 +40,8 @@ from tokenwing.testmodel import ModelShape, preset_shape, write_test_model  # no
 
 os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 # The servers' prompt cache on disk (serve's default folder is under the user's cache folder): the tests' own, empty
-# at each run, never the user's; Mesa's shader cache (lavapipe) stays where it was, warm.
+# at each run, never the user's (and each module's and test's own: the fixtures below); Mesa's shader cache
+# (lavapipe) stays where it was, warm.
 _user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
 os.environ.setdefault("MESA_SHADER_CACHE_DIR", _user_cache)
 os.environ["XDG_CACHE_HOME"] = _test_cache = tempfile.mkdtemp(prefix="tokenwing-tests-cache-")
@@ -120,6 +121,28 @@ def _mount(mnt: Path, fstype: str, options: str | None = None) -> Path:
 
 def _unmount(mnt: Path) -> None:
     subprocess.run(["umount", "--lazy", str(mnt)], check=False)  # lazily: a file a failed test left open stays
+
+
+@pytest.fixture(scope="module", autouse=True)
+def a_prompt_cache_of_the_modules_own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Each test module's servers (its module-scoped ones, started before any test's own fixtures) keep their
+    prompt cache on disk in a folder of the module's own. With one folder for the run, a server restored what
+    another module's server had written for the same factory model (its template's prefix at least), and tests
+    that compare a cold server's logprobs with the engine's one-pass logits, or count a prompt's cached tokens,
+    saw a warm one (test_server_requests after test_server: logprobs 0.018 off, the restored rows having been
+    computed in another batch shape)."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def a_prompt_cache_of_the_tests_own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """... and each test's own servers in a folder of the test's own: a server a test starts is cold, as it was
+    before the cache on disk, unless the test points two at one folder itself."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
 
 
 @pytest.fixture(autouse=True)
