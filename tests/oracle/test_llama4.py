@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ModelFactory, assert_clean_error
 from tests.format.test_hostile_header import run_limited, set_int
-from tests.oracle.test_families import quantized_matches_llama_cpp, steps, streamed_matches_resident
+from tests.oracle.test_families import family_quantized_matches, family_streamed_matches, steps
 from tests.oracle.test_logits import _repacked, _tokens, kl_per_position, llama_logits
 
 pytestmark = pytest.mark.oracle
@@ -62,10 +62,7 @@ def test_f32_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path, vari
 def test_quantized_matches_llama_cpp(model_factory: ModelFactory, tmp_path: Path, variant: str, type_name: str) -> None:
     """300 positions (a 200-token prompt, then 100 decode steps across position 256): mean KL <= 1e-4 and the same
     top-1 where llama.cpp's is clear, at test_families' tame weights (std 0.03)."""
-    shape = dict(VARIANTS[variant], weight_std=0.03)
-    if type_name.startswith("Q4_K"):
-        shape |= {"preset": "kquant", **KQUANT[variant]}
-    quantized_matches_llama_cpp(model_factory(type=type_name, **shape), tmp_path)  # type: ignore[arg-type]
+    family_quantized_matches(model_factory, tmp_path, VARIANTS[variant], KQUANT[variant], type_name)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -73,8 +70,7 @@ def test_streamed_at_a_quarter_is_bit_identical_to_resident(
     model_factory: ModelFactory, tmp_path: Path, variant: str
 ) -> None:
     """25 % of the expert bytes, lookahead 0 and 2: the same logits as every expert in RAM."""
-    model = _repacked(model_factory(type="Q8_0", **VARIANTS[variant]), tmp_path)  # type: ignore[arg-type]
-    streamed_matches_resident(model, _tokens(160, 512, seed=13), percent=25)
+    family_streamed_matches(model_factory, tmp_path, VARIANTS[variant], percent=25)
 
 
 def test_more_than_one_expert_a_token_is_refused(repacked_factory: ModelFactory, tmp_path: Path) -> None:

@@ -14,8 +14,12 @@ import pytest
 from tests.conftest import ModelFactory, run_cli
 from tests.format.test_shards import copy_shards, plain, sha256, shards_of
 from tests.ggufs import with_metadata
-from tests.oracle.test_families import f32_matches_llama_cpp, quantized_matches_llama_cpp, streamed_matches_resident
-from tests.oracle.test_logits import _repacked, _tokens
+from tests.oracle.test_families import (
+    f32_matches_llama_cpp,
+    family_streamed_matches,
+    quantized_matches_llama_cpp,
+)
+from tests.oracle.test_logits import _repacked
 from tokenwing.format.gguf_io import KV, read_header
 
 pytestmark = pytest.mark.oracle
@@ -60,8 +64,7 @@ def test_streamed_at_a_quarter_is_bit_identical_to_resident(
     model_factory: ModelFactory, tmp_path: Path, variant: str
 ) -> None:
     """25 % of the expert bytes, lookahead 0 and 2: the same logits as every expert in RAM."""
-    model = _repacked(model_factory(type="Q8_0", **VARIANTS[variant]), tmp_path)  # type: ignore[arg-type]
-    streamed_matches_resident(model, _tokens(160, 512, seed=13), percent=25)
+    family_streamed_matches(model_factory, tmp_path, VARIANTS[variant], percent=25)
 
 
 def test_attention_temperature_is_refused_in_one_line(model_factory: ModelFactory, tmp_path: Path) -> None:

@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ModelFactory
-from tests.oracle.test_families import f32_matches_llama_cpp, quantized_matches_llama_cpp, streamed_matches_resident
-from tests.oracle.test_logits import _repacked, _tokens
+from tests.oracle.test_families import (
+    f32_matches_llama_cpp,
+    family_streamed_matches,
+    quantized_matches_llama_cpp,
+)
 
 pytestmark = pytest.mark.oracle
 
@@ -55,5 +58,4 @@ def test_streamed_at_a_quarter_is_bit_identical_to_resident(
     model_factory: ModelFactory, tmp_path: Path, variant: str
 ) -> None:
     """25 % of the expert bytes, lookahead 0 and 2: the same logits as every expert in RAM."""
-    model = _repacked(model_factory(type="Q8_0", **VARIANTS[variant]), tmp_path)  # type: ignore[arg-type]
-    streamed_matches_resident(model, _tokens(160, 512, seed=13), percent=25)
+    family_streamed_matches(model_factory, tmp_path, VARIANTS[variant], percent=25)
