@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from tokenwing.errors import BadInputError
 from tokenwing.runtime.session import SESSION_COUNTERS
-from tokenwing.server import jobs, messages, responses
+from tokenwing.server import jobs, messages, prompt_cache_routes, responses
 from tokenwing.server.protocol import (
     MAX_BODY,
     GenerationRequest,
@@ -314,6 +314,7 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         Route("/detokenize", guarded(detokenize_route), methods=["POST"]),
         Route("/v1/tokenwing/stats", guarded(stats)),
         Route("/v1/tokenwing/stats/stream", guarded(stats_stream)),
+        *prompt_cache_routes.routes(worker, guarded, read_json),  # /v1/tokenwing/prompt-cache (its own module)
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: internal_error})
     # a path with a slash too many is a 404 in the JSON format, not Starlette's 307 to the route (the HTTP fuzz
@@ -458,6 +459,7 @@ async def _stream(
                 last["tokenwing"] = {"finish_detail": stats.get("finish_detail"), "n_ctx": stats.get("n_ctx")}
                 last["tokenwing"]["usage"] = jobs.usage(ev)  # (every stream's: the request log reads its tokens here)
                 last["tokenwing"]["unenforced"] = job.request.unenforced
+                last["tokenwing"].update(prompt_cache_routes.restored(stats))  # (its start read from the disk)
                 if ev.get("context_overflow"):
                     last["tokenwing"]["context_overflow"] = ev["context_overflow"]
                 yield sse(last)

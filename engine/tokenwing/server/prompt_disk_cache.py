@@ -28,6 +28,7 @@ from tokenwing.runtime import snapshot
 from tokenwing.runtime.kvcache import kv_element
 from tokenwing.runtime.sequences import SeqState
 from tokenwing.runtime.session import Session
+from tokenwing.server import prompt_cache_keys
 
 DEFAULT_MAX = 20 << 30  # the default size: a quarter of the drive's free space, at most this
 DEFAULT_SHARE = 4
@@ -145,12 +146,15 @@ class DiskPromptCache:
         return Restored(len(loaded.tokens), time.perf_counter() - t0, entry.nbytes)
 
     # ------------------------------------------------------------------------------------------- writing
-    def save(self, slot: int, seq: SeqState) -> None:
-        """Writes the slot's state in the background (a request that takes the slot first waits for it)."""
+    def save(self, slot: int, seq: SeqState, key: str | None = None) -> None:
+        """Writes the slot's state in the background (a request that takes the slot first waits for it); `key`:
+        the request's prompt_cache_key, which lists the snapshot (server/prompt_cache_keys.py)."""
         tokens = seq.history
         if not tokens:
             return
         name = self._name(tokens)
+        if key is not None:
+            prompt_cache_keys.tag(self.folder, key, name)
         with self.lock:
             known = self.entries.get(name)
         if known is not None:  # (the same tokens: the same state)
@@ -164,6 +168,11 @@ class DiskPromptCache:
         """Returns once the slot's write, if any, has ended (the engine thread: before it changes the slot)."""
         done = self._pending.pop(slot, None)
         if done is not None:
+            done.wait()
+
+    def settle(self) -> None:
+        """Returns once the writes queued so far have ended (before their files are deleted: not the engine thread)."""
+        for done in list(self._pending.values()):
             done.wait()
 
     def close(self) -> None:

@@ -63,6 +63,7 @@ class GenerationRequest:
     unenforced: list[str] = field(default_factory=list)
     wait: bool = True  # False: a 503 at once when every slot is busy, instead of waiting in the queue
     ignore_eos: bool = False  # llama.cpp's: the end-of-generation tokens are never sampled (max_tokens ends it)
+    prompt_cache_key: str | None = None  # OpenAI's: tags the disk cache's snapshots (server/prompt_cache_keys.py)
 
 
 def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
@@ -127,6 +128,7 @@ def _common(body: dict[str, Any], req: GenerationRequest, chat: bool = False) ->
     if not isinstance(wait, bool):
         raise RequestError("'wait' must be a boolean", "wait")
     req.wait = wait
+    req.prompt_cache_key = prompt_cache_key(body)
     opts = body.get("stream_options")
     if opts is not None:
         if not isinstance(opts, dict):
@@ -161,6 +163,19 @@ def _common(body: dict[str, Any], req: GenerationRequest, chat: bool = False) ->
     s.seed = _integer(body, "seed", None, -(1 << 63), (1 << 63) - 1)
     if s.seed is not None and s.seed < 0:
         s.seed = s.seed & ((1 << 63) - 1)
+
+
+MAX_CACHE_KEY = 256  # characters of a prompt_cache_key (the server stores its hash, never the key)
+
+
+def prompt_cache_key(body: dict[str, Any]) -> str | None:
+    """`prompt_cache_key` (OpenAI's field; the app's conversation): None, or a string of 1 to MAX_CACHE_KEY
+    characters."""
+    key = body.get("prompt_cache_key")
+    if key is not None and (not isinstance(key, str) or not 0 < len(key) <= MAX_CACHE_KEY):
+        what = f"'prompt_cache_key' must be a string of 1 to {MAX_CACHE_KEY} characters"
+        raise RequestError(what, "prompt_cache_key")
+    return key
 
 
 # Fields that would change the answer and that this server does not implement: refused with a 400 rather than

@@ -557,7 +557,8 @@ class EngineWorker:
             )
         del self.replies[r.slot]
         if self.disk is not None:
-            self.disk.save(r.slot, s.seqs[r.slot])  # in the background: the slot is left alone until it is written
+            # in the background: the slot is left alone until it is written
+            self.disk.save(r.slot, s.seqs[r.slot], r.job.request.prompt_cache_key)
         self._last_used[r.slot] = time.perf_counter()
         finish_reason = gen.finish_reason
         if r.reader is not None:
