@@ -259,6 +259,7 @@ SIZES: C[Any] = C(ctypes.POINTER(ctypes.c_size_t), "size_t *")
 SECTIONS: C[Any] = C(ctypes.POINTER(ctypes.c_int), "int *")  # int sections[GGML_MROPE_SECTIONS]
 TYPE: C[int] = C(ctypes.c_int, "enum ggml_type")
 PREC: C[int] = C(ctypes.c_int, "enum ggml_prec")
+POOL: C[int] = C(ctypes.c_int, "enum ggml_op_pool")
 STATUS: C[int] = C(ctypes.c_int, "enum ggml_status")
 USAGE: C[int] = C(ctypes.c_int, "enum ggml_backend_buffer_usage")
 DEV_TYPE: C[int] = C(ctypes.c_int, "enum ggml_backend_dev_type")
@@ -308,6 +309,7 @@ CONSTANTS: dict[str, int] = {
     "GGML_TYPE_COUNT": 43,
     "GGML_OP_NONE": 0,
     "GGML_PREC_F32": 10,
+    "GGML_OP_POOL_AVG": 1,
     "GGML_ROPE_TYPE_NORMAL": 0,
     "GGML_ROPE_TYPE_NEOX": 2,
     "GGML_ROPE_TYPE_IMROPE": 40,
@@ -343,6 +345,7 @@ GGML_TYPE_MXFP4 = CONSTANTS["GGML_TYPE_MXFP4"]
 GGML_TYPE_COUNT = CONSTANTS["GGML_TYPE_COUNT"]
 GGML_OP_NONE = CONSTANTS["GGML_OP_NONE"]
 GGML_PREC_F32 = CONSTANTS["GGML_PREC_F32"]
+GGML_OP_POOL_AVG = CONSTANTS["GGML_OP_POOL_AVG"]
 GGML_ROPE_TYPE_NORMAL = CONSTANTS["GGML_ROPE_TYPE_NORMAL"]
 GGML_ROPE_TYPE_NEOX = CONSTANTS["GGML_ROPE_TYPE_NEOX"]
 GGML_ROPE_TYPE_IMROPE = CONSTANTS["GGML_ROPE_TYPE_IMROPE"]
@@ -502,6 +505,7 @@ ggml_threadpool_params_default = _g.fn("ggml_threadpool_params_default", TP_PARA
 # ---- operations
 ggml_add = _g.fn("ggml_add", TENSOR, CONTEXT, TENSOR, TENSOR)
 ggml_add_id = _g.fn("ggml_add_id", TENSOR, CONTEXT, TENSOR, TENSOR, TENSOR)
+ggml_sub = _g.fn("ggml_sub", TENSOR, CONTEXT, TENSOR, TENSOR)  # (Gemma 4's encoder: x − std_bias)
 ggml_mul = _g.fn("ggml_mul", TENSOR, CONTEXT, TENSOR, TENSOR)
 ggml_div = _g.fn("ggml_div", TENSOR, CONTEXT, TENSOR, TENSOR)
 ggml_scale = _g.fn("ggml_scale", TENSOR, CONTEXT, TENSOR, FLOAT)
@@ -526,6 +530,9 @@ ggml_norm = _g.fn("ggml_norm", TENSOR, CONTEXT, TENSOR, FLOAT)  # LayerNorm (GLM
 # image encoders (vision/): the patch convolution, the ViT's activation, learned positions resized to the grid
 ggml_conv_2d = _g.fn("ggml_conv_2d", TENSOR, CONTEXT, TENSOR, TENSOR, INT, INT, INT, INT, INT, INT)
 ggml_gelu = _g.fn("ggml_gelu", TENSOR, CONTEXT, TENSOR)
+# (Gemma 4's encoder: clip's default activation, gelu_quick, gated; its pooler's average over n×n patches)
+ggml_geglu_quick_split = _g.fn("ggml_geglu_quick_split", TENSOR, CONTEXT, TENSOR, TENSOR)
+ggml_pool_2d = _g.fn("ggml_pool_2d", TENSOR, CONTEXT, TENSOR, POOL, INT, INT, INT, INT, FLOAT, FLOAT)
 ggml_interpolate = _g.fn("ggml_interpolate", TENSOR, CONTEXT, TENSOR, INT64, INT64, INT64, INT64, UINT32)
 ggml_mul_mat = _g.fn("ggml_mul_mat", TENSOR, CONTEXT, TENSOR, TENSOR)
 ggml_mul_mat_id = _g.fn("ggml_mul_mat_id", TENSOR, CONTEXT, TENSOR, TENSOR, TENSOR)

@@ -5,7 +5,12 @@ Qwen3-VL's encoder (`clip.projector_type` qwen3vl_merger; llama.cpp tools/mtmd/m
 convolutions summed (a still image is its two temporal frames alike) with a bias, learned positions resized to the
 patch grid, pre-LayerNorm ViT blocks with one fused QKV and 2-D M-RoPE, a post-LayerNorm and the merger (2×2
 patches → an MLP to the text model's width), and deepstack mergers after some blocks whose outputs go beside the
-merger's (the text model adds them into its first layers). Shapes are in GGUF order (ne0 first).
+merger's (the text model adds them into its first layers).
+
+Gemma 4's (`gemma4v`; tools/mtmd/models/gemma4v.cpp): one patch convolution, column and row position tables, RMSNorm
+ViT blocks (separate Q/K/V, Q/K norms, post-attention and post-FFN norms, a gated FFN, an output scale), the 3×3
+pooler, std bias and scale, the input projection; some matrices bounded (Gemma4ClippableLinear's one-value tensors).
+Shapes are in GGUF order (ne0 first).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 from tokenwing.format.gguf_io import KV, TensorInfo, ValueType, encode_header, layout_tensors, tensor_nbytes
 from tokenwing.fsutil import atomic_output
 from tokenwing.testmodel.architectures import architecture
+from tokenwing.testmodel.mmproj_pixtral import PixtralShape, pixtral_metadata, pixtral_tensors
 from tokenwing.testmodel.shapes import ModelShape
 
 ALIGNMENT = 32
@@ -115,11 +121,96 @@ def _metadata(text: ModelShape, v: VisionShape, name: str) -> dict[str, KV]:
     }
 
 
+@dataclass(frozen=True)
+class Gemma4VisionShape:
+    """A small Gemma 4 encoder: the real one is 768 wide (E2B/E4B) or 1152 (26B-A4B, 31B), 16 heads, 16 or 27
+    blocks, patches of 16 pooled 3×3, position tables of 10240."""
+
+    n_embd: int = 32
+    n_head: int = 2  # heads of 16: RoPE turns 8 dims by the column, 8 by the row
+    n_ff: int = 64
+    n_layer: int = 3
+    patch_size: int = 8
+    pos_size: int = 256  # the position tables' length: a side of at most 256 patches
+    eps: float = 1e-6
+    image_mean: tuple[float, float, float] = (0.0, 0.0, 0.0)  # the encoder takes 2·v − 1 itself
+    image_std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+
+
+# Gemma4ClippableLinear's bounds the factory writes (one-value F32 tensors beside a matrix): tight enough that
+# some values of a random model are clamped, so that a clamp left out shows
+GEMMA4_CLAMPS = {
+    "v.blk.0.attn_q": {"input_min": -1.5, "input_max": 1.5, "output_min": -2.0, "output_max": 2.0},
+    "v.blk.1.ffn_gate": {"input_min": -1.0, "input_max": 1.25},
+    "mm.input_projection": {"output_min": -1.5, "output_max": 1.5},
+}
+
+
+def _gemma4_tensors(text: ModelShape, v: Gemma4VisionShape) -> list[tuple[str, tuple[int, ...], str]]:
+    e, p, d = v.n_embd, v.patch_size, v.n_embd // v.n_head
+    out: list[tuple[str, tuple[int, ...], str]] = [
+        ("v.patch_embd.weight", (p, p, 3, e), "w"),
+        ("v.position_embd.weight", (e, v.pos_size, 2), "u"),
+    ]
+    for i in range(v.n_layer):
+        b = f"v.blk.{i}"
+        out += [
+            (f"{b}.ln1.weight", (e,), "n"),
+            (f"{b}.attn_q.weight", (e, e), "w"),
+            (f"{b}.attn_k.weight", (e, e), "w"),
+            (f"{b}.attn_v.weight", (e, e), "w"),
+            (f"{b}.attn_q_norm.weight", (d,), "n"),
+            (f"{b}.attn_k_norm.weight", (d,), "n"),
+            (f"{b}.attn_out.weight", (e, e), "w"),
+            (f"{b}.attn_post_norm.weight", (e,), "n"),
+            (f"{b}.ln2.weight", (e,), "n"),
+            (f"{b}.ffn_gate.weight", (e, v.n_ff), "w"),
+            (f"{b}.ffn_up.weight", (e, v.n_ff), "w"),
+            (f"{b}.ffn_down.weight", (v.n_ff, e), "w"),
+            (f"{b}.ffn_post_norm.weight", (e,), "n"),
+            (f"{b}.out_scale.weight", (1,), "n"),
+        ]
+    out += [
+        ("v.std_bias", (e,), "b"),
+        ("v.std_scale", (e,), "n"),
+        ("mm.input_projection.weight", (e, text.n_embd), "w"),
+    ]
+    for base, bounds in GEMMA4_CLAMPS.items():
+        out += [(f"{base}.{k}", (1,), f"={x}") for k, x in bounds.items()]
+    return out
+
+
+def _gemma4_metadata(text: ModelShape, v: Gemma4VisionShape, name: str) -> dict[str, KV]:
+    """As convert_hf_to_gguf's Gemma4VisionAudioModel writes it: no clip.use_gelu (llama.cpp then runs the FFN with
+    gelu_quick), no projector.scale_factor (3)."""
+    return {
+        "general.architecture": KV.string("clip"),
+        "general.name": KV.string(name),
+        "general.file_type": KV.u32(0),
+        "clip.projector_type": KV.string("gemma4v"),
+        "clip.has_vision_encoder": KV.boolean(True),
+        "clip.vision.embedding_length": KV.u32(v.n_embd),
+        "clip.vision.feed_forward_length": KV.u32(v.n_ff),
+        "clip.vision.block_count": KV.u32(v.n_layer),
+        "clip.vision.projection_dim": KV.u32(text.n_embd),
+        "clip.vision.attention.head_count": KV.u32(v.n_head),
+        "clip.vision.attention.layer_norm_epsilon": KV.f32(v.eps),
+        "clip.vision.image_size": KV.u32(224),  # (unused: the converter's placeholder)
+        "clip.vision.patch_size": KV.u32(v.patch_size),
+        "clip.vision.image_mean": KV.array(ValueType.FLOAT32, v.image_mean),
+        "clip.vision.image_std": KV.array(ValueType.FLOAT32, v.image_std),
+    }
+
+
 def _values(name: str, shape: tuple[int, ...], kind: str, seed: int) -> np.ndarray:
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     n = int(np.prod(shape))
+    if kind.startswith("="):  # a given value (a clamp bound)
+        return np.full(n, float(kind[1:]), np.float32)
     if kind == "n":
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    if kind == "u":  # values of order one (a learned position table: as large as the patches it is added to)
+        return (0.5 * rng.standard_normal(n)).astype(np.float32)
     if kind == "b":
         return (0.05 * rng.standard_normal(n)).astype(np.float32)
     fan_in = n // shape[-1]
@@ -135,19 +226,28 @@ def _type(name: str, shape: tuple[int, ...], f16: bool) -> int:
 def write_mmproj(
     path: str, text: ModelShape, seed: int = 0, v: VisionShape | None = None, type_name: str = "F32"
 ) -> str:
-    """Writes an mmproj GGUF for `text`'s family (qwen3vlmoe), F32 or F16 (`type_name`); returns its path."""
+    """Writes an mmproj GGUF for `text`'s family (qwen3vlmoe, gemma4), F32 or F16 (`type_name`); returns its path."""
     if type_name not in ("F32", "F16"):
         raise ValueError(f"--mmproj: the image encoder is written in F32 or F16, not {type_name}")
     f16 = type_name == "F16"
-    if text.arch != "qwen3vlmoe":
-        raise ValueError(f"--mmproj: the factory writes image encoders for qwen3vlmoe, not {text.arch}")
-    v = v or VisionShape()
-    specs = _tensors(text, v)
+    if text.arch == "qwen3vlmoe":
+        v = v or VisionShape()
+        specs = _tensors(text, v)
+        kv = _metadata(text, v, path.rsplit("/", 1)[-1].removesuffix(".gguf"))
+    elif text.arch == "gemma4":
+        g = Gemma4VisionShape()
+        specs = _gemma4_tensors(text, g)
+        kv = _gemma4_metadata(text, g, path.rsplit("/", 1)[-1].removesuffix(".gguf"))
+    elif text.arch == "mistral4":  # Pixtral's (testmodel/mmproj_pixtral.py)
+        specs = pixtral_tensors(text, PixtralShape())
+        kv = pixtral_metadata(text, PixtralShape(), path.rsplit("/", 1)[-1].removesuffix(".gguf"))
+    else:
+        raise ValueError(
+            f"--mmproj: the factory writes image encoders for qwen3vlmoe, gemma4 and mistral4, not {text.arch}"
+        )
     types = [_type(n, s, f16) for n, s, _ in specs]
     infos = [TensorInfo(n, s, t, 0, tensor_nbytes(s, t)) for (n, s, _), t in zip(specs, types, strict=True)]
     data_size = layout_tensors(infos, ALIGNMENT)
-    name = path.rsplit("/", 1)[-1].removesuffix(".gguf")
-    kv = _metadata(text, v, name)
     kv["general.file_type"] = KV.u32(1 if f16 else 0)
     header, _ = encode_header(kv, infos, ALIGNMENT)
     with atomic_output(path, len(header) + data_size) as tmp, open(tmp, "wb") as f:

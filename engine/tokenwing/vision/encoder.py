@@ -18,7 +18,7 @@ from tokenwing.compute import ggml_api as ggml
 from tokenwing.compute.ggml_lib import F16, F32, Graph, Tensor, TensorArena
 from tokenwing.errors import BadInputError
 from tokenwing.format.gguf_io import GGUFHeader, read_header
-from tokenwing.vision.image import ImageLimits, Preprocessed, preprocess
+from tokenwing.vision.image import ImageLimits, Preprocessed, preprocess, target_size
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,11 @@ class MmprojEncoder:
 
     projector = ""  # clip.projector_type
     default_merge = 1  # clip.vision.spatial_merge_size when the file has none (llama.cpp's per projector)
+    archs: tuple[str, ...] = ()  # the text families that take its rows
+    # the texts libmtmd tokenizes before and after an image (each apart; "" none), and whether the text model
+    # places the rows by M-RoPE (vision/positions.py) or as tokens, one position a row
+    begin, end = "", ""
+    mrope = False
 
     def __init__(self, path: str, n_threads: int = 2) -> None:
         h = read_header(path)
@@ -122,6 +127,16 @@ class MmprojEncoder:
         side = self.hp.patch_size * self.hp.n_merge
         return image.width // side, image.height // side
 
+    def grid_of(self, width: int, height: int) -> tuple[int, int]:
+        """(nx, ny) for an image of width × height pixels, without preprocessing it."""
+        side = self.hp.patch_size * self.hp.n_merge
+        w, h = target_size(width, height, self.limits())
+        return w // side, h // side
+
+    def n_rows(self, nx: int, ny: int) -> int:
+        """The image's rows in the text model (KV cells) for nx × ny merged patches."""
+        return nx * ny
+
     def encode(self, image: Preprocessed) -> np.ndarray:
         raise NotImplementedError
 
@@ -165,9 +180,10 @@ class MmprojEncoder:
             y = ggml.ggml_silu(ctx, y) if silu else ggml.ggml_gelu(ctx, y)
         return self.linear(ctx, y, down)
 
-    def attention(self, ctx: Any, q: Tensor, k: Tensor, v: Tensor, n_pos: int) -> Tensor:
+    def attention(self, ctx: Any, q: Tensor, k: Tensor, v: Tensor, n_pos: int, scale: float | None = None) -> Tensor:
         """build_attn without flash attention and without a mask (every patch sees every patch): q, k, v as
-        [d_head, n_head, n_pos]; the heads' outputs as [n_embd, n_pos], before the output projection."""
+        [d_head, n_head, n_pos]; the heads' outputs as [n_embd, n_pos], before the output projection. `scale`:
+        the scores' (kq_scale; 1/sqrt(d_head) unless the family sets it, as Gemma 4 does to 1)."""
         d_head = self.hp.n_embd // self.hp.n_head
         q = ggml.ggml_permute(ctx, q, 0, 2, 1, 3)
         k = ggml.ggml_permute(ctx, k, 0, 2, 1, 3)
@@ -177,7 +193,7 @@ class MmprojEncoder:
             ctx,
             ggml.ggml_mul_mat(ctx, k, q),
             None,  # type: ignore[arg-type]
-            1.0 / math.sqrt(d_head),
+            1.0 / math.sqrt(d_head) if scale is None else scale,
             0.0,
         )
         att = ggml.ggml_permute(ctx, ggml.ggml_mul_mat(ctx, v, kq), 0, 2, 1, 3)
