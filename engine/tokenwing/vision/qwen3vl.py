@@ -33,6 +33,9 @@ class Qwen3VLEncoder(MmprojEncoder):
 
     projector = PROJECTOR
     default_merge = 2
+    archs = ("qwen3vlmoe",)
+    begin, end = "<|vision_start|>", "<|vision_end|>"  # Qwen-VL's (mtmd.cpp, PROJECTOR_TYPE_QWEN3VL)
+    mrope = True
 
     def __init__(self, path: str, n_threads: int = 2) -> None:
         super().__init__(path, n_threads)
