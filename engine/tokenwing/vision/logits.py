@@ -8,9 +8,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tokenwing.errors import BadInputError
+from tokenwing.format.gguf_io import read_header
+from tokenwing.vision.encoder import MmprojEncoder, projector_of
+from tokenwing.vision.pixtral import PixtralEncoder
 from tokenwing.vision.png import decode_png
 from tokenwing.vision.prompt import MediaPrompt, tokens
 from tokenwing.vision.qwen3vl import Qwen3VLEncoder
+
+# the encoders the engine computes, by the mmproj's clip.projector_type
+ENCODERS: dict[str, type[MmprojEncoder]] = {e.projector: e for e in (Qwen3VLEncoder, PixtralEncoder)}
 
 if TYPE_CHECKING:
     from tokenwing.runtime.session import Session
@@ -25,28 +31,53 @@ def read_image(path: str) -> np.ndarray:
     return decode_png(data)
 
 
+def open_encoder(session: Session, mmproj: str) -> MmprojEncoder:
+    """The mmproj's encoder (by its projector), checked against the session's model: a family that takes its
+    rows, and rows as wide as the model's input (with its deepstack parts). Close it when done."""
+    hp = session.hp
+    kind = projector_of(read_header(mmproj))
+    cls = ENCODERS.get(kind or "")
+    if cls is None:
+        raise BadInputError(f"{mmproj}: an image encoder of projector {kind!r}; the engine computes {sorted(ENCODERS)}")
+    if hp.arch not in cls.archs:
+        raise BadInputError(f"{mmproj}: a {kind} encoder, for {', '.join(cls.archs)}; this model is {hp.arch}")
+    enc = cls(mmproj)
+    deep = int(hp.keys.get("n_deepstack_layers", 0))
+    if enc.hp.proj_dim != hp.n_embd or enc.width != hp.n_embd * (1 + deep):
+        enc.close()
+        raise BadInputError(
+            f"{mmproj}: its rows are {enc.width} wide; the model takes {hp.n_embd} × (1 + {deep} deepstack layers)"
+        )
+    return enc
+
+
+def grid(enc: MmprojEncoder, rgb: np.ndarray) -> tuple[int, int]:
+    """(nx, ny): the merged patches across and down that the encoder makes of this image (its rows:
+    enc.n_rows(nx, ny))."""
+    return enc.grid_of(rgb.shape[1], rgb.shape[0])
+
+
 def image_prompt(session: Session, mmproj: str, image: str, text: str) -> tuple[list[int], MediaPrompt]:
     """The session's tokens for `text` with `image` in place of its marker, and the MediaPrompt that places the
     image's rows (set it as `session.media` while the prompt and its reply run), for a fresh session."""
-    hp = session.hp
-    if hp.arch != "qwen3vlmoe":
-        raise BadInputError(f"images: the engine places them for qwen3vlmoe; this model is {hp.arch}")
     if session.pos != 0:
         raise BadInputError("images: a prompt with images starts a session")
-    rgb = read_image(image)
-    enc = Qwen3VLEncoder(mmproj)
+    enc = open_encoder(session, mmproj)
     try:
-        deep = int(hp.keys.get("n_deepstack_layers", 0))
-        if enc.hp.proj_dim != hp.n_embd or enc.width != hp.n_embd * (1 + deep):
-            raise BadInputError(
-                f"{mmproj}: its rows are {enc.width} wide; the model takes {hp.n_embd} × (1 + {deep} deepstack layers)"
-            )
-        pre = enc.preprocess(rgb)
-        embd = enc.encode(pre)
-        side = enc.hp.patch_size * enc.hp.n_merge
+        rgb = read_image(image)
+        nx, ny = grid(enc, rgb)
+        embd = enc.encode(enc.preprocess(rgb))
     finally:
         enc.close()
-    return tokens(session.tokenizer, text, [(pre.width // side, pre.height // side, embd)], hp.n_embd)
+    return tokens(
+        session.tokenizer,
+        text,
+        [(nx, ny, embd)],
+        session.hp.n_embd,
+        begin=enc.begin,
+        end=enc.end,
+        mrope=enc.mrope,
+    )
 
 
 def image_logits(session: Session, mmproj: str, image: str, text: str) -> np.ndarray:

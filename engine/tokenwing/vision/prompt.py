@@ -9,7 +9,8 @@ and chunks are the text's; what differs is its input (the encoder's row, not a t
 qwen3vlmoe graph: ds = t_inp_embd's slice, zero for text).
 
 The text is split where `MEDIA_MARKER` stands; llama.cpp's libmtmd tokenizes each piece apart with the image's
-begin and end texts (Qwen-VL's <|vision_start|> and <|vision_end|>) and so does `tokens`.
+begin and end texts (Qwen-VL's <|vision_start|> and <|vision_end|>, Pixtral's [IMG_END] after) and so does
+`tokens`. Pixtral's rows (mistral4) are placed as tokens: one position a row, no M-RoPE (`mrope` off).
 """
 
 from __future__ import annotations
@@ -32,24 +33,33 @@ class ImageRows:
     start: int  # the sequence index (KV cell) of its first row
     nx: int
     ny: int
-    embd: np.ndarray  # (nx · ny, n_embd × (1 + deepstack layers))
+    embd: np.ndarray  # (rows, n_embd × (1 + deepstack layers)): nx · ny rows, and Pixtral's [IMG_BREAK] rows
+
+    @property
+    def rows(self) -> int:
+        """Its KV cells."""
+        return int(self.embd.shape[0])
 
 
 @dataclass
 class MediaPrompt:
     n_embd: int
     images: list[ImageRows] = field(default_factory=list)
+    mrope: bool = True  # the rows placed by M-RoPE (Qwen-VL); else as tokens, one position a row (Pixtral)
 
     def _shift(self, cell: int) -> int:
         """How far position and cell part at `cell`: each whole image before it takes fewer positions than rows."""
-        return sum(im.nx * im.ny - image_span(im.nx, im.ny) for im in self.images if im.start + im.nx * im.ny <= cell)
+        return sum(im.rows - image_span(im.nx, im.ny) for im in self.images if im.start + im.rows <= cell)
 
     def positions(self, pos0: int, n: int) -> np.ndarray:
-        """I32 [4 n] for the cells pos0 … pos0 + n - 1: text on three axes and 0 on the fourth, image rows theirs."""
+        """I32 [4 n] for the cells pos0 … pos0 + n - 1: text on three axes and 0 on the fourth, image rows theirs;
+        without M-RoPE I32 [n], every row at its cell as a token is."""
+        if not self.mrope:
+            return np.arange(pos0, pos0 + n, dtype=np.int32)
         out = np.zeros((4, n), np.int32)
         for i in range(n):
             cell = pos0 + i
-            im = next((m for m in self.images if m.start <= cell < m.start + m.nx * m.ny), None)
+            im = next((m for m in self.images if m.start <= cell < m.start + m.rows), None)
             if im is None:
                 out[:3, i] = cell - self._shift(cell)
             else:
@@ -61,7 +71,7 @@ class MediaPrompt:
         """(rows of the pass, image, its rows) where the pass's cells pos0 … pos0 + n - 1 are an image's."""
         out = []
         for im in self.images:
-            lo, hi = max(pos0, im.start), min(pos0 + n, im.start + im.nx * im.ny)
+            lo, hi = max(pos0, im.start), min(pos0 + n, im.start + im.rows)
             if lo < hi:
                 out.append((slice(lo - pos0, hi - pos0), im, slice(lo - im.start, hi - im.start)))
         return out
@@ -80,20 +90,27 @@ class MediaPrompt:
 
 
 def tokens(
-    tok: TextTokenizer, text: str, images: list[tuple[int, int, np.ndarray]], n_embd: int
+    tok: TextTokenizer,
+    text: str,
+    images: list[tuple[int, int, np.ndarray]],
+    n_embd: int,
+    begin: str = IMAGE_BEGIN,
+    end: str = IMAGE_END,
+    mrope: bool = True,
 ) -> tuple[list[int], MediaPrompt]:
-    """The session's tokens for `text` with one image (nx, ny, embeddings) per MEDIA_MARKER, and its MediaPrompt."""
+    """The session's tokens for `text` with one image (nx, ny, embeddings) per MEDIA_MARKER, and its MediaPrompt.
+    `begin`, `end`, `mrope`: the encoder's (MmprojEncoder's; "": no such text), Qwen-VL's by default."""
     parts = text.split(MEDIA_MARKER)
     if len(parts) - 1 != len(images):
         raise BadInputError(f"the text has {len(parts) - 1} {MEDIA_MARKER} for {len(images)} image(s)")
     out: list[int] = []
-    media = MediaPrompt(n_embd)
+    media = MediaPrompt(n_embd, mrope=mrope)
     for i, part in enumerate(parts):
-        pieces = ([IMAGE_END] if i else []) + ([part] if part else []) + ([IMAGE_BEGIN] if i < len(images) else [])
-        for piece in pieces:
+        pieces = ([end] if i else []) + ([part] if part else []) + ([begin] if i < len(images) else [])
+        for piece in filter(None, pieces):
             out += tok.encode(piece, special=True, add_bos=False)
         if i < len(images):
             nx, ny, embd = images[i]
             media.images.append(ImageRows(len(out), nx, ny, embd))
-            out += [PLACEHOLDER] * (nx * ny)
+            out += [PLACEHOLDER] * media.images[-1].rows
     return out, media

@@ -1,0 +1,200 @@
+"""Pixtral's image encoder (vision/pixtral.py, Mistral Small 4's: mistral4 with the factory's pixtral mmproj) against
+llama.cpp's libmtmd on the same files and RGB bytes (tests/oracle/mtmd_probe.py, a subprocess; the helpers are
+test_qwen3vl_images'): the embeddings (mtmd_encode_chunk + mtmd_get_output_embd), the text around the image as
+libmtmd tokenizes it, and the last position's logits (mtmd_helper_eval_chunks).
+
+The bars are llama.cpp's own distances when only rounding changes: its encoder with flash attention (F16 keys and
+values) against without, its text model with an F16 KV cache against F32. Pixtral's graph has no F16 GELU table in
+the tower (SiLU) and no bilinear resize, so ours is 1e-6 to 4e-5 from llama.cpp's where that bar is 6e-4 to 4e-3.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import assert_clean_error, run_cli
+from tests.oracle.test_qwen3vl_images import image, mtmd_run, write_png
+from tokenwing.format.gguf_io import read_header
+from tokenwing.format.reader import ModelFile
+from tokenwing.runtime.session import Session, SessionOptions
+from tokenwing.vision.pixtral import PixtralEncoder
+from tokenwing.vision.prompt import tokens
+
+pytestmark = pytest.mark.oracle
+
+
+def _files(root: Path, *flags: str) -> tuple[Path, Path, Path]:
+    """The factory's mistral4 model with its Pixtral mmproj (the command a user runs), and the model repacked."""
+    model, mmproj, repacked = root / "m.gguf", root / "m.mmproj.gguf", root / "m.tw.gguf"
+    r = run_cli("testmodel", str(model), "--arch", "mistral4", *flags, "--mmproj", str(mmproj), "-q")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(model), str(mmproj)]
+    r = run_cli("repack", str(model), "-o", str(repacked))
+    assert r.returncode == 0, r.stderr
+    return model, mmproj, repacked
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    return _files(tmp_path_factory.mktemp("pixtral"))
+
+
+IMAGES = {
+    "aligned-64x48": (48, 64),  # no resize: 4×3 merged patches (patches of 8, 2×2 merged)
+    "upscaled-50x37": (37, 50),  # under 8 merged patches: bicubic to fit 64×48, centred on black
+    "wide-200x30": (30, 200),  # rounded to 208×32, the height padded: 13×2
+}
+
+
+def _encode(mmproj: Path, rgb: np.ndarray) -> tuple[np.ndarray, tuple[int, int]]:
+    enc = PixtralEncoder(str(mmproj))
+    try:
+        pre = enc.preprocess(rgb)
+        return enc.encode(pre), enc.grid(pre)
+    finally:
+        enc.close()
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_embeddings_match_llama_cpp(files: tuple[Path, Path, Path], tmp_path: Path, name: str) -> None:
+    """Each row, the [IMG_BREAK] rows between rows of merged patches included, within llama.cpp's own distance."""
+    model, mmproj, _ = files
+    rgb = image(*IMAGES[name], seed=len(name))
+    info = mtmd_run(model, mmproj, rgb, "<__media__>", tmp_path / "ref")
+    ref = np.load(tmp_path / "ref" / "embd.npy")
+    mtmd_run(model, mmproj, rgb, "<__media__>", tmp_path / "flash", "flash")
+    own = np.abs(np.load(tmp_path / "flash" / "embd.npy") - ref).max()
+    got, (nx, ny) = _encode(mmproj, rgb)
+    chunk = next(c for c in info["chunks"] if c["type"] == 1)  # type: ignore[attr-defined]
+    assert got.shape == ref.shape == (nx * ny + ny - 1, 64) and ny > 1
+    diff = np.abs(got - ref)
+    assert diff.max() <= own, (diff.max(), own)
+    assert np.median(diff) <= 1e-6  # most values agree to F32 rounding
+    # the [IMG_BREAK] rows: the file's embedding of that token, as it is
+    brk = got[nx :: nx + 1]
+    assert brk.shape[0] == ny - 1 and np.array_equal(brk, np.broadcast_to(brk[0], brk.shape))
+    assert chunk["n_tokens"] == chunk["n_pos"] == got.shape[0]
+
+
+def test_the_text_around_the_image_is_tokenized_as_libmtmd_does(files: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """No text before the image, "[IMG_END]" after it (each piece apart); the rows take a position each (no
+    M-RoPE) and the text after goes on where mtmd_helper_eval_chunks' n_past says."""
+    model, mmproj, repacked = files
+    rgb, text = image(30, 200, seed=3), "Look: <__media__> What is it?"
+    info = mtmd_run(model, mmproj, rgb, text, tmp_path)
+    chunks: list[dict[str, object]] = info["chunks"]  # type: ignore[assignment]
+    assert [c["type"] for c in chunks] == [0, 1, 0]
+    embd, (nx, ny) = _encode(mmproj, rgb)
+    s = Session(str(repacked), SessionOptions(kv_type="f32"), log=lambda line: None)
+    try:
+        ids, media = tokens(s.tokenizer, text, [(nx, ny, embd)], s.hp.n_embd, begin="", end="[IMG_END]", mrope=False)
+    finally:
+        s.close()
+    before, rows = chunks[0]["tokens"], int(chunks[1]["n_tokens"])  # type: ignore[call-overload]
+    assert ids == [*before, *[0] * rows, *chunks[2]["tokens"]]  # type: ignore[list-item, misc]
+    assert media.images[0].start == len(before) and media.images[0].rows == rows == nx * ny + ny - 1
+    np.testing.assert_array_equal(media.positions(0, len(ids)), np.arange(len(ids)))
+    assert info["n_past"] == len(ids)
+
+
+LOGITS = {  # (image, text)
+    "aligned-middle": ("aligned-64x48", "Describe <__media__> in one word."),
+    "wide-end": ("wide-200x30", "[INST]What is this? <__media__>"),
+}
+
+
+@pytest.mark.parametrize("case", LOGITS)
+def test_logits_with_an_image_match_llama_cpp(files: tuple[Path, Path, Path], tmp_path: Path, case: str) -> None:
+    """`tokenwing logits MODEL --mmproj P --image FILE --text T` against mtmd_helper_eval_chunks on the same
+    files: within llama.cpp's own distance when only its KV cache precision changes (F16 for F32)."""
+    model, mmproj, repacked = files
+    name, text = LOGITS[case]
+    rgb = image(*IMAGES[name], seed=7)
+    write_png(tmp_path / "image.png", rgb)
+    mtmd_run(model, mmproj, rgb, text, tmp_path / "ref")
+    mtmd_run(model, mmproj, rgb, text, tmp_path / "f16kv", "f16kv")
+    ref = np.load(tmp_path / "ref" / "logits.npy")
+    own = np.abs(np.load(tmp_path / "f16kv" / "logits.npy") - ref).max()
+    out = tmp_path / "ours.npy"
+    args = ["--mmproj", str(mmproj), "--image", str(tmp_path / "image.png"), "--text", text]
+    r = run_cli("logits", str(repacked), *args, "--out", str(out), "--kv-type", "f32")
+    assert r.returncode == 0, r.stderr
+    got = np.load(out)
+    assert got.shape == ref.shape == (1, 512)
+    assert np.abs(got - ref).max() <= own, (np.abs(got - ref).max(), own)
+
+
+def _image_then_step(
+    model: Path, mmproj: Path, rgb: np.ndarray, text: str, **options: object
+) -> tuple[np.ndarray, int]:
+    """The prompt's last logits and one greedy decode step's after it, in one session; and the expert slots a
+    layer had."""
+    s = Session(str(model), SessionOptions(kv_type="f32", **options), log=lambda line: None)  # type: ignore[arg-type]
+    try:
+        embd, (nx, ny) = _encode(mmproj, rgb)
+        ids, s.media = tokens(s.tokenizer, text, [(nx, ny, embd)], s.hp.n_embd, begin="", end="[IMG_END]", mrope=False)
+        first = s.forward(ids)
+        step = s.forward([int(first.argmax())])
+        return np.stack([first, step]), s.slots_per_layer
+    finally:
+        s.close()
+
+
+def test_a_decode_step_after_an_image_and_streamed_at_a_quarter(files: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """A decode step after the prompt with an image matches llama.cpp's (within its KV-precision distance), and
+    the same with 25 % of the expert bytes in RAM (lookahead 2) is bit-identical to every expert resident."""
+    model, mmproj, repacked = files
+    rgb, text = image(48, 64, seed=9), "Describe <__media__> now:"
+    mtmd_run(model, mmproj, rgb, text, tmp_path / "ref")
+    mtmd_run(model, mmproj, rgb, text, tmp_path / "f16kv", "f16kv")
+    ref = np.concatenate([np.load(tmp_path / "ref" / f) for f in ("logits.npy", "step.npy")])
+    own = np.concatenate([np.load(tmp_path / "f16kv" / f) for f in ("logits.npy", "step.npy")])
+    resident, slots = _image_then_step(repacked, mmproj, rgb, text)
+    assert np.abs(resident - ref).max() <= np.abs(own - ref).max(), (np.abs(resident - ref).max(axis=1), own)
+    with ModelFile.open(str(repacked)) as mf:
+        budget = mf.index.total_bytes // 4
+    streamed, streamed_slots = _image_then_step(repacked, mmproj, rgb, text, ram_budget=budget, lookahead=2)
+    assert streamed_slots < slots
+    assert np.array_equal(resident, streamed)
+
+
+def test_an_f16_mmproj_matches_llama_cpp(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    """Published mmproj files hold their matrices and convolution in F16 (`--type F16` writes them so; norms and
+    the [IMG_BREAK] row F32): the embeddings and the logits with the image within llama.cpp's own distances."""
+    model, mmproj, repacked = _files(tmp_path_factory.mktemp("pixtral-f16"), "--type", "F16")
+    rgb, text = image(37, 50, seed=11), "What is in <__media__>?"
+    mtmd_run(model, mmproj, rgb, text, tmp_path / "ref")
+    mtmd_run(model, mmproj, rgb, text, tmp_path / "flash", "flash")
+    mtmd_run(model, mmproj, rgb, text, tmp_path / "f16kv", "f16kv")
+    assert {t.type_name for t in read_header(str(mmproj)).tensors} == {"F16", "F32"}
+    ref = np.load(tmp_path / "ref" / "embd.npy")
+    got, _ = _encode(mmproj, rgb)
+    assert np.abs(got - ref).max() <= np.abs(np.load(tmp_path / "flash" / "embd.npy") - ref).max()
+    write_png(tmp_path / "image.png", rgb)
+    out = tmp_path / "ours.npy"
+    args = ["--mmproj", str(mmproj), "--image", str(tmp_path / "image.png"), "--text", text, "--kv-type", "f32"]
+    assert run_cli("logits", str(repacked), *args, "--out", str(out)).returncode == 0
+    ref_logits = np.load(tmp_path / "ref" / "logits.npy")
+    own = np.abs(np.load(tmp_path / "f16kv" / "logits.npy") - ref_logits).max()
+    assert np.abs(np.load(out) - ref_logits).max() <= own
+
+
+def test_an_encoder_for_another_family_is_one_line(
+    files: tuple[Path, Path, Path], tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """A Pixtral mmproj with a model of another family, and a Qwen3-VL mmproj with mistral4: exit 2, one line."""
+    _, mmproj, repacked = files
+    root = tmp_path_factory.mktemp("qwen-for-mistral")
+    other, qwen = root / "q.gguf", root / "q.mmproj.gguf"
+    assert run_cli("testmodel", str(other), "--arch", "qwen3vlmoe", "--mmproj", str(qwen), "-q").returncode == 0
+    assert run_cli("repack", str(other), "-o", str(other.with_suffix(".tw.gguf"))).returncode == 0
+    other = other.with_suffix(".tw.gguf")
+    write_png(tmp_path / "ok.png", image(48, 64, seed=1))
+    for model, proj in ((other, mmproj), (repacked, qwen)):
+        args = ["--mmproj", str(proj), "--image", str(tmp_path / "ok.png"), "--text", "<__media__>"]
+        r = run_cli("logits", str(model), *args, "--out", str(tmp_path / "x.npy"))
+        assert_clean_error(r, 2)
+        assert "encoder, for" in r.stderr, r.stderr
