@@ -28,8 +28,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from tokenwing.models.hparams import NgramKeys
+from tokenwing.models.qwen4exp import ple_heads, ple_table_rows
 from tokenwing.testmodel import preset_shape
-from tokenwing.testmodel.architectures import ple_heads, ple_table_rows
 from tokenwing.testmodel.corpus import CORPUS, MULTILINGUAL
 from tokenwing.testmodel.writer import model_metadata
 from tokenwing.text.tokenizer import tokenizer_from_metadata

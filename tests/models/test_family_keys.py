@@ -11,8 +11,9 @@ import pytest
 
 from tokenwing.errors import BadInputError
 from tokenwing.models import deepseek4
+from tokenwing.models.deepseek4 import dsv4_compress_ratios
 from tokenwing.models.hparams import read_hparams
-from tokenwing.testmodel.architectures import architecture, dsv4_compress_ratios
+from tokenwing.testmodel.architectures import architecture
 from tokenwing.testmodel.shapes import preset_shape
 
 SHAPE = preset_shape("tiny", "deepseek4")

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import ModelFactory, assert_clean_error, run_cli
+from tokenwing.models.deepseek4 import dsv4_compress_ratios
 from tokenwing.testmodel import preset_shape
-from tokenwing.testmodel.architectures import check_shape, dsv4_compress_ratios, n_params, tensor_specs
+from tokenwing.testmodel.architectures import check_shape, n_params, tensor_specs
 
 A = "deepseek4"
 # What llama.cpp's converter writes for DeepSeek V4 (conversion/deepseek.py and the base class), by key.

@@ -277,7 +277,7 @@ def test_hybrid_metadata_and_tensors(model_factory: ModelFactory, arch: str) -> 
 
 def test_ling_bench_preset() -> None:
     """Ling 3.0 Flash's pattern at ~4.4 GB: 512 experts top-8, MLA in every 6th layer, KDA in the others."""
-    from tokenwing.testmodel.architectures import ling_full_attention
+    from tokenwing.models.bailingmoe3 import ling_full_attention
 
     ling = preset_shape("ling-bench")
     check_shape(ling)

@@ -9,15 +9,9 @@ import gguf
 import pytest
 
 from tests.conftest import ModelFactory, assert_clean_error, run_cli
+from tokenwing.models.qwen4exp import ple_head_vocab_sizes, ple_multipliers, ple_table_rows
 from tokenwing.testmodel import preset_shape
-from tokenwing.testmodel.architectures import (
-    check_shape,
-    n_params,
-    ple_head_vocab_sizes,
-    ple_multipliers,
-    ple_table_rows,
-    tensor_specs,
-)
+from tokenwing.testmodel.architectures import check_shape, n_params, tensor_specs
 
 A = "qwen4exp"
 # What llama.cpp's converter writes for Qwen3.8 Flash Next (conversion/qwen4exp.py over Qwen3.5's), by key.

@@ -14,15 +14,61 @@ src/models/bailingmoe2.cpp; its keys are the shared ones `read_hparams` reads, n
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from tokenwing.errors import BadInputError
+from tokenwing.format.gguf_io import KV
 from tokenwing.models.base import MoEModel
+from tokenwing.models.factory import Factory, check_groups, common_kv, sigmoid_routed_kv
 from tokenwing.models.hparams import HParams
 from tokenwing.models.specs import Parts, TensorSpec
+
+if TYPE_CHECKING:  # (the factory's geometry: types only)
+    from tokenwing.testmodel.shapes import ModelShape
+
+
+
+def _kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes Ling 2.0 (BailingMoeV2Model): rotary dims, dense layers first, the shared
+    expert's width, routing (scale, norm, sigmoid, groups where set), the vocabulary size, the MTP block count."""
+    a = "bailingmoe2"
+    kv = common_kv(s, a)
+    kv.update(sigmoid_routed_kv(s, a))
+    kv[f"{a}.rope.dimension_count"] = KV.u32(s.rot)
+    kv[f"{a}.vocab_size"] = KV.u32(s.vocab_size)
+    # (per shared expert: llama.cpp multiplies it by expert_shared_count)
+    kv[f"{a}.expert_shared_feed_forward_length"] = KV.u32(s.n_ff_shexp)
+    if s.n_expert_group:
+        kv[f"{a}.expert_group_count"] = KV.u32(s.n_expert_group)
+        kv[f"{a}.expert_group_used_count"] = KV.u32(s.n_group_used)
+    kv[f"{a}.nextn_predict_layers"] = KV.u32(s.n_mtp)
+    return kv
+
+
+def _check(s: ModelShape) -> None:
+    """What llama.cpp's Ling 2.0 loader and graph take."""
+    if s.n_head * s.head_dim != s.n_embd:
+        raise ValueError("bailingmoe2's query heads fill the hidden size: --n-head x --head-dim must be --n-embd")
+    if s.q_lora_rank or s.kv_lora_rank or s.v_head_dim or s.legacy_kv_b:
+        raise ValueError("bailingmoe2 has no MLA ranks or head splits")
+    if not 0 < s.rot <= s.head_dim or s.rot % 2:
+        raise ValueError("bailingmoe2's --n-rot must be even, positive and at most --head-dim")
+    if s.n_shared_exp < 1:
+        raise ValueError("bailingmoe2 runs a shared expert in every MoE layer: --n-shared-exp must be at least 1")
+    if s.n_mtp > 1:
+        raise ValueError("llama.cpp's converter writes at most one next-token-prediction block: --n-mtp 0 or 1")
+    check_groups(s)
 
 
 class BailingMoE2(MoEModel):
     arch = "bailingmoe2"
+    factory = Factory(
+        "Ling 2.0: GQA from a fused QKV with q/k RMSNorm, partial RoPE, group-limited sigmoid router with "
+        "selection bias, shared expert",
+        _kv,
+        _check,
+        takes=frozenset({"n_dense_lead", "n_rot", "n_mtp", "n_expert_group", "n_group_used"}),
+    )
     qk_norm = True
     shared_experts = "required"  # (llama.cpp reads expert_shared_count as required and loads the shared tensors)
     routing_keys = True

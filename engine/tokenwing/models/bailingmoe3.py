@@ -17,21 +17,126 @@ next-token-prediction block is neither loaded nor run.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tokenwing.compute.ggml_lib import ROPE_NORM, Tensor, ops
 from tokenwing.errors import BadInputError
-from tokenwing.models import common, delta_net, mla
+from tokenwing.format.gguf_io import KV, ValueType
+from tokenwing.models import common, delta_net, mla, specs
+from tokenwing.models.bailingmoe2 import BailingMoE2
 from tokenwing.models.base import MoEModel, TensorCheck
+from tokenwing.models.deepseek2 import check_mla
+from tokenwing.models.factory import (
+    MLA_FIELDS,
+    Factory,
+    check_linear,
+    common_kv,
+    mla_kv,
+    shared_ff,
+    sigmoid_routed_kv,
+    yarn_kv,
+)
 from tokenwing.models.hparams import HParams
+from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
+
+if TYPE_CHECKING:  # (the factory's geometry: types only)
+    from tokenwing.testmodel.shapes import ModelShape
+
+
+def ling_full_attention(s: ModelShape, i: int) -> bool:
+    """Ling 3.0's layer pattern (llama.cpp's converter): MLA in each layer_group_size-th layer, in the layers after
+    the last whole group, and in the next-token-prediction blocks; KDA in the others."""
+    g = s.full_attention_interval
+    return i >= s.n_layer or (i + 1) % g == 0 or i >= s.n_layer // g * g
+
+
+def kda_tensors(s: ModelShape, i: int) -> list[TensorSpec]:
+    """A Kimi Delta Attention layer of Ling 3.0: q, k, v each with its own short convolution (4-D, as converted),
+    a per-channel decay gate (ssm_f_a, dt bias, ssm_a = exp(A_log)), β, and a sigmoid output gate (ssm_g_a)."""
+    e, d_inner = s.n_embd, s.ssm_d_state * s.n_head
+    out = [TensorSpec(f"blk.{i}.attn_norm.weight", (e,), "norm")]
+    for x in "qkv":
+        out.append(TensorSpec(f"blk.{i}.attn_{x}.weight", (e, d_inner), "matrix"))
+    for x in "qkv":
+        out.append(TensorSpec(f"blk.{i}.ssm_conv1d_{x}.weight", (s.ssm_d_conv, 1, d_inner, 1), "vector"))
+    return [
+        *out,
+        TensorSpec(f"blk.{i}.ssm_f_a.weight", (e, d_inner), "matrix"),
+        TensorSpec(f"blk.{i}.ssm_beta.weight", (e, s.n_head), "matrix"),
+        TensorSpec(f"blk.{i}.ssm_a", (1, s.n_head), "decay_pos"),
+        TensorSpec(f"blk.{i}.ssm_dt.bias", (d_inner,), "vector"),
+        TensorSpec(f"blk.{i}.ssm_g_a.weight", (e, d_inner), "matrix"),
+        TensorSpec(f"blk.{i}.ssm_norm.weight", (s.ssm_d_state,), "norm"),
+        TensorSpec(f"blk.{i}.attn_output.weight", (d_inner, e), "matrix"),
+    ]
+
+
+def _tensors(s: ModelShape, hp: HParams, parts: Parts) -> list[TensorSpec]:
+    """Ling 3.0: KDA and gated MLA layers, leading dense layers, a sigmoid router with a selection bias, routed
+    experts plus a shared expert; a next-token-prediction block (MLA + MoE) last."""
+    first, last = specs.head(hp)
+    unbiased = dataclasses.replace(parts, exp_bias=False)
+    layers: list[TensorSpec] = []
+    for i in range(s.n_block):
+        if ling_full_attention(s, i):
+            layers += [*mla.tensors(hp, i), TensorSpec(f"blk.{i}.attn_gate.weight", (s.n_embd, s.n_head), "matrix")]
+        else:
+            layers += kda_tensors(s, i)
+        if i < s.n_dense_lead:
+            layers += specs.dense(hp, i, s.n_ff_dense)
+        else:
+            layers += [*specs.routed(hp, i, unbiased), TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector")]
+            layers += specs.shared(hp, i, shared_ff(s), gated=False)
+        if i >= s.n_layer:
+            layers += BailingMoE2.mtp_tensors(hp, i)  # (Ling 2.0's family file lists them)
+    return first + layers + last
+
+
+def _kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes Ling 3.0: head_count_kv per block (0 in KDA layers), MLA's sizes, the KDA
+    keys, routing and, where set, SwiGLU limits per layer."""
+    a = "bailingmoe3"
+    kv = common_kv(s, a)
+    kv.update(sigmoid_routed_kv(s, a))
+    kv[f"{a}.expert_shared_feed_forward_length"] = KV.u32(shared_ff(s))
+    heads_kv = [1 if ling_full_attention(s, i) else 0 for i in range(s.n_block)]
+    kv[f"{a}.attention.head_count_kv"] = KV.array(ValueType.UINT32, heads_kv)
+    kv.update(mla_kv(s, a))
+    kv[f"{a}.ssm.conv_kernel"] = KV.u32(s.ssm_d_conv)
+    kv[f"{a}.kda.head_dim"] = KV.u32(s.ssm_d_state)
+    kv[f"{a}.kda.safe_gate"] = KV.boolean(True)
+    kv[f"{a}.kda.gate_lower_bound"] = KV.f32(s.kda_gate_lower_bound)
+    if s.swiglu_limit:
+        limits = [s.swiglu_limit if i == s.n_layer - 1 else 0.0 for i in range(s.n_block)]
+        kv[f"{a}.swiglu_clamp_exp"] = KV.array(ValueType.FLOAT32, limits)
+        kv[f"{a}.swiglu_clamp_shexp"] = KV.array(ValueType.FLOAT32, limits)
+    kv.update(yarn_kv(s, a))
+    if s.n_mtp:
+        kv[f"{a}.nextn_predict_layers"] = KV.u32(s.n_mtp)
+    return kv
+
+
+def _check(s: ModelShape) -> None:
+    check_mla(s)
+    check_linear(s)
+    if not s.kda_gate_lower_bound < 0:
+        raise ValueError("bailingmoe3's KDA gate lower bound must be negative")
 
 
 class BailingMoE3(MoEModel):
     arch = "bailingmoe3"
+    factory = Factory(
+        "Ling 3.0: KDA linear attention and gated MLA, sigmoid router with selection bias, shared expert",
+        _kv,
+        _check,
+        _tensors,
+        takes=MLA_FIELDS | {"n_dense_lead"},
+    )
     rope_mode = ROPE_NORM  # (files of the VL model carry rope sections: not run here)
     shared_experts = "required"
     routing_keys = True

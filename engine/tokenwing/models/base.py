@@ -15,6 +15,7 @@ import numpy as np
 from tokenwing.compute.ggml_lib import ROPE_NEOX, Tensor, ops
 from tokenwing.errors import BadInputError, UnsupportedError
 from tokenwing.models import common, specs
+from tokenwing.models.factory import Factory
 from tokenwing.models.hparams import HParams
 from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
@@ -119,6 +120,7 @@ class MoEModel:
     """
 
     arch: ClassVar[str]
+    factory: ClassVar[Factory]  # what the test-model factory makes of it: each family declares its own
     rope_mode: ClassVar[int] = ROPE_NEOX
     ffn_norm: ClassVar[str] = "ffn_norm"  # the norm before a layer's FFN and router
     qk_norm: ClassVar[bool | None] = False  # per-head q/k RMSNorm (None: where the file has it)

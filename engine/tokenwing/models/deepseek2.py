@@ -8,20 +8,100 @@ and scaled, leading dense layers and shared experts. The next-token-prediction b
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tokenwing.compute.ggml_lib import ROPE_NORM, Tensor, ops
+from tokenwing.format.gguf_io import KV
 from tokenwing.models import common, mla
 from tokenwing.models.base import MoEModel
+from tokenwing.models.factory import MLA_FIELDS, Factory, check_groups, common_kv, mla_kv, sigmoid_routed_kv, yarn_kv
 from tokenwing.models.hparams import HParams
 from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
 
+if TYPE_CHECKING:  # (the factory's geometry: types only)
+    from tokenwing.testmodel.shapes import ModelShape
+
+
+def deepseek2_kv(s: ModelShape) -> dict[str, KV]:
+    """DeepSeek-V3's keys: with the split attn_k_b/attn_v_b, MLA is MQA over the latent (one KV head of
+    kv_lora_rank + rope dims) and the per-head sizes move to *_mla; older files describe the MHA form."""
+    a = "deepseek2"
+    kv = common_kv(s, a)
+    if s.legacy_kv_b:
+        kv[f"{a}.attention.head_count_kv"] = KV.u32(s.n_head)
+        kv[f"{a}.attention.value_length"] = KV.u32(s.v_dim)
+    else:
+        kv[f"{a}.attention.head_count_kv"] = KV.u32(1)
+    kv.update(mla_kv(s, a))
+    kv.update(sigmoid_routed_kv(s, a))
+    kv.update(yarn_kv(s, a))
+    if s.yarn_factor:
+        kv[f"{a}.rope.scaling.yarn_log_multiplier"] = KV.f32(s.yarn_log_mul)
+    if s.n_mtp:
+        kv[f"{a}.nextn_predict_layers"] = KV.u32(s.n_mtp)
+    return kv
+
+
+# Layer counts for which llama.cpp's deepseek2 loader assumes a "lite" model (DeepSeek-V2-Lite and kin) and does
+# not read q_lora_rank: with a q_lora_rank it would look for attn_q; without one, other counts fail to load.
+_LITE_LAYERS = (26, 27)
+
+
+def _is_lite(s: ModelShape) -> bool:
+    return s.n_layer in _LITE_LAYERS or (s.n_layer == 48 and s.vocab_size == 128256)
+
+
+def check_mla(s: ModelShape, shared_required: bool = True, lite: bool = False) -> None:
+    """What llama.cpp takes of MLA (the families built on deepseek2's loader): its ranks, its rope dims, a shared
+    expert (where `shared_required`), one MTP block at most, the lite models' layer counts (where `lite`: loaded
+    by deepseek2's rules), routing groups."""
+    if s.kv_lora_rank <= 0:
+        raise ValueError(f"{s.arch} needs --kv-lora-rank")
+    if not 0 < s.rot < s.head_dim or s.rot % 2:
+        raise ValueError(f"{s.arch}'s --n-rot (qk_rope_head_dim) must be even, positive and below --head-dim")
+    if s.n_shared_exp < 1 and shared_required:
+        raise ValueError(f"{s.arch} runs a shared expert in every MoE layer: --n-shared-exp must be at least 1")
+    if s.n_mtp > 1:
+        raise ValueError("llama.cpp's converter writes one next-token-prediction block: --n-mtp must be 0 or 1")
+    if lite:
+        _check_lite(s)
+    check_groups(s)
+
+
+def _check_lite(s: ModelShape) -> None:
+    if s.q_lora_rank and _is_lite(s):
+        raise ValueError(
+            f"llama.cpp reads a {s.n_layer}-layer deepseek2 as a lite model without q_lora_rank: "
+            "choose another --n-layer or --q-lora-rank 0"
+        )
+    if not s.q_lora_rank and not _is_lite(s):
+        raise ValueError(
+            "llama.cpp loads deepseek2 without q_lora_rank (DeepSeek-V2-Lite's plain attn_q) only with "
+            f"{' or '.join(map(str, _LITE_LAYERS))} layers: set --n-layer accordingly or give --q-lora-rank"
+        )
+
+
+def check_deepseek2(s: ModelShape) -> None:
+    """deepseek2's loader's rules (mistral4's too)."""
+    check_mla(s, lite=True)
+
+
+# The shape's fields deepseek2's loader reads (mistral4's too).
+DEEPSEEK2_FIELDS = MLA_FIELDS | {"n_dense_lead", "legacy_kv_b"}
+
 
 class DeepSeek2(MoEModel):
     arch = "deepseek2"
+    factory = Factory(
+        "DeepSeek-V3 / Kimi K2: MLA, YaRN, group-limited sigmoid router with selection bias, shared expert",
+        deepseek2_kv,
+        check_deepseek2,
+        takes=DEEPSEEK2_FIELDS,
+        odd_head_dim=True,
+    )
     shared_experts = "required"
     normalize_weights = False  # llama.cpp's default where the file has no expert_weights_norm
     routing_keys = True

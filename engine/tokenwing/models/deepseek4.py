@@ -28,21 +28,28 @@ ops on the same rows then, so the same bits as a graph built for the position.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tokenwing.compute.ggml_lib import F16, F32, I32, ROPE_NORM, Tensor, ops, to_numpy
 from tokenwing.errors import BadInputError, UnsupportedError
-from tokenwing.models import common
+from tokenwing.format.gguf_io import KV, ValueType
+from tokenwing.models import common, specs
 from tokenwing.models.base import MoEModel, TensorCheck
+from tokenwing.models.factory import Factory, common_kv, yarn_kv
 from tokenwing.models.hparams import HParams
-from tokenwing.models.keys import Key, read_keys
+from tokenwing.models.keys import Key, read_keys, write_keys
+from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
+
+if TYPE_CHECKING:  # (the factory's geometry: types only)
+    from tokenwing.testmodel.shapes import ModelShape
 
 CSA, HCA = 4, 128  # the compression ratios llama.cpp runs (0: the window only)
 RING_TOKENS = 512  # the most tokens a graph may hold beside the window in the raw keys' ring (llama.cpp's n_ubatch)
@@ -127,8 +134,164 @@ def blocks(n_ctx: int, ratio: int) -> int:
     return n_ctx // ratio
 
 
+def dsv4_compress_ratios(s: ModelShape) -> tuple[int, ...]:
+    """Each layer's KV compression: `s.compress_ratios`, or DeepSeek V4's pattern (two window-only layers, then CSA
+    (4) and HCA (128) in turn; fewer window-only layers in a model too short for all three kinds)."""
+    if s.compress_ratios:
+        return s.compress_ratios
+    lead = 2 if s.n_layer >= 4 else 1 if s.n_layer == 3 else 0
+    return tuple(0 if i < lead else (4, 128)[(i - lead) % 2] for i in range(s.n_layer))
+
+
+def _attention_tensors(s: ModelShape, i: int, ratio: int) -> list[TensorSpec]:
+    """DeepSeek V4's attention (llama.cpp's names): a low-rank query, one shared key/value head, per-head sinks, an
+    output projection in o_group_count groups of rank o_lora_rank (attn_output_a as converted: 2-D, llama.cpp
+    makes it 3-D); a compressing layer adds its compressor (the CSA layers' (ratio 4) state is twice as wide: two
+    overlapping windows) and a CSA layer the lightning indexer with its own compressor."""
+    e, hd, q_rank = s.n_embd, s.head_dim, s.q_lora_rank
+    out = [
+        TensorSpec(f"blk.{i}.attn_norm.weight", (e,), "norm"),
+        TensorSpec(f"blk.{i}.attn_sinks.weight", (s.n_head,), "vector"),
+        TensorSpec(f"blk.{i}.attn_q_a.weight", (e, q_rank), "matrix"),
+        TensorSpec(f"blk.{i}.attn_q_a_norm.weight", (q_rank,), "norm"),
+        TensorSpec(f"blk.{i}.attn_q_b.weight", (q_rank, s.n_head * hd), "matrix"),
+        TensorSpec(f"blk.{i}.attn_kv.weight", (e, hd), "matrix"),
+        TensorSpec(f"blk.{i}.attn_kv_a_norm.weight", (hd,), "norm"),
+        TensorSpec(
+            f"blk.{i}.attn_output_a.weight",
+            (s.n_head * hd // s.o_group_count, s.o_lora_rank * s.o_group_count),
+            "matrix",
+        ),
+        TensorSpec(f"blk.{i}.attn_output_b.weight", (s.o_group_count * s.o_lora_rank, e), "matrix"),
+    ]
+    if ratio:
+        width = (2 if ratio == 4 else 1) * hd
+        out += [
+            TensorSpec(f"blk.{i}.attn_compressor_kv.weight", (e, width), "matrix"),
+            TensorSpec(f"blk.{i}.attn_compressor_gate.weight", (e, width), "matrix"),
+            TensorSpec(f"blk.{i}.attn_compressor_ape.weight", (width, ratio), "vector"),
+            TensorSpec(f"blk.{i}.attn_compressor_norm.weight", (hd,), "norm"),
+        ]
+    if ratio == 4:
+        idx = s.indexer_head_size
+        out += [
+            TensorSpec(f"blk.{i}.indexer.proj.weight", (e, s.indexer_n_head), "matrix"),
+            TensorSpec(f"blk.{i}.indexer.attn_q_b.weight", (q_rank, s.indexer_n_head * idx), "matrix"),
+            TensorSpec(f"blk.{i}.indexer_compressor_kv.weight", (e, 2 * idx), "matrix"),
+            TensorSpec(f"blk.{i}.indexer_compressor_gate.weight", (e, 2 * idx), "matrix"),
+            TensorSpec(f"blk.{i}.indexer_compressor_ape.weight", (2 * idx, ratio), "vector"),
+            TensorSpec(f"blk.{i}.indexer_compressor_norm.weight", (idx,), "norm"),
+        ]
+    return out
+
+
+def _hyper_connections(s: ModelShape, prefix: str, n_mix: int, n_scale: int) -> list[TensorSpec]:
+    return [
+        TensorSpec(f"{prefix}_fn.weight", (s.hc_mult * s.n_embd, n_mix), "mixer"),
+        TensorSpec(f"{prefix}_base.weight", (n_mix,), "vector"),
+        TensorSpec(f"{prefix}_scale.weight", (n_scale,), "vector"),
+    ]
+
+
+def _tensors(s: ModelShape, hp: HParams, parts: Parts) -> list[TensorSpec]:
+    """DeepSeek V4: hc_mult residual streams mixed around each attention and FFN (per sublayer: a pre weight per
+    stream, a post weight per stream and a stream-to-stream matrix, (2 + hc) * hc mixes), compressed sparse
+    attention, a sqrt-softplus router with a selection bias (the hash layers: a token-id table instead), routed
+    plus shared experts; the streams are merged for the head by their own mixes. No MTP block: the converter
+    writes it to a file of its own."""
+    first, last = specs.head(hp)
+    unbiased = dataclasses.replace(parts, exp_bias=False)
+    hc = s.hc_mult
+    layers: list[TensorSpec] = []
+    for i, ratio in enumerate(dsv4_compress_ratios(s)):
+        layers += _attention_tensors(s, i, ratio)
+        layers += _hyper_connections(s, f"blk.{i}.hc_attn", (2 + hc) * hc, 3)
+        layers += _hyper_connections(s, f"blk.{i}.hc_ffn", (2 + hc) * hc, 3)
+        layers += specs.routed(hp, i, unbiased)
+        if i < s.hash_layer_count:
+            ids = TensorSpec(f"blk.{i}.ffn_gate_tid2eid.weight", (s.n_expert_used, s.vocab_size), "expert_ids")
+            layers.append(dataclasses.replace(ids, id_range=s.n_expert))
+        else:
+            layers.append(TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector"))
+        layers += specs.shared(hp, i, s.n_ff_exp * s.n_shared_exp, gated=False)
+    return first + layers + last + _hyper_connections(s, "output_hc", hc, 1)
+
+
+def _kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes DeepSeek V4: MQA over one KV head of head_dim, sqrt-softplus routing
+    (gating func 4), SwiGLU limits per layer, the compression ratios (one more than the blocks: the config lists
+    its MTP block's too, written here as 0), the indexer, output groups, hyper-connections and hash layers."""
+    a = "deepseek4"
+    kv = common_kv(s, a)
+    kv[f"{a}.vocab_size"] = KV.u32(s.vocab_size)
+    kv[f"{a}.rope.dimension_count"] = KV.u32(s.rot)
+    kv[f"{a}.attention.q_lora_rank"] = KV.u32(s.q_lora_rank)
+    kv[f"{a}.attention.sliding_window"] = KV.u32(s.sliding_window)
+    kv[f"{a}.expert_gating_func"] = KV.u32(4)  # sqrtsoftplus
+    kv[f"{a}.expert_shared_count"] = KV.u32(s.n_shared_exp)
+    kv[f"{a}.expert_weights_scale"] = KV.f32(s.expert_weights_scale)
+    kv[f"{a}.expert_weights_norm"] = KV.boolean(True)
+    kv[f"{a}.swiglu_clamp_exp"] = KV.array(ValueType.FLOAT32, [s.swiglu_limit] * s.n_layer)
+    kv[f"{a}.swiglu_clamp_shexp"] = KV.array(ValueType.FLOAT32, [s.swiglu_limit] * s.n_layer)
+    # the family's own keys (KEYS), from the shape's fields of the same names
+    own = {field: getattr(s, field) for field in KEYS}
+    kv.update(write_keys(KEYS, a, {**own, "compress_ratios": [*dsv4_compress_ratios(s), 0]}))
+    kv[f"{a}.embedding_length_out"] = KV.u32(s.hc_mult * s.n_embd)
+    kv.update(yarn_kv(s, a))
+    return kv
+
+
+def _check(s: ModelShape) -> None:
+    """What llama.cpp's DeepSeek V4 loader and graph take (it throws, asserts or misreads on the rest)."""
+    if s.hc_mult != 4:
+        raise ValueError("llama.cpp's deepseek4 graph mixes exactly 4 hyper-connection streams: --hc-mult must be 4")
+    if s.hc_sinkhorn_iters < 1 or s.hc_eps <= 0:
+        raise ValueError("--hc-sinkhorn-iters must be at least 1 and --hc-eps positive")
+    if s.n_head_kv != 1:
+        raise ValueError("deepseek4 attends with one key/value head shared by all query heads: --n-head-kv 1")
+    if s.q_lora_rank <= 0 or s.kv_lora_rank or s.legacy_kv_b or s.v_head_dim not in (0, s.head_dim):
+        raise ValueError("deepseek4 needs --q-lora-rank and keeps its keys as values (no kv rank or value head size)")
+    if not 0 < s.rot <= min(s.head_dim, s.indexer_head_size) or s.rot % 2:
+        raise ValueError("deepseek4's --n-rot must be even, positive and at most --head-dim and --indexer-head-size")
+    if s.indexer_n_head < 1 or s.indexer_top_k < 1 or s.indexer_head_size % 64:
+        raise ValueError(
+            "the indexer needs heads and a top-k, and --indexer-head-size a multiple of 64 (llama.cpp rotates its "
+            "keys by a Hadamard matrix of 64 or more)"
+        )
+    if s.o_group_count < 1 or s.o_lora_rank < 1 or s.n_head % s.o_group_count:
+        raise ValueError("--n-head must be a multiple of --o-group-count, and --o-lora-rank positive")
+    ratios = dsv4_compress_ratios(s)
+    if len(ratios) != s.n_layer or not set(ratios) <= {0, 4, 128}:
+        raise ValueError("--compress-ratios needs one ratio per layer, each 0, 4 or 128 (llama.cpp's only ratios)")
+    if 4 not in ratios:
+        # llama.cpp sizes the indexer's Hadamard rotation from its cache's head size, 0 without a CSA layer, and
+        # dies dividing by it (SIGFPE while creating the context)
+        raise ValueError("deepseek4 needs at least one CSA layer (compress ratio 4) for llama.cpp to load it")
+    if not 0 <= s.hash_layer_count <= s.n_layer:
+        raise ValueError("--hash-layer-count must be between 0 and --n-layer")
+    if s.n_shared_exp < 1 or s.n_mtp or s.n_expert_group or s.n_group_used:
+        raise ValueError(
+            "deepseek4 runs one shared expert in every layer (--n-shared-exp 1 or more), routes without expert "
+            "groups, and its MTP block is a file of its own (--n-mtp 0)"
+        )
+    if s.sliding_window < 1 or s.swiglu_limit < 0:
+        raise ValueError("deepseek4 needs a positive --sliding-window and a --swiglu-limit of 0 (none) or more")
+
+
 class DeepSeek4(MoEModel):
     arch = "deepseek4"
+    factory = Factory(
+        "DeepSeek V4: hyper-connections, compressed sparse attention with a lightning indexer, grouped output, "
+        "hash-routed first layers, sqrt-softplus router, clamped SwiGLU",
+        _kv,
+        _check,
+        _tensors,
+        takes=frozenset(
+            {"q_lora_rank", "n_rot", "v_head_dim", "hc_mult", "hc_sinkhorn_iters", "hc_eps", "compress_ratios"}
+            | {"compress_rope_base", "o_group_count", "o_lora_rank", "hash_layer_count"}
+            | {"indexer_n_head", "indexer_head_size", "indexer_top_k"}
+        ),
+    )
     rope_mode = ROPE_NORM
     shared_experts = "required"
     graph_nodes = 400  # (measured: ~160-250 a layer, a CSA layer's compressors and indexer the most)

@@ -21,18 +21,23 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tokenwing.compute.ggml_lib import ROPE_NEOX, Tensor, ops
 from tokenwing.errors import BadInputError, UnsupportedError
+from tokenwing.format.gguf_io import KV, ValueType
 from tokenwing.models import common, specs
 from tokenwing.models.base import MoEModel, TensorCheck
+from tokenwing.models.factory import Factory, common_kv, gate_up
 from tokenwing.models.hparams import HParams
-from tokenwing.models.keys import Key, read_keys
+from tokenwing.models.keys import Key, read_keys, write_keys
 from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
+
+if TYPE_CHECKING:  # (the factory's geometry: types only)
+    from tokenwing.testmodel.shapes import ModelShape
 
 
 @dataclass(frozen=True)
@@ -94,8 +99,42 @@ def keys(hp: HParams, where: str = "the model") -> Keys:
     return out
 
 
+
+def _kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes Gemma 4 (Gemma4Model): the full layers' head size as key_length and the
+    sliding-window layers' as key_length_swa, KV heads and the window pattern per layer, both rotary counts (the
+    full layers' whole head: rope_freqs leaves pairs unrotated), both rope bases, the soft-cap, the dense FFN's
+    width, and no per-layer embeddings or shared KV layers (26B-A4B)."""
+    a = "gemma4"
+    kv = common_kv(s, a)
+    full = [(i + 1) % s.full_attention_interval == 0 for i in range(s.n_block)]
+    hd_full, kv_full = s.head_dim_full or 2 * s.head_dim, s.head_kv_full or max(1, s.n_head_kv // 2)
+    kv[f"{a}.attention.key_length"] = KV.u32(hd_full)
+    kv[f"{a}.attention.value_length"] = KV.u32(hd_full)
+    kv[f"{a}.attention.head_count_kv"] = KV.array(ValueType.UINT32, [kv_full if f else s.n_head_kv for f in full])
+    kv[f"{a}.attention.sliding_window_pattern"] = KV.array(ValueType.BOOL, [not f for f in full])
+    kv[f"{a}.attention.sliding_window"] = KV.u32(s.sliding_window)
+    kv[f"{a}.rope.dimension_count"] = KV.u32(hd_full)
+    kv[f"{a}.feed_forward_length"] = KV.u32(s.n_ff_dense)
+    own = {"head_dim_swa": s.head_dim, "head_dim_v_swa": s.head_dim, "n_rot_swa": s.rot, "rope_base_swa": 10000.0}
+    own |= {"softcap": 30.0, "n_embd_per_layer": 0, "shared_kv_layers": 0}
+    return kv | write_keys(KEYS, a, own)
+
+
+def _tensors(s: ModelShape, hp: HParams, parts: Parts) -> list[TensorSpec]:
+    """The family's list, its gate and up experts fused where the shape says (`gate_up`)."""
+    return gate_up(s, Gemma4.tensors(hp, parts))
+
+
 class Gemma4(MoEModel):
     arch = "gemma4"
+    factory = Factory(
+        "Gemma 4 (26B-A4B): sliding-window and full layers of their own head sizes, per-layer norms, a dense GELU "
+        "FFN beside GELU experts, logit soft-capping",
+        _kv,
+        tensors=_tensors,
+        takes=frozenset({"n_dense_lead", "n_rot", "fused_gate_up"}),
+    )
     rope_mode = ROPE_NEOX
     normalize_weights = True  # (llama.cpp's gemma4 graph: softmax, weights normalised, scale 1)
 

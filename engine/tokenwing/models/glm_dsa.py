@@ -21,18 +21,23 @@ dense layers. The next-token-prediction block is neither loaded nor run.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tokenwing.compute.ggml_lib import F16, F32, I32, ROPE_NORM, Tensor, TensorArena, ops
 from tokenwing.errors import BadInputError
+from tokenwing.format.gguf_io import KV, ValueType
 from tokenwing.models import common, mla
 from tokenwing.models.base import MoEModel
-from tokenwing.models.deepseek2 import DeepSeek2
+from tokenwing.models.deepseek2 import DeepSeek2, check_mla
+from tokenwing.models.factory import MLA_FIELDS, Factory, common_kv, mla_kv, sigmoid_routed_kv
 from tokenwing.models.hparams import HParams
 from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
+
+if TYPE_CHECKING:  # (the factory's geometry: types only)
+    from tokenwing.testmodel.shapes import ModelShape
 
 # GLM-5.2's indexer types where the file has no key and its context is a million tokens or more (llama.cpp's
 # GLM_5_2_DEFAULT_INDEXER_TYPES, glm-dsa.cpp:6-27): layers 0 and 1, then every fourth from 2, run their own
@@ -57,8 +62,58 @@ def hadamard(n: int) -> np.ndarray:
     return h
 
 
+def _kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes GLM-5: DeepSeek-V2's keys (MLA as MQA over the latent, the sigmoid router,
+    dense layers first), no rope scaling, the indexer's heads, head size and top-k, and GLM-5.2's per-layer
+    indexer types (BOOL, one per block that runs) where the shape has them."""
+    a = "glm-dsa"
+    kv = common_kv(s, a)
+    kv[f"{a}.attention.head_count_kv"] = KV.u32(1)
+    kv.update(mla_kv(s, a))
+    kv.update(sigmoid_routed_kv(s, a))
+    kv[f"{a}.attention.indexer.head_count"] = KV.u32(s.indexer_n_head)
+    kv[f"{a}.attention.indexer.key_length"] = KV.u32(s.indexer_head_size)
+    kv[f"{a}.attention.indexer.top_k"] = KV.u32(s.indexer_top_k)
+    if s.indexer_types:
+        kv[f"{a}.attention.indexer.types"] = KV.array(ValueType.BOOL, [bool(t) for t in s.indexer_types])
+    if s.n_mtp:
+        kv[f"{a}.nextn_predict_layers"] = KV.u32(s.n_mtp)
+    return kv
+
+
+def _check(s: ModelShape) -> None:
+    """What llama.cpp's GLM-5 loader and graph take (it throws or asserts on the rest)."""
+    check_mla(s)
+    if s.q_lora_rank <= 0 or s.legacy_kv_b or s.n_head_kv != 1:
+        raise ValueError(
+            "glm-dsa needs --q-lora-rank (the indexer's query comes from it), MLA's split attn_k_b/"
+            "attn_v_b and one KV head (--n-head-kv 1)"
+        )
+    di = s.indexer_head_size
+    if s.indexer_n_head < 1 or s.indexer_top_k < 1 or di < 64 or di & (di - 1):
+        raise ValueError(
+            "the indexer needs heads, a top-k and --indexer-head-size a power of two of 64 or more (llama.cpp "
+            "multiplies its q and k by a Hadamard matrix of that width)"
+        )
+    if s.rot > di:
+        raise ValueError("--n-rot must be at most --indexer-head-size (the indexer's head is [rope | nope])")
+    if s.n_expert_group or s.n_group_used or s.yarn_factor:
+        raise ValueError("llama.cpp's glm-dsa reads no expert groups and no YaRN keys")
+    if s.indexer_types and (len(s.indexer_types) != s.n_layer or not set(s.indexer_types) <= {0, 1}):
+        raise ValueError("--indexer-types needs one 0 or 1 per layer (1: the layer runs its own indexer)")
+    if s.indexer_types and not s.indexer_types[0]:
+        raise ValueError("layer 0 must run its own indexer (a shared layer reuses an earlier layer's top-k)")
+
+
 class GlmDsa(MoEModel):
     arch = "glm-dsa"
+    factory = Factory(
+        "GLM-5 / GLM-5.2: MLA whose keys a lightning indexer picks (top-k tokens per query, shared across layers "
+        "in GLM-5.2), sigmoid router with selection bias, shared expert",
+        _kv,
+        _check,
+        takes=MLA_FIELDS | {"n_dense_lead", "indexer_n_head", "indexer_head_size", "indexer_top_k", "indexer_types"},
+    )
     shared_experts = "required"
     shared_as_experts = True
     sigmoid_router = True  # llama.cpp's default for glm-dsa where the file has no expert_gating_func

@@ -12,19 +12,42 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenwing.compute.ggml_lib import ROPE_NEOX, Tensor, ops
 from tokenwing.errors import BadInputError
+from tokenwing.format.gguf_io import KV
 from tokenwing.models import common
 from tokenwing.models.base import MoEModel
+from tokenwing.models.factory import Factory, common_kv, yarn_kv
 from tokenwing.models.hparams import HParams
 from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
 
+if TYPE_CHECKING:  # (the factory's geometry: types only)
+    from tokenwing.testmodel.shapes import ModelShape
+
+
+
+def _kv(s: ModelShape) -> dict[str, KV]:
+    a = "gpt-oss"
+    kv = common_kv(s, a)
+    kv[f"{a}.feed_forward_length"] = KV.u32(s.n_ff_exp)
+    kv[f"{a}.attention.sliding_window"] = KV.u32(s.sliding_window)
+    kv.update(yarn_kv(s, a))
+    return kv
+
+
+def _check(s: ModelShape) -> None:
+    if s.sliding_window <= 0:
+        raise ValueError("--sliding-window must be positive")
+
 
 class GptOss(MoEModel):
     arch = "gpt-oss"
+    factory = Factory(
+        "gpt-oss: attention sinks, alternating sliding-window layers, YaRN, biases, swiglu_oai experts", _kv, _check
+    )
     rope_mode = ROPE_NEOX
     ffn_norm = "post_attention_norm"
     qkv_bias = True

@@ -24,21 +24,131 @@ layer's latent and rope key.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tokenwing.compute.ggml_lib import F32, Tensor, ops
 from tokenwing.errors import BadInputError
-from tokenwing.models import common, delta_net, mla
-from tokenwing.models.bailingmoe3 import BailingMoE3
+from tokenwing.format.gguf_io import KV, ValueType
+from tokenwing.models import common, delta_net, mla, specs
+from tokenwing.models.bailingmoe3 import BailingMoE3, kda_tensors, ling_full_attention
 from tokenwing.models.base import TensorCheck
+from tokenwing.models.deepseek2 import check_mla
+from tokenwing.models.factory import MLA_FIELDS, Factory, common_kv, mla_kv, sigmoid_routed_kv
 from tokenwing.models.hparams import HParams
+from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
+
+if TYPE_CHECKING:  # (the factory's geometry: types only)
+    from tokenwing.testmodel.shapes import ModelShape
+
+
+def _kda(s: ModelShape, i: int) -> list[TensorSpec]:
+    """A KDA layer of Kimi K3: Ling's projections and convolutions, the decay gate through a low-rank pair
+    (ssm_f_a → ssm_f_b), ssm_a as -exp(A_log) over the heads (1-D), and a full-rank output gate (ssm_g)."""
+    e, hd = s.n_embd, s.ssm_d_state
+    d_inner = hd * s.n_head
+    kda = [t for t in kda_tensors(s, i) if t.name.split(".")[2] not in ("ssm_f_a", "ssm_a", "ssm_g_a")]
+    return [
+        *kda,
+        TensorSpec(f"blk.{i}.ssm_f_a.weight", (e, hd), "matrix"),
+        TensorSpec(f"blk.{i}.ssm_f_b.weight", (hd, d_inner), "matrix"),
+        TensorSpec(f"blk.{i}.ssm_a", (s.n_head,), "decay_neg"),
+        TensorSpec(f"blk.{i}.ssm_g.weight", (e, d_inner), "matrix"),
+    ]
+
+
+def _tensors(s: ModelShape, hp: HParams, parts: Parts) -> list[TensorSpec]:
+    """Kimi K3: KDA and gated nope-only MLA, the residual's score vectors, leading dense layers, a latent MoE
+    (routed experts at n_expert_latent between ffn_routed_down and ffn_routed_norm/ffn_routed_up) with a sigmoid
+    router and selection bias on the full width, a shared expert, an output head of its own."""
+    first, last = specs.head(hp)
+    e, latent = s.n_embd, s.n_expert_latent or s.n_embd
+    layers: list[TensorSpec] = []
+    for i in range(s.n_layer):
+        if ling_full_attention(s, i):
+            gate = TensorSpec(f"blk.{i}.attn_gate.weight", (e, s.n_head * s.v_dim), "matrix")
+            layers += [*mla.tensors(hp, i), gate]
+        else:
+            layers += _kda(s, i)
+        if s.attn_res_block:
+            layers += [
+                TensorSpec(f"blk.{i}.attn_res_score.weight", (e,), "vector"),
+                TensorSpec(f"blk.{i}.ffn_res_score.weight", (e,), "vector"),
+            ]
+        if i < s.n_dense_lead:
+            layers += specs.dense(hp, i, s.n_ff_dense)
+            continue
+        layers += [
+            TensorSpec(f"blk.{i}.ffn_norm.weight", (e,), "norm"),
+            TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (e, s.n_expert), "router"),
+            TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector"),
+            TensorSpec(f"blk.{i}.ffn_gate_exps.weight", (latent, s.n_ff_exp, s.n_expert), "expert"),
+            TensorSpec(f"blk.{i}.ffn_up_exps.weight", (latent, s.n_ff_exp, s.n_expert), "expert"),
+            TensorSpec(f"blk.{i}.ffn_down_exps.weight", (s.n_ff_exp, latent, s.n_expert), "expert"),
+        ]
+        if s.n_expert_latent:
+            layers += [
+                TensorSpec(f"blk.{i}.ffn_routed_down.weight", (e, latent), "matrix"),
+                TensorSpec(f"blk.{i}.ffn_routed_norm.weight", (latent,), "norm"),
+                TensorSpec(f"blk.{i}.ffn_routed_up.weight", (latent, e), "matrix"),
+            ]
+        if s.n_shared_exp:
+            layers += specs.shared(hp, i, s.n_ff_exp * s.n_shared_exp, gated=False)
+    if s.attn_res_block:
+        last.append(TensorSpec("output_res_score.weight", (e,), "vector"))
+    return first + layers + last
+
+
+def _kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes Kimi K3: head_count_kv per block (1 in MLA layers, 0 in KDA ones), MLA's
+    sizes, the KDA keys (a lower bound only where set), routing, the latent width, the residual's block size and
+    SiTU's betas."""
+    a = "kimi-k3"
+    kv = common_kv(s, a)
+    kv.update(sigmoid_routed_kv(s, a))
+    kv[f"{a}.attention.head_count_kv"] = KV.array(
+        ValueType.UINT32, [1 if ling_full_attention(s, i) else 0 for i in range(s.n_layer)]
+    )
+    kv.update(mla_kv(s, a))
+    kv[f"{a}.ssm.conv_kernel"] = KV.u32(s.ssm_d_conv)
+    kv[f"{a}.kda.head_dim"] = KV.u32(s.ssm_d_state)
+    if math.isfinite(s.kda_gate_lower_bound):
+        kv[f"{a}.kda.gate_lower_bound"] = KV.f32(s.kda_gate_lower_bound)
+    if s.n_expert_latent:
+        kv[f"{a}.expert_latent_length"] = KV.u32(s.n_expert_latent)
+    kv[f"{a}.attn_res.block_size"] = KV.u32(s.attn_res_block)
+    kv[f"{a}.activation.situ_beta"] = KV.f32(s.situ_beta)
+    kv[f"{a}.activation.situ_linear_beta"] = KV.f32(s.situ_linear_beta)
+    return kv
+
+
+def _check(s: ModelShape) -> None:
+    """What llama.cpp's Kimi K3 loader and graph take."""
+    check_mla(s, shared_required=False)  # (its shared expert is optional)
+    if s.ssm_d_conv < 2 or s.ssm_d_state < 1 or s.full_attention_interval < 1:
+        raise ValueError("KDA needs a convolution of 2 or more, a positive head size and a full-attention interval")
+    if s.situ_beta <= 0 or s.situ_linear_beta < 0 or s.attn_res_block < 0 or s.n_expert_latent < 0:
+        raise ValueError(
+            "--situ-beta must be positive; --situ-linear-beta, the block size and latent width not negative"
+        )
+    if s.kda_gate_lower_bound >= 0:
+        raise ValueError("the KDA gate's lower bound must be negative (-inf: none, kimi-linear's softplus gate)")
+    if s.n_mtp or s.n_expert_group or s.legacy_kv_b:
+        raise ValueError("kimi-k3 has no next-token-prediction block, expert groups or combined attn_kv_b")
 
 
 class KimiK3(BailingMoE3):
     arch = "kimi-k3"
+    factory = Factory(
+        "Kimi K3: KDA and gated nope-only MLA, cross-layer residual mixing, a latent MoE with a sigmoid router "
+        "and selection bias, SiTU",
+        _kv,
+        _check,
+        _tensors,
+        takes=MLA_FIELDS | {"n_dense_lead", "n_expert_latent", "attn_res_block", "situ_beta", "situ_linear_beta"},
+    )
     shared_experts = "optional"
 
     def __init__(self, hp: HParams, weights: ModelWeights, streamed: list[int]) -> None:

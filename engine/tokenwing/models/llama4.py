@@ -20,19 +20,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tokenwing.compute.ggml_lib import F32, I32, ROPE_NORM, Tensor, ops
 from tokenwing.errors import BadInputError, UnsupportedError
+from tokenwing.format.gguf_io import KV
 from tokenwing.models import common, specs
 from tokenwing.models.base import MoEModel
+from tokenwing.models.factory import Factory, common_kv
 from tokenwing.models.hparams import HParams
-from tokenwing.models.keys import Key, read_keys
+from tokenwing.models.keys import Key, read_keys, write_keys
 from tokenwing.models.placement import Chunks
 from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
+
+if TYPE_CHECKING:  # (the factory's geometry: types only)
+    from tokenwing.testmodel.shapes import ModelShape
 
 CHUNK = 8192  # llama.cpp's n_swa for Llama 4, whatever attention.sliding_window says (llama4.cpp: hard-coded)
 PATTERN = 4  # three chunked RoPE layers, then one full NoPE layer (load_swa_pattern(ml, 4), n_no_rope_layer_step 4)
@@ -71,8 +76,45 @@ def temperature(positions: np.ndarray) -> np.ndarray:
     return out
 
 
+
+def _kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes Llama 4 (Llama4Model): the dense layers' FFN width, the experts' (the shared
+    expert's too), the MoE layers' interleave step, whole heads rotated; no sliding_window (llama.cpp then chunks
+    attention at 8,192 positions whatever it would say)."""
+    a = "llama4"
+    kv = common_kv(s, a)
+    kv[f"{a}.feed_forward_length"] = KV.u32(s.n_ff_dense)
+    kv.update(write_keys(KEYS, a, {"moe_layer_step": s.moe_layer_step}))
+    kv[f"{a}.rope.dimension_count"] = KV.u32(s.head_dim)
+    return kv
+
+
+def _check(s: ModelShape) -> None:
+    """What llama.cpp's Llama 4 loader and graph take (and what this engine runs of it: one expert a token)."""
+    if s.n_expert_used != 1:
+        raise ValueError("llama4 routes one expert a token here: --n-expert-used 1")
+    if s.n_shared_exp != 1 or s.n_ff_shexp != s.n_ff_exp:
+        raise ValueError(
+            "llama4 has one shared expert as wide as a routed one: --n-shared-exp 1, --n-ff-shexp n_ff_exp"
+        )
+    if s.moe_layer_step < 1 or s.n_layer < s.moe_layer_step:
+        raise ValueError("llama4's --moe-layer-step must be at least 1 and at most --n-layer")
+    if s.q_lora_rank or s.kv_lora_rank or s.n_rot not in (0, s.head_dim) or s.v_head_dim or s.n_mtp:
+        raise ValueError("llama4 rotates whole heads and has no MLA ranks, head splits or MTP blocks")
+    if s.n_expert_group or s.n_group_used:
+        raise ValueError("llama4's router has no expert groups")
+
+
 class Llama4(MoEModel):
     arch = "llama4"
+    factory = Factory(
+        "Llama 4 (Scout, Maverick): chunked attention with RoPE and L2-normed q/k in 3 of 4 layers, NoPE with "
+        "temperature tuning in the 4th, interleaved MoE layers, a top-1 sigmoid router weighting the expert's "
+        "input, a shared expert",
+        _kv,
+        _check,
+        takes=frozenset({"n_rot", "moe_layer_step"}),
+    )
     rope_mode = ROPE_NORM
     shared_experts = "required"
     sigmoid_router = True

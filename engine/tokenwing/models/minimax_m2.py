@@ -8,18 +8,46 @@ residual. No shared expert, no dense layer (llama.cpp: src/models/minimax-m2.cpp
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenwing.compute.ggml_lib import Tensor
 from tokenwing.errors import UnsupportedError
+from tokenwing.format.gguf_io import KV
 from tokenwing.models import common, specs
 from tokenwing.models.base import MoEModel
+from tokenwing.models.factory import Factory, common_kv
 from tokenwing.models.hparams import HParams
 from tokenwing.models.specs import Parts, TensorSpec
+
+if TYPE_CHECKING:  # (the factory's geometry: types only)
+    from tokenwing.testmodel.shapes import ModelShape
+
+
+
+def _kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes MiniMax M2: partial rotary dims, the sigmoid scoring function; llama.cpp
+    reads no weights-norm or scale key for it (it always renormalises and never scales)."""
+    a = "minimax-m2"
+    kv = common_kv(s, a)
+    kv[f"{a}.feed_forward_length"] = KV.u32(s.n_ff_exp)
+    kv[f"{a}.rope.dimension_count"] = KV.u32(s.rot)
+    kv[f"{a}.expert_gating_func"] = KV.u32(2)  # sigmoid
+    return kv
+
+
+def _check(s: ModelShape) -> None:
+    if s.rot > s.head_dim or s.rot % 2:
+        raise ValueError("minimax-m2's --n-rot must be even and at most --head-dim")
 
 
 class MiniMaxM2(MoEModel):
     arch = "minimax-m2"
+    factory = Factory(
+        "MiniMax M2: GQA with whole-vector q/k RMSNorm, partial RoPE, sigmoid router with selection bias",
+        _kv,
+        _check,
+        takes=frozenset({"n_rot"}),
+    )
     selection_bias = True
     sigmoid_router = True
 

@@ -19,17 +19,22 @@ output times sigmoid(gate), attn_output. The next-token-prediction block is neit
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tokenwing.compute.ggml_lib import ROPE_IMROPE, ROPE_NEOX, Tensor, ops
 from tokenwing.errors import BadInputError
+from tokenwing.format.gguf_io import KV, ValueType
 from tokenwing.models import common, delta_net
 from tokenwing.models.base import MoEModel
+from tokenwing.models.factory import Factory, check_linear, common_kv, shared_ff
 from tokenwing.models.hparams import HParams
 from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
+
+if TYPE_CHECKING:  # (the factory's geometry: types only)
+    from tokenwing.testmodel.shapes import ModelShape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +111,39 @@ def linear_tensors(hp: HParams, il: int, separate_alpha_beta: bool, joint: bool 
     ]
 
 
+def qwen_next_kv(s: ModelShape, a: str) -> dict[str, KV]:
+    """Qwen3-Next's keys (Qwen3.5's and Qwen3.8's too, under their names)."""
+    kv = common_kv(s, a)
+    kv[f"{a}.rope.dimension_count"] = KV.u32(s.rot)
+    kv[f"{a}.expert_shared_feed_forward_length"] = KV.u32(shared_ff(s))
+    kv[f"{a}.ssm.conv_kernel"] = KV.u32(s.ssm_d_conv)
+    kv[f"{a}.ssm.state_size"] = KV.u32(s.ssm_d_state)
+    kv[f"{a}.ssm.group_count"] = KV.u32(s.ssm_n_group)
+    kv[f"{a}.ssm.time_step_rank"] = KV.u32(s.ssm_dt_rank)
+    kv[f"{a}.ssm.inner_size"] = KV.u32(s.ssm_d_state * s.ssm_dt_rank)
+    kv[f"{a}.full_attention_interval"] = KV.u32(s.full_attention_interval)
+    if s.rope_sections:
+        kv[f"{a}.rope.dimension_sections"] = KV.array(ValueType.INT32, s.rope_sections)
+    return kv
+
+
+def check_qwen_linear(s: ModelShape) -> None:
+    """What llama.cpp takes of gated DeltaNet's sizes and the full layers' partial RoPE."""
+    check_linear(s)
+    if s.ssm_dt_rank % s.ssm_n_group:
+        raise ValueError("the linear layers' value heads must be a multiple of their key heads")
+    if not 0 < s.rot <= s.head_dim or s.rot % 2:
+        raise ValueError("--n-rot must be even, positive and at most --head-dim")
+
+
 class Qwen3Next(MoEModel):
     arch = "qwen3next"
+    factory = Factory(
+        "Qwen3-Next: gated DeltaNet in 3 of 4 layers, gated attention, partial RoPE, gated shared expert",
+        lambda s: qwen_next_kv(s, "qwen3next"),
+        check_qwen_linear,
+        takes=frozenset({"n_rot", "legacy_ssm_in"}),
+    )
     rope_mode = ROPE_NEOX
     ffn_norm = "post_attention_norm"
     shared_gated = True
@@ -265,8 +301,20 @@ class Qwen3Next(MoEModel):
         return ops.ggml_reshape_4d(ctx, beta, *shape), ops.ggml_reshape_4d(ctx, gate, *shape)
 
 
+def _check_qwen35moe(s: ModelShape) -> None:
+    check_qwen_linear(s)
+    if len(s.rope_sections) != 4 or 2 * sum(s.rope_sections) > s.rot:
+        raise ValueError("qwen35moe's IMRoPE needs four section counts whose pairs fit in --n-rot")
+
+
 class Qwen35MoE(Qwen3Next):
     arch = "qwen35moe"
+    factory = Factory(
+        "Qwen3.5 MoE: Qwen3-Next's layers with separate alpha/beta projections and IMRoPE",
+        lambda s: qwen_next_kv(s, "qwen35moe"),
+        _check_qwen35moe,
+        takes=frozenset({"n_rot"}),
+    )
     rope_mode = ROPE_IMROPE
     separate_alpha_beta = True
     repeat_key_heads = False  # ggml's delta rule shares key head h % H_k with value head h

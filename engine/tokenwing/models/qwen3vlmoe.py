@@ -14,16 +14,43 @@ family runs text, with the file's vision keys left unread.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from tokenwing.compute.ggml_lib import ROPE_IMROPE
 from tokenwing.errors import BadInputError
+from tokenwing.format.gguf_io import KV, ValueType
 from tokenwing.models.base import MoEModel
+from tokenwing.models.factory import Factory, common_kv
 from tokenwing.models.hparams import HParams
 from tokenwing.models.weights import ModelWeights
+
+if TYPE_CHECKING:  # (the factory's geometry: types only)
+    from tokenwing.testmodel.shapes import ModelShape
+
+
+
+def _kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes Qwen3-VL MoE's text part: Qwen3-MoE's keys, IMRoPE's sections and the
+    deepstack layers' count (the real models: 3; fewer than the layers here, which llama.cpp's graph needs where
+    it keeps only the last token's output)."""
+    a = "qwen3vlmoe"
+    kv = common_kv(s, a)
+    kv[f"{a}.feed_forward_length"] = KV.u32(s.n_ff_exp)
+    kv[f"{a}.rope.dimension_sections"] = KV.array(ValueType.INT32, s.rope_sections)
+    kv[f"{a}.n_deepstack_layers"] = KV.u32(min(3, s.n_layer - 1))
+    return kv
+
+
+def _check(s: ModelShape) -> None:
+    if len(s.rope_sections) != 4 or 2 * sum(s.rope_sections) > s.head_dim or s.n_rot:
+        raise ValueError("qwen3vlmoe rotates whole heads by IMRoPE: four section counts whose pairs fit in the head")
 
 
 class Qwen3VLMoE(MoEModel):
     arch = "qwen3vlmoe"
+    factory = Factory(
+        "Qwen3-VL MoE (text): Qwen3-MoE's layers with interleaved multi-axis RoPE (IMRoPE)", _kv, _check
+    )
     qk_norm = True
     rope_mode = ROPE_IMROPE
 

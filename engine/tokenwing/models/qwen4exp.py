@@ -25,20 +25,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tokenwing import _core
 from tokenwing.compute.ggml_lib import F32, I32, Tensor, aligned_bytes, ops
 from tokenwing.errors import BadInputError, UnsupportedError
-from tokenwing.format.gguf_io import tensor_nbytes
-from tokenwing.models import common
+from tokenwing.format.gguf_io import KV, ValueType, tensor_nbytes
+from tokenwing.models import common, qwen3next, specs
 from tokenwing.models.base import TensorCheck
+from tokenwing.models.factory import Factory, shared_ff
 from tokenwing.models.hparams import HParams
-from tokenwing.models.qwen3next import Qwen35MoE
-from tokenwing.models.specs import Parts
+from tokenwing.models.qwen3next import Qwen35MoE, check_qwen_linear, qwen_next_kv
+from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
+
+if TYPE_CHECKING:  # (the factory's geometry: types only)
+    from tokenwing.testmodel.shapes import ModelShape
 
 TABLE = "per_layer_token_embd.weight"
 PAGE = 4096  # what a direct read of the model file reads at least
@@ -179,8 +183,181 @@ def qsa_ratio(hp: HParams, il: int) -> int:
     return 0 if hp.is_recurrent(il) or il >= len(hp.qsa_ratios) else hp.qsa_ratios[il]
 
 
+# ------------------------------------------------------------------------------------------------ the factory's
+# Qwen3.8 Flash Next (llama.cpp: src/models/qwen4exp.cpp, conversion/qwen4exp.py; docs/families/qwen4exp.md).
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """The SplitMix64 finaliser (the reference derives its n-gram hash multipliers from it)."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def ple_multipliers(s: ModelShape, seed: int = 1234) -> list[int]:
+    """One odd multiplier per n-gram position, below 2^63 / vocab so that token · multiplier never overflows an
+    int64 (the reference's rule for its first PLE module, which is what makes llama.cpp's uint64 hash agree)."""
+    half = max(1, (((1 << 63) - 1) // max(s.vocab_size, 1)) // 2)
+    return [2 * (_splitmix64((seed + 0x9E3779B97F4A7C15 * (i + 1)) & _MASK64) % half) + 1 for i in range(s.ple_ngram)]
+
+
+def _is_prime(n: int) -> bool:
+    return n >= 2 and all(n % d for d in range(2, math.isqrt(n) + 1))
+
+
+def ple_head_vocab_sizes(s: ModelShape) -> list[int]:
+    """Each head's rows: the consecutive primes from ple_head_rows (the reference: from 20,000,000)."""
+    sizes: list[int] = []
+    n = s.ple_head_rows - 1
+    for _ in range(ple_heads(s)):
+        n += 1
+        while not _is_prime(n):
+            n += 1
+        sizes.append(n)
+    return sizes
+
+
+def ple_heads(s: ModelShape) -> int:
+    return (s.ple_ngram - 1) * s.ple_heads_per_ngram
+
+
+def ple_table_rows(s: ModelShape) -> int:
+    """All heads' rows, padded to a multiple of 128 as the reference's table is."""
+    return -(-sum(ple_head_vocab_sizes(s)) // 128) * 128
+
+
+def qwen_recurrent(s: ModelShape, i: int) -> bool:
+    """Qwen3-Next / Qwen3.5 / Qwen3.8: every layer but each full_attention_interval-th is linear attention."""
+    return (i + 1) % s.full_attention_interval != 0
+
+
+def _tensors(s: ModelShape, hp: HParams, parts: Parts) -> list[TensorSpec]:
+    """Qwen3.8 Flash Next: Qwen3.5's gated DeltaNet (sigmoid output gate) and gated attention with the QSA indexer,
+    no layer norms but two low-rank hyper-connection mixes a layer (hc_mult streams), the n-gram table and its
+    injection on one linear layer, 512-style routed experts and a gated shared expert, the head's own mix."""
+    e, hc, r = s.n_embd, s.hc_mult, s.hc_low_rank
+    unbiased = dataclasses.replace(parts, exp_bias=False)
+    first = [TensorSpec("token_embd.weight", (e, s.vocab_size), "embd")]
+    if s.ple_layer >= 0:
+        first.append(TensorSpec("per_layer_token_embd.weight", (e // ple_heads(s), ple_table_rows(s)), "embd"))
+    layers: list[TensorSpec] = []
+    for i in range(s.n_layer):
+        for part in ("attn", "ffn"):
+            layers += [
+                TensorSpec(f"blk.{i}.hc_{part}_norm.weight", (hc * e,), "norm"),
+                TensorSpec(f"blk.{i}.hc_{part}_down.weight", (hc * e, r), "matrix"),
+                TensorSpec(f"blk.{i}.hc_{part}_up.weight", (r, hc * e), "matrix"),
+                TensorSpec(f"blk.{i}.hc_{part}_inject.weight", (hc * e, hc), "matrix"),
+            ]
+        if qwen_recurrent(s, i):
+            linear = qwen3next.linear_tensors(hp, i, True, s.legacy_ssm_in)
+            layers += [t for t in linear if not t.name.endswith("attn_norm.weight")]
+        else:
+            di = s.indexer_head_size
+            gated = qwen3next.gated_attention_tensors(hp, i)
+            layers += [t for t in gated if not t.name.endswith("attn_norm.weight")]
+            layers += [
+                TensorSpec(f"blk.{i}.indexer.q_proj.weight", (e, s.indexer_n_head * di), "matrix"),
+                TensorSpec(f"blk.{i}.indexer.k_proj.weight", (e, di), "matrix"),
+                TensorSpec(f"blk.{i}.indexer.q_norm.weight", (di,), "norm"),
+                TensorSpec(f"blk.{i}.indexer.k_norm.weight", (di,), "norm"),
+            ]
+        if i == s.ple_layer:
+            layers += [
+                TensorSpec(f"blk.{i}.ple_key.weight", (e, hc * e), "matrix"),
+                TensorSpec(f"blk.{i}.ple_value.weight", (e, e), "matrix"),
+                TensorSpec(f"blk.{i}.ple_norm_key.weight", (hc * e,), "norm"),
+                TensorSpec(f"blk.{i}.ple_norm_query.weight", (hc * e,), "norm"),
+                TensorSpec(f"blk.{i}.ple_norm_conv.weight", (hc * e,), "norm"),
+                # (its rows are the kernel's taps: too short for any block type, F32 as the converter falls back)
+                TensorSpec(f"blk.{i}.ple_conv1d.weight", (s.ple_conv_kernel, hc * e), "vector"),
+            ]
+        layers += [t for t in specs.routed(hp, i, unbiased) if not t.name.endswith("ffn_norm.weight")]
+        layers += specs.shared(hp, i, shared_ff(s), gated=True)
+    last = [
+        TensorSpec("output.weight", (e, s.vocab_size), "matrix"),
+        TensorSpec("output_hc_norm.weight", (hc * e,), "norm"),
+        TensorSpec("output_hc_down.weight", (hc * e, r), "matrix"),
+        TensorSpec("output_hc_up.weight", (r, hc * e), "matrix"),
+    ]
+    return first + layers + last
+
+
+def _kv(s: ModelShape) -> dict[str, KV]:
+    """As llama.cpp's converter writes Qwen3.8 Flash Next: Qwen3.5's keys, the hyper-connections' count and rank, the
+    indexer (its ratio on full-attention layers, 0 on linear ones), and the PLE group where a layer has the table:
+    its hash constants as uint64 arrays, the EOS that resets the n-grams, the table's row width."""
+    # (lazy: the factory's tokenizer trains a vocabulary; the engine, which imports this module, never needs it)
+    from tokenwing.testmodel.tokenizer import build_vocabulary
+
+    a = "qwen4exp"
+    kv = qwen_next_kv(s, a)
+    kv[f"{a}.hyper_connection.count"] = KV.u32(s.hc_mult)
+    kv[f"{a}.hyper_connection.low_rank"] = KV.u32(s.hc_low_rank)
+    kv[f"{a}.attention.indexer.head_count"] = KV.u32(s.indexer_n_head)
+    kv[f"{a}.attention.indexer.key_length"] = KV.u32(s.indexer_head_size)
+    kv[f"{a}.attention.indexer.top_k"] = KV.u32(s.indexer_top_k)
+    ratios = [0 if qwen_recurrent(s, i) else s.qsa_ratio for i in range(s.n_layer)]
+    kv[f"{a}.attention.compress_ratios"] = KV.array(ValueType.INT32, ratios)
+    if s.ple_layer >= 0:
+        sizes = ple_head_vocab_sizes(s)
+        kv[f"{a}.ple.layers"] = KV.array(ValueType.INT32, [s.ple_layer])
+        kv[f"{a}.ple.ngram_size"] = KV.u32(s.ple_ngram)
+        kv[f"{a}.ple.heads_per_ngram"] = KV.u32(s.ple_heads_per_ngram)
+        kv[f"{a}.ple.conv_kernel"] = KV.u32(s.ple_conv_kernel)
+        kv[f"{a}.ple.eos_token_id"] = KV.u32(build_vocabulary(s.vocab_size, s.tokenizer).eos_id)
+        kv[f"{a}.embedding_length_per_layer_input"] = KV.u32(s.n_embd // ple_heads(s))
+        kv[f"{a}.ple.layer_multipliers"] = KV.array(ValueType.UINT64, ple_multipliers(s))
+        kv[f"{a}.ple.head_offsets"] = KV.array(ValueType.UINT64, [sum(sizes[:h]) for h in range(len(sizes))])
+        kv[f"{a}.ple.head_vocab_sizes"] = KV.array(ValueType.UINT64, sizes)
+    return kv
+
+
+def _check(s: ModelShape) -> None:
+    """What llama.cpp's qwen4exp loader and graph take (qwen4exp.cpp:29-151; it throws or asserts on the rest)."""
+    if s.n_head % s.n_head_kv or s.n_expert_used > s.n_expert or min(s.n_layer, s.n_expert_used) < 1:
+        raise ValueError("--n-head must be a multiple of --n-head-kv, 1 <= --n-expert-used <= --n-expert")
+    if s.n_dense_lead or s.n_mtp or s.legacy_ssm_in or s.q_lora_rank or s.kv_lora_rank or s.n_expert_group:
+        raise ValueError("qwen4exp has no dense layers, MTP block (the converter drops it), ssm_in or MLA")
+    if s.hc_mult < 2 or s.hc_low_rank < 1:
+        raise ValueError("qwen4exp needs --hc-mult of 2 or more and a positive --hc-low-rank")
+    if min(s.indexer_n_head, s.indexer_head_size, s.indexer_top_k, s.qsa_ratio) < 1:
+        raise ValueError("qwen4exp's QSA needs --indexer-n-head, --indexer-head-size, --indexer-top-k, --qsa-ratio")
+    if s.indexer_top_k % s.qsa_ratio or s.rot > s.indexer_head_size:
+        raise ValueError("--indexer-top-k must be a multiple of --qsa-ratio and --n-rot at most --indexer-head-size")
+    if len(s.rope_sections) != 4 or 2 * sum(s.rope_sections) > s.rot:
+        raise ValueError("qwen4exp's IMRoPE needs four section counts whose pairs fit in --n-rot")
+    if s.n_shared_exp < 1:
+        raise ValueError("qwen4exp runs a shared expert in every layer: --n-shared-exp must be at least 1")
+    check_qwen_linear(s)
+    if s.ple_layer >= 0:
+        heads = ple_heads(s)
+        if s.ple_layer >= s.n_layer or not qwen_recurrent(s, s.ple_layer):
+            raise ValueError("--ple-layer must be a linear-attention layer of the model (-1: no n-gram table)")
+        if not 2 <= s.ple_ngram <= 8 or s.ple_heads_per_ngram < 1 or heads > 64:
+            raise ValueError("--ple-ngram must be 2..8 and --ple-heads-per-ngram positive (64 heads at most)")
+        if s.ple_conv_kernel < 2:  # (llama.cpp takes 1, then crashes on the empty history row: measured)
+            raise ValueError("--ple-conv-kernel must be at least 2")
+        if s.n_embd % heads:
+            raise ValueError("--n-embd must be a multiple of the n-gram heads ((ple_ngram - 1) · heads_per_ngram)")
+        if s.ple_head_rows < 2 or len(ple_head_vocab_sizes(s)) * s.ple_head_rows >= 2**31:
+            raise ValueError("--ple-head-rows must be at least 2, all heads' rows within int32")
+
+
 class Qwen4Exp(Qwen35MoE):
     arch = "qwen4exp"
+    factory = Factory(
+        "Qwen3.8 Flash Next: gated DeltaNet (sigmoid gate) and QSA-indexed gated attention, low-rank "
+        "hyper-connections, an n-gram embedding table on one layer, softmax top-k experts and a gated shared expert",
+        _kv,
+        _check,
+        _tensors,
+        takes=frozenset({"n_rot", "hc_mult", "hc_low_rank", "qsa_ratio", "ple_layer"})
+        | {"indexer_n_head", "indexer_head_size", "indexer_top_k"},
+    )
     ffn_norm = "ffn_norm"  # (absent: the router reads the FFN's mix as it is)
     token_context = 7  # (`token_input` hashes n-grams of at most 8 tokens: llama.cpp's LLAMA_MAX_PLE_NGRAM)
     # The n-gram table's page cache: at most this, and a sixteenth of the expert cache's budget, which it comes out

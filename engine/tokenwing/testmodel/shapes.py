@@ -117,6 +117,43 @@ class ModelShape:
         return self.n_layer + self.n_mtp
 
 
+# What each family-specific field of the shape gives a model, for the factory's one-line refusal where a family
+# takes no such thing (`check_shape`: the families whose factory entry `takes` the field are named, from the registry)
+FEATURES: dict[str, str] = {
+    "n_dense_lead": "leading dense layers",
+    "n_shared_exp": "shared experts",
+    "moe_layer_step": "interleave step of MoE layers",
+    "q_lora_rank": "MLA ranks",
+    "kv_lora_rank": "MLA ranks",
+    "n_rot": "partial RoPE",
+    "v_head_dim": "head splits (a value head size of its own)",
+    "legacy_kv_b": "combined attn_kv_b (the older DeepSeek-V2/V3 converter's form)",
+    "fused_gate_up": "fused gate_up experts",
+    "n_mtp": "next-token-prediction blocks",
+    "n_expert_group": "expert groups",
+    "n_group_used": "expert groups",
+    "legacy_ssm_in": "joint ssm_in projection (the older converter's)",
+    "hc_mult": "hyper-connections",
+    "hc_sinkhorn_iters": "hyper-connections",
+    "hc_eps": "hyper-connections",
+    "compress_ratios": "compression ratios",
+    "compress_rope_base": "compression ratios",
+    "o_group_count": "output groups",
+    "o_lora_rank": "output groups",
+    "hash_layer_count": "hash layers",
+    "indexer_n_head": "lightning indexer",
+    "indexer_head_size": "lightning indexer",
+    "indexer_top_k": "lightning indexer",
+    "indexer_types": "per-layer indexer types",
+    "n_expert_latent": "latent experts",
+    "attn_res_block": "residual checkpoints",
+    "situ_beta": "SiTU",
+    "situ_linear_beta": "SiTU",
+    "hc_low_rank": "low-rank hyper-connections",
+    "qsa_ratio": "QSA",
+    "ple_layer": "n-gram table",
+}
+
 PRESETS: dict[str, ModelShape] = {
     "tiny": ModelShape(),
     # Row lengths that are multiples of 256, so llama.cpp's K-quants apply to every matrix.
