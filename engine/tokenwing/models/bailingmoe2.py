@@ -19,13 +19,12 @@ from typing import TYPE_CHECKING
 from tokenwing.errors import BadInputError
 from tokenwing.format.gguf_io import KV
 from tokenwing.models.base import MoEModel
-from tokenwing.models.factory import Factory, check_groups, common_kv, sigmoid_routed_kv
+from tokenwing.models.factory import Factory, check_groups, common_kv, groups_kv, sigmoid_routed_kv
 from tokenwing.models.hparams import HParams
 from tokenwing.models.specs import Parts, TensorSpec
 
 if TYPE_CHECKING:  # (the factory's geometry: types only)
     from tokenwing.testmodel.shapes import ModelShape
-
 
 
 def _kv(s: ModelShape) -> dict[str, KV]:
@@ -38,9 +37,7 @@ def _kv(s: ModelShape) -> dict[str, KV]:
     kv[f"{a}.vocab_size"] = KV.u32(s.vocab_size)
     # (per shared expert: llama.cpp multiplies it by expert_shared_count)
     kv[f"{a}.expert_shared_feed_forward_length"] = KV.u32(s.n_ff_shexp)
-    if s.n_expert_group:
-        kv[f"{a}.expert_group_count"] = KV.u32(s.n_expert_group)
-        kv[f"{a}.expert_group_used_count"] = KV.u32(s.n_group_used)
+    kv.update(groups_kv(s, a))
     kv[f"{a}.nextn_predict_layers"] = KV.u32(s.n_mtp)
     return kv
 

@@ -108,10 +108,14 @@ def mla_kv(s: ModelShape, a: str) -> dict[str, KV]:
         kv[f"{a}.attention.value_length"] = KV.u32(s.kv_lora_rank)
         kv[f"{a}.attention.key_length_mla"] = KV.u32(s.head_dim)
         kv[f"{a}.attention.value_length_mla"] = KV.u32(s.v_dim)
-    if s.n_expert_group:
-        kv[f"{a}.expert_group_count"] = KV.u32(s.n_expert_group)
-        kv[f"{a}.expert_group_used_count"] = KV.u32(s.n_group_used)
-    return kv
+    return kv | groups_kv(s, a)
+
+
+def groups_kv(s: ModelShape, a: str) -> dict[str, KV]:
+    """Group-limited routing's keys, where the shape has groups."""
+    if not s.n_expert_group:
+        return {}
+    return {f"{a}.expert_group_count": KV.u32(s.n_expert_group), f"{a}.expert_group_used_count": KV.u32(s.n_group_used)}
 
 
 def gate_up(s: ModelShape, specs: list[TensorSpec]) -> list[TensorSpec]:
