@@ -93,8 +93,10 @@ def test_the_text_around_the_image_is_tokenized_as_libmtmd_does(files: tuple[Pat
         ids, media = tokens(s.tokenizer, text, [(nx, ny, embd)], s.hp.n_embd, begin="", end="[IMG_END]", mrope=False)
     finally:
         s.close()
-    before, rows = chunks[0]["tokens"], int(chunks[1]["n_tokens"])  # type: ignore[call-overload]
-    assert ids == [*before, *[0] * rows, *chunks[2]["tokens"]]  # type: ignore[list-item, misc]
+    before: list[int] = chunks[0]["tokens"]  # type: ignore[assignment]
+    after: list[int] = chunks[2]["tokens"]  # type: ignore[assignment]
+    rows = int(chunks[1]["n_tokens"])  # type: ignore[call-overload]
+    assert ids == [*before, *[0] * rows, *after]
     assert media.images[0].start == len(before) and media.images[0].rows == rows == nx * ny + ny - 1
     np.testing.assert_array_equal(media.positions(0, len(ids)), np.arange(len(ids)))
     assert info["n_past"] == len(ids)
