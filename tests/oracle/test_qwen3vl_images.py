@@ -27,9 +27,9 @@ from tokenwing.format.reader import ModelFile
 from tokenwing.runtime.session import Session, SessionOptions
 from tokenwing.text.tokenizer import tokenizer_from_file
 from tokenwing.vision.cache import EncodedImages
+from tokenwing.vision.logits import image_prompt
 from tokenwing.vision.png import decode_png
 from tokenwing.vision.positions import image_positions, image_span
-from tokenwing.vision.prompt import tokens
 from tokenwing.vision.qwen3vl import Qwen3VLEncoder
 
 pytestmark = pytest.mark.oracle
@@ -226,43 +226,45 @@ def test_bad_image_input_is_one_line(files: tuple[Path, Path], repacked: Path, t
         assert_clean_error(r, 2)
 
 
-def _image_then_step(
-    model: Path, mmproj: Path, rgb: np.ndarray, text: str, **options: object
-) -> tuple[np.ndarray, int]:
+def _image_then_step(model: Path, mmproj: Path, png: Path, text: str, **options: object) -> tuple[np.ndarray, int]:
     """The prompt's last logits and one greedy decode step's after it, in one session with the image's
-    MediaPrompt kept (the step's position comes after the image's positions, not its rows); and the expert slots
-    a layer had."""
+    MediaPrompt kept (vision/logits.image_prompt: the family's encoder, its texts and placement); and the expert
+    slots a layer had."""
     s = Session(str(model), SessionOptions(kv_type="f32", **options), log=lambda line: None)  # type: ignore[arg-type]
-    enc = Qwen3VLEncoder(str(mmproj))
     try:
-        pre = enc.preprocess(rgb)
-        ids, s.media = tokens(s.tokenizer, text, [(pre.width // 16, pre.height // 16, enc.encode(pre))], s.hp.n_embd)
+        ids, s.media = image_prompt(s, str(mmproj), str(png), text)
         first = s.forward(ids)
         step = s.forward([int(first.argmax())])
         return np.stack([first, step]), s.slots_per_layer
     finally:
-        enc.close()
         s.close()
+
+
+def step_and_streamed_match(files: tuple[Path, Path], repacked: Path, rgb: np.ndarray, text: str, tmp: Path) -> None:
+    """A decode step after the prompt with an image matches llama.cpp's (within its KV-precision distance), and
+    the same with 25 % of the expert bytes in RAM (lookahead 2) is bit-identical to every expert resident (each
+    image family's test calls it)."""
+    model, mmproj = files
+    mtmd_run(model, mmproj, rgb, text, tmp / "ref")
+    mtmd_run(model, mmproj, rgb, text, tmp / "f16kv", "f16kv")
+    ref = np.concatenate([np.load(tmp / "ref" / f) for f in ("logits.npy", "step.npy")])
+    own = np.concatenate([np.load(tmp / "f16kv" / f) for f in ("logits.npy", "step.npy")])
+    write_png(tmp / "image.png", rgb)
+    resident, slots = _image_then_step(repacked, mmproj, tmp / "image.png", text)
+    assert np.abs(resident - ref).max() <= np.abs(own - ref).max(), (np.abs(resident - ref).max(axis=1), own)
+    with ModelFile.open(str(repacked)) as mf:
+        budget = mf.index.total_bytes // 4
+    streamed, streamed_slots = _image_then_step(
+        repacked, mmproj, tmp / "image.png", text, ram_budget=budget, lookahead=2
+    )
+    assert streamed_slots < slots
+    assert np.array_equal(resident, streamed)
 
 
 def test_a_decode_step_after_an_image_and_streamed_at_a_quarter(
     files: tuple[Path, Path], repacked: Path, tmp_path: Path
 ) -> None:
-    """A decode step after the prompt with an image matches llama.cpp's (within its KV-precision distance), and
-    the same with 25 % of the expert bytes in RAM (lookahead 2) is bit-identical to every expert resident."""
-    model, mmproj = files
-    rgb, text = image(48, 64, seed=9), "Describe <__media__> now:"
-    mtmd_run(model, mmproj, rgb, text, tmp_path / "ref")
-    mtmd_run(model, mmproj, rgb, text, tmp_path / "f16kv", "f16kv")
-    ref = np.concatenate([np.load(tmp_path / "ref" / f) for f in ("logits.npy", "step.npy")])
-    own = np.concatenate([np.load(tmp_path / "f16kv" / f) for f in ("logits.npy", "step.npy")])
-    resident, slots = _image_then_step(repacked, mmproj, rgb, text)
-    assert np.abs(resident - ref).max() <= np.abs(own - ref).max(), (np.abs(resident - ref).max(axis=1), own)
-    with ModelFile.open(str(repacked)) as mf:
-        budget = mf.index.total_bytes // 4
-    streamed, streamed_slots = _image_then_step(repacked, mmproj, rgb, text, ram_budget=budget, lookahead=2)
-    assert streamed_slots < slots
-    assert np.array_equal(resident, streamed)
+    step_and_streamed_match(files, repacked, image(48, 64, seed=9), "Describe <__media__> now:", tmp_path)
 
 
 def test_an_f16_mmproj_matches_llama_cpp(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
