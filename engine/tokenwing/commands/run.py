@@ -217,6 +217,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         request_log=args.request_log,
         prompt_cache_dir=args.prompt_cache_dir,
         prompt_cache_size=args.prompt_cache_size,
+        mmproj=args.mmproj,
+        allow_image_urls=args.allow_image_urls,
     )
 
 
@@ -313,5 +315,17 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         metavar="SIZE",
         help="the most those contexts take on disk (20G, or 10%% of the drive's free space; 0: none), the least "
         "recently used going first; default: a quarter of the free space, at most 20G",
+    )
+    sv.add_argument(
+        "--mmproj",
+        metavar="FILE",
+        help="the model's image encoder (an mmproj GGUF): chat messages may then carry images, as image_url parts "
+        "with a data: URL (docs/api.md, Images)",
+    )
+    sv.add_argument(
+        "--allow-image-urls",
+        action="store_true",
+        help="fetch an image_url's remote http(s) image (at most 8 MiB, 10 s); by default only data: URLs are taken "
+        "and a remote URL is refused with a 400",
     )
     sv.set_defaults(func=_cmd_serve)

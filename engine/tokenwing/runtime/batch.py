@@ -296,6 +296,8 @@ def _one_graph(s: Session, steps: list[tuple[int, int]]) -> list[np.ndarray] | N
     selection, as in the per-layer path."""
     if not s._token_graph_on or s.scheduler.slot_map is None:
         return None
+    if any(s.seqs[slot].media is not None for slot, _ in steps):
+        return None  # (its positions are text's: after an image they are not, vision/prompt.py)
     if not all(s.model.one_graph_at(s.seqs[slot].pos, s.n_ctx) for slot, _ in steps):
         return None
     windows = [common.decode_window(s.seqs[slot].pos, s.n_ctx) for slot, _ in steps]
@@ -408,6 +410,10 @@ def _rows_parts(s: Session, il: int, slots: list[int], hs: list[np.ndarray], loo
     axes = s.model.position_axes
     pos = np.array([s.seqs[slot].pos for slot in slots], np.int32)
     positions = np.concatenate([np.tile(pos, 3), np.zeros(len(slots) * (axes - 3), np.int32)]) if axes > 1 else pos
+    for i, slot in enumerate(slots):  # a sequence with images in its history: its text's positions after them
+        media = s.seqs[slot].media
+        if media is not None and axes > 1:
+            positions[i :: len(slots)] = media.positions(int(pos[i]), 1)
     kvs = [s.seqs[slot].kv for slot in slots]
     at = rows_placement(ctx, parts, g.input(positions), kvs)
     out, writes = s._layer_graph(ctx, il, g.input(np.concatenate(hs)), at, lookahead, cache=rows_cache(kvs, il))

@@ -24,7 +24,6 @@ from tokenwing.runtime.sequences import SequenceState
 from tokenwing.runtime.token_graph import TokenGraph
 from tokenwing.runtime.vram.tier import VramTier
 from tokenwing.runtime.vram.weights import Place
-from tokenwing.vision.prompt import MediaPrompt
 
 if TYPE_CHECKING:  # (the session's options: only their fields are read)
     from tokenwing.runtime.session import SessionOptions
@@ -62,14 +61,14 @@ class Passes(SequenceState):
     _warned_prompt: bool
     _prompt_memory_held: bool
     _known: dict[int, list[int]]
-    # a prompt with images while it runs (vision/prompt.py): their rows' inputs, positions and deepstack parts
-    media: MediaPrompt | None = None
+    # (`media`, the current sequence's images: their rows' inputs, positions and deepstack parts, vision/prompt.py)
 
     def _forward_all(self, tokens: list[int], all_logits: bool, prompt: bool, end: bool = True) -> np.ndarray:
         hp, n = self.hp, len(tokens)
         if not tokens:
             raise BadInputError("nothing to evaluate")
-        if any(not 0 <= t < hp.vocab_size for t in tokens):
+        ids = self.media.text_ids(tokens, self.pos) if self.media is not None else tokens  # (image rows: keyed)
+        if any(not 0 <= t < hp.vocab_size for t in ids):
             raise BadInputError("token id outside the vocabulary")
         if self.pos + n > self.n_ctx:
             raise BadInputError(f"the context is full ({self.n_ctx} tokens)")
@@ -111,7 +110,7 @@ class Passes(SequenceState):
         if logits is not None:
             self._advance(tokens)
             return logits.reshape(1, -1) if all_logits else logits
-        h = self._pass_input(tokens)
+        h = self._pass_input(self.media.text_ids(tokens, pos0) if self.media is not None else tokens)
         if self.media is not None:
             self.media.inputs(h, pos0)
         sel_rows: list[np.ndarray] = []

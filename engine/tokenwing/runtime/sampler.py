@@ -43,6 +43,8 @@ class Sampler:
         out = logits.astype(np.float64).copy()
         recent = history[-s.penalty_last_n :] if s.penalty_last_n > 0 else history
         for tok, count in Counter(recent).items():
+            if not 0 <= tok < len(out):
+                continue  # an image row's keyed id (vision/prompt.py row_ids): no token to penalise
             v = out[tok]
             out[tok] = v / s.repeat_penalty if v > 0 else v * s.repeat_penalty
             out[tok] -= count * s.frequency_penalty + s.presence_penalty

@@ -6,6 +6,7 @@ past a pass's tokens. The memory plan (runtime/memory_plan.py) and the passes (r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tokenwing.compute.ggml_lib import TensorArena
 from tokenwing.models import common
@@ -13,6 +14,9 @@ from tokenwing.runtime.kvcache import KVCaches, KVStacks
 from tokenwing.runtime.memory_plan import StatePlan
 from tokenwing.runtime.recurrent import Checkpoints, StateBuffers
 from tokenwing.runtime.scheduler import ExpertScheduler
+
+if TYPE_CHECKING:
+    from tokenwing.vision.prompt import MediaPrompt
 
 # A spilled KV cache is written back every this many decode positions: at most this many positions' pages are
 # dirty (unreclaimable) at a time, and a write-back walks the whole mapping (cheap when little is dirty).
@@ -31,6 +35,9 @@ class SeqState:
     kv_high: int = 0  # KV positions ever written (their memory is touched, hence charged)
     history: list[int] = field(default_factory=list)  # the tokens whose keys and values are in the cache
     state_dirty: bool = False  # a failed pass left the recurrent state half-updated
+    # the images in its history (vision/prompt.py): their rows' inputs and positions, and the text's positions
+    # after them, for every pass over this sequence while its history holds them (the server's slots keep theirs)
+    media: MediaPrompt | None = None
 
 
 # The session's counters per streamed layer: the streaming core's (RAM and drive), then the VRAM tier's.
@@ -94,6 +101,14 @@ class SequenceState:
     @history.setter
     def history(self, value: list[int]) -> None:
         self._seq.history = value
+
+    @property
+    def media(self) -> MediaPrompt | None:
+        return self._seq.media
+
+    @media.setter
+    def media(self, value: MediaPrompt | None) -> None:
+        self._seq.media = value
 
     @property
     def _state_dirty(self) -> bool:

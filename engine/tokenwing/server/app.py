@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from tokenwing.errors import BadInputError
 from tokenwing.runtime.session import SESSION_COUNTERS
-from tokenwing.server import jobs, messages, prompt_cache_routes, responses
+from tokenwing.server import image_parts, jobs, messages, prompt_cache_routes, responses
 from tokenwing.server.protocol import (
     MAX_BODY,
     GenerationRequest,
@@ -212,7 +212,7 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
             )
         except BadInputError as e:
             raise RequestError(str(e), "tools" if str(e).startswith("tools:") else "messages") from None
-        return JSONResponse({"prompt": prompt})
+        return JSONResponse({"prompt": image_parts.shown(prompt)})  # (each image where <__media__> stands)
 
     async def chat_count(request: Request) -> Response:
         # A chat request's tokens as the engine would run them (before any overflow policy), and the tools' share

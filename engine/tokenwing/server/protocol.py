@@ -9,6 +9,8 @@ from typing import Any
 
 from tokenwing.errors import BadInputError
 from tokenwing.runtime.sampler import SamplerSettings
+from tokenwing.server.image_parts import MARKER as IMAGE_MARKER
+from tokenwing.server.image_parts import ImageSource, image_part, marked
 from tokenwing.text.grammar import grammar_of
 from tokenwing.text.tools.base import cut_arguments
 
@@ -63,6 +65,7 @@ class GenerationRequest:
     unenforced: list[str] = field(default_factory=list)
     wait: bool = True  # False: a 503 at once when every slot is busy, instead of waiting in the queue
     ignore_eos: bool = False  # llama.cpp's: the end-of-generation tokens are never sampled (max_tokens ends it)
+    images: list[ImageSource] = field(default_factory=list)  # chat: image parts, in order (server/images.py)
     prompt_cache_key: str | None = None  # OpenAI's: tags the disk cache's snapshots (server/prompt_cache_keys.py)
 
 
@@ -93,15 +96,27 @@ def _text(value: str, where: str, param: str) -> str:
     return value
 
 
-def _content(value: Any, where: str) -> str:
+def _content(value: Any, where: str, images: list[ImageSource] | None = None) -> str:
+    """A message's text; its image parts (server/image_parts.py) appended to `images` and marked where they stand
+    (None: a message that may carry none)."""
     if isinstance(value, str):
         return _text(value, where, "messages")
-    if isinstance(value, list):  # [{"type": "text", "text": ...}, ...]
+    if isinstance(value, list):  # [{"type": "text", "text": ...}, {"type": "image_url", ...}, ...]
         parts = []
-        for part in value:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise RequestError(f"{where}: only text content parts are supported", "messages")
-            parts.append(_text(part["text"], where, "messages"))
+        for j, part in enumerate(value):
+            kind = part.get("type") if isinstance(part, dict) else None
+            try:
+                if kind == "image_url" and images is not None:
+                    images.append(image_part(part, f"{where}.content[{j}]"))
+                    parts.append(IMAGE_MARKER.format(len(images) - 1))
+                    continue
+                if kind == "image_url":
+                    raise RequestError(f"{where}: only user messages carry images", "messages")
+                if kind != "text" or not isinstance(part.get("text"), str):
+                    raise RequestError(f"{where}: content parts must be text or image_url", "messages")
+                parts.append(_text(marked(part["text"], where), where, "messages"))
+            except BadInputError as e:
+                raise RequestError(str(e), "messages") from None
         return "".join(parts)
     if value is None:
         return ""
@@ -232,7 +247,8 @@ def parse_chat(body: Any) -> GenerationRequest:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise RequestError("'messages' must be a non-empty list", "messages")
-    req = GenerationRequest(messages=[_template_message(m, i) for i, m in enumerate(msgs)])
+    images: list[ImageSource] = []
+    req = GenerationRequest(messages=[_template_message(m, i, images) for i, m in enumerate(msgs)], images=images)
     _check_tool_turns(req.messages)
     req.tools = _tools(body.get("tools"))
     req.tool_choice, req.tool_name = _tool_choice(body.get("tool_choice"), req.tools)
@@ -364,7 +380,8 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
     return out
 
 
-def _template_message(m: Any, i: int) -> dict[str, Any]:
+def _template_message(m: Any, i: int, images: list[ImageSource] | None = None) -> dict[str, Any]:
+    """`images`: where a user message's image parts go (None: image parts are refused)."""
     where = f"messages[{i}]"
     if not isinstance(m, dict):
         raise RequestError(f"{where} must be an object", "messages")
@@ -377,7 +394,7 @@ def _template_message(m: Any, i: int) -> dict[str, Any]:
     out: dict[str, Any] = {"role": "system" if role == "developer" else role}
     # A null content (OpenAI's for a turn of calls only) is empty text, as the chat endpoint reads it: left out,
     # as transformers leaves out nulls, Qwen3's template fails on such a turn; with "" all 17 of issue 28 render.
-    out["content"] = _content(m.get("content"), where)
+    out["content"] = _content(m.get("content"), where, images if role == "user" else None)
     for key in ("name", "tool_call_id", *REASONING_FIELDS):
         v = m.get(key)
         if v is None:
@@ -509,8 +526,9 @@ def parse_apply_template(body: Any) -> TemplateRequest:
         raise RequestError("'add_generation_prompt' must be a boolean", "add_generation_prompt")
     tools = _tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), tools)[0]
+    images: list[ImageSource] = []  # (not decoded: the prompt shows where each goes, server/image_parts.py)
     return TemplateRequest(
-        messages=[_template_message(m, i) for i, m in enumerate(msgs)],
+        messages=[_template_message(m, i, images) for i, m in enumerate(msgs)],
         tools=tools if choice != "none" else None,
         add_generation_prompt=agp,
         variables=_template_variables(body),

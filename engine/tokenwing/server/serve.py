@@ -45,11 +45,14 @@ def serve(
     request_log: bool = False,
     prompt_cache_dir: str | None = None,
     prompt_cache_size: str | None = None,
+    mmproj: str | None = None,
+    allow_image_urls: bool = False,
 ) -> int:
     """Serves until stopped; `notes` (the device line) are logged once the model and the port are known good.
     `allowed_hosts` and `cors_origins` are who else may call it (server/guard.py); `context_overflow` is what a
     chat request that does not fit the context gets where it names no policy (server/overflow.py);
-    `prompt_cache_dir` and `_size` the prompt cache on disk (server/prompt_disk_cache.py)."""
+    `prompt_cache_dir` and `_size` the prompt cache on disk (server/prompt_disk_cache.py); `mmproj` the image encoder
+    of a model that takes images, `allow_image_urls` whether an image_url may name a remote image (server/images.py)."""
 
     def log(line: str) -> None:
         print(f"tokenwing: {line}", file=sys.stderr, flush=True)
@@ -61,6 +64,8 @@ def serve(
     with ModelFile.open(model) as mf:
         mf.verify()
         preflight(mf, probe_template=True)
+    if mmproj is not None and not os.path.isfile(mmproj):  # (its contents are checked as the model loads)
+        raise BadInputError(f"--mmproj {mmproj}: no such file")
     try:
         sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     except OSError as e:
@@ -70,7 +75,15 @@ def serve(
     for note in [*notes, *access.notes(keyed=api_key is not None)]:
         log(note)
     disk_cache = DiskCacheSettings(prompt_cache_dir, prompt_cache_size)  # (opened once the model is loaded)
-    worker = EngineWorker(model, options, log, context_overflow=context_overflow, disk_cache=disk_cache)
+    worker = EngineWorker(
+        model,
+        options,
+        log,
+        context_overflow=context_overflow,
+        disk_cache=disk_cache,
+        mmproj=mmproj,
+        allow_image_urls=allow_image_urls,
+    )
     model_id = os.path.basename(model).removesuffix(".gguf").removesuffix(".tw")
     app = create_app(worker, model_id, api_key)
     bound = sock.getsockname()

@@ -29,6 +29,7 @@ from tokenwing.runtime.batch import PromptPart, joins, step
 from tokenwing.runtime.generate import Decoding, TokenLogprob, run_stats
 from tokenwing.runtime.sampler import Sampler
 from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
+from tokenwing.server.images import Vision, request_images
 from tokenwing.server.overflow import fit_chat
 from tokenwing.server.prompt_disk_cache import DiskCacheSettings, DiskPromptCache, Restored, open_cache
 from tokenwing.server.protocol import CONTEXT_LENGTH_EXCEEDED, GenerationRequest, RequestError
@@ -37,6 +38,7 @@ from tokenwing.text.grammar import Constraint, UnenforceableError
 from tokenwing.text.tokenizer import TextTokenizer
 from tokenwing.text.tools.base import Event, Tools
 from tokenwing.text.tools.reply import ReplyReader, Syntax, call_grammar, prepare, preserved_ids, syntax
+from tokenwing.vision.prompt import MediaPrompt
 
 _C = {name: i for i, name in enumerate(SESSION_COUNTERS)}
 # A stats event's counts per streamed layer (docs/api.md): where the selected experts came from (VRAM, RAM, the
@@ -91,8 +93,12 @@ class EngineWorker:
         log: Callable[[str], None],
         context_overflow: str = "rolling",
         disk_cache: DiskCacheSettings | None = None,
+        mmproj: str | None = None,
+        allow_image_urls: bool = False,
     ) -> None:
         self.model_path = model_path
+        self.mmproj, self.allow_image_urls = mmproj, allow_image_urls  # images (server/images.py)
+        self.vision: Vision | None = None
         self.disk_settings = disk_cache  # the prompt cache on disk (None: off)
         self.disk: DiskPromptCache | None = None
         self.options = options
@@ -194,6 +200,8 @@ class EngineWorker:
             self.shown = preserved_ids(self.syntax, self.session.tokenizer)
             if self.chat.fallback:
                 self.log(FALLBACK_NOTICE)
+            if self.mmproj is not None:  # the image encoder, checked against the model (before /health says ok)
+                self.vision = Vision(self.session, self.mmproj, self.allow_image_urls)
             if self.disk_settings is not None and self.options.prompt_cache:  # (before /health says ok)
                 self.disk = open_cache(self.disk_settings, self.session, self.model_path, self.log)
             self.state = "ok"
@@ -221,6 +229,8 @@ class EngineWorker:
         finally:
             if self.disk is not None:
                 self.disk.close()  # (its writes read the slots' memory: before the session goes)
+            if self.vision is not None:
+                self.vision.close()
             self.session.close()
             self.session = None
 
@@ -356,7 +366,9 @@ class EngineWorker:
         reader: ReplyReader | None = None
         grammar = req.grammar
         overflow: dict[str, Any] | None = None
+        media: MediaPrompt | None = None
         if req.messages:
+            images = request_images(self.vision, s, req.images)  # (encoded here: their rows are prompt tokens)
             # tool_choice none: the model is not shown the tools (OpenAI's meaning) and nothing is read as a call
             tools = req.tools if req.tools and req.tool_choice != "none" else None
 
@@ -368,13 +380,15 @@ class EngineWorker:
             fitted = fit_chat(
                 req.messages,
                 render,
-                lambda text: s.tokenizer.encode(text, special=True),
+                images.encode if images is not None else lambda text: s.tokenizer.encode(text, special=True),
                 s.n_ctx,
                 req.max_tokens if req.max_tokens_given else None,
                 req.context_overflow or self.context_overflow,
                 tools is not None,
             )
             text, prompt, overflow = fitted.text, fitted.prompt, fitted.report()
+            if images is not None:
+                media = images.tokens(text)[1]  # (the images the fitted prompt still has: their rows' places)
             if overflow is not None:
                 self.totals["context_overflows"] += 1
                 self.totals["context_dropped_messages"] += fitted.dropped_messages
@@ -408,6 +422,7 @@ class EngineWorker:
         constraint = Constraint(s.tokenizer, grammar) if grammar is not None else None
         slot = self._pick_slot(prompt)
         s.use(slot)
+        s.media = media  # (kept with the slot's history: its cached image rows are this prompt's, row_ids)
         if self.disk is not None:
             self.disk.wait(slot)  # its state being written, if it is: left alone until then
         # the HTTP status can be sent: nothing below is the request's fault

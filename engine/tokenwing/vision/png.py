@@ -51,8 +51,8 @@ def _unfilter(raw: bytes, height: int, stride: int, bpp: int) -> np.ndarray:
     return out
 
 
-def decode_png(data: bytes) -> np.ndarray:
-    """RGB bytes (height, width, 3) of a PNG file's image."""
+def decode_png(data: bytes, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+    """RGB bytes (height, width, 3) of a PNG file's image (refused past `max_pixels`, before any is decoded)."""
     if not data.startswith(SIGNATURE):
         raise BadInputError("not a PNG image (the engine reads PNG)")
     pos, header, idat = len(SIGNATURE), None, []
@@ -62,6 +62,8 @@ def decode_png(data: bytes) -> np.ndarray:
         if len(body) != length:
             break
         if kind == b"IHDR":
+            if len(body) < 13:
+                raise BadInputError("PNG: truncated image header")
             header = struct.unpack(">IIBBBBB", body[:13])
         elif kind == b"IDAT":
             idat.append(body)
@@ -76,8 +78,8 @@ def decode_png(data: bytes) -> np.ndarray:
             f"PNG: {depth}-bit colour type {colour}{' interlaced' if interlace else ''} is not read "
             "(8-bit grey, grey+alpha, RGB or RGBA, not interlaced)"
         )
-    if not 0 < width * height <= MAX_PIXELS:
-        raise BadInputError(f"PNG: {width}x{height} pixels; at most {MAX_PIXELS} are read")
+    if not 0 < width * height <= max_pixels:
+        raise BadInputError(f"PNG: {width}x{height} pixels; at most {max_pixels} are read")
     n = _CHANNELS[colour]
     try:
         raw = zlib.decompressobj().decompress(b"".join(idat), height * (width * n + 1))

@@ -15,6 +15,8 @@ begin and end texts (Qwen-VL's <|vision_start|> and <|vision_end|>, Pixtral's [I
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +27,18 @@ from tokenwing.vision.positions import image_positions, image_span
 
 MEDIA_MARKER = "<__media__>"  # llama.cpp's mtmd_default_marker
 IMAGE_BEGIN, IMAGE_END = "<|vision_start|>", "<|vision_end|>"  # Qwen-VL's (mtmd.cpp, PROJECTOR_TYPE_QWEN3VL)
-PLACEHOLDER = 0  # the token id an image row stands as in the session's history (its input is replaced)
+PLACEHOLDER = 0  # the token id an image row is embedded as (its input is replaced), where it has no key
+# A keyed image row's id in the history (the server's): past the vocabulary, from the image's hash and the row, so
+# that a prompt cache (a slot's history, the disk cache's token lists) never takes one image's rows for another's
+# or for text; below 2^31, as the snapshot files keep ids as int32.
+_ROW_IDS = 1 << 31
+
+
+def row_ids(key: str, n: int, vocab: int) -> list[int]:
+    """The history ids of an image's n rows: vocab … 2^31 - 1, drawn from the image's key (its content hash)."""
+    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
+    drawn = vocab + np.random.default_rng(seed).integers(0, _ROW_IDS - vocab, n)
+    return [int(t) for t in drawn]
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,14 @@ class MediaPrompt:
                 out[:, i] = image_positions(p0, im.nx, im.ny).reshape(4, -1)[:, cell - im.start]
         return out.reshape(-1)
 
+    def text_ids(self, tokens: list[int], pos0: int) -> list[int]:
+        """`tokens` (the cells pos0 …) with every image row's id as PLACEHOLDER: what the embedding looks up (the
+        row's input then replaced, `inputs`) and what is checked against the vocabulary."""
+        out = list(tokens)
+        for at, _, _ in self._rows(pos0, len(tokens)):
+            out[at] = [PLACEHOLDER] * (at.stop - at.start)
+        return out
+
     def _rows(self, pos0: int, n: int) -> list[tuple[slice, ImageRows, slice]]:
         """(rows of the pass, image, its rows) where the pass's cells pos0 … pos0 + n - 1 are an image's."""
         out = []
@@ -94,11 +115,14 @@ def tokens(
     text: str,
     images: list[tuple[int, int, np.ndarray]],
     n_embd: int,
+    keys: Sequence[str] = (),
+    vocab: int = 0,
     begin: str = IMAGE_BEGIN,
     end: str = IMAGE_END,
     mrope: bool = True,
 ) -> tuple[list[int], MediaPrompt]:
     """The session's tokens for `text` with one image (nx, ny, embeddings) per MEDIA_MARKER, and its MediaPrompt.
+    With `keys` (each image's content hash) an image's rows are `row_ids` past the `vocab`, else PLACEHOLDER.
     `begin`, `end`, `mrope`: the encoder's (MmprojEncoder's; "": no such text), Qwen-VL's by default."""
     parts = text.split(MEDIA_MARKER)
     if len(parts) - 1 != len(images):
@@ -112,5 +136,6 @@ def tokens(
         if i < len(images):
             nx, ny, embd = images[i]
             media.images.append(ImageRows(len(out), nx, ny, embd))
-            out += [PLACEHOLDER] * media.images[-1].rows
+            n = media.images[-1].rows
+            out += row_ids(keys[i], n, vocab) if keys else [PLACEHOLDER] * n
     return out, media

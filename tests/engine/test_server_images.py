@@ -1,0 +1,299 @@
+"""Images through a real `tokenwing serve --mmproj` (issue 45 item 4): the factory's qwen3vlmoe model and its
+mmproj, OpenAI's image_url parts sent with the official `openai` client. The reply's first-token log-probabilities
+are those of `tokenwing logits --mmproj --image --text` on the prompt /apply-template shows (that command is exact
+against llama.cpp's libmtmd: tests/oracle/test_qwen3vl_images.py), streamed at 25 % of the expert bytes too; a slot's
+cached tokens and the prompt cache on disk never give one image's keys and values to another; bad images are 400s."""
+
+from __future__ import annotations
+
+import base64
+import struct
+import threading
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli
+from tests.engine.test_server import KEY, Server
+from tests.engine.test_server_parallel import _together
+from tests.oracle.test_qwen3vl_images import image, write_png
+from tests.pauses import Pauses
+from tokenwing.errors import BadInputError
+from tokenwing.vision.png import decode_png
+
+TEXT = "What is this?"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The factory's qwen3vlmoe model (repacked, so that its experts stream) and its mmproj."""
+    root = tmp_path_factory.mktemp("vl")
+    model, mmproj, repacked = root / "m.gguf", root / "m.mmproj.gguf", root / "m.tw.gguf"
+    r = run_cli("testmodel", str(model), "--arch", "qwen3vlmoe", "--mmproj", str(mmproj), "-q")
+    assert r.returncode == 0, r.stderr
+    assert run_cli("repack", str(model), "-o", str(repacked)).returncode == 0
+    return repacked, mmproj
+
+
+@pytest.fixture(scope="module")
+def server(files: tuple[Path, Path]) -> Iterator[Server]:
+    """One slot, so that every request reuses (or must not reuse) the one before's cached tokens."""
+    s = Server(files[0], "--mmproj", str(files[1]), "--kv-type", "f32", "--parallel", "1")
+    yield s
+    s.stop()
+
+
+def png_bytes(px: np.ndarray, tmp: Path) -> bytes:
+    write_png(tmp, px)
+    return tmp.read_bytes()
+
+
+def data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def messages(url: str, text: str = TEXT) -> list[dict[str, Any]]:
+    return [
+        {"role": "user", "content": [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]}
+    ]
+
+
+def reference(files: tuple[Path, Path], server: Server, png: Path, msgs: list[dict[str, Any]], tmp: Path) -> np.ndarray:
+    """`tokenwing logits` of the prompt the server makes of these messages (its /apply-template), as log-probs."""
+    prompt = httpx.post(server.url + "/apply-template", json={"messages": msgs}, headers=AUTH).json()["prompt"]
+    assert prompt.count("<__media__>") == 1, prompt  # where the image goes
+    args = ["--mmproj", str(files[1]), "--image", str(png), "--text", prompt, "--kv-type", "f32"]
+    r = run_cli("logits", str(files[0]), *args, "--out", str(tmp / "ref.npy"))
+    assert r.returncode == 0, r.stderr
+    z = np.load(tmp / "ref.npy")[0].astype(np.float64)
+    return z - (np.log(np.exp(z - z.max()).sum()) + z.max())
+
+
+def first_logprobs(server: Server, msgs: list[dict[str, Any]], stream: bool = False) -> tuple[dict[int, float], Any]:
+    """The reply's first token's top-20 log-probabilities by id (llama.cpp's `id` field), and the response."""
+    body = {"model": "m", "messages": msgs, "max_tokens": 2, "temperature": 0, "logprobs": True, "top_logprobs": 20}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120,
+                   headers=AUTH)  # fmt: skip
+    assert r.status_code == 200, r.text
+    first = r.json()["choices"][0]["logprobs"]["content"][0]
+    return {e["id"]: e["logprob"] for e in first["top_logprobs"]}, r.json()
+
+
+def assert_matches(got: dict[int, float], ref: np.ndarray) -> None:
+    top = np.argsort(-ref, kind="stable")[:20]
+    assert list(got) == top.tolist()
+    np.testing.assert_allclose([got[int(i)] for i in top], ref[top], atol=1e-5)
+
+
+def test_the_openai_client_sends_an_image_and_streams_a_reply(server: Server, tmp_path: Path) -> None:
+    url = data_url(png_bytes(image(48, 64, seed=1), tmp_path / "a.png"))
+    client = server.client()
+    msgs: Any = messages(url)
+    opts: Any = {"include_usage": True}
+    chunks = list(
+        client.chat.completions.create(
+            model="m", messages=msgs, max_tokens=4, temperature=0, stream=True, stream_options=opts
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage = chunks[-1].usage
+    assert usage is not None and 0 < usage.completion_tokens <= 4
+    whole = client.chat.completions.create(model="m", messages=msgs, max_tokens=4, temperature=0)
+    assert whole.choices[0].message.content == text
+    # the image's rows count: 64×48 is 4×3 merged patches, 12 rows more than the same text without it
+    plain = client.chat.completions.create(model="m", messages=[{"role": "user", "content": TEXT}], max_tokens=1)
+    assert whole.usage is not None and plain.usage is not None
+    with_markers = len(server_tokens(server, "<|vision_start|><|vision_end|>"))
+    assert whole.usage.prompt_tokens == plain.usage.prompt_tokens + 12 + with_markers
+
+
+def server_tokens(server: Server, text: str) -> list[int]:
+    r = httpx.post(server.url + "/tokenize", json={"content": text, "with_pieces": False},
+                   headers=AUTH)  # fmt: skip
+    assert r.status_code == 200, r.text
+    return [t if isinstance(t, int) else t["id"] for t in r.json()["tokens"]]
+
+
+def test_first_token_logprobs_are_tokenwing_logits(files: tuple[Path, Path], server: Server, tmp_path: Path) -> None:
+    """The server's prompt with the image gives the logits `tokenwing logits --mmproj --image` gives (exact vs
+    libmtmd); then a different image in the same place, in the same slot after the first: its own logits, not the
+    first image's keys and values (the slot's cached tokens stop where the images differ)."""
+    msgs_a, msgs_b = [], []
+    for name, seed, out in (("a", 2, msgs_a), ("b", 3, msgs_b)):
+        write_png(tmp_path / f"{name}.png", image(48, 64, seed=seed))
+        out += messages(data_url((tmp_path / f"{name}.png").read_bytes()))
+    ref_a = reference(files, server, tmp_path / "a.png", msgs_a, tmp_path)
+    ref_b = reference(files, server, tmp_path / "b.png", msgs_b, tmp_path)
+    assert np.abs(ref_a - ref_b).max() > 1e-3  # (the image changes the logits)
+    got_a, _ = first_logprobs(server, msgs_a)
+    assert_matches(got_a, ref_a)
+    got_b, body = first_logprobs(server, msgs_b)
+    assert_matches(got_b, ref_b)
+    cached = body["tokenwing"]["prompt_cached_tokens"]
+    assert 0 < cached < body["usage"]["prompt_tokens"] - 12  # (the text before the image only)
+    again, body = first_logprobs(server, msgs_b)
+    assert again == got_b and body["tokenwing"]["prompt_cached_tokens"] == body["usage"]["prompt_tokens"] - 1
+
+
+def test_at_a_quarter_and_from_the_disk_cache(files: tuple[Path, Path], server: Server, tmp_path: Path) -> None:
+    """A server streaming 25 % of the expert bytes on another server's prompt cache on disk (which holds image c's
+    conversation): c's is restored whole; a new image e in c's place is not restored from it (the text before the
+    image only) and gets the log-probs all experts resident give, bit for bit."""
+    for name, seed in (("c", 4), ("e", 5)):
+        write_png(tmp_path / f"{name}.png", image(48, 64, seed=seed))
+    msgs_c = messages(data_url((tmp_path / "c.png").read_bytes()))
+    msgs_e = messages(data_url((tmp_path / "e.png").read_bytes()))
+    cache = tmp_path / "cache"
+    first = Server(files[0], "--mmproj", str(files[1]), "--kv-type", "f32", "--parallel", "1",
+                   "--prompt-cache-dir", str(cache))  # fmt: skip
+    try:
+        resident_c, _ = first_logprobs(first, msgs_c)
+    finally:
+        first.stop()  # (its snapshot written: the stop waits for it)
+    quarter = Server(files[0], "--mmproj", str(files[1]), "--kv-type", "f32", "--parallel", "1",
+                     "--ram-budget", "25%", "--prompt-cache-dir", str(cache))  # fmt: skip
+    try:
+        got_c, body = first_logprobs(quarter, msgs_c)
+        assert got_c == resident_c
+        n = body["usage"]["prompt_tokens"]
+        # c's conversation, from the disk (its reply too: the prompt's all but last token kept of it)
+        assert body["tokenwing"].get("prompt_restored_tokens", 0) >= n - 1
+        assert body["tokenwing"]["prompt_cached_tokens"] == n - 1
+        got_e, body = first_logprobs(quarter, msgs_e)
+        assert "prompt_restored_tokens" not in body["tokenwing"]  # (the slot has the text before the image already)
+        assert body["tokenwing"]["prompt_cached_tokens"] < n - 12  # (the text before the image at most)
+        assert body["tokenwing"]["prompt_bytes_read"] > 0  # (its experts streamed from the drive)
+    finally:
+        quarter.stop()
+    resident_e, _ = first_logprobs(server, msgs_e)
+    assert got_e == resident_e
+
+
+def all_logprobs(server: Server, msgs: list[dict[str, Any]]) -> list[list[tuple[int, float]]]:
+    """Every reply token's top-5 (id, log-prob), greedy, 4 tokens (the end-of-text token banned)."""
+    body = {"messages": msgs, "max_tokens": 4, "temperature": 0, "logprobs": True, "top_logprobs": 5,
+            "ignore_eos": True}  # fmt: skip
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120, headers=AUTH)
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    assert len(content) == 4
+    return [[(e["id"], e["logprob"]) for e in c["top_logprobs"]] for c in content]
+
+
+@pytest.mark.parametrize("budget", ["25%", "100%"])
+def test_replies_with_images_decoded_together_are_what_they_are_alone(
+    files: tuple[Path, Path], server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, budget: str
+) -> None:
+    """Three slots, at 25 % of the expert bytes and all resident (its decode step one graph, without images): two
+    requests with different images and one of text start together
+    (a test pause gathers them), their decode steps run as one (runtime/batch.py, each sequence's text positions
+    after its image's); every token's log-probs are those the one-slot resident server gives each alone."""
+    bodies = []
+    for name, seed in (("f", 6), ("g", 7)):
+        write_png(tmp_path / f"{name}.png", image(48, 64, seed=seed))
+        bodies.append(messages(data_url((tmp_path / f"{name}.png").read_bytes())))
+    bodies.append([{"role": "user", "content": TEXT}])
+    alone = [all_logprobs(server, b) for b in bodies]
+    pauses = Pauses(tmp_path / "pauses", "serve.admit")
+    pauses.arm(monkeypatch)
+    together = Server(files[0], "--mmproj", str(files[1]), "--kv-type", "f32", "--parallel", "3",
+                      "--ram-budget", budget, "--no-prompt-cache")  # fmt: skip
+    try:
+        got: list[Any] = [None] * len(bodies)
+
+        def one(i: int) -> None:
+            got[i] = all_logprobs(together, bodies[i])
+
+        _together(together, pauses, [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))])
+    finally:
+        together.stop()
+    assert got == alone
+
+
+def bad(server: Server, msgs: list[dict[str, Any]], max_tokens: int = 2) -> str:
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": max_tokens},
+                   headers=AUTH, timeout=120)  # fmt: skip
+    assert r.status_code == 400, r.text
+    message: str = r.json()["error"]["message"]
+    assert "\n" not in message and "Traceback" not in message
+    return message
+
+
+def header_only(width: int, height: int) -> bytes:
+    """A PNG whose header claims width × height, with a tiny image data chunk."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    head = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+    return b"\x89PNG\r\n\x1a\n" + head + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def test_bad_images_are_400s_naming_why(server: Server, tmp_path: Path) -> None:
+    ok = png_bytes(image(48, 64, seed=1), tmp_path / "ok.png")
+    assert "--allow-image-urls" in bad(server, messages("https://example.com/cat.png"))
+    assert "not a PNG" in bad(server, messages(data_url(b"\xff\xd8\xff\xe0 a JPEG")))
+    assert "base64" in bad(server, messages("data:image/png;base64,%%%"))
+    assert "truncated" in bad(server, messages(data_url(ok[: len(ok) // 2])))
+    assert str(4096 * 4096) in bad(server, messages(data_url(header_only(100_000, 100_000))))
+    assert "data: URL" in bad(server, messages("file:///etc/passwd"))
+    system = [{"role": "system", "content": [{"type": "image_url", "image_url": {"url": data_url(ok)}}]}]
+    assert "only user messages" in bad(server, system + messages(data_url(ok)))
+    assert "image marker" in bad(server, messages(data_url(ok), text="see <__media_0__>"))
+    # an image whose rows do not fit the 512-token context: refused as a long text is
+    big = np.zeros((720, 800, 3), np.uint8)
+    raw = b"".join(b"\0" + row.tobytes() for row in big)  # (filter none: quick to write and to read)
+    png = _with_data(800, 720, raw)
+    message = bad(server, messages(data_url(png)), max_tokens=8)
+    assert "context" in message
+
+
+def _with_data(width: int, height: int, raw: bytes) -> bytes:
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    head = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+    return b"\x89PNG\r\n\x1a\n" + head + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def test_apply_template_shows_where_the_image_goes(server: Server, tmp_path: Path) -> None:
+    url = data_url(png_bytes(image(48, 64, seed=1), tmp_path / "a.png"))
+    r = httpx.post(server.url + "/apply-template", json={"messages": messages(url, "Look: ")}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert "Look: <__media__>" in r.json()["prompt"]
+
+
+def test_a_model_without_an_mmproj_says_so(files: tuple[Path, Path], tmp_path: Path) -> None:
+    s = Server(files[0])
+    try:
+        url = data_url(png_bytes(image(48, 64, seed=1), tmp_path / "a.png"))
+        assert "serve --mmproj" in bad(s, messages(url))
+    finally:
+        s.stop()
+
+
+def test_png_decode_fuzz_never_fails_otherwise(tmp_path: Path) -> None:
+    """Every truncation of a PNG, seeded random byte changes and huge header sizes: the image or one BadInputError
+    (never another exception, never an allocation the header alone asks for)."""
+    data = png_bytes(image(9, 11, seed=6), tmp_path / "f.png")
+    rng = np.random.default_rng(0)
+    cases = [data[:n] for n in range(len(data))]
+    for _ in range(300):
+        b = bytearray(data)
+        for at in rng.integers(0, len(b), int(rng.integers(1, 6))):
+            b[at] = int(rng.integers(0, 256))
+        cases.append(bytes(b))
+    cases += [header_only(w, h) for w, h in ((1 << 31, 1 << 31), (0, 5), (65536, 65536), (1, 1 << 30))]
+    for case in cases:
+        try:
+            rgb = decode_png(case, 4096 * 4096)
+        except BadInputError as e:
+            assert "\n" not in str(e)
+        else:
+            assert rgb.dtype == np.uint8 and rgb.shape[2] == 3
