@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import assert_clean_error, run_cli
-from tests.oracle.test_qwen3vl_images import image, mtmd_run, step_and_streamed_match, write_png
+from tests.oracle.test_qwen3vl_images import image, logits_match, mtmd_run, step_and_streamed_match, write_png
 from tokenwing.format.gguf_io import read_header
 from tokenwing.runtime.session import Session, SessionOptions
 from tokenwing.vision.pixtral import PixtralEncoder
@@ -113,19 +113,7 @@ def test_logits_with_an_image_match_llama_cpp(files: tuple[Path, Path, Path], tm
     files: within llama.cpp's own distance when only its KV cache precision changes (F16 for F32)."""
     model, mmproj, repacked = files
     name, text = LOGITS[case]
-    rgb = image(*IMAGES[name], seed=7)
-    write_png(tmp_path / "image.png", rgb)
-    mtmd_run(model, mmproj, rgb, text, tmp_path / "ref")
-    mtmd_run(model, mmproj, rgb, text, tmp_path / "f16kv", "f16kv")
-    ref = np.load(tmp_path / "ref" / "logits.npy")
-    own = np.abs(np.load(tmp_path / "f16kv" / "logits.npy") - ref).max()
-    out = tmp_path / "ours.npy"
-    args = ["--mmproj", str(mmproj), "--image", str(tmp_path / "image.png"), "--text", text]
-    r = run_cli("logits", str(repacked), *args, "--out", str(out), "--kv-type", "f32")
-    assert r.returncode == 0, r.stderr
-    got = np.load(out)
-    assert got.shape == ref.shape == (1, 512)
-    assert np.abs(got - ref).max() <= own, (np.abs(got - ref).max(), own)
+    logits_match((model, mmproj), repacked, image(*IMAGES[name], seed=7), text, tmp_path)
 
 
 def test_a_decode_step_after_an_image_and_streamed_at_a_quarter(files: tuple[Path, Path, Path], tmp_path: Path) -> None:

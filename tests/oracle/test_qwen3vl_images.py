@@ -195,16 +195,22 @@ def test_logits_with_an_image_match_llama_cpp(
 ) -> None:
     """`tokenwing logits MODEL --mmproj P --image FILE --text T` against mtmd_helper_eval_chunks on the same
     files: within llama.cpp's own distance when only its KV cache precision changes (F16 for F32)."""
-    model, mmproj = files
     name, text = LOGITS[case]
-    rgb = image(*IMAGES[name], seed=7)
-    write_png(tmp_path / "image.png", rgb)
-    mtmd_run(model, mmproj, rgb, text, tmp_path / "ref")
-    mtmd_run(model, mmproj, rgb, text, tmp_path / "f16kv", "f16kv")
-    ref = np.load(tmp_path / "ref" / "logits.npy")
-    own = np.abs(np.load(tmp_path / "f16kv" / "logits.npy") - ref).max()
-    out = tmp_path / "ours.npy"
-    args = ["--mmproj", str(mmproj), "--image", str(tmp_path / "image.png"), "--text", text]
+    logits_match(files, repacked, image(*IMAGES[name], seed=7), text, tmp_path)
+
+
+def logits_match(files: tuple[Path, Path], repacked: Path, rgb: np.ndarray, text: str, tmp: Path) -> None:
+    """`tokenwing logits MODEL --mmproj P --image FILE --text T` against mtmd_helper_eval_chunks on the same
+    files: within llama.cpp's own distance when only its KV cache precision changes (F16 for F32); each image
+    family's test calls it."""
+    model, mmproj = files
+    write_png(tmp / "image.png", rgb)
+    mtmd_run(model, mmproj, rgb, text, tmp / "ref")
+    mtmd_run(model, mmproj, rgb, text, tmp / "f16kv", "f16kv")
+    ref = np.load(tmp / "ref" / "logits.npy")
+    own = np.abs(np.load(tmp / "f16kv" / "logits.npy") - ref).max()
+    out = tmp / "ours.npy"
+    args = ["--mmproj", str(mmproj), "--image", str(tmp / "image.png"), "--text", text]
     r = run_cli("logits", str(repacked), *args, "--out", str(out), "--kv-type", "f32")
     assert r.returncode == 0, r.stderr
     got = np.load(out)
