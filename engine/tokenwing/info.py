@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from tokenwing.autotune.probe import cpu_isa, probe_drive
+from tokenwing.commands import run as run_commands
 from tokenwing.compute import ggml_api as ggml
 from tokenwing.compute.devices import HEADROOM_DIVISOR, HEADROOM_MAX, HEADROOM_MIN, list_devices
 from tokenwing.errors import BadInputError, exit_codes, permanent_kinds
@@ -28,6 +29,11 @@ from tokenwing.server.worker import LAYER_FIELDS, TOKEN_FIELDS
 from tokenwing.streaming.memory import HEADROOM, MemoryInfo, memory_info
 from tokenwing.streaming.settings import DECAY_TOKENS
 from tokenwing.version import __version__
+from tokenwing.vision.qwen3vl import PROJECTOR as QWEN3VL_PROJECTOR
+
+# The architectures whose images the engine reads, with the mmproj projector types (clip.projector_type) each
+# takes: a family's image encoder (vision/) adds its line here. The app offers pictures by it (issue 45 item 5).
+IMAGE_ARCHITECTURES: dict[str, tuple[str, ...]] = {"qwen3vlmoe": (QWEN3VL_PROJECTOR,)}
 
 
 def weight_types() -> list[str]:
@@ -130,6 +136,17 @@ def engine_flags() -> dict[str, dict[str, Any]]:
     return out
 
 
+def image_facts() -> dict[str, Any]:
+    """What the engine reads images for: `architectures` (each with its mmproj projector types) and `serve`,
+    whether `tokenwing serve` takes `--mmproj` (read from its parser: the app starts a model's server with its
+    mmproj only where it does)."""
+    sub = argparse.ArgumentParser(add_help=False).add_subparsers()
+    run_commands.add_parsers(sub)
+    serve = sub.choices.get("serve")
+    takes = serve is not None and any("--mmproj" in a.option_strings for a in serve._actions)
+    return {"architectures": {a: list(p) for a, p in IMAGE_ARCHITECTURES.items()}, "serve": takes}
+
+
 def model_facts(path: str, mem: MemoryInfo | None = None) -> dict[str, Any]:
     """What the engine sizes for a model file (or GGUF) before loading it: its KV cache per token of context, at
     each `--kv-type` (by its family's rule: the bytes the runtime allocates), and the slots `serve --parallel
@@ -185,6 +202,7 @@ def engine_info(drive_file: str | None = None, drive_bytes: int = 64 << 20, mode
         # what a device keeps free beyond --vram-budget's default: total / divisor, within min and max bytes
         "device_headroom": {"divisor": HEADROOM_DIVISOR, "min_bytes": HEADROOM_MIN, "max_bytes": HEADROOM_MAX},
         "flags": flags,
+        "images": image_facts(),  # the architectures it reads images for, and whether serve takes --mmproj
         "preset_flags": preset_flags(flags),
         # a routed expert's average bits per weight by the quant name a GGUF is published under, and the
         # alignment of each of its projections in the model file: one expert's bytes before the file is here

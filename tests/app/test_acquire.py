@@ -51,6 +51,7 @@ LAYOUT = {  # quant → where its shards are in the repository (the second one i
 }
 
 
+MMPROJ = "mmproj-Tiny-F16.gguf"  # the repository's image encoder: downloaded beside the model (issue 45), not a quant
 ODD = "acme/Odd-GGUF"  # the same shards with an architecture no engine runs (qwen9moe)
 
 
@@ -88,7 +89,7 @@ def hub(split_models: dict[str, list[Path]]) -> Iterator[HubServer]:
         for q, files in split_models.items():
             for i, f in enumerate(files, 1):
                 server.add_file(REPO, LAYOUT[q].format(i=i), f.read_bytes(), tags=["gguf"])
-        server.add_file(REPO, "mmproj-Tiny-F16.gguf", b"GGUF" + bytes(3000))  # a projector: not a quant
+        server.add_file(REPO, MMPROJ, b"GGUF" + bytes(3000))  # a projector: not a quant
         server.add_file(REPO, "README.md", b"# Tiny\n")
         yield server
 
@@ -331,12 +332,15 @@ def test_get_one_quant_with_a_drop_and_a_corrupt_shard_then_chat(
     assert model.path == env.paths.models / "acme" / "Tiny-GGUF" / "Tiny-Q8_0.tw.gguf"
     assert sha256(model.path) == plain_repack_sha(split_models["Q8_0"], tmp_path, LAYOUT["Q8_0"])
     # only the chosen quant's shards were downloaded; shard 2 resumed where it dropped; shard 3 came twice
-    assert files_fetched(hub) == {LAYOUT["Q8_0"].format(i=i) for i in (1, 2, 3)}
+    assert files_fetched(hub) == {LAYOUT["Q8_0"].format(i=i) for i in (1, 2, 3)} | {MMPROJ}
     gets2 = downloads_of(hub, shard2)
     assert len(gets2) == 2 and gets2[0].range is None and gets2[1].range == f"bytes={size2 // 2}-"
     assert [r.range for r in downloads_of(hub, shard3)] == [None, None]  # refused by sha256, fetched whole again
     # nothing else is left behind: no shard, no job folder, no engine progress, one library entry
-    assert not any(p.suffix == ".gguf" and not p.name.endswith(".tw.gguf") for p in env.paths.home.rglob("*"))
+    # (but the repository's image encoder, kept beside the model: library/mmproj.py)
+    assert (model.path.parent / MMPROJ).read_bytes() == b"GGUF" + bytes(3000)
+    left = [p for p in env.paths.home.rglob("*") if p.suffix == ".gguf" and not p.name.endswith(".tw.gguf")]
+    assert left == [model.path.parent / MMPROJ]
     assert not env.paths.jobs.exists() or not any(env.paths.jobs.iterdir())
     assert [m.path for m in run(env.library.scan)] == [model.path]
     assert env.progress[-1].phase == "done" and env.progress[-1].fraction == 1.0
@@ -375,7 +379,7 @@ def test_get_survives_a_hub_that_drops_connections(
         reads = [r for r in headers if r.path.endswith(LAYOUT["Q8_0"].format(i=i))]
         starts = [int(r.range.split("=")[1].split("-")[0]) for r in reads if r.range]
         assert starts == [4096 * n for n in range(len(starts))], starts
-    assert files_fetched(hub) == {LAYOUT["Q8_0"].format(i=i) for i in (1, 2, 3)}
+    assert files_fetched(hub) == {LAYOUT["Q8_0"].format(i=i) for i in (1, 2, 3)} | {MMPROJ}
 
 
 def test_local_split_import_from_any_shard(split_models: dict[str, list[Path]], tmp_path: Path) -> None:
@@ -549,7 +553,7 @@ def test_the_window_shows_the_quants_and_gets_the_one_picked(
         run_qt(qapp, flow)
     finally:
         window.close()
-    assert files_fetched(hub) == {LAYOUT["Q8_0"].format(i=i) for i in (1, 2, 3)}
+    assert files_fetched(hub) == {LAYOUT["Q8_0"].format(i=i) for i in (1, 2, 3)} | {MMPROJ}
 
 
 def test_the_window_resumes_a_get_killed_midway(

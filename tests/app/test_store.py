@@ -421,5 +421,5 @@ def test_a_version_3_database_becomes_its_one_branch(tmp_path: Path) -> None:
     assert contents(s, 1) == ["a1", "a2", "a3"]
     s.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (4,)
+        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (5,)
     db.close()

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
+from runmyai.chat.images import Picture
 from runmyai.chat.store import DEFAULT_TITLE, TURN_BREAK, ConversationStore, Message, StoreError
 from runmyai.chat.tools import ToolCall, ToolRound, ToolRunner
 from runmyai.engine.client import ChatClient, ChatDelta, ChatError, ChatSettings, ToolCallAccumulator
@@ -35,9 +36,10 @@ class Refused(ChatError):
     """The engine refused the message before any of a reply came (HTTP 4xx: the context, the key, a bad request; or
     no engine): nothing of the turn was kept. `text` is the user's message, to give back to them."""
 
-    def __init__(self, e: ChatError, text: str) -> None:
+    def __init__(self, e: ChatError, text: str, images: Sequence[Picture] = ()) -> None:
         super().__init__(str(e), e.status, e.code)
         self.text = text
+        self.images = tuple(images)  # its pictures, given back to the composer with the text
         self.cause = e
 
 
@@ -120,10 +122,11 @@ class ChatSession:
         on_reasoning: Sink | None = None,
         tools: ToolRunner | None = None,
         saved: Callable[[Message], None] | None = None,
+        images: Sequence[Picture] = (),
     ) -> Reply:
-        """Adds the user's message (or, while a message is being edited, a new version of it: a branch from there,
-        the old version and what followed it kept) and replies; `saved` gets the message once it is in the store
-        (the window draws it with its id: its Edit link);
+        """Adds the user's message, with `images` its pictures (chat/images.py) (or, while a message is being
+        edited, a new version of it: a branch from there, the old version and what followed it kept) and replies;
+        `saved` gets the message once it is in the store (the window draws it with its id: its Edit link);
         `on_reasoning` gets the model's thinking as it comes (it is saved either way). With `tools`, the model is
         offered them; its calls are run by `tools` and their results sent back, turn after turn, until it replies
         without calls (the saved reply is the text of all those turns, with its calls and their results: a reloaded
@@ -137,8 +140,8 @@ class ChatSession:
             else:
                 if not self.store.messages(conversation_id):
                     first = True
-                    self.store.rename(conversation_id, _title(text))
-                added = self.store.add_message(conversation_id, "user", text)
+                    self.store.rename(conversation_id, _title(text or "Picture"))
+                added = self.store.add_message(conversation_id, "user", text, images=images)
         except StoreError as e:  # e.g. a full disk: one sentence, like any other failed turn
             raise ChatError(str(e)) from None
         if saved is not None and added is not None:
@@ -154,7 +157,7 @@ class ChatSession:
                 self.store.delete_message(added.id)
                 if first:
                     self.store.rename(conversation_id, DEFAULT_TITLE)
-            raise Refused(e, text) from None
+            raise Refused(e, text, images) from None
 
     async def regenerate(
         self,

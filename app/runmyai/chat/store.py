@@ -17,12 +17,15 @@
   in one transaction, keeping every message. 2 added `messages.reasoning` (a thinking model's reasoning, shown
   folded and never sent back); 3 added `messages.tool_rounds` (a reply's tool calls and their results, JSON:
   shown again on reload and sent back to the model, as OpenAI's API expects a conversation's calls to be); 4 added
-  `messages.parent_id` and `messages.chosen` (branches: an older conversation becomes its one branch).
+  `messages.parent_id` and `messages.chosen` (branches: an older conversation becomes its one branch); 5 added
+  `messages.images` (the pictures a message carries, JSON: their file names in the conversation's folder of
+  `chat/images.py`'s ImageFolder, which goes with the conversation).
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import sqlite3
 import threading
@@ -33,13 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from runmyai.chat.images import ImageError, ImageFolder, Picture, content_parts
 from runmyai.chat.tools import ToolRound
 from runmyai.engine.client import ChatSettings
 
 Role = Literal["system", "user", "assistant"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant"})
 DEFAULT_TITLE = "New chat"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # the latest schema, for a new file; an older file gets the same through _MIGRATIONS
 _SCHEMA = """
@@ -66,7 +70,8 @@ CREATE TABLE IF NOT EXISTS messages (
     reasoning TEXT NOT NULL DEFAULT '',
     tool_rounds TEXT NOT NULL DEFAULT '[]',
     parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
-    chosen INTEGER NOT NULL DEFAULT 0
+    chosen INTEGER NOT NULL DEFAULT 0,
+    images TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 CREATE INDEX IF NOT EXISTS messages_by_parent ON messages(parent_id);
@@ -85,6 +90,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "UPDATE messages SET chosen = id, parent_id = (SELECT max(p.id) FROM messages p "
         "WHERE p.conversation_id = messages.conversation_id AND p.id < messages.id)",
     ),
+    5: ("ALTER TABLE messages ADD COLUMN images TEXT NOT NULL DEFAULT '[]'",),
 }
 
 
@@ -114,6 +120,7 @@ class Message:
     reasoning: str = ""  # the model's thinking before `content`: shown folded, never sent back to it
     tool_rounds: tuple[ToolRound, ...] = ()  # the reply's turns that called tools, in order
     parent_id: int | None = None  # the message it follows (None: the conversation's first, or a sibling of it)
+    images: tuple[str, ...] = ()  # its pictures: file names in its conversation's ImageFolder (chat/images.py)
 
     def openai_messages(self) -> builtins.list[dict[str, Any]]:
         """The message as the API takes it back: a reply that called tools is its turns (each the assistant's
@@ -137,12 +144,18 @@ class StoreError(Exception):
     """A conversation or message that does not exist, or a bad role; str() is one sentence."""
 
 
+MISSING_PICTURE = "[a picture that is no longer on this computer]"  # sent in place of a kept file that went
+
+
 class ConversationStore:
-    def __init__(self, path: Path | str) -> None:
-        """`path`: the database file (created with its folder), or ":memory:"."""
+    def __init__(self, path: Path | str, images: Path | None = None) -> None:
+        """`path`: the database file (created with its folder), or ":memory:"; `images`: the folder of the
+        messages' pictures (default: `chat-images` beside the file; an in-memory store keeps none)."""
         if str(path) != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+            images = images or Path(path).with_name("chat-images")
         self.path = path
+        self.images = ImageFolder(images) if images is not None else None
         self._lock = threading.RLock()
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=5)
         self._db.row_factory = sqlite3.Row
@@ -237,8 +250,11 @@ class ConversationStore:
         return self._conversation(conversation_id)
 
     def delete(self, conversation_id: int) -> None:
+        """The conversation, its messages and its pictures."""
         with self._tx() as db:
             db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+        if self.images is not None:
+            self.images.delete(conversation_id)
 
     # ------------------------------------------------------------------------------------------ messages
     def messages(self, conversation_id: int) -> builtins.list[Message]:
@@ -367,15 +383,29 @@ class ConversationStore:
         finish_reason: str | None = None,
         model: str | None = None,
         reasoning: str = "",
+        images: Sequence[Picture] = (),
     ) -> Message:
-        """A message at the end of the active path."""
+        """A message at the end of the active path; `images`: its pictures, kept as files in the conversation's
+        folder (written first: a failed insert leaves a file the conversation's deletion removes, never a
+        message naming a file that is not there)."""
         if role not in ROLES:
             raise StoreError(f"{role!r} is not a message role (system, user or assistant).")
+        names = self._save_images(conversation_id, images)
         with self._tx() as db:
-            mid = self._insert(
-                db, conversation_id, role, content, (ttft_s, tokens_per_s, tokens, finish_reason, model, reasoning)
-            )
+            stats = (ttft_s, tokens_per_s, tokens, finish_reason, model, reasoning)
+            mid = self._insert(db, conversation_id, role, content, stats, images=names)
         return self._message(mid)
+
+    def _save_images(self, conversation_id: int, images: Sequence[Picture]) -> tuple[str, ...]:
+        if not images:
+            return ()
+        if self.images is None:
+            raise StoreError("This conversation store keeps no pictures (it is in memory).")
+        self._conversation(conversation_id)
+        try:
+            return self.images.save(conversation_id, images)
+        except OSError as e:
+            raise StoreError(f"The picture could not be saved ({self.images.root}): {e.strerror or e}.") from None
 
     def _insert(
         self,
@@ -385,6 +415,7 @@ class ConversationStore:
         content: str,
         stats: tuple[object, ...],
         parent: int | Literal["leaf"] | None = "leaf",
+        images: tuple[str, ...] = (),
     ) -> int:
         """A new chosen message under `parent` (by default the active path's last message)."""
         now = time.time()
@@ -394,8 +425,18 @@ class ConversationStore:
             parent = int(path[-1]["id"]) if path else None
         cur = db.execute(
             "INSERT INTO messages (conversation_id, role, content, created_at, ttft_s, tokens_per_s, tokens, "
-            "finish_reason, model, reasoning, parent_id, chosen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (conversation_id, role, content, now, *stats, parent, _next_chosen(db, conversation_id)),
+            "finish_reason, model, reasoning, parent_id, chosen, images) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                conversation_id,
+                role,
+                content,
+                now,
+                *stats,
+                parent,
+                _next_chosen(db, conversation_id),
+                json.dumps(images),
+            ),
         )
         return int(cur.lastrowid or 0)
 
@@ -473,7 +514,8 @@ class ConversationStore:
                 raise StoreError(f"There is no message {message_id} (was it deleted?).")
             cid = int(row["conversation_id"])
             stats = (None, None, None, None, row["model"], "")  # an edited reply is the user's text: no speed
-            self._insert(db, cid, row["role"], content, stats, parent=row["parent_id"])
+            # an edited question keeps its pictures (the text is what the edit changes)
+            self._insert(db, cid, row["role"], content, stats, parent=row["parent_id"], images=_images(row["images"]))
         return self.messages(cid)
 
     def drop_last_assistant(self, conversation_id: int) -> builtins.list[Message]:
@@ -519,8 +561,27 @@ class ConversationStore:
         if conv.system_prompt.strip():
             out.append({"role": "system", "content": conv.system_prompt})
         for m in self.messages(conversation_id):
-            out += m.openai_messages()
+            if m.images and m.role == "user":
+                out.append({"role": "user", "content": self._with_pictures(m)})
+            else:
+                out += m.openai_messages()
         return out
+
+    def pictures(self, m: Message) -> builtins.list[bytes]:
+        """A message's pictures (PNG bytes) as kept; one whose file went is left out."""
+        out: builtins.list[bytes] = []
+        for name in m.images:
+            with contextlib.suppress(ImageError):
+                out.append(self.images.read(m.conversation_id, name) if self.images is not None else b"")
+        return [p for p in out if p]
+
+    def _with_pictures(self, m: Message) -> builtins.list[dict[str, Any]]:
+        """A message's content parts: its pictures (chat/images.py), then its text. A picture whose file went (a
+        folder cleaned by hand) is a line saying so, not a conversation that can no longer be sent."""
+        pictures = self.pictures(m)
+        gone = len(m.images) - len(pictures)
+        text = "\n".join([MISSING_PICTURE] * gone + ([m.content] if m.content else []))
+        return content_parts(text, pictures)
 
     # ------------------------------------------------------------------------------------------ helpers
     def _conversation(self, conversation_id: int) -> Conversation:
@@ -661,4 +722,14 @@ def _to_message(row: sqlite3.Row) -> Message:
         reasoning=str(row["reasoning"]),
         tool_rounds=_rounds(str(row["tool_rounds"])),
         parent_id=row["parent_id"],
+        images=_images(row["images"]),
     )
+
+
+def _images(text: str) -> tuple[str, ...]:
+    """A message's saved picture names; what does not read as a list of names is none (the message still opens)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return ()
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, builtins.list) else ()

@@ -344,12 +344,17 @@ class ChatClient:
             await c.aclose()
 
     async def models(self) -> list[str]:
+        return [str(m["id"]) for m in await self.model_entries()]
+
+    async def model_entries(self) -> list[dict[str, Any]]:
+        """The server's `GET /models` entries as it sent them (what a model takes beyond text: `modalities`)."""
         ep = self._endpoint()
         try:
             r = await (await self._client(ep)).get(ep.url("models"), headers=ep.headers(), timeout=30)
         except httpx.TransportError as e:
             raise _transport_error(e, ep, started=False) from None
-        return _model_ids(r, ep, "The server's model list is not in the OpenAI format.")
+        ids = _model_ids(r, ep, "The server's model list is not in the OpenAI format.")  # (errors in one sentence)
+        return [m for m in r.json()["data"] if isinstance(m, dict) and str(m.get("id")) in ids]
 
     async def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> TokenCount:
         """The tokens a chat request's prompt takes, by the model's own template (`POST /v1/chat/count`, TokenWing's

@@ -83,6 +83,9 @@ class EngineInfo:
     quant_bits: Mapping[str, float] = field(default_factory=dict)
     expert_alignment: int = 0
     process_bytes: int = 0  # the engine's own process before any model (its Python and ggml)
+    # the architectures whose pictures the engine's server reads with a model's mmproj (`info --json`'s `images`:
+    # empty where `serve` takes no --mmproj)
+    image_architectures: frozenset[str] = frozenset()
 
     def runs(self, arch: str) -> bool:
         return arch in self.architectures
@@ -145,7 +148,14 @@ def parse_info(raw: object) -> EngineInfo:
         quant_bits=_quant_bits(raw.get("quant_bits")),
         expert_alignment=_positive_int(raw.get("expert_alignment")),
         process_bytes=_positive_int(raw.get("process_bytes")),
+        image_architectures=_image_architectures(raw.get("images")),
     )
+
+
+def _image_architectures(raw: object) -> frozenset[str]:
+    if not isinstance(raw, dict) or raw.get("serve") is not True or not isinstance(raw.get("architectures"), dict):
+        return frozenset()
+    return frozenset(a for a in raw["architectures"] if isinstance(a, str))
 
 
 def parse_memory(raw: object) -> EngineMemory | None:
@@ -269,6 +279,7 @@ async def ask_engine(folder: Path, command: Sequence[str] | None = None, *, refr
                 and info.stats_fields
                 and info.quant_bits
                 and info.preset_flags
+                and isinstance(cached.get("images"), dict)  # (what it reads images for: issue 45)
             ):
                 return info
     argv = [*(command if command is not None else engine_command()), "info", "--json"]

@@ -44,6 +44,7 @@ from runmyai.library.estimate import DISK_MARGIN, Estimate, Footprint, footprint
 from runmyai.library.hub import REPACKED_SUFFIX, HubClient, HubError, HubFile
 from runmyai.library.keys import HubKey
 from runmyai.library.local import LibraryError, LocalLibrary, LocalModel, repacked_name
+from runmyai.library.mmproj import MmprojError, get_mmproj
 from runmyai.library.quants import Quant, QuantError, find_quant, group_quants
 from runmyai.machine import MachineInfo, disk_free
 from runmyai.units import SizeSum, human_bytes
@@ -480,6 +481,7 @@ class Acquirer:
 
         dest = self.library.models_dir / job.output
         if dest.is_file():
+            await self._encoder(job, dest, report)
             self._clear(job)
             return await self.library.describe(dest)
         # its own task, so that `forget` stops this job and nothing else its caller does
@@ -490,10 +492,20 @@ class Acquirer:
         finally:
             if self._running.get(job.id) is task:
                 del self._running[job.id]
+        await self._encoder(job, dest, report)
         self._clear(job)
         given(GetProgress("done", 1.0, f"{dest.name} is in your library."))
         self._emit(JobStatus(job.id, job.repo, job.quant, "done", 1.0, self._size(job), f"{dest.name} is ready."))
         return model
+
+    async def _encoder(self, job: Job, dest: Path, report: ProgressFn) -> None:
+        """A vision model's image encoder (its repository's mmproj) beside it (library/mmproj.py); failing, the job
+        stays to be run again (the model is there: only the encoder is fetched then)."""
+        report(GetProgress("downloading", 1.0, f"Looking for {job.repo}'s image encoder…"))
+        try:
+            await get_mmproj(self.hub, self.downloads, job.repo, job.revision, dest.parent, self.library.presets)
+        except (HubError, MmprojError) as e:
+            raise AcquireError(f"{dest.name} is here, but its image encoder is not: {e}") from None
 
     async def _run(self, job: Job, dest: Path, report: ProgressFn) -> LocalModel:
         try:

@@ -19,6 +19,7 @@ from typing import Any
 
 from runmyai.engine.command import engine_command
 from runmyai.jsonfile import write_json_atomic
+from runmyai.library.mmproj import remove_mmproj_with
 from runmyai.library.presets import Preset
 from runmyai.library.quants import quant_name
 from runmyai.units import human_bytes
@@ -171,6 +172,8 @@ class LocalLibrary:
         usage = path.with_name(path.name + ".usage.json")  # the engine's name for it (streaming/usage.py)
         with contextlib.suppress(OSError):
             usage.unlink()
+        with contextlib.suppress(OSError):
+            remove_mmproj_with(path)  # (its image encoder, with the last model of its folder)
         folder = path.parent
         while folder != self.models_dir and folder.is_relative_to(self.models_dir):  # an emptied <owner>/<repo>/
             try:

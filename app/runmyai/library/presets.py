@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from runmyai.engine.info import EngineInfo
+from runmyai.library.quants import is_mmproj
 
 # The engine flags a preset may set, by the key it writes them under (`lookahead`, `io-threads`, `policy`, …), with
 # their CLI spelling, their defaults, kinds and choices, are the engine's, not kept here: `tokenwing info --json`
@@ -83,6 +84,7 @@ class GgufSource:
     repo: str
     quants: tuple[str, ...]
     default: str  # the quant the repacked file is made from, and the one a download picks first
+    mmproj: str | None = None  # a vision model's image encoder in that repository (downloaded with the quant)
 
 
 @dataclass(frozen=True)
@@ -405,7 +407,7 @@ class _Parser:
         p = "gguf."
         if not t:
             return None
-        self.check_keys(t, {"repo", "quants", "default"}, p)
+        self.check_keys(t, {"repo", "quants", "default", "mmproj"}, p)
         repo = self.string(t, "repo", p)
         if not _REPO.fullmatch(repo):
             raise self.fail(p + "repo", f"expected 'owner/name' (got {repo!r})")
@@ -418,7 +420,10 @@ class _Parser:
         default = self.string(t, "default", p, default=quants[0])
         if default not in quants:
             raise self.fail(p + "default", f"{default!r} is not one of gguf.quants")
-        return GgufSource(repo, tuple(quants), default)
+        mmproj = self.string(t, "mmproj", p) if "mmproj" in t else None
+        if mmproj is not None and not is_mmproj(mmproj):
+            raise self.fail(p + "mmproj", f"expected an mmproj GGUF's file name (got {mmproj!r})")
+        return GgufSource(repo, tuple(quants), default, mmproj)
 
     def facts(self, t: Mapping[str, Any]) -> tuple[ArchFacts, int | None]:
         p = "arch."

@@ -23,6 +23,14 @@ _QUANT = re.compile(
 )
 # Files that are GGUFs but not a model to chat with: vision projectors, imatrix data, LoRA adapters.
 _NOT_A_MODEL = re.compile(r"(?:^|[-_./])(?:mmproj|imatrix|lora|adapter)(?:[-_./]|$)", re.IGNORECASE)
+_MMPROJ = re.compile(r"(?:^|[-_.])mmproj(?:[-_.]|$)", re.IGNORECASE)
+
+
+def is_mmproj(path: str) -> bool:
+    """A vision model's image encoder (`mmproj-F16.gguf`, `mmproj-Qwen3VL-30B-A3B-Instruct-F16.gguf`): a GGUF the
+    library keeps beside the model (library/mmproj.py), never a model of its own."""
+    name = path.rsplit("/", 1)[-1]
+    return name.lower().endswith(".gguf") and _MMPROJ.search(name) is not None
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QPoint, Qt, Signal
-from PySide6.QtGui import QIcon, QKeySequence, QShortcut
+from PySide6.QtCore import QMimeData, QModelIndex, QPersistentModelIndex, QPoint, Qt, Signal
+from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent, QIcon, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
     QDoubleSpinBox,
+    QFileDialog,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
@@ -30,7 +33,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from runmyai.chat.images import Attachments, ImageError, Picture
 from runmyai.ui import icons
+from runmyai.ui.image_input import (
+    PictureStrip,
+    file_filter,
+    mime_has_pictures,
+    picture_from_file,
+    pictures_from_mime,
+)
 from runmyai.ui.transcript import Transcript
 
 
@@ -61,6 +72,19 @@ NO_MODEL = "No model loaded: choose one"
 
 class _Input(QPlainTextEdit):
     submitted = Signal()
+
+    def __init__(self) -> None:
+        super().__init__()
+        # the panel's: takes a paste's or a drop's pictures (True: taken); None or False: the box's own text paste
+        self.take_pictures: Callable[[QMimeData], bool] | None = None
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:  # Qt's name
+        return (self.take_pictures is not None and mime_has_pictures(source)) or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source: QMimeData) -> None:  # Qt's name: Ctrl+V and drops on the box
+        if self.take_pictures is not None and mime_has_pictures(source) and self.take_pictures(source):
+            return
+        super().insertFromMimeData(source)
 
     def keyPressEvent(self, event):  # type: ignore[no-untyped-def]  # Qt's override signature
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
@@ -323,6 +347,17 @@ class ChatPanel(QWidget):
         self.input.setMaximumHeight(110)
         self.input.submitted.connect(self._on_send)
         self.input.textChanged.connect(lambda: self.draft_changed.emit(self.input.toPlainText()))
+        # pictures for the next message (issue 45): attached, pasted or dropped; offered only where the model in
+        # use reads them (the engine says so: set_images_allowed)
+        self.attachments = Attachments()
+        self.images_allowed = False
+        self.picture_strip = PictureStrip()
+        self.picture_strip.removed.connect(self._remove_picture)
+        self.attach_button = QPushButton("Attach image…")
+        self.attach_button.setToolTip("Add a picture to the message (or paste one, or drop it on the chat)")
+        self.attach_button.clicked.connect(self._choose_pictures)
+        self.attach_button.setVisible(False)
+        self.setAcceptDrops(True)
         # the draft's tokens and the context's room, while typing (the controller counts, debounced)
         self.token_label = QLabel("")
         self.token_label.setObjectName("footer")
@@ -361,6 +396,7 @@ class ChatPanel(QWidget):
         self.tools_button.setMenu(self.tools_menu)
         self.tools_button.setVisible(False)  # no MCP server configured: nothing to say
         buttons = QHBoxLayout()
+        buttons.addWidget(self.attach_button)
         buttons.addWidget(self.tools_button)
         buttons.addStretch(1)
         for b in (self.edit_button, self.regenerate_button, self.stop_button, self.send_button):
@@ -376,6 +412,7 @@ class ChatPanel(QWidget):
         right_layout.addLayout(top)
         right_layout.addWidget(self.transcript, 1)
         right_layout.addWidget(self.settings)
+        right_layout.addWidget(self.picture_strip)
         right_layout.addWidget(self.input)
         # the draft's token count on its own line under the input, right-aligned (LM Studio's place for it): in the
         # buttons' row it had 129 px at 1280x800 beside the tools button
@@ -407,9 +444,84 @@ class ChatPanel(QWidget):
     # -- intents -------------------------------------------------------------------------------------
     def _on_send(self) -> None:
         text = self.input.toPlainText().strip()
-        if text and self.send_button.isEnabled():
+        if (text or len(self.attachments)) and self.send_button.isEnabled():
             self.input.clear()
-            self.send_requested.emit(text)
+            self.send_requested.emit(text)  # (the controller takes the pictures: take_pictures)
+
+    # -- pictures ------------------------------------------------------------------------------------
+    def set_images_allowed(self, allowed: bool) -> None:
+        """Pictures offered (the attach button, paste, drop) only for a model that reads them; the ones waiting
+        go when the model changes to one that does not."""
+        self.images_allowed = allowed
+        self.attach_button.setVisible(allowed)
+        self.input.take_pictures = self._take_mime if allowed else None
+        if not allowed and len(self.attachments):
+            self.attachments.take()
+            self.picture_strip.show_pictures([])
+
+    def add_pictures(self, pictures: list[Picture], refused: Sequence[str] = ()) -> bool:
+        """Pictures into the next message; what is not taken is said on the status line. True if any was."""
+        problems = list(refused)
+        added = False
+        for p in pictures:
+            try:
+                added = self.attachments.add(p) or added
+            except ImageError as e:
+                problems.append(str(e))
+                break
+        self.picture_strip.show_pictures(self.attachments.pictures)
+        if problems:
+            self.set_status(" ".join(dict.fromkeys(problems)))
+        return added
+
+    def attach_files(self, paths: list[Path]) -> None:
+        pictures: list[Picture] = []
+        problems: list[str] = []
+        for path in paths:
+            try:
+                pictures.append(picture_from_file(path))
+            except ImageError as e:
+                problems.append(str(e))
+        self.add_pictures(pictures, problems)
+
+    def take_pictures(self) -> list[Picture]:
+        """The pictures for the message being sent; the composer is empty of them."""
+        out = self.attachments.take()
+        self.picture_strip.show_pictures([])
+        return out
+
+    def _choose_pictures(self) -> None:
+        names, _ = QFileDialog.getOpenFileNames(self, "Attach images", "", file_filter())
+        self.attach_files([Path(n) for n in names])
+
+    def _remove_picture(self, index: int) -> None:
+        self.attachments.remove(index)
+        self.picture_strip.show_pictures(self.attachments.pictures)
+
+    def _take_mime(self, mime: QMimeData) -> bool:
+        pictures, problems = pictures_from_mime(mime)
+        if not pictures and not problems:
+            return False
+        self.add_pictures(pictures, problems)
+        return True
+
+    def _drag(self, event: QDropEvent) -> None:
+        if self.images_allowed and mime_has_pictures(event.mimeData()):
+            event.acceptProposedAction()
+        else:
+            event.ignore()
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # Qt's name: a drop anywhere on the chat
+        self._drag(event)
+
+    def dragMoveEvent(self, event: QDragMoveEvent) -> None:  # Qt's name
+        self._drag(event)
+
+    def dropEvent(self, event: QDropEvent) -> None:  # Qt's name
+        if self.images_allowed and self._take_mime(event.mimeData()):
+            event.acceptProposedAction()
+        else:
+            event.ignore()
 
     def _on_select(self, item: QListWidgetItem | None, _previous: QListWidgetItem | None = None) -> None:
         if item is not None:

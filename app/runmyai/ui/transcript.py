@@ -17,10 +17,12 @@ from PySide6.QtGui import (
     QTextDocumentFragment,
     QTextFrame,
     QTextFrameFormat,
+    QTextImageFormat,
 )
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
 from runmyai.chat.markdown_stream import code_blocks, hard_breaks, safe_commit_point
+from runmyai.ui.image_input import MESSAGE_THUMB, thumbnail
 from runmyai.ui.markdown_view import tidy_tables
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -112,12 +114,15 @@ class Transcript(QTextBrowser):
         self._stream_prefix = ""  # the streaming reply's text before its last tool call
         self.renders = 0  # markdown renders (tests check they stay per block, not per token)
         self.branches: dict[int, tuple[int, int]] = {}  # a shown message's id → its "< n/of >", where it has one
+        self.pictures: dict[int, int] = {}  # a shown message's index → how many pictures it shows
+        self._picture_names = 0  # (each picture is the document's resource under a name of its own)
 
     # -- whole messages ------------------------------------------------------------------------------
     def clear_messages(self) -> None:
         self.clear()
         self._messages = []
         self.branches = {}
+        self.pictures = {}
         self._thoughts = {}
         self._tools = {}
         self._stream_tail_start = -1
@@ -134,15 +139,19 @@ class Transcript(QTextBrowser):
         notice: str = "",
         message_id: int | None = None,
         branch: tuple[int, int] | None = None,
+        images: Sequence[bytes] = (),
     ) -> None:
         """A whole message (with `message_id`, its footer has Edit; with `branch` (n, of: it is one of several
         versions), the "< n/of >" that shows the others); `tools`: its saved tool calls, each collapsed in its
         place in the text (as they showed while the reply streamed); `failure`: a failed reply's marker line;
-        `notice`: a line about the context (what the model no longer sees) under it."""
+        `notice`: a line about the context (what the model no longer sees) under it; `images`: its pictures (PNG),
+        as thumbnails above its text."""
         index = len(self._messages)
         self._messages.append(text)
         cursor = self._end_cursor()
         self._insert_header(cursor, role)
+        if images:
+            self._insert_pictures(cursor, index, images)
         if reasoning:
             self._insert_thought(_Thought(index, reasoning, self._new_frame(cursor)))
             cursor = self._end_cursor()
@@ -400,6 +409,21 @@ class Transcript(QTextBrowser):
         cursor = QTextCursor(self.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
         return cursor
+
+    def _insert_pictures(self, cursor: QTextCursor, index: int, images: Sequence[bytes]) -> None:
+        """A message's pictures on one line (wrapped where they do not fit), then its text below them."""
+        for png in images:
+            self._picture_names += 1
+            name = f"picture:{self._picture_names}"
+            self.document().addResource(
+                QTextDocument.ResourceType.ImageResource, QUrl(name), thumbnail(png, MESSAGE_THUMB)
+            )
+            picture = QTextImageFormat()
+            picture.setName(name)
+            cursor.insertImage(picture)
+            cursor.insertText(" ")
+        self.pictures[index] = len(images)
+        cursor.insertBlock()
 
     def _insert_header(self, cursor: QTextCursor, role: str) -> None:
         if not self.document().isEmpty():

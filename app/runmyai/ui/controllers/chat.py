@@ -83,13 +83,17 @@ class ChatRoom(Room):
             if editing is not None:
                 self.talks.open_conversation(cid, while_streaming=True)
             else:
-                t.add_message("user", message.content, message_id=message.id)
+                t.add_message("user", message.content, message_id=message.id, images=[p.png for p in pictures])
             t.begin_reply()
 
         tools = self.mcp.tools(cid)
+        # the composer's pictures go with a new message (an edited one keeps its own: the store's edit_as_branch)
+        pictures = self.window.chat.take_pictures() if editing is None else []
         self.reply_task = self.ctx.spawn(
             self._stream(
-                lambda text_to, reasoning_to: self.session.send(cid, text, text_to, reasoning_to, tools, saved=show),
+                lambda text_to, reasoning_to: self.session.send(
+                    cid, text, text_to, reasoning_to, tools, saved=show, images=pictures
+                ),
                 begin=False,
                 tools_on=tools is not None,
             )
@@ -186,6 +190,7 @@ class ChatRoom(Room):
                 self.talks.open_conversation(cid, while_streaming=True)
                 if not chat.input.toPlainText().strip():
                     chat.input.setPlainText(e.text)
+                chat.add_pictures(list(e.images))  # (its pictures back in the composer too)
             chat.set_status(str(e))
             self.window.log_view.append(f"[chat] {e}")
             # the offer only where the tools are what does not fit (a message too long for any context is not)

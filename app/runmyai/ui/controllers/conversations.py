@@ -119,6 +119,7 @@ class ConversationsRoom(Room):
                 branch=branches.get(m.id),
                 failure=failure_line("it was cut off by an error.") if m.finish_reason == "error" else "",
                 notice=overflow_line(note) if note is not None and note.get("message_id") == m.id else "",
+                images=self.store.pictures(m) if m.images else (),
             )
         s = conv.settings
         self.window.chat.settings.set_values(

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from PySide6.QtCore import Signal
 
 from runmyai import __version__
+from runmyai.chat.images import takes_images
 from runmyai.engine.client import PROBE_TIMEOUT_S, ChatClient, ChatError, probe
 from runmyai.engine.endpoint import Endpoint
 from runmyai.engine.faults import EngineError, Fault
@@ -32,6 +33,7 @@ from runmyai.engine.stats import StatsClient
 from runmyai.engine.supervisor import EngineState, EngineSupervisor
 from runmyai.library.keys import LocalKey
 from runmyai.library.launch import launch_flags, model_context
+from runmyai.library.mmproj import mmproj_flags
 from runmyai.monitor import device_note, plain_device
 from runmyai.ui.controllers.base import Room, Shared
 from runmyai.ui.controllers.library import REMOTE_KEY, LibraryRoom
@@ -73,6 +75,7 @@ class EngineRoom(Room):
         self.connect_dialog: ConnectDialog | None = None
         self.probe_timeout_s = PROBE_TIMEOUT_S  # File → Connect's check of a server
         self._stats_task: asyncio.Task[None] | None = None
+        self.images_task: asyncio.Task[None] | None = None  # asking the server whether its model reads pictures
         self._engine_task: asyncio.Task[Any] | None = None
         self.load_dialog: LoadDialog | None = None  # the last load dialog opened, and its tasks (tests await them)
         self.load_facts_task: asyncio.Task[Any] | None = None
@@ -124,6 +127,8 @@ class EngineRoom(Room):
         await self.stop_engine()
         local, preset = self.lib.local_of(path)
         flags = launch_flags(path, local, preset, self.ctx.autotune)
+        # a vision model's image encoder, kept beside it, where the engine's server reads its pictures
+        flags += mmproj_flags(path, local.arch if local else None, self.ctx.engine_info)
         settings = self.ctx.settings
         if not has_own_context(self.ctx.autotune, path):  # a context chosen for this model (its load dialog) wins
             flags += context_flags(settings.context_length)
@@ -202,8 +207,20 @@ class EngineRoom(Room):
             self._stats_task.cancel()
         self._stats_task = self.ctx.spawn(self._follow_stats(StatsClient(source)))
         self.window.graphs.reset()
+        self.window.chat.set_images_allowed(False)  # (until the server says the model reads pictures)
+        self.images_task = self.ctx.spawn(self._ask_images(self.chat_client))
         self.ready.set()
         self.window.chat.set_status(f"Chatting with {self.model_name or endpoint.base_url}.")
+
+    async def _ask_images(self, client: ChatClient) -> None:
+        """Pictures are offered in the chat only where the server says its model reads them (`/v1/models`'
+        `modalities`: the engine started with the model's mmproj, or an endpoint that says so)."""
+        try:
+            entries = await client.model_entries()
+        except ChatError:
+            entries = []
+        if client is self.chat_client:
+            self.window.chat.set_images_allowed(any(takes_images(e) for e in entries))
 
     def _current_endpoint(self) -> Endpoint | None:
         if self.supervisor is not None:
@@ -252,6 +269,7 @@ class EngineRoom(Room):
             await sup.stop()
         self.endpoint = None
         self.window.set_connected(None)
+        self.window.chat.set_images_allowed(False)
 
     def open_load_options(self, key: str) -> LoadDialog | None:
         """The load dialog: the engine is asked what fits here (`tokenwing info MODEL --json`, on the loop) while
