@@ -75,6 +75,7 @@ def test_conversations_restore_their_own_and_forget_deletes_only_its_snapshots(s
     reply_a2, last = _stream(server, a2, "conv-a")
     # back to A: its first turn (prompt and reply) read from the disk, not computed again
     assert last["prompt_restored_tokens"] > 0 and last["prompt_restore_ms"] > 0 and last["prompt_restore_bytes"] > 0
+    assert last["prompt_restored_tokens"] >= last["prompt_cached_tokens"] > 0  # (the prompt's share of it)
     _, last = _stream(server, _turn(B, reply_b, "And apples?"), "conv-b")
     assert last["prompt_restored_tokens"] > 0
     held = _usage(server)

@@ -14,6 +14,7 @@ from runmyai.chat.images import Picture
 from runmyai.chat.store import DEFAULT_TITLE, TURN_BREAK, ConversationStore, Message, StoreError
 from runmyai.chat.tools import ToolCall, ToolRound, ToolRunner
 from runmyai.engine.client import ChatClient, ChatDelta, ChatError, ChatSettings, ToolCallAccumulator
+from runmyai.engine.prompt_cache import conversation_key
 
 Sink = Callable[[str], None]  # receives each new piece of a streaming reply (its text, or its reasoning)
 
@@ -236,6 +237,7 @@ class ChatSession:
             raise ChatError("That conversation no longer exists.")
         payload: list[dict[str, Any]] = list(self.store.chat_payload(conversation_id))  # no earlier reasoning
         settings = await self._request_settings(client, conv.settings)
+        settings = replace(settings, prompt_cache_key=conversation_key(conv.id, conv.created_at))  # (its snapshots)
         if tools is not None and tools.openai_tools():
             await self._check_tools_fit(client, payload, tools, settings)
         reply = _Partial()

@@ -45,6 +45,9 @@ class ChatSettings:
     repeat_penalty: float | None = None
     stop: list[str] | None = None
     context_overflow: str | None = None  # what the engine drops when the chat outgrows the context (None: its default)
+    # the conversation's key for the engine's prompt cache on disk (engine/prompt_cache.py), set per request by the
+    # session, sent to the local engine only
+    prompt_cache_key: str | None = None
     # the chat's own, never sent as such: tools offered or not (None: on), the MCP servers left out in this chat,
     # and the last reply's context notice ({"policy", "dropped_messages", "dropped_tokens", "message_id"})
     tools: bool | None = None
@@ -151,6 +154,9 @@ class ReplyStats:
     n_ctx: int | None = None  # TokenWing's context length (its last chunk says it): the footer's context use
     # what the engine dropped to make the chat fit ({"policy", "dropped_messages", "dropped_tokens"}), if anything
     overflow: dict[str, Any] | None = None
+    # the prompt's start read from the engine's prompt cache on disk: the prompt's tokens it gave, the time it took
+    restored_tokens: int | None = None
+    restore_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -315,6 +321,7 @@ class ChatClient:
         self.last_stats: ReplyStats | None = None
         self._n_ctx: int | None = None  # the context length the engine reported in the reply being read
         self._overflow: dict[str, Any] | None = None  # what it dropped to fit that reply's prompt
+        self._restored: tuple[int, float] | None = None  # its prompt's start read from the disk: tokens, seconds
         self.n_ctx: int | None = None  # the last context length the engine reported (a reply's, or a count's)
         self._counts = True  # False once the server said it has no count route (not TokenWing)
         self.last_body: dict[str, Any] | None = None
@@ -402,8 +409,11 @@ class ChatClient:
         }
         if tools:
             body["tools"] = tools
+        if not ep.local:  # (a key for TokenWing's cache on disk: another server has none of the app's snapshots)
+            body.pop("prompt_cache_key", None)
         self.last_body = body
         self.last_stats = None
+        self._restored = None
         self._n_ctx = None
         self._overflow = None
         sent = time.monotonic()
@@ -471,6 +481,8 @@ class ChatClient:
                 prompt if isinstance(prompt, int) else None,
                 self._n_ctx,
                 self._overflow,
+                restored_tokens=self._restored[0] if self._restored else None,
+                restore_s=self._restored[1] if self._restored else None,
             )
             if self._n_ctx is not None:
                 self.n_ctx = self._n_ctx
@@ -516,6 +528,9 @@ class ChatClient:
                 self._n_ctx = int(tw["n_ctx"])
             if isinstance(tw, dict) and isinstance(tw.get("context_overflow"), dict):
                 self._overflow = dict(tw["context_overflow"])  # (the first chunk says it, the last again)
+            if isinstance(tw, dict) and isinstance(tw.get("prompt_restored_tokens"), int):  # (the last chunk)
+                used = tw.get("prompt_cached_tokens")  # (the prompt's tokens the restore gave)
+                self._restored = (used if isinstance(used, int) else 0, float(tw.get("prompt_restore_ms") or 0) / 1e3)
             if finish == "length" and isinstance(tw, dict) and tw.get("finish_detail") == "context_full":
                 finish = "context_full"  # TokenWing says which "length": the context, not max_tokens
         elif usage is None:

@@ -28,6 +28,7 @@ from runmyai.ui.controllers.conversations import UNDO_DELETE, ConversationsRoom
 from runmyai.ui.controllers.engine import EngineRoom
 from runmyai.ui.controllers.library import LibraryRoom
 from runmyai.ui.controllers.mcp import McpRoom
+from runmyai.ui.controllers.prompt_cache import PromptCacheRoom
 from runmyai.ui.controllers.server import ServerRoom
 from runmyai.ui.controllers.settings import SettingsRoom
 from runmyai.ui.main_window import MainWindow
@@ -69,6 +70,7 @@ class AppController(QObject):
         self.talks = ConversationsRoom(ctx, self.store, self.engine, self.mcp_room, busy=lambda: self.chat.busy())
         self.chat = ChatRoom(ctx, self.store, self.engine, self.mcp_room, self.talks)
         self.prefs = SettingsRoom(ctx, lambda: self.engine.model_name, self.models.use_folders)
+        self.prompt_cache = PromptCacheRoom(ctx, self.engine)  # (the engine's conversation contexts on disk)
         library.extra_dirs = [Path(d) for d in ctx.settings.model_dirs]
         library.exit_kind = lambda code: ctx.engine_info.exit_kind(code)
         self.prefs.apply_theme()
@@ -79,6 +81,7 @@ class AppController(QObject):
         engine = self.engine
         engine.models_changed.connect(self.models.show_models)
         engine.presets_changed.connect(self.prefs.show_presets)
+        self.talks.deleted.connect(self.prompt_cache.forget)
         self.prefs.context_changed.connect(self._context_changed)
         self.prefs.preset_applied.connect(self.talks.save_settings)
         notes = self.window.notice_area

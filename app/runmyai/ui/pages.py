@@ -348,6 +348,12 @@ class ServerPage(QWidget):
 
 
 # ------------------------------------------------------------------------------------------ Settings
+PROMPT_CACHE_HINT = (
+    "The engine keeps each conversation's context on disk, so that going back to a chat, or reopening the app, "
+    "continues at once instead of reading the whole conversation again."
+)
+
+
 class SettingsPage(QWidget):
     theme_changed = Signal(str)
     folders_changed = Signal(list)  # list[str]
@@ -359,6 +365,7 @@ class SettingsPage(QWidget):
     mcp_requested = Signal()
     connect_endpoint_requested = Signal()
     show_log_requested = Signal()
+    prompt_cache_clear_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -398,6 +405,13 @@ class SettingsPage(QWidget):
         endpoint.clicked.connect(self.connect_endpoint_requested)
         log = QPushButton("Engine log")
         log.clicked.connect(self.show_log_requested)
+        # the engine's prompt cache on disk (issue 44): what it holds, and Clear (the controller asks the engine)
+        self.prompt_cache = QLabel("")
+        self.prompt_cache.setWordWrap(True)
+        self.prompt_cache_clear = QPushButton("Clear")
+        self.prompt_cache_clear.setToolTip("Delete every conversation context kept on disk")
+        self.prompt_cache_clear.clicked.connect(self.prompt_cache_clear_requested)
+        self.set_prompt_cache("Start a model to see what it keeps.", can_clear=False)
 
         fixed(self.theme, self.context)
         appearance = QFormLayout()
@@ -426,6 +440,15 @@ class SettingsPage(QWidget):
         for b in (mcp, endpoint, log):
             tools.addWidget(b)
         tools.addStretch(1)
+        cache_row = QHBoxLayout()
+        cache_row.addWidget(self.prompt_cache, 1)
+        cache_row.addWidget(self.prompt_cache_clear)
+        cache_hint = QLabel(PROMPT_CACHE_HINT)
+        cache_hint.setObjectName("muted")
+        cache_hint.setWordWrap(True)
+        cache = QFormLayout()
+        cache.addRow(cache_hint)
+        cache.addRow("On disk", cache_row)
         keys = QFormLayout()
         for key, what in SHORTCUTS:
             keys.addRow(QLabel(f"<b>{key}</b>"), QLabel(what))
@@ -439,6 +462,7 @@ class SettingsPage(QWidget):
             ("Models", models),
             ("Chat presets", presets),
             ("Tools and connections", tools),
+            ("Conversation contexts on disk", cache),
             ("Keyboard shortcuts", keys),
         ):
             group = QGroupBox(title)
@@ -462,6 +486,11 @@ class SettingsPage(QWidget):
         self.folders.clear()
         self.folders.addItems(list(s.model_dirs))
         self.context.setValue(s.context_length)
+
+    def set_prompt_cache(self, line: str, can_clear: bool) -> None:
+        """The prompt cache's line (engine/prompt_cache.py `CacheUse.line`) and whether Clear has anything to do."""
+        self.prompt_cache.setText(line)
+        self.prompt_cache_clear.setEnabled(can_clear)
 
     def set_presets(self, model: str | None, names: list[str]) -> None:
         self.preset_model.setText(model or "no model loaded")

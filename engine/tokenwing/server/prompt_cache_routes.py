@@ -2,8 +2,8 @@
 holds (`GET /v1/tokenwing/prompt-cache`), forgetting one conversation's snapshots by the `prompt_cache_key` its
 requests carried (`POST …/forget`), clearing it (`POST …/clear`), and the reply's restore in a stream's last chunk.
 
-Deleting waits for the writes already queued (a reply that just ended is still being written: deleted first, its
-file would come back), beside the event loop; the engine thread is never held.
+Each waits for the writes already queued (a reply that just ended is still being written: deleted first, its file
+would come back; counted first, it would be missing), beside the event loop; the engine thread is never held.
 """
 
 from __future__ import annotations
@@ -29,14 +29,19 @@ RESTORE_FIELDS = ("prompt_restored_tokens", "prompt_restore_ms", "prompt_restore
 
 
 def restored(stats: dict[str, Any]) -> dict[str, Any]:
-    """The restore's fields of a reply's statistics, for a stream's last chunk (none where nothing was restored)."""
-    return {k: stats[k] for k in RESTORE_FIELDS if k in stats}
+    """The restore's fields of a reply's statistics, with the prompt's tokens it gave (`prompt_cached_tokens`),
+    for a stream's last chunk; none where nothing was restored."""
+    if "prompt_restored_tokens" not in stats:
+        return {}
+    return {k: stats[k] for k in (*RESTORE_FIELDS, "prompt_cached_tokens") if k in stats}
 
 
 def usage(cache: DiskPromptCache | None) -> dict[str, Any]:
-    """The folder's snapshots (every model's: what the drive holds) against the cache's size."""
+    """The folder's snapshots (every model's: what the drive holds) against the cache's size, once the writes
+    queued have ended (a reply that just ended counts)."""
     if cache is None:
         return {"enabled": False, "folder": None, "size": 0, "used": 0, "count": 0}
+    cache.settle()
     used = count = 0
     with contextlib.suppress(OSError), os.scandir(cache.folder) as it:
         for e in it:

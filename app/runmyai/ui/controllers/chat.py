@@ -15,6 +15,7 @@ from runmyai.chat.draft_count import DraftCounter
 from runmyai.chat.session import ChatSession, Refused, ReplyCutOff, Sink, footer, overflow_line
 from runmyai.chat.store import ConversationStore, Message
 from runmyai.engine.client import ChatError
+from runmyai.engine.prompt_cache import restore_line
 from runmyai.library.estimate import DEFAULT_CALIBRATION, installed_estimate
 from runmyai.library.launch import launch_flags
 from runmyai.speeds import chat_measurement, load_per_core, record_speed
@@ -236,6 +237,8 @@ class ChatRoom(Room):
             return
         # "last reply": the whole reply as the app received it (the performance panel's is the engine's, live)
         speed = f"last reply {stats.tokens_per_s:.1f} tok/s" if stats.tokens_per_s else ""
+        restored = restore_line(stats.restored_tokens, stats.restore_s)  # (its context read from the disk)
+        speed = " · ".join(x for x in (speed, restored) if x)
         used = (stats.prompt_tokens or 0) + stats.tokens if stats.prompt_tokens is not None else None
         self.window.chat.set_footer(speed, context_line(used, stats.n_ctx))
         self._footer_model = self.engine.in_use()[0]

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QFileDialog
 
 from runmyai.chat.session import footer, overflow_line
@@ -16,6 +16,7 @@ from runmyai.chat.store import ConversationStore, Message
 from runmyai.chat.tools import call_detail
 from runmyai.chat.transfer import TransferError, export_file, import_file, suggested_name
 from runmyai.engine.client import ChatError, ChatSettings
+from runmyai.engine.prompt_cache import conversation_key
 from runmyai.library.presets import Preset
 from runmyai.ui.chat_panel import SamplingValues
 from runmyai.ui.controllers.base import Room, Shared
@@ -30,6 +31,8 @@ UNDO_DELETE = "undo-delete:"  # its notification's key, before the chat's id
 
 
 class ConversationsRoom(Room):
+    deleted = Signal(str)  # a chat deleted for good: its prompt-cache key (its contexts on disk go too)
+
     def __init__(
         self, ctx: Shared, store: ConversationStore, engine: EngineRoom, mcp: McpRoom, busy: Callable[[], bool]
     ) -> None:
@@ -281,7 +284,10 @@ class ConversationsRoom(Room):
         ids = list(self._deleting) if conversation_id is None else [conversation_id]
         for cid in ids:
             if self._deleting.pop(cid, None) is not None:
+                conv = self.store.get(cid)
                 self.store.delete(cid)
+                if conv is not None:
+                    self.deleted.emit(conversation_key(conv.id, conv.created_at))
             self.ctx.retry.pop(f"{UNDO_DELETE}{cid}", None)
             self.window.notifications.forget(f"{UNDO_DELETE}{cid}")
 
