@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenwing.format.gguf_io import KV, TensorInfo, ValueType, encode_header, layout_tensors, tensor_nbytes
+from tokenwing.format.gguf_io import KV, TensorInfo, encode_header, layout_tensors, tensor_nbytes
 from tokenwing.fsutil import atomic_output
 from tokenwing.testmodel.architectures import architecture
+from tokenwing.testmodel.clip_kv import clip_kv
 from tokenwing.testmodel.mmproj_pixtral import PixtralShape, pixtral_metadata, pixtral_tensors
 from tokenwing.testmodel.shapes import ModelShape
 
@@ -100,25 +101,10 @@ def _tensors(text: ModelShape, v: VisionShape) -> list[tuple[str, tuple[int, ...
 
 
 def _metadata(text: ModelShape, v: VisionShape, name: str) -> dict[str, KV]:
-    return {
-        "general.architecture": KV.string("clip"),
-        "general.name": KV.string(name),
-        "general.file_type": KV.u32(0),
-        "clip.projector_type": KV.string("qwen3vl_merger"),
-        "clip.has_vision_encoder": KV.boolean(True),
-        "clip.use_gelu": KV.boolean(True),  # Qwen3-VL's gelu_pytorch_tanh: ggml_gelu
-        "clip.vision.embedding_length": KV.u32(v.n_embd),
-        "clip.vision.feed_forward_length": KV.u32(v.n_ff),
-        "clip.vision.block_count": KV.u32(v.n_layer),
-        "clip.vision.projection_dim": KV.u32(text.n_embd),
-        "clip.vision.attention.head_count": KV.u32(v.n_head),
-        "clip.vision.attention.layer_norm_epsilon": KV.f32(v.eps),
-        "clip.vision.image_size": KV.u32(v.patch_size * v.n_per_side),
-        "clip.vision.patch_size": KV.u32(v.patch_size),
-        "clip.vision.spatial_merge_size": KV.u32(v.n_merge),
-        "clip.vision.image_mean": KV.array(ValueType.FLOAT32, v.image_mean),
-        "clip.vision.image_std": KV.array(ValueType.FLOAT32, v.image_std),
-    }
+    kv = clip_kv(name, "qwen3vl_merger", text.n_embd, v, v.patch_size * v.n_per_side)
+    kv["clip.use_gelu"] = KV.boolean(True)  # Qwen3-VL's gelu_pytorch_tanh: ggml_gelu
+    kv["clip.vision.spatial_merge_size"] = KV.u32(v.n_merge)
+    return kv
 
 
 @dataclass(frozen=True)
@@ -183,23 +169,7 @@ def _gemma4_tensors(text: ModelShape, v: Gemma4VisionShape) -> list[tuple[str, t
 def _gemma4_metadata(text: ModelShape, v: Gemma4VisionShape, name: str) -> dict[str, KV]:
     """As convert_hf_to_gguf's Gemma4VisionAudioModel writes it: no clip.use_gelu (llama.cpp then runs the FFN with
     gelu_quick), no projector.scale_factor (3)."""
-    return {
-        "general.architecture": KV.string("clip"),
-        "general.name": KV.string(name),
-        "general.file_type": KV.u32(0),
-        "clip.projector_type": KV.string("gemma4v"),
-        "clip.has_vision_encoder": KV.boolean(True),
-        "clip.vision.embedding_length": KV.u32(v.n_embd),
-        "clip.vision.feed_forward_length": KV.u32(v.n_ff),
-        "clip.vision.block_count": KV.u32(v.n_layer),
-        "clip.vision.projection_dim": KV.u32(text.n_embd),
-        "clip.vision.attention.head_count": KV.u32(v.n_head),
-        "clip.vision.attention.layer_norm_epsilon": KV.f32(v.eps),
-        "clip.vision.image_size": KV.u32(224),  # (unused: the converter's placeholder)
-        "clip.vision.patch_size": KV.u32(v.patch_size),
-        "clip.vision.image_mean": KV.array(ValueType.FLOAT32, v.image_mean),
-        "clip.vision.image_std": KV.array(ValueType.FLOAT32, v.image_std),
-    }
+    return clip_kv(name, "gemma4v", text.n_embd, v, 224)  # (image_size unused: the converter's placeholder)
 
 
 def _values(name: str, shape: tuple[int, ...], kind: str, seed: int) -> np.ndarray:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokenwing.format.gguf_io import KV, ValueType
+from tokenwing.format.gguf_io import KV
+from tokenwing.testmodel.clip_kv import clip_kv
 from tokenwing.testmodel.shapes import ModelShape
 
 
@@ -62,22 +63,7 @@ def pixtral_tensors(text: ModelShape, v: PixtralShape) -> list[tuple[str, tuple[
 def pixtral_metadata(text: ModelShape, v: PixtralShape, name: str) -> dict[str, KV]:
     """As the converter writes it: clip.use_silu, the spatial merge, CLIP's mean and std (no rope key: llama.cpp
     runs Pixtral's 2-D RoPE at base 10,000 whatever a file says)."""
-    return {
-        "general.architecture": KV.string("clip"),
-        "general.name": KV.string(name),
-        "general.file_type": KV.u32(0),
-        "clip.projector_type": KV.string("pixtral"),
-        "clip.has_vision_encoder": KV.boolean(True),
-        "clip.use_silu": KV.boolean(True),
-        "clip.vision.embedding_length": KV.u32(v.n_embd),
-        "clip.vision.feed_forward_length": KV.u32(v.n_ff),
-        "clip.vision.block_count": KV.u32(v.n_layer),
-        "clip.vision.projection_dim": KV.u32(text.n_embd),
-        "clip.vision.attention.head_count": KV.u32(v.n_head),
-        "clip.vision.attention.layer_norm_epsilon": KV.f32(v.eps),
-        "clip.vision.image_size": KV.u32(v.patch_size * 64),
-        "clip.vision.patch_size": KV.u32(v.patch_size),
-        "clip.vision.spatial_merge_size": KV.u32(v.n_merge),
-        "clip.vision.image_mean": KV.array(ValueType.FLOAT32, v.image_mean),
-        "clip.vision.image_std": KV.array(ValueType.FLOAT32, v.image_std),
-    }
+    kv = clip_kv(name, "pixtral", text.n_embd, v, v.patch_size * 64)
+    kv["clip.use_silu"] = KV.boolean(True)
+    kv["clip.vision.spatial_merge_size"] = KV.u32(v.n_merge)
+    return kv
