@@ -31,6 +31,7 @@ LISTED: dict[str, dict[str, Any]] = {
     "glm-dsa": {"n_dense_lead": 1, "n_mtp": 1, "indexer_types": (1, 0, 1)},
     "qwen3next": {"n_layer": 4, "legacy_ssm_in": True},
     "qwen35moe": {"n_layer": 4},
+    "bailingmoe3": {"n_layer": 4, "n_dense_lead": 1, "n_mtp": 1},
 }
 
 

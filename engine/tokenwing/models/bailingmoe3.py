@@ -17,7 +17,6 @@ next-token-prediction block is neither loaded nor run.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -26,9 +25,9 @@ import numpy as np
 from tokenwing.compute.ggml_lib import ROPE_NORM, Tensor, ops
 from tokenwing.errors import BadInputError
 from tokenwing.format.gguf_io import KV, ValueType
-from tokenwing.models import common, delta_net, mla, specs
+from tokenwing.models import common, delta_net, mla
 from tokenwing.models.bailingmoe2 import BailingMoE2
-from tokenwing.models.base import MoEModel, TensorCheck
+from tokenwing.models.base import MoEModel
 from tokenwing.models.deepseek2 import check_mla
 from tokenwing.models.factory import (
     MLA_FIELDS,
@@ -55,46 +54,26 @@ def ling_full_attention(s: ModelShape, i: int) -> bool:
     return i >= s.n_layer or (i + 1) % g == 0 or i >= s.n_layer // g * g
 
 
-def kda_tensors(s: ModelShape, i: int) -> list[TensorSpec]:
+def kda_tensors(hp: HParams, il: int) -> list[TensorSpec]:
     """A Kimi Delta Attention layer of Ling 3.0: q, k, v each with its own short convolution (4-D, as converted),
     a per-channel decay gate (ssm_f_a, dt bias, ssm_a = exp(A_log)), β, and a sigmoid output gate (ssm_g_a)."""
-    e, d_inner = s.n_embd, s.ssm_d_state * s.n_head
-    out = [TensorSpec(f"blk.{i}.attn_norm.weight", (e,), "norm")]
+    p, e, hd, nh = f"blk.{il}.", hp.n_embd, hp.kda_head_dim, hp.n_head
+    d_inner = hd * nh
+    out = [TensorSpec(p + "attn_norm.weight", (e,), "norm")]
     for x in "qkv":
-        out.append(TensorSpec(f"blk.{i}.attn_{x}.weight", (e, d_inner), "matrix"))
+        out.append(TensorSpec(f"{p}attn_{x}.weight", (e, d_inner), "matrix"))
     for x in "qkv":
-        out.append(TensorSpec(f"blk.{i}.ssm_conv1d_{x}.weight", (s.ssm_d_conv, 1, d_inner, 1), "vector"))
+        out.append(TensorSpec(f"{p}ssm_conv1d_{x}.weight", (hp.ssm_d_conv, 1, d_inner, 1), "vector"))
     return [
         *out,
-        TensorSpec(f"blk.{i}.ssm_f_a.weight", (e, d_inner), "matrix"),
-        TensorSpec(f"blk.{i}.ssm_beta.weight", (e, s.n_head), "matrix"),
-        TensorSpec(f"blk.{i}.ssm_a", (1, s.n_head), "decay_pos"),
-        TensorSpec(f"blk.{i}.ssm_dt.bias", (d_inner,), "vector"),
-        TensorSpec(f"blk.{i}.ssm_g_a.weight", (e, d_inner), "matrix"),
-        TensorSpec(f"blk.{i}.ssm_norm.weight", (s.ssm_d_state,), "norm"),
-        TensorSpec(f"blk.{i}.attn_output.weight", (d_inner, e), "matrix"),
+        TensorSpec(p + "ssm_f_a.weight", (e, d_inner), "matrix"),
+        TensorSpec(p + "ssm_beta.weight", (e, nh), "matrix"),
+        TensorSpec(p + "ssm_a", (1, nh), "decay_pos"),
+        TensorSpec(p + "ssm_dt.bias", (d_inner,), "vector"),
+        TensorSpec(p + "ssm_g_a.weight", (e, d_inner), "matrix"),
+        TensorSpec(p + "ssm_norm.weight", (hd,), "norm"),
+        TensorSpec(p + "attn_output.weight", (d_inner, e), "matrix"),
     ]
-
-
-def _tensors(s: ModelShape, hp: HParams, parts: Parts) -> list[TensorSpec]:
-    """Ling 3.0: KDA and gated MLA layers, leading dense layers, a sigmoid router with a selection bias, routed
-    experts plus a shared expert; a next-token-prediction block (MLA + MoE) last."""
-    first, last = specs.head(hp)
-    unbiased = dataclasses.replace(parts, exp_bias=False)
-    layers: list[TensorSpec] = []
-    for i in range(s.n_block):
-        if ling_full_attention(s, i):
-            layers += [*mla.tensors(hp, i), TensorSpec(f"blk.{i}.attn_gate.weight", (s.n_embd, s.n_head), "matrix")]
-        else:
-            layers += kda_tensors(s, i)
-        if i < s.n_dense_lead:
-            layers += specs.dense(hp, i, s.n_ff_dense)
-        else:
-            layers += [*specs.routed(hp, i, unbiased), TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector")]
-            layers += specs.shared(hp, i, shared_ff(s), gated=False)
-        if i >= s.n_layer:
-            layers += BailingMoE2.mtp_tensors(hp, i)  # (Ling 2.0's family file lists them)
-    return first + layers + last
 
 
 def _kv(s: ModelShape) -> dict[str, KV]:
@@ -134,7 +113,6 @@ class BailingMoE3(MoEModel):
         "Ling 3.0: KDA linear attention and gated MLA, sigmoid router with selection bias, shared expert",
         _kv,
         _check,
-        _tensors,
         takes=MLA_FIELDS | {"n_dense_lead"},
     )
     rope_mode = ROPE_NORM  # (files of the VL model carry rope sections: not run here)
@@ -164,15 +142,15 @@ class BailingMoE3(MoEModel):
         super().check(hp, shapes, streamed, where)
 
     @classmethod
-    def check_attention(cls, c: TensorCheck, il: int) -> None:
-        hp, p, e = c.hp, f"blk.{il}.", c.hp.n_embd
-        if not hp.is_recurrent(il):
-            mla.check(c, il, split=True)
-            c.need(p + "attn_gate.weight", (e, hp.n_head))
-            return
-        d_inner = hp.kda_head_dim * hp.n_head
-        gates = {"ssm_f_a.weight": (e, d_inner), "ssm_a": (1, hp.n_head), "ssm_g_a.weight": (e, d_inner)}
-        delta_net.check_kda(c, il, gates)
+    def attention_tensors(cls, hp: HParams, il: int, parts: Parts) -> list[TensorSpec]:
+        """KDA in the recurrent layers; elsewhere (the next-token-prediction block too) MLA and its sigmoid gate."""
+        if hp.is_recurrent(il):
+            return kda_tensors(hp, il)
+        return [*mla.tensors(hp, il), TensorSpec(f"blk.{il}.attn_gate.weight", (hp.n_embd, hp.n_head), "matrix")]
+
+    @classmethod
+    def mtp_tensors(cls, hp: HParams, il: int) -> list[TensorSpec]:
+        return BailingMoE2.mtp_tensors(hp, il)  # (Ling 2.0's: the same next-token-prediction block)
 
     # ------------------------------------------------------------------------------------------- caches
     @classmethod

@@ -44,12 +44,12 @@ if TYPE_CHECKING:  # (the factory's geometry: types only)
     from tokenwing.testmodel.shapes import ModelShape
 
 
-def _kda(s: ModelShape, i: int) -> list[TensorSpec]:
+def _kda(s: ModelShape, hp: HParams, i: int) -> list[TensorSpec]:
     """A KDA layer of Kimi K3: Ling's projections and convolutions, the decay gate through a low-rank pair
     (ssm_f_a → ssm_f_b), ssm_a as -exp(A_log) over the heads (1-D), and a full-rank output gate (ssm_g)."""
     e, hd = s.n_embd, s.ssm_d_state
     d_inner = hd * s.n_head
-    kda = [t for t in kda_tensors(s, i) if t.name.split(".")[2] not in ("ssm_f_a", "ssm_a", "ssm_g_a")]
+    kda = [t for t in kda_tensors(hp, i) if t.name.split(".")[2] not in ("ssm_f_a", "ssm_a", "ssm_g_a")]
     return [
         *kda,
         TensorSpec(f"blk.{i}.ssm_f_a.weight", (e, hd), "matrix"),
@@ -71,7 +71,7 @@ def _tensors(s: ModelShape, hp: HParams, parts: Parts) -> list[TensorSpec]:
             gate = TensorSpec(f"blk.{i}.attn_gate.weight", (e, s.n_head * s.v_dim), "matrix")
             layers += [*mla.tensors(hp, i), gate]
         else:
-            layers += _kda(s, i)
+            layers += _kda(s, hp, i)
         if s.attn_res_block:
             layers += [
                 TensorSpec(f"blk.{i}.attn_res_score.weight", (e,), "vector"),
