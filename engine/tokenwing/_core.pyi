@@ -44,6 +44,7 @@ class StreamConfig:
     split_demand: bool
     skip_late: bool
     prefetch_votes: int
+    learned: list[float]
     def __init__(self) -> None: ...
 
 class StreamCore:
@@ -105,6 +106,7 @@ def simulate(
 ) -> npt.NDArray[np.uint64]: ...
 def read_benchmark(
     path: str, block: int, threads: int, total: int, seed: int = 0, direct: bool = True
+    learned: list[float] = ...,
 ) -> tuple[float, int, npt.NDArray[np.int64]]: ...
 def read_benchmark_uring(
     path: str, block: int, depth: int, total: int, seed: int = 0, direct: bool = True

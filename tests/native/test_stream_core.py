@@ -16,6 +16,7 @@ from tests.conftest import ModelFactory
 from tokenwing import _core
 from tokenwing.errors import BadInputError
 from tokenwing.format.reader import ModelFile
+from tokenwing.streaming.eviction_model import load_model
 from tokenwing.streaming.settings import StreamSettings
 from tokenwing.streaming.streamer import COUNTERS, ExpertStreamer
 from tokenwing.streaming.trace import Trace, simulate, synthetic_trace
@@ -124,13 +125,13 @@ def _replay_in_core(model: Path, trace: Trace, slots: int, policy: str) -> np.nd
         return s.counters()
 
 
-@pytest.mark.parametrize("policy", ["history", "decay", "lru"])
+@pytest.mark.parametrize("policy", ["history", "learned", "decay", "lru"])
 def test_core_and_simulator_share_the_policy(model: Path, policy: str) -> None:
     """The trace simulator runs the core's own eviction code: identical hits and misses per layer."""
     trace = synthetic_trace(120, 4, 16, 4, zipf=1.1, locality=0.4, seed=3)
     trace.prompt_tokens[:10] = 16  # a prompt first: LRU plus ageing
     counters = _replay_in_core(model, trace, 6, policy)
-    sim = simulate(trace, 6, policy)
+    sim = simulate(trace, 6, policy, learned=load_model().core_weights())
     assert counters[:, C["misses"]].tolist() == sim["per_layer_misses"]
     assert int(counters[:, C["hits"]].sum()) == sim["hits"]
 

@@ -123,6 +123,7 @@ NB_MODULE(_core, m) {
       .def_rw("split_demand", &tw::StreamConfig::split_demand)
       .def_rw("skip_late", &tw::StreamConfig::skip_late)
       .def_rw("prefetch_votes", &tw::StreamConfig::prefetch_votes)
+      .def_rw("learned", &tw::StreamConfig::learned)
       .def_prop_rw(
           "policy", [](const tw::StreamConfig& c) { return std::string(tw::policy_name(c.policy)); },
           [](tw::StreamConfig& c, const std::string& p) { c.policy = tw::parse_policy(p); })
@@ -221,7 +222,7 @@ NB_MODULE(_core, m) {
          nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> prompt_tokens, int n_expert,
          int n_slots, const std::string& policy, bool prefetch, std::uint64_t decay_tokens,
          std::optional<nb::ndarray<const std::int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>> initial,
-         int prefetch_votes) {
+         int prefetch_votes, std::vector<double> learned) {
         tw::Trace t = make_trace(selected, predicted, prompt_tokens, n_expert);
         std::vector<std::int32_t> warm;
         int width = 0;
@@ -252,7 +253,7 @@ NB_MODULE(_core, m) {
       },
       nb::arg("selected"), nb::arg("predicted"), nb::arg("prompt_tokens"), nb::arg("n_expert"), nb::arg("n_slots"),
       nb::arg("policy"), nb::arg("prefetch") = false, nb::arg("decay_tokens") = 64, nb::arg("initial") = nb::none(),
-      nb::arg("prefetch_votes") = 1,
+      nb::arg("prefetch_votes") = 1, nb::arg("learned") = std::vector<double>{},
       "Replays a routing trace (from `initial`, [layers, width] experts in the cache at the start, -1 empty); "
       "returns per-layer (hits, misses, demand_reads, prefetch_reads, prefetch_used, prefetch_wasted, "
       "prefetch_dropped).");
@@ -261,6 +262,7 @@ NB_MODULE(_core, m) {
     return nb::make_tuple(r.seconds, r.bytes, to_numpy(r.latencies_ns, {r.latencies_ns.size()}));
   };
   m.def(
+            c.learned = std::move(learned);
       "read_benchmark",
       [bench_result](const std::string& path, std::uint64_t block, int threads, std::uint64_t total,
                      std::uint64_t seed, bool direct) {

@@ -22,6 +22,7 @@ class Replay {
   Replay(const Trace& t, const SimConfig& c) : t_(t), c_(c), stats_(static_cast<std::size_t>(t.n_layers)) {
     clock_.policy = c.policy;
     clock_.decay_tokens = c.decay_tokens;
+    if (c.policy == Policy::Learned) clock_.learned = parse_learned(c.learned);
     layers_.resize(static_cast<std::size_t>(t.n_layers));
     for (auto& L : layers_) {
       L.slots.resize(static_cast<std::size_t>(c.n_slots));

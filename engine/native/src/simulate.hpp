@@ -29,7 +29,8 @@ struct SimConfig {
   Policy policy = Policy::Decay;
   bool prefetch = false;
   std::uint64_t decay_tokens = 64;
-  int prefetch_votes = 1;  // a prediction is read once this many distances predicted it (see StreamConfig)
+  int prefetch_votes = 1;
+  std::vector<double> learned;  // the learned policy's model, flat (parse_learned)  // a prediction is read once this many distances predicted it (see StreamConfig)
   // The cache at the start: n_layers × width experts (-1 empty), width ≤ n_slots; empty: a cold cache.
   std::vector<std::int32_t> initial;
   int initial_width = 0;

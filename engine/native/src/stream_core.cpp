@@ -46,6 +46,7 @@ StreamCore::StreamCore(const std::string& path, int n_expert, std::vector<LayerG
   if (cfg_.decay_tokens == 0) throw std::invalid_argument("decay_tokens must be positive");
   clock_.policy = cfg_.policy;
   clock_.decay_tokens = cfg_.decay_tokens;
+  if (cfg_.policy == Policy::Learned) clock_.learned = parse_learned(cfg_.learned);
   layers_ = std::vector<Layer>(layers.size());  // in place: Layer is not cheaply movable
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const LayerGeometry& g = layers[i];
@@ -999,7 +1000,7 @@ std::uint64_t StreamCore::loan(std::uint64_t bytes, int keep_per_layer) {
       for (int s = 0; s < L.geo.n_slots; ++s) {
         const SlotMeta& m = L.slots[static_cast<std::size_t>(s)]->meta;
         if (m.state != SlotState::Ready || m.pins > 0) continue;
-        double v = (clock_.prompt || clock_.policy == Policy::Lru) ? 0.0 : effective_value(m, clock_);
+        double v = keep_value(m, clock_);
         if (best_l < 0 || v < best_v || (v == best_v && m.last_use < best_use)) {
           best_l = li, best_s = s, best_v = v, best_use = m.last_use;
         }

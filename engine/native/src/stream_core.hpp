@@ -54,6 +54,7 @@ struct StreamConfig {
   // A prediction is read once this many of the token's predictions for its layer (at different distances)
   // name it: 2 waits for the nearer router to confirm the farther one (fewer wasted reads, less lead).
   int prefetch_votes = 2;
+  std::vector<double> learned;  // the learned policy's model, flat (parse_learned)
 };
 
 enum Counter : int {

@@ -8,13 +8,17 @@ import json
 
 def _cmd_trace_simulate(args: argparse.Namespace) -> int:
     # (lazy: only this command loads these; all of them at start-up took 2.4-3.4 s, not 0.25 s)
+    from tokenwing.streaming.eviction_model import load_model
     from tokenwing.streaming.trace import POLICIES, load_trace, parse_slots, prediction_recall, simulate
 
     trace = load_trace(args.trace)
     slots = parse_slots(args.slots, trace.n_expert)
     policies = POLICIES if args.policy == "all" else (args.policy,)
+    learned = load_model(args.model).core_weights() if "learned" in policies else None
     results = [
-        simulate(trace, slots, p, args.prefetch and p != "belady", args.decay_tokens, args.prefetch_votes)
+        simulate(
+            trace, slots, p, args.prefetch and p != "belady", args.decay_tokens, args.prefetch_votes, None, learned
+        )
         for p in policies
     ]
     recall = prediction_recall(trace)
@@ -38,6 +42,17 @@ def _cmd_trace_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_trace_train(args: argparse.Namespace) -> int:
+    # (lazy: only this command loads these; all of them at start-up took 2.4-3.4 s, not 0.25 s)
+    from tokenwing.streaming.learned import train
+    from tokenwing.streaming.trace import parse_share
+
+    model = train(args.traces, parse_share(args.slots))
+    model.save(args.output)
+    print(f"{args.output}: half-lives {list(model.half_lives)}, weights {[round(w, 4) for w in model.weights]}")
+    return 0
+
+
 def _cmd_trace_synth(args: argparse.Namespace) -> int:
     # (lazy: only this command loads these; all of them at start-up took 2.4-3.4 s, not 0.25 s)
     from tokenwing.streaming.trace import synthetic_trace
@@ -51,10 +66,11 @@ def _cmd_trace_synth(args: argparse.Namespace) -> int:
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tr = sub.add_parser("trace", help="routing traces: replay through the cache policies, or synthesise one")
     trs = tr.add_subparsers(dest="trace_command", required=True)
-    sim = trs.add_parser("simulate", help="misses of decay, LRU and Belady on a recorded routing trace")
+    sim = trs.add_parser("simulate", help="misses of decay, history, learned, LRU and Belady on a routing trace")
     sim.add_argument("trace")
     sim.add_argument("--slots", required=True, help="slots per layer: a count, or a percentage of the experts")
-    sim.add_argument("--policy", default="all", choices=["decay", "history", "lru", "belady", "all"])
+    sim.add_argument("--policy", default="all", choices=["decay", "history", "learned", "lru", "belady", "all"])
+    sim.add_argument("--model", help="the learned policy's model (from `trace train`; default: the shipped one)")
     sim.add_argument("--prefetch", action="store_true", help="load the trace's predictions ahead (instantly)")
     sim.add_argument("--decay-tokens", type=int, default=0, help="half-life in tokens (0: each policy's own)")
     sim.add_argument(
@@ -65,6 +81,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     sim.add_argument("--json", action="store_true")
     sim.set_defaults(func=_cmd_trace_simulate)
+    trn = trs.add_parser("train", help="fit the learned eviction policy's model on recorded routing traces")
+    trn.add_argument("traces", nargs="+")
+    trn.add_argument("-o", "--output", required=True, help="the model file to write (JSON)")
+    trn.add_argument("--slots", default="25%", help="the cache it is trained for: a percentage of a layer's experts")
+    trn.set_defaults(func=_cmd_trace_train)
     syn = trs.add_parser("synth", help="write a synthetic Zipf-skewed, temporally local routing trace")
     syn.add_argument("output")
     syn.add_argument("--tokens", type=int, default=1000)

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass, fields
 
 from tokenwing import _core
+from tokenwing.streaming.eviction_model import load_model
 
 # Each policy's half-life in tokens, measured with `tokenwing trace simulate` (docs/results.md): decay as the spec
 # has it; history keeps counts through evictions, and a longer memory then pays (256 beat 32–128 and 512 on the
@@ -28,6 +29,7 @@ class StreamSettings:
     skip_late: bool = False
     prefetch_votes: int = 2
     verify: bool = False  # debug: check every delivered expert against its checksum
+    eviction_model: str = ""  # the learned policy's model file ("": the shipped one)
 
     def core_config(self) -> _core.StreamConfig:
         c = _core.StreamConfig()
@@ -43,6 +45,8 @@ class StreamSettings:
         c.split_demand = self.split_demand
         c.skip_late = self.skip_late
         c.prefetch_votes = self.prefetch_votes
+        if self.policy == "learned":
+            c.learned = load_model(self.eviction_model or None).core_weights()
         return c
 
 
@@ -55,8 +59,10 @@ _HELP = {
     "256 for history)",
     "idle_fill_ms": "after this long without requests, fill empty slots from the usage table (-1: off)",
     "direct": "direct reads (O_DIRECT), bypassing the file cache",
-    "policy": "RAM cache eviction: history (use count with decay, kept for experts that left the cache), decay "
-    "(the same, forgotten on eviction) or lru",
+    "policy": "RAM cache eviction: history (use count with decay, kept for experts that left the cache), learned "
+    "(a score of each expert's recency and use counts at several half-lives, trained on routing traces), decay "
+    "(history's count, forgotten on eviction) or lru",
+    "eviction_model": "the learned policy's model (from `tokenwing trace train`; default: the shipped one)",
     "io_engine": "how reads reach the drive: threads (a blocking read per I/O thread) or io_uring (one ring, "
     "--moe-stream-io-threads reads in flight, submitted by the caller, one reaper thread)",
     "split_demand": "a demand read as two requests, gate+up then down: the gate/up products start while down lands",
@@ -68,7 +74,7 @@ _HELP = {
 }
 
 
-_CHOICES = {"policy": ["history", "decay", "lru"], "io_engine": ["threads", "io_uring"]}
+_CHOICES = {"policy": ["history", "learned", "decay", "lru"], "io_engine": ["threads", "io_uring"]}
 
 
 def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +94,8 @@ def add_stream_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(
                 flag, dest=f"stream_{f.name}", choices=_CHOICES[f.name], default=default, help=_HELP[f.name]
             )
+        elif isinstance(default, str):
+            group.add_argument(flag, dest=f"stream_{f.name}", default=default, help=_HELP[f.name])
         else:
             group.add_argument(flag, dest=f"stream_{f.name}", type=int, default=default, help=_HELP[f.name])
 

@@ -17,7 +17,7 @@ from tokenwing.errors import BadInputError
 from tokenwing.fsutil import write_atomic
 from tokenwing.streaming.settings import DECAY_TOKENS
 
-POLICIES = ("decay", "history", "lru", "belady")
+POLICIES = ("decay", "history", "learned", "lru", "belady")
 
 
 @dataclass
@@ -112,6 +112,17 @@ def synthetic_trace(
     return Trace(sel, pred, np.zeros(n_tokens, np.int64), layers, n_expert)
 
 
+def parse_share(text: str) -> float:
+    """`--slots 25%` as a share of a layer's experts (0..1]."""
+    try:
+        share = float(text.removesuffix("%")) / 100
+    except ValueError:
+        share = -1.0
+    if not text.endswith("%") or not 0 < share <= 1:
+        raise BadInputError(f"--slots must be a percentage of the experts (such as 25%), not {text!r}")
+    return share
+
+
 def parse_slots(text: str, n_expert: int) -> int:
     """`--slots 32` or `--slots 25%` (of the experts of a layer)."""
     try:
@@ -129,10 +140,12 @@ def simulate(
     decay_tokens: int = 0,
     prefetch_votes: int = 1,
     initial: np.ndarray | None = None,
+    learned: list[float] | None = None,
 ) -> dict[str, Any]:
     """Replays the trace through a policy at `slots` per layer (with its predictions read ahead, at once, when
     `prefetch`: those named by `prefetch_votes` distances); `initial`: the experts each layer holds at the start
-    ([layers, width], -1 empty). Reads are demand reads plus prefetches; Belady's are the fewest possible."""
+    ([layers, width], -1 empty); `learned`: the learned policy's model (EvictionModel.core_weights). Reads are
+    demand reads plus prefetches; Belady's are the fewest possible."""
     if policy not in POLICIES:
         raise BadInputError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
     decay_tokens = decay_tokens or DECAY_TOKENS.get(policy, 64)
@@ -151,6 +164,7 @@ def simulate(
         decay_tokens,
         None if initial is None else np.ascontiguousarray(initial, dtype=np.int32),
         prefetch_votes,
+        learned or [],
     )
     totals = {name: int(v) for name, v in zip(_core.SIM_COLUMNS, table.sum(axis=0), strict=True)}
     accesses = totals["hits"] + totals["misses"]
