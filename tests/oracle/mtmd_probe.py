@@ -1,6 +1,6 @@
 """Subprocess: llama.cpp's libmtmd on an image (llama.cpp's ggml must not share our process).
 
-usage: python mtmd_probe.py MODEL.gguf MMPROJ.gguf IMAGE.npy TEXT OUT_DIR [f16kv] [flash]
+usage: python mtmd_probe.py MODEL.gguf MMPROJ.gguf IMAGE.npy TEXT OUT_DIR [f16kv] [flash] [ctx=N]
 
 IMAGE.npy holds the image's RGB bytes (height, width, 3) as mtmd_bitmap_init takes them; TEXT has one
 `<__media__>` where the image goes. Writes OUT_DIR/embd.npy (the image chunk's embeddings from mtmd_encode_chunk +
@@ -8,7 +8,8 @@ mtmd_get_output_embd: (n_tokens, n_embd × (1 + deepstack layers))), OUT_DIR/log
 after mtmd_helper_eval_chunks: (1, n_vocab)), OUT_DIR/step.npy (a greedy decode step's after it) and
 OUT_DIR/info.json (the chunks' token counts and n_past). The
 encoder without flash attention (`flash`: with it, F16 keys and values: llama.cpp's own distance when only rounding
-changes) and the text model with an F32 KV cache (`f16kv`: F16), as the oracles run it.
+changes) and the text model with an F32 KV cache (`f16kv`: F16), as the oracles run it; a context of 512 positions
+(`ctx=N`: N, for an image of more rows).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def main() -> int:
 
     model, mmproj, image_path, text, out_dir = sys.argv[1:6]
     out = Path(out_dir)
-    llm = oracle_llama(llama_cpp, model, n_ctx=512, n_batch=512, f16_kv="f16kv" in sys.argv[6:])
+    n_ctx = next((int(a[4:]) for a in sys.argv[6:] if a.startswith("ctx=")), 512)
+    llm = oracle_llama(llama_cpp, model, n_ctx=n_ctx, n_batch=512, f16_kv="f16kv" in sys.argv[6:])
     params = mtmd.mtmd_context_params_default()
     params.use_gpu = False
     params.n_threads = 2

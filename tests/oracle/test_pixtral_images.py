@@ -45,6 +45,7 @@ IMAGES = {
     "aligned-64x48": (48, 64),  # no resize: 4×3 merged patches (patches of 8, 2×2 merged)
     "upscaled-50x37": (37, 50),  # under 8 merged patches: bicubic to fit 64×48, centred on black
     "wide-200x30": (30, 200),  # rounded to 208×32, the height padded: 13×2
+    "downscaled-600x450": (450, 600),  # over 1024 merged patches: bicubic down to 576×432, 36×27 (998 rows)
 }
 
 
@@ -62,9 +63,9 @@ def test_embeddings_match_llama_cpp(files: tuple[Path, Path, Path], tmp_path: Pa
     """Each row, the [IMG_BREAK] rows between rows of merged patches included, within llama.cpp's own distance."""
     model, mmproj, _ = files
     rgb = image(*IMAGES[name], seed=len(name))
-    info = mtmd_run(model, mmproj, rgb, "<__media__>", tmp_path / "ref")
+    info = mtmd_run(model, mmproj, rgb, "<__media__>", tmp_path / "ref", "ctx=1024")
     ref = np.load(tmp_path / "ref" / "embd.npy")
-    mtmd_run(model, mmproj, rgb, "<__media__>", tmp_path / "flash", "flash")
+    mtmd_run(model, mmproj, rgb, "<__media__>", tmp_path / "flash", "flash", "ctx=1024")
     own = np.abs(np.load(tmp_path / "flash" / "embd.npy") - ref).max()
     got, (nx, ny) = _encode(mmproj, rgb)
     chunk = next(c for c in info["chunks"] if c["type"] == 1)  # type: ignore[attr-defined]
