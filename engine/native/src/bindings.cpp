@@ -246,6 +246,7 @@ NB_MODULE(_core, m) {
             c.prefetch_votes = prefetch_votes;
             c.initial = warm;
             c.initial_width = width;
+            c.learned = std::move(learned);
             st = tw::simulate_policy(t, c);
           }
         }
@@ -262,7 +263,6 @@ NB_MODULE(_core, m) {
     return nb::make_tuple(r.seconds, r.bytes, to_numpy(r.latencies_ns, {r.latencies_ns.size()}));
   };
   m.def(
-            c.learned = std::move(learned);
       "read_benchmark",
       [bench_result](const std::string& path, std::uint64_t block, int threads, std::uint64_t total,
                      std::uint64_t seed, bool direct) {
