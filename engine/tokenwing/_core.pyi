@@ -103,10 +103,10 @@ def simulate(
     decay_tokens: int = 64,
     initial: npt.NDArray[np.int32] | None = None,
     prefetch_votes: int = 1,
+    learned: list[float] = ...,
 ) -> npt.NDArray[np.uint64]: ...
 def read_benchmark(
     path: str, block: int, threads: int, total: int, seed: int = 0, direct: bool = True
-    learned: list[float] = ...,
 ) -> tuple[float, int, npt.NDArray[np.int64]]: ...
 def read_benchmark_uring(
     path: str, block: int, depth: int, total: int, seed: int = 0, direct: bool = True
