@@ -21,6 +21,7 @@ from runmyai.paths import AppPaths, bundled_dir
 from runmyai.ui import layout_check
 from runmyai.ui.controller import AUTOTUNE_OFFER, AppController
 from runmyai.ui.main_window import MainWindow
+from runmyai.ui.picture_shots import picture_screenshots
 
 SELF_TEST_TIMEOUT_S = 300
 QUIET_QT_MESSAGES = ("This plugin does not support",)  # the offscreen platform's notes, once per window
@@ -214,6 +215,8 @@ async def self_test(controller: AppController, args: argparse.Namespace) -> int:
     if getattr(args, "screenshots", None) is not None:
         show_chat_states(controller, reply)
         problems = await take_screenshots(controller, args.screenshots)
+        # a vision model's chat with pictures (ui/picture_shots.py; nothing for a text model)
+        problems += await picture_screenshots(controller, args.screenshots, controller.paths.home / "picture-shots")
         for line in problems:
             print(f"runmyai self-test: {line}", file=sys.stderr)
         if problems:

@@ -114,6 +114,8 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         fmt = worker.chat
         template = {"kind": "fallback" if fmt and fmt.fallback else "model", "name": fmt.fallback if fmt else None}
         entry = {"id": model_id, "object": "model", "created": created, "owned_by": "tokenwing"}
+        # what it reads besides text, in llama.cpp's /props spelling: images with serve --mmproj (the app offers them)
+        entry["modalities"] = {"vision": worker.vision is not None}
         return JSONResponse({"object": "list", "data": [{**entry, "chat_template": template}]})
 
     async def run(request: Request, req: GenerationRequest, chat: bool) -> Response:
