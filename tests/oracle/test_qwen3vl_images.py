@@ -199,16 +199,20 @@ def test_logits_with_an_image_match_llama_cpp(
     logits_match(files, repacked, image(*IMAGES[name], seed=7), text, tmp_path)
 
 
-def logits_match(files: tuple[Path, Path], repacked: Path, rgb: np.ndarray, text: str, tmp: Path) -> None:
+def logits_match(
+    files: tuple[Path, Path], repacked: Path, rgb: np.ndarray, text: str, tmp: Path, rounding: tuple[str, ...] = ()
+) -> None:
     """`tokenwing logits MODEL --mmproj P --image FILE --text T` against mtmd_helper_eval_chunks on the same
     files: within llama.cpp's own distance when only its KV cache precision changes (F16 for F32); each image
-    family's test calls it."""
+    family's test calls it. `rounding`: the probe's other flags whose distance also counts (the largest is the
+    bar; "flash": its encoder's attention in F16)."""
     model, mmproj = files
     write_png(tmp / "image.png", rgb)
     mtmd_run(model, mmproj, rgb, text, tmp / "ref")
-    mtmd_run(model, mmproj, rgb, text, tmp / "f16kv", "f16kv")
+    for flag in ("f16kv", *rounding):
+        mtmd_run(model, mmproj, rgb, text, tmp / flag, flag)
     ref = np.load(tmp / "ref" / "logits.npy")
-    own = np.abs(np.load(tmp / "f16kv" / "logits.npy") - ref).max()
+    own = max(np.abs(np.load(tmp / flag / "logits.npy") - ref).max() for flag in ("f16kv", *rounding))
     out = tmp / "ours.npy"
     args = ["--mmproj", str(mmproj), "--image", str(tmp / "image.png"), "--text", text]
     r = run_cli("logits", str(repacked), *args, "--out", str(out), "--kv-type", "f32")

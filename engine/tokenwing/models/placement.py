@@ -3,6 +3,7 @@ rounded up to DECODE_WINDOW and masked, and a batch's sequences (`Run`, `batch_r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,10 +149,13 @@ def placement(
     window: int = 0,
     axes: int = 1,
     flash: bool = False,
+    adjust: Callable[[dict[str, np.ndarray]], None] | None = None,
 ) -> Placement:
     """A `Placement` whose inputs are filled now (a graph built for one use); `flash`: a prompt's, which attends
-    through flash attention."""
+    through flash attention; `adjust`: changes the arrays first (a prompt's images: vision/prompt.py)."""
     a = placement_arrays(pos0, n, n_kv, n_ctx, v_width, window, axes, flash)
+    if adjust is not None:
+        adjust(a)
     inputs = {name: g.input(v) for name, v in a.items()}
     return Placement(
         n,

@@ -7,6 +7,7 @@ prompt's memory (how long a pass fits). The state it computes on is the current 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -350,7 +351,11 @@ class Passes(SequenceState):
         n_kv = common.decode_window(pos0 + n - 1, self.n_ctx)
         flash = not decode and self.options.prompt_attention == "flash"
         axes = self.model.position_axes
-        at = common.placement(self.graph, pos0, n, n_kv, self.n_ctx, self._v_width, self.model.window, axes, flash)
+        # (a prompt's bidirectional images: their rows see one another, vision/prompt.py)
+        unmask = None if self.media is None else functools.partial(self.media.unmask, pos0=pos0)
+        at = common.placement(
+            self.graph, pos0, n, n_kv, self.n_ctx, self._v_width, self.model.window, axes, flash, unmask
+        )
         if self.media is not None:  # image rows' positions, and the text's after them
             at = dataclasses.replace(at, positions=self.graph.input(self.media.positions(pos0, n)))
         return at
@@ -422,7 +427,7 @@ class Passes(SequenceState):
             stop = min(n, (pos0 + i) // b * b + b - pos0)
             out.append(slice(i, stop))
             i = stop
-        return out
+        return out if self.media is None else self.media.whole(out, pos0)  # (an image's rows in one chunk)
 
     # ----------------------------------------------------------------------------------- embedding, head
     def _embed(self, tokens: list[int], before: list[int] | None = None) -> np.ndarray:

@@ -79,6 +79,10 @@ class MmprojEncoder:
     begin, end = "", ""
     mrope = False
 
+    def bidirectional(self, n_embd_text: int) -> bool:
+        """Whether the text model's rows of an image attend to one another both ways (mtmd_decode_use_non_causal)."""
+        return False
+
     def __init__(self, path: str, n_threads: int = 2) -> None:
         h = read_header(path)
         kind = projector_of(h)

@@ -42,6 +42,8 @@ class Gemma4VEncoder(MmprojEncoder):
     patches row by row."""
 
     projector = PROJECTOR
+    archs = ("gemma4",)
+    begin, end = IMAGE_BEGIN, IMAGE_END
     default_merge = 3  # the pooler's kernel: clip.vision.projector.scale_factor where the file has it
 
     def __init__(self, path: str, n_threads: int = 2) -> None:
@@ -53,6 +55,10 @@ class Gemma4VEncoder(MmprojEncoder):
         ends = (".input_min", ".input_max", ".output_min", ".output_max")
         self.bounds = {n: float(self.array(n)[0]) for n in self._shapes if n.endswith(ends)}
         self.pos_size = self._shapes["v.position_embd.weight"][1]
+
+    def bidirectional(self, n_embd_text: int) -> bool:
+        """mtmd_decode_use_non_causal: Gemma 4's rows attend both ways but in E2B and E4B (widths 1536, 2560)."""
+        return n_embd_text not in (1536, 2560)
 
     def limits(self) -> ImageLimits:
         side = self.hp.patch_size * self.hp.n_merge

@@ -10,13 +10,14 @@ import numpy as np
 from tokenwing.errors import BadInputError
 from tokenwing.format.gguf_io import read_header
 from tokenwing.vision.encoder import MmprojEncoder, projector_of
+from tokenwing.vision.gemma4v import Gemma4VEncoder
 from tokenwing.vision.pixtral import PixtralEncoder
 from tokenwing.vision.png import decode_png
 from tokenwing.vision.prompt import MediaPrompt, tokens
 from tokenwing.vision.qwen3vl import Qwen3VLEncoder
 
 # the encoders the engine computes, by the mmproj's clip.projector_type
-ENCODERS: dict[str, type[MmprojEncoder]] = {e.projector: e for e in (Qwen3VLEncoder, PixtralEncoder)}
+ENCODERS: dict[str, type[MmprojEncoder]] = {e.projector: e for e in (Qwen3VLEncoder, PixtralEncoder, Gemma4VEncoder)}
 
 if TYPE_CHECKING:
     from tokenwing.runtime.session import Session
@@ -77,6 +78,7 @@ def image_prompt(session: Session, mmproj: str, image: str, text: str) -> tuple[
         begin=enc.begin,
         end=enc.end,
         mrope=enc.mrope,
+        bidirectional=enc.bidirectional(session.hp.n_embd),
     )
 
 

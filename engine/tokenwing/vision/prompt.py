@@ -59,6 +59,9 @@ class MediaPrompt:
     n_embd: int
     images: list[ImageRows] = field(default_factory=list)
     mrope: bool = True  # the rows placed by M-RoPE (Qwen-VL); else as tokens, one position a row (Pixtral)
+    # an image's rows attend to one another both ways (llama.cpp's mtmd_decode_use_non_causal: Gemma 4 but E2B and
+    # E4B): a row sees the rows after it (`unmask`), and each image is in one chunk of its pass (`whole`)
+    bidirectional: bool = False
 
     def _shift(self, cell: int) -> int:
         """How far position and cell part at `cell`: each whole image before it takes fewer positions than rows."""
@@ -109,6 +112,33 @@ class MediaPrompt:
             if hi <= im.embd.shape[1]:
                 h[at] += im.embd[rows, lo:hi]
 
+    def unmask(self, arrays: dict[str, np.ndarray], pos0: int) -> None:
+        """A placement's masks (models/placement.placement_arrays) for the cells pos0 …: with `bidirectional`, an
+        image row also sees the rows after it in its image, in the full and sliding-window masks alike (llama.cpp's
+        non-causal KV mask: a key later than the query is not masked; the window still masks keys too far back)."""
+        if not self.bidirectional:
+            return
+        for name in ("mask", "mask_swa", "flash_mask", "flash_mask_swa"):
+            m = arrays.get(name)
+            if m is None:
+                continue
+            for at, im, _ in self._rows(pos0, min(m.shape[0], len(arrays["k_rows"]))):
+                for i in range(at.start, at.stop):
+                    m[i, pos0 + i + 1 : im.start + im.rows] = 0.0
+
+    def whole(self, chunks: list[slice], pos0: int) -> list[slice]:
+        """A pass's chunks (of the cells pos0 …) joined where one would split a bidirectional image: its later rows'
+        keys must be written before its earlier rows attend (llama.cpp decodes an image in one batch)."""
+        if not self.bidirectional:
+            return chunks
+        out: list[slice] = []
+        for c in chunks:
+            if out and any(im.start < pos0 + c.start < im.start + im.rows for im in self.images):
+                out[-1] = slice(out[-1].start, c.stop)
+            else:
+                out.append(c)
+        return out
+
 
 def tokens(
     tok: TextTokenizer,
@@ -120,15 +150,17 @@ def tokens(
     begin: str = IMAGE_BEGIN,
     end: str = IMAGE_END,
     mrope: bool = True,
+    bidirectional: bool = False,
 ) -> tuple[list[int], MediaPrompt]:
     """The session's tokens for `text` with one image (nx, ny, embeddings) per MEDIA_MARKER, and its MediaPrompt.
     With `keys` (each image's content hash) an image's rows are `row_ids` past the `vocab`, else PLACEHOLDER.
-    `begin`, `end`, `mrope`: the encoder's (MmprojEncoder's; "": no such text), Qwen-VL's by default."""
+    `begin`, `end`, `mrope`: the encoder's (MmprojEncoder's; "": no such text), Qwen-VL's by default;
+    `bidirectional`: the rows attend both ways (`MediaPrompt`)."""
     parts = text.split(MEDIA_MARKER)
     if len(parts) - 1 != len(images):
         raise BadInputError(f"the text has {len(parts) - 1} {MEDIA_MARKER} for {len(images)} image(s)")
     out: list[int] = []
-    media = MediaPrompt(n_embd, mrope=mrope)
+    media = MediaPrompt(n_embd, mrope=mrope, bidirectional=bidirectional)
     for i, part in enumerate(parts):
         pieces = ([end] if i else []) + ([part] if part else []) + ([begin] if i < len(images) else [])
         for piece in filter(None, pieces):
