@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.engine.test_server import KEY, Server
+from tests.engine.test_server_messages import client as anthropic_client
 from tests.engine.test_server_parallel import _together
 from tests.oracle.test_qwen3vl_images import image, write_png
 from tests.pauses import Pauses
@@ -111,6 +112,26 @@ def test_the_openai_client_sends_an_image_and_streams_a_reply(server: Server, tm
     assert whole.usage is not None and plain.usage is not None
     with_markers = len(server_tokens(server, "<|vision_start|><|vision_end|>"))
     assert whole.usage.prompt_tokens == plain.usage.prompt_tokens + 12 + with_markers
+
+
+def test_the_responses_and_messages_apis_take_images(server: Server, tmp_path: Path) -> None:
+    """The Responses API's input_image and Anthropic's base64 image block, with their official clients: the same
+    prompt as the chat endpoint's (its tokens), the same greedy reply."""
+    png = png_bytes(image(48, 64, seed=8), tmp_path / "a.png")
+    chat = server.client().chat.completions.create(model="m", messages=messages(data_url(png)),  # type: ignore[arg-type]
+                                                   max_tokens=3, temperature=0)  # fmt: skip
+    assert chat.usage is not None
+    parts: Any = [{"type": "input_text", "text": TEXT}, {"type": "input_image", "image_url": data_url(png)}]
+    r = server.client().responses.create(model="m", input=[{"role": "user", "content": parts}], max_output_tokens=3,
+                                         temperature=0)  # fmt: skip
+    assert r.usage is not None and r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.output_text == chat.choices[0].message.content
+    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png).decode()}
+    blocks: Any = [{"type": "text", "text": TEXT}, {"type": "image", "source": source}]
+    m = anthropic_client(server).messages.create(model="m", max_tokens=3, extra_body={"temperature": 0},
+                                                 messages=[{"role": "user", "content": blocks}])  # fmt: skip
+    assert m.usage.input_tokens == chat.usage.prompt_tokens
+    assert "".join(b.text for b in m.content if b.type == "text") == chat.choices[0].message.content
 
 
 def server_tokens(server: Server, text: str) -> list[int]:
@@ -227,12 +248,7 @@ def bad(server: Server, msgs: list[dict[str, Any]], max_tokens: int = 2) -> str:
 
 def header_only(width: int, height: int) -> bytes:
     """A PNG whose header claims width × height, with a tiny image data chunk."""
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-    head = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-    return b"\x89PNG\r\n\x1a\n" + head + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    return _with_data(width, height, b"\0" * 64)
 
 
 def test_bad_images_are_400s_naming_why(server: Server, tmp_path: Path) -> None:
@@ -250,8 +266,12 @@ def test_bad_images_are_400s_naming_why(server: Server, tmp_path: Path) -> None:
     big = np.zeros((720, 800, 3), np.uint8)
     raw = b"".join(b"\0" + row.tobytes() for row in big)  # (filter none: quick to write and to read)
     png = _with_data(800, 720, raw)
-    message = bad(server, messages(data_url(png)), max_tokens=8)
-    assert "context" in message
+    assert "the image is 2250 tokens (800x720 pixels); the context holds 512" in bad(server, messages(data_url(png)))
+    # 500 rows fit the context, not with the text and the reply's room: as a long text is (OpenAI's code)
+    raw = b"".join(b"\0" + row.tobytes() for row in big[:320, :400])  # (25 × 20 merged patches of 16 pixels)
+    r = httpx.post(server.url + "/v1/chat/completions", headers=AUTH, timeout=120,
+                   json={"messages": messages(data_url(_with_data(400, 320, raw))), "max_tokens": 8})  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
 
 
 def _with_data(width: int, height: int, raw: bytes) -> bytes:

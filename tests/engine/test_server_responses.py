@@ -301,6 +301,8 @@ def test_store_is_bounded() -> None:
         ({"input": 5}, "input", "'input' must be a string or a list"),
         ({"input": [{"type": "image_generation_call"}]}, "input", "input[0].type 'image_generation_call'"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input",
+         "input[0].content[0].image_url.url must be a data: URL"),
+        ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input",
          "input[0].content[0]: only text parts"),
         ({"input": [{"role": "tool", "content": "x"}]}, "input", "input[0].role"),
         ({"input": [{"type": "function_call_output", "call_id": "c9", "output": "1"}]}, "input",

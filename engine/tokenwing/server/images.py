@@ -68,13 +68,20 @@ class Vision:
         except BadInputError as e:
             raise BadInputError(f"{src.where}: {e}") from None
 
-    def encoded(self, sources: list[ImageSource]) -> tuple[list[str], list[tuple[int, int, np.ndarray]]]:
-        """Each image's key and (nx, ny, embeddings), encoded once per image content (EncodedImages)."""
+    def encoded(self, sources: list[ImageSource], n_ctx: int) -> tuple[list[str], list[tuple[int, int, np.ndarray]]]:
+        """Each image's key and (nx, ny, embeddings), encoded once per image content (EncodedImages); an image
+        whose rows alone fill the context is refused before it is encoded (no work for a prompt that cannot run)."""
         keys, rows = [], []
         enc = self.encoder
         for src in sources:
             rgb = self.decoded(src)
             nx, ny = grid(enc, rgb)
+            n = enc.n_rows(nx, ny)
+            if n >= n_ctx:
+                raise BadInputError(
+                    f"{src.where}: the image is {n} tokens ({rgb.shape[1]}x{rgb.shape[0]} pixels); the context holds "
+                    f"{n_ctx}: send it smaller"
+                )
             rows.append((nx, ny, self.cache.get(rgb, lambda x: enc.encode(enc.preprocess(x)))))
             keys.append(image_key(rgb))
         return keys, rows
@@ -93,7 +100,7 @@ class ImagePrompt:
     def __init__(self, vision: Vision, session: Session, sources: list[ImageSource]) -> None:
         self.session = session
         self.encoder = vision.encoder
-        self.keys, self.rows = vision.encoded(sources)
+        self.keys, self.rows = vision.encoded(sources, session.n_ctx)
 
     def _split(self, text: str) -> tuple[str, list[int]]:
         order = [int(m) for m in MARKERS.findall(text)]
@@ -117,6 +124,7 @@ class ImagePrompt:
             begin=enc.begin,
             end=enc.end,
             mrope=enc.mrope,
+            bidirectional=enc.bidirectional(s.hp.n_embd),
         )
         return ids, media
 

@@ -211,6 +211,8 @@ def _message(m: Any, i: int) -> list[dict[str, Any]]:
         kind = _block_type(block, f"{where}.content[{j}]")
         if kind == "text":
             text += _text_parts([block])
+        elif kind == "image":
+            text.append(_image(block, f"{where}.content[{j}]"))
         elif kind == "tool_result":
             if text:
                 out.append({"role": "user", "content": text})
@@ -255,6 +257,19 @@ def _assistant(content: list[Any], where: str) -> dict[str, Any]:
     return out
 
 
+def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """An image block (its source base64 data, or a url) as the chat endpoint's image_url part
+    (server/image_parts.py reads it)."""
+    src = block.get("source")
+    kind = src.get("type") if isinstance(src, dict) else None
+    if kind == "base64" and isinstance(src, dict) and isinstance(src.get("data"), str):
+        media = src.get("media_type") if isinstance(src.get("media_type"), str) else "image/png"
+        return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{src['data']}"}}
+    if kind == "url" and isinstance(src, dict) and isinstance(src.get("url"), str):
+        return {"type": "image_url", "image_url": {"url": src["url"]}}
+    raise RequestError(f"{where}: image blocks take a source of type base64 (media_type, data) or url", "messages")
+
+
 def _block_type(block: Any, where: str) -> str:
     if not isinstance(block, dict) or not isinstance(block.get("type"), str):
         raise RequestError(f"{where} must be a content block (an object with a 'type')", "messages")
@@ -262,8 +277,8 @@ def _block_type(block: Any, where: str) -> str:
 
 
 def _unsupported_block(kind: str, where: str, whose: str) -> RequestError:
-    if kind in ("image", "document"):
-        return RequestError(f"{where}: {kind} blocks are not supported yet (this server reads text)", "messages")
+    if kind in ("image", "document"):  # (a user message's images are read: `_image`)
+        return RequestError(f"{where}: {kind} blocks are not read in {whose} message", "messages")
     return RequestError(f"{where}: {kind[:60]!r} blocks are not supported in {whose} message", "messages")
 
 

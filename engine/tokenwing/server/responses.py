@@ -117,6 +117,24 @@ def _text_of(content: Any, where: str, kinds: tuple[str, ...]) -> str:
     raise RequestError(f"{where} must be a string or a list of text parts", "input")
 
 
+def _is_image(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") == "input_image"
+
+
+def _with_images(content: list[Any], where: str) -> list[dict[str, Any]]:
+    """A user message's parts with images as the chat endpoint's: text parts, and each `input_image` (its
+    image_url, a data: URL or an http(s) URL; a file_id is not read) as an image_url part (server/image_parts.py)."""
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        if not _is_image(part):
+            parts.append({"type": "text", "text": _part_text(part, f"{where}[{j}]", ("input_text", "text"))})
+        elif not isinstance(part.get("image_url"), str):
+            raise RequestError(f"{where}[{j}].image_url must be a string (a data: URL; file_id is not read)", "input")
+        else:
+            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+    return parts
+
+
 # what a chat message came from, for errors: its Responses item (or field), and its tool calls' items
 Label = tuple[str, list[str]]
 
@@ -151,7 +169,12 @@ def input_messages(items: Any, labels: list[Label]) -> list[dict[str, Any]]:
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise RequestError(f"{where}.role must be user, assistant, system or developer", "input")
-            text = _text_of(item.get("content"), f"{where}.content", ("input_text", "output_text", "text"))
+            content = item.get("content")
+            if role == "user" and isinstance(content, list) and any(_is_image(p) for p in content):
+                out.append({"role": "user", "content": _with_images(content, f"{where}.content")})
+                labels.append((where, []))
+                continue
+            text = _text_of(content, f"{where}.content", ("input_text", "output_text", "text"))
             if role == "assistant":
                 out.append({"role": "assistant", "content": text})
                 labels.append((where, []))
