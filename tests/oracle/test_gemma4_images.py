@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 
 from tests.conftest import assert_clean_error, run_cli
-from tests.oracle.test_qwen3vl_images import image, logits_match, mtmd_run, step_and_streamed_match, write_png
+from tests.oracle.test_qwen3vl_images import (
+    factory_files,
+    image,
+    logits_match,
+    mtmd_run,
+    step_and_streamed_match,
+    write_png,
+)
 from tokenwing.format.gguf_io import read_header
 from tokenwing.runtime.session import Session, SessionOptions
 from tokenwing.vision.gemma4v import Gemma4VEncoder
@@ -25,21 +32,10 @@ from tokenwing.vision.logits import image_prompt
 pytestmark = pytest.mark.oracle
 
 
-def _files(root: Path, *flags: str) -> tuple[Path, Path, Path]:
-    """The factory's gemma4 model with its gemma4v mmproj (the command a user runs), and the model repacked."""
-    model, mmproj, repacked = root / "m.gguf", root / "m.mmproj.gguf", root / "m.tw.gguf"
-    r = run_cli("testmodel", str(model), "--arch", "gemma4", *flags, "--mmproj", str(mmproj), "-q")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == [str(model), str(mmproj)]
-    r = run_cli("repack", str(model), "-o", str(repacked))
-    assert r.returncode == 0, r.stderr
-    return model, mmproj, repacked
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """Its sliding-window layers see 32 positions: fewer than an image's rows, so the window cuts into the image."""
-    return _files(tmp_path_factory.mktemp("gemma4v"), "--sliding-window", "32")
+    return factory_files(tmp_path_factory.mktemp("gemma4v"), "gemma4", "--sliding-window", "32")
 
 
 IMAGES = {
@@ -127,7 +123,7 @@ def test_an_f16_mmproj_matches_llama_cpp(tmp_path_factory: pytest.TempPathFactor
     text model spreads that: here ours 1.3e-3 from llama.cpp's logits, its F16 KV 1.8e-3, its flash encoder 2.4e-3
     (with the default window of 128: 8.4e-3, 1.8e-3 and 0.13)."""
     root = tmp_path_factory.mktemp("gemma4v-f16")
-    model, mmproj, repacked = _files(root, "--sliding-window", "32", "--type", "F16")
+    model, mmproj, repacked = factory_files(root, "gemma4", "--sliding-window", "32", "--type", "F16")
     assert {t.type_name for t in read_header(str(mmproj)).tensors} == {"F16", "F32"}
     rgb = image(37, 50, seed=11)
     mtmd_run(model, mmproj, rgb, "<__media__>", tmp_path / "ref")

@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 
 from tests.conftest import assert_clean_error, run_cli
-from tests.oracle.test_qwen3vl_images import image, logits_match, mtmd_run, step_and_streamed_match, write_png
+from tests.oracle.test_qwen3vl_images import (
+    factory_files,
+    image,
+    logits_match,
+    mtmd_run,
+    step_and_streamed_match,
+    write_png,
+)
 from tokenwing.format.gguf_io import read_header
 from tokenwing.runtime.session import Session, SessionOptions
 from tokenwing.vision.pixtral import PixtralEncoder
@@ -25,20 +32,9 @@ from tokenwing.vision.prompt import tokens
 pytestmark = pytest.mark.oracle
 
 
-def _files(root: Path, *flags: str) -> tuple[Path, Path, Path]:
-    """The factory's mistral4 model with its Pixtral mmproj (the command a user runs), and the model repacked."""
-    model, mmproj, repacked = root / "m.gguf", root / "m.mmproj.gguf", root / "m.tw.gguf"
-    r = run_cli("testmodel", str(model), "--arch", "mistral4", *flags, "--mmproj", str(mmproj), "-q")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == [str(model), str(mmproj)]
-    r = run_cli("repack", str(model), "-o", str(repacked))
-    assert r.returncode == 0, r.stderr
-    return model, mmproj, repacked
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    return _files(tmp_path_factory.mktemp("pixtral"))
+    return factory_files(tmp_path_factory.mktemp("pixtral"), "mistral4")
 
 
 IMAGES = {
@@ -126,7 +122,7 @@ def test_a_decode_step_after_an_image_and_streamed_at_a_quarter(files: tuple[Pat
 def test_an_f16_mmproj_matches_llama_cpp(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
     """Published mmproj files hold their matrices and convolution in F16 (`--type F16` writes them so; norms and
     the [IMG_BREAK] row F32): the embeddings and the logits with the image within llama.cpp's own distances."""
-    model, mmproj, repacked = _files(tmp_path_factory.mktemp("pixtral-f16"), "--type", "F16")
+    model, mmproj, repacked = factory_files(tmp_path_factory.mktemp("pixtral-f16"), "mistral4", "--type", "F16")
     rgb, text = image(37, 50, seed=11), "What is in <__media__>?"
     mtmd_run(model, mmproj, rgb, text, tmp_path / "ref")
     mtmd_run(model, mmproj, rgb, text, tmp_path / "flash", "flash")

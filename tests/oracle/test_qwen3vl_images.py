@@ -48,6 +48,18 @@ def mtmd_run(model: Path, mmproj: Path, rgb: np.ndarray, text: str, out: Path, *
     return info
 
 
+def factory_files(root: Path, arch: str, *flags: str) -> tuple[Path, Path, Path]:
+    """The factory's `arch` model with its mmproj (the command a user runs), and the model repacked (each image
+    family's test)."""
+    model, mmproj, repacked = root / "m.gguf", root / "m.mmproj.gguf", root / "m.tw.gguf"
+    r = run_cli("testmodel", str(model), "--arch", arch, *flags, "--mmproj", str(mmproj), "-q")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(model), str(mmproj)]
+    r = run_cli("repack", str(model), "-o", str(repacked))
+    assert r.returncode == 0, r.stderr
+    return model, mmproj, repacked
+
+
 def image(height: int, width: int, seed: int) -> np.ndarray:
     """A picture with structure (gradients and a disc) and noise, as RGB bytes."""
     rng = np.random.default_rng(seed)

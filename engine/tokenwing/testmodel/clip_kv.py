@@ -1,6 +1,7 @@
 """The clip keys every factory mmproj writes (testmodel/mmproj.py, mmproj_pixtral.py): the encoder's size, its
 projector, the text model's width it projects to, the image's normalisation. A family adds its own
-(clip.use_gelu / use_silu, spatial_merge_size, …)."""
+(clip.use_gelu / use_silu, spatial_merge_size, …). And the tensors of an RMSNorm ViT block with separate Q/K/V and
+a gated FFN (Pixtral's; Gemma 4's add their norms and scale)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,18 @@ def clip_kv(name: str, projector: str, text_embd: int, v: EncoderShape, image_si
         "clip.vision.image_mean": KV.array(ValueType.FLOAT32, v.image_mean),
         "clip.vision.image_std": KV.array(ValueType.FLOAT32, v.image_std),
     }
+
+
+def gated_block(b: str, e: int, n_ff: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, GGUF shape, kind) of block `b`'s norms (weights only), Q/K/V/out and gate/up/down, without biases."""
+    return [
+        (f"{b}.ln1.weight", (e,), "n"),
+        (f"{b}.attn_q.weight", (e, e), "w"),
+        (f"{b}.attn_k.weight", (e, e), "w"),
+        (f"{b}.attn_v.weight", (e, e), "w"),
+        (f"{b}.attn_out.weight", (e, e), "w"),
+        (f"{b}.ln2.weight", (e,), "n"),
+        (f"{b}.ffn_gate.weight", (e, n_ff), "w"),
+        (f"{b}.ffn_up.weight", (e, n_ff), "w"),
+        (f"{b}.ffn_down.weight", (n_ff, e), "w"),
+    ]

@@ -23,7 +23,7 @@ import numpy as np
 from tokenwing.format.gguf_io import KV, TensorInfo, encode_header, layout_tensors, tensor_nbytes
 from tokenwing.fsutil import atomic_output
 from tokenwing.testmodel.architectures import architecture
-from tokenwing.testmodel.clip_kv import clip_kv
+from tokenwing.testmodel.clip_kv import clip_kv, gated_block
 from tokenwing.testmodel.mmproj_pixtral import PixtralShape, pixtral_metadata, pixtral_tensors
 from tokenwing.testmodel.shapes import ModelShape
 
@@ -140,19 +140,11 @@ def _gemma4_tensors(text: ModelShape, v: Gemma4VisionShape) -> list[tuple[str, t
     ]
     for i in range(v.n_layer):
         b = f"v.blk.{i}"
+        out += gated_block(b, e, v.n_ff)
         out += [
-            (f"{b}.ln1.weight", (e,), "n"),
-            (f"{b}.attn_q.weight", (e, e), "w"),
-            (f"{b}.attn_k.weight", (e, e), "w"),
-            (f"{b}.attn_v.weight", (e, e), "w"),
             (f"{b}.attn_q_norm.weight", (d,), "n"),
             (f"{b}.attn_k_norm.weight", (d,), "n"),
-            (f"{b}.attn_out.weight", (e, e), "w"),
             (f"{b}.attn_post_norm.weight", (e,), "n"),
-            (f"{b}.ln2.weight", (e,), "n"),
-            (f"{b}.ffn_gate.weight", (e, v.n_ff), "w"),
-            (f"{b}.ffn_up.weight", (e, v.n_ff), "w"),
-            (f"{b}.ffn_down.weight", (v.n_ff, e), "w"),
             (f"{b}.ffn_post_norm.weight", (e,), "n"),
             (f"{b}.out_scale.weight", (1,), "n"),
         ]

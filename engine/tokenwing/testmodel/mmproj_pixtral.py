@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokenwing.format.gguf_io import KV
-from tokenwing.testmodel.clip_kv import clip_kv
+from tokenwing.testmodel.clip_kv import clip_kv, gated_block
 from tokenwing.testmodel.shapes import ModelShape
 
 
@@ -38,18 +38,7 @@ def pixtral_tensors(text: ModelShape, v: PixtralShape) -> list[tuple[str, tuple[
         ("v.pre_ln.weight", (e,), "n"),
     ]
     for i in range(v.n_layer):
-        b = f"v.blk.{i}"
-        out += [
-            (f"{b}.ln1.weight", (e,), "n"),
-            (f"{b}.attn_q.weight", (e, e), "w"),
-            (f"{b}.attn_k.weight", (e, e), "w"),
-            (f"{b}.attn_v.weight", (e, e), "w"),
-            (f"{b}.attn_out.weight", (e, e), "w"),
-            (f"{b}.ln2.weight", (e,), "n"),
-            (f"{b}.ffn_gate.weight", (e, v.n_ff), "w"),
-            (f"{b}.ffn_up.weight", (e, v.n_ff), "w"),
-            (f"{b}.ffn_down.weight", (v.n_ff, e), "w"),
-        ]
+        out += gated_block(f"v.blk.{i}", e, v.n_ff)
     out += [
         ("mm.input_norm.weight", (e,), "n"),
         ("mm.patch_merger.weight", (e * v.n_merge * v.n_merge, e), "w"),
