@@ -19,9 +19,9 @@ from tokenwing.errors import BadInputError
 from tokenwing.runtime.session import Session
 from tokenwing.server.image_parts import MARKERS, ImageSource
 from tokenwing.vision.cache import EncodedImages, image_key
-from tokenwing.vision.logits import grid, open_encoder
+from tokenwing.vision.logits import encoder_tokens, grid, open_encoder
 from tokenwing.vision.png import decode_png
-from tokenwing.vision.prompt import MEDIA_MARKER, MediaPrompt, tokens
+from tokenwing.vision.prompt import MEDIA_MARKER, MediaPrompt
 
 MAX_IMAGE_PIXELS = 4096 * 4096  # a decoded image's pixels at most (48 MiB of RGB); Qwen-VL downscales past 4 M
 MAX_FETCH_BYTES = 8 << 20  # a fetched image (--allow-image-urls), as the request body's own limit
@@ -113,18 +113,8 @@ class ImagePrompt:
         plain, order = self._split(text)
         if not order:
             return s.tokenizer.encode(text, special=True), None
-        enc = self.encoder
-        ids, media = tokens(
-            s.tokenizer,
-            plain,
-            [self.rows[k] for k in order],
-            s.hp.n_embd,
-            keys=[self.keys[k] for k in order],
-            vocab=s.hp.vocab_size,
-            begin=enc.begin,
-            end=enc.end,
-            mrope=enc.mrope,
-            bidirectional=enc.bidirectional(s.hp.n_embd),
+        ids, media = encoder_tokens(
+            s, self.encoder, plain, [self.rows[k] for k in order], [self.keys[k] for k in order]
         )
         return ids, media
 

@@ -3,6 +3,7 @@ position with the image where the marker is, as llama.cpp's mtmd_helper_eval_chu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -70,15 +71,30 @@ def image_prompt(session: Session, mmproj: str, image: str, text: str) -> tuple[
         embd = enc.encode(enc.preprocess(rgb))
     finally:
         enc.close()
+    return encoder_tokens(session, enc, text, [(nx, ny, embd)])
+
+
+def encoder_tokens(
+    session: Session,
+    enc: MmprojEncoder,
+    text: str,
+    images: list[tuple[int, int, np.ndarray]],
+    keys: Sequence[str] = (),
+) -> tuple[list[int], MediaPrompt]:
+    """vision/prompt.py `tokens` for this session's model with the encoder's texts and placement (its begin and
+    end texts, M-RoPE or not, bidirectional rows or not); `keys`: the images' hashes (the server's keyed rows)."""
+    hp = session.hp
     return tokens(
         session.tokenizer,
         text,
-        [(nx, ny, embd)],
-        session.hp.n_embd,
+        images,
+        hp.n_embd,
+        keys=keys,
+        vocab=hp.vocab_size,
         begin=enc.begin,
         end=enc.end,
         mrope=enc.mrope,
-        bidirectional=enc.bidirectional(session.hp.n_embd),
+        bidirectional=enc.bidirectional(hp.n_embd),
     )
 
 
