@@ -2,9 +2,9 @@
 model, with one slot (the user's `parallel` override), so that a second chat takes the first one's context out
 of RAM. Switching back to the first chat, and reopening the app, continue from the disk: the app sends the same
 token prefix again (its history as the template renders it: the engine reuses the whole earlier prompt and
-reply but the token the reply ended on), and the footer says "context restored from disk (… s)". Deleting a chat
-deletes its snapshots and no other's; Settings shows the cache and Clear empties it. The words and the pending
-deletions without an engine are checked Qt-free."""
+reply but the token the reply ended on), and the line under the reply says "context restored from disk (… s)".
+Deleting a chat deletes its snapshots and no other's; Settings shows the cache and Clear empties it. The words
+and the pending deletions without an engine are checked Qt-free."""
 
 from __future__ import annotations
 
@@ -42,13 +42,15 @@ async def _start(c: AppController) -> Endpoint:
 
 
 async def _ask(c: AppController, text: str) -> tuple[str, int, int, int | None]:
-    """A message sent as the user sends it: (footer's speed line, prompt tokens, reply tokens, restored tokens)."""
+    """A message sent as the user sends it: (the line under its reply, prompt tokens, reply tokens, restored
+    tokens)."""
     await c.chat.chat_once(text)
     client = c.engine.chat_client
     assert client is not None and client.last_stats is not None
     s = client.last_stats
     assert s.prompt_tokens is not None
-    return c.window.chat.speed_label.text(), s.prompt_tokens, s.tokens, s.restored_tokens
+    lines = [ln for ln in c.window.chat.transcript.toPlainText().splitlines() if ln.startswith("first token ")]
+    return lines[-1], s.prompt_tokens, s.tokens, s.restored_tokens
 
 
 def test_switching_back_and_reopening_continue_from_the_disk_and_deleting_a_chat_deletes_its_contexts(
@@ -75,7 +77,7 @@ def test_switching_back_and_reopening_continue_from_the_disk_and_deleting_a_chat
         # A's first prompt and reply read back, not computed again: all of it but the token the reply ended on
         # (sampled, never run through the model); a history rendered differently would share less
         assert restored is not None and restored >= prompt + reply - 1, (restored, prompt, reply, prompt2)
-        assert line.startswith("last reply ") and "· context restored from disk (" in line, line
+        assert " · context restored from disk (" in line, line
         chats.update(a=a, b=b)
         await c.shutdown()
         return prompt2, reply2
@@ -128,9 +130,10 @@ def test_switching_back_and_reopening_continue_from_the_disk_and_deleting_a_chat
 
 def test_the_words_and_the_keys() -> None:
     assert restore_line(None, None) == "" and restore_line(0, 0.2) == ""
-    assert restore_line(700, 0.24) == "context restored from disk (0.2 s)"
-    assert restore_line(700, 0.034) == "context restored from disk (0.03 s)"
-    assert restore_line(700, 0.001) == "context restored from disk (< 0.01 s)"
+    nbsp = "\u00a0"  # (between the number and its unit: a wrapped line keeps them together)
+    assert restore_line(700, 0.24) == f"context restored from disk (0.2{nbsp}s)"
+    assert restore_line(700, 0.034) == f"context restored from disk (0.03{nbsp}s)"
+    assert restore_line(700, 0.001) == f"context restored from disk (<{nbsp}0.01{nbsp}s)"
     use = CacheUse(True, "/x", 20_000_000_000, 1_234_000_000, 3)
     assert use.line() == "1.2 GB of 20.0 GB used · 3 conversation contexts"
     assert "Off" in CacheUse(False, None, 0, 0, 0).line()

@@ -39,8 +39,8 @@ def restore_line(restored_tokens: int | None, restore_s: float | None) -> str:
     """The footer's words for a reply whose prompt's start was read from the disk ("" where none was)."""
     if not restored_tokens or restore_s is None:
         return ""
-    took = f"{restore_s:.1f} s" if restore_s >= 0.1 else f"{restore_s:.2f} s" if restore_s >= 0.01 else "< 0.01 s"
-    return f"context restored from disk ({took})"
+    took = f"{restore_s:.1f}" if restore_s >= 0.1 else f"{restore_s:.2f}" if restore_s >= 0.01 else "<\u00a00.01"
+    return f"context restored from disk ({took}\u00a0s)"  # (no-break spaces: a wrapped line keeps "(0.2 s)" whole)
 
 
 @dataclass(frozen=True)

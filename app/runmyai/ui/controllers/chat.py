@@ -174,7 +174,8 @@ class ChatRoom(Room):
             reply = await turn(transcript.append_reply, transcript.append_reasoning)
             mid = reply.message.id  # (the reply's own line; the footer has speed, context)
             notice = overflow_line(reply.overflow) if reply.overflow else ""  # what the model no longer sees
-            transcript.end_reply(footer(reply.message), message_id=mid, branch=self._branch_of(mid), notice=notice)
+            line = " · ".join(x for x in (footer(reply.message), self._restored()) if x)
+            transcript.end_reply(line, message_id=mid, branch=self._branch_of(mid), notice=notice)
             name = self.engine.model_name
             chat.set_status(f"Chatting with {name}." if name else "")
             self._show_footer()
@@ -229,6 +230,13 @@ class ChatRoom(Room):
         n, of = self.store.branch_position(message_id)
         return (n, of) if of > 1 else None
 
+    def _restored(self) -> str:
+        """The reply's line says where its context came from the disk (the chat's footer has no room beside the
+        status and the context at 1280 x 800): "context restored from disk (0.2 s)"."""
+        client = self.engine.chat_client
+        stats = client.last_stats if client is not None else None
+        return restore_line(stats.restored_tokens, stats.restore_s) if stats is not None else ""
+
     def _show_footer(self) -> None:
         """The chat footer: the last reply's speed and how much of the context the conversation now holds."""
         client = self.engine.chat_client
@@ -237,8 +245,6 @@ class ChatRoom(Room):
             return
         # "last reply": the whole reply as the app received it (the performance panel's is the engine's, live)
         speed = f"last reply {stats.tokens_per_s:.1f} tok/s" if stats.tokens_per_s else ""
-        restored = restore_line(stats.restored_tokens, stats.restore_s)  # (its context read from the disk)
-        speed = " · ".join(x for x in (speed, restored) if x)
         used = (stats.prompt_tokens or 0) + stats.tokens if stats.prompt_tokens is not None else None
         self.window.chat.set_footer(speed, context_line(used, stats.n_ctx))
         self._footer_model = self.engine.in_use()[0]
