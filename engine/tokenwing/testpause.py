@@ -16,6 +16,7 @@ checked), output.fsync, output.rename and output.renamed (fsutil.atomic_output),
 is known), serve.pieceN (a reply's N-th text piece was sent; it waits until the client goes), serve.admit (requests
 are waiting for the server's slots; they are admitted together once it goes), serve.decode (a decode step is about
 to run, its replies open), serve.stopped (the server's loop has closed; the engine thread is joined once it goes),
+serve.restore (a slot's restore from the prompt cache on disk, on its own thread, before its read),
 render.sentN (the process's N-th chat template render was sent to the renderer child: text/render_worker.py).
 """
 

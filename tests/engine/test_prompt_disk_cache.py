@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from tests.conftest import ModelFactory, Mount, fill_disk
 from tests.engine.test_server import Server
 from tests.pauses import Pauses
 from tokenwing.runtime.snapshot import SUFFIX
+from tokenwing.testpause import GO
 
 TURN1 = [{"role": "user", "content": "Tell me something about the weather today, and about the sea."}]
 FAMILIES = {"qwen3moe": {"type": "Q8_0", "n_layer": 3}, "ling": {"type": "Q8_0", "arch": "bailingmoe3", "n_layer": 4}}
@@ -187,3 +189,40 @@ def test_least_recently_used_go_past_the_size(qwen: tuple[Path, list[Any]], tmp_
     kept, gone = _ask(b, other), _ask(b, TURN1)
     _no_traceback(b.stop())
     assert kept[2]["prompt_restored_tokens"] > 0 and "prompt_restored_tokens" not in gone[2]
+
+
+def test_a_restore_does_not_stop_another_slots_decode(
+    qwen: tuple[Path, list[Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44 item 3: a restore runs off the engine thread. Held at serve.restore (its read not started), another
+    request in the other slot is admitted and decodes every one of its tokens; let go, the restored reply is the
+    uninterrupted server's, to the bit."""
+    model, (first, second) = qwen
+    folder = tmp_path / "pc"
+    _write_one(model, folder)
+    pauses = Pauses(tmp_path / "pauses", "serve.restore")
+    pauses.arm(monkeypatch)
+    b = Server(model, "--prompt-cache-dir", str(folder), "--no-usage-table", "--parallel", "2")
+    got: list[tuple[str, list[float], dict[str, Any]]] = []
+    restoring = threading.Thread(target=lambda: got.append(_ask(b, _turn2(first[0]))))
+    restoring.start()
+    try:
+        pauses.wait("serve.restore", alive=lambda: b.proc.poll() is None)
+        other = b.client().chat.completions.create(
+            model="x",
+            messages=[{"role": "user", "content": "Name three colours."}],
+            max_tokens=8,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        assert other.usage is not None and other.usage.completion_tokens == 8  # 8 decode steps, the restore held
+        assert not got and pauses.reached("serve.restore") == b.proc.pid
+    finally:
+        (pauses.folder / ("serve.restore" + GO)).touch()
+        restoring.join(timeout=300)
+        log = b.stop()
+    _no_traceback(log)
+    (restored,) = got
+    assert restored[2]["prompt_restored_tokens"] > 0
+    assert restored[2]["prompt_cached_tokens"] == second[2]["prompt_cached_tokens"]
+    assert restored[:2] == second[:2]

@@ -204,6 +204,22 @@ NB_MODULE(_core, m) {
       .def("resident_experts", &tw::StreamCore::resident_experts, nb::arg("layer"))
       .def("hold_io_after", &tw::StreamCore::hold_io_after, nb::arg("chunks"),
            "Test-only: the I/O threads start this many more reads, then none until called with -1.")
+      .def(
+          "start_other",
+          [](tw::StreamCore& c, const tw::DirectFile& f, std::uint64_t offset, ByteArray dst, std::uint64_t chunk) {
+            std::uint8_t* ptr = dst.data();
+            std::size_t len = dst.shape(0);
+            nb::gil_scoped_release release;
+            return c.start_other(f, offset, ptr, len, chunk);
+          },
+          nb::arg("file"), nb::arg("offset"), nb::arg("dst"), nb::arg("chunk"),
+          "Reads another file's bytes at `offset` into the whole uint8 array `dst` through the core's readers, "
+          "behind every expert read, in `chunk` requests: returns a job for wait_other (keep `file` and `dst` "
+          "until then).")
+      .def("wait_other", &tw::StreamCore::wait_other, nb::arg("job"), Release(),
+           "Blocks until start_other's reads have landed; raises IoError (an OSError) if one failed.")
+      .def("other_depths", &tw::StreamCore::other_depths, Release(),
+           "(bytes of start_other's reads not yet started, those reads in service)")
       .def("close", &tw::StreamCore::close, Release());
 
   m.def(

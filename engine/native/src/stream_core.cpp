@@ -109,6 +109,7 @@ void StreamCore::close() {
   io_cv_.notify_all();
   ready_cv_.notify_all();
   idle_cv_.notify_all();
+  other_cv_.notify_all();
   for (auto& t : threads_) t.join();
   threads_.clear();
   if (reaper_.joinable()) reaper_.join();
@@ -570,23 +571,105 @@ bool StreamCore::take_any(Chunk& out) {
     return true;
   }
   int cap = demand_busy_ > 0 ? cfg_.prefetch_cap_busy : cfg_.prefetch_cap_idle;
-  if (prefetch_busy_ >= cap) return false;
-  if (!prefetch_q_.empty()) {
-    out = prefetch_q_.front();
-    prefetch_q_.pop_front();
-    prefetch_busy_++;
-    note_prefetch_start();
-    Slot& sl = *layers_[static_cast<std::size_t>(out.li)].slots[static_cast<std::size_t>(out.slot)];
-    sl.queued--;
-    sl.inflight++;
-    return true;
+  if (prefetch_busy_ < cap) {
+    if (!prefetch_q_.empty()) {
+      out = prefetch_q_.front();
+      prefetch_q_.pop_front();
+      prefetch_busy_++;
+      note_prefetch_start();
+      Slot& sl = *layers_[static_cast<std::size_t>(out.li)].slots[static_cast<std::size_t>(out.slot)];
+      sl.queued--;
+      sl.inflight++;
+      return true;
+    }
+    if (bind_prediction(out)) {
+      prefetch_busy_++;
+      note_prefetch_start();
+      return true;
+    }
   }
-  if (bind_prediction(out)) {
-    prefetch_busy_++;
-    note_prefetch_start();
+  return take_other(out);
+}
+
+// Another file's read goes last: only when no expert read may start, and never into the last free reader, so a
+// demand read queued next starts at once (behind reads already on the drive, none queued ahead of it).
+bool StreamCore::take_other(Chunk& out) {
+  int readers = std::max(1, cfg_.io_threads - 1);
+  if (demand_busy_ + prefetch_busy_ + other_busy_ >= readers) return false;
+  while (!other_q_.empty()) {
+    OtherJob* j = other_q_.front();
+    if (!j->error.empty() || j->issued >= j->len) {
+      other_q_.pop_front();
+      continue;
+    }
+    out = Chunk{};
+    out.other = j;
+    out.off = j->issued;
+    out.len = std::min(j->chunk, j->len - j->issued);
+    j->issued += out.len;
+    j->inflight++;
+    other_busy_++;
+    if (j->issued >= j->len) other_q_.pop_front();
     return true;
   }
   return false;
+}
+
+void StreamCore::complete_other(const Chunk& c, const std::string* error) {
+  OtherJob& j = *c.other;
+  other_busy_--;
+  j.inflight--;
+  if (--in_service_ == 0) busy_ns_ += now_ns() - busy_since_;
+  if (error) {
+    if (j.error.empty()) j.error = *error;
+  } else {
+    j.landed += c.len;
+  }
+  other_cv_.notify_all();
+}
+
+std::uint64_t StreamCore::start_other(const DirectFile& file, std::uint64_t offset, void* dst, std::uint64_t len,
+                                      std::uint64_t chunk) {
+  if (chunk == 0 || (file.direct() && chunk % kDirectAlignment))
+    throw std::invalid_argument("chunk size must be a positive multiple of 4096");
+  if (file.direct() && (offset % kDirectAlignment || len % kDirectAlignment ||
+                        reinterpret_cast<std::uintptr_t>(dst) % kDirectAlignment))
+    throw IoError(file.path() + ": unaligned direct read");
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stop_) throw IoError("the streaming core is closed");
+  auto job = std::make_unique<OtherJob>();
+  job->file = &file;
+  job->dst = static_cast<std::uint8_t*>(dst);
+  job->offset = offset;
+  job->len = len;
+  job->chunk = chunk;
+  std::uint64_t id = ++other_seq_;
+  if (len > 0) other_q_.push_back(job.get());
+  other_jobs_[id] = std::move(job);
+  kick(lock);
+  return id;
+}
+
+void StreamCore::wait_other(std::uint64_t id) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = other_jobs_.find(id);
+  if (it == other_jobs_.end()) throw std::invalid_argument("no such read");
+  OtherJob& j = *it->second;
+  other_cv_.wait(lock, [&] {
+    return j.inflight == 0 && (j.landed == j.len || !j.error.empty() || stop_);
+  });
+  std::string error = j.landed == j.len ? std::string() : j.error.empty() ? "the streaming core is closed" : j.error;
+  std::erase(other_q_, &j);
+  other_jobs_.erase(it);
+  if (!error.empty()) throw IoError(error);
+}
+
+std::array<std::uint64_t, 2> StreamCore::other_depths() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::uint64_t left = 0;
+  for (const auto& [id, j] : other_jobs_)
+    if (j->error.empty()) left += j->len - j->issued;
+  return {left, static_cast<std::uint64_t>(other_busy_)};
 }
 
 void StreamCore::note_prefetch_start() {
@@ -771,6 +854,10 @@ void StreamCore::set_transform(int li, int proj, TransformFn fn, std::vector<voi
 // compute threads pay for on a small machine.
 void StreamCore::after_read(const Chunk& c, const std::string* error, std::unique_lock<std::mutex>& lock,
                             std::vector<int>& transforms, std::vector<std::uint8_t>& staging) {
+  if (c.other) {
+    complete_other(c, error);
+    return;
+  }
   transforms.clear();
   complete(c, error, transforms);
   std::uint32_t gen = c.gen;
@@ -797,15 +884,25 @@ void StreamCore::io_loop() {
       io_cv_.wait(lock);
       continue;
     }
-    Layer& L = layers_[static_cast<std::size_t>(c.li)];
-    std::uint8_t* dst = L.memory + static_cast<std::size_t>(c.slot) * L.geo.record_size + c.off;
-    std::uint64_t at = L.geo.offset + static_cast<std::uint64_t>(L.slots[static_cast<std::size_t>(c.slot)]->meta.expert) *
-                                          L.geo.record_size + c.off;
+    const DirectFile* file = &file_;
+    std::uint8_t* dst;
+    std::uint64_t at;
+    if (c.other) {
+      file = c.other->file;
+      dst = c.other->dst + c.off;
+      at = c.other->offset + c.off;
+    } else {
+      Layer& L = layers_[static_cast<std::size_t>(c.li)];
+      dst = L.memory + static_cast<std::size_t>(c.slot) * L.geo.record_size + c.off;
+      at = L.geo.offset +
+           static_cast<std::uint64_t>(L.slots[static_cast<std::size_t>(c.slot)]->meta.expert) * L.geo.record_size +
+           c.off;
+    }
     lock.unlock();
     std::string error;
     bool failed = false;
     try {
-      file_.read_exact(at, dst, static_cast<std::size_t>(c.len));
+      file->read_exact(at, dst, static_cast<std::size_t>(c.len));
     } catch (const std::exception& e) {
       error = e.what();
       failed = true;
@@ -835,6 +932,12 @@ void StreamCore::pump() {
 
 void StreamCore::submit_op(int op) {
   RingOp& o = ops_[static_cast<std::size_t>(op)];
+  if (o.c.other) {
+    const OtherJob& j = *o.c.other;
+    ring_->prepare_read(j.file->fd(), j.dst + o.c.off + o.done, static_cast<std::uint32_t>(o.c.len - o.done),
+                        j.offset + o.c.off + o.done, static_cast<std::uint64_t>(op));
+    return;
+  }
   Layer& L = layers_[static_cast<std::size_t>(o.c.li)];
   std::uint64_t expert = static_cast<std::uint64_t>(L.slots[static_cast<std::size_t>(o.c.slot)]->meta.expert);
   std::uint8_t* dst = L.memory + static_cast<std::size_t>(o.c.slot) * L.geo.record_size + o.c.off + o.done;
@@ -871,11 +974,12 @@ void StreamCore::reap_loop() {
       RingOp& o = ops_[static_cast<std::size_t>(op)];
       std::int32_t res = got[i].result;
       std::string error;
+      const std::string& path = o.c.other ? o.c.other->file->path() : file_.path();
       if (res < 0) {
-        error = file_.path() + ": read failed at offset " + std::to_string(o.c.off + o.done) + ": " +
-                std::strerror(-res);
+        error = path + ": read failed at offset " + std::to_string(o.c.off + o.done) + ": " + std::strerror(-res);
       } else if (res == 0) {
-        error = file_.path() + ": file ends inside an expert record (truncated or replaced?)";
+        error = path + (o.c.other ? ": the file ends early (truncated?)"
+                                  : ": file ends inside an expert record (truncated or replaced?)");
       } else {
         o.done += static_cast<std::uint64_t>(res);
         if (o.done < o.c.len) {  // a short read: the rest is read again

@@ -156,6 +156,18 @@ class StreamCore {
   // test can look at a read that is under way however fast the drive is. One comparison per read otherwise.
   void hold_io_after(std::int64_t chunks);
 
+  // Reads of another file (a prompt-cache snapshot: runtime/snapshot.py) through this core's readers, so they
+  // share the drive with the expert reads without jumping ahead of them: `len` bytes at `offset` of `file` into
+  // `dst`, in `chunk` requests taken only when no demand read, prefetch chunk or prediction may start (the caps'
+  // room), at most io_threads - 1 in service (a demand read always finds a reader). Direct files need `offset`,
+  // `len`, `chunk` and `dst` 4 KiB-aligned. Returns a job to pass to wait_other; `file` and `dst` must outlive it.
+  std::uint64_t start_other(const DirectFile& file, std::uint64_t offset, void* dst, std::uint64_t len,
+                            std::uint64_t chunk);
+  // Blocks until the job's reads have all landed; throws IoError if one failed (or the core closed).
+  void wait_other(std::uint64_t job);
+  // Bytes of other files' reads not yet started, and their reads in service.
+  std::array<std::uint64_t, 2> other_depths() const;
+
   void close();
 
  private:
@@ -192,11 +204,20 @@ class StreamCore {
     UseHistory history;  // the history policy's counts of experts not in RAM
     std::array<std::uint64_t, kNumCounters> count{};
   };
+  struct OtherJob {  // start_other's reads
+    const DirectFile* file = nullptr;
+    std::uint8_t* dst = nullptr;
+    std::uint64_t offset = 0, len = 0, chunk = 0;
+    std::uint64_t issued = 0, landed = 0;  // bytes
+    int inflight = 0;
+    std::string error;
+  };
   struct Chunk {
     int li = 0, slot = 0;
     std::uint32_t gen = 0;
     std::uint64_t off = 0, len = 0;
     bool demand = false;
+    OtherJob* other = nullptr;  // a read of another file (off: inside the job), not of an expert
   };
   struct Prediction {
     int li = 0, expert = 0, distance = 0, rank = 0;
@@ -230,6 +251,8 @@ class StreamCore {
   bool take_work(Chunk& out);  // take_any, within hold_io_after's allowance
   bool take_any(Chunk& out);
   void note_prefetch_start();
+  bool take_other(Chunk& out);
+  void complete_other(const Chunk& c, const std::string* error);
   bool bind_prediction(Chunk& out);
   // Bookkeeping of a finished read; the projections it completed that need a transform go to `transforms`.
   void complete(const Chunk& c, const std::string* error, std::vector<int>& transforms);
@@ -277,6 +300,12 @@ class StreamCore {
   std::vector<RingOp> ops_;
   std::vector<int> free_ops_;
   std::thread reaper_;
+  // start_other's jobs by id, and those with bytes not yet issued (in start order)
+  std::unordered_map<std::uint64_t, std::unique_ptr<OtherJob>> other_jobs_;
+  std::deque<OtherJob*> other_q_;
+  std::uint64_t other_seq_ = 0;
+  int other_busy_ = 0;
+  std::condition_variable other_cv_;
   // Waiters (li, expert) blocked in wait(): a read landing wakes them only if it is theirs.
   std::vector<std::pair<int, int>> waiters_;
   bool wake_waiters_ = false;

@@ -5,22 +5,28 @@ build for this model file, this cache layout and this chat template. docs/prompt
 `capture` takes views of a sequence's memory (no copy): valid while the sequence is left alone, which is the
 writer's caller's to ensure (server/prompt_disk_cache.py waits for a slot's write before reusing the slot).
 `read` loads and checks a whole file before `apply` writes any of it into a sequence: a damaged file changes
-nothing.
+nothing. Its payload is read with the native core's direct reads: through a streaming core's readers where the
+session has one (`core_reads`: behind every expert read, so a restore never delays a demand read by more than
+the reads already on the drive), else by threads of its own (`thread_reads`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import json
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from tokenwing import _core
 from tokenwing.compute import ggml_api as ggml
 from tokenwing.fsutil import write_atomic
 from tokenwing.runtime.recurrent import Checkpoint
@@ -32,7 +38,13 @@ MAGIC = b"TWSNAP01"
 FORMAT = 1
 SUFFIX = ".twsnap"
 _HEAD = struct.Struct("<8sII")  # magic, header length, header CRC-32
-READ_CHUNK, READ_THREADS = 4 << 20, 16  # a snapshot's reads: requests and how many at once (a deep queue)
+READ_CHUNK, READ_THREADS = 4 << 20, 16  # thread_reads: requests and how many at once (a deep queue)
+OTHER_CHUNK = 1 << 20  # core_reads: a request's bytes (a demand expert read waits behind at most those in service)
+PIECE = 16 << 20  # the payload is checked piece by piece as the pieces land (the CRCs overlap the reads)
+ALIGN = _core.DIRECT_ALIGNMENT
+
+# Starts reading len(dst) bytes at an offset of a file into dst; returns what waits for them (raises OSError).
+ReadStart = Callable[[_core.DirectFile, int, np.ndarray], Callable[[], None]]
 
 
 class SnapshotError(Exception):
@@ -158,6 +170,7 @@ def write(path: str, tags: Tags, cap: Capture) -> int:
         ],
     }
     text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(_HEAD.size + len(text)) % ALIGN)  # (JSON's spaces) the payload starts aligned: direct reads
     total = _HEAD.size + len(text) + cap.nbytes
 
     def body(f: BinaryIO) -> None:
@@ -207,41 +220,96 @@ class Loaded:
         return list(self.header["tokens"])
 
 
-def read(path: str, tags: Tags) -> Loaded:
-    """Reads and checks a whole snapshot (tags, size, every section's CRC) before anything is used."""
+def read(path: str, tags: Tags, reads: ReadStart | None = None) -> Loaded:
+    """Reads and checks a whole snapshot (tags, size, every section's CRC) before anything is used. `reads`: how
+    its payload is read (default: `thread_reads`)."""
     with open(path, "rb") as f:
         header = read_header(f)
-        why = mismatch(header, tags)
-        if why is not None:
-            raise SnapshotError(why)
-        payload = _read_payload(f, sum(int(s["bytes"]) for s in header["sections"]))
-    offset = 0
-    for s in header["sections"]:
-        n = int(s["bytes"])
-        if zlib.crc32(payload[offset : offset + n].data) != s["crc32"]:
+        start = f.tell()
+    why = mismatch(header, tags)
+    if why is not None:
+        raise SnapshotError(why)
+    sizes = [int(s["bytes"]) for s in header["sections"]]
+    crcs = [0] * len(sizes)
+    bounds = np.cumsum([0, *sizes]).tolist()
+
+    def landed(payload: np.ndarray, lo: int, hi: int) -> None:  # (in order: each section's CRC runs on)
+        for i, (a, b) in enumerate(itertools.pairwise(bounds)):
+            x, y = max(a, lo), min(b, hi)
+            if x < y:
+                crcs[i] = zlib.crc32(payload[x:y].data, crcs[i])
+
+    payload = _read_payload(path, start, bounds[-1], reads or thread_reads, landed)
+    for s, crc in zip(header["sections"], crcs, strict=True):
+        if crc != s["crc32"]:
             raise SnapshotError(f"section {s['kind']} {s['index']} fails its checksum")
-        offset += n
     return Loaded(header, payload)
 
 
-def _read_payload(f: BinaryIO, size: int) -> np.ndarray:
-    """The `size` bytes after the header, which must end the file, read by several threads at once: one reader
-    at a time got 300-450 MB/s from a drive that gives 2 GB/s to a deep queue (bench/prompt_restore_bench.py)."""
-    start, fd = f.tell(), f.fileno()
-    end = os.fstat(fd).st_size
-    if end != start + size:
-        raise SnapshotError("truncated" if end < start + size else "longer than its header says")
-    payload = np.empty(size, dtype=np.uint8)
-    view = payload.data
-
-    def one(offset: int) -> bool:
-        n = min(READ_CHUNK, size - offset)
-        return os.preadv(fd, [view[offset : offset + n]], start + offset) == n
-
-    with ThreadPoolExecutor(READ_THREADS) as pool:
-        if not all(pool.map(one, range(0, size, READ_CHUNK))):
-            raise SnapshotError("truncated")  # (shortened while it was read)
+def _read_payload(
+    path: str, start: int, size: int, reads: ReadStart, landed: Callable[[np.ndarray, int, int], None]
+) -> np.ndarray:
+    """The `size` bytes at `start`, which must end the file: the aligned part in PIECE pieces with direct reads
+    (all started at once: a deep queue; one buffered reader got 300-450 MB/s from a drive that gives 2 GB/s to a
+    deep queue, bench/prompt_restore_bench.py), the last partial block with a plain read; `landed(payload, lo, hi)`
+    as each piece lands, in order."""
+    with _core.DirectFile(path, True) as f:
+        end = start + size
+        if f.size != end:
+            raise SnapshotError("truncated" if f.size < end else "longer than its header says")
+        lo = start - start % ALIGN if f.direct else start
+        hi = max(lo, end - end % ALIGN) if f.direct else end
+        raw = np.empty(end - lo + ALIGN, dtype=np.uint8)
+        skip = -raw.ctypes.data % ALIGN
+        buf = raw[skip : skip + end - lo]
+        payload = buf[start - lo :]
+        waits = [(a, reads(f, a, buf[a - lo : min(a + PIECE, hi) - lo])) for a in range(lo, hi, PIECE)]
+        try:
+            if hi < end:  # (the file's last partial block: not a direct read)
+                with open(path, "rb") as tail:
+                    if os.preadv(tail.fileno(), [buf[hi - lo :].data], hi) != end - hi:
+                        raise SnapshotError("truncated")  # (shortened while it was read)
+            for a, wait in waits:
+                wait()
+                landed(payload, max(a, start) - start, min(a + PIECE, hi) - start)
+        finally:
+            for _, wait in waits:  # (a failed piece: the others land before their buffer goes)
+                with contextlib.suppress(OSError):
+                    wait()
+        if hi < end:
+            landed(payload, max(hi, start) - start, size)
     return payload
+
+
+def thread_reads(f: _core.DirectFile, offset: int, dst: np.ndarray) -> Callable[[], None]:
+    """Reads by threads of their own, READ_CHUNK at a time (a session without a streaming core)."""
+    pool = ThreadPoolExecutor(READ_THREADS)
+    futures = [pool.submit(f.read_into, offset + a, dst[a : a + READ_CHUNK]) for a in range(0, dst.size, READ_CHUNK)]
+    pool.shutdown(wait=False)
+
+    def wait() -> None:
+        for fut in futures:
+            fut.result()
+
+    return wait
+
+
+def core_reads(core: _core.StreamCore) -> ReadStart:
+    """Reads through a streaming core's readers, behind its expert reads (`StreamCore.start_other`)."""
+
+    def start(f: _core.DirectFile, offset: int, dst: np.ndarray) -> Callable[[], None]:
+        job = core.start_other(f, offset, dst, OTHER_CHUNK)
+        done = False
+
+        def wait() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                core.wait_other(job)
+
+        return wait
+
+    return start
 
 
 def apply(loaded: Loaded, seq: SeqState, elt: int) -> None:

@@ -6,6 +6,10 @@ the first one wrote.
 
 The slot being written is left alone until its write ends: a request that takes the slot waits for it (`wait`),
 so a snapshot's views of the slot's memory (`snapshot.capture`) are never written to mid-copy.
+
+A request's slot is readied off the engine thread (`ready`): the wait for its write, then the restore (the read
+through the streaming core's readers, behind the expert reads; the checks; the copy into the slot) run on a thread
+of their own while the other slots decode; the engine thread takes the request once it is over.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ import queue
 import shutil
 import threading
 import time
+import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import platformdirs
 
@@ -28,6 +33,7 @@ from tokenwing.runtime import snapshot
 from tokenwing.runtime.kvcache import kv_element
 from tokenwing.runtime.sequences import SeqState
 from tokenwing.runtime.session import Session
+from tokenwing.testpause import pause
 from tokenwing.server import prompt_cache_keys
 
 DEFAULT_MAX = 20 << 30  # the default size: a quarter of the drive's free space, at most this
@@ -73,14 +79,34 @@ class Restored:
     nbytes: int
 
 
+@dataclass(eq=False)
+class Readying:
+    """A slot being readied for a request off the engine thread (`DiskPromptCache.ready`)."""
+
+    slot: int
+    done: threading.Event = field(default_factory=threading.Event)
+    restored: Restored | None = None  # what the restore gave (None: nothing restored, the slot unchanged)
+    failed: bool = False  # an unexpected error mid-restore (logged): the slot's state is not to be used
+
+
 class DiskPromptCache:
-    def __init__(self, folder: str, size: int, tags: snapshot.Tags, elt: int, log: Callable[[str], None]) -> None:
-        """`elt`: the cache's bytes per element. An unusable folder is an OSError here."""
+    def __init__(
+        self,
+        folder: str,
+        size: int,
+        tags: snapshot.Tags,
+        elt: int,
+        log: Callable[[str], None],
+        reads: snapshot.ReadStart | None = None,
+    ) -> None:
+        """`elt`: the cache's bytes per element; `reads`: how snapshots are read (snapshot.core_reads: through the
+        session's streaming core). An unusable folder is an OSError here."""
         os.makedirs(folder, exist_ok=True)
-        self.folder, self.size, self.tags, self.elt, self.log = folder, size, tags, elt, log
+        self.folder, self.size, self.tags, self.elt, self.log, self.reads = folder, size, tags, elt, log, reads
         self.entries: dict[str, Entry] = {}  # by file name
         self.lock = threading.Lock()
         self._pending: dict[int, threading.Event] = {}  # slot -> its write's end
+        self._readying: set[threading.Thread] = set()
         self._queue: queue.Queue[tuple[str, SeqState, threading.Event] | None] = queue.Queue()
         self._scan()
         self._thread = threading.Thread(target=self._writer, name="tokenwing-prompt-cache", daemon=True)
@@ -130,7 +156,7 @@ class DiskPromptCache:
         t0 = time.perf_counter()
         name = os.path.basename(entry.path)
         try:
-            loaded = snapshot.read(entry.path, self.tags)
+            loaded = snapshot.read(entry.path, self.tags, self.reads)
         except FileNotFoundError:  # (another server evicted it)
             with self.lock:
                 self.entries.pop(name, None)
@@ -144,6 +170,41 @@ class DiskPromptCache:
             return None
         self._touch(entry)
         return Restored(len(loaded.tokens), time.perf_counter() - t0, entry.nbytes)
+
+    def ready(
+        self, slot: int, seq: SeqState, prompt: list[int], held: int, woken: Callable[[], None]
+    ) -> Readying | None:
+        """Readies a slot for a prompt on a thread of its own: waits for the slot's write, then restores the
+        snapshot that gives more of the prompt than the slot's `held` tokens. None where there is neither (the
+        slot is ready now). `woken()` is called from that thread once it is over; until then the slot is its own.
+        """
+        entry, n = self.best(prompt)
+        if n <= held:
+            entry = None
+        writing = self._pending.get(slot)
+        if entry is None and (writing is None or writing.is_set()):
+            self._pending.pop(slot, None)
+            return None
+        r = Readying(slot)
+
+        def run() -> None:
+            try:
+                self.wait(slot)
+                if entry is not None:
+                    pause("serve.restore")  # tests: the restore held here while other slots decode
+                    r.restored = self.restore(entry, seq)
+            except Exception:  # (never expected: the request fails and the slot is reset, the server goes on)
+                r.failed = True
+                self.log("internal error in a restore:\n" + traceback.format_exc())
+            finally:
+                r.done.set()
+                woken()
+
+        thread = threading.Thread(target=run, name="tokenwing-prompt-restore", daemon=True)
+        with self.lock:
+            self._readying = {t for t in self._readying if t.is_alive()} | {thread}
+        thread.start()
+        return r
 
     # ------------------------------------------------------------------------------------------- writing
     def save(self, slot: int, seq: SeqState, key: str | None = None) -> None:
@@ -176,7 +237,12 @@ class DiskPromptCache:
             done.wait()
 
     def close(self) -> None:
-        """Ends the writer once the writes queued are done."""
+        """Ends the restores under way, then the writer once the writes queued are done (both use the slots'
+        memory: before the session goes)."""
+        with self.lock:
+            readying = list(self._readying)
+        for t in readying:
+            t.join()
         self._queue.put(None)
         self._thread.join()
 
@@ -260,7 +326,8 @@ def open_cache(
             return None
         _, elt = kv_element(session.options.kv_type)
         tags = snapshot.make_tags(model_path, session.chat_template, session.seqs[0], session.options.kv_type)
-        cache = DiskPromptCache(folder, size, tags, elt, log)
+        reads = snapshot.core_reads(session.scheduler.streamer.core)  # (behind the expert reads)
+        cache = DiskPromptCache(folder, size, tags, elt, log, reads)
     except OSError as e:
         log(f"prompt cache on disk: off, cannot use {folder}: {e.strerror or e}")
         return None
