@@ -12,14 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
-from PySide6.QtGui import QColor, QDragEnterEvent, QDropEvent, QImage
+from PySide6.QtGui import QColor, QImage
 from PySide6.QtWidgets import QApplication
 
 from runmyai.library.keys import HubKey
 from runmyai.paths import AppPaths
 from runmyai.ui.controller import AppController
 from runmyai.ui.main_window import MainWindow
+from runmyai.ui.picture_shots import drop
 from tests.app.hubserver import HubServer
 from tests.conftest import run_cli
 from tests.qtloop import run_qt
@@ -38,17 +38,6 @@ def vl_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
         hub.add_file(REPO, MODEL, model.read_bytes(), tags=["gguf"])
         hub.add_file(REPO, MMPROJ, mmproj.read_bytes())
         yield hub
-
-
-def drop_file(window: MainWindow, path: Path) -> None:
-    """What a drag of a file onto the chat and its drop deliver to the chat's handlers."""
-    mime = QMimeData()
-    mime.setUrls([QUrl.fromLocalFile(str(path))])
-    actions = (Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
-    enter = QDragEnterEvent(QPoint(40, 40), *actions)
-    window.chat.dragEnterEvent(enter)
-    assert enter.isAccepted()
-    window.chat.dropEvent(QDropEvent(QPointF(40, 40), *actions))
 
 
 def test_a_picture_dropped_into_a_chat_with_a_vision_model(
@@ -81,7 +70,7 @@ def test_a_picture_dropped_into_a_chat_with_a_vision_model(
         assert chat.attach_button.isVisible()  # the server said it reads pictures
         window.show_page("Chat")
         c.talks.new_conversation()
-        drop_file(window, photo)
+        drop(c, photo)  # a drag of the file onto the chat, and its drop (the self-test's pictures do the same)
         assert [p.label for p in chat.attachments.pictures] == ["sunset.png"] and chat.picture_strip.isVisible()
         seen["reply"] = await c.chat.chat_once("What colour is the sky?")
         client = c.engine.chat_client

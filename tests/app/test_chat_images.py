@@ -5,6 +5,7 @@ repository's mmproj, and the engine's word on which models read pictures."""
 from __future__ import annotations
 
 import base64
+import json
 import sqlite3
 import zlib
 from pathlib import Path
@@ -23,6 +24,7 @@ from runmyai.chat.images import (
     takes_images,
 )
 from runmyai.chat.store import MISSING_PICTURE, ConversationStore
+from runmyai.chat.transfer import TransferError, export_file, import_file
 from runmyai.engine.info import parse_info, unknown
 from runmyai.library.hub import HubFile
 from runmyai.library.mmproj import choose_mmproj, mmproj_beside, mmproj_flags, remove_mmproj_with
@@ -174,3 +176,29 @@ def test_mmproj_beside_a_model_is_passed_only_where_the_engine_reads_its_picture
     q8.unlink()
     remove_mmproj_with(q8)
     assert not (folder / "mmproj-F16.gguf").exists()
+
+
+def test_a_chat_s_pictures_go_with_its_json_export_and_come_back_with_the_import(
+    store: ConversationStore, tmp_path: Path
+) -> None:
+    conv = store.create("Pictures")
+    store.add_message(conv.id, "user", "Which is brighter?", images=[Picture(png(8)), Picture(png(9))])
+    store.add_message(conv.id, "assistant", "The second.")
+    path = tmp_path / "chat.json"
+    export_file(store, conv.id, path)
+    data = json.loads(path.read_text())
+    assert [len(m.get("images", [])) for m in data["messages"]] == [2, 0]
+    copy = import_file(store, path)
+    first = store.messages(copy.id)[0]
+    assert store.pictures(first) == [png(8), png(9)] and store.chat_payload(copy.id) == store.chat_payload(conv.id)
+    assert store.images is not None and store.images.folder(copy.id) != store.images.folder(conv.id)
+    markdown = tmp_path / "chat.md"
+    export_file(store, conv.id, markdown)
+    assert "*[2 pictures]*" in markdown.read_text()  # (to read: the pictures themselves are in the JSON)
+    # a damaged picture: one sentence, and nothing is added
+    data["messages"][0]["images"][1] = "data:image/png;base64,not base64!"
+    path.write_text(json.dumps(data))
+    before = len(store.list())
+    with pytest.raises(TransferError, match=r"message 1 has a picture that cannot be read \(its base64 is damaged\)"):
+        import_file(store, path)
+    assert len(store.list()) == before

@@ -125,6 +125,17 @@ def data_url(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
+def from_data_url(url: object) -> bytes:
+    """A PNG data URL's bytes (an export's picture); ImageError for anything else."""
+    head = "data:image/png;base64,"
+    if not isinstance(url, str) or not url.startswith(head):
+        raise ImageError("not a PNG data URL")
+    try:
+        return base64.b64decode(url[len(head) :], validate=True)
+    except ValueError:
+        raise ImageError("its base64 is damaged") from None
+
+
 def content_parts(text: str, pictures: Sequence[bytes]) -> list[dict[str, Any]]:
     """A user message's `content` with pictures: each as an `image_url` part, then the text (if any)."""
     parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": data_url(png)}} for png in pictures]

@@ -30,7 +30,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,12 +271,18 @@ class ConversationStore:
         return [_to_message(r) for r in rows]
 
     def add_conversation(
-        self, conv: Conversation, messages: Sequence[Message], active: Sequence[int] = ()
+        self,
+        conv: Conversation,
+        messages: Sequence[Message],
+        active: Sequence[int] = (),
+        pictures: Mapping[int, Sequence[Picture]] | None = None,
     ) -> Conversation:
         """A whole conversation at once (an import): `conv`'s title, prompt, settings, model and times (its id is
         not used), `messages` in an order where each parent comes before its children, their `id`/`parent_id`
         only naming each other, and `active` the ids on the active path (chosen again in order, so the path is
-        as it was; empty: each parent's last child). One transaction: all of it, or nothing."""
+        as it was; empty: each parent's last child); `pictures`: a message's pictures by its id there, kept as
+        files in the new conversation's folder. One transaction: all of it, or nothing (a picture written before a
+        failure is left in a folder no conversation has)."""
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO conversations (title, system_prompt, settings, model, created_at, updated_at) "
@@ -299,8 +305,8 @@ class ConversationStore:
                     raise StoreError(f"Message {m.id} follows {m.parent_id}, which does not come before it.")
                 cur = db.execute(
                     "INSERT INTO messages (conversation_id, role, content, created_at, ttft_s, tokens_per_s, tokens, "
-                    "finish_reason, model, reasoning, tool_rounds, parent_id, chosen) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "finish_reason, model, reasoning, tool_rounds, parent_id, chosen, images) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         cid,
                         m.role,
@@ -315,6 +321,7 @@ class ConversationStore:
                         _rounds_json(builtins.list(m.tool_rounds)),
                         ids[m.parent_id] if m.parent_id is not None else None,
                         n,
+                        json.dumps(self._save_images(cid, (pictures or {}).get(m.id, ()))),
                     ),
                 )
                 ids[m.id] = int(cur.lastrowid or 0)

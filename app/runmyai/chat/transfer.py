@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from runmyai.chat.images import ImageError, Picture, checked, data_url, from_data_url
 from runmyai.chat.store import ROLES, TURN_BREAK, Conversation, ConversationStore, Message, StoreError
 from runmyai.chat.tools import ToolRound
 from runmyai.engine.client import ChatSettings
@@ -41,13 +42,13 @@ def to_json(store: ConversationStore, conversation_id: int) -> dict[str, Any]:
         "model": conv.model,
         "created_at": conv.created_at,
         "updated_at": conv.updated_at,
-        "messages": [_message_json(m) for m in store.tree(conversation_id)],
+        "messages": [_message_json(m, store.pictures(m) if m.images else []) for m in store.tree(conversation_id)],
         "active_path": [m.id for m in store.messages(conversation_id)],
     }
 
 
-def _message_json(m: Message) -> dict[str, Any]:
-    return {
+def _message_json(m: Message, pictures: list[bytes]) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "id": m.id,
         "parent": m.parent_id,
         "role": m.role,
@@ -61,6 +62,9 @@ def _message_json(m: Message) -> dict[str, Any]:
         "tokens": m.tokens,
         "finish_reason": m.finish_reason,
     }
+    if pictures:  # (its pictures as data URLs: the file moves whole; an older app reads past them)
+        out["images"] = [data_url(png) for png in pictures]
+    return out
 
 
 def to_markdown(store: ConversationStore, conversation_id: int) -> str:
@@ -77,6 +81,8 @@ def to_markdown(store: ConversationStore, conversation_id: int) -> str:
         lines += ["", "## System prompt", "", conv.system_prompt.strip()]
     for m in store.messages(conversation_id):
         lines += ["", f"## {ROLE_TITLES.get(m.role, m.role)}", ""]
+        if m.images:  # (the Markdown is to read: the pictures are in the JSON export)
+            lines += [f"*[{len(m.images)} picture{'' if len(m.images) == 1 else 's'}]*", ""]
         if m.reasoning.strip():
             lines += [_quote("Thinking: " + m.reasoning.strip()), ""]
         lines.append(_with_tools(m))
@@ -144,15 +150,18 @@ def suggested_name(title: str, extension: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ import
 def import_file(store: ConversationStore, path: Path) -> Conversation:
-    """A JSON export read back as a new conversation (every branch, the active path as it was)."""
-    conv, messages, active = read_export(path)
+    """A JSON export read back as a new conversation (every branch, the active path as it was, its pictures)."""
+    conv, messages, active, pictures = read_export(path)
     try:
-        return store.add_conversation(conv, messages, active)
+        return store.add_conversation(conv, messages, active, pictures)
     except StoreError as e:
         raise TransferError(f"Couldn't import {path.name}: {e}") from None
 
 
-def read_export(path: Path) -> tuple[Conversation, list[Message], list[int]]:
+Imported = tuple[Conversation, list[Message], list[int], dict[int, list[Picture]]]
+
+
+def read_export(path: Path) -> Imported:
     """Reads and checks a JSON export; TransferError (one sentence naming the file and what is wrong) otherwise."""
     name = path.name
     try:
@@ -181,8 +190,9 @@ def _decode(raw: bytes) -> object:
         raise TransferError("it is nested too deeply to be a conversation export") from None
 
 
-def parse_export(data: object) -> tuple[Conversation, list[Message], list[int]]:
-    """A decoded JSON export, checked; TransferError (what is wrong, a sentence's end) otherwise."""
+def parse_export(data: object) -> Imported:
+    """A decoded JSON export, checked: the conversation, its messages, the active path and each message's pictures
+    (by its id in the file); TransferError (what is wrong, a sentence's end) otherwise."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise TransferError(f'it is not a Run My AI conversation export (it has no "format": "{FORMAT}")')
     version = data.get("version")
@@ -207,6 +217,7 @@ def parse_export(data: object) -> tuple[Conversation, list[Message], list[int]]:
     if not isinstance(items, list):
         raise TransferError('it has no "messages" list')
     messages: list[Message] = []
+    pictures: dict[int, list[Picture]] = {}
     seen: set[int] = set()
     previous: int | None = None
     for n, item in enumerate(items, 1):
@@ -228,6 +239,13 @@ def parse_export(data: object) -> tuple[Conversation, list[Message], list[int]]:
         parsed = [ToolRound.from_json(r) for r in rounds] if isinstance(rounds, list) else [None]
         if any(r is None for r in parsed):
             raise TransferError(f"{where} has tool calls that cannot be read")
+        urls = item.get("images", [])
+        try:
+            if not isinstance(urls, list):
+                raise ImageError("not a list")
+            pictures[mid] = [checked(from_data_url(u), f"picture {i}") for i, u in enumerate(urls, 1)]
+        except ImageError as e:
+            raise TransferError(f"{where} has a picture that cannot be read ({str(e).rstrip('.')})") from None
         messages.append(
             Message(
                 id=mid,
@@ -250,7 +268,7 @@ def parse_export(data: object) -> tuple[Conversation, list[Message], list[int]]:
     path = data.get("active_path", [])
     if not isinstance(path, list) or not all(isinstance(i, int) and i in seen for i in path):
         raise TransferError('its "active_path" names messages it does not have')
-    return conv, messages, list(path)
+    return conv, messages, list(path), {k: v for k, v in pictures.items() if v}
 
 
 def _text(data: dict[str, Any], key: str, where: str, default: str | None = None) -> str:
