@@ -22,7 +22,7 @@ from tests.conftest import run_cli
 from tests.engine.test_server import KEY, Server
 from tests.engine.test_server_messages import client as anthropic_client
 from tests.engine.test_server_parallel import _together
-from tests.oracle.test_qwen3vl_images import image, write_png
+from tests.oracle.test_qwen3vl_images import factory_files, image, write_png
 from tests.pauses import Pauses
 from tokenwing.errors import BadInputError
 from tokenwing.vision.png import decode_png
@@ -34,11 +34,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The factory's qwen3vlmoe model (repacked, so that its experts stream) and its mmproj."""
-    root = tmp_path_factory.mktemp("vl")
-    model, mmproj, repacked = root / "m.gguf", root / "m.mmproj.gguf", root / "m.tw.gguf"
-    r = run_cli("testmodel", str(model), "--arch", "qwen3vlmoe", "--mmproj", str(mmproj), "-q")
-    assert r.returncode == 0, r.stderr
-    assert run_cli("repack", str(model), "-o", str(repacked)).returncode == 0
+    _, mmproj, repacked = factory_files(tmp_path_factory.mktemp("vl"), "qwen3vlmoe")
     return repacked, mmproj
 
 
@@ -235,6 +231,34 @@ def test_replies_with_images_decoded_together_are_what_they_are_alone(
     finally:
         together.stop()
     assert got == alone
+
+
+def test_an_image_whose_rows_see_one_another_is_not_split_between_parts(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gemma 4's image rows attend both ways (vision/prompt.py `bidirectional`): its prompt, started while another
+    slot decodes, goes in parts of a chunk (64 tokens) at most, and an image of 70+ rows must not be cut between two
+    (its later rows' keys are written before its earlier rows attend). Its reply then is what it is alone."""
+    _, mmproj, repacked = factory_files(tmp_path_factory.mktemp("g4"), "gemma4", "--sliding-window", "32")
+    write_png(tmp_path / "a.png", image(48, 64, seed=10))
+    bodies = [[{"role": "user", "content": "Tell me a story."}], messages(data_url((tmp_path / "a.png").read_bytes()))]
+    pauses = Pauses(tmp_path / "pauses", "serve.admit")
+    pauses.arm(monkeypatch)
+    # (a larger context: its graph memory then holds the image's 118 rows at once)
+    s = Server(repacked, "--mmproj", str(mmproj), "--kv-type", "f32", "--parallel", "2", "--no-prompt-cache",
+               "--ctx", "4096")  # fmt: skip
+    try:
+        got: list[Any] = [None, None]
+
+        def one(i: int) -> None:
+            got[i] = all_logprobs(s, bodies[i])
+
+        # (the text first: its prompt runs alone, then the image's in parts while it decodes)
+        _together(s, pauses, [threading.Thread(target=one, args=(i,)) for i in range(2)])
+        alone = all_logprobs(s, bodies[1])  # (the pause is passed once: now it runs alone)
+    finally:
+        s.stop()
+    assert got[1] == alone
 
 
 def bad(server: Server, msgs: list[dict[str, Any]], max_tokens: int = 2) -> str:
