@@ -12,6 +12,7 @@ import asyncio
 import collections
 import contextlib
 import errno
+import functools
 import queue
 import threading
 import time
@@ -19,7 +20,7 @@ import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from tokenwing.runtime.sampler import Sampler
 from tokenwing.runtime.session import SESSION_COUNTERS, Session, SessionOptions
 from tokenwing.server.images import Vision, request_images
 from tokenwing.server.overflow import fit_chat
-from tokenwing.server.prompt_disk_cache import DiskCacheSettings, DiskPromptCache, Restored, open_cache
+from tokenwing.server.prompt_disk_cache import DiskCacheSettings, DiskPromptCache, Readying, Restored, open_cache
 from tokenwing.server.protocol import CONTEXT_LENGTH_EXCEEDED, GenerationRequest, RequestError
 from tokenwing.text.chat import FALLBACK_NOTICE, ChatFormat, chat_format
 from tokenwing.text.grammar import Constraint, UnenforceableError
@@ -111,7 +112,7 @@ class EngineWorker:
         self.state = "loading"  # then "ok", "error" (loading failed), or "degraded" (below)
         self.error: str | None = None
         self.load_error: TokenWingError | None = None
-        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.jobs: queue.Queue[Job | Literal["wake"] | None] = queue.Queue()  # ("wake": a slot was readied)
         # every request submitted and not yet collected (weakly: a finished one goes with its handler), so that a
         # stopping server can answer them all at once (stop_soon)
         self.open_jobs: weakref.WeakValueDictionary[int, Job] = weakref.WeakValueDictionary()
@@ -130,6 +131,9 @@ class EngineWorker:
         self.last_token_stats: dict[str, Any] = {}
         self.queued = 0  # requests waiting for a slot
         self.replies: dict[int, Reply] = {}  # by slot: the requests being served
+        # by slot: requests whose slot is readied off this thread (a restore from the disk cache), and the rest of
+        # their admission
+        self.readying: dict[int, tuple[Readying, Job, Callable[[Restored | None], Reply]]] = {}
         self._last_used: dict[int, float] = {}  # when each slot's last reply ended
         self._steps = 0  # decode steps since the engine was last idle
         # what each busy slot is doing, rebuilt by the engine thread after every step (HTTP handlers read it; a
@@ -245,19 +249,19 @@ class EngineWorker:
         assert s is not None
         waiting: collections.deque[Job] = collections.deque()
         while True:
-            jobs: list[Job | None] = []
-            if not self.replies and not waiting:
-                jobs.append(self.jobs.get())  # idle: wait for one
+            jobs: list[Job | Literal["wake"] | None] = []
+            if not self.replies and not waiting and not self._readied():
+                jobs.append(self.jobs.get())  # idle: wait for one (or for a slot readied)
             with contextlib.suppress(queue.Empty):
                 while True:
                     jobs.append(self.jobs.get_nowait())
             if any(j is None for j in jobs):
                 self._stop_all(waiting)
                 return
-            waiting.extend(j for j in jobs if j is not None)
+            waiting.extend(j for j in jobs if isinstance(j, Job))
             if waiting:
                 testpause.pause("serve.admit")  # tests: requests gather in the queue, then start in one step
-            while waiting and len(self.replies) < s.n_seq:
+            while waiting and len(self.replies) + len(self.readying) < s.n_seq:
                 job = waiting.popleft()
                 with self.lock:
                     self.queued -= 1
@@ -268,6 +272,7 @@ class EngineWorker:
                 waiting.remove(job)
                 with self.lock:
                     self.queued -= 1
+            self._take_readied()
             pending = [r for r in self.replies.values() if r.prompt_left][:1]
             decoding = [r for r in self.replies.values() if not r.prompt_left]
             if pending and decoding and joins(s, self._part(pending[0], True)):
@@ -329,6 +334,9 @@ class EngineWorker:
             r.decoding.close()
             r.job.emit(dict(STOPPING))
         self.replies.clear()
+        for _, job, _ in self.readying.values():  # (their threads end before the session goes: disk.close)
+            job.emit(dict(STOPPING))
+        self.readying.clear()
         for job in waiting:
             job.emit(dict(STOPPING))
 
@@ -336,15 +344,16 @@ class EngineWorker:
         """Slots no request holds or waits for (a request that may not wait is refused when there are none)."""
         s = self.session
         with self.lock:
-            return (s.n_seq if s is not None else 1) - len(self.replies) - self.queued
+            return (s.n_seq if s is not None else 1) - len(self.replies) - len(self.readying) - self.queued
 
-    def _admit(self, job: Job) -> None:
+    def _admit(self, job: Job, readied: Callable[[], Reply] | None = None) -> None:
         """Starts a request in a free slot: its prompt (rendered, tokenized, checked), its reply's reader and
-        grammar, and the slot whose cached tokens share the longest start with it (prompt caching per slot)."""
+        grammar, and the slot whose cached tokens share the longest start with it (prompt caching per slot).
+        `readied`: the rest of its admission, its slot readied off this thread (`_take_readied`)."""
         s, fmt, syn = self.session, self.chat, self.syntax
         assert s is not None and fmt is not None and syn is not None
         try:
-            reply = self._prepare(job, s, fmt, syn)
+            reply = self._prepare(job, s, fmt, syn) if readied is None else readied()
         except RequestError as e:
             self.totals["errors"] += 1
             job.emit({"type": "error", "message": e.message, "param": e.param, "code": e.code})
@@ -358,9 +367,29 @@ class EngineWorker:
             self.log("internal error:\n" + traceback.format_exc())
             job.emit({"type": "error", "message": f"internal error: {type(e).__name__}: {e}", "status": 500})
             return
-        self.replies[reply.slot] = reply
+        if reply is not None:
+            self.replies[reply.slot] = reply
 
-    def _prepare(self, job: Job, s: Session, fmt: ChatFormat, syn: Syntax) -> Reply:
+    def _readied(self) -> bool:
+        return any(r.done.is_set() for r, _, _ in self.readying.values())
+
+    def _take_readied(self) -> None:
+        """Requests whose slot was readied off this thread (server/prompt_disk_cache.py `ready`) start now."""
+        s = self.session
+        assert s is not None
+        for slot, (r, job, admit) in list(self.readying.items()):
+            if not r.done.is_set():
+                continue
+            del self.readying[slot]
+            if r.failed:  # (logged by the cache) the slot may hold part of a snapshot: emptied
+                s.use(slot)
+                s.reset()
+                self.totals["errors"] += 1
+                job.emit({"type": "error", "message": "internal error: restoring the context failed", "status": 500})
+            elif not job.cancelled.is_set():
+                self._admit(job, functools.partial(admit, r.restored))
+
+    def _prepare(self, job: Job, s: Session, fmt: ChatFormat, syn: Syntax) -> Reply | None:
         req = job.request
         stops = list(req.stop)
         reader: ReplyReader | None = None
@@ -423,66 +452,73 @@ class EngineWorker:
         slot = self._pick_slot(prompt)
         s.use(slot)
         s.media = media  # (kept with the slot's history: its cached image rows are this prompt's, row_ids)
-        if self.disk is not None:
-            self.disk.wait(slot)  # its state being written, if it is: left alone until then
         # the HTTP status can be sent: nothing below is the request's fault
         # (its prompt's tokens: Anthropic's stream says them in its first event, before the reply)
         job.emit(
             {"type": "accepted", "prompt_tokens": len(prompt), **({"context_overflow": overflow} if overflow else {})}
         )
-        restored = self._restore(slot, prompt)
-        if self.options.prompt_cache:
-            cached = s.reuse_prefix(prompt)  # a chat's next turn: only the new tokens are computed
-        else:
-            s.reset()
-            cached = 0
-        reply = Reply(job, slot, prompt, cached, reader, time.perf_counter(), s.counters(), overflow)
-        if restored is not None:
-            reply.restored, reply.prompt_seconds = restored, restored.seconds
 
-        def on_text(piece: str) -> None:
-            reply.pieces += 1
-            point = f"serve.piece{reply.pieces}" if testpause.armed else ""
-            holding = testpause.arrive(point)  # tests: marked before the client can see the piece ...
-            reply.emit(reader.push(piece) if reader is not None else [Event("content", piece)])
-            if holding:  # ... then held mid-reply until the client goes (or this process dies)
-                testpause.hold(point, until=job.cancelled.is_set)
+        def start(restored: Restored | None) -> Reply:
+            """The rest of the admission, once the slot is ready: now, or when its restore is over."""
+            s.use(slot)  # (other slots may have stepped meanwhile)
+            s.media = media
+            if self.options.prompt_cache:
+                cached = s.reuse_prefix(prompt)  # a chat's next turn: only the new tokens are computed
+            else:
+                s.reset()
+                cached = 0
+            reply = Reply(job, slot, prompt, cached, reader, time.perf_counter(), s.counters(), overflow)
+            if restored is not None:
+                reply.restored, reply.prompt_seconds = restored, restored.seconds
 
-        reply.decoding = Decoding(
-            s,
-            prompt,
-            req.max_tokens,
-            Sampler(req.sampler),
-            stops,
-            on_text=on_text,
-            should_stop=job.cancelled.is_set,
-            cached=cached,
-            logprobs=req.logprobs,
-            on_logprob=lambda lp: job.emit({"type": "logprob", "entry": logprob_entry(s.tokenizer, lp)}),
-            constraint=constraint,
-            ignore_eos=req.ignore_eos,
-            shown=self.shown,
-        )
-        return reply
+            def on_text(piece: str) -> None:
+                reply.pieces += 1
+                point = f"serve.piece{reply.pieces}" if testpause.armed else ""
+                holding = testpause.arrive(point)  # tests: marked before the client can see the piece ...
+                reply.emit(reader.push(piece) if reader is not None else [Event("content", piece)])
+                if holding:  # ... then held mid-reply until the client goes (or this process dies)
+                    testpause.hold(point, until=job.cancelled.is_set)
 
-    def _restore(self, slot: int, prompt: list[int]) -> Restored | None:
-        """The prompt cache on disk: the snapshot that gives more of the prompt than the slot holds, put into the
-        slot (server/prompt_disk_cache.py)."""
+            reply.decoding = Decoding(
+                s,
+                prompt,
+                req.max_tokens,
+                Sampler(req.sampler),
+                stops,
+                on_text=on_text,
+                should_stop=job.cancelled.is_set,
+                cached=cached,
+                logprobs=req.logprobs,
+                on_logprob=lambda lp: job.emit({"type": "logprob", "entry": logprob_entry(s.tokenizer, lp)}),
+                constraint=constraint,
+                ignore_eos=req.ignore_eos,
+                shown=self.shown,
+            )
+            return reply
+
+        readying = self._ready(slot, prompt)
+        if readying is not None:  # (then started by _take_readied; meanwhile the other slots decode)
+            self.readying[slot] = (readying, job, start)
+            return None
+        return start(None)
+
+    def _ready(self, slot: int, prompt: list[int]) -> Readying | None:
+        """The prompt cache on disk readies the slot off this thread where it must wait for the slot's write or
+        restore a snapshot that gives more of the prompt than the slot holds (server/prompt_disk_cache.py); None:
+        the slot is ready now."""
         s = self.session
         assert s is not None
         if self.disk is None:
             return None
-        entry, n = self.disk.best(prompt)
-        if entry is None or n <= _shared(s.seqs[slot].history, prompt):
-            return None
-        return self.disk.restore(entry, s.seqs[slot])
+        held = _shared(s.seqs[slot].history, prompt)
+        return self.disk.ready(slot, s.seqs[slot], prompt, held, lambda: self.jobs.put("wake"))
 
     def _pick_slot(self, prompt: list[int]) -> int:
         """The free slot whose cached tokens share the longest start with the prompt; ties: the one used least
         recently (its cache is the least likely to be continued)."""
         s = self.session
         assert s is not None
-        free = [i for i in range(s.n_seq) if i not in self.replies]
+        free = [i for i in range(s.n_seq) if i not in self.replies and i not in self.readying]
 
         return max(free, key=lambda i: (_shared(s.seqs[i].history, prompt), -self._last_used.get(i, 0.0)))
 
@@ -551,6 +587,9 @@ class EngineWorker:
         todo = r.prompt[pos:]
         b = self.options.max_batch
         n = len(todo) if not others else min(len(todo), b - pos % b)
+        media = s.seqs[r.slot].media
+        if media is not None and n < len(todo):  # (an image whose rows see one another is not split: `whole`)
+            n = media.whole([slice(0, n), slice(n, len(todo))], pos)[0].stop
         return PromptPart(r.slot, todo[:n], end=n == len(todo))
 
     def _end(self, r: Reply) -> None:
