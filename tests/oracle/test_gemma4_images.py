@@ -24,10 +24,11 @@ from tests.oracle.test_qwen3vl_images import (
     step_and_streamed_match,
     write_png,
 )
+from tokenwing.errors import BadInputError
 from tokenwing.format.gguf_io import read_header
 from tokenwing.runtime.session import Session, SessionOptions
 from tokenwing.vision.gemma4v import Gemma4VEncoder
-from tokenwing.vision.logits import image_prompt
+from tokenwing.vision.logits import image_logits, image_prompt
 
 pytestmark = pytest.mark.oracle
 
@@ -171,3 +172,21 @@ def test_bad_image_input_is_one_line(files: tuple[Path, Path, Path], tmp_path: P
         out,
     )
     assert_clean_error(r, 2)
+
+
+def test_an_image_chunk_past_the_graph_memory_is_one_line(files: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """An image whose rows attend to one another runs as one chunk, however long; one that the session's graph
+    reserve cannot hold is refused in one line before anything is computed, and the session goes on. A mock: the
+    reserve set to its 64 MiB floor (no factory model's own is that small once an image's chunk is counted)."""
+    _, mmproj, repacked = files
+    write_png(tmp_path / "image.png", image(192, 240, seed=2))
+    s = Session(str(repacked), SessionOptions(kv_type="f32"), log=lambda line: None)
+    try:
+        real, s.graph.mem_bytes = s.graph.mem_bytes, 64 << 20
+        with pytest.raises(BadInputError, match=r"its \d+-token chunk at position 0 runs at once"):
+            image_logits(s, str(mmproj), str(tmp_path / "image.png"), "Look: <__media__> What?")
+        assert s.pos == 0
+        s.graph.mem_bytes = real
+        assert image_logits(s, str(mmproj), str(tmp_path / "image.png"), "Look: <__media__> What?").shape == (1, 512)
+    finally:
+        s.close()

@@ -20,7 +20,7 @@ from tokenwing.models.base import MoEModel
 from tokenwing.models.hparams import HParams
 from tokenwing.runtime.experts import ExpertCompute
 from tokenwing.runtime.lookahead import Ahead, Lookahead
-from tokenwing.runtime.memory_plan import PromptMemory
+from tokenwing.runtime.memory_plan import PromptMemory, graph_bytes
 from tokenwing.runtime.sequences import SequenceState
 from tokenwing.runtime.token_graph import TokenGraph
 from tokenwing.runtime.vram.tier import VramTier
@@ -427,7 +427,18 @@ class Passes(SequenceState):
             stop = min(n, (pos0 + i) // b * b + b - pos0)
             out.append(slice(i, stop))
             i = stop
-        return out if self.media is None else self.media.whole(out, pos0)  # (an image's rows in one chunk)
+        if self.media is None:
+            return out
+        out = self.media.whole(out, pos0)  # (an image whose rows attend both ways: in one chunk)
+        for c in out:
+            m, n_kv = c.stop - c.start, common.decode_window(pos0 + c.stop - 1, self.n_ctx)
+            if m > b and graph_bytes(self.hp, m, n_kv) > self.graph.mem_bytes:
+                raise BadInputError(
+                    f"an image's rows attend to one another, so its {m}-token chunk at position {pos0 + c.start} "
+                    f"runs at once, which this session's graph memory ({self.graph.mem_bytes >> 20} MiB) cannot hold: "
+                    "send it smaller"
+                )
+        return out
 
     # ----------------------------------------------------------------------------------- embedding, head
     def _embed(self, tokens: list[int], before: list[int] | None = None) -> np.ndarray:
