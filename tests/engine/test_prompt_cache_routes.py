@@ -95,6 +95,17 @@ def test_conversations_restore_their_own_and_forget_deletes_only_its_snapshots(s
     assert _post(server, "forget", {"prompt_cache_key": "never-sent"}).json() == {"deleted": 0, "bytes": 0}
 
 
+def test_a_snapshot_two_keys_tagged_goes_with_the_second(server: Server) -> None:
+    """The same conversation under two keys (greedy: the same tokens, one snapshot): it stays while a key lists it.
+    (A conversation of its own: B's first turn is the same state, which conv-b lists.)"""
+    c = [{"role": "user", "content": "Name three colours of the sky at dusk."}]
+    _stream(server, c, "one")
+    _stream(server, c, "two")
+    assert _post(server, "forget", {"prompt_cache_key": "one"}).json() == {"deleted": 0, "bytes": 0}
+    gone = _post(server, "forget", {"prompt_cache_key": "two"}).json()
+    assert gone["deleted"] == 1 and gone["bytes"] > 0
+
+
 def test_clear_empties_the_folder(server: Server) -> None:
     _stream(server, A, None)  # (a client without a key: its snapshot is kept and cleared the same way)
     _stream(server, B, None)
