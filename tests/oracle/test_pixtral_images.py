@@ -26,6 +26,9 @@ from tests.oracle.test_qwen3vl_images import (
 )
 from tokenwing.format.gguf_io import read_header
 from tokenwing.runtime.session import Session, SessionOptions
+from tokenwing.testmodel.mmproj import write_mmproj
+from tokenwing.testmodel.mmproj_pixtral import PixtralShape
+from tokenwing.testmodel.shapes import preset_shape
 from tokenwing.vision.pixtral import PixtralEncoder
 from tokenwing.vision.prompt import tokens
 
@@ -73,6 +76,28 @@ def test_embeddings_match_llama_cpp(files: tuple[Path, Path, Path], tmp_path: Pa
     brk = got[nx :: nx + 1]
     assert brk.shape[0] == ny - 1 and np.array_equal(brk, np.broadcast_to(brk[0], brk.shape))
     assert chunk["n_tokens"] == chunk["n_pos"] == got.shape[0]
+
+
+def test_the_original_pixtral_without_a_patch_merger_matches_llama_cpp(
+    files: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """Pixtral 12B's form (no patch merger, no spatial_merge_size: a merged patch is a patch; the projector with
+    biases): the sides aligned to one patch, a row per patch and the [IMG_BREAK] rows, within llama.cpp's own
+    distance."""
+    model, _, _ = files
+    mmproj = tmp_path / "p12.mmproj.gguf"
+    write_mmproj(str(mmproj), preset_shape("tiny", "mistral4"), v=PixtralShape(n_merge=1))
+    names = {t.name for t in read_header(str(mmproj)).tensors}
+    assert "mm.patch_merger.weight" not in names and "mm.1.bias" in names
+    rgb = image(30, 44, seed=5)  # 48×32 (sides rounded to patches of 8: 5.5 up), 6×4 patches, fitted and padded
+    info = mtmd_run(model, mmproj, rgb, "<__media__>", tmp_path / "ref")
+    mtmd_run(model, mmproj, rgb, "<__media__>", tmp_path / "flash", "flash")
+    ref = np.load(tmp_path / "ref" / "embd.npy")
+    own = np.abs(np.load(tmp_path / "flash" / "embd.npy") - ref).max()
+    got, (nx, ny) = _encode(mmproj, rgb)
+    chunk = next(c for c in info["chunks"] if c["type"] == 1)  # type: ignore[attr-defined]
+    assert got.shape == ref.shape == (nx * ny + ny - 1, 64) == (chunk["n_tokens"], 64)
+    assert np.abs(got - ref).max() <= own, (np.abs(got - ref).max(), own)
 
 
 def test_the_text_around_the_image_is_tokenized_as_libmtmd_does(files: tuple[Path, Path, Path], tmp_path: Path) -> None:

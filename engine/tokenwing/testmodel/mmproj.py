@@ -186,23 +186,24 @@ def _type(name: str, shape: tuple[int, ...], f16: bool) -> int:
 
 
 def write_mmproj(
-    path: str, text: ModelShape, seed: int = 0, v: VisionShape | None = None, type_name: str = "F32"
+    path: str, text: ModelShape, seed: int = 0, v: VisionShape | PixtralShape | None = None, type_name: str = "F32"
 ) -> str:
     """Writes an mmproj GGUF for `text`'s family (qwen3vlmoe, gemma4), F32 or F16 (`type_name`); returns its path."""
     if type_name not in ("F32", "F16"):
         raise ValueError(f"--mmproj: the image encoder is written in F32 or F16, not {type_name}")
     f16 = type_name == "F16"
     if text.arch == "qwen3vlmoe":
-        v = v or VisionShape()
-        specs = _tensors(text, v)
-        kv = _metadata(text, v, path.rsplit("/", 1)[-1].removesuffix(".gguf"))
+        q = v if isinstance(v, VisionShape) else VisionShape()
+        specs = _tensors(text, q)
+        kv = _metadata(text, q, path.rsplit("/", 1)[-1].removesuffix(".gguf"))
     elif text.arch == "gemma4":
         g = Gemma4VisionShape()
         specs = _gemma4_tensors(text, g)
         kv = _gemma4_metadata(text, g, path.rsplit("/", 1)[-1].removesuffix(".gguf"))
     elif text.arch == "mistral4":  # Pixtral's (testmodel/mmproj_pixtral.py)
-        specs = pixtral_tensors(text, PixtralShape())
-        kv = pixtral_metadata(text, PixtralShape(), path.rsplit("/", 1)[-1].removesuffix(".gguf"))
+        p = v if isinstance(v, PixtralShape) else PixtralShape()
+        specs = pixtral_tensors(text, p)
+        kv = pixtral_metadata(text, p, path.rsplit("/", 1)[-1].removesuffix(".gguf"))
     else:
         raise ValueError(
             f"--mmproj: the factory writes image encoders for qwen3vlmoe, gemma4 and mistral4, not {text.arch}"

@@ -18,7 +18,8 @@ from tokenwing.testmodel.shapes import ModelShape
 @dataclass(frozen=True)
 class PixtralShape:
     """A small Pixtral encoder: the real one (Mistral Small 3.1/4) is 1024 wide, 16 heads, 24 blocks, patches of
-    14, 2×2 merged, CLIP's mean and std."""
+    14, 2×2 merged, CLIP's mean and std. n_merge 1: the original Pixtral 12B's form (no patch merger, no
+    spatial_merge_size key, its projector with biases)."""
 
     n_embd: int = 32
     n_head: int = 2  # heads of 16: 2-D RoPE rotates each half (8 dims) by the row or the column
@@ -39,14 +40,12 @@ def pixtral_tensors(text: ModelShape, v: PixtralShape) -> list[tuple[str, tuple[
     ]
     for i in range(v.n_layer):
         out += gated_block(f"v.blk.{i}", e, v.n_ff)
-    out += [
-        ("mm.input_norm.weight", (e,), "n"),
-        ("mm.patch_merger.weight", (e * v.n_merge * v.n_merge, e), "w"),
-        ("mm.1.weight", (e, text.n_embd), "w"),
-        ("mm.2.weight", (text.n_embd, text.n_embd), "w"),
-        ("v.token_embd.img_break", (text.n_embd,), "w"),  # of order one, as a token embedding
-    ]
-    return out
+    if v.n_merge > 1:
+        out += [("mm.input_norm.weight", (e,), "n"), ("mm.patch_merger.weight", (e * v.n_merge * v.n_merge, e), "w")]
+    out += [("mm.1.weight", (e, text.n_embd), "w"), ("mm.2.weight", (text.n_embd, text.n_embd), "w")]
+    if v.n_merge == 1:
+        out += [("mm.1.bias", (text.n_embd,), "b"), ("mm.2.bias", (text.n_embd,), "b")]
+    return [*out, ("v.token_embd.img_break", (text.n_embd,), "w")]  # (of order one, as a token embedding)
 
 
 def pixtral_metadata(text: ModelShape, v: PixtralShape, name: str) -> dict[str, KV]:
@@ -54,5 +53,6 @@ def pixtral_metadata(text: ModelShape, v: PixtralShape, name: str) -> dict[str, 
     runs Pixtral's 2-D RoPE at base 10,000 whatever a file says)."""
     kv = clip_kv(name, "pixtral", text.n_embd, v, v.patch_size * 64)
     kv["clip.use_silu"] = KV.boolean(True)
-    kv["clip.vision.spatial_merge_size"] = KV.u32(v.n_merge)
+    if v.n_merge > 1:
+        kv["clip.vision.spatial_merge_size"] = KV.u32(v.n_merge)
     return kv
