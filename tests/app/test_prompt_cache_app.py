@@ -12,6 +12,7 @@ import asyncio
 from pathlib import Path
 
 from PySide6.QtWidgets import QApplication
+from pytestqt.qtbot import QtBot
 
 from runmyai.chat.store import ConversationStore
 from runmyai.engine.client import ChatSettings
@@ -20,6 +21,7 @@ from runmyai.engine.prompt_cache import CacheUse, PendingForgets, conversation_k
 from runmyai.paths import AppPaths
 from runmyai.ui.controller import AppController
 from runmyai.ui.main_window import MainWindow
+from runmyai.ui.pages import SettingsPage
 from tests.qtloop import run_qt
 
 GREEDY = ChatSettings(temperature=0.0, max_tokens=8)
@@ -158,3 +160,14 @@ def test_a_deletion_without_an_engine_waits_for_the_next_one(tmp_path: Path) -> 
     assert asyncio.run(pending.flush(remote)) == 0  # a remote server holds none of the app's contexts
     pending.done("runmyai-1-2")
     assert pending.keys() == ["runmyai-3-4"]
+
+
+def test_the_settings_section(qtbot: QtBot) -> None:
+    page = SettingsPage()
+    qtbot.addWidget(page)
+    assert page.prompt_cache.text() == "Start a model to see what it keeps." and not page.prompt_cache_clear.isEnabled()
+    use = CacheUse(True, "/x", 20_000_000_000, 1_234_000_000, 1)
+    page.set_prompt_cache(use.line(), can_clear=True)
+    assert page.prompt_cache.text() == "1.2 GB of 20.0 GB used · 1 conversation context"
+    with qtbot.waitSignal(page.prompt_cache_clear_requested):
+        page.prompt_cache_clear.click()
