@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from tokenwing.commands.common import stderr_line
 from tokenwing.flags import add_device_arguments
 from tokenwing.fsutil import human_bytes, parse_size
+
+if TYPE_CHECKING:
+    from tokenwing.autotune.solver import Choice
 
 
 def _cmd_autotune(args: argparse.Namespace) -> int:
@@ -25,6 +29,8 @@ def _cmd_autotune(args: argparse.Namespace) -> int:
         if slots < mf.index.n_expert and args.replay_tokens > 0:  # streaming: its settings are chosen by replay
             machine.replay = probe_replay(mf, slots, machine.cores, args.replay_tokens, progress=stderr_line)
         choice = choose(mf, machine, args.ctx)
+        if args.trace:
+            _eviction(args.model, args.trace, slots, choice)
     if args.json:
         print(
             json.dumps({"machine": machine.as_dict(), "settings": choice.settings, "reasons": choice.reasons}, indent=2)
@@ -50,6 +56,25 @@ def _cmd_autotune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eviction(model: str, traces: list[str], slots: int, choice: Choice) -> None:
+    """The eviction policy from this model's own routing traces (`tokenwing run --record-trace`): the learned
+    model retrained on them, kept next to the model file, and chosen where it reads less than history."""
+    # (lazy: only this option loads the trainer, as the command's own imports above)
+    from tokenwing.streaming.learned import retrain
+
+    out = model + ".eviction.json"
+    learned, reads = retrain(traces, slots, f"tokenwing autotune {model} --trace {' '.join(traces)}")
+    learned.save(out)
+    why = (
+        f"replaying the second half of this model's traces at {slots} slots per layer (fitted on the first): "
+        f"learned reads {reads['learned']}, history {reads['history']}"
+    )
+    wins = reads["learned"] < reads["history"]
+    choice.set("moe_stream_policy", "learned" if wins else "history", why)
+    if wins:
+        choice.set("moe_stream_eviction_model", out, f"retrained on {len(traces)} trace(s) of this model")
+
+
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     at = sub.add_parser("autotune", help="probe this machine and the drive, and choose settings for a model")
     at.add_argument("model")
@@ -57,6 +82,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     at.add_argument("--probe-bytes", default="256M", help="bytes to read per drive measurement")
     at.add_argument(
         "--replay-tokens", type=int, default=24, help="decode tokens replayed through the core per setting (0: none)"
+    )
+    at.add_argument(
+        "--trace",
+        nargs="+",
+        help="routing traces of this model (tokenwing run --record-trace): retrain the learned eviction policy on "
+        "them and choose it where it reads less than history",
     )
     at.add_argument("--json", action="store_true")
     add_device_arguments(at)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from tokenwing.streaming.eviction_model import EvictionModel
-from tokenwing.streaming.trace import Trace, load_trace
+from tokenwing.streaming.trace import Trace, load_trace, simulate
 
 # Half-lives in tokens of the decayed use counts (the core takes up to 6).
 HALF_LIVES = (2.0, 8.0, 32.0, 128.0, 512.0)
@@ -149,3 +149,20 @@ def train(paths: list[str], slots_share: float = 0.25) -> EvictionModel:
     traces = [load_trace(p) for p in paths]
     recipe = f"tokenwing trace train {' '.join(paths)} --slots {slots_share:.0%}"
     return fit(traces, slots_share=slots_share, recipe=recipe)
+
+
+def _rows(t: Trace, a: int, b: int) -> Trace:
+    return Trace(t.selected[a:b], t.predicted[a:b], t.prompt_tokens[a:b], t.layers, t.n_expert)
+
+
+def retrain(paths: list[str], slots: int, recipe: str) -> tuple[EvictionModel, dict[str, int]]:
+    """`autotune --trace`: this model's own traces decide. Fitted on the first half of each trace, the learned
+    policy and history replay the second half at `slots` per layer (their reads returned); the model returned is
+    fitted on the whole traces."""
+    traces = [load_trace(p) for p in paths]
+    share = slots / traces[0].n_expert
+    first = [_rows(t, 0, t.n_tokens // 2) for t in traces]
+    second = [_rows(t, t.n_tokens // 2, t.n_tokens) for t in traces]
+    held = fit(first, slots_share=share).core_weights()
+    reads = {p: sum(int(simulate(t, slots, p, learned=held)["reads"]) for t in second) for p in ("history", "learned")}
+    return fit(traces, slots_share=share, recipe=recipe), reads
