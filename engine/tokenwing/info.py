@@ -29,11 +29,14 @@ from tokenwing.server.worker import LAYER_FIELDS, TOKEN_FIELDS
 from tokenwing.streaming.memory import HEADROOM, MemoryInfo, memory_info
 from tokenwing.streaming.settings import DECAY_TOKENS
 from tokenwing.version import __version__
-from tokenwing.vision.qwen3vl import PROJECTOR as QWEN3VL_PROJECTOR
+from tokenwing.vision.logits import ENCODERS
 
 # The architectures whose images the engine reads, with the mmproj projector types (clip.projector_type) each
-# takes: a family's image encoder (vision/) adds its line here. The app offers pictures by it (issue 45 item 5).
-IMAGE_ARCHITECTURES: dict[str, tuple[str, ...]] = {"qwen3vlmoe": (QWEN3VL_PROJECTOR,)}
+# takes: the encoders the engine computes (vision/logits.ENCODERS), by the families each is for. The app offers
+# pictures by it (issue 45 item 5).
+IMAGE_ARCHITECTURES: dict[str, tuple[str, ...]] = {
+    arch: tuple(p for p, e in ENCODERS.items() if arch in e.archs) for enc in ENCODERS.values() for arch in enc.archs
+}
 
 
 def weight_types() -> list[str]:
