@@ -32,6 +32,7 @@ LISTED: dict[str, dict[str, Any]] = {
     "qwen3next": {"n_layer": 4, "legacy_ssm_in": True},
     "qwen35moe": {"n_layer": 4},
     "bailingmoe3": {"n_layer": 4, "n_dense_lead": 1, "n_mtp": 1},
+    "kimi-k3": {"n_layer": 4, "n_dense_lead": 1, "n_shared_exp": 1},
 }
 
 

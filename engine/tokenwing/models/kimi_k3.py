@@ -23,6 +23,7 @@ layer's latent and rope key.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +34,6 @@ from tokenwing.errors import BadInputError
 from tokenwing.format.gguf_io import KV, ValueType
 from tokenwing.models import common, delta_net, mla, specs
 from tokenwing.models.bailingmoe3 import BailingMoE3, kda_tensors, ling_full_attention
-from tokenwing.models.base import TensorCheck
 from tokenwing.models.deepseek2 import check_mla
 from tokenwing.models.factory import MLA_FIELDS, Factory, common_kv, mla_kv, sigmoid_routed_kv
 from tokenwing.models.hparams import HParams
@@ -44,61 +44,19 @@ if TYPE_CHECKING:  # (the factory's geometry: types only)
     from tokenwing.testmodel.shapes import ModelShape
 
 
-def _kda(s: ModelShape, hp: HParams, i: int) -> list[TensorSpec]:
+def _kda(hp: HParams, il: int) -> list[TensorSpec]:
     """A KDA layer of Kimi K3: Ling's projections and convolutions, the decay gate through a low-rank pair
     (ssm_f_a → ssm_f_b), ssm_a as -exp(A_log) over the heads (1-D), and a full-rank output gate (ssm_g)."""
-    e, hd = s.n_embd, s.ssm_d_state
-    d_inner = hd * s.n_head
-    kda = [t for t in kda_tensors(hp, i) if t.name.split(".")[2] not in ("ssm_f_a", "ssm_a", "ssm_g_a")]
+    p, e, hd = f"blk.{il}.", hp.n_embd, hp.kda_head_dim
+    d_inner = hd * hp.n_head
+    kda = [t for t in kda_tensors(hp, il) if t.name.split(".")[2] not in ("ssm_f_a", "ssm_a", "ssm_g_a")]
     return [
         *kda,
-        TensorSpec(f"blk.{i}.ssm_f_a.weight", (e, hd), "matrix"),
-        TensorSpec(f"blk.{i}.ssm_f_b.weight", (hd, d_inner), "matrix"),
-        TensorSpec(f"blk.{i}.ssm_a", (s.n_head,), "decay_neg"),
-        TensorSpec(f"blk.{i}.ssm_g.weight", (e, d_inner), "matrix"),
+        TensorSpec(p + "ssm_f_a.weight", (e, hd), "matrix"),
+        TensorSpec(p + "ssm_f_b.weight", (hd, d_inner), "matrix"),
+        TensorSpec(p + "ssm_a", (hp.n_head,), "decay_neg"),
+        TensorSpec(p + "ssm_g.weight", (e, d_inner), "matrix"),
     ]
-
-
-def _tensors(s: ModelShape, hp: HParams, parts: Parts) -> list[TensorSpec]:
-    """Kimi K3: KDA and gated nope-only MLA, the residual's score vectors, leading dense layers, a latent MoE
-    (routed experts at n_expert_latent between ffn_routed_down and ffn_routed_norm/ffn_routed_up) with a sigmoid
-    router and selection bias on the full width, a shared expert, an output head of its own."""
-    first, last = specs.head(hp)
-    e, latent = s.n_embd, s.n_expert_latent or s.n_embd
-    layers: list[TensorSpec] = []
-    for i in range(s.n_layer):
-        if ling_full_attention(s, i):
-            gate = TensorSpec(f"blk.{i}.attn_gate.weight", (e, s.n_head * s.v_dim), "matrix")
-            layers += [*mla.tensors(hp, i), gate]
-        else:
-            layers += _kda(s, hp, i)
-        if s.attn_res_block:
-            layers += [
-                TensorSpec(f"blk.{i}.attn_res_score.weight", (e,), "vector"),
-                TensorSpec(f"blk.{i}.ffn_res_score.weight", (e,), "vector"),
-            ]
-        if i < s.n_dense_lead:
-            layers += specs.dense(hp, i, s.n_ff_dense)
-            continue
-        layers += [
-            TensorSpec(f"blk.{i}.ffn_norm.weight", (e,), "norm"),
-            TensorSpec(f"blk.{i}.ffn_gate_inp.weight", (e, s.n_expert), "router"),
-            TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector"),
-            TensorSpec(f"blk.{i}.ffn_gate_exps.weight", (latent, s.n_ff_exp, s.n_expert), "expert"),
-            TensorSpec(f"blk.{i}.ffn_up_exps.weight", (latent, s.n_ff_exp, s.n_expert), "expert"),
-            TensorSpec(f"blk.{i}.ffn_down_exps.weight", (s.n_ff_exp, latent, s.n_expert), "expert"),
-        ]
-        if s.n_expert_latent:
-            layers += [
-                TensorSpec(f"blk.{i}.ffn_routed_down.weight", (e, latent), "matrix"),
-                TensorSpec(f"blk.{i}.ffn_routed_norm.weight", (latent,), "norm"),
-                TensorSpec(f"blk.{i}.ffn_routed_up.weight", (latent, e), "matrix"),
-            ]
-        if s.n_shared_exp:
-            layers += specs.shared(hp, i, s.n_ff_exp * s.n_shared_exp, gated=False)
-    if s.attn_res_block:
-        last.append(TensorSpec("output_res_score.weight", (e,), "vector"))
-    return first + layers + last
 
 
 def _kv(s: ModelShape) -> dict[str, KV]:
@@ -146,10 +104,10 @@ class KimiK3(BailingMoE3):
         "and selection bias, SiTU",
         _kv,
         _check,
-        _tensors,
         takes=MLA_FIELDS | {"n_dense_lead", "n_expert_latent", "attn_res_block", "situ_beta", "situ_linear_beta"},
     )
     shared_experts = "optional"
+    shared_as_experts = True  # (expert_shared_count routed experts wide)
 
     def __init__(self, hp: HParams, weights: ModelWeights, streamed: list[int]) -> None:
         super().__init__(hp, weights, streamed)
@@ -172,40 +130,58 @@ class KimiK3(BailingMoE3):
             raise BadInputError(f"{where}: {cls.arch}.activation.situ_beta must be positive (SiTU divides by it)")
         if any(hp.recurrent) and (hp.kda_head_dim < 1 or hp.ssm_d_conv < 2):
             raise BadInputError(f"{where}: KDA layers need kda.head_dim and ssm.conv_kernel (at least 2)")
-        super(BailingMoE3, cls).check(hp, shapes, streamed, where)  # (the common checks, not Ling's)
-        c = TensorCheck(hp, shapes, where)
-        e, latent = hp.n_embd, cls.expert_width(hp, 0)
-        c.need("output.weight", (e, hp.vocab_size))  # (never tied to the embedding)
-        if hp.attn_res_block:
-            c.need("output_res_score.weight", (e,))
-        for il in range(hp.n_layer):
-            p = f"blk.{il}."
-            if hp.attn_res_block:
-                c.need(p + "attn_res_score.weight", (e,))
-                c.need(p + "ffn_res_score.weight", (e,))
-            if il in streamed and hp.n_expert_latent:
-                c.need(p + "ffn_routed_down.weight", (e, latent))
-                c.need(p + "ffn_routed_up.weight", (latent, e))
-                if c.has(p + "ffn_routed_norm.weight"):
-                    c.need(p + "ffn_routed_norm.weight", (latent,))
+        super(BailingMoE3, cls).check(hp, shapes, streamed, where)  # (the common checks, not Ling's: `tensors`)
 
     @classmethod
-    def check_attention(cls, c: TensorCheck, il: int) -> None:
-        hp, p, e = c.hp, f"blk.{il}.", c.hp.n_embd
-        if not hp.is_recurrent(il):
-            mla.check(c, il, split=True)  # (the converter always splits attn_kv_b)
-            if c.has(p + "attn_gate.weight"):
-                c.need(p + "attn_gate.weight", (e, hp.n_head * mla.Heads.of(hp).v))
-            return
-        hd = hp.kda_head_dim
-        d_inner = hd * hp.n_head
-        gates = {  # the decay gate through a low-rank pair, -exp(A_log) per head (1-D), a full-rank output gate
-            "ssm_f_a.weight": (e, hd),
-            "ssm_f_b.weight": (hd, d_inner),
-            "ssm_a": (hp.n_head,),
-            "ssm_g.weight": (e, d_inner),
-        }
-        delta_net.check_kda(c, il, gates)
+    def tensors(cls, hp: HParams, parts: Parts) -> list[TensorSpec]:
+        """Kimi K3: KDA and gated nope-only MLA, the residual's score vectors, leading dense layers, a latent MoE
+        (routed experts at n_expert_latent between ffn_routed_down and ffn_routed_norm/ffn_routed_up) with a sigmoid
+        router and selection bias on the full width, a shared expert, an output head of its own (never tied)."""
+        first, (norm, output) = specs.head(hp)
+        last = [norm, dataclasses.replace(output, optional=False)]
+        e, latent, ff, n = hp.n_embd, cls.expert_width(hp, 0), parts.ff_exp, hp.n_expert
+        layers: list[TensorSpec] = []
+        for il in range(hp.n_layer):
+            p = f"blk.{il}."
+            layers += cls.attention_tensors(hp, il, parts)
+            if hp.attn_res_block:
+                layers += [
+                    TensorSpec(p + "attn_res_score.weight", (e,), "vector"),
+                    TensorSpec(p + "ffn_res_score.weight", (e,), "vector"),
+                ]
+            if il not in parts.moe_layers:
+                layers += specs.dense(hp, il, parts.ff_dense)
+                continue
+            layers += [
+                TensorSpec(p + "ffn_norm.weight", (e,), "norm"),
+                TensorSpec(p + "ffn_gate_inp.weight", (e, n), "router"),
+                TensorSpec(p + "exp_probs_b.bias", (n,), "vector"),
+                TensorSpec(p + "ffn_gate_exps.weight", (latent, ff, n), "expert"),
+                TensorSpec(p + "ffn_up_exps.weight", (latent, ff, n), "expert"),
+                TensorSpec(p + "ffn_down_exps.weight", (ff, latent, n), "expert"),
+            ]
+            if hp.n_expert_latent:
+                layers += [
+                    TensorSpec(p + "ffn_routed_down.weight", (e, latent), "matrix"),
+                    TensorSpec(p + "ffn_routed_norm.weight", (latent,), "norm", optional=True),
+                    TensorSpec(p + "ffn_routed_up.weight", (latent, e), "matrix"),
+                ]
+            if parts.ff_shexp:
+                layers += specs.shared(hp, il, parts.ff_shexp, gated=False)
+        if hp.attn_res_block:
+            last.append(TensorSpec("output_res_score.weight", (e,), "vector"))
+        return first + layers + last
+
+    @classmethod
+    def attention_tensors(cls, hp: HParams, il: int, parts: Parts) -> list[TensorSpec]:
+        """KDA in the recurrent layers; elsewhere MLA (the converter always splits attn_kv_b) and, where the file
+        has it, its gate."""
+        if hp.is_recurrent(il):
+            return _kda(hp, il)
+        gate = TensorSpec(
+            f"blk.{il}.attn_gate.weight", (hp.n_embd, hp.n_head * mla.Heads.of(hp).v), "matrix", optional=True
+        )
+        return [*mla.tensors(hp, il), gate]
 
     # -------------------------------------------------------------------------- the state between layers
     @classmethod
