@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import assert_clean_error, run_cli
 from tests.oracle.test_qwen3vl_images import (
+    encode_image,
     factory_files,
     image,
     logits_match,
@@ -49,12 +50,7 @@ IMAGES = {
 
 
 def _encode(mmproj: Path, rgb: np.ndarray) -> tuple[np.ndarray, tuple[int, int]]:
-    enc = PixtralEncoder(str(mmproj))
-    try:
-        pre = enc.preprocess(rgb)
-        return enc.encode(pre), enc.grid(pre)
-    finally:
-        enc.close()
+    return encode_image(PixtralEncoder, mmproj, rgb)
 
 
 @pytest.mark.parametrize("name", IMAGES)

@@ -27,6 +27,7 @@ from tokenwing.format.reader import ModelFile
 from tokenwing.runtime.session import Session, SessionOptions
 from tokenwing.text.tokenizer import tokenizer_from_file
 from tokenwing.vision.cache import EncodedImages
+from tokenwing.vision.encoder import MmprojEncoder
 from tokenwing.vision.logits import image_prompt
 from tokenwing.vision.png import decode_png
 from tokenwing.vision.positions import image_positions, image_span
@@ -58,6 +59,16 @@ def factory_files(root: Path, arch: str, *flags: str) -> tuple[Path, Path, Path]
     r = run_cli("repack", str(model), "-o", str(repacked))
     assert r.returncode == 0, r.stderr
     return model, mmproj, repacked
+
+
+def encode_image(cls: type[MmprojEncoder], mmproj: Path, rgb: np.ndarray) -> tuple[np.ndarray, tuple[int, int]]:
+    """The image's rows by the family's encoder (`cls` on the mmproj), and its grid (nx, ny)."""
+    enc = cls(str(mmproj))
+    try:
+        pre = enc.preprocess(rgb)
+        return enc.encode(pre), enc.grid(pre)
+    finally:
+        enc.close()
 
 
 def image(height: int, width: int, seed: int) -> np.ndarray:
