@@ -33,8 +33,8 @@ from tokenwing.runtime import snapshot
 from tokenwing.runtime.kvcache import kv_element
 from tokenwing.runtime.sequences import SeqState
 from tokenwing.runtime.session import Session
-from tokenwing.testpause import pause
 from tokenwing.server import prompt_cache_keys
+from tokenwing.testpause import pause
 
 DEFAULT_MAX = 20 << 30  # the default size: a quarter of the drive's free space, at most this
 DEFAULT_SHARE = 4
