@@ -112,7 +112,8 @@ def test_the_openai_client_sends_an_image_and_streams_a_reply(server: Server, tm
 
 def test_the_responses_and_messages_apis_take_images(server: Server, tmp_path: Path) -> None:
     """The Responses API's input_image and Anthropic's base64 image block, with their official clients: the same
-    prompt as the chat endpoint's (its tokens), the same greedy reply."""
+    prompt as the chat endpoint's (its tokens), the same greedy reply; /v1/messages/count_tokens and /v1/chat/count
+    count it too."""
     png = png_bytes(image(48, 64, seed=8), tmp_path / "a.png")
     chat = server.client().chat.completions.create(model="m", messages=messages(data_url(png)),  # type: ignore[arg-type]
                                                    max_tokens=3, temperature=0)  # fmt: skip
@@ -127,6 +128,11 @@ def test_the_responses_and_messages_apis_take_images(server: Server, tmp_path: P
     m = anthropic_client(server).messages.create(model="m", max_tokens=3, extra_body={"temperature": 0},
                                                  messages=[{"role": "user", "content": blocks}])  # fmt: skip
     assert m.usage.input_tokens == chat.usage.prompt_tokens
+    # the count routes count the image's rows as the engine places them (no encoder run)
+    counted = anthropic_client(server).messages.count_tokens(model="m", messages=[{"role": "user", "content": blocks}])
+    assert counted.input_tokens == chat.usage.prompt_tokens
+    r = httpx.post(server.url + "/v1/chat/count", json={"messages": messages(data_url(png))}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["prompt_tokens"] == chat.usage.prompt_tokens, r.text
     assert "".join(b.text for b in m.content if b.type == "text") == chat.choices[0].message.content
 
 

@@ -223,7 +223,7 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         assert worker.session is not None
 
         def count(tools: list[dict[str, Any]] | None) -> int:
-            return jobs.prompt_tokens(worker, req.messages, tools, req.variables, req.add_generation_prompt)
+            return jobs.prompt_tokens(worker, req.messages, tools, req.variables, req.add_generation_prompt, req.images)
 
         try:
             with_tools = await asyncio.to_thread(count, req.tools)

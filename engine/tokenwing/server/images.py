@@ -68,9 +68,12 @@ class Vision:
         except BadInputError as e:
             raise BadInputError(f"{src.where}: {e}") from None
 
-    def encoded(self, sources: list[ImageSource], n_ctx: int) -> tuple[list[str], list[tuple[int, int, np.ndarray]]]:
+    def encoded(
+        self, sources: list[ImageSource], n_ctx: int, encode: bool = True
+    ) -> tuple[list[str], list[tuple[int, int, np.ndarray]]]:
         """Each image's key and (nx, ny, embeddings), encoded once per image content (EncodedImages); an image
-        whose rows alone fill the context is refused before it is encoded (no work for a prompt that cannot run)."""
+        whose rows alone fill the context is refused before it is encoded (no work for a prompt that cannot run).
+        Without `encode` (a count of the prompt's tokens) the embeddings are empty rows, no encoder runs."""
         keys, rows = [], []
         enc = self.encoder
         for src in sources:
@@ -82,7 +85,10 @@ class Vision:
                     f"{src.where}: the image is {n} tokens ({rgb.shape[1]}x{rgb.shape[0]} pixels); the context holds "
                     f"{n_ctx}: send it smaller"
                 )
-            rows.append((nx, ny, self.cache.get(rgb, lambda x: enc.encode(enc.preprocess(x)))))
+            if not encode:
+                rows.append((nx, ny, np.empty((n, 0), np.float32)))
+            else:
+                rows.append((nx, ny, self.cache.get(rgb, lambda x: enc.encode(enc.preprocess(x)))))
             keys.append(image_key(rgb))
         return keys, rows
 
@@ -97,10 +103,10 @@ class ImagePrompt:
     """A request's images, encoded, and how a rendered prompt with their markers is tokenized (`encode`, what the
     overflow policy counts with) and placed (`media`)."""
 
-    def __init__(self, vision: Vision, session: Session, sources: list[ImageSource]) -> None:
+    def __init__(self, vision: Vision, session: Session, sources: list[ImageSource], encode: bool = True) -> None:
         self.session = session
         self.encoder = vision.encoder
-        self.keys, self.rows = vision.encoded(sources, session.n_ctx)
+        self.keys, self.rows = vision.encoded(sources, session.n_ctx, encode)
 
     def _split(self, text: str) -> tuple[str, list[int]]:
         order = [int(m) for m in MARKERS.findall(text)]
@@ -122,10 +128,14 @@ class ImagePrompt:
         return self.tokens(text)[0]
 
 
-def request_images(vision: Vision | None, session: Session, sources: list[ImageSource]) -> ImagePrompt | None:
-    """A chat request's images, encoded (None without any); a model served without an encoder refuses them."""
+def request_images(
+    vision: Vision | None, session: Session, sources: list[ImageSource], encode: bool = True
+) -> ImagePrompt | None:
+    """A chat request's images, encoded (None without any); a model served without an encoder refuses them.
+    Without `encode`: only their rows counted (/v1/chat/count, /v1/messages/count_tokens: beside the engine
+    thread, which alone runs the encoder)."""
     if not sources:
         return None
     if vision is None:
         raise no_vision(sources)
-    return ImagePrompt(vision, session, sources)
+    return ImagePrompt(vision, session, sources, encode)

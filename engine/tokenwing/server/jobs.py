@@ -10,6 +10,8 @@ from typing import Any
 
 from starlette.requests import Request
 
+from tokenwing.server.image_parts import ImageSource
+from tokenwing.server.images import request_images
 from tokenwing.server.protocol import GenerationRequest, RequestError
 from tokenwing.server.worker import EngineWorker, Job
 from tokenwing.text.tools.reply import prepare
@@ -85,12 +87,14 @@ def prompt_tokens(
     tools: list[dict[str, Any]] | None,
     variables: dict[str, Any],
     add_generation_prompt: bool = True,
+    images: list[ImageSource] | None = None,
 ) -> int:
     """The tokens of the prompt a chat makes, as the engine would run it (before any overflow policy): the model's
     own template, the tools shown as the worker shows them (/v1/chat/count, /v1/messages/count_tokens). It renders
     and tokenizes: call it beside the engine's thread (asyncio.to_thread). Raises BadInputError for a conversation
-    the template refuses."""
+    the template refuses. `images`: the messages' image parts (their rows counted as the engine places them)."""
     assert worker.chat is not None and worker.syntax is not None and worker.session is not None  # (state ok)
     shown = prepare(worker.syntax, messages, tools)
     text = worker.chat.template.render(shown, add_generation_prompt, tools=tools, **variables)
-    return len(worker.session.tokenizer.encode(text, special=True))
+    counted = request_images(worker.vision, worker.session, images or [], encode=False)
+    return len(counted.encode(text) if counted is not None else worker.session.tokenizer.encode(text, special=True))

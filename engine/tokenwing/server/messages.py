@@ -650,7 +650,9 @@ def routes(
         req = parse(await read_json(request), count=True).req
         tools = req.tools if req.tool_choice != "none" else None  # (none: the model is not shown them)
         try:
-            n = await asyncio.to_thread(jobs.prompt_tokens, worker, req.messages, tools, req.variables)
+            n = await asyncio.to_thread(
+                jobs.prompt_tokens, worker, req.messages, tools, req.variables, True, req.images
+            )
         except BadInputError as e:
             raise RequestError(str(e), "tools" if str(e).startswith("tools:") else "messages") from None
         return JSONResponse({"input_tokens": n})

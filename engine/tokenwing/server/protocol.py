@@ -337,6 +337,7 @@ class TemplateRequest:
     tools: list[dict[str, Any]] | None = None  # None also where tool_choice is none (the model is not shown them)
     add_generation_prompt: bool = True
     variables: dict[str, Any] = field(default_factory=dict)
+    images: list[ImageSource] = field(default_factory=list)  # user messages' image parts (server/image_parts.py)
 
 
 def _json_text(value: Any, where: str, param: str) -> Any:
@@ -526,10 +527,11 @@ def parse_apply_template(body: Any) -> TemplateRequest:
         raise RequestError("'add_generation_prompt' must be a boolean", "add_generation_prompt")
     tools = _tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), tools)[0]
-    images: list[ImageSource] = []  # (not decoded: the prompt shows where each goes, server/image_parts.py)
+    images: list[ImageSource] = []  # (not decoded here: the prompt shows where each goes, the count counts it)
     return TemplateRequest(
         messages=[_template_message(m, i, images) for i, m in enumerate(msgs)],
         tools=tools if choice != "none" else None,
         add_generation_prompt=agp,
         variables=_template_variables(body),
+        images=images,
     )
