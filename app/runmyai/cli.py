@@ -140,7 +140,7 @@ def _model_json(
 ) -> dict[str, Any]:
     # the window's estimate, for the flags the window starts the engine with (library/launch.py)
     preset = catalog.get(m.preset_id) if m.preset_id else None
-    flags = launch_flags(m.path, m, preset, autotune)
+    flags = launch_flags(m.path, m, preset, autotune, engine)
     est = installed_estimate(m, preset, machine, engine, flags)
     return {
         "name": m.name,

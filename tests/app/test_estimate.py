@@ -24,6 +24,7 @@ from runmyai.library.estimate import (
     Footprint,
     calibration_for,
     hit_rate,
+    launch_estimate,
     preset_footprint,
 )
 from runmyai.library.estimate import estimate as estimate_with
@@ -434,3 +435,19 @@ def test_gpu_copy_speeds_from_this_machines_saved_autotune(tmp_path: Path) -> No
     assert probe_machine(tmp_path, autotune_dir=tmp_path).gpu_copy == saved_gpu_copy(tmp_path, here)
     assert saved_gpu_copy(tmp_path, "0123456789ab") is not None and saved_gpu_copy(tmp_path, "ffffffffffff") is None
     assert probe_machine(tmp_path).gpu_copy is None
+
+
+def test_an_image_encoder_started_with_the_model_stays_in_memory_beside_it(tmp_path: Path) -> None:
+    """A vision model started with its mmproj (`--mmproj FILE`, issue 45) holds the encoder's weights as well: the
+    expert cache gets that much less, and the reasoning says why."""
+    encoder = tmp_path / "mmproj-F16.gguf"
+    with open(encoder, "wb") as f:
+        f.truncate(100_000_000)  # (its size is what counts)
+    machine = dataclasses.replace(MACHINE, ram_available=QUARTER + 200_000_000)
+    plain = launch_estimate(PRESET, machine, ENGINE, ["--ctx", "1"], installed=True, calibration=READS_ONLY)
+    seeing = launch_estimate(
+        PRESET, machine, ENGINE, ["--ctx", "1", "--mmproj", str(encoder)], installed=True, calibration=READS_ONLY
+    )
+    assert seeing.cache_bytes == plain.cache_bytes - 100_000_000
+    assert any("the image encoder's 100.0 MB with it" in r for r in seeing.reasons), seeing.reasons
+    assert not any("image encoder" in r for r in plain.reasons)

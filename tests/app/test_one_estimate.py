@@ -69,12 +69,12 @@ def test_window_and_list_agree_on_the_built_in_model(tmp_path: Path, engine: Eng
     assert demo is not None and demo.preset_id == "tokenwing-demo-moe" and demo.facts is not None
     preset = catalog.get("tokenwing-demo-moe")
     autotune = AutotuneRunner(tmp_path / "settings")
-    view = render.View(MACHINE, engine, lambda m, p: launch_flags(m.path, m, p, autotune))
+    view = render.View(MACHINE, engine, lambda m, p: launch_flags(m.path, m, p, autotune, engine))
     window = _window_tokens_per_s(render.local_entry(demo, preset, view).details_html)
     listed = cli._model_json(demo, catalog, MACHINE, engine, autotune)["estimate"]
     assert listed is not None and listed["tokens_per_s"] == pytest.approx(window, abs=0.051)  # (0.1 shown, 0.01 listed)
     # the preset's quarter of the experts in RAM: the estimate streams, as the engine will
-    flags = launch_flags(demo.path, demo, preset, autotune)
+    flags = launch_flags(demo.path, demo, preset, autotune, engine)
     assert flags[:2] == ["--ram-budget", "25%"] and "--ctx" in flags
     assert "Expected cache hit rate" in render.local_entry(demo, preset, view).details_html
 

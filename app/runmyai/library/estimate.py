@@ -33,8 +33,10 @@ else its preset's. Every sentence of the reasoning is written from the numbers i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -212,6 +214,7 @@ class Footprint:
     # data the engine reads a few rows of from the drive instead of loading (qwen4exp's n-gram table: `inspect`'s
     # "lazy"): in the file, neither always loaded nor streamed as experts
     lazy_bytes: int = 0
+    encoder_bytes: int = 0  # a vision model's image encoder started with it (`--mmproj`): resident beside it
 
     @property
     def expert_total_bytes(self) -> int:
@@ -221,8 +224,8 @@ class Footprint:
     @property
     def resident_bytes(self) -> int:
         """Everything else in the file (attention, shared experts, dense layers, embeddings) but what is read
-        sparsely: always loaded."""
-        return max(0, self.size_bytes - self.expert_total_bytes - self.lazy_bytes)
+        sparsely, and the image encoder where one is loaded: always in memory."""
+        return max(0, self.size_bytes - self.expert_total_bytes - self.lazy_bytes) + self.encoder_bytes
 
 
 def preset_footprint(preset: Preset) -> Footprint:
@@ -467,7 +470,8 @@ def estimate(
     resident = fp.resident_bytes
     reasons.append(
         f"The file is {hb(fp.size_bytes)}: {hb(experts_all)} of routed experts streamed from the drive "
-        f"({fp.experts} per layer), {hb(resident)} always loaded."
+        f"({fp.experts} per layer), {hb(resident)} always loaded"
+        + (f" (the image encoder's {hb(fp.encoder_bytes)} with it)." if fp.encoder_bytes else ".")
     )
 
     # ---- memory → cache size → hit rate
@@ -686,6 +690,16 @@ def launch_flags_share(flags: Sequence[str]) -> float | None:
     return share
 
 
+def launch_flags_encoder_bytes(flags: Sequence[str]) -> int:
+    """The image encoder `--mmproj FILE` loads beside the model: its file's size (its weights stay resident: the
+    vision tower is dense); 0 without one."""
+    for i, a in enumerate(flags[:-1]):
+        if a == "--mmproj":
+            with contextlib.suppress(OSError):
+                return os.path.getsize(flags[i + 1])
+    return 0
+
+
 def launch_flags_context(flags: Sequence[str]) -> int | None:
     """The context `--ctx N` asks for (the last one given), None without one."""
     ctx = None
@@ -729,6 +743,9 @@ def launch_estimate(
     context the app gives a model (DEFAULT_CONTEXT, at most the model's own). Every view of an estimate comes
     through here, so the window, `runmyai list` and the quant table agree."""
     fp = preset_footprint(model) if isinstance(model, Preset) else model
+    encoder = launch_flags_encoder_bytes(flags)
+    if encoder:
+        fp = dataclasses.replace(fp, encoder_bytes=encoder)
     context = launch_flags_context(flags)
     if context is None:
         context = min(DEFAULT_CONTEXT, fp.context) if fp.context else DEFAULT_CONTEXT

@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from runmyai.engine.autotune import AutotuneRunner
+from runmyai.engine.info import EngineInfo
 from runmyai.library.local import LocalModel
+from runmyai.library.mmproj import mmproj_flags
 from runmyai.library.presets import Preset
 
 
@@ -19,7 +21,11 @@ def model_context(local: LocalModel | None, preset: Preset | None) -> int | None
     return preset.facts.context if preset is not None else None
 
 
-def launch_flags(path: Path, local: LocalModel | None, preset: Preset | None, autotune: AutotuneRunner) -> list[str]:
+def launch_flags(
+    path: Path, local: LocalModel | None, preset: Preset | None, autotune: AutotuneRunner, engine: EngineInfo
+) -> list[str]:
     """The preset's flags (what was measured for the model, and the built-in model's budget), then autotune's
-    choices and the user's overrides for this file, and the chat context (`--ctx`)."""
-    return [*(preset.flags if preset else ()), *autotune.serve_flags(path, model_context(local, preset))]
+    choices and the user's overrides for this file, and the chat context (`--ctx`); a vision model's image encoder
+    kept beside it (`--mmproj`) where the engine's server reads that model's pictures (library/mmproj.py)."""
+    encoder = mmproj_flags(path, local.arch if local else None, engine)
+    return [*(preset.flags if preset else ()), *autotune.serve_flags(path, model_context(local, preset)), *encoder]

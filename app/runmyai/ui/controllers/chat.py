@@ -263,7 +263,7 @@ class ChatRoom(Room):
         local, preset = lib.local_of(in_use) if in_use is not None else (None, None)
         if local is None or machine is None:
             return  # (a remote endpoint's speed is not this machine's)
-        flags = launch_flags(local.path, local, preset, self.ctx.autotune)
+        flags = launch_flags(local.path, local, preset, self.ctx.autotune, self.ctx.engine_info)
         est = installed_estimate(local, preset, machine, self.ctx.engine_info, flags, calibration=DEFAULT_CALIBRATION)
         if est is None:
             return

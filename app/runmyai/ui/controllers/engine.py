@@ -33,7 +33,6 @@ from runmyai.engine.stats import StatsClient
 from runmyai.engine.supervisor import EngineState, EngineSupervisor
 from runmyai.library.keys import LocalKey
 from runmyai.library.launch import launch_flags, model_context
-from runmyai.library.mmproj import mmproj_flags
 from runmyai.monitor import device_note, plain_device
 from runmyai.ui.controllers.base import Room, Shared
 from runmyai.ui.controllers.library import REMOTE_KEY, LibraryRoom
@@ -126,9 +125,7 @@ class EngineRoom(Room):
             return None
         await self.stop_engine()
         local, preset = self.lib.local_of(path)
-        flags = launch_flags(path, local, preset, self.ctx.autotune)
-        # a vision model's image encoder, kept beside it, where the engine's server reads its pictures
-        flags += mmproj_flags(path, local.arch if local else None, self.ctx.engine_info)
+        flags = launch_flags(path, local, preset, self.ctx.autotune, self.ctx.engine_info)  # (--mmproj with them)
         settings = self.ctx.settings
         if not has_own_context(self.ctx.autotune, path):  # a context chosen for this model (its load dialog) wins
             flags += context_flags(settings.context_length)

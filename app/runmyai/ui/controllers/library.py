@@ -196,7 +196,11 @@ class LibraryRoom(Room):
         return True
 
     def _view(self) -> View:
-        return View(self.ctx.machine, self.ctx.engine_info, lambda m, p: launch_flags(m.path, m, p, self.ctx.autotune))
+        return View(
+            self.ctx.machine,
+            self.ctx.engine_info,
+            lambda m, p: launch_flags(m.path, m, p, self.ctx.autotune, self.ctx.engine_info),
+        )
 
     def entries(self, *, searched: bool = True) -> list[LibraryEntry]:
         """Discover's entries: with `searched`, as its search shows them (the hub's results first, the rest
