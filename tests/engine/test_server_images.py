@@ -7,6 +7,8 @@ cached tokens and the prompt cache on disk never give one image's keys and value
 from __future__ import annotations
 
 import base64
+import functools
+import http.server
 import struct
 import threading
 import zlib
@@ -40,8 +42,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def server(files: tuple[Path, Path]) -> Iterator[Server]:
-    """One slot, so that every request reuses (or must not reuse) the one before's cached tokens."""
-    s = Server(files[0], "--mmproj", str(files[1]), "--kv-type", "f32", "--parallel", "1")
+    """One slot, so that every request reuses (or must not reuse) the one before's cached tokens; remote images
+    fetched (the other servers here refuse them)."""
+    s = Server(files[0], "--mmproj", str(files[1]), "--kv-type", "f32", "--parallel", "1", "--allow-image-urls")
     yield s
     s.stop()
 
@@ -177,6 +180,8 @@ def test_at_a_quarter_and_from_the_disk_cache(files: tuple[Path, Path], server: 
                    "--prompt-cache-dir", str(cache))  # fmt: skip
     try:
         resident_c, _ = first_logprobs(first, msgs_c)
+        # (this server fetches no remote image: a 400 naming the flag that would)
+        assert "--allow-image-urls" in bad(first, messages("https://example.com/cat.png"))
     finally:
         first.stop()  # (its snapshot written: the stop waits for it)
     quarter = Server(files[0], "--mmproj", str(files[1]), "--kv-type", "f32", "--parallel", "1",
@@ -283,7 +288,6 @@ def header_only(width: int, height: int) -> bytes:
 
 def test_bad_images_are_400s_naming_why(server: Server, tmp_path: Path) -> None:
     ok = png_bytes(image(48, 64, seed=1), tmp_path / "ok.png")
-    assert "--allow-image-urls" in bad(server, messages("https://example.com/cat.png"))
     assert "not a PNG" in bad(server, messages(data_url(b"\xff\xd8\xff\xe0 a JPEG")))
     assert "base64" in bad(server, messages("data:image/png;base64,%%%"))
     assert "truncated" in bad(server, messages(data_url(ok[: len(ok) // 2])))
@@ -310,6 +314,26 @@ def _with_data(width: int, height: int, raw: bytes) -> bytes:
 
     head = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
     return b"\x89PNG\r\n\x1a\n" + head + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def test_a_remote_image_is_fetched_with_the_flag(server: Server, tmp_path: Path) -> None:
+    """`serve --allow-image-urls`: an http URL's PNG (a local HTTP server's) is the same image as its data: URL;
+    one past 8 MiB and a missing one are 400s naming why."""
+    write_png(tmp_path / "a.png", image(48, 64, seed=12))
+    (tmp_path / "big.png").write_bytes((tmp_path / "a.png").read_bytes() + b"\0" * (8 << 20))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        fetched, _ = first_logprobs(server, messages(base + "/a.png"))
+        sent, _ = first_logprobs(server, messages(data_url((tmp_path / "a.png").read_bytes())))
+        assert fetched == sent
+        assert "larger than 8 MiB" in bad(server, messages(base + "/big.png"))
+        assert "cannot fetch the image" in bad(server, messages(base + "/missing.png"))
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 def test_apply_template_shows_where_the_image_goes(server: Server, tmp_path: Path) -> None:
