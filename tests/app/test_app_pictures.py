@@ -21,6 +21,7 @@ from runmyai.ui.controller import AppController
 from runmyai.ui.main_window import MainWindow
 from runmyai.ui.picture_shots import drop
 from tests.app.hubserver import HubServer
+from tests.app.test_app_scenario import until
 from tests.conftest import run_cli
 from tests.qtloop import run_qt
 
@@ -62,6 +63,8 @@ def test_a_picture_dropped_into_a_chat_with_a_vision_model(
         assert model is not None and model.arch == "qwen3vlmoe"
         encoder = model.path.parent / MMPROJ
         assert encoder.is_file()  # downloaded with the quant, kept beside it
+        key, said = f"local:{model.path}", f"Pictures: yes — its image encoder {MMPROJ} is beside it"
+        await until(lambda: any(e.key == key and said in e.details_html for e in c.models.entries()), 30, "My models")
         await c.engine.use_model(f"local:{model.path}")
         sup = c.engine.supervisor
         assert sup is not None and sup.flags[sup.flags.index("--mmproj") + 1] == str(encoder)

@@ -14,6 +14,7 @@ from runmyai.library.estimate import Estimate, installed_estimate, launch_estima
 from runmyai.library.hub import HubModel
 from runmyai.library.keys import HubKey, LocalKey, PresetKey
 from runmyai.library.local import LocalModel, repacked_name
+from runmyai.library.mmproj import mmproj_beside
 from runmyai.library.presets import Preset
 from runmyai.machine import MachineInfo
 from runmyai.ui.viewmodels import badge
@@ -69,6 +70,13 @@ def local_entry(m: LocalModel, preset: Preset | None, view: View) -> LibraryEntr
         lines.append(f"<p style='color:#b52b27'>{html.escape(m.error)}</p>")
     elif not runs:
         lines.append(f"<p><b>{_unsupported(m.arch or '?', view.engine)}</b></p>")
+    encoder = mmproj_beside(m.path)
+    if encoder is not None and runs and m.error is None:  # (issue 45: the chat offers pictures by the engine's word)
+        reads = m.arch in view.engine.image_architectures
+        lines.append(
+            f"<p>Pictures: {'yes' if reads else 'not with this engine'} — its image encoder "
+            f"{html.escape(encoder.name)} is beside it.</p>"
+        )
     if preset is not None:
         lines.append(preset_html(preset, view))
     est = None
