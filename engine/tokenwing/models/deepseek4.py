@@ -41,7 +41,7 @@ from tokenwing.compute.ggml_lib import F16, F32, I32, ROPE_NORM, Tensor, ops, to
 from tokenwing.errors import BadInputError, UnsupportedError
 from tokenwing.format.gguf_io import KV, ValueType
 from tokenwing.models import common, specs
-from tokenwing.models.base import MoEModel, TensorCheck
+from tokenwing.models.base import MoEModel
 from tokenwing.models.factory import Factory, common_kv, yarn_kv
 from tokenwing.models.hparams import HParams
 from tokenwing.models.keys import Key, read_keys, write_keys
@@ -143,78 +143,12 @@ def dsv4_compress_ratios(s: ModelShape) -> tuple[int, ...]:
     return tuple(0 if i < lead else (4, 128)[(i - lead) % 2] for i in range(s.n_layer))
 
 
-def _attention_tensors(s: ModelShape, i: int, ratio: int) -> list[TensorSpec]:
-    """DeepSeek V4's attention (llama.cpp's names): a low-rank query, one shared key/value head, per-head sinks, an
-    output projection in o_group_count groups of rank o_lora_rank (attn_output_a as converted: 2-D, llama.cpp
-    makes it 3-D); a compressing layer adds its compressor (the CSA layers' (ratio 4) state is twice as wide: two
-    overlapping windows) and a CSA layer the lightning indexer with its own compressor."""
-    e, hd, q_rank = s.n_embd, s.head_dim, s.q_lora_rank
-    out = [
-        TensorSpec(f"blk.{i}.attn_norm.weight", (e,), "norm"),
-        TensorSpec(f"blk.{i}.attn_sinks.weight", (s.n_head,), "vector"),
-        TensorSpec(f"blk.{i}.attn_q_a.weight", (e, q_rank), "matrix"),
-        TensorSpec(f"blk.{i}.attn_q_a_norm.weight", (q_rank,), "norm"),
-        TensorSpec(f"blk.{i}.attn_q_b.weight", (q_rank, s.n_head * hd), "matrix"),
-        TensorSpec(f"blk.{i}.attn_kv.weight", (e, hd), "matrix"),
-        TensorSpec(f"blk.{i}.attn_kv_a_norm.weight", (hd,), "norm"),
-        TensorSpec(
-            f"blk.{i}.attn_output_a.weight",
-            (s.n_head * hd // s.o_group_count, s.o_lora_rank * s.o_group_count),
-            "matrix",
-        ),
-        TensorSpec(f"blk.{i}.attn_output_b.weight", (s.o_group_count * s.o_lora_rank, e), "matrix"),
-    ]
-    if ratio:
-        width = (2 if ratio == 4 else 1) * hd
-        out += [
-            TensorSpec(f"blk.{i}.attn_compressor_kv.weight", (e, width), "matrix"),
-            TensorSpec(f"blk.{i}.attn_compressor_gate.weight", (e, width), "matrix"),
-            TensorSpec(f"blk.{i}.attn_compressor_ape.weight", (width, ratio), "vector"),
-            TensorSpec(f"blk.{i}.attn_compressor_norm.weight", (hd,), "norm"),
-        ]
-    if ratio == 4:
-        idx = s.indexer_head_size
-        out += [
-            TensorSpec(f"blk.{i}.indexer.proj.weight", (e, s.indexer_n_head), "matrix"),
-            TensorSpec(f"blk.{i}.indexer.attn_q_b.weight", (q_rank, s.indexer_n_head * idx), "matrix"),
-            TensorSpec(f"blk.{i}.indexer_compressor_kv.weight", (e, 2 * idx), "matrix"),
-            TensorSpec(f"blk.{i}.indexer_compressor_gate.weight", (e, 2 * idx), "matrix"),
-            TensorSpec(f"blk.{i}.indexer_compressor_ape.weight", (2 * idx, ratio), "vector"),
-            TensorSpec(f"blk.{i}.indexer_compressor_norm.weight", (idx,), "norm"),
-        ]
-    return out
-
-
-def _hyper_connections(s: ModelShape, prefix: str, n_mix: int, n_scale: int) -> list[TensorSpec]:
+def _hyper_connections(hp: HParams, prefix: str, n_mix: int, n_scale: int) -> list[TensorSpec]:
     return [
-        TensorSpec(f"{prefix}_fn.weight", (s.hc_mult * s.n_embd, n_mix), "mixer"),
+        TensorSpec(f"{prefix}_fn.weight", (keys(hp).hc_mult * hp.n_embd, n_mix), "mixer"),
         TensorSpec(f"{prefix}_base.weight", (n_mix,), "vector"),
         TensorSpec(f"{prefix}_scale.weight", (n_scale,), "vector"),
     ]
-
-
-def _tensors(s: ModelShape, hp: HParams, parts: Parts) -> list[TensorSpec]:
-    """DeepSeek V4: hc_mult residual streams mixed around each attention and FFN (per sublayer: a pre weight per
-    stream, a post weight per stream and a stream-to-stream matrix, (2 + hc) * hc mixes), compressed sparse
-    attention, a sqrt-softplus router with a selection bias (the hash layers: a token-id table instead), routed
-    plus shared experts; the streams are merged for the head by their own mixes. No MTP block: the converter
-    writes it to a file of its own."""
-    first, last = specs.head(hp)
-    unbiased = dataclasses.replace(parts, exp_bias=False)
-    hc = s.hc_mult
-    layers: list[TensorSpec] = []
-    for i, ratio in enumerate(dsv4_compress_ratios(s)):
-        layers += _attention_tensors(s, i, ratio)
-        layers += _hyper_connections(s, f"blk.{i}.hc_attn", (2 + hc) * hc, 3)
-        layers += _hyper_connections(s, f"blk.{i}.hc_ffn", (2 + hc) * hc, 3)
-        layers += specs.routed(hp, i, unbiased)
-        if i < s.hash_layer_count:
-            ids = TensorSpec(f"blk.{i}.ffn_gate_tid2eid.weight", (s.n_expert_used, s.vocab_size), "expert_ids")
-            layers.append(dataclasses.replace(ids, id_range=s.n_expert))
-        else:
-            layers.append(TensorSpec(f"blk.{i}.exp_probs_b.bias", (s.n_expert,), "vector"))
-        layers += specs.shared(hp, i, s.n_ff_exp * s.n_shared_exp, gated=False)
-    return first + layers + last + _hyper_connections(s, "output_hc", hc, 1)
 
 
 def _kv(s: ModelShape) -> dict[str, KV]:
@@ -285,7 +219,6 @@ class DeepSeek4(MoEModel):
         "hash-routed first layers, sqrt-softplus router, clamped SwiGLU",
         _kv,
         _check,
-        _tensors,
         takes=frozenset(
             {"q_lora_rank", "n_rot", "v_head_dim", "hc_mult", "hc_sinkhorn_iters", "hc_eps", "compress_ratios"}
             | {"compress_rope_base", "o_group_count", "o_lora_rank", "hash_layer_count"}
@@ -294,6 +227,7 @@ class DeepSeek4(MoEModel):
     )
     rope_mode = ROPE_NORM
     shared_experts = "required"
+    shared_as_experts = True  # (expert_shared_count routed experts wide)
     graph_nodes = 400  # (measured: ~160-250 a layer, a CSA layer's compressors and indexer the most)
     routing_keys = True
     selection_bias = None
@@ -344,54 +278,75 @@ class DeepSeek4(MoEModel):
             raise BadInputError(f"{where}: a CSA layer needs the indexer's head count, key length and top-k")
         if any(il not in streamed for il in range(hp.n_layer)):
             raise BadInputError(f"{where}: every deepseek4 layer has routed experts")
-        super().check(hp, shapes, streamed, where)
-        c = TensorCheck(hp, shapes, where)
-        e, hc, mix = hp.n_embd, k.hc_mult, (2 + k.hc_mult) * k.hc_mult
-        c.need("output.weight", (e, hp.vocab_size))
-        c.need("output_hc_fn.weight", (hc * e, hc))
-        c.need("output_hc_base.weight", (hc,))
-        c.need("output_hc_scale.weight", (1,))
-        for il in range(hp.n_layer):
-            p = f"blk.{il}."
-            for sub in ("attn", "ffn"):
-                c.need(f"{p}hc_{sub}_fn.weight", (hc * e, mix))
-                c.need(f"{p}hc_{sub}_base.weight", (mix,))
-                c.need(f"{p}hc_{sub}_scale.weight", (3,))
-            if il < k.hash_layer_count:
-                c.need(p + "ffn_gate_tid2eid.weight", (hp.n_expert_used, hp.vocab_size))
-            else:
-                c.need(p + "exp_probs_b.bias", (hp.n_expert,))
+        super().check(hp, shapes, streamed, where)  # (`tensors`: the whole list)
 
     @classmethod
-    def check_attention(cls, c: TensorCheck, il: int) -> None:
-        hp, p = c.hp, f"blk.{il}."
+    def tensors(cls, hp: HParams, parts: Parts) -> list[TensorSpec]:
+        """DeepSeek V4: hc_mult residual streams mixed around each attention and FFN (per sublayer: a pre weight per
+        stream, a post weight per stream and a stream-to-stream matrix, (2 + hc) * hc mixes), compressed sparse
+        attention, a sqrt-softplus router with a selection bias (the hash layers: a token-id table instead), routed
+        plus shared experts; the streams are merged for the head by their own mixes, its output never tied. No MTP
+        block: the converter writes it to a file of its own."""
         k = keys(hp)
+        first, (norm, output) = specs.head(hp)
+        hc, mix = k.hc_mult, (2 + k.hc_mult) * k.hc_mult
+        unbiased = dataclasses.replace(parts, exp_bias=False)
+        layers: list[TensorSpec] = []
+        for il in range(hp.n_layer):
+            p = f"blk.{il}."
+            layers += cls.attention_tensors(hp, il, parts)
+            layers += _hyper_connections(hp, p + "hc_attn", mix, 3)
+            layers += _hyper_connections(hp, p + "hc_ffn", mix, 3)
+            layers += specs.routed(hp, il, unbiased)
+            if il < k.hash_layer_count:
+                ids = TensorSpec(p + "ffn_gate_tid2eid.weight", (hp.n_expert_used, hp.vocab_size), "expert_ids")
+                layers.append(dataclasses.replace(ids, id_range=hp.n_expert))
+            else:
+                layers.append(TensorSpec(p + "exp_probs_b.bias", (hp.n_expert,), "vector"))
+            layers += specs.shared(hp, il, parts.ff_shexp, gated=False)
+        last = [norm, dataclasses.replace(output, optional=False)]
+        return first + layers + last + _hyper_connections(hp, "output_hc", hc, 1)
+
+    @classmethod
+    def attention_tensors(cls, hp: HParams, il: int, parts: Parts) -> list[TensorSpec]:
+        """DeepSeek V4's attention (llama.cpp's names): a low-rank query, one shared key/value head, per-head sinks,
+        an output projection in o_group_count groups of rank o_lora_rank (attn_output_a as converted: 2-D, llama.cpp
+        makes it 3-D); a compressing layer adds its compressor (the CSA layers' (ratio 4) state is twice as wide: two
+        overlapping windows) and a CSA layer the lightning indexer with its own compressor."""
+        k, p = keys(hp), f"blk.{il}."
         e, d, q, h = hp.n_embd, hp.head_dim, hp.q_lora_rank, hp.n_head
         g, o = k.o_group_count, k.o_lora_rank
-        c.need(p + "attn_norm.weight", (e,))
-        c.need(p + "attn_sinks.weight", (h,))
-        c.need(p + "attn_q_a.weight", (e, q))
-        c.need(p + "attn_q_a_norm.weight", (q,))
-        c.need(p + "attn_q_b.weight", (q, h * d))
-        c.need(p + "attn_kv.weight", (e, d))
-        c.need(p + "attn_kv_a_norm.weight", (d,))
-        c.need(p + "attn_output_a.weight", (h * d // g, o * g))
-        c.need(p + "attn_output_b.weight", (g * o, e))
+        out = [
+            TensorSpec(p + "attn_norm.weight", (e,), "norm"),
+            TensorSpec(p + "attn_sinks.weight", (h,), "vector"),
+            TensorSpec(p + "attn_q_a.weight", (e, q), "matrix"),
+            TensorSpec(p + "attn_q_a_norm.weight", (q,), "norm"),
+            TensorSpec(p + "attn_q_b.weight", (q, h * d), "matrix"),
+            TensorSpec(p + "attn_kv.weight", (e, d), "matrix"),
+            TensorSpec(p + "attn_kv_a_norm.weight", (d,), "norm"),
+            TensorSpec(p + "attn_output_a.weight", (h * d // g, o * g), "matrix"),
+            TensorSpec(p + "attn_output_b.weight", (g * o, e), "matrix"),
+        ]
         ratio = k.compress_ratios[il]
         if ratio:
             width = (2 if ratio == CSA else 1) * d
-            c.need(p + "attn_compressor_kv.weight", (e, width))
-            c.need(p + "attn_compressor_gate.weight", (e, width))
-            c.need(p + "attn_compressor_ape.weight", (width, ratio))
-            c.need(p + "attn_compressor_norm.weight", (d,))
+            out += [
+                TensorSpec(p + "attn_compressor_kv.weight", (e, width), "matrix"),
+                TensorSpec(p + "attn_compressor_gate.weight", (e, width), "matrix"),
+                TensorSpec(p + "attn_compressor_ape.weight", (width, ratio), "vector"),
+                TensorSpec(p + "attn_compressor_norm.weight", (d,), "norm"),
+            ]
         if ratio == CSA:
             di, ih = k.indexer_head_size, k.indexer_n_head
-            c.need(p + "indexer.proj.weight", (e, ih))
-            c.need(p + "indexer.attn_q_b.weight", (q, ih * di))
-            c.need(p + "indexer_compressor_kv.weight", (e, 2 * di))
-            c.need(p + "indexer_compressor_gate.weight", (e, 2 * di))
-            c.need(p + "indexer_compressor_ape.weight", (2 * di, ratio))
-            c.need(p + "indexer_compressor_norm.weight", (di,))
+            out += [
+                TensorSpec(p + "indexer.proj.weight", (e, ih), "matrix"),
+                TensorSpec(p + "indexer.attn_q_b.weight", (q, ih * di), "matrix"),
+                TensorSpec(p + "indexer_compressor_kv.weight", (e, 2 * di), "matrix"),
+                TensorSpec(p + "indexer_compressor_gate.weight", (e, 2 * di), "matrix"),
+                TensorSpec(p + "indexer_compressor_ape.weight", (2 * di, ratio), "vector"),
+                TensorSpec(p + "indexer_compressor_norm.weight", (di,), "norm"),
+            ]
+        return out
 
     @classmethod
     def make_router(cls, hp: HParams, has_bias: bool = True) -> common.Router:
