@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tokenwing.format import layout as L
 from tokenwing.models import FAMILIES
-from tokenwing.testmodel.architectures import architecture
+from tokenwing.testmodel.architectures import architecture, tensor_specs
 from tokenwing.testmodel.shapes import preset_shape
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,3 +51,20 @@ def test_the_rule_reads_the_modules_it_should() -> None:
     assert "tokenwing.models.qwen3next" in FAMILY_MODULES and len(FAMILY_MODULES) >= 15
     assert all((REPO / "engine" / "tokenwing" / "testmodel" / n).is_file() for n in GENERIC)
     assert inspect.getsourcefile(FAMILIES["llama4"].factory.metadata) == inspect.getsourcefile(FAMILIES["llama4"])
+
+
+# every family's default model, and its fused gate_up form where it has one (its entry takes the field)
+LAYOUTS = [(a, False) for a in sorted(FAMILIES)]
+LAYOUTS += [(a, True) for a in sorted(FAMILIES) if "fused_gate_up" in FAMILIES[a].factory.takes]
+
+
+@pytest.mark.parametrize(("arch", "fused"), LAYOUTS)
+def test_the_layout_streams_the_tensors_the_family_lists_as_experts(arch: str, fused: bool) -> None:
+    """format/layout.py sits below models/ (it cannot read a family's list): it finds routed experts by llama.cpp's
+    names, for the other MoE architectures too. For every family it must pick exactly what the list marks
+    "expert" (streamed), no router, shared expert or latent projection among them."""
+    listed = tensor_specs(preset_shape("tiny", arch).with_(fused_gate_up=fused))
+    experts = {t.name for t in listed if t.role == "expert"}
+    picked = {t.name for t in listed if L._EXPERT_RE.match(t.name) or L._MERGED_RE.match(t.name)}
+    assert experts and picked == experts
+    assert not fused or any("gate_up_exps" in name for name in experts)
