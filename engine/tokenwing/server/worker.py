@@ -451,7 +451,6 @@ class EngineWorker:
         constraint = Constraint(s.tokenizer, grammar) if grammar is not None else None
         slot = self._pick_slot(prompt)
         s.use(slot)
-        s.media = media  # (kept with the slot's history: its cached image rows are this prompt's, row_ids)
         # the HTTP status can be sent: nothing below is the request's fault
         # (its prompt's tokens: Anthropic's stream says them in its first event, before the reply)
         job.emit(
@@ -461,7 +460,7 @@ class EngineWorker:
         def start(restored: Restored | None) -> Reply:
             """The rest of the admission, once the slot is ready: now, or when its restore is over."""
             s.use(slot)  # (other slots may have stepped meanwhile)
-            s.media = media
+            s.media = media  # (kept with the slot's history: its cached image rows are this prompt's, row_ids)
             if self.options.prompt_cache:
                 cached = s.reuse_prefix(prompt)  # a chat's next turn: only the new tokens are computed
             else:
