@@ -5,6 +5,8 @@ refused before it changes anything."""
 
 from __future__ import annotations
 
+import json
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -148,5 +150,35 @@ def test_snapshot_of_another_model_build_or_template_is_refused(
         ]:
             with pytest.raises(snapshot.SnapshotError, match=why):
                 snapshot.read(str(path), wrong)
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("piece", [16 << 20, 8192], ids=["one-piece", "many-pieces"])
+def test_read_through_the_streaming_core(
+    saved: tuple[str, Path, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, piece: int
+) -> None:
+    """The server's read (snapshot.core_reads: the session's streaming core) gives what the threads' read gives;
+    the payload starts 4 KiB-aligned (the header's padding), a file without the padding reads the same, and a
+    flipped byte in any piece (each section's CRC runs on across pieces) or the unaligned tail is refused."""
+    model, path, data = saved
+    monkeypatch.setattr(snapshot, "PIECE", piece)
+    n = int.from_bytes(data[8:12], "little")
+    assert (16 + n) % snapshot.ALIGN == 0 and data[16 + n - 1 : 16 + n] == b" "
+    header = snapshot.read_header(open(path, "rb"))  # noqa: SIM115 (read once)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    unpadded = tmp_path / f"old{snapshot.SUFFIX}"
+    unpadded.write_bytes(snapshot._HEAD.pack(snapshot.MAGIC, len(text), zlib.crc32(text)) + text + data[16 + n :])
+    s = _session(model, None)
+    try:
+        tags, reads = _tags(s, model), snapshot.core_reads(s.scheduler.streamer.core)
+        want = snapshot.read(str(path), tags).payload
+        for p in (path, unpadded):
+            assert np.array_equal(snapshot.read(str(p), tags, reads).payload, want)
+        for at in (16 + n + 5, 16 + n + len(want) // 2, len(data) - 1):
+            b = bytearray(data)
+            b[at] ^= 0x08
+            with pytest.raises(snapshot.SnapshotError, match="checksum"):
+                snapshot.read(_damaged(tmp_path, bytes(b)), tags, reads)
     finally:
         s.close()
