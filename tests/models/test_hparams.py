@@ -107,6 +107,7 @@ def test_kimi_k3_keys_and_the_ones_it_cannot_run_without() -> None:
     """Kimi K3's own keys (the latent width, the residual's block size, SiTU's betas, a KDA bound only where set);
     a file without the keys llama.cpp requires, or with a SiTU beta it would divide by zero, is refused in one line
     before any tensor is looked at; the experts must have the latent width."""
+    from tokenwing.models import kimi_k3
     from tokenwing.models.base import TensorCheck
     from tokenwing.models.kimi_k3 import KimiK3
 
@@ -115,7 +116,8 @@ def test_kimi_k3_keys_and_the_ones_it_cannot_run_without() -> None:
     keys = {"expert_latent_length": 2048, "attn_res.block_size": 2, "activation.situ_beta": 2.0}
     meta.update({f"kimi-k3.{k}": v for k, v in {**keys, "activation.situ_linear_beta": 0.0}.items()})
     hp = read_hparams(meta, "kimi-k3", "m", KimiK3.recurrence)
-    assert (hp.n_expert_latent, hp.attn_res_block, hp.situ_beta, hp.situ_linear_beta) == (2048, 2, 2.0, 0.0)
+    k = kimi_k3.keys(hp)  # (its own keys table, models/kimi_k3.py KEYS, which the factory writes)
+    assert (k.n_expert_latent, k.attn_res_block, k.situ_beta, k.situ_linear_beta) == (2048, 2, 2.0, 0.0)
     assert hp.recurrent == (True, True, True, False) and hp.kda_gate_lower_bound == -np.inf
     assert KimiK3.state_width(hp) == 3 * 4096 and KimiK3.expert_width(hp, 1) == 2048
     for key in ("attn_res.block_size", "activation.situ_beta", "activation.situ_linear_beta"):

@@ -63,13 +63,6 @@ class HParams:
     rope_sections: tuple[int, ...] = ()  # rope.dimension_sections: multi-axis RoPE (qwen35moe's IMRoPE)
     swiglu_limit_exp: tuple[float, ...] = ()  # swiglu_clamp_exp: per layer, the routed experts' SwiGLU limit
     swiglu_limit_shexp: tuple[float, ...] = ()  # swiglu_clamp_shexp: the shared expert's (and a dense FFN's)
-    # Kimi K3: routed experts in a latent space of this width (expert_latent_length; 0: n_embd), the cross-layer
-    # residual's block size (attn_res.block_size; 0: none) and SiTU's betas (activation.situ_*): None where the
-    # file has no such key (llama.cpp requires the last three of a kimi-k3 file)
-    n_expert_latent: int = 0
-    attn_res_block: int | None = None
-    situ_beta: float | None = None
-    situ_linear_beta: float | None = None
     # qwen4exp: QSA's budget of cells a query keeps (attention.indexer.top_k) and each layer's block of cells
     # (attention.compress_ratios: 0 on linear layers); attention is dense while a query sees at most
     # budget + block - 1 cells (docs/families/qwen4exp.md 2.5)
@@ -168,12 +161,6 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str, recurrence: str = 
         ),
         swiglu_limit_shexp=_floats(
             meta.get(f"{arch}.swiglu_clamp_shexp", []), n_layer, f"{where}: {arch}.swiglu_clamp_shexp"
-        ),
-        n_expert_latent=get("expert_latent_length", 0),
-        attn_res_block=get("attn_res.block_size", 0) if f"{arch}.attn_res.block_size" in meta else None,
-        situ_beta=get("activation.situ_beta", kind=float) if f"{arch}.activation.situ_beta" in meta else None,
-        situ_linear_beta=(
-            get("activation.situ_linear_beta", kind=float) if f"{arch}.activation.situ_linear_beta" in meta else None
         ),
         indexer_n_head=get("attention.indexer.head_count", 0),
         indexer_head_size=get("attention.indexer.key_length", 0),

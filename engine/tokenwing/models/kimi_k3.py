@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,11 +38,38 @@ from tokenwing.models.bailingmoe3 import BailingMoE3, kda_tensors, ling_full_att
 from tokenwing.models.deepseek2 import check_mla
 from tokenwing.models.factory import MLA_FIELDS, Factory, common_kv, mla_kv, sigmoid_routed_kv
 from tokenwing.models.hparams import HParams
+from tokenwing.models.keys import Key, read_keys, write_keys
 from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
 
 if TYPE_CHECKING:  # (the factory's geometry: types only)
     from tokenwing.testmodel.shapes import ModelShape
+
+
+@dataclass(frozen=True)
+class K3Keys:
+    """Kimi K3's own keys: routed experts in a latent space of this width (0: n_embd), the cross-layer residual's
+    block size (0: none) and SiTU's betas."""
+
+    n_expert_latent: int
+    attn_res_block: int
+    situ_beta: float
+    situ_linear_beta: float
+
+
+# K3Keys' fields and their keys (models/keys.py): read here, written by the factory; llama.cpp requires the last
+# three of a kimi-k3 file, and takes one without a latent width (its experts then at the hidden width)
+KEYS: dict[str, Key] = {
+    "n_expert_latent": Key("expert_latent_length", "u32", 0),
+    "attn_res_block": Key("attn_res.block_size", "u32"),
+    "situ_beta": Key("activation.situ_beta", "f32"),
+    "situ_linear_beta": Key("activation.situ_linear_beta", "f32"),
+}
+
+
+def keys(hp: HParams, where: str = "the model") -> K3Keys:
+    """The family's keys from the file's (`KEYS`), checked: one line naming the key otherwise."""
+    return K3Keys(**read_keys(KEYS, hp, where))
 
 
 def _kda(hp: HParams, il: int) -> list[TensorSpec]:
@@ -74,12 +102,9 @@ def _kv(s: ModelShape) -> dict[str, KV]:
     kv[f"{a}.kda.head_dim"] = KV.u32(s.ssm_d_state)
     if math.isfinite(s.kda_gate_lower_bound):
         kv[f"{a}.kda.gate_lower_bound"] = KV.f32(s.kda_gate_lower_bound)
-    if s.n_expert_latent:
-        kv[f"{a}.expert_latent_length"] = KV.u32(s.n_expert_latent)
-    kv[f"{a}.attn_res.block_size"] = KV.u32(s.attn_res_block)
-    kv[f"{a}.activation.situ_beta"] = KV.f32(s.situ_beta)
-    kv[f"{a}.activation.situ_linear_beta"] = KV.f32(s.situ_linear_beta)
-    return kv
+    # the family's own keys (KEYS), from the shape's fields of the same names; no latent width where it has none
+    own = {field: key for field, key in KEYS.items() if field != "n_expert_latent" or s.n_expert_latent}
+    return kv | write_keys(own, a, {field: getattr(s, field) for field in own})
 
 
 def _check(s: ModelShape) -> None:
@@ -111,22 +136,22 @@ class KimiK3(BailingMoE3):
 
     def __init__(self, hp: HParams, weights: ModelWeights, streamed: list[int]) -> None:
         super().__init__(hp, weights, streamed)
-        self.block = hp.attn_res_block or 0
+        k = keys(hp)
+        self.block = k.attn_res_block
         self.slots = self.state_width(hp) // hp.n_embd  # the running sum, then the checkpoints
-        assert hp.situ_beta is not None and hp.situ_linear_beta is not None  # (`check` refused files without them)
-        self.situ = (hp.situ_beta, hp.situ_linear_beta)
+        self.situ = (k.situ_beta, k.situ_linear_beta)
 
     # -------------------------------------------------------------------------------------------- checks
     @classmethod
     def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
         if hp.gating == 0:
             raise BadInputError(f"{where}: {cls.arch}.expert_gating_func is missing from the metadata")
-        if hp.attn_res_block is None or hp.situ_beta is None or hp.situ_linear_beta is None:
+        if any(key.default is None and key.name not in hp.keys for key in KEYS.values()):
             raise BadInputError(
                 f"{where}: {cls.arch}.attn_res.block_size, activation.situ_beta and activation.situ_linear_beta "
                 "are required (llama.cpp stops without them too)"
             )
-        if hp.situ_beta <= 0:
+        if keys(hp, where).situ_beta <= 0:
             raise BadInputError(f"{where}: {cls.arch}.activation.situ_beta must be positive (SiTU divides by it)")
         if any(hp.recurrent) and (hp.kda_head_dim < 1 or hp.ssm_d_conv < 2):
             raise BadInputError(f"{where}: KDA layers need kda.head_dim and ssm.conv_kernel (at least 2)")
@@ -139,12 +164,13 @@ class KimiK3(BailingMoE3):
         router and selection bias on the full width, a shared expert, an output head of its own (never tied)."""
         first, (norm, output) = specs.head(hp)
         last = [norm, dataclasses.replace(output, optional=False)]
+        k = keys(hp)
         e, latent, ff, n = hp.n_embd, cls.expert_width(hp, 0), parts.ff_exp, hp.n_expert
         layers: list[TensorSpec] = []
         for il in range(hp.n_layer):
             p = f"blk.{il}."
             layers += cls.attention_tensors(hp, il, parts)
-            if hp.attn_res_block:
+            if k.attn_res_block:
                 layers += [
                     TensorSpec(p + "attn_res_score.weight", (e,), "vector"),
                     TensorSpec(p + "ffn_res_score.weight", (e,), "vector"),
@@ -160,7 +186,7 @@ class KimiK3(BailingMoE3):
                 TensorSpec(p + "ffn_up_exps.weight", (latent, ff, n), "expert"),
                 TensorSpec(p + "ffn_down_exps.weight", (ff, latent, n), "expert"),
             ]
-            if hp.n_expert_latent:
+            if k.n_expert_latent:
                 layers += [
                     TensorSpec(p + "ffn_routed_down.weight", (e, latent), "matrix"),
                     TensorSpec(p + "ffn_routed_norm.weight", (latent,), "norm", optional=True),
@@ -168,7 +194,7 @@ class KimiK3(BailingMoE3):
                 ]
             if parts.ff_shexp:
                 layers += specs.shared(hp, il, parts.ff_shexp, gated=False)
-        if hp.attn_res_block:
+        if k.attn_res_block:
             last.append(TensorSpec("output_res_score.weight", (e,), "vector"))
         return first + layers + last
 
@@ -187,12 +213,12 @@ class KimiK3(BailingMoE3):
     @classmethod
     def state_width(cls, hp: HParams) -> int:
         """The running sum and every checkpoint the layers bank (one per attn_res.block_size layers)."""
-        block = hp.attn_res_block or 0
+        block = keys(hp).attn_res_block
         return hp.n_embd * (1 + (-(-hp.n_layer // block) if block else 0))
 
     @classmethod
     def expert_width(cls, hp: HParams, il: int) -> int:
-        return hp.n_expert_latent or hp.n_embd
+        return keys(hp).n_expert_latent or hp.n_embd
 
     def embed(self, ctx: Any, ids: Tensor) -> Tensor:
         x = super().embed(ctx, ids)
