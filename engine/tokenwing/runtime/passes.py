@@ -430,9 +430,13 @@ class Passes(SequenceState):
         if self.media is None:
             return out
         out = self.media.whole(out, pos0)  # (an image whose rows attend both ways: in one chunk)
+        # What a layer's graph of m tokens needs, as the memory plan counts it: without the logits (a layer's graph
+        # has none) and the plan's room to spare (graph_bytes of nothing)
+        hp = dataclasses.replace(self.hp, vocab_size=0)
+        fixed = graph_bytes(hp, 0, 0)
         for c in out:
             m, n_kv = c.stop - c.start, common.decode_window(pos0 + c.stop - 1, self.n_ctx)
-            if m > b and graph_bytes(self.hp, m, n_kv) > self.graph.mem_bytes:
+            if m > b and graph_bytes(hp, m, n_kv) - fixed > self.graph.mem_bytes:
                 raise BadInputError(
                     f"an image's rows attend to one another, so its {m}-token chunk at position {pos0 + c.start} "
                     f"runs at once, which this session's graph memory ({self.graph.mem_bytes >> 20} MiB) cannot hold: "
