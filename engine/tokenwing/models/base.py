@@ -136,6 +136,8 @@ class MoEModel:
     normalize_weights: ClassVar[bool] = True  # renormalise the top-k weights
     routing_keys: ClassVar[bool] = False  # the file's expert_gating_func / _weights_norm / _weights_scale apply
     selection_bias: ClassVar[bool | None] = False  # top-k on probabilities + exp_probs_b (None: where the file has it)
+    # The selection bias's name in a block, as llama.cpp's loader names it for the family (hy_v3: a bare exp_probs_b)
+    bias_tensor: ClassVar[str] = "exp_probs_b.bias"
     softmax_selected: ClassVar[bool] = False  # weights: a softmax over the k selected logits (gpt-oss)
     recurrence: ClassVar[str] = "none"  # how the file marks linear-attention layers (hparams.RECURRENCE)
     # The layer graph depends on its first position (`Placement.pos0`) and cannot take it as an input: a graph per
@@ -158,7 +160,7 @@ class MoEModel:
             parts = name.split(".", 2)
             if parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < hp.n_layer:
                 self.w[int(parts[1])][parts[2].removesuffix(".weight")] = t
-        self.router = self.make_router(hp, any("exp_probs_b.bias" in w for w in self.w))
+        self.router = self.make_router(hp, any(self.bias_tensor in w for w in self.w))
         self.rope = common.rope_of(hp, self.rope_mode, hp.rope_yarn_log_mul)
 
     @classmethod
@@ -225,7 +227,7 @@ class MoEModel:
 
         dense = first("ffn_gate.weight", (il for il in range(hp.n_layer) if il not in streamed))
         shexp = first("ffn_gate_shexp.weight", sorted(streamed))
-        has_bias = first("exp_probs_b.bias", streamed) is not None
+        has_bias = first(cls.bias_tensor, streamed) is not None
         return Parts(
             moe_layers=frozenset(streamed),
             ff_dense=shapes[dense][-1] if dense else 0,
@@ -316,7 +318,7 @@ class MoEModel:
         """The router of layer il on `cur` (its FFN input): the selected experts and their weights."""
         w = self.w[il]
         logits = ops.ggml_mul_mat(ctx, w["ffn_gate_inp"], cur)
-        ids, weights = common.route(ctx, logits, self.router, w["exp_probs_b.bias"] if self.router.bias else None)
+        ids, weights = common.route(ctx, logits, self.router, w[self.bias_tensor] if self.router.bias else None)
         return common.Routed(cur, residual, ids, weights, shared)
 
     def expert_ffn(self, il: int) -> common.ExpertFFN:
@@ -473,4 +475,4 @@ class MoEModel:
         return f"blk.{il}.ffn_gate_inp.weight"
 
     def router_bias_name(self, il: int) -> str | None:
-        return f"blk.{il}.exp_probs_b.bias" if self.router.bias else None
+        return f"blk.{il}.{self.bias_tensor}" if self.router.bias else None
