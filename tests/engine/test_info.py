@@ -35,7 +35,7 @@ def test_info_reports_flags_headroom_exit_codes_and_the_models_kv_cache(repacked
     for f in dataclasses.fields(StreamSettings):
         assert flags["--moe-stream-" + f.name.replace("_", "-")]["default"] == f.default
     assert flags["--moe-stream-policy"] == {**flags["--moe-stream-policy"], "kind": "choice", "default": "history"}
-    assert set(flags["--moe-stream-policy"]["choices"]) == {"history", "decay", "lru"}
+    assert set(flags["--moe-stream-policy"]["choices"]) == {"history", "learned", "decay", "lru"}
     assert flags["--moe-stream-direct"]["kind"] == "bool" and flags["--lookahead"]["kind"] == "int"
     assert flags["--kv-type"]["default"] == "f16"
     assert info["decay_tokens_by_policy"] == DECAY_TOKENS
