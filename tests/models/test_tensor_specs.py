@@ -34,6 +34,7 @@ LISTED: dict[str, dict[str, Any]] = {
     "bailingmoe3": {"n_layer": 4, "n_dense_lead": 1, "n_mtp": 1},
     "kimi-k3": {"n_layer": 4, "n_dense_lead": 1, "n_shared_exp": 1},
     "deepseek4": {"n_layer": 4, "hash_layer_count": 1},
+    "mimo2": {"n_layer": 4},
 }
 
 

@@ -19,8 +19,10 @@ from tokenwing.models.glm4moe import Glm4MoE
 from tokenwing.models.glm_dsa import GlmDsa
 from tokenwing.models.gpt_oss import GptOss
 from tokenwing.models.hparams import HParams, read_hparams
+from tokenwing.models.hy_v3 import HyV3
 from tokenwing.models.kimi_k3 import KimiK3
 from tokenwing.models.llama4 import Llama4
+from tokenwing.models.mimo2 import Mimo2
 from tokenwing.models.minimax_m2 import MiniMaxM2
 from tokenwing.models.mistral4 import Mistral4
 from tokenwing.models.qwen2moe import Qwen2MoE
@@ -51,6 +53,8 @@ FAMILIES: dict[str, type[MoEModel]] = {
         BailingMoE2,
         Gemma4,
         Llama4,
+        Mimo2,
+        HyV3,
     )
 }
 
