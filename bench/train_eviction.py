@@ -6,8 +6,8 @@ Fits the learned policy's model (`tokenwing.streaming.learned.fit`) on the train
 held-out trace through history, learned and Belady at a 25 % cache (`--slots`), without prefetching and with the
 engine's default prefetching (2 votes), and prints a markdown table of the reads against Belady's. Each read is one
 expert's record, so the ratio of reads is the ratio of bytes. `--write` replaces the shipped model
-(engine/tokenwing/streaming/eviction_default.py). The traces: `build/evict/record.sh`'s commands, in
-docs/results.md.
+(engine/tokenwing/streaming/eviction_default.py; `ruff format` it after). The traces:
+bench/eviction_traces.sh.
 """
 
 from __future__ import annotations
