@@ -133,3 +133,16 @@ def test_kimi_k3_keys_and_the_ones_it_cannot_run_without() -> None:
     hp = read_hparams(meta, "kimi-k3", "m", "kv_heads")
     with pytest.raises(BadInputError, match="width 4096, not 2048"):
         TensorCheck(hp, {}, "m").experts(1, 4096, KimiK3.expert_width(hp, 1))
+
+
+def test_query_heads_per_layer() -> None:
+    """attention.head_count as one count per layer (Step-3.5's sliding-window layers have more query heads): the
+    most a layer has, the head size from the first layer's (llama.cpp: n_embd / n_head()); a short list refused."""
+    heads = np.array([4, 6, 6, 6, 4] + [6] * 42, np.uint32)
+    meta = glm_meta(**{"attention.head_count": heads, "attention.head_count_kv": 2})
+    del meta["glm4moe.attention.key_length"]
+    hp = read_hparams(meta, "glm4moe", "m.gguf")
+    assert (hp.n_head, hp.head_dim) == (6, 4096 // 4)
+    assert hp.keys["attention.head_count"].tolist()[:2] == [4, 6]
+    with pytest.raises(BadInputError, match="head_count lists fewer layers"):
+        read_hparams(glm_meta(**{"attention.head_count": [8, 8]}), "glm4moe", "m.gguf")

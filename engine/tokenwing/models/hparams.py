@@ -107,10 +107,18 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str, recurrence: str = 
 
     check_ranges(meta, arch, where)  # before anything below is built per layer or per head from these numbers
     n_embd = get("embedding_length")
-    n_head = get("attention.head_count")
-    head_dim = get("attention.key_length", n_embd // max(n_head, 1))
-    tokens = meta.get("tokenizer.ggml.tokens")
     n_layer = get("block_count") - get("nextn_predict_layers", 0)  # (MTP blocks, last, are not run)
+    # Query heads: one count, or one per layer (llama.cpp's get_key_or_arr; Step-3.5's sliding-window layers have
+    # more). n_head is the most a layer has (what sizes the graphs); the list stays in `keys` for the family
+    listed = meta.get(f"{arch}.attention.head_count")
+    q_heads = (
+        _ints(listed, f"{where}: {arch}.attention.head_count") if _is_list(listed) else [get("attention.head_count")]
+    )
+    if len(q_heads) > 1 and len(q_heads) < n_layer:
+        raise BadInputError(f"{where}: {arch}.attention.head_count lists fewer layers than block_count")
+    n_head = max(q_heads[:n_layer] or [0])
+    head_dim = get("attention.key_length", n_embd // max(q_heads[0], 1))  # (llama.cpp: n_embd / the first layer's)
+    tokens = meta.get("tokenizer.ggml.tokens")
     kv_heads = _ints(meta.get(f"{arch}.attention.head_count_kv", n_head), f"{where}: {arch}.attention.head_count_kv")
     if len(kv_heads) > 1 and len(kv_heads) < n_layer:
         raise BadInputError(f"{where}: {arch}.attention.head_count_kv lists fewer layers than block_count")
@@ -191,6 +199,10 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str, recurrence: str = 
     if hp.rope_freq_scale <= 0 or hp.sliding_window < 0 or min(hp.q_lora_rank, hp.kv_lora_rank) < 0:
         raise BadInputError(f"{where}: rope.scaling.factor, sliding_window and the MLA ranks must be positive")
     return hp
+
+
+def _is_list(v: Any) -> bool:
+    return isinstance(v, (list, np.ndarray))
 
 
 def _ints(v: Any, what: str) -> list[int]:
