@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -51,6 +52,13 @@ def _session_options(args: argparse.Namespace) -> Any:
     if args.ram_budget:
         with ModelFile.open(args.model, announce_fallback=False) as mf:
             budget = parse_size(args.ram_budget, mf.index.total_bytes)
+    held: tuple[tuple[str, int], ...] = ()
+    if getattr(args, "mmproj", None) and os.path.isfile(args.mmproj):  # (a missing file: its own line, later)
+        # (lazy, as above: only a run with an image encoder reads it)
+        from tokenwing.vision.logits import encoder_memory
+
+        memory = encoder_memory(args.mmproj)
+        held = ((memory.describe(), memory.total),)
     parallel = getattr(args, "parallel", "1")  # (serve's; one sequence elsewhere)
     if parallel != "auto" and not (parallel.isdigit() and 1 <= int(parallel) <= 64):
         raise BadInputError("--parallel must be auto or a number of requests from 1 to 64")
@@ -71,6 +79,7 @@ def _session_options(args: argparse.Namespace) -> Any:
         stream=settings_from_args(args),
         device=None if choice.on_cpu else choice,
         vram=VramOptions(max_layers=args.vram_layers, lend=args.vram_lend),
+        also_held=held,
     )
 
 

@@ -19,7 +19,7 @@ A failure of the device (allocation, compute) raises `DeviceError`: the caller f
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,6 +59,9 @@ class Backend:
         # most ever held: what a VRAM budget is kept against (ggml's own counts are per buffer, never a sum)
         self.held_bytes = 0
         self.peak_bytes = 0
+        # what frees buffers that live as long as the backend (an image encoder's weights: vision/device.py),
+        # called by `close` before the backend goes
+        self.on_close: list[Callable[[], None]] = []
 
     def account(self, nbytes: int) -> None:
         """A device buffer of `nbytes` allocated (freed: negative)."""
@@ -74,6 +77,8 @@ class Backend:
         return bool(ggml.ggml_backend_dev_supports_op(self._dev, t))
 
     def close(self) -> None:
+        while self.on_close:
+            self.on_close.pop()()
         if self.cpu and not self.is_cpu:
             ggml.ggml_backend_free(self.cpu)
         if self.handle:

@@ -124,6 +124,7 @@ class MemoryPlan:
     info: MemoryInfo  # the memory it was planned for
     notes: tuple[str, ...] = ()  # lines to say as the session starts, in order (the spill's is `spill_note`)
     n_seq: int = 1  # sequences decoded together (the server's slots), each with its own KV cache and states
+    also_held: int = 0  # bytes of what else the process keeps (plan_memory's `also_held`: the image encoder)
 
     @property
     def kv_bytes(self) -> int:
@@ -161,7 +162,7 @@ class MemoryPlan:
     def without_spill(self) -> MemoryPlan:
         """The plan when the KV cache's files cannot be made: the cache stays in RAM, and the expert cache is
         planned beside it again."""
-        budget = expert_budget(self.info, HEADROOM, self.kv_bytes + self.graph_mem + self.states_bytes)
+        budget = expert_budget(self.info, HEADROOM, self.kv_bytes + self.graph_mem + self.states_bytes + self.also_held)
         return dataclasses.replace(self, spill=None, budget=budget)
 
 
@@ -179,6 +180,7 @@ def plan_memory(
     model_dir: str,
     info: MemoryInfo,
     n_seq: int = 1,
+    also_held: tuple[tuple[str, int], ...] = (),
 ) -> MemoryPlan:
     """The memory of a session whose KV cache takes `kv_per_token` bytes a position (the model family's
     `kv_bytes_per_token`) and whose options ask for context `n_ctx` (0: the model's, capped by memory), prompts
@@ -186,10 +188,13 @@ def plan_memory(
     expert cache (None: what is left of `info` beside the rest). `least_expert_bytes`: the streaming core's
     minimum slots (plan_slots). When the KV cache in RAM would leave the expert cache less than that, it is kept
     in files in `model_dir` (its pages are reclaimable: the expert cache is planned without it). `n_seq`
-    sequences (the server's slots) each have a KV cache of the context and their own recurrent states."""
+    sequences (the server's slots) each have a KV cache of the context and their own recurrent states.
+    `also_held`: (what, bytes) the process keeps beside the model and plans like the resident weights (the image
+    encoder's weights and its compute buffer for the largest image: vision/device.py), each named in a note."""
     graph_mem = graph_bytes(hp, max_batch, n_ctx or hp.n_ctx_train, state_specs)
     states = StatePlan.of(state_specs, checkpoints, info)
-    held = weights_bytes + states.reserved * n_seq
+    other = sum(n for _, n in also_held)
+    held = weights_bytes + states.reserved * n_seq + other
     # (the graph's memory cannot go to a file as the KV cache can; where even the least context's graph does not
     # fit, --ctx is not the cause: the model's own fields are named below)
     if n_ctx and graph_mem > info.usable and graph_bytes(hp, max_batch, 256, state_specs) <= info.usable:
@@ -215,17 +220,21 @@ def plan_memory(
             RESIDENT_WEIGHTS: weights_bytes,
             graph_what: graph_mem,
             f"the recurrent state of {n_seq} sequence(s) (its ssm.* and kda.* sizes)": states.reserved * n_seq,
+            **dict(also_held),
         },
         info,
     )
-    notes = tuple(note for note in (states.note, ctx.note) if note)
+    counted = tuple(f"the memory plan counts {what}" for what, _ in also_held)
+    notes = tuple(note for note in (states.note, ctx.note, *counted) if note)
     budget, spill = ram_budget, None
     if budget is None:
-        budget = expert_budget(info, HEADROOM, ctx.kv_bytes + graph_mem + states.reserved * n_seq)
+        # (the resident weights are in `info.used` already, loaded before it was measured; what `also_held`
+        # names is not yet: it is taken off here)
+        budget = expert_budget(info, HEADROOM, ctx.kv_bytes + graph_mem + states.reserved * n_seq + other)
         if budget < least_expert_bytes and ctx.kv_bytes:  # the context asked for does not fit beside the minimum
             spill = model_dir
-            budget = expert_budget(info, HEADROOM, graph_mem + states.reserved * n_seq)
-    return MemoryPlan(ctx.n_ctx, kv_per_token, graph_mem, states, budget, spill, info, notes, n_seq)
+            budget = expert_budget(info, HEADROOM, graph_mem + states.reserved * n_seq + other)
+    return MemoryPlan(ctx.n_ctx, kv_per_token, graph_mem, states, budget, spill, info, notes, n_seq, other)
 
 
 RESIDENT_WEIGHTS = "the resident weights (the file's tensors other than its routed experts)"
@@ -346,11 +355,12 @@ def session_memory(
             model_dir=model_dir,
             info=info,
             n_seq=n,
+            also_held=opts.also_held,
         )
 
     memory = plan(max(n_seq, 1), opts.n_ctx)
     if n_seq == 0:
-        n = memory.slots_that_fit(weights_bytes, AUTO_PARALLEL)
+        n = memory.slots_that_fit(weights_bytes + memory.also_held, AUTO_PARALLEL)
         if n > 1:
             memory = plan(n, memory.n_ctx)
     return memory

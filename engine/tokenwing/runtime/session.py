@@ -81,6 +81,9 @@ class SessionOptions:
     stream: StreamSettings = field(default_factory=StreamSettings)
     device: DeviceChoice | None = None  # where to compute (compute/devices.py `choose`); None: the CPU
     vram: VramOptions = field(default_factory=VramOptions)
+    # what else the process keeps beside the model, counted before the expert cache is sized: the image encoder's
+    # weights and compute buffer (`--mmproj`: vision/device.py encoder_bytes), as (what, bytes)
+    also_held: tuple[tuple[str, int], ...] = ()
 
 
 # The session's counters per streamed layer: the streaming core's (RAM and drive), then the VRAM tier's.

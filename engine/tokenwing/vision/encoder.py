@@ -6,7 +6,6 @@ budget and its graph."""
 
 from __future__ import annotations
 
-import ctypes
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,9 +14,11 @@ from typing import Any
 import numpy as np
 
 from tokenwing.compute import ggml_api as ggml
+from tokenwing.compute.backend import DeviceError
 from tokenwing.compute.ggml_lib import F16, F32, Graph, Tensor, TensorArena
 from tokenwing.errors import BadInputError
 from tokenwing.format.gguf_io import GGUFHeader, read_header
+from tokenwing.vision.device import EncoderBackend, cpu_backend
 from tokenwing.vision.image import ImageLimits, Preprocessed, preprocess, target_size
 
 
@@ -109,6 +110,24 @@ class MmprojEncoder:
             self._shapes[t.name] = t.shape
             self._raw[t.name] = (raw, t.type)
         self.width = self.hp.proj_dim  # a row's width (Qwen3-VL's deepstack widens it)
+        # where it computes (vision/device.py): the device's copy of the weights, None: the CPU over the mapped
+        # file; `sizing`: the backend a graph is measured on instead of computed (`sized`: its bytes)
+        self.device: EncoderBackend | None = None
+        self.where = "vision encoder on CPU"
+        self.log: Callable[[str], None] = lambda line: None
+        self._cpu_w = self._w
+        self.sizing: EncoderBackend | None = None
+        self.sized = 0
+
+    def weights_on(self, device: EncoderBackend | None, where: str) -> None:
+        """The graphs read `device`'s weights from now on (None: the mapped file's); `where`: the line saying so
+        ("": the line as it is)."""
+        self.device, self.where = device, where or self.where  # (the device's copy stays: vision/device.resident)
+        self._w = device.weights if device is not None else self._cpu_w
+
+    def to_cpu(self, why: str) -> None:
+        self.weights_on(None, f"vision encoder on CPU: {why}")
+        self.log(self.where)
 
     def need(self, *names: str) -> None:
         for name in names:
@@ -144,22 +163,23 @@ class MmprojEncoder:
     def encode(self, image: Preprocessed) -> np.ndarray:
         raise NotImplementedError
 
-    def run(self, image: Preprocessed, n_rows: int, build: Callable[[Graph], Tensor], extra: int = 0) -> np.ndarray:
-        """Builds and computes `build`'s graph for the image; its output as (n_rows, width) float32. Memory: each
-        block's activations and attention scores over the image's patches, with room to spare."""
-        hp = self.hp
-        n_pos = (image.width // hp.patch_size) * (image.height // hp.patch_size)
-        per_layer = 40 * max(hp.n_embd * hp.n_merge**2, hp.n_ff, 3 * hp.n_embd) * n_pos * 4
-        per_layer += 3 * hp.n_head * n_pos * n_pos * 4
-        mem = (64 << 20) + hp.n_layer * per_layer + 8 * image.pixels.nbytes + extra
-        g = Graph(mem, self.n_threads)
-        try:
-            out = build(g)
-            g.compute(out, n_nodes=64 * (hp.n_layer + 4))
-            data = ctypes.cast(out.contents.data, ctypes.POINTER(ctypes.c_float))
-            return np.ctypeslib.as_array(data, shape=(n_rows * self.width,)).reshape(n_rows, self.width).copy()
-        finally:
-            g.close()
+    def run(self, image: Preprocessed, n_rows: int, build: Callable[[Graph], Tensor]) -> np.ndarray:
+        """Builds and computes `build`'s graph for the image; its output as (n_rows, width) float32. On the device
+        where vision/device.py placed the encoder (a device that fails: the CPU from then on, with one line), else
+        on ggml's CPU backend, whose graph allocator reuses memory between layers (the results are the CPU `Graph`'s
+        to the bit; its context held every layer's attention scores at once). Being sized (`sizing`): the graph's
+        compute buffer measured, nothing computed."""
+        n_nodes = 64 * (self.hp.n_layer + 4)
+        if self.sizing is not None:
+            self.sized = self.sizing.measure(build, n_nodes)
+            return np.zeros((n_rows, self.width), np.float32)
+        if self.device is not None:
+            try:
+                return self.device.run(build, n_nodes, check=False).reshape(n_rows, self.width)
+            except DeviceError as e:
+                self.to_cpu(f"the GPU failed ({e})")
+        cpu = EncoderBackend(cpu_backend(self.n_threads), self._cpu_w)
+        return cpu.run(build, n_nodes, check=False).reshape(n_rows, self.width)
 
     # ------------------------------------------------------------------ clip_graph's pieces
     def norm(self, ctx: Any, x: Tensor, prefix: str, rms: bool = False) -> Tensor:
@@ -204,4 +224,5 @@ class MmprojEncoder:
         return ggml.ggml_cont_2d(ctx, att, self.hp.n_embd, n_pos)
 
     def close(self) -> None:
+        self.weights_on(None, self.where)
         self._arena.close()

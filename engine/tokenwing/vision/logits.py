@@ -10,6 +10,7 @@ import numpy as np
 
 from tokenwing.errors import BadInputError
 from tokenwing.format.gguf_io import read_header
+from tokenwing.vision.device import EncoderBytes, encoder_bytes, place
 from tokenwing.vision.encoder import MmprojEncoder, projector_of
 from tokenwing.vision.gemma4v import Gemma4VEncoder
 from tokenwing.vision.pixtral import PixtralEncoder
@@ -37,12 +38,9 @@ def open_encoder(session: Session, mmproj: str) -> MmprojEncoder:
     """The mmproj's encoder (by its projector), checked against the session's model: a family that takes its
     rows, and rows as wide as the model's input (with its deepstack parts). Close it when done."""
     hp = session.hp
-    kind = projector_of(read_header(mmproj))
-    cls = ENCODERS.get(kind or "")
-    if cls is None:
-        raise BadInputError(f"{mmproj}: an image encoder of projector {kind!r}; the engine computes {sorted(ENCODERS)}")
+    cls = encoder_class(mmproj)
     if hp.arch not in cls.archs:
-        raise BadInputError(f"{mmproj}: a {kind} encoder, for {', '.join(cls.archs)}; this model is {hp.arch}")
+        raise BadInputError(f"{mmproj}: a {cls.projector} encoder, for {', '.join(cls.archs)}; this model is {hp.arch}")
     enc = cls(mmproj)
     deep = int(hp.keys.get("n_deepstack_layers", 0))
     if enc.hp.proj_dim != hp.n_embd or enc.width != hp.n_embd * (1 + deep):
@@ -50,7 +48,30 @@ def open_encoder(session: Session, mmproj: str) -> MmprojEncoder:
         raise BadInputError(
             f"{mmproj}: its rows are {enc.width} wide; the model takes {hp.n_embd} × (1 + {deep} deepstack layers)"
         )
+    enc.log = session.log
+    tier = session.vram
+    if tier is not None:  # (the GPU when the tier left room for it after the text model's placement)
+        session.log(place(enc, tier.backend, tier.plan.budget - tier.backend.peak_bytes))
     return enc
+
+
+def encoder_class(mmproj: str) -> type[MmprojEncoder]:
+    """The encoder for the mmproj's projector (clip.projector_type); one line for one the engine does not compute."""
+    kind = projector_of(read_header(mmproj))
+    cls = ENCODERS.get(kind or "")
+    if cls is None:
+        raise BadInputError(f"{mmproj}: an image encoder of projector {kind!r}; the engine computes {sorted(ENCODERS)}")
+    return cls
+
+
+def encoder_memory(mmproj: str) -> EncoderBytes:
+    """What the mmproj's encoder takes in memory (its weights, the largest image's compute buffer), for the memory
+    plan before the model loads (SessionOptions.also_held)."""
+    enc = encoder_class(mmproj)(mmproj)
+    try:
+        return encoder_bytes(enc)
+    finally:
+        enc.close()
 
 
 def grid(enc: MmprojEncoder, rgb: np.ndarray) -> tuple[int, int]:
