@@ -44,6 +44,7 @@ EXPECTED = {
     "gemma-4-26b-a4b": "gemma4",
     "llama-4-scout": "llama4",
     "llama-4-maverick": "llama4",
+    "hy3-preview": "hy_v3",
 }
 
 GOOD = """\
@@ -384,6 +385,7 @@ NEW_FAMILIES = [
     "gemma-4-26b-a4b",
     "llama-4-scout",
     "llama-4-maverick",
+    "hy3-preview",
 ]
 
 

@@ -19,6 +19,7 @@ from tokenwing.models.glm4moe import Glm4MoE
 from tokenwing.models.glm_dsa import GlmDsa
 from tokenwing.models.gpt_oss import GptOss
 from tokenwing.models.hparams import HParams, read_hparams
+from tokenwing.models.hy_v3 import HyV3
 from tokenwing.models.kimi_k3 import KimiK3
 from tokenwing.models.llama4 import Llama4
 from tokenwing.models.mimo2 import Mimo2
@@ -53,6 +54,7 @@ FAMILIES: dict[str, type[MoEModel]] = {
         Gemma4,
         Llama4,
         Mimo2,
+        HyV3,
     )
 }
 

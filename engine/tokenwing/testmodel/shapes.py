@@ -375,6 +375,11 @@ _LLAMA4 = {"n_shared_exp": 1, "n_expert_used": 1, "moe_layer_step": 2, "rms_eps"
 # sliding-window ones, a window of 128, RMS eps 1e-5; Qwen2's vocabulary, whose pre-tokenizer llama.cpp names qwen2)
 _MIMO2 = {"rope_base": 5_000_000.0, "rms_eps": 1e-5, "sliding_window": 128, "tokenizer": "qwen2"}
 
+# Hy3 as llama.cpp's converter and loader have it (tencent/Hy3: a dense layer first, one shared expert as wide as a
+# routed one, a sigmoid router with a selection bias, top-k weights normalised and scaled; its config.json was not
+# reachable from here: RMS eps 1e-5 and the router's scale (2.5 here) are the factory's to check)
+_HY3 = {"n_shared_exp": 1, "rms_eps": 1e-5}
+
 FAMILY_PRESETS: dict[str, ModelShape] = {
     "kimi-tiny": PRESETS["tiny"].with_(arch="deepseek2", n_layer=3, **_MLA["tiny"], **_KIMI_K2),
     # Ling 3.0 Flash (bailingmoe3: 42 layers, hidden 2560, 512 experts, top-8, KDA:MLA 5:1, one shared expert,
@@ -608,6 +613,8 @@ def _family_defaults(s: ModelShape, size: str) -> ModelShape:
             n_dense_lead=s.n_dense_lead or 1,
             full_attention_interval=4,
         )
+    if s.arch == "hy_v3" and s.n_shared_exp == 0:
+        return s.with_(**_HY3, n_ff_shexp=s.n_ff_exp, n_dense_lead=s.n_dense_lead or (1 if s.n_layer > 1 else 0))
     if s.arch == "bailingmoe2" and s.n_rot == 0:
         groups = 4 if s.n_expert >= 8 and s.n_expert % 4 == 0 else 0
         return s.with_(
