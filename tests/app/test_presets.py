@@ -45,6 +45,7 @@ EXPECTED = {
     "llama-4-scout": "llama4",
     "llama-4-maverick": "llama4",
     "hy3-preview": "hy_v3",
+    "mimo-v2-flash": "mimo2",
 }
 
 GOOD = """\
@@ -386,6 +387,7 @@ NEW_FAMILIES = [
     "llama-4-scout",
     "llama-4-maverick",
     "hy3-preview",
+    "mimo-v2-flash",
 ]
 
 
