@@ -7,6 +7,7 @@ model and `repack` converted it, exit 0."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from tests.conftest import ModelFactory, assert_clean_error
 from tests.format.test_hostile_header import run_limited, set_int
+from tokenwing.format.gguf_io import encode_header, read_header
 
 # (family, key set, value, the refusal's words): each value within RANGES, each refused by its family only
 CASES = [
@@ -25,6 +27,7 @@ CASES = [
     ("bailingmoe2", "attention.head_count_kv", 1, "tensor blk.0.attn_qkv.weight has shape (64, 128), the metadata"),
     ("bailingmoe2", "attention.head_count", 2, "bailingmoe2's query heads must fill embedding_length"),
     ("llama4", "interleave_moe_layer_step", 1, "tensor blk.0.ffn_gate_inp.weight is missing"),
+    ("hy_v3", "rope.dimension_count", 8, "hy_v3 rotates whole heads of one size"),
 ]
 
 
@@ -54,3 +57,24 @@ def test_a_header_its_family_refuses_is_refused_by_every_command(
     assert os.listdir(out) == []  # nothing written, not even a partial file
     # one validator: the same line from each command, but for the file's name
     assert len({r.stderr.replace(str(src), "FILE").replace(str(tw), "FILE") for r in runs.values()}) == 1, runs
+
+
+def test_a_hy_v3_bias_under_the_other_families_name_is_refused(model_factory: ModelFactory, tmp_path: Path) -> None:
+    """llama.cpp's hy_v3 loader reads the router's selection bias as a bare blk.N.exp_probs_b; under the name every
+    other family's files give it (exp_probs_b.bias) llama.cpp finds one tensor too many and loads nothing. The
+    engine refuses that file too, in one line naming the tensor, where it would otherwise run without the bias."""
+    src = read_header(str(model_factory(arch="hy_v3")))
+    renamed = [
+        dataclasses.replace(t, name=t.name + ".bias") if t.name.endswith(".exp_probs_b") else t for t in src.tensors
+    ]
+    header, _ = encode_header(src.kv, renamed, src.alignment)
+    bad = tmp_path / "bias.gguf"
+    with open(src.path, "rb") as f:
+        f.seek(src.data_start)
+        bad.write_bytes(header + f.read())  # (the tensor table's offsets are relative to the data: unchanged)
+    for r in (
+        run_limited("inspect", str(bad)),
+        run_limited("repack", str(bad), "-o", str(tmp_path / "b.tw.gguf"), "-q"),
+    ):
+        assert_clean_error(r, 2)
+        assert "blk.1.exp_probs_b.bias: hy_v3's selection bias is named blk.N.exp_probs_b" in r.stderr, r.stderr

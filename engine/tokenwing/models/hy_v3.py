@@ -97,4 +97,7 @@ class HyV3(MoEModel):
                 f"{where}: {cls.arch} rotates whole heads of one size: rope.dimension_count and value_length must be "
                 "key_length"
             )
+        if usual := next((n for n in shapes if n.endswith(".exp_probs_b.bias")), None):
+            # (llama.cpp's loader finds one tensor too many and refuses the file: no reference for it)
+            raise BadInputError(f"{where}: {usual}: {cls.arch}'s selection bias is named blk.N.exp_probs_b")
         super().check(hp, shapes, streamed, where)
