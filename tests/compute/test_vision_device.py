@@ -16,6 +16,7 @@ from tokenwing.compute.backend import Backend
 from tokenwing.compute.devices import DeviceOptions
 from tokenwing.compute.probe import choose_device
 from tokenwing.runtime.session import Session, SessionOptions
+from tokenwing.runtime.vram import VramOptions
 from tokenwing.vision.device import encoder_bytes, place
 from tokenwing.vision.logits import encoder_memory, image_prompt
 from tokenwing.vision.qwen3vl import Qwen3VLEncoder
@@ -81,7 +82,8 @@ def test_an_encoder_without_room_stays_on_the_cpu(gpu: Backend, tmp_path: Path) 
 
 def test_a_session_on_the_device_puts_its_encoder_there(tmp_path: Path) -> None:
     """Pixtral's (mistral4) encoder, 131 MiB for its largest image, beside the factory model on a 1 GiB budget: the
-    session plans for it, places it on the device, and the image's logits are the CPU session's within the bar."""
+    session plans for it (RAM and VRAM: the tier keeps its bytes free), places it on the device, and the image's
+    logits are the CPU session's within the bar."""
     if not DEVICES:
         pytest.skip("no device (ggml built for the CPU only)")
     _, mmproj, model = factory_files(tmp_path, "mistral4")
@@ -91,10 +93,14 @@ def test_a_session_on_the_device_puts_its_encoder_there(tmp_path: Path) -> None:
     held = ((memory.describe(), memory.total),)
     logits, lines = [], []
     for choice in (choose_device(DeviceOptions(device(DEVICES[0]).kind, "1G")), None):
-        options = SessionOptions(kv_type="f32", n_ctx=512, device=choice, also_held=held)
+        vram = VramOptions(keep=memory.vram_keep if choice else 0)  # (what run and serve pass)
+        options = SessionOptions(kv_type="f32", n_ctx=512, device=choice, also_held=held, vram=vram)
         log: list[str] = []
         s = Session(str(model), options, log=log.append)
         try:  # (image_prompt opens the encoder as run and serve do: vision/logits.open_encoder)
+            if choice is not None:
+                assert s.vram is not None and s.vram.plan.kept == memory.vram_keep
+                assert s.device_line is not None and "kept for the image encoder" in s.device_line
             ids, s.media = image_prompt(s, str(mmproj), str(png), "look <__media__> here")
             logits.append(np.asarray(s.forward(ids), np.float32).reshape(-1))
         finally:

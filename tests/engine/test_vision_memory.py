@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import run_cli
 from tests.oracle.test_qwen3vl_images import factory_files, image, write_png
 from tokenwing.runtime import session as session_module
+from tokenwing.runtime.placement import LayerCost, plan_keeping, plan_vram
 from tokenwing.runtime.session import Session, SessionOptions, session_memory
 from tokenwing.streaming.memory import HEADROOM, MemoryInfo
 from tokenwing.vision.device import EncoderBackend, compute_bytes, cpu_backend
@@ -83,3 +84,20 @@ def test_run_with_an_image_says_what_the_plan_counts(files: tuple[Path, Path, Pa
     )
     assert r.returncode == 0, r.stderr
     assert "tokenwing: the memory plan counts the image encoder 2.02 GiB (378.38 KiB of weights" in r.stderr
+
+
+def test_the_vram_plan_keeps_room_for_the_encoder_out_of_the_expert_cache() -> None:
+    """With a device, the tier leaves the encoder's bytes free, taken from its expert slots, where its layers and
+    head still fit beside them; where they would not, it keeps nothing (the encoder then computes on the CPU)."""
+    MiB = 1 << 20
+    layers = [LayerCost(100 * MiB, 20 * MiB)] * 4
+    args = (2000 * MiB, 200 * MiB, layers, 50 * MiB, [10 * MiB] * 4, 64)  # 1,270 MiB left for 40 MiB expert rows
+    plain = plan_vram(*args)
+    kept = plan_keeping(*args, keep=300 * MiB)
+    assert (plain.layers, plain.head, plain.expert_slots) == ((0, 1, 2, 3), True, 31)
+    assert (kept.layers, kept.head, kept.expert_slots, kept.kept) == ((0, 1, 2, 3), True, 24, 300 * MiB)
+    assert kept.reserve == plain.reserve and kept.budget - kept.used >= 300 * MiB
+    assert kept.describe().endswith("300.00 MiB kept for the image encoder")
+    # a keep the layers would have to make room for: nothing kept, the text model placed as before
+    assert plan_keeping(*args, keep=1300 * MiB) == plain
+    assert plan_keeping(*args, keep=0) == plain

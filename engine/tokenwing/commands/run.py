@@ -53,12 +53,14 @@ def _session_options(args: argparse.Namespace) -> Any:
         with ModelFile.open(args.model, announce_fallback=False) as mf:
             budget = parse_size(args.ram_budget, mf.index.total_bytes)
     held: tuple[tuple[str, int], ...] = ()
+    keep = 0  # VRAM the tier leaves free for the image encoder
     if getattr(args, "mmproj", None) and os.path.isfile(args.mmproj):  # (a missing file: its own line, later)
         # (lazy, as above: only a run with an image encoder reads it)
         from tokenwing.vision.logits import encoder_memory
 
         memory = encoder_memory(args.mmproj)
         held = ((memory.describe(), memory.total),)
+        keep = 0 if choice.on_cpu else memory.vram_keep
     parallel = getattr(args, "parallel", "1")  # (serve's; one sequence elsewhere)
     if parallel != "auto" and not (parallel.isdigit() and 1 <= int(parallel) <= 64):
         raise BadInputError("--parallel must be auto or a number of requests from 1 to 64")
@@ -78,7 +80,7 @@ def _session_options(args: argparse.Namespace) -> Any:
         prompt_attention=args.prompt_attention,
         stream=settings_from_args(args),
         device=None if choice.on_cpu else choice,
-        vram=VramOptions(max_layers=args.vram_layers, lend=args.vram_lend),
+        vram=VramOptions(max_layers=args.vram_layers, lend=args.vram_lend, keep=keep),
         also_held=held,
     )
 

@@ -8,6 +8,7 @@ Sizes only, from the model's geometry and the budget (never a constant for one m
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,6 +53,7 @@ class VramPlan:
     layer_bytes: int
     head_bytes: int
     expert_bytes: int  # all the slots of all streamed layers
+    kept: int = 0  # left free for the image encoder's weights and compute buffer (`plan_keeping`)
 
     @property
     def empty(self) -> bool:
@@ -71,6 +73,7 @@ class VramPlan:
             f"{len(self.layers)} layers' attention and always-used weights ({human_bytes(self.layer_bytes)}), "
             f"{'the output head, ' if self.head else ''}{experts} ({human_bytes(self.expert_bytes)}) and "
             f"{human_bytes(self.reserve)} of compute buffers in VRAM"
+            + (f", {human_bytes(self.kept)} kept for the image encoder" if self.kept else "")
         )
 
 
@@ -126,6 +129,28 @@ def plan_vram(
         head_bytes=head if head_on else 0,
         expert_bytes=int(slots) * row,
     )
+
+
+def plan_keeping(
+    budget: int,
+    reserve: int,
+    layers: Sequence[LayerCost],
+    head: int,
+    expert_bytes: Sequence[int],
+    n_expert: int,
+    keep: int,
+) -> VramPlan:
+    """`plan_vram` with `keep` bytes of the budget left free for the image encoder (issue 45 item 6: the vision tower
+    on the GPU when the tier has room), taken from the expert cache only: where the text model's own placement (the
+    layers and head `plan_vram` places) no longer fits beside them, nothing is kept and the encoder computes on the
+    CPU. (A layer in VRAM saves every token its CPU pass; an image is encoded once.)"""
+    plan = plan_vram(budget, reserve, layers, head, expert_bytes, n_expert)
+    if keep <= 0:
+        return plan
+    kept = plan_vram(budget, reserve + keep, layers, head, expert_bytes, n_expert)
+    if (kept.layers, kept.head) != (plan.layers, plan.head):
+        return plan
+    return dataclasses.replace(kept, reserve=reserve, kept=keep)
 
 
 def plan_for_file(

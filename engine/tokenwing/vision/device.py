@@ -145,6 +145,12 @@ class EncoderBytes:
     def total(self) -> int:
         return self.weights + self.compute
 
+    @property
+    def vram_keep(self) -> int:
+        """VRAM the tier leaves free for it (VramOptions.keep): its total with a margin, since it is measured on the
+        CPU's buffer type and a device's alignment and padding differ a little (Vulkan: by under 0.1 MiB here)."""
+        return self.total + self.total // 64 + (1 << 20)
+
     def describe(self) -> str:
         w, h = self.size
         return (

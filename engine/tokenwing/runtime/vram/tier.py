@@ -48,6 +48,9 @@ class VramOptions:
     # A prompt's compute buffers and GPU waves' places go into memory the VRAM expert cache lends it (refilled
     # after the prompt), instead of VRAM kept apart for them: decode keeps those bytes for experts (spec §11)
     lend: bool = False
+    # VRAM left free for the image encoder (`--mmproj` with a device: its weights and largest image's compute
+    # buffer), out of the expert cache where the layers and head still fit (placement.plan_keeping)
+    keep: int = 0
 
 
 class VramTier:
@@ -95,7 +98,9 @@ class VramTier:
         self.count_prompt_hits, self.observe_prompt = waves.count_prompt_hits, waves.observe_prompt
         self.from_vram, self.from_ram, self.wave_on_gpu = waves.from_vram, waves.from_ram, waves.wave_on_gpu
         try:
-            self.plan, self.lending.on = self.weights.plan(choice.vram_budget, self.options.max_layers, self.lending.on)
+            self.plan, self.lending.on = self.weights.plan(
+                choice.vram_budget, self.options.max_layers, self.lending.on, self.options.keep
+            )
             if self.plan.empty:
                 raise DeviceError(self.weights.too_small(choice.vram_budget, self.plan))
             self._fill()

@@ -34,7 +34,7 @@ from tokenwing.runtime.placement import (
     decode_reserve,
     device_reserve,
     padded,
-    plan_vram,
+    plan_keeping,
 )
 from tokenwing.runtime.scheduler import ExpertScheduler
 from tokenwing.runtime.vram.experts import ExpertGeometry, ExpertPool, VramExperts
@@ -181,9 +181,9 @@ class VramWeights:
         names = [n for n in self.ram_weights.tensors if not n.startswith("blk.") and n != "token_embd.weight"]
         return names if "output.weight" in names else [*names, "token_embd.weight"]
 
-    def plan(self, budget: int, max_layers: int | None, lend: bool) -> tuple[VramPlan, bool]:
+    def plan(self, budget: int, max_layers: int | None, lend: bool, keep: int = 0) -> tuple[VramPlan, bool]:
         """The plan for `budget`, and whether it lends the prompts' compute buffers from the expert cache (`lend`
-        asks for it; see lending.py)."""
+        asks for it; see lending.py); `keep`: bytes left free for the image encoder (placement.plan_keeping)."""
         costs, head = self._costs()
         geos = {_geometry_key(el): ExpertGeometry.of(el) for el in self.streamer.layers}
         wave = sum(g.device_bytes for g in geos.values())
@@ -200,10 +200,10 @@ class VramWeights:
             )
             limit = 0
         layers = costs[:limit] if limit is not None else costs
-        plan = plan_vram(budget, reserve, layers, head, expert_bytes, self.hp.n_expert)
+        plan = plan_keeping(budget, reserve, layers, head, expert_bytes, self.hp.n_expert, keep)
         if lend:
-            keep = decode_reserve(self.hp, self.n_ctx, wave)
-            lent = plan_vram(budget, keep, layers, head, expert_bytes, self.hp.n_expert)
+            decode = decode_reserve(self.hp, self.n_ctx, wave)
+            lent = plan_keeping(budget, decode, layers, head, expert_bytes, self.hp.n_expert, keep)
             if lent.expert_slots > 0 and plan.expert_slots < self.hp.n_expert:
                 return lent, True
             # (no cache to lend, or every expert fits anyway: the prompt keeps its own VRAM)
