@@ -84,8 +84,10 @@ def _together(
         ({"type": "Q8_0", "arch": "qwen4exp", "indexer_top_k": 512}, 1),
         # sliding-window and full layers of different V widths (each writes its own cells), GELU experts
         ({"type": "Q8_0", "arch": "gemma4", "n_layer": 4, "n_head_kv": 4, "sliding_window": 8}, 1),
+        # sinks in the sliding-window layers only, their own KV heads and rope base, values narrower than keys
+        ({"type": "Q8_0", "arch": "mimo2", "sliding_window": 8}, 1),
     ],
-    ids=["in-ram", "streamed", "ling", "gpt-oss", "mla", "kimi-k3", "qwen4exp", "gemma4"],
+    ids=["in-ram", "streamed", "ling", "gpt-oss", "mla", "kimi-k3", "qwen4exp", "gemma4", "mimo2"],
 )
 @pytest.mark.parametrize("mode", ["as-measured", "apart", "pairs"])
 def test_each_sequence_gets_what_it_gets_alone(
