@@ -46,6 +46,7 @@ EXPECTED = {
     "llama-4-maverick": "llama4",
     "hy3-preview": "hy_v3",
     "mimo-v2-flash": "mimo2",
+    "step-3.5-flash": "step35",
 }
 
 GOOD = """\
@@ -388,6 +389,7 @@ NEW_FAMILIES = [
     "llama-4-maverick",
     "hy3-preview",
     "mimo-v2-flash",
+    "step-3.5-flash",
 ]
 
 

@@ -35,6 +35,7 @@ LISTED: dict[str, dict[str, Any]] = {
     "kimi-k3": {"n_layer": 4, "n_dense_lead": 1, "n_shared_exp": 1},
     "deepseek4": {"n_layer": 4, "hash_layer_count": 1},
     "mimo2": {"n_layer": 4},
+    "step35": {"n_layer": 4},
 }
 
 

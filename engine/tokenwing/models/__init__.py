@@ -30,6 +30,7 @@ from tokenwing.models.qwen3moe import Qwen3MoE
 from tokenwing.models.qwen3next import Qwen3Next, Qwen35MoE
 from tokenwing.models.qwen3vlmoe import Qwen3VLMoE
 from tokenwing.models.qwen4exp import Qwen4Exp
+from tokenwing.models.step35 import Step35
 
 FAMILIES: dict[str, type[MoEModel]] = {
     cls.arch: cls
@@ -55,6 +56,7 @@ FAMILIES: dict[str, type[MoEModel]] = {
         Llama4,
         Mimo2,
         HyV3,
+        Step35,
     )
 }
 

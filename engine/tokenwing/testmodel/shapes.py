@@ -380,6 +380,11 @@ _MIMO2 = {"rope_base": 5_000_000.0, "rms_eps": 1e-5, "sliding_window": 128, "tok
 # reachable from here: RMS eps 1e-5 and the router's scale (2.5 here) are the factory's to check)
 _HY3 = {"n_shared_exp": 1, "rms_eps": 1e-5}
 
+# Step-3.5-Flash as its config has it (stepfun-ai/Step-3.5-Flash: rope theta 5e6 in the full layers, 10,000 in the
+# sliding-window ones, RMS eps 1e-5, a window of 512 (128 here: the tests pass it), one shared expert as wide as a
+# routed one; its SwiGLU limits sit in its last layers: 7 here, in the last; the limits' values are the factory's)
+_STEP35 = {"rope_base": 5_000_000.0, "rms_eps": 1e-5, "sliding_window": 128, "n_shared_exp": 1, "swiglu_limit": 7.0}
+
 FAMILY_PRESETS: dict[str, ModelShape] = {
     "kimi-tiny": PRESETS["tiny"].with_(arch="deepseek2", n_layer=3, **_MLA["tiny"], **_KIMI_K2),
     # Ling 3.0 Flash (bailingmoe3: 42 layers, hidden 2560, 512 experts, top-8, KDA:MLA 5:1, one shared expert,
@@ -615,6 +620,17 @@ def _family_defaults(s: ModelShape, size: str) -> ModelShape:
         )
     if s.arch == "hy_v3" and s.n_shared_exp == 0:
         return s.with_(**_HY3, n_ff_shexp=s.n_ff_exp, n_dense_lead=s.n_dense_lead or (1 if s.n_layer > 1 else 0))
+    if s.arch == "step35" and s.n_shared_exp == 0:
+        # Step 3.5's proportions: the sliding-window layers have 3/2 of the full layers' query heads (96 / 64), the
+        # same KV heads; a full layer, then three sliding-window ones; a dense first layer
+        return s.with_(
+            **_STEP35,
+            n_head=s.n_head * 3 // 2,
+            n_layer=max(s.n_layer, 4),
+            n_ff_shexp=s.n_ff_exp,
+            n_dense_lead=s.n_dense_lead or 1,
+            full_attention_interval=4,
+        )
     if s.arch == "bailingmoe2" and s.n_rot == 0:
         groups = 4 if s.n_expert >= 8 and s.n_expert % 4 == 0 else 0
         return s.with_(
