@@ -190,7 +190,8 @@ def plan_memory(
     in files in `model_dir` (its pages are reclaimable: the expert cache is planned without it). `n_seq`
     sequences (the server's slots) each have a KV cache of the context and their own recurrent states.
     `also_held`: (what, bytes) the process keeps beside the model and plans like the resident weights (the image
-    encoder's weights and its compute buffer for the largest image: vision/device.py), each named in a note."""
+    encoder's weights and its compute buffer for the largest image: vision/device.py; Session.describe names
+    them)."""
     graph_mem = graph_bytes(hp, max_batch, n_ctx or hp.n_ctx_train, state_specs)
     states = StatePlan.of(state_specs, checkpoints, info)
     other = sum(n for _, n in also_held)
@@ -224,8 +225,7 @@ def plan_memory(
         },
         info,
     )
-    counted = tuple(f"the memory plan counts {what}" for what, _ in also_held)
-    notes = tuple(note for note in (states.note, ctx.note, *counted) if note)
+    notes = tuple(note for note in (states.note, ctx.note) if note)
     budget, spill = ram_budget, None
     if budget is None:
         # (the resident weights are in `info.used` already, loaded before it was measured; what `also_held`

@@ -355,5 +355,8 @@ class Session(Passes):
         return (
             f"{hp.arch}: {hp.n_layer} layers, {hp.n_expert} experts (top-{hp.n_expert_used}); expert cache "
             f"{self.slots_per_layer}/{hp.n_expert} per layer ({human_bytes(self.scheduler.capacity)}), "
-            f"context {self.n_ctx}" + (f" in each of {self.n_seq} parallel sequences" if self.n_seq > 1 else "")
+            f"context {self.n_ctx}"
+            + (f" in each of {self.n_seq} parallel sequences" if self.n_seq > 1 else "")
+            # (what the memory plan counted beside the model: the image encoder, SessionOptions.also_held)
+            + "".join(f"; the memory plan counts {what}" for what, _ in self.options.also_held)
         )
