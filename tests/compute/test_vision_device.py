@@ -112,3 +112,26 @@ def test_a_session_on_the_device_puts_its_encoder_there(tmp_path: Path) -> None:
     diff = np.abs(logits[0] - logits[1]).max()
     print("device session against the CPU's: max |diff| of the last logits", diff)
     assert diff <= 2e-3, diff
+
+
+def test_an_encoder_whose_device_closed_goes_to_the_cpu(tmp_path: Path) -> None:
+    """A session that gives its failed GPU up closes the tier's backend, which frees the encoder's copy
+    (Backend.on_close): the server's encoder then computes on the CPU, with one line, instead of reading freed
+    buffers."""
+    if not DEVICES:
+        pytest.skip("no device (ggml built for the CPU only)")
+    _, mmproj, _ = factory_files(tmp_path, "qwen3vlmoe")
+    backend = Backend(device(DEVICES[0]))
+    enc = Qwen3VLEncoder(str(mmproj))
+    lines: list[str] = []
+    enc.log = lines.append
+    try:
+        pre = enc.preprocess(image(48, 64, seed=3))
+        cpu = enc.encode(pre)
+        assert place(enc, backend, 8 << 30).startswith(f"vision encoder on {DEVICES[0]} ")
+        backend.close()
+        assert np.array_equal(enc.encode(pre), cpu)
+        assert lines == ["vision encoder on CPU: the GPU was given up"] and enc.device is None
+    finally:
+        enc.close()
+        backend.close()

@@ -60,6 +60,7 @@ class EncoderBackend:
         self.weights = weights  # by name, as the family's graph reads them
         self._tensors: DeviceTensors | None = None
         self._allocator: GraphAllocator | None = None  # (the device's: its graphs' compute buffer)
+        self.freed = False  # its backend closed (a session that dropped its failed GPU): encoders go to the CPU
 
     @classmethod
     def upload(cls, backend: Backend, raw: dict[str, tuple[np.ndarray, int, tuple[int, ...]]]) -> EncoderBackend:
@@ -123,6 +124,7 @@ class EncoderBackend:
 
     def free(self) -> None:
         """Frees the device's buffers: only as its backend closes (`resident`)."""
+        self.freed = True
         self.backend.synchronize()
         if self._allocator is not None:
             self._allocator.close()

@@ -173,6 +173,8 @@ class MmprojEncoder:
         if self.sizing is not None:
             self.sized = self.sizing.measure(build, n_nodes)
             return np.zeros((n_rows, self.width), np.float32)
+        if self.device is not None and self.device.freed:
+            self.to_cpu("the GPU was given up")
         if self.device is not None:
             try:
                 return self.device.run(build, n_nodes, check=False).reshape(n_rows, self.width)
