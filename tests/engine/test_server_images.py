@@ -336,6 +336,53 @@ def test_a_remote_image_is_fetched_with_the_flag(server: Server, tmp_path: Path)
         httpd.server_close()
 
 
+def test_a_remote_image_is_fetched_off_the_engine_thread(server: Server, tmp_path: Path) -> None:
+    """While a remote image trickles in, the one slot answers another request: the fetch (and the decode) run on a
+    thread of the HTTP side (images.decode_ahead), never on the engine thread every slot's decode step shares. The
+    image's server holds its last bytes until that other reply is done (a byte every 0.2 s meanwhile, so the fetch
+    never times out), then sends them; the image's reply is then as its data: URL's. Break-check: decode_ahead
+    leaving the sources to the engine thread fails this (the other reply waits for the image that waits for it)."""
+    png = png_bytes(image(48, 64, seed=13), tmp_path / "t.png")
+    started, release = threading.Event(), threading.Event()
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(png)))
+            self.end_headers()
+            started.set()
+            sent = 0
+            while not release.wait(0.2) and sent < len(png) - 1:
+                self.wfile.write(png[sent : sent + 1])
+                self.wfile.flush()
+                sent += 1
+            release.wait()
+            self.wfile.write(png[sent:])
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    got: list[tuple[dict[int, float], Any]] = []
+    fetching = threading.Thread(
+        target=lambda: got.append(first_logprobs(server, messages(f"http://127.0.0.1:{httpd.server_address[1]}/t")))
+    )
+    try:
+        fetching.start()
+        assert started.wait(300)  # (the server is fetching the image)
+        body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
+        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=600, headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert not got and fetching.is_alive()  # (answered while the image was still coming)
+    finally:
+        release.set()
+        fetching.join(600)
+        httpd.shutdown()
+        httpd.server_close()
+    assert got and got[0][0] == first_logprobs(server, messages(data_url(png)))[0]
+
+
 def test_apply_template_shows_where_the_image_goes(server: Server, tmp_path: Path) -> None:
     url = data_url(png_bytes(image(48, 64, seed=1), tmp_path / "a.png"))
     r = httpx.post(server.url + "/apply-template", json={"messages": messages(url, "Look: ")}, headers=AUTH)

@@ -119,7 +119,7 @@ def create_app(worker: EngineWorker, model_id: str, api_key: str | None) -> Star
         return JSONResponse({"object": "list", "data": [{**entry, "chat_template": template}]})
 
     async def run(request: Request, req: GenerationRequest, chat: bool) -> Response:
-        job = jobs.submit(worker, req)
+        job = await jobs.submit(worker, req)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         accepted = await jobs.accepted(request, job)
         if accepted is None:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from tokenwing.errors import BadInputError
 from tokenwing.vision.prompt import MEDIA_MARKER
@@ -25,11 +27,13 @@ _DATA_URL = re.compile(r"data:([\w.+-]+/[\w.+-]+)?((?:;[\w.+-]+=[\w.+-]+)*);base
 
 @dataclass(frozen=True)
 class ImageSource:
-    """An image as the request names it: its bytes (a data: URL's) or a remote http(s) URL."""
+    """An image as the request names it: its bytes (a data: URL's) or a remote http(s) URL; `rgb` once decoded
+    (server/images.py `decode_ahead`, before the request reaches the engine thread)."""
 
     where: str  # messages[i].content[j]
     data: bytes | None = None
     url: str | None = None
+    rgb: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 def image_part(part: dict[str, Any], where: str) -> ImageSource:

@@ -10,18 +10,26 @@ from typing import Any
 
 from starlette.requests import Request
 
+from tokenwing.errors import BadInputError
 from tokenwing.server.image_parts import ImageSource
-from tokenwing.server.images import request_images
+from tokenwing.server.images import decode_ahead, request_images
 from tokenwing.server.protocol import GenerationRequest, RequestError
 from tokenwing.server.worker import EngineWorker, Job
 from tokenwing.text.tools.reply import prepare
 
 
-def submit(worker: EngineWorker, req: GenerationRequest) -> Job:
-    """The request queued for the engine; a 503 at once where it asked not to wait and every slot is busy."""
+async def submit(worker: EngineWorker, req: GenerationRequest) -> Job:
+    """The request queued for the engine; a 503 at once where it asked not to wait and every slot is busy. Its
+    images are fetched and decoded first, on a thread of their own (images.decode_ahead): never on the engine
+    thread, which only encodes them; a bad one is the same 400 the engine thread would give."""
     if not req.wait and worker.free_slots() <= 0:
         n = worker.session.n_seq if worker.session is not None else 1
         raise RequestError(f"all {n} slots are busy (the request asked not to wait)", "wait", status=503)
+    if req.images:
+        try:
+            req.images[:] = await asyncio.to_thread(decode_ahead, worker.vision, req.images)
+        except BadInputError as e:
+            raise RequestError(str(e)) from None
     job = Job(req, asyncio.get_running_loop(), asyncio.Queue())
     worker.submit(job)
     return job

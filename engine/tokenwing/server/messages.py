@@ -542,7 +542,7 @@ def routes(
     async def create(request: Request) -> Response:
         parsed = parse(await read_json(request))
         req = parsed.req
-        job = jobs.submit(worker, req)
+        job = await jobs.submit(worker, req)
         accepted = await jobs.accepted(request, job)
         if accepted is None:
             return Response(status_code=499)

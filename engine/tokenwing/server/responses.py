@@ -576,7 +576,7 @@ def routes(
 
     async def create(request: Request) -> Response:
         parsed = parse_responses(await read_json(request), store)
-        job = jobs.submit(worker, parsed.req)
+        job = await jobs.submit(worker, parsed.req)
         rid, created = _id("resp"), time.time()
         if await jobs.accepted(request, job) is None:  # (refusals come before any stream starts)
             return Response(status_code=499)
