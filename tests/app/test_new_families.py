@@ -68,6 +68,8 @@ FAMILIES = {
     "gemma-4": ({"arch": "gemma4", "n_layer": 4, "n_expert": 16, "n_expert_used": 4}, "gemma4"),
     # issue 42: Llama 4, its chunked/NoPE layers, interleaved MoE and the router weighting the expert's input
     "llama-4": ({"arch": "llama4", "n_layer": 4, "n_expert": 16}, "llama4"),
+    # issue 42: Step-3.5-Flash, its per-layer heads, halved RoPE in full layers and head-wise attention gate
+    "step-3.5": ({"arch": "step35", "n_layer": 4, "n_expert": 16, "n_expert_used": 4}, "step35"),
 }
 GREEDY = Path(__file__).parents[1] / "demomodel" / "llama_greedy.py"
 
