@@ -28,6 +28,8 @@ CASES = [
     ("bailingmoe2", "attention.head_count", 2, "bailingmoe2's query heads must fill embedding_length"),
     ("llama4", "interleave_moe_layer_step", 1, "tensor blk.0.ffn_gate_inp.weight is missing"),
     ("hy_v3", "rope.dimension_count", 8, "hy_v3 rotates whole heads of one size"),
+    ("step35", "rope.dimension_count", 6, "step35's rotary dims (half of rope.dimension_count in the full layers"),
+    ("step35", "attention.sliding_window", 0, "step35's sliding-window layers need attention.sliding_window"),
 ]
 
 
