@@ -27,8 +27,7 @@ import time
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from tokenwing.models.hparams import NgramKeys
-from tokenwing.models.qwen4exp import ple_heads, ple_table_rows
+from tokenwing.models.qwen4exp import NgramKeys, ple_heads, ple_table_rows
 from tokenwing.testmodel import preset_shape
 from tokenwing.testmodel.corpus import CORPUS, MULTILINGUAL
 from tokenwing.testmodel.writer import model_metadata

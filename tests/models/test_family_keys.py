@@ -4,15 +4,20 @@ type, is refused in one line naming it."""
 
 from __future__ import annotations
 
+import inspect
 import re
+import sys
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 from tokenwing.errors import BadInputError
-from tokenwing.models import deepseek4, kimi_k3
+from tokenwing.format.gguf_io import ValueType
+from tokenwing.models import FAMILIES, deepseek4, hparams, kimi_k3, qwen4exp
 from tokenwing.models.deepseek4 import dsv4_compress_ratios
 from tokenwing.models.hparams import read_hparams
+from tokenwing.models.keys import Key
 from tokenwing.testmodel.architectures import architecture
 from tokenwing.testmodel.shapes import preset_shape
 
@@ -67,3 +72,66 @@ def test_kimi_k3s_table_is_written_by_the_factory_and_read_back(latent: int) -> 
     bad = read_hparams({**meta, "kimi-k3.activation.situ_beta": "two"}, "kimi-k3", "m.gguf", "kv_heads")
     with pytest.raises(BadInputError, match=re.escape("m.gguf: kimi-k3.activation.situ_beta must be a number")):
         kimi_k3.keys(bad, "m.gguf")
+
+
+@pytest.mark.parametrize("ple_layer", [2, -1])
+def test_qwen4exps_tables_are_written_by_the_factory_and_read_back(ple_layer: int) -> None:
+    """Qwen3.8's own keys (models/qwen4exp.py KEYS, PLE_KEYS): each layer's QSA block and, where a layer reads the
+    n-gram table, the table's hash as the factory wrote them (uint64 arrays), read back; without a table none of
+    its group is written and none is read; a mistyped or negative one refused naming it."""
+    s = preset_shape("tiny", "qwen4exp").with_(ple_layer=ple_layer)
+    written = architecture("qwen4exp").metadata(s)
+    meta = {k: v.value for k, v in written.items()}
+    assert all((f"qwen4exp.{key.name}" in meta) == (ple_layer >= 0) for key in qwen4exp.PLE_KEYS.values())
+    hp = read_hparams(meta, "qwen4exp", "m.gguf", "interval")
+    top_k, ratios = qwen4exp.qsa_keys(hp, "m.gguf")
+    assert top_k == s.indexer_top_k
+    assert ratios == tuple(0 if qwen4exp.qwen_recurrent(s, i) else s.qsa_ratio for i in range(s.n_layer))
+    layer, ple = qwen4exp.ple_keys(hp, "m.gguf")
+    assert layer == ple_layer
+    if ple_layer < 0:
+        assert ple is None
+        return
+    # (the hash's constants as uint64 arrays, as llama.cpp's converter writes them: a multiplier is up to 2^63)
+    for name in ("layer_multipliers", "head_offsets", "head_vocab_sizes"):
+        assert written[f"qwen4exp.ple.{name}"].item_type == ValueType.UINT64, name
+    sizes = qwen4exp.ple_head_vocab_sizes(s)
+    assert ple == qwen4exp.NgramKeys(
+        s.ple_ngram,
+        s.ple_heads_per_ngram,
+        meta["qwen4exp.ple.eos_token_id"],
+        tuple(qwen4exp.ple_multipliers(s)),
+        tuple(sum(sizes[:h]) for h in range(len(sizes))),
+        tuple(sizes),
+    )
+    bad = read_hparams({**meta, "qwen4exp.ple.head_offsets": [0, -4]}, "qwen4exp", "m.gguf", "interval")
+    with pytest.raises(BadInputError, match=re.escape("m.gguf: qwen4exp.ple.head_offsets must list non-negative")):
+        qwen4exp.ple_keys(bad, "m.gguf")
+    bad = read_hparams({**meta, "qwen4exp.attention.compress_ratios": "4"}, "qwen4exp", "m.gguf", "interval")
+    with pytest.raises(BadInputError, match=re.escape("m.gguf: qwen4exp.attention.compress_ratios must list integ")):
+        qwen4exp.qsa_keys(bad, "m.gguf")
+
+
+def _tables(module: ModuleType) -> list[Key]:
+    """Every key of a family module's own tables (its module-level dicts of `Key`)."""
+    return [
+        key
+        for table in vars(module).values()
+        if isinstance(table, dict) and table and all(isinstance(k, Key) for k in table.values())
+        for key in table.values()
+    ]
+
+
+def test_hparams_reads_no_familys_own_key() -> None:
+    """The shared reader (models/hparams.py) names no key of any family's own table, nor any family: a family's
+    keys are read where they are written, from its table (break-check: qwen4exp's compress_ratios read back in
+    read_hparams fails here)."""
+    source = inspect.getsource(hparams)
+    modules = {sys.modules[cls.__module__] for cls in FAMILIES.values()}
+    owned = {key.name for module in modules for key in _tables(module)}
+    assert {"attention.compress_ratios", "ple.layers", "interleave_moe_layer_step"} <= owned  # (the tables found)
+    # (DSA's indexer keys are still read there for glm-dsa and qwen4exp; deepseek4's table names them too)
+    shared = {"attention.indexer.head_count", "attention.indexer.key_length", "attention.indexer.top_k"}
+    assert [name for name in sorted(owned - shared) if name in source] == []
+    # (deepseek4's gating function 4 is still let through by name there: the one family the reader names)
+    assert [arch for arch in sorted(FAMILIES) if f'"{arch}"' in source] == ["deepseek4"]

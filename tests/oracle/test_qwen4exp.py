@@ -27,8 +27,7 @@ from tokenwing.compute.ggml_lib import Graph
 from tokenwing.errors import UnsupportedError
 from tokenwing.format.gguf_io import read_header
 from tokenwing.format.reader import ModelFile
-from tokenwing.models.hparams import NgramKeys
-from tokenwing.models.qwen4exp import Qwen4Exp
+from tokenwing.models.qwen4exp import NgramKeys, Qwen4Exp
 from tokenwing.runtime.memory_plan import graph_bytes
 from tokenwing.runtime.session import Session, SessionOptions
 

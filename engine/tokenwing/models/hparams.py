@@ -63,13 +63,6 @@ class HParams:
     rope_sections: tuple[int, ...] = ()  # rope.dimension_sections: multi-axis RoPE (qwen35moe's IMRoPE)
     swiglu_limit_exp: tuple[float, ...] = ()  # swiglu_clamp_exp: per layer, the routed experts' SwiGLU limit
     swiglu_limit_shexp: tuple[float, ...] = ()  # swiglu_clamp_shexp: the shared expert's (and a dense FFN's)
-    # qwen4exp: QSA's budget of cells a query keeps (attention.indexer.top_k) and each layer's block of cells
-    # (attention.compress_ratios: 0 on linear layers); attention is dense while a query sees at most
-    # budget + block - 1 cells (docs/families/qwen4exp.md 2.5)
-    qsa_top_k: int = 0
-    qsa_ratios: tuple[int, ...] = ()
-    ple_layer: int = -1  # qwen4exp: the layer that reads the n-gram table (ple.layers; -1: no table)
-    ple: NgramKeys | None = None  # ... and the hash that names a token's rows of it
     # DSA's lightning indexer (glm-dsa): its heads, head size and the keys it keeps per query; per layer that runs,
     # whether the layer runs its own indexer (attention.indexer.types, GLM-5.2; () where the file has none)
     indexer_n_head: int = 0
@@ -176,9 +169,6 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str, recurrence: str = 
         indexer_types=_indexer_types(meta.get(f"{arch}.attention.indexer.types"), n_layer, f"{where}: {arch}"),
         keys={k[len(arch) + 1 :]: v for k, v in meta.items() if k.startswith(f"{arch}.")},
     )
-    if arch == "qwen4exp":
-        hp = _qsa(hp, get, meta.get(f"{arch}.attention.compress_ratios"), where)
-        hp = _ple(hp, meta, where)
     if hp.n_mtp < 0:
         raise BadInputError(f"{where}: nextn_predict_layers must not be negative")
     if hp.gating not in (0, 1, 2) and not (hp.gating == 4 and arch == "deepseek4"):
@@ -278,106 +268,3 @@ def _flag(v: Any, what: str) -> bool | None:
     if v is None or isinstance(v, bool):
         return v
     raise BadInputError(f"{what} must be a boolean")
-
-
-def _qsa(hp: HParams, get: Any, ratios: Any, where: str) -> HParams:
-    """qwen4exp's QSA keys: the budget of cells a query keeps and each layer's block (0: a linear layer)."""
-    from dataclasses import replace
-
-    top_k = get("attention.indexer.top_k")
-    per_layer = tuple(_ints(ratios if ratios is not None else [0], f"{where}: qwen4exp.attention.compress_ratios"))
-    per_layer = (per_layer + (0,) * hp.n_layer)[: hp.n_layer]
-    blocks = [r for il, r in enumerate(per_layer) if r and not hp.is_recurrent(il)]
-    if top_k <= 0 or not blocks:
-        raise BadInputError(f"{where}: qwen4exp needs attention.indexer.top_k and a compress ratio per full layer")
-    if any(r < 0 or r > 64 for r in per_layer):  # (llama.cpp asserts it: a block's cells are bits of a uint64)
-        raise BadInputError(f"{where}: qwen4exp.attention.compress_ratios must be 0 to 64")
-    return replace(hp, qsa_top_k=top_k, qsa_ratios=per_layer)
-
-
-def _ple(hp: HParams, meta: dict[str, Any], where: str) -> HParams:
-    """qwen4exp's n-gram table layer: one linear-attention layer, or none (llama.cpp takes no more than one)."""
-    from dataclasses import replace
-
-    layers = meta.get("qwen4exp.ple.layers")
-    listed = _ints(layers if layers is not None else [], f"{where}: qwen4exp.ple.layers")
-    if not listed:
-        return hp
-    if len(listed) != 1 or listed[0] >= hp.n_layer or not hp.is_recurrent(listed[0]):
-        raise BadInputError(f"{where}: qwen4exp.ple.layers must name one linear-attention layer")
-    return replace(hp, ple_layer=listed[0], ple=NgramKeys.of(meta, where))
-
-
-@dataclass(frozen=True)
-class NgramKeys:
-    """The n-gram table's hash (qwen4exp.ple.*; docs/families/qwen4exp.md 2.6): which rows a token reads."""
-
-    ngram: int  # n-grams of 2 … ngram tokens
-    heads_per_ngram: int
-    eos: int  # resets the window: it and everything before it read as EOS
-    multipliers: tuple[int, ...]  # one per position back, 0 the token itself
-    offsets: tuple[int, ...]  # each head's first row in the table
-    vocab_sizes: tuple[int, ...]  # each head's rows
-
-    @classmethod
-    def of(cls, meta: dict[str, Any], where: str) -> NgramKeys | None:
-        """The file's keys; None where it has no table (no qwen4exp.ple.layers)."""
-        a = "qwen4exp.ple."
-        layers = meta.get(a + "layers")
-        if layers is None or len(layers) == 0:
-            return None
-
-        def ints(key: str) -> tuple[int, ...]:
-            v: Any = meta.get(a + key)
-            if hasattr(v, "tolist"):
-                v = v.tolist()
-            if not isinstance(v, list) or not all(isinstance(x, int) and x >= 0 for x in v):
-                raise BadInputError(f"{where}: {a}{key} must list non-negative integers")
-            return tuple(int(x) for x in v)
-
-        k = cls(
-            int(meta.get(a + "ngram_size", 0)),
-            int(meta.get(a + "heads_per_ngram", 0)),
-            int(meta.get(a + "eos_token_id", 0)),
-            ints("layer_multipliers"),
-            ints("head_offsets"),
-            ints("head_vocab_sizes"),
-        )
-        heads = (k.ngram - 1) * k.heads_per_ngram
-        if k.ngram < 2 or heads < 1 or len(k.multipliers) < k.ngram or min(len(k.offsets), len(k.vocab_sizes)) < heads:
-            raise BadInputError(f"{where}: the n-gram table's keys (qwen4exp.ple.*) do not fit together")
-        if not all(k.vocab_sizes[:heads]):
-            raise BadInputError(f"{where}: {a}head_vocab_sizes must be positive")
-        return k
-
-    @property
-    def heads(self) -> int:
-        return (self.ngram - 1) * self.heads_per_ngram
-
-    def rows(self, tokens: list[int], before: list[int]) -> np.ndarray:
-        """The table rows [len(tokens), heads] the tokens read, `before` the sequence's tokens ahead of them
-        (oldest first; fewer than ngram - 1 where the sequence starts). Going back from a token, a missing one,
-        an EOS and everything before it read as EOS; the token's own EOS counts as itself. The products stay
-        below 2^63 (multipliers below 2^63 / vocab): uint64 as llama.cpp hashes, int64 as the reference does."""
-        back = self.ngram - 1
-        seq = [*before[-back:], *tokens] if back else list(tokens)
-        first = len(seq) - len(tokens)
-        m = [np.uint64(x) for x in self.multipliers[: self.ngram]]
-        sizes = np.array(self.vocab_sizes[: self.heads], np.uint64)
-        offsets = np.array(self.offsets[: self.heads], np.uint64)
-        out = np.empty((len(tokens), self.heads), np.int64)
-        for i in range(len(tokens)):
-            at = first + i
-            ctx = [seq[at]]
-            cut = False
-            for s in range(1, self.ngram):
-                t = seq[at - s] if at - s >= 0 else -1
-                cut = cut or t < 0 or t == self.eos
-                ctx.append(self.eos if cut else t)
-            for n in range(2, self.ngram + 1):  # the n-gram of the token and the n - 1 before it
-                mixed = np.uint64(ctx[0]) * m[0]
-                for j in range(1, n):
-                    mixed ^= np.uint64(ctx[j]) * m[j]
-                h = slice((n - 2) * self.heads_per_ngram, (n - 1) * self.heads_per_ngram)
-                out[i, h] = (mixed % sizes[h] + offsets[h]).astype(np.int64)
-        return out

@@ -17,13 +17,18 @@ from tokenwing.models.hparams import HParams
 @dataclass(frozen=True)
 class Key:
     name: str  # after "<arch>."
-    kind: str  # "u32", "f32" or "i32[]"
+    kind: str  # "u32", "f32", "i32[]" or "u64[]"
     default: Any = None  # where the file has no such key (None: it is required)
 
     def read(self, hp: HParams, where: str) -> Any:
         """The file's value, checked: one line naming the key where it is missing or of another type."""
-        full = f"{hp.arch}.{self.name}"
-        v = hp.keys.get(self.name, self.default)
+        return self.value(hp.arch, hp.keys, where)
+
+    def value(self, arch: str, keys: dict[str, Any], where: str) -> Any:
+        """`read` from a file's `<arch>.` keys with the prefix dropped (`HParams.keys`), without the rest of its
+        hparams (a family's helper that reads one group of keys from a file's metadata)."""
+        full = f"{arch}.{self.name}"
+        v = keys.get(self.name, self.default)
         if v is None:
             raise BadInputError(f"{where}: {full} is missing from the metadata")
         if self.kind == "u32":
@@ -37,6 +42,8 @@ class Key:
         items = v.tolist() if hasattr(v, "tolist") else v
         if not isinstance(items, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in items):
             raise BadInputError(f"{where}: {full} must list integers")
+        if self.kind == "u64[]" and any(x < 0 for x in items):
+            raise BadInputError(f"{where}: {full} must list non-negative integers")
         return tuple(items)
 
     def kv(self, value: Any) -> KV:
@@ -45,7 +52,7 @@ class Key:
             return KV.u32(value)
         if self.kind == "f32":
             return KV.f32(value)
-        return KV.array(ValueType.INT32, list(value))
+        return KV.array(ValueType.UINT64 if self.kind == "u64[]" else ValueType.INT32, list(value))
 
 
 def read_keys(table: dict[str, Key], hp: HParams, where: str) -> dict[str, Any]:

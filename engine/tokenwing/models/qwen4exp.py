@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,11 +33,12 @@ import numpy as np
 from tokenwing import _core
 from tokenwing.compute.ggml_lib import F32, I32, Tensor, aligned_bytes, ops
 from tokenwing.errors import BadInputError, UnsupportedError
-from tokenwing.format.gguf_io import KV, ValueType, tensor_nbytes
+from tokenwing.format.gguf_io import KV, tensor_nbytes
 from tokenwing.models import common, qwen3next, specs
 from tokenwing.models.base import TensorCheck
 from tokenwing.models.factory import Factory, shared_ff
 from tokenwing.models.hparams import HParams
+from tokenwing.models.keys import Key, read_keys, write_keys
 from tokenwing.models.qwen3next import Qwen35MoE, check_qwen_linear, qwen_next_kv
 from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
@@ -46,6 +48,115 @@ if TYPE_CHECKING:  # (the factory's geometry: types only)
 
 TABLE = "per_layer_token_embd.weight"
 PAGE = 4096  # what a direct read of the model file reads at least
+
+
+A = "qwen4exp"
+
+# ------------------------------------------------------------------------------------------------ the family's keys
+# Its own GGUF keys as tables (models/keys.py), read here and written by the factory (`_kv`): each layer's QSA block
+# (attention.compress_ratios: 0 on linear layers; the budget, attention.indexer.top_k, is the indexer's shared key),
+# and the n-gram table's group, which a file has where a layer reads the table. ple.conv_kernel and the row width
+# are read for their type only: the table's and the convolution's shapes are what the graph takes.
+KEYS: dict[str, Key] = {"compress_ratios": Key("attention.compress_ratios", "i32[]", [0])}
+PLE_KEYS: dict[str, Key] = {
+    "layers": Key("ple.layers", "i32[]", []),
+    "ngram": Key("ple.ngram_size", "u32", 0),
+    "heads_per_ngram": Key("ple.heads_per_ngram", "u32", 0),
+    "conv_kernel": Key("ple.conv_kernel", "u32", 0),
+    "eos": Key("ple.eos_token_id", "u32", 0),
+    "width": Key("embedding_length_per_layer_input", "u32", 0),
+    "multipliers": Key("ple.layer_multipliers", "u64[]"),
+    "offsets": Key("ple.head_offsets", "u64[]"),
+    "vocab_sizes": Key("ple.head_vocab_sizes", "u64[]"),
+}
+
+
+def qsa_keys(hp: HParams, where: str = "the model") -> tuple[int, tuple[int, ...]]:
+    """QSA's budget of cells a query keeps (attention.indexer.top_k) and each layer's block of cells (0: a linear
+    layer); attention is dense while a query sees at most budget + block - 1 cells (docs/families/qwen4exp.md 2.5)."""
+    top_k = hp.indexer_top_k
+    per_layer: tuple[int, ...] = read_keys(KEYS, hp, where)["compress_ratios"]
+    per_layer = (per_layer + (0,) * hp.n_layer)[: hp.n_layer]
+    blocks = [r for il, r in enumerate(per_layer) if r and not hp.is_recurrent(il)]
+    if top_k <= 0 or not blocks:
+        raise BadInputError(f"{where}: qwen4exp needs attention.indexer.top_k and a compress ratio per full layer")
+    if any(r < 0 or r > 64 for r in per_layer):  # (llama.cpp asserts it: a block's cells are bits of a uint64)
+        raise BadInputError(f"{where}: qwen4exp.attention.compress_ratios must be 0 to 64")
+    return top_k, per_layer
+
+
+def ple_keys(hp: HParams, where: str = "the model") -> tuple[int, NgramKeys | None]:
+    """The layer that reads the n-gram table (-1: no table), one linear-attention layer (llama.cpp takes no more
+    than one), and the hash that names a token's rows of it."""
+    listed = PLE_KEYS["layers"].read(hp, where)
+    if not listed:
+        return -1, None
+    if len(listed) != 1 or not 0 <= listed[0] < hp.n_layer or not hp.is_recurrent(listed[0]):
+        raise BadInputError(f"{where}: qwen4exp.ple.layers must name one linear-attention layer")
+    return listed[0], NgramKeys.read(hp.keys, where)
+
+
+@dataclass(frozen=True)
+class NgramKeys:
+    """The n-gram table's hash (qwen4exp.ple.*; docs/families/qwen4exp.md 2.6): which rows a token reads."""
+
+    ngram: int  # n-grams of 2 … ngram tokens
+    heads_per_ngram: int
+    eos: int  # resets the window: it and everything before it read as EOS
+    multipliers: tuple[int, ...]  # one per position back, 0 the token itself
+    offsets: tuple[int, ...]  # each head's first row in the table
+    vocab_sizes: tuple[int, ...]  # each head's rows
+
+    @classmethod
+    def of(cls, meta: dict[str, Any], where: str) -> NgramKeys | None:
+        """The file's keys (`PLE_KEYS`); None where it has no table (no qwen4exp.ple.layers)."""
+        return cls.read({k[len(A) + 1 :]: v for k, v in meta.items() if k.startswith(f"{A}.")}, where)
+
+    @classmethod
+    def read(cls, own: dict[str, Any], where: str) -> NgramKeys | None:
+        """`of` from the file's qwen4exp keys with the prefix dropped (`HParams.keys`)."""
+        if not PLE_KEYS["layers"].value(A, own, where):
+            return None
+        v = {field: key.value(A, own, where) for field, key in PLE_KEYS.items()}
+        k = cls(v["ngram"], v["heads_per_ngram"], v["eos"], v["multipliers"], v["offsets"], v["vocab_sizes"])
+        heads = (k.ngram - 1) * k.heads_per_ngram
+        if k.ngram < 2 or heads < 1 or len(k.multipliers) < k.ngram or min(len(k.offsets), len(k.vocab_sizes)) < heads:
+            raise BadInputError(f"{where}: the n-gram table's keys (qwen4exp.ple.*) do not fit together")
+        if not all(k.vocab_sizes[:heads]):
+            raise BadInputError(f"{where}: {A}.ple.head_vocab_sizes must be positive")
+        return k
+
+    @property
+    def heads(self) -> int:
+        return (self.ngram - 1) * self.heads_per_ngram
+
+    def rows(self, tokens: list[int], before: list[int]) -> np.ndarray:
+        """The table rows [len(tokens), heads] the tokens read, `before` the sequence's tokens ahead of them
+        (oldest first; fewer than ngram - 1 where the sequence starts). Going back from a token, a missing one,
+        an EOS and everything before it read as EOS; the token's own EOS counts as itself. The products stay
+        below 2^63 (multipliers below 2^63 / vocab): uint64 as llama.cpp hashes, int64 as the reference does."""
+        back = self.ngram - 1
+        seq = [*before[-back:], *tokens] if back else list(tokens)
+        first = len(seq) - len(tokens)
+        m = [np.uint64(x) for x in self.multipliers[: self.ngram]]
+        sizes = np.array(self.vocab_sizes[: self.heads], np.uint64)
+        offsets = np.array(self.offsets[: self.heads], np.uint64)
+        out = np.empty((len(tokens), self.heads), np.int64)
+        for i in range(len(tokens)):
+            at = first + i
+            ctx = [seq[at]]
+            cut = False
+            for s in range(1, self.ngram):
+                t = seq[at - s] if at - s >= 0 else -1
+                cut = cut or t < 0 or t == self.eos
+                ctx.append(self.eos if cut else t)
+            for n in range(2, self.ngram + 1):  # the n-gram of the token and the n - 1 before it
+                mixed = np.uint64(ctx[0]) * m[0]
+                for j in range(1, n):
+                    mixed ^= np.uint64(ctx[j]) * m[j]
+                h = slice((n - 2) * self.heads_per_ngram, (n - 1) * self.heads_per_ngram)
+                out[i, h] = (mixed % sizes[h] + offsets[h]).astype(np.int64)
+        return out
 
 
 class NgramRows:
@@ -180,7 +291,7 @@ class NgramRows:
 
 def qsa_ratio(hp: HParams, il: int) -> int:
     """Layer il's QSA block (attention.compress_ratios), 0 where it has none (a linear layer)."""
-    return 0 if hp.is_recurrent(il) or il >= len(hp.qsa_ratios) else hp.qsa_ratios[il]
+    return 0 if hp.is_recurrent(il) else qsa_keys(hp)[1][il]
 
 
 # ------------------------------------------------------------------------------------------------ the factory's
@@ -300,19 +411,24 @@ def _kv(s: ModelShape) -> dict[str, KV]:
     kv[f"{a}.attention.indexer.head_count"] = KV.u32(s.indexer_n_head)
     kv[f"{a}.attention.indexer.key_length"] = KV.u32(s.indexer_head_size)
     kv[f"{a}.attention.indexer.top_k"] = KV.u32(s.indexer_top_k)
-    ratios = [0 if qwen_recurrent(s, i) else s.qsa_ratio for i in range(s.n_layer)]
-    kv[f"{a}.attention.compress_ratios"] = KV.array(ValueType.INT32, ratios)
+    # the family's own keys (KEYS, PLE_KEYS)
+    kv |= write_keys(
+        KEYS, a, {"compress_ratios": [0 if qwen_recurrent(s, i) else s.qsa_ratio for i in range(s.n_layer)]}
+    )
     if s.ple_layer >= 0:
         sizes = ple_head_vocab_sizes(s)
-        kv[f"{a}.ple.layers"] = KV.array(ValueType.INT32, [s.ple_layer])
-        kv[f"{a}.ple.ngram_size"] = KV.u32(s.ple_ngram)
-        kv[f"{a}.ple.heads_per_ngram"] = KV.u32(s.ple_heads_per_ngram)
-        kv[f"{a}.ple.conv_kernel"] = KV.u32(s.ple_conv_kernel)
-        kv[f"{a}.ple.eos_token_id"] = KV.u32(build_vocabulary(s.vocab_size, s.tokenizer).eos_id)
-        kv[f"{a}.embedding_length_per_layer_input"] = KV.u32(s.n_embd // ple_heads(s))
-        kv[f"{a}.ple.layer_multipliers"] = KV.array(ValueType.UINT64, ple_multipliers(s))
-        kv[f"{a}.ple.head_offsets"] = KV.array(ValueType.UINT64, [sum(sizes[:h]) for h in range(len(sizes))])
-        kv[f"{a}.ple.head_vocab_sizes"] = KV.array(ValueType.UINT64, sizes)
+        ple = {
+            "layers": [s.ple_layer],
+            "ngram": s.ple_ngram,
+            "heads_per_ngram": s.ple_heads_per_ngram,
+            "conv_kernel": s.ple_conv_kernel,
+            "eos": build_vocabulary(s.vocab_size, s.tokenizer).eos_id,
+            "width": s.n_embd // ple_heads(s),
+            "multipliers": ple_multipliers(s),
+            "offsets": [sum(sizes[:h]) for h in range(len(sizes))],
+            "vocab_sizes": sizes,
+        }
+        kv |= write_keys(PLE_KEYS, a, ple)
     return kv
 
 
@@ -371,10 +487,11 @@ class Qwen4Exp(Qwen35MoE):
     def __init__(self, hp: HParams, weights: ModelWeights, streamed: list[int]) -> None:
         super().__init__(hp, weights, streamed)
         self.hc = self.streams(hp, weights.shapes)
-        self.ple = hp.ple if hp.ple_layer >= 0 else None
+        self.qsa_top_k = qsa_keys(hp)[0]
+        self.ple_layer, self.ple = ple_keys(hp)
         self.ngram_rows: NgramRows | None = None
         if self.ple is not None:
-            self.ple_kernel = weights.shapes[f"blk.{hp.ple_layer}.ple_conv1d.weight"][0]
+            self.ple_kernel = weights.shapes[f"blk.{self.ple_layer}.ple_conv1d.weight"][0]
             self.ple_hist = self.history_tokens(hp, weights.shapes)
             path, offset, info = weights.lazy[TABLE]
             width = info.shape[0]
@@ -395,13 +512,15 @@ class Qwen4Exp(Qwen35MoE):
     @staticmethod
     def history_tokens(hp: HParams, shapes: dict[str, tuple[int, ...]]) -> int:
         """The n-gram injection's convolution history, in tokens: (kernel - 1) · n-gram (0 without the table)."""
-        if hp.ple_layer < 0 or hp.ple is None:
+        layer, ple = ple_keys(hp)
+        if ple is None:
             return 0
-        return (shapes[f"blk.{hp.ple_layer}.ple_conv1d.weight"][0] - 1) * hp.ple.ngram
+        return (shapes[f"blk.{layer}.ple_conv1d.weight"][0] - 1) * ple.ngram
 
     # -------------------------------------------------------------------------------------------- checks
     @classmethod
     def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
+        qsa_keys(hp, where)  # (the family's keys refused in one line, naming the file, before anything is sized)
         e = hp.n_embd
         hc = cls.streams(hp, shapes)
         rank = shapes.get("output_hc_down.weight", (0, 0))[1]
@@ -423,10 +542,10 @@ class Qwen4Exp(Qwen35MoE):
             c.need(prefix + "_up.weight", (rank, hc * e))
             if inject:
                 c.need(prefix + "_inject.weight", (hc * e, hc))
-        if hp.ple_layer >= 0:
-            assert hp.ple is not None  # (hparams._ple reads both)
-            heads, p = hp.ple.heads, f"blk.{hp.ple_layer}."
-            rows = max(o + v for o, v in zip(hp.ple.offsets[:heads], hp.ple.vocab_sizes[:heads], strict=True))
+        layer, ple = ple_keys(hp, where)
+        if ple is not None:
+            heads, p = ple.heads, f"blk.{layer}."
+            rows = max(o + v for o, v in zip(ple.offsets[:heads], ple.vocab_sizes[:heads], strict=True))
             table = shapes.get("per_layer_token_embd.weight", (0, 0))
             if e % heads or table[0] != e // heads or table[1] < rows:
                 raise BadInputError(
@@ -492,14 +611,14 @@ class Qwen4Exp(Qwen35MoE):
     @classmethod
     def lazy_tensors(cls, hp: HParams) -> frozenset[str]:
         """The n-gram table stays in the file: its rows are read as tokens name them (`NgramRows`)."""
-        return frozenset({TABLE}) if hp.ple_layer >= 0 else frozenset()
+        return frozenset({TABLE}) if ple_keys(hp)[1] is not None else frozenset()
 
     @classmethod
     def state_width(cls, hp: HParams) -> int:
         """The streams, and with a table each token's n-gram vector after them. (A class method without the file's
         shapes: 4 streams, transformers' default and the only count the released model has; `check` refuses
         another.)"""
-        return 4 * hp.n_embd + (hp.n_embd if hp.ple_layer >= 0 else 0)
+        return 4 * hp.n_embd + (hp.n_embd if ple_keys(hp)[1] is not None else 0)
 
     def _streams(self, ctx: Any, state: Tensor) -> Tensor:
         """The streams [n_embd, hc, n] of a state [state_width, n]."""
@@ -588,7 +707,7 @@ class Qwen4Exp(Qwen35MoE):
         w = self.w[il]
         st = self._streams(ctx, x)
         writes: list[Tensor] = []
-        if il == self.hp.ple_layer:
+        if il == self.ple_layer:
             st, writes = self.ngram_injection(ctx, il, st, self._ngrams(ctx, x), common.recurrent_cache(kv))
         attn, attn_writes = self.attention(ctx, il, self.hc_mix(ctx, st, w, "hc_attn"), at, kv)
         st = self.hc_combine(ctx, st, attn, w["hc_attn_norm"], w["hc_attn_inject"])
@@ -665,7 +784,7 @@ class Qwen4Exp(Qwen35MoE):
         # cached raw: the pooling comes before the norm and the rotation
         raw = ops.ggml_mul_mat(ctx, w["indexer.k_proj"], x)
         writes = [ops.ggml_set_rows(ctx, keys, raw, at.k_rows)]
-        width = hp.qsa_top_k + r - 1
+        width = self.qsa_top_k + r - 1
         if n_kv <= width:
             return None, writes
         blocks, elt = n_kv // r, int(keys.contents.nb[1]) // di  # the complete blocks the window can hold
@@ -724,7 +843,7 @@ class Qwen4Exp(Qwen35MoE):
         """The DeltaNet's state; the table's layer keeps its injection's convolution history too, as more slots
         of the convolution state (the runtime copies a state whole: checkpoints, snapshots)."""
         spec = super().layer_state(hp, shapes, il)
-        if spec is None or il != hp.ple_layer:
+        if spec is None or il != ple_keys(hp)[0]:
             return spec
         per_slot = spec.conv[0] * spec.conv[1]
         extra = -(-cls.history_tokens(hp, shapes) * cls.streams(hp, shapes) * hp.n_embd // per_slot)
