@@ -5,6 +5,7 @@ type, is refused in one line naming it."""
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import sys
 from types import ModuleType
@@ -14,7 +15,7 @@ import pytest
 
 from tokenwing.errors import BadInputError
 from tokenwing.format.gguf_io import ValueType
-from tokenwing.models import FAMILIES, deepseek4, hparams, kimi_k3, qwen4exp
+from tokenwing.models import FAMILIES, bailingmoe3, deepseek4, hparams, kimi_k3, qwen4exp
 from tokenwing.models.deepseek4 import dsv4_compress_ratios
 from tokenwing.models.hparams import read_hparams
 from tokenwing.models.keys import Key
@@ -129,9 +130,31 @@ def test_hparams_reads_no_familys_own_key() -> None:
     source = inspect.getsource(hparams)
     modules = {sys.modules[cls.__module__] for cls in FAMILIES.values()}
     owned = {key.name for module in modules for key in _tables(module)}
-    assert {"attention.compress_ratios", "ple.layers", "interleave_moe_layer_step"} <= owned  # (the tables found)
+    assert {
+        "attention.compress_ratios",
+        "ple.layers",
+        "kda.head_dim",
+        "interleave_moe_layer_step",
+    } <= owned  # (the tables found)
     # (DSA's indexer keys are still read there for glm-dsa and qwen4exp; deepseek4's table names them too)
     shared = {"attention.indexer.head_count", "attention.indexer.key_length", "attention.indexer.top_k"}
     assert [name for name in sorted(owned - shared) if name in source] == []
     # (deepseek4's gating function 4 is still let through by name there: the one family the reader names)
     assert [arch for arch in sorted(FAMILIES) if f'"{arch}"' in source] == ["deepseek4"]
+
+
+@pytest.mark.parametrize(("arch", "floor"), [("bailingmoe3", -5.0), ("kimi-k3", -5.0), ("kimi-k3", -math.inf)])
+def test_the_kda_table_is_written_by_both_factories_and_read_back(arch: str, floor: float) -> None:
+    """The KDA layers' keys (models/bailingmoe3.py KDA_KEYS), Ling 3.0's and Kimi K3's: the head size and the decay
+    gate's floor as written, read back; Kimi's file without safe_gate, and without a floor where it has none (then
+    llama.cpp takes kimi-linear's softplus gate), which reads as -inf; a mistyped one refused naming it
+    (break-check: Kimi writing the floor always fails the -inf case)."""
+    s = preset_shape("tiny", arch).with_(kda_gate_lower_bound=floor)
+    meta = {k: v.value for k, v in architecture(arch).metadata(s).items()}
+    assert (f"{arch}.kda.gate_lower_bound" in meta) == math.isfinite(floor)
+    assert (f"{arch}.kda.safe_gate" in meta) == (arch == "bailingmoe3")
+    k = bailingmoe3.kda_keys(read_hparams(meta, arch, "m.gguf", FAMILIES[arch].recurrence), "m.gguf")
+    assert (k.head_dim, k.gate_lower_bound, k.safe_gate) == (s.ssm_d_state, floor, arch == "bailingmoe3")
+    bad = read_hparams({**meta, f"{arch}.kda.gate_lower_bound": "low"}, arch, "m.gguf", FAMILIES[arch].recurrence)
+    with pytest.raises(BadInputError, match=re.escape(f"m.gguf: {arch}.kda.gate_lower_bound must be a number")):
+        bailingmoe3.kda_keys(bad, "m.gguf")

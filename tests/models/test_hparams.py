@@ -9,6 +9,7 @@ import pytest
 
 from tokenwing.errors import BadInputError
 from tokenwing.models import FAMILIES
+from tokenwing.models.bailingmoe3 import kda_keys
 from tokenwing.models.hparams import read_hparams
 
 
@@ -118,7 +119,7 @@ def test_kimi_k3_keys_and_the_ones_it_cannot_run_without() -> None:
     hp = read_hparams(meta, "kimi-k3", "m", KimiK3.recurrence)
     k = kimi_k3.keys(hp)  # (its own keys table, models/kimi_k3.py KEYS, which the factory writes)
     assert (k.n_expert_latent, k.attn_res_block, k.situ_beta, k.situ_linear_beta) == (2048, 2, 2.0, 0.0)
-    assert hp.recurrent == (True, True, True, False) and hp.kda_gate_lower_bound == -np.inf
+    assert hp.recurrent == (True, True, True, False) and kda_keys(hp).gate_lower_bound == -np.inf
     assert KimiK3.state_width(hp) == 3 * 4096 and KimiK3.expert_width(hp, 1) == 2048
     for key in ("attn_res.block_size", "activation.situ_beta", "activation.situ_linear_beta"):
         hp = read_hparams({k: v for k, v in meta.items() if k != f"kimi-k3.{key}"}, "kimi-k3", "m", "kv_heads")

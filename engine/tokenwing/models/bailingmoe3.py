@@ -18,6 +18,7 @@ next-token-prediction block is neither loaded nor run.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,6 +41,7 @@ from tokenwing.models.factory import (
     yarn_kv,
 )
 from tokenwing.models.hparams import HParams
+from tokenwing.models.keys import Key, read_keys, write_keys
 from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
 
@@ -54,10 +56,31 @@ def ling_full_attention(s: ModelShape, i: int) -> bool:
     return i >= s.n_layer or (i + 1) % g == 0 or i >= s.n_layer // g * g
 
 
+# The KDA layers' own keys (models/keys.py), Ling 3.0's and Kimi K3's: read here, written by both factories (Kimi's
+# without safe_gate, and without the gate's floor where it has none: then llama.cpp takes kimi-linear's softplus gate)
+KDA_KEYS: dict[str, Key] = {
+    "head_dim": Key("kda.head_dim", "u32", 0),  # every KDA head, q, k and v alike
+    "safe_gate": Key("kda.safe_gate", "bool", False),
+    "gate_lower_bound": Key("kda.gate_lower_bound", "f32", -math.inf),  # the decay gate's floor (negative)
+}
+
+
+@dataclass(frozen=True)
+class KdaKeys:
+    head_dim: int
+    safe_gate: bool
+    gate_lower_bound: float  # -inf where the file has none
+
+
+def kda_keys(hp: HParams, where: str = "the model") -> KdaKeys:
+    """The KDA keys from the file's (`KDA_KEYS`), checked: one line naming the key otherwise."""
+    return KdaKeys(**read_keys(KDA_KEYS, hp, where))
+
+
 def kda_tensors(hp: HParams, il: int) -> list[TensorSpec]:
     """A Kimi Delta Attention layer of Ling 3.0: q, k, v each with its own short convolution (4-D, as converted),
     a per-channel decay gate (ssm_f_a, dt bias, ssm_a = exp(A_log)), β, and a sigmoid output gate (ssm_g_a)."""
-    p, e, hd, nh = f"blk.{il}.", hp.n_embd, hp.kda_head_dim, hp.n_head
+    p, e, hd, nh = f"blk.{il}.", hp.n_embd, kda_keys(hp).head_dim, hp.n_head
     d_inner = hd * nh
     out = [TensorSpec(p + "attn_norm.weight", (e,), "norm")]
     for x in "qkv":
@@ -87,9 +110,9 @@ def _kv(s: ModelShape) -> dict[str, KV]:
     kv[f"{a}.attention.head_count_kv"] = KV.array(ValueType.UINT32, heads_kv)
     kv.update(mla_kv(s, a))
     kv[f"{a}.ssm.conv_kernel"] = KV.u32(s.ssm_d_conv)
-    kv[f"{a}.kda.head_dim"] = KV.u32(s.ssm_d_state)
-    kv[f"{a}.kda.safe_gate"] = KV.boolean(True)
-    kv[f"{a}.kda.gate_lower_bound"] = KV.f32(s.kda_gate_lower_bound)
+    kv |= write_keys(
+        KDA_KEYS, a, {"head_dim": s.ssm_d_state, "safe_gate": True, "gate_lower_bound": s.kda_gate_lower_bound}
+    )
     if s.swiglu_limit:
         limits = [s.swiglu_limit if i == s.n_layer - 1 else 0.0 for i in range(s.n_block)]
         kv[f"{a}.swiglu_clamp_exp"] = KV.array(ValueType.FLOAT32, limits)
@@ -135,9 +158,10 @@ class BailingMoE3(MoEModel):
         if hp.rope_sections and any(hp.rope_sections):
             raise BadInputError(f"{where}: a bailingmoe3 file with multi-axis RoPE (the VL model) is not run")
         if any(hp.recurrent):
-            if hp.kda_head_dim < 1 or hp.ssm_d_conv < 2:
+            k = kda_keys(hp, where)
+            if k.head_dim < 1 or hp.ssm_d_conv < 2:
                 raise BadInputError(f"{where}: KDA layers need kda.head_dim and ssm.conv_kernel (at least 2)")
-            if not -math.inf < hp.kda_gate_lower_bound < 0:  # (-inf: the file has none)
+            if not -math.inf < k.gate_lower_bound < 0:  # (-inf: the file has none)
                 raise BadInputError(f"{where}: kda.gate_lower_bound must be negative")
         super().check(hp, shapes, streamed, where)
 
@@ -162,7 +186,7 @@ class BailingMoE3(MoEModel):
     def layer_state(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], il: int) -> common.StateSpec | None:
         if not hp.is_recurrent(il):
             return None
-        hd = hp.kda_head_dim
+        hd = kda_keys(hp).head_dim
         # the three convolutions' inputs (q, k, v: llama.cpp's order), then one hd × hd matrix per head
         return common.StateSpec((hp.ssm_d_conv - 1, hd * hp.n_head, 3), (hd, hd, hp.n_head, 1))
 
@@ -183,14 +207,14 @@ class BailingMoE3(MoEModel):
 
     def kda(self, ctx: Any, il: int, x: Tensor, n: int, cache: common.RecurrentCache) -> tuple[Tensor, list[Tensor]]:
         """Kimi Delta Attention over n tokens, from and into the layer's state: [n_embd, n] and the state writes."""
-        hp, w = self.hp, self.w[il]
-        hd, nh = hp.kda_head_dim, hp.n_head
+        hp, w, k = self.hp, self.w[il], kda_keys(self.hp)
+        hd, nh = k.head_dim, hp.n_head
         qkv, writes = delta_net.kda_qkv(ctx, w, x, cache, hp.ssm_d_conv, hd, nh)
         gate = ops.ggml_add(ctx, ops.ggml_mul_mat(ctx, w["ssm_f_a"], x), w["ssm_dt.bias"])
         gate = ops.ggml_mul(
             ctx, ops.ggml_reshape_3d(ctx, gate, hd, nh, n), ops.ggml_reshape_3d(ctx, w["ssm_a"], 1, nh, 1)
         )
-        gate = ops.ggml_scale(ctx, ops.ggml_sigmoid(ctx, gate), hp.kda_gate_lower_bound)
+        gate = ops.ggml_scale(ctx, ops.ggml_sigmoid(ctx, gate), k.gate_lower_bound)
         gate = ops.ggml_reshape_4d(ctx, gate, hd, nh, n, 1)
         beta = ops.ggml_mul_mat(ctx, w["ssm_beta"], x)
         beta = ops.ggml_sigmoid(ctx, ops.ggml_reshape_4d(ctx, beta, 1, nh, n, 1))

@@ -14,14 +14,12 @@ including the K snapshot slots of gated_delta_net.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from tokenwing.compute.ggml_lib import Tensor, ops
 from tokenwing.models import common
-from tokenwing.models.base import TensorCheck
 
 
 def l2_norm(ctx: Any, x: Tensor, eps: float) -> Tensor:
@@ -84,24 +82,6 @@ def delta_rule(
 # Kimi Delta Attention's three projections and their convolutions, in the order of the layer's convolution
 # states (llama.cpp's: q, k, v)
 KDA_PROJECTIONS = (("attn_q", "ssm_conv1d_q"), ("attn_k", "ssm_conv1d_k"), ("attn_v", "ssm_conv1d_v"))
-
-
-def check_kda(c: TensorCheck, il: int, gates: Mapping[str, tuple[int, ...]]) -> None:
-    """The tensors of KDA layer il that Ling 3.0 and Kimi K3 share, and the family's own decay and output gates
-    (`gates`: name → shape)."""
-    hp, p, e = c.hp, f"blk.{il}.", c.hp.n_embd
-    hd, nh = hp.kda_head_dim, hp.n_head
-    d_inner = hd * nh
-    c.need(p + "attn_norm.weight", (e,))
-    for proj, conv in KDA_PROJECTIONS:
-        c.need(p + proj + ".weight", (e, d_inner))
-        c.need(p + conv + ".weight", (hp.ssm_d_conv, 1, d_inner, 1))
-    c.need(p + "ssm_dt.bias", (d_inner,))
-    c.need(p + "ssm_beta.weight", (e, nh))
-    c.need(p + "ssm_norm.weight", (hd,))
-    c.need(p + "attn_output.weight", (d_inner, e))
-    for name, shape in gates.items():
-        c.need(p + name, shape)
 
 
 def kda_qkv(

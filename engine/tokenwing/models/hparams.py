@@ -56,10 +56,6 @@ class HParams:
     ssm_d_state: int = 0  # ssm.state_size: the size of a key (and value) head
     ssm_dt_rank: int = 0  # ssm.time_step_rank: value heads
     ssm_n_group: int = 0  # ssm.group_count: key heads
-    kda_head_dim: int = 0  # kda.head_dim (bailingmoe3: every KDA head, q, k and v alike)
-    # kda.gate_lower_bound: the decay gate's floor (negative); -inf where the file has none (llama.cpp's default:
-    # Kimi K3 then takes kimi-linear's softplus gate)
-    kda_gate_lower_bound: float = -math.inf
     rope_sections: tuple[int, ...] = ()  # rope.dimension_sections: multi-axis RoPE (qwen35moe's IMRoPE)
     swiglu_limit_exp: tuple[float, ...] = ()  # swiglu_clamp_exp: per layer, the routed experts' SwiGLU limit
     swiglu_limit_shexp: tuple[float, ...] = ()  # swiglu_clamp_shexp: the shared expert's (and a dense FFN's)
@@ -154,8 +150,6 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str, recurrence: str = 
         ssm_d_state=get("ssm.state_size", 0),
         ssm_dt_rank=get("ssm.time_step_rank", 0),
         ssm_n_group=get("ssm.group_count", 0),
-        kda_head_dim=get("kda.head_dim", 0),
-        kda_gate_lower_bound=get("kda.gate_lower_bound", -math.inf, kind=float),
         rope_sections=tuple(_ints(meta.get(f"{arch}.rope.dimension_sections", []), f"{where}: {arch}.rope")),
         swiglu_limit_exp=_floats(
             meta.get(f"{arch}.swiglu_clamp_exp", []), n_layer, f"{where}: {arch}.swiglu_clamp_exp"

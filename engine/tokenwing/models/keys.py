@@ -17,7 +17,7 @@ from tokenwing.models.hparams import HParams
 @dataclass(frozen=True)
 class Key:
     name: str  # after "<arch>."
-    kind: str  # "u32", "f32", "i32[]" or "u64[]"
+    kind: str  # "u32", "f32", "bool", "i32[]" or "u64[]"
     default: Any = None  # where the file has no such key (None: it is required)
 
     def read(self, hp: HParams, where: str) -> Any:
@@ -39,6 +39,10 @@ class Key:
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise BadInputError(f"{where}: {full} must be a number")
             return float(v)
+        if self.kind == "bool":
+            if not isinstance(v, bool):
+                raise BadInputError(f"{where}: {full} must be a boolean")
+            return v
         items = v.tolist() if hasattr(v, "tolist") else v
         if not isinstance(items, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in items):
             raise BadInputError(f"{where}: {full} must list integers")
@@ -52,6 +56,8 @@ class Key:
             return KV.u32(value)
         if self.kind == "f32":
             return KV.f32(value)
+        if self.kind == "bool":
+            return KV.boolean(value)
         return KV.array(ValueType.UINT64 if self.kind == "u64[]" else ValueType.INT32, list(value))
 
 

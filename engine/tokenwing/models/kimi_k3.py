@@ -34,7 +34,7 @@ from tokenwing.compute.ggml_lib import F32, Tensor, ops
 from tokenwing.errors import BadInputError
 from tokenwing.format.gguf_io import KV, ValueType
 from tokenwing.models import common, delta_net, mla, specs
-from tokenwing.models.bailingmoe3 import BailingMoE3, kda_tensors, ling_full_attention
+from tokenwing.models.bailingmoe3 import KDA_KEYS, BailingMoE3, kda_keys, kda_tensors, ling_full_attention
 from tokenwing.models.deepseek2 import check_mla
 from tokenwing.models.factory import MLA_FIELDS, Factory, common_kv, mla_kv, sigmoid_routed_kv
 from tokenwing.models.hparams import HParams
@@ -75,7 +75,7 @@ def keys(hp: HParams, where: str = "the model") -> K3Keys:
 def _kda(hp: HParams, il: int) -> list[TensorSpec]:
     """A KDA layer of Kimi K3: Ling's projections and convolutions, the decay gate through a low-rank pair
     (ssm_f_a → ssm_f_b), ssm_a as -exp(A_log) over the heads (1-D), and a full-rank output gate (ssm_g)."""
-    p, e, hd = f"blk.{il}.", hp.n_embd, hp.kda_head_dim
+    p, e, hd = f"blk.{il}.", hp.n_embd, kda_keys(hp).head_dim
     d_inner = hd * hp.n_head
     kda = [t for t in kda_tensors(hp, il) if t.name.split(".")[2] not in ("ssm_f_a", "ssm_a", "ssm_g_a")]
     return [
@@ -99,9 +99,12 @@ def _kv(s: ModelShape) -> dict[str, KV]:
     )
     kv.update(mla_kv(s, a))
     kv[f"{a}.ssm.conv_kernel"] = KV.u32(s.ssm_d_conv)
-    kv[f"{a}.kda.head_dim"] = KV.u32(s.ssm_d_state)
-    if math.isfinite(s.kda_gate_lower_bound):
-        kv[f"{a}.kda.gate_lower_bound"] = KV.f32(s.kda_gate_lower_bound)
+    kda = {
+        field: key
+        for field, key in KDA_KEYS.items()
+        if field == "head_dim" or (field == "gate_lower_bound" and math.isfinite(s.kda_gate_lower_bound))
+    }
+    kv |= write_keys(kda, a, {"head_dim": s.ssm_d_state, "gate_lower_bound": s.kda_gate_lower_bound})
     # the family's own keys (KEYS), from the shape's fields of the same names; no latent width where it has none
     own = {field: key for field, key in KEYS.items() if field != "n_expert_latent" or s.n_expert_latent}
     return kv | write_keys(own, a, {field: getattr(s, field) for field in own})
@@ -153,7 +156,7 @@ class KimiK3(BailingMoE3):
             )
         if keys(hp, where).situ_beta <= 0:
             raise BadInputError(f"{where}: {cls.arch}.activation.situ_beta must be positive (SiTU divides by it)")
-        if any(hp.recurrent) and (hp.kda_head_dim < 1 or hp.ssm_d_conv < 2):
+        if any(hp.recurrent) and (kda_keys(hp, where).head_dim < 1 or hp.ssm_d_conv < 2):
             raise BadInputError(f"{where}: KDA layers need kda.head_dim and ssm.conv_kernel (at least 2)")
         super(BailingMoE3, cls).check(hp, shapes, streamed, where)  # (the common checks, not Ling's: `tensors`)
 
@@ -362,15 +365,15 @@ class KimiK3(BailingMoE3):
         return ops.ggml_mul_mat(ctx, w["attn_output"], cur), writes
 
     def kda(self, ctx: Any, il: int, x: Tensor, n: int, cache: common.RecurrentCache) -> tuple[Tensor, list[Tensor]]:
-        hp, w = self.hp, self.w[il]
-        hd, nh = hp.kda_head_dim, hp.n_head
+        hp, w, k = self.hp, self.w[il], kda_keys(self.hp)
+        hd, nh = k.head_dim, hp.n_head
         qkv, writes = delta_net.kda_qkv(ctx, w, x, cache, hp.ssm_d_conv, hd, nh)
         gate = ops.ggml_mul_mat(ctx, w["ssm_f_b"], ops.ggml_mul_mat(ctx, w["ssm_f_a"], x))
         gate = ops.ggml_add(ctx, gate, w["ssm_dt.bias"])
         decay = ops.ggml_reshape_3d(ctx, w["ssm_a"], 1, nh, 1)  # -exp(A_log), folded by the converter
-        if hp.kda_gate_lower_bound > -math.inf:  # K3: lower_bound · sigmoid(exp(A_log) · (g + dt_bias))
+        if k.gate_lower_bound > -math.inf:  # K3: lower_bound · sigmoid(exp(A_log) · (g + dt_bias))
             gate = ops.ggml_mul(ctx, ops.ggml_reshape_3d(ctx, gate, hd, nh, n), decay)
-            gate = ops.ggml_scale(ctx, ops.ggml_sigmoid(ctx, ops.ggml_scale(ctx, gate, -1.0)), hp.kda_gate_lower_bound)
+            gate = ops.ggml_scale(ctx, ops.ggml_sigmoid(ctx, ops.ggml_scale(ctx, gate, -1.0)), k.gate_lower_bound)
         else:  # kimi-linear's: -exp(A_log) · softplus(g + dt_bias)
             gate = ops.ggml_mul(ctx, ops.ggml_reshape_3d(ctx, ops.ggml_softplus(ctx, gate), hd, nh, n), decay)
         gate = ops.ggml_reshape_4d(ctx, gate, hd, nh, n, 1)
