@@ -44,7 +44,10 @@ from tokenwing.runtime import snapshot
 from tokenwing.runtime.session import Session, SessionOptions
 model, n, m, mode, snap = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 k, rounds, synthetic = int(sys.argv[7]), int(sys.argv[8]), sys.argv[9] == "1"
-s = Session(model, SessionOptions(n_ctx=n + m + 16, kv_type="f16", usage_table=False), log=lambda l: None)
+# preload off: a process in RAM computes its experts with the kernels a capped one does (every expert read at start
+# is repacked for the CPU, another kernel: not bit-identical to the streamed ones)
+opts = SessionOptions(n_ctx=n + m + 16, kv_type="f16", usage_table=False, preload=False)
+s = Session(model, opts, log=lambda l: None)
 convs = [np.random.default_rng(c).integers(0, s.hp.vocab_size - 16, n + m).tolist() for c in range(k)]
 toks = convs[0]
 tags = snapshot.make_tags(model, s.chat_template, s.seqs[0], "f16")
