@@ -11,11 +11,12 @@ import sys
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tokenwing.errors import BadInputError
 from tokenwing.format.gguf_io import ValueType
-from tokenwing.models import FAMILIES, bailingmoe3, deepseek4, hparams, kimi_k3, qwen4exp
+from tokenwing.models import FAMILIES, bailingmoe3, deepseek4, glm_dsa, hparams, kimi_k3, qwen4exp
 from tokenwing.models.deepseek4 import dsv4_compress_ratios
 from tokenwing.models.hparams import read_hparams
 from tokenwing.models.keys import Key
@@ -136,9 +137,8 @@ def test_hparams_reads_no_familys_own_key() -> None:
         "kda.head_dim",
         "interleave_moe_layer_step",
     } <= owned  # (the tables found)
-    # (DSA's indexer keys are still read there for glm-dsa and qwen4exp; deepseek4's table names them too)
-    shared = {"attention.indexer.head_count", "attention.indexer.key_length", "attention.indexer.top_k"}
-    assert [name for name in sorted(owned - shared) if name in source] == []
+    assert [name for name in sorted(owned) if name in source] == []
+    assert "indexer" not in source  # (GLM-5.2's attention.indexer.types too, beside glm-dsa's table)
     # (deepseek4's gating function 4 is still let through by name there: the one family the reader names)
     assert [arch for arch in sorted(FAMILIES) if f'"{arch}"' in source] == ["deepseek4"]
 
@@ -158,3 +158,18 @@ def test_the_kda_table_is_written_by_both_factories_and_read_back(arch: str, flo
     bad = read_hparams({**meta, f"{arch}.kda.gate_lower_bound": "low"}, arch, "m.gguf", FAMILIES[arch].recurrence)
     with pytest.raises(BadInputError, match=re.escape(f"m.gguf: {arch}.kda.gate_lower_bound must be a number")):
         bailingmoe3.kda_keys(bad, "m.gguf")
+
+
+@pytest.mark.parametrize(("arch", "types"), [("glm-dsa", (1, 0, 1)), ("glm-dsa", ()), ("qwen4exp", ())])
+def test_the_indexers_table_is_written_by_both_factories_and_read_back(arch: str, types: tuple[int, ...]) -> None:
+    """DSA's lightning indexer's keys (models/glm_dsa.py INDEXER_KEYS), GLM-5's and Qwen3.8's: the heads, head size
+    and top-k as written, read back, and GLM-5.2's per-layer types where the shape has them; a list of another
+    length refused in one line (break-check: the factory writing the head size as the top-k fails here)."""
+    s = preset_shape("tiny", arch).with_(**({"n_layer": len(types), "indexer_types": types} if types else {}))
+    meta = {k: v.value for k, v in architecture(arch).metadata(s).items()}
+    k = glm_dsa.indexer_keys(read_hparams(meta, arch, "m.gguf", FAMILIES[arch].recurrence), "m.gguf")
+    assert (k.n_head, k.head_size, k.top_k) == (s.indexer_n_head, s.indexer_head_size, s.indexer_top_k)
+    assert k.types == tuple(bool(t) for t in types)
+    bad = {**meta, f"{arch}.attention.indexer.types": np.ones(s.n_layer + 1, bool)}
+    with pytest.raises(BadInputError, match=re.escape(f"m.gguf: {arch}.attention.indexer.types must list one flag")):
+        glm_dsa.indexer_keys(read_hparams(bad, arch, "m.gguf", FAMILIES[arch].recurrence), "m.gguf")

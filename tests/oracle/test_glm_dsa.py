@@ -92,7 +92,8 @@ def test_kv_bytes_per_token_holds_the_latent_and_the_indexer_keys(model_factory:
     meta = {k: v.value for k, v in read_header(str(path)).kv.items()}
     hp = read_hparams(meta, A, "t")
     assert kv_bytes_per_token(meta, A, "t") == 3 * (64 + 16 + 64) * 2
-    glm5 = dataclasses.replace(hp, n_layer=78, kv_lora_rank=512, n_rot=64, indexer_head_size=128, indexer_top_k=2048)
+    indexer = {"attention.indexer.key_length": 128, "attention.indexer.top_k": 2048}
+    glm5 = dataclasses.replace(hp, n_layer=78, kv_lora_rank=512, n_rot=64, keys={**hp.keys, **indexer})
     assert GlmDsa.kv_bytes_per_token(glm5) == 109_824
     glm52 = dataclasses.replace(glm5, n_ctx_train=1_048_576)
     assert sum(indexer_full(glm52, il) for il in range(78)) == 21

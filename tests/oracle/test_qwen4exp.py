@@ -27,6 +27,7 @@ from tokenwing.compute.ggml_lib import Graph
 from tokenwing.errors import UnsupportedError
 from tokenwing.format.gguf_io import read_header
 from tokenwing.format.reader import ModelFile
+from tokenwing.models.glm_dsa import indexer_keys
 from tokenwing.models.qwen4exp import NgramKeys, Qwen4Exp
 from tokenwing.runtime.memory_plan import graph_bytes
 from tokenwing.runtime.session import Session, SessionOptions
@@ -174,7 +175,8 @@ def test_the_context_is_the_files(model_factory: ModelFactory, tmp_path: Path) -
         hp = s.hp
         full = [il for il in range(hp.n_layer) if not hp.is_recurrent(il)]
         spec = Qwen4Exp.kv_layer(hp, full[0])
-        assert spec.k == hp.head_dim * hp.n_head_kv + hp.indexer_head_size and spec.v == hp.head_dim * hp.n_head_kv
+        di = indexer_keys(hp).head_size
+        assert spec.k == hp.head_dim * hp.n_head_kv + di and spec.v == hp.head_dim * hp.n_head_kv
     finally:
         s.close()
 

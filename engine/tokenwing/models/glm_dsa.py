@@ -21,6 +21,7 @@ dense layers. The next-token-prediction block is neither loaded nor run.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from tokenwing.models.base import MoEModel
 from tokenwing.models.deepseek2 import DeepSeek2, check_mla
 from tokenwing.models.factory import MLA_FIELDS, Factory, common_kv, mla_kv, sigmoid_routed_kv
 from tokenwing.models.hparams import HParams
+from tokenwing.models.keys import Key, read_keys, write_keys
 from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
 
@@ -45,10 +47,50 @@ _GLM_5_2_CONTEXT = 1048576
 _GLM_5_2_TYPES = 78
 
 
+# DSA's lightning indexer's keys (models/keys.py), glm-dsa's and qwen4exp's (QSA's indexer): its heads, head size
+# and the keys it keeps per query, read here and written by both factories; GLM-5.2's per-layer types beside them
+INDEXER_KEYS: dict[str, Key] = {
+    "n_head": Key("attention.indexer.head_count", "u32", 0),
+    "head_size": Key("attention.indexer.key_length", "u32", 0),
+    "top_k": Key("attention.indexer.top_k", "u32", 0),
+}
+
+
+@dataclass(frozen=True)
+class IndexerKeys:
+    n_head: int
+    head_size: int
+    top_k: int
+    types: tuple[bool, ...]  # per layer that runs: it runs its own indexer (GLM-5.2; () where the file has none)
+
+
+def indexer_keys(hp: HParams, where: str = "the model") -> IndexerKeys:
+    """The indexer's keys from the file's (`INDEXER_KEYS`, attention.indexer.types), checked: one line otherwise."""
+    own = read_keys(INDEXER_KEYS, hp, where)
+    return IndexerKeys(
+        **own, types=_indexer_types(hp.keys.get("attention.indexer.types"), hp.n_layer, f"{where}: {hp.arch}")
+    )
+
+
+def _indexer_types(v: Any, n_layer: int, where: str) -> tuple[bool, ...]:
+    """attention.indexer.types: one flag per layer that runs (llama.cpp throws on another length)."""
+    if v is None:
+        return ()
+    flags = np.asarray(v).reshape(-1)  # (a BOOL array reads as numpy's)
+    if flags.size != n_layer or flags.dtype.kind not in "biu" or not np.isin(flags, (0, 1)).all():
+        raise BadInputError(f"{where}.attention.indexer.types must list one flag per block that runs")
+    return tuple(bool(x) for x in flags)
+
+
+def indexer_values(s: ModelShape) -> dict[str, int]:
+    """`INDEXER_KEYS`' values, as the factory writes them from the shape's fields."""
+    return {"n_head": s.indexer_n_head, "head_size": s.indexer_head_size, "top_k": s.indexer_top_k}
+
+
 def indexer_full(hp: HParams, il: int) -> bool:
     """Whether layer il runs its own indexer (llama.cpp's is_indexer_full with glm-dsa's defaults, :59-66)."""
-    if hp.indexer_types:
-        return hp.indexer_types[il]
+    if types := _indexer_types(hp.keys.get("attention.indexer.types"), hp.n_layer, f"the model: {hp.arch}"):
+        return types[il]
     if hp.n_ctx_train < _GLM_5_2_CONTEXT:  # GLM-5, 5.1: every layer
         return True
     return il < _GLM_5_2_TYPES and (il < 2 or (il - 2) % 4 == 0)  # (the table's 78 entries; zeros after them)
@@ -71,9 +113,7 @@ def _kv(s: ModelShape) -> dict[str, KV]:
     kv[f"{a}.attention.head_count_kv"] = KV.u32(1)
     kv.update(mla_kv(s, a))
     kv.update(sigmoid_routed_kv(s, a))
-    kv[f"{a}.attention.indexer.head_count"] = KV.u32(s.indexer_n_head)
-    kv[f"{a}.attention.indexer.key_length"] = KV.u32(s.indexer_head_size)
-    kv[f"{a}.attention.indexer.top_k"] = KV.u32(s.indexer_top_k)
+    kv |= write_keys(INDEXER_KEYS, a, indexer_values(s))
     if s.indexer_types:
         kv[f"{a}.attention.indexer.types"] = KV.array(ValueType.BOOL, [bool(t) for t in s.indexer_types])
     if s.n_mtp:
@@ -131,13 +171,13 @@ class GlmDsa(MoEModel):
         ln_factor = np.log(f32(1.0) / f32(self.rope.freq_scale))
         mscale = f32(self.rope.attn_factor) * (f32(1.0) + f32(0.1) * ln_factor)
         self.kq_scale = float(f32(mscale * mscale) / np.sqrt(f32(k_head)))
-        di = hp.indexer_head_size
+        di = indexer_keys(hp).head_size
         self._arena = TensorArena(64)
         self._hadamard = self._arena.wrap(hadamard(di), F32, (di, di))
         self._shared = not all(indexer_full(hp, il) for il in range(hp.n_layer))
         # (n_ctx, sequence) → [min(top_k, n_ctx), n_ctx] F32: the last full layer's picks by position
         self._picks: dict[tuple[int, int], Tensor] = {}
-        self._weight_scale = float(np.float32(1.0) / np.sqrt(np.float32(di * hp.indexer_n_head)))
+        self._weight_scale = float(np.float32(1.0) / np.sqrt(np.float32(di * indexer_keys(hp).n_head)))
 
     @classmethod
     def make_router(cls, hp: HParams, has_bias: bool = True) -> common.Router:
@@ -146,8 +186,9 @@ class GlmDsa(MoEModel):
 
     @classmethod
     def check(cls, hp: HParams, shapes: dict[str, tuple[int, ...]], streamed: dict[int, int], where: str) -> None:
-        di = hp.indexer_head_size
-        if hp.indexer_n_head < 1 or hp.indexer_top_k < 1 or di < 64 or di & (di - 1) or hp.n_rot > di:
+        k = indexer_keys(hp, where)
+        di = k.head_size
+        if k.n_head < 1 or k.top_k < 1 or di < 64 or di & (di - 1) or hp.n_rot > di:
             raise BadInputError(
                 f"{where}: glm-dsa needs indexer heads, a top-k, and an indexer head that is a power of two of 64 or "
                 "more and at least the rope dims (llama.cpp rotates it by a Hadamard matrix that wide)"
@@ -167,7 +208,7 @@ class GlmDsa(MoEModel):
         out = mla.tensors(hp, il)
         if il < hp.n_layer and not indexer_full(hp, il):
             return out
-        p, e, di, ni = f"blk.{il}.indexer.", hp.n_embd, hp.indexer_head_size, hp.indexer_n_head
+        p, e, di, ni = f"blk.{il}.indexer.", hp.n_embd, indexer_keys(hp).head_size, indexer_keys(hp).n_head
         return [
             *out,
             TensorSpec(p + "k_norm.weight", (di,), "norm"),
@@ -185,14 +226,14 @@ class GlmDsa(MoEModel):
     def kv_layer(cls, hp: HParams, il: int) -> common.KVSpec:
         """The MLA latent and rope key, then (a layer with its own indexer) the indexer's key: llama.cpp's MLA and
         indexer caches together (llama-kv-cache-dsa.cpp:14-54), in the cache's type."""
-        lid = hp.indexer_head_size if indexer_full(hp, il) else 0
+        lid = indexer_keys(hp).head_size if indexer_full(hp, il) else 0
         return common.KVSpec(hp.kv_lora_rank + hp.n_rot + lid, hp.kv_lora_rank, v_in_k=True)
 
     @classmethod
     def kv_bytes_per_token(cls, hp: HParams, elt: int = 2) -> int:
         """The caches' widths, and with GLM-5.2's shared layers the picks they read: 4 bytes for each of the top-k
         a position keeps (F32 whatever the cache's type; at most, as a context shorter than top-k keeps fewer)."""
-        picks = 4 * hp.indexer_top_k if not all(indexer_full(hp, il) for il in range(hp.n_layer)) else 0
+        picks = 4 * indexer_keys(hp).top_k if not all(indexer_full(hp, il) for il in range(hp.n_layer)) else 0
         return super().kv_bytes_per_token(hp, elt) + picks
 
     # ----------------------------------------------------------------------------------------------- graph
@@ -203,7 +244,7 @@ class GlmDsa(MoEModel):
         if isinstance(cache, common.BatchKV):  # several sequences' tokens: each attends alone, over its own cache
             return common.attend_alone(ctx, x, at, cache, lambda xi, part, c: self.attention(ctx, il, xi, part, c))
         hp, w = self.hp, self.w[il]
-        latent, di = hp.kv_lora_rank + hp.n_rot, hp.indexer_head_size
+        latent, di = hp.kv_lora_rank + hp.n_rot, indexer_keys(hp).head_size
         n_ctx, elt = int(cache.k.contents.ne[1]), cache.elt
         if not indexer_full(hp, il):  # GLM-5.2: the last full layer's picks at these positions
             picks = self._picks_buffer(ctx, n_ctx, at.n_kv, cache.index)
@@ -230,7 +271,7 @@ class GlmDsa(MoEModel):
         """The lightning indexer (glm-dsa.cpp:263-345) and the mask that unmasks its picks (llama-graph.cpp:
         3068-3095): the attention mask and the indexer key's cache write."""
         hp, w, n = self.hp, self.w[il], at.n
-        di, ni = hp.indexer_head_size, hp.indexer_n_head
+        di, ni = indexer_keys(hp).head_size, indexer_keys(hp).n_head
         q = ops.ggml_mul_mat(ctx, w["indexer.attn_q_b"], qr)
         q = common.rope(ctx, ops.ggml_reshape_3d(ctx, q, di, ni, n), at.positions, self.rope)  # [rope | nope]
         k = ops.ggml_mul_mat(ctx, w["indexer.attn_k"], x)
@@ -246,7 +287,7 @@ class GlmDsa(MoEModel):
         keys = ops.ggml_view_4d(ctx, lid_k, di, 1, at.n_kv, 1, di * elt, di * elt, di * elt * at.n_kv, 0)
         mask16 = ops.ggml_cpy(ctx, at.mask, ops.ggml_new_tensor_2d(ctx, F16, at.n_kv, n))  # (the fused op's F16 mask)
         scores = ops.ggml_lightning_indexer(ctx, q, keys, weights, mask16)  # [n_kv, n]
-        top_k = ops.ggml_cont(ctx, ops.ggml_top_k(ctx, scores, min(at.n_kv, hp.indexer_top_k)))  # I32 [k, n]
+        top_k = ops.ggml_cont(ctx, ops.ggml_top_k(ctx, scores, min(at.n_kv, indexer_keys(hp).top_k)))  # I32 [k, n]
         writes = [write]
         if self._shared:  # kept by position for the shared layers after this one
             count = int(top_k.contents.ne[0])
@@ -258,7 +299,7 @@ class GlmDsa(MoEModel):
     def _picks_buffer(self, ctx: Any, n_ctx: int, n_kv: int, seq: int) -> Tensor:
         """The picks by position of sequence `seq` (its caches' slot), [k, n_ctx] of the buffer for this context
         (k = min(top_k, n_kv): the picks of a graph over n_kv keys)."""
-        k_max = min(self.hp.indexer_top_k, n_ctx)
+        k_max = min(indexer_keys(self.hp).top_k, n_ctx)
         if (n_ctx, seq) not in self._picks:
             data = np.zeros((n_ctx, k_max), np.float32)
             self._picks[(n_ctx, seq)] = self._arena.wrap(data, F32, (k_max, n_ctx))

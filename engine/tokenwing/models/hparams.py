@@ -59,12 +59,6 @@ class HParams:
     rope_sections: tuple[int, ...] = ()  # rope.dimension_sections: multi-axis RoPE (qwen35moe's IMRoPE)
     swiglu_limit_exp: tuple[float, ...] = ()  # swiglu_clamp_exp: per layer, the routed experts' SwiGLU limit
     swiglu_limit_shexp: tuple[float, ...] = ()  # swiglu_clamp_shexp: the shared expert's (and a dense FFN's)
-    # DSA's lightning indexer (glm-dsa): its heads, head size and the keys it keeps per query; per layer that runs,
-    # whether the layer runs its own indexer (attention.indexer.types, GLM-5.2; () where the file has none)
-    indexer_n_head: int = 0
-    indexer_head_size: int = 0
-    indexer_top_k: int = 0
-    indexer_types: tuple[bool, ...] = ()
     # Every `<arch>.` key as the file has it (the prefix dropped): a family file reads the keys only it needs from
     # here (models/gemma4.py), so they live in that file, not in this one
     keys: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
@@ -157,10 +151,6 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str, recurrence: str = 
         swiglu_limit_shexp=_floats(
             meta.get(f"{arch}.swiglu_clamp_shexp", []), n_layer, f"{where}: {arch}.swiglu_clamp_shexp"
         ),
-        indexer_n_head=get("attention.indexer.head_count", 0),
-        indexer_head_size=get("attention.indexer.key_length", 0),
-        indexer_top_k=get("attention.indexer.top_k", 0),
-        indexer_types=_indexer_types(meta.get(f"{arch}.attention.indexer.types"), n_layer, f"{where}: {arch}"),
         keys={k[len(arch) + 1 :]: v for k, v in meta.items() if k.startswith(f"{arch}.")},
     )
     if hp.n_mtp < 0:
@@ -246,16 +236,6 @@ def _scaling(v: Any, what: str) -> str:
     if v not in ("none", "linear", "yarn"):
         raise BadInputError(f"{what} must be none, linear or yarn (this version does not run {v!r})")
     return str(v)
-
-
-def _indexer_types(v: Any, n_layer: int, where: str) -> tuple[bool, ...]:
-    """attention.indexer.types: one flag per layer that runs (llama.cpp throws on another length)."""
-    if v is None:
-        return ()
-    flags = np.asarray(v).reshape(-1)  # (a BOOL array reads as numpy's)
-    if flags.size != n_layer or flags.dtype.kind not in "biu" or not np.isin(flags, (0, 1)).all():
-        raise BadInputError(f"{where}.attention.indexer.types must list one flag per block that runs")
-    return tuple(bool(x) for x in flags)
 
 
 def _flag(v: Any, what: str) -> bool | None:

@@ -37,6 +37,7 @@ from tokenwing.format.gguf_io import KV, tensor_nbytes
 from tokenwing.models import common, qwen3next, specs
 from tokenwing.models.base import TensorCheck
 from tokenwing.models.factory import Factory, shared_ff
+from tokenwing.models.glm_dsa import INDEXER_KEYS, indexer_keys, indexer_values
 from tokenwing.models.hparams import HParams
 from tokenwing.models.keys import Key, read_keys, write_keys
 from tokenwing.models.qwen3next import Qwen35MoE, check_qwen_linear, qwen_next_kv
@@ -74,7 +75,7 @@ PLE_KEYS: dict[str, Key] = {
 def qsa_keys(hp: HParams, where: str = "the model") -> tuple[int, tuple[int, ...]]:
     """QSA's budget of cells a query keeps (attention.indexer.top_k) and each layer's block of cells (0: a linear
     layer); attention is dense while a query sees at most budget + block - 1 cells (docs/families/qwen4exp.md 2.5)."""
-    top_k = hp.indexer_top_k
+    top_k = indexer_keys(hp, where).top_k
     per_layer: tuple[int, ...] = read_keys(KEYS, hp, where)["compress_ratios"]
     per_layer = (per_layer + (0,) * hp.n_layer)[: hp.n_layer]
     blocks = [r for il, r in enumerate(per_layer) if r and not hp.is_recurrent(il)]
@@ -408,9 +409,7 @@ def _kv(s: ModelShape) -> dict[str, KV]:
     kv = qwen_next_kv(s, a)
     kv[f"{a}.hyper_connection.count"] = KV.u32(s.hc_mult)
     kv[f"{a}.hyper_connection.low_rank"] = KV.u32(s.hc_low_rank)
-    kv[f"{a}.attention.indexer.head_count"] = KV.u32(s.indexer_n_head)
-    kv[f"{a}.attention.indexer.key_length"] = KV.u32(s.indexer_head_size)
-    kv[f"{a}.attention.indexer.top_k"] = KV.u32(s.indexer_top_k)
+    kv |= write_keys(INDEXER_KEYS, a, indexer_values(s))
     # the family's own keys (KEYS, PLE_KEYS)
     kv |= write_keys(
         KEYS, a, {"compress_ratios": [0 if qwen_recurrent(s, i) else s.qsa_ratio for i in range(s.n_layer)]}
@@ -569,12 +568,13 @@ class Qwen4Exp(Qwen35MoE):
         for t in cls.attention_tensors(hp, il, Parts(frozenset())):  # (Qwen3.5's gated DeltaNet or attention)
             c.need(t.name, t.shape)
         if qsa_ratio(hp, il):
-            p, e, di = f"blk.{il}.indexer.", hp.n_embd, hp.indexer_head_size
-            if hp.indexer_n_head < 1 or di < 1 or hp.n_rot > di:
+            k = indexer_keys(hp, c.where)
+            p, e, di = f"blk.{il}.indexer.", hp.n_embd, k.head_size
+            if k.n_head < 1 or di < 1 or hp.n_rot > di:
                 raise BadInputError(
                     f"{c.where}: qwen4exp's QSA needs indexer heads and an indexer head of at least the rope dims"
                 )
-            c.need(p + "q_proj.weight", (e, hp.indexer_n_head * di))
+            c.need(p + "q_proj.weight", (e, k.n_head * di))
             c.need(p + "k_proj.weight", (e, di))
             c.need(p + "q_norm.weight", (di,))
             c.need(p + "k_norm.weight", (di,))
@@ -584,7 +584,7 @@ class Qwen4Exp(Qwen35MoE):
         """A QSA layer's K memory holds its attention's K, then each token's raw indexer key (llama.cpp's indexer
         cache, `llama_memory_hybrid_idx`: one key head, in the cache's type)."""
         spec = super().kv_layer(hp, il)
-        return dataclasses.replace(spec, k=spec.k + hp.indexer_head_size) if qsa_ratio(hp, il) else spec
+        return dataclasses.replace(spec, k=spec.k + indexer_keys(hp).head_size) if qsa_ratio(hp, il) else spec
 
     @classmethod
     def graph_extra_bytes(cls, hp: HParams, max_batch: int, n_ctx: int) -> int:
@@ -756,7 +756,7 @@ class Qwen4Exp(Qwen35MoE):
         if isinstance(cache, common.BatchKV):  # several sequences' tokens: each selects and attends alone
             return common.attend_alone(ctx, x, at, cache, lambda xi, part, c: self.attention(ctx, il, xi, part, c))
         # the K memory's two blocks, each of contiguous rows: [attention K, n_ctx], then [indexer key, n_ctx]
-        width, di = self.hp.head_dim * self.hp.n_head_kv, self.hp.indexer_head_size
+        width, di = self.hp.head_dim * self.hp.n_head_kv, indexer_keys(self.hp).head_size
         n_ctx, elt = int(cache.k.contents.ne[1]), cache.elt
         attn_k = ops.ggml_view_2d(ctx, cache.k, width, n_ctx, width * elt, 0)
         keys = ops.ggml_view_2d(ctx, cache.k, di, n_ctx, di * elt, width * n_ctx * elt)
@@ -780,7 +780,8 @@ class Qwen4Exp(Qwen35MoE):
         block) are ggml_top_k's, over llama.cpp's own row: a cell is its position, masked cells are -inf and never
         displace a pick, so only the visible prefix, identical in both, decides (llama.cpp's longer row adds -inf)."""
         hp, w, n, n_kv = self.hp, self.w[il], at.n, at.n_kv
-        di, heads, eps = hp.indexer_head_size, hp.indexer_n_head, hp.rms_eps
+        k = indexer_keys(hp)
+        di, heads, eps = k.head_size, k.n_head, hp.rms_eps
         # cached raw: the pooling comes before the norm and the rotation
         raw = ops.ggml_mul_mat(ctx, w["indexer.k_proj"], x)
         writes = [ops.ggml_set_rows(ctx, keys, raw, at.k_rows)]
