@@ -17,7 +17,6 @@ if TYPE_CHECKING:  # (the factory's geometry: types only)
     from tokenwing.testmodel.shapes import ModelShape
 
 
-
 def _kv(s: ModelShape) -> dict[str, KV]:
     a = "ernie4_5-moe"
     kv = common_kv(s, a)

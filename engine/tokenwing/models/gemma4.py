@@ -99,7 +99,6 @@ def keys(hp: HParams, where: str = "the model") -> Keys:
     return out
 
 
-
 def _kv(s: ModelShape) -> dict[str, KV]:
     """As llama.cpp's converter writes Gemma 4 (Gemma4Model): the full layers' head size as key_length and the
     sliding-window layers' as key_length_swa, KV heads and the window pattern per layer, both rotary counts (the

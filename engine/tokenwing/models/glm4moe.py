@@ -18,7 +18,6 @@ if TYPE_CHECKING:  # (the factory's geometry: types only)
     from tokenwing.testmodel.shapes import ModelShape
 
 
-
 def _kv(s: ModelShape) -> dict[str, KV]:
     a = "glm4moe"
     kv = common_kv(s, a)

@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # (the factory's geometry: types only)
     from tokenwing.testmodel.shapes import ModelShape
 
 
-
 def _kv(s: ModelShape) -> dict[str, KV]:
     a = "gpt-oss"
     kv = common_kv(s, a)

@@ -76,7 +76,6 @@ def temperature(positions: np.ndarray) -> np.ndarray:
     return out
 
 
-
 def _kv(s: ModelShape) -> dict[str, KV]:
     """As llama.cpp's converter writes Llama 4 (Llama4Model): the dense layers' FFN width, the experts' (the shared
     expert's too), the MoE layers' interleave step, whole heads rotated; no sliding_window (llama.cpp then chunks

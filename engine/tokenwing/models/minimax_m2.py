@@ -23,7 +23,6 @@ if TYPE_CHECKING:  # (the factory's geometry: types only)
     from tokenwing.testmodel.shapes import ModelShape
 
 
-
 def _kv(s: ModelShape) -> dict[str, KV]:
     """As llama.cpp's converter writes MiniMax M2: partial rotary dims, the sigmoid scoring function; llama.cpp
     reads no weights-norm or scale key for it (it always renormalises and never scales)."""

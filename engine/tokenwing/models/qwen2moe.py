@@ -16,7 +16,6 @@ if TYPE_CHECKING:  # (the factory's geometry: types only)
     from tokenwing.testmodel.shapes import ModelShape
 
 
-
 def _kv(s: ModelShape) -> dict[str, KV]:
     kv = common_kv(s, "qwen2moe")
     kv["qwen2moe.feed_forward_length"] = KV.u32(s.n_ff_dense)

@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # (the factory's geometry: types only)
     from tokenwing.testmodel.shapes import ModelShape
 
 
-
 def _kv(s: ModelShape) -> dict[str, KV]:
     """As llama.cpp's converter writes Qwen3-VL MoE's text part: Qwen3-MoE's keys, IMRoPE's sections and the
     deepstack layers' count (the real models: 3; fewer than the layers here, which llama.cpp's graph needs where
@@ -48,9 +47,7 @@ def _check(s: ModelShape) -> None:
 
 class Qwen3VLMoE(MoEModel):
     arch = "qwen3vlmoe"
-    factory = Factory(
-        "Qwen3-VL MoE (text): Qwen3-MoE's layers with interleaved multi-axis RoPE (IMRoPE)", _kv, _check
-    )
+    factory = Factory("Qwen3-VL MoE (text): Qwen3-MoE's layers with interleaved multi-axis RoPE (IMRoPE)", _kv, _check)
     qk_norm = True
     rope_mode = ROPE_IMROPE
 
