@@ -6,6 +6,7 @@ refused before it changes anything."""
 from __future__ import annotations
 
 import json
+import tracemalloc
 import zlib
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def test_restored_state_gives_the_uninterrupted_logits(
         _save(writer, model, path)
         for prompt in (follow, branch):
             reader.reset()
-            snapshot.apply(snapshot.read(str(path), _tags(reader, model)), reader.seqs[0], ELT)
+            assert snapshot.restore(str(path), _tags(reader, model), reader.seqs[0], ELT) == len(first)
             got_kept, got = _continue(reader, prompt)
             writer.reuse_prefix(first)  # the uninterrupted run: back to what was saved (the same cut-back)
             writer.forward(first[writer.pos :], prompt=True)
@@ -104,7 +105,7 @@ def _damaged(tmp_path: Path, data: bytes) -> str:
     "damage",
     ["truncated", "header-byte", "payload-byte", "last-byte", "appended", "empty"],
 )
-def test_damaged_snapshot_is_refused_and_changes_nothing(
+def test_damaged_snapshot_is_refused_and_nothing_half_restored_is_used(
     saved: tuple[str, Path, bytes], tmp_path: Path, damage: str
 ) -> None:
     model, _, data = saved
@@ -127,8 +128,10 @@ def test_damaged_snapshot_is_refused_and_changes_nothing(
         s.forward(prompt, prompt=True)
         before = (list(s.history), s.pos, [c.pos for c in s.checkpoints.saved])
         with pytest.raises(snapshot.SnapshotError):
-            snapshot.apply(snapshot.read(_damaged(tmp_path, bytes(b)), _tags(s, model)), s.seqs[0], ELT)
-        assert (list(s.history), s.pos, [c.pos for c in s.checkpoints.saved]) == before
+            snapshot.restore(_damaged(tmp_path, bytes(b)), _tags(s, model), s.seqs[0], ELT)
+        # refused before any of it was copied: unchanged; a section's checksum fails once copying began: empty
+        after = ([], 0, []) if damage.endswith("-byte") and damage != "header-byte" else before
+        assert (list(s.history), s.pos, [c.pos for c in s.checkpoints.saved]) == after
     finally:
         s.close()
 
@@ -180,5 +183,79 @@ def test_read_through_the_streaming_core(
             b[at] ^= 0x08
             with pytest.raises(snapshot.SnapshotError, match="checksum"):
                 snapshot.read(_damaged(tmp_path, bytes(b)), tags, reads)
+    finally:
+        s.close()
+
+
+def test_a_late_pieces_flipped_byte_empties_the_slot(
+    saved: tuple[str, Path, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flipped byte in the last piece, after the earlier pieces were copied into the slot, is refused and leaves
+    the slot empty (what it held was overwritten): the next prompt is computed from scratch, with the logits of a
+    fresh session."""
+    model, _, data = saved
+    monkeypatch.setattr(snapshot, "PIECE", 8192)
+    b = bytearray(data)
+    b[-3] ^= 0x20
+    prompt = [int(t) for t in np.random.default_rng(3).integers(0, 200, 40)]
+    s, fresh = _session(model, None), _session(model, None)
+    try:
+        s.forward(list(range(3, 60)), prompt=True)  # (held: the snapshot's first 57 tokens)
+        assert len(data) > 4 * snapshot.PIECE
+        with pytest.raises(snapshot.SnapshotError, match="checksum"):
+            snapshot.restore(_damaged(tmp_path, bytes(b)), _tags(s, model), s.seqs[0], ELT)
+        assert (s.history, s.pos, s.checkpoints.saved) == ([], 0, [])
+        got_kept, got = _continue(s, prompt)
+        want_kept, want = _continue(fresh, prompt)
+        assert got_kept == want_kept == 0
+        for g, w in zip(got, want, strict=True):
+            assert np.array_equal(g, w)
+    finally:
+        s.close()
+        fresh.close()
+
+
+def test_a_restore_allocates_only_the_pieces_in_flight(
+    saved: tuple[str, Path, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore's extra memory is its IN_FLIGHT piece buffers, not the snapshot's size (a 16k context's snapshot
+    beside its KV cache went over the 25 % memory cap): with small pieces, the peak of what it allocates (numpy's
+    buffers are traced) is the pieces and the checkpoints' new arrays (the slot's own), far below the payload; and
+    the state restored is the snapshot's."""
+    model = saved[0]
+    monkeypatch.setattr(snapshot, "PIECE", snapshot.ALIGN)
+    monkeypatch.setattr(snapshot, "IN_FLIGHT", 2)
+    buffers: list[int] = []
+    aligned = snapshot._aligned
+
+    def counted(n: int) -> np.ndarray:
+        buffers.append(n)
+        return aligned(n)
+
+    monkeypatch.setattr(snapshot, "_aligned", counted)
+    options = SessionOptions(kv_type="f32", n_ctx=1024, max_batch=64, checkpoint_interval=32, usage_table=False)
+    s = Session(model, options, log=lambda line: None)
+    try:
+        tokens = [int(t) for t in np.random.default_rng(5).integers(0, 200, 1000)]
+        s.forward(tokens, prompt=True)
+        path = tmp_path / f"long{snapshot.SUFFIX}"
+        _save(s, model, path)
+        tags, reads = _tags(s, model), snapshot.core_reads(s.scheduler.streamer.core)
+        header = snapshot.read_header(open(path, "rb"))  # noqa: SIM115 (read once)
+        payload = sum(int(x["bytes"]) for x in header["sections"])
+        checkpoints = sum(int(x["bytes"]) for x in header["sections"] if x["kind"].startswith("cp"))  # (new arrays)
+        pieces = snapshot.IN_FLIGHT * (snapshot.PIECE + snapshot.ALIGN)  # (each aligned within ALIGN more)
+        bound = pieces + checkpoints + (96 << 10)  # (and the header, parsed: its tokens and sections)
+        assert payload > 3 * bound  # (a whole-payload buffer would go far past it)
+        s.reset()
+        tracemalloc.start()
+        try:
+            assert snapshot.restore(str(path), tags, s.seqs[0], ELT, reads) == len(tokens)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert buffers == [snapshot.PIECE] * snapshot.IN_FLIGHT
+        assert peak < bound, (peak, bound, payload)
+        assert s.history == tokens and s.pos == len(tokens)
     finally:
         s.close()

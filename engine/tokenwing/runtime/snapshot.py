@@ -4,14 +4,17 @@ build for this model file, this cache layout and this chat template. docs/prompt
 
 `capture` takes views of a sequence's memory (no copy): valid while the sequence is left alone, which is the
 writer's caller's to ensure (server/prompt_disk_cache.py waits for a slot's write before reusing the slot).
-`read` loads and checks a whole file before `apply` writes any of it into a sequence: a damaged file changes
-nothing. Its payload is read with the native core's direct reads: through a streaming core's readers where the
-session has one (`core_reads`: behind every expert read, so a restore never delays a demand read by more than
-the reads already on the drive), else by threads of its own (`thread_reads`).
+`restore` checks a file's header, tags, length and layout before it writes anything into a sequence, then copies
+its payload into the sequence piece by piece as the pieces land (IN_FLIGHT pieces in memory, never the whole
+file), each section's CRC checked as it ends; a failed read or check empties the sequence. The payload is read
+with the native core's direct reads: through a streaming core's readers where the session has one
+(`core_reads`: behind every expert read, so a restore never delays a demand read by more than the reads already
+on the drive), else by threads of its own (`thread_reads`).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import itertools
@@ -40,7 +43,8 @@ SUFFIX = ".twsnap"
 _HEAD = struct.Struct("<8sII")  # magic, header length, header CRC-32
 READ_CHUNK, READ_THREADS = 4 << 20, 16  # thread_reads: requests and how many at once (a deep queue)
 OTHER_CHUNK = 1 << 20  # core_reads: a request's bytes (a demand expert read waits behind at most those in service)
-PIECE = 16 << 20  # the payload is checked piece by piece as the pieces land (the CRCs overlap the reads)
+PIECE = 16 << 20  # the payload is checked and copied piece by piece as the pieces land (the CRCs overlap the reads)
+IN_FLIGHT = 4  # pieces read at once, each into a buffer of its own: all a restore allocates besides the slot
 ALIGN = _core.DIRECT_ALIGNMENT
 
 # Starts reading len(dst) bytes at an offset of a file into dst; returns what waits for them (raises OSError).
@@ -49,6 +53,10 @@ ReadStart = Callable[[_core.DirectFile, int, np.ndarray], Callable[[], None]]
 
 class SnapshotError(Exception):
     """A snapshot that is not whole, or not this engine's for this model: refused (its reason is the message)."""
+
+
+class DoesNotFit(SnapshotError):
+    """A snapshot longer than this sequence's context (kept: a server whose context is longer may use it)."""
 
 
 def token_hash(tokens: list[int]) -> str:
@@ -220,65 +228,131 @@ class Loaded:
         return list(self.header["tokens"])
 
 
-def read(path: str, tags: Tags, reads: ReadStart | None = None) -> Loaded:
-    """Reads and checks a whole snapshot (tags, size, every section's CRC) before anything is used. `reads`: how
-    its payload is read (default: `thread_reads`)."""
+def _checked_header(path: str, tags: Tags) -> tuple[dict[str, Any], int]:
+    """A snapshot's header, refused unless it is for these tags; and where its payload starts."""
     with open(path, "rb") as f:
         header = read_header(f)
         start = f.tell()
     why = mismatch(header, tags)
     if why is not None:
         raise SnapshotError(why)
-    sizes = [int(s["bytes"]) for s in header["sections"]]
-    crcs = [0] * len(sizes)
-    bounds = np.cumsum([0, *sizes]).tolist()
+    return header, start
 
-    def landed(payload: np.ndarray, lo: int, hi: int) -> None:  # (in order: each section's CRC runs on)
-        for i, (a, b) in enumerate(itertools.pairwise(bounds)):
+
+class _Sections:
+    """Each section's CRC-32, run on as its bytes land in order (`landed`), checked as each section ends."""
+
+    def __init__(self, header: dict[str, Any]) -> None:
+        self.sections: list[dict[str, Any]] = header["sections"]
+        self.bounds: list[int] = np.cumsum([0, *(int(s["bytes"]) for s in self.sections)]).tolist()
+        self.crcs = [0] * len(self.sections)
+
+    def landed(self, lo: int, data: np.ndarray) -> None:
+        hi = lo + data.size
+        for i, (a, b) in enumerate(itertools.pairwise(self.bounds)):
             x, y = max(a, lo), min(b, hi)
             if x < y:
-                crcs[i] = zlib.crc32(payload[x:y].data, crcs[i])
+                self.crcs[i] = zlib.crc32(data[x - lo : y - lo].data, self.crcs[i])
+                if y == b and self.crcs[i] != self.sections[i]["crc32"]:
+                    s = self.sections[i]
+                    raise SnapshotError(f"section {s['kind']} {s['index']} fails its checksum")
 
-    payload = _read_payload(path, start, bounds[-1], reads or thread_reads, landed)
-    for s, crc in zip(header["sections"], crcs, strict=True):
-        if crc != s["crc32"]:
-            raise SnapshotError(f"section {s['kind']} {s['index']} fails its checksum")
+
+def read(path: str, tags: Tags, reads: ReadStart | None = None) -> Loaded:
+    """Reads and checks a whole snapshot (tags, size, every section's CRC) into one buffer of its size (tests and
+    tools; the server restores piece by piece: `restore`). `reads`: how its payload is read (default:
+    `thread_reads`)."""
+    header, start = _checked_header(path, tags)
+    sections = _Sections(header)
+    payload = np.empty(sections.bounds[-1], dtype=np.uint8)
+
+    def landed(lo: int, data: np.ndarray) -> None:
+        sections.landed(lo, data)
+        payload[lo : lo + data.size] = data
+
+    _stream_payload(path, start, payload.size, reads or thread_reads, landed)
     return Loaded(header, payload)
 
 
-def _read_payload(
-    path: str, start: int, size: int, reads: ReadStart, landed: Callable[[np.ndarray, int, int], None]
-) -> np.ndarray:
-    """The `size` bytes at `start`, which must end the file: the aligned part in PIECE pieces with direct reads
-    (all started at once: a deep queue; one buffered reader got 300-450 MB/s from a drive that gives 2 GB/s to a
-    deep queue, bench/prompt_restore_bench.py), the last partial block with a plain read; `landed(payload, lo, hi)`
-    as each piece lands, in order."""
+def restore(path: str, tags: Tags, seq: SeqState, elt: int, reads: ReadStart | None = None) -> int:
+    """Reads a snapshot into a sequence (`elt`: bytes per cache element) piece by piece as the pieces land, each
+    section's CRC checked as it ends: a restore's extra memory is IN_FLIGHT pieces, not the snapshot's size.
+    Returns its tokens. What is refused before any payload is read (header, tags, length, context, layout) leaves
+    the sequence unchanged; a failed read or check after that leaves it empty (never half-restored)."""
+    header, start = _checked_header(path, tags)
+    sections = _Sections(header)
+    slot = _Slot(header, seq, elt)
+
+    def landed(lo: int, data: np.ndarray) -> None:
+        sections.landed(lo, data)
+        slot.put(lo, data)
+
+    try:
+        _stream_payload(path, start, sections.bounds[-1], reads or thread_reads, landed, slot.begin)
+    except BaseException:
+        if slot.begun:
+            slot.empty()
+        raise
+    slot.finish()
+    return len(header["tokens"])
+
+
+def _aligned(n: int) -> np.ndarray:
+    """n bytes at a direct-read-aligned address (a restore's only buffers: tests count them)."""
+    raw = np.empty(n + ALIGN, dtype=np.uint8)
+    skip = -raw.ctypes.data % ALIGN
+    return raw[skip : skip + n]
+
+
+def _stream_payload(
+    path: str,
+    start: int,
+    size: int,
+    reads: ReadStart,
+    landed: Callable[[int, np.ndarray], None],
+    begin: Callable[[], None] | None = None,
+) -> None:
+    """The `size` bytes at `start`, which must end the file, given to `landed(offset, bytes)` in order: the
+    aligned part in PIECE pieces with direct reads, IN_FLIGHT of them queued at once in as many buffers (a deep
+    queue: one buffered reader got 300-450 MB/s from a drive that gives 2 GB/s to a deep queue,
+    bench/prompt_restore_bench.py), each buffer read again once its piece is given; the last partial block with
+    a plain read. `begin()` once the length is checked, before any piece is given."""
     with _core.DirectFile(path, True) as f:
         end = start + size
         if f.size != end:
             raise SnapshotError("truncated" if f.size < end else "longer than its header says")
         lo = start - start % ALIGN if f.direct else start
         hi = max(lo, end - end % ALIGN) if f.direct else end
-        raw = np.empty(end - lo + ALIGN, dtype=np.uint8)
-        skip = -raw.ctypes.data % ALIGN
-        buf = raw[skip : skip + end - lo]
-        payload = buf[start - lo :]
-        waits = [(a, reads(f, a, buf[a - lo : min(a + PIECE, hi) - lo])) for a in range(lo, hi, PIECE)]
+        pieces = [(a, min(a + PIECE, hi)) for a in range(lo, hi, PIECE)]
+        free = [_aligned(PIECE) for _ in range(min(IN_FLIGHT, len(pieces)))]
+        queued: collections.deque[tuple[int, int, np.ndarray, Callable[[], None]]] = collections.deque()
+        todo = iter(pieces)
+
+        def queue() -> None:
+            for a, b in itertools.islice(todo, len(free)):
+                buf = free.pop()
+                queued.append((a, b, buf, reads(f, a, buf[: b - a])))
+
+        if begin is not None:
+            begin()
         try:
-            if hi < end:  # (the file's last partial block: not a direct read)
-                with open(path, "rb") as tail:
-                    if os.preadv(tail.fileno(), [buf[hi - lo :].data], hi) != end - hi:
-                        raise SnapshotError("truncated")  # (shortened while it was read)
-            for a, wait in waits:
+            queue()
+            while queued:
+                a, b, buf, wait = queued.popleft()
                 wait()
-                landed(payload, max(a, start) - start, min(a + PIECE, hi) - start)
+                landed(max(a, start) - start, buf[max(a, start) - a : b - a])
+                free.append(buf)
+                queue()
         finally:
-            for _, wait in waits:  # (a failed piece: the others land before their buffer goes)
+            for _, _, _, wait in queued:  # (a failed piece: the others land before their buffer goes)
                 with contextlib.suppress(OSError):
                     wait()
-        if hi < end:
-            landed(payload, max(hi, start) - start, size)
-    return payload
+        if hi < end:  # (the file's last partial block: not a direct read)
+            tail = np.empty(end - hi, dtype=np.uint8)
+            with open(path, "rb") as t:
+                if os.preadv(t.fileno(), [tail.data], hi) != end - hi:
+                    raise SnapshotError("truncated")  # (shortened while it was read)
+            landed(max(hi, start) - start, tail[max(hi, start) - hi :])
 
 
 def thread_reads(f: _core.DirectFile, offset: int, dst: np.ndarray) -> Callable[[], None]:
@@ -312,52 +386,101 @@ def core_reads(core: _core.StreamCore) -> ReadStart:
     return start
 
 
-def apply(loaded: Loaded, seq: SeqState, elt: int) -> None:
-    """Puts a checked snapshot into a sequence (of the same layout: the tags said so): its positions' K and V, its
-    recurrent states and checkpoints, its history and position."""
-    kv = seq.kv
-    tokens = loaded.tokens
-    pos = len(tokens)
-    if pos >= kv.n_ctx:
-        raise SnapshotError(f"{pos} tokens do not fit this context ({kv.n_ctx})")
-    data: dict[tuple[str, int], np.ndarray] = {}
-    offset = 0
-    for s in loaded.header["sections"]:
-        n = int(s["bytes"])
-        data[s["kind"], int(s["index"])] = loaded.payload[offset : offset + n]
-        offset += n
-    for i, (k_mem, v_mem) in enumerate(kv._memory):
-        k = data[("k", i)]
-        k_mem[: k.size] = k
-        if v_mem is not None:
-            rows = _v_rows(v_mem, kv.n_ctx, elt)
-            rows[:, : pos * elt] = data[("v", i)].reshape(rows.shape[0], pos * elt)
-    if kv.states is not None:
-        arrays = kv.states.arrays
+class _Slot:
+    """Where each section of a snapshot goes in a sequence (of the same layout: the tags said so), checked before
+    anything is written: its positions' K and V, its live recurrent states, new arrays for its checkpoints."""
 
-        def floats(kind: str, il: int, like: np.ndarray) -> np.ndarray:
-            return data[(kind, il)].view(np.float32).reshape(like.shape)
+    def __init__(self, header: dict[str, Any], seq: SeqState, elt: int) -> None:
+        kv = self.kv = seq.kv
+        self.seq, self.header, self.begun = seq, header, False
+        self.tokens: list[int] = list(header["tokens"])
+        pos = self.pos = len(self.tokens)
+        if pos >= kv.n_ctx:
+            raise DoesNotFit(f"{pos} tokens do not fit this context ({kv.n_ctx})")
+        # each section's bytes as rows of a 2-D view (one row where the memory is contiguous)
+        dst: dict[tuple[str, int], np.ndarray] = {}
+        for i, (k_mem, v_mem) in enumerate(kv._memory):
+            dst["k", i] = k_mem[: pos * (k_mem.nbytes // kv.n_ctx)].reshape(1, -1)
+            if v_mem is not None:
+                dst["v", i] = _v_rows(v_mem, kv.n_ctx, elt)[:, : pos * elt]
+        kinds = {s["kind"] for s in header["sections"]}
+        arrays = kv.states.arrays if kv.states is not None else {}
+        self.live = "conv" in kinds
+        self.points = [p for p in header["points"] or [] if f"cp{p}.conv" in kinds]
+        self.saved: list[Checkpoint] = []
+        for il, (conv, state) in sorted(arrays.items()):
+            if self.live:
+                dst["conv", il], dst["state", il] = (
+                    conv.view(np.uint8).reshape(1, -1),
+                    state.view(np.uint8).reshape(1, -1),
+                )
+        for p in self.points:
+            layers = {il: (np.empty_like(conv), np.empty_like(state)) for il, (conv, state) in arrays.items()}
+            self.saved.append(Checkpoint(p, layers))
+            for il, (conv, state) in layers.items():
+                dst[f"cp{p}.conv", il] = conv.view(np.uint8).reshape(1, -1)
+                dst[f"cp{p}.state", il] = state.view(np.uint8).reshape(1, -1)
+        self.places: list[tuple[int, np.ndarray]] = []  # (payload offset, destination) in file order
+        offset = 0
+        for s in header["sections"]:
+            d = dst.pop((s["kind"], int(s["index"])), None)
+            if d is None or d.size != int(s["bytes"]):
+                raise SnapshotError(f"section {s['kind']} {s['index']} is not this cache's layout")
+            self.places.append((offset, d))
+            offset += d.size
+        if dst:
+            raise SnapshotError(f"no section {next(iter(dst))}")
 
-        live = ("conv", next(iter(arrays), -1)) in data
-        if live:
-            for il, (conv, state) in arrays.items():
-                np.copyto(conv, floats("conv", il, conv))
-                np.copyto(state, floats("state", il, state))
-        seq.checkpoints.saved = [
-            Checkpoint(
-                p,
-                {
-                    il: (floats(f"cp{p}.conv", il, conv).copy(), floats(f"cp{p}.state", il, state).copy())
-                    for il, (conv, state) in arrays.items()
-                },
-            )
-            for p in sorted(p for p in loaded.header["points"] if (f"cp{p}.conv", next(iter(arrays))) in data)
-        ]
+    def begin(self) -> None:
+        """The slot's memory is about to be written: it holds nothing until `finish`."""
+        self.begun = True
+        self.empty()
+        self.seq.kv_high = max(self.seq.kv_high, self.pos)
+
+    def put(self, lo: int, data: np.ndarray) -> None:
+        """The payload's bytes from `lo` into their places."""
+        hi = lo + data.size
+        for at, d in self.places:
+            x, y = max(at, lo), min(at + d.size, hi)
+            if x >= y:
+                continue
+            src, w = data[x - lo : y - lo], d.shape[1]
+            r, c = divmod(x - at, w)
+            if c:  # (a row's end)
+                n = min(w - c, src.size)
+                d[r, c : c + n] = src[:n]
+                src, r = src[n:], r + 1
+            whole = src.size // w
+            d[r : r + whole] = src[: whole * w].reshape(whole, w)
+            if src.size > whole * w:  # (a row's start)
+                d[r + whole, : src.size - whole * w] = src[whole * w :]
+
+    def empty(self) -> None:
+        """Holds nothing (what the session's reset leaves): a failed restore is never used."""
+        seq = self.seq
+        seq.history, seq.pos, seq.state_dirty, seq.media = [], 0, False, None
+        seq.checkpoints.clear()
         seq.checkpoints.abandon()
-        # without the live state (it was half-updated when captured), the sequence resumes from a checkpoint
-        seq.state_dirty = not live
-    if kv.spilled:
-        kv.write_back()
-    seq.history = tokens
-    seq.pos = pos
-    seq.kv_high = max(seq.kv_high, pos)
+        if self.kv.states is not None:
+            self.kv.states.zero()
+
+    def finish(self) -> None:
+        """Every section is in place and checked: the sequence holds the snapshot's tokens."""
+        seq = self.seq
+        if self.kv.states is not None:
+            seq.checkpoints.saved = sorted(self.saved, key=lambda cp: cp.pos)
+            seq.checkpoints.abandon()
+            # without the live state (it was half-updated when captured), the sequence resumes from a checkpoint
+            seq.state_dirty = not self.live
+        if self.kv.spilled:
+            self.kv.write_back()
+        seq.history = list(self.tokens)
+        seq.pos = self.pos
+
+
+def apply(loaded: Loaded, seq: SeqState, elt: int) -> None:
+    """Puts a checked snapshot read whole (`read`) into a sequence."""
+    slot = _Slot(loaded.header, seq, elt)
+    slot.begin()
+    slot.put(0, loaded.payload)
+    slot.finish()

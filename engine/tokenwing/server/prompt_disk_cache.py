@@ -85,7 +85,7 @@ class Readying:
 
     slot: int
     done: threading.Event = field(default_factory=threading.Event)
-    restored: Restored | None = None  # what the restore gave (None: nothing restored, the slot unchanged)
+    restored: Restored | None = None  # what the restore gave (None: nothing restored; the slot unchanged or empty)
     failed: bool = False  # an unexpected error mid-restore (logged): the slot's state is not to be used
 
 
@@ -152,24 +152,23 @@ class DiskPromptCache:
         return (entry, n) if n > 0 else (None, 0)
 
     def restore(self, entry: Entry, seq: SeqState) -> Restored | None:
-        """Puts a snapshot into a slot; None (the slot unchanged) where it is gone or refused (then removed)."""
+        """Puts a snapshot into a slot; None where it is gone or refused (then removed): the slot unchanged where it
+        was refused before any of it was copied, else empty (snapshot.restore)."""
         t0 = time.perf_counter()
         name = os.path.basename(entry.path)
         try:
-            loaded = snapshot.read(entry.path, self.tags, self.reads)
+            n = snapshot.restore(entry.path, self.tags, seq, self.elt, self.reads)
         except FileNotFoundError:  # (another server evicted it)
             with self.lock:
                 self.entries.pop(name, None)
             return None
-        except (snapshot.SnapshotError, OSError) as e:
+        except snapshot.DoesNotFit:  # (longer than this server's context: kept for one whose is longer)
+            return None
+        except (snapshot.SnapshotError, OSError) as e:  # (the slot unchanged, or empty if any was copied)
             self._drop(name, f"refused ({e})")
             return None
-        try:
-            snapshot.apply(loaded, seq, self.elt)
-        except snapshot.SnapshotError:  # (longer than this server's context: kept for one whose is longer)
-            return None
         self._touch(entry)
-        return Restored(len(loaded.tokens), time.perf_counter() - t0, entry.nbytes)
+        return Restored(n, time.perf_counter() - t0, entry.nbytes)
 
     def ready(
         self, slot: int, seq: SeqState, prompt: list[int], held: int, woken: Callable[[], None]
