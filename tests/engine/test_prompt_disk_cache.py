@@ -127,6 +127,32 @@ def test_damaged_snapshot_is_refused(qwen: tuple[Path, list[Any]], tmp_path: Pat
     assert _snapshots(folder) == [snap] and snap.read_bytes() != bytes(data)
 
 
+def test_a_flipped_byte_in_a_late_piece_is_never_used(
+    qwen: tuple[Path, list[Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In 4 KiB pieces, a byte flipped near the snapshot's end is found after the earlier pieces were copied into
+    the slot: the restore is refused, the slot emptied, the prompt computed from scratch, with the reply and
+    logprobs of a server that never had the snapshot."""
+    model, (first, _) = qwen
+    folder = tmp_path / "pc"
+    snap = _write_one(model, folder)
+    data = bytearray(snap.read_bytes())
+    assert len(data) > 5 * 4096  # (the header's page, then pieces: more than are in flight at once)
+    data[-2] ^= 0x04
+    snap.write_bytes(bytes(data))
+    fresh = Server(model, "--prompt-cache-size", "0", "--no-usage-table")
+    want = _ask(fresh, _turn2(first[0]))
+    _no_traceback(fresh.stop())
+    monkeypatch.setenv("TOKENWING_TEST_SNAPSHOT_PIECE", "4096")
+    b = Server(model, "--prompt-cache-dir", str(folder), "--no-usage-table")
+    got = _ask(b, _turn2(first[0]))
+    log = b.stop()
+    _no_traceback(log)
+    assert f"prompt cache: {snap.name} refused (section" in log and "checksum" in log, log
+    assert "prompt_restored_tokens" not in got[2] and got[2]["prompt_cached_tokens"] == 0
+    assert got[:2] == want[:2]
+
+
 def test_full_disk_keeps_nothing_and_loses_nothing(qwen: tuple[Path, list[Any]], tmpfs: Mount) -> None:
     model, (first, second) = qwen
     disk = tmpfs(32 << 20)

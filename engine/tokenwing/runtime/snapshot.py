@@ -43,7 +43,9 @@ SUFFIX = ".twsnap"
 _HEAD = struct.Struct("<8sII")  # magic, header length, header CRC-32
 READ_CHUNK, READ_THREADS = 4 << 20, 16  # thread_reads: requests and how many at once (a deep queue)
 OTHER_CHUNK = 1 << 20  # core_reads: a request's bytes (a demand expert read waits behind at most those in service)
-PIECE = 16 << 20  # the payload is checked and copied piece by piece as the pieces land (the CRCs overlap the reads)
+# the payload is checked and copied piece by piece as the pieces land (the CRCs overlap the reads); a server's
+# tests make them small (TOKENWING_TEST_SNAPSHOT_PIECE) to damage a late piece of a small model's snapshot
+PIECE = int(os.environ.get("TOKENWING_TEST_SNAPSHOT_PIECE") or 16 << 20)
 IN_FLIGHT = 4  # pieces read at once, each into a buffer of its own: all a restore allocates besides the slot
 ALIGN = _core.DIRECT_ALIGNMENT
 
