@@ -126,3 +126,49 @@ def test_the_server_page_says_starting_while_the_switch_restarts_the_engine(
     finally:
         c.stop_following_desktop()
         window.close()
+
+
+def test_new_chat_waits_for_the_reply_that_streams(
+    qapp: QApplication,
+    tiny_hub: tuple[HubServer, bytes],
+    tmp_path: Path,
+    repacked_factory: ModelFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The walk-through clicked New chat while a reply streamed: the new chat was selected in the list but the old
+    transcript stayed on screen, and the next message was shown beneath the other chat's turns. Now New chat (the
+    button and Ctrl+N's signal) does nothing while a reply streams, as switching does; once the reply ends it
+    opens an empty chat. The reply is held at a known piece by the engine's test pause."""
+    server, data = tiny_hub
+    model = tmp_path / "home" / "models" / "local.tw.gguf"
+    model.parent.mkdir(parents=True)
+    model.write_bytes(repacked_factory(type="Q8_0").read_bytes())
+    pauses = Pauses(tmp_path / "pauses", f"serve.piece{N}")
+    pauses.arm(monkeypatch)
+    window, c = make_controller(tmp_path, server, data)
+
+    async def scenario() -> None:
+        await c.start()
+        assert await c.engine.use_model(f"local:{model}") is not None and c.engine.supervisor is not None
+        cid = c.talks.conversation_id or 0
+        c.store.set_settings(cid, ChatSettings(temperature=0.0, max_tokens=8))
+        window.chat.input.setPlainText("Tell me a story")
+        window.chat.send_button.click()
+        await until(lambda: pauses.reached(f"serve.piece{N}") is not None, 120, "the reply held mid-way")
+        chats = len(c.store.list())
+        assert not window.chat.new_button.isEnabled()
+        window.chat.new_conversation_requested.emit()  # (Ctrl+N's way in)
+        assert c.talks.conversation_id == cid and len(c.store.list()) == chats
+        pauses.release(f"serve.piece{N}")
+        await until(lambda: c.chat.reply_task is not None and c.chat.reply_task.done(), 120, "the reply ended")
+        assert window.chat.new_button.isEnabled()
+        window.chat.new_button.click()
+        assert c.talks.conversation_id != cid and len(c.store.list()) == chats + 1
+        assert "Tell me a story" not in window.chat.transcript.toPlainText()
+        await c.shutdown()
+
+    try:
+        run_qt(qapp, scenario)
+    finally:
+        c.stop_following_desktop()
+        window.close()

@@ -637,6 +637,9 @@ class ChatPanel(QWidget):
         self.regenerate_button.setEnabled(not busy)
         self.edit_button.setEnabled(not busy)
         self.model_picker.setEnabled(not busy)
+        # a new chat waits for the reply as switching does (the walk: New chat mid-reply left the old transcript on
+        # screen under the new chat's name, and the next message showed beneath the other chat's turns)
+        self.new_button.setEnabled(not busy)
 
     def set_status(self, text: str) -> None:
         self.status.setText(text)

@@ -222,6 +222,8 @@ class ConversationsRoom(Room):
         self.tools_changed()
 
     def new_conversation(self) -> None:
+        if self._busy():
+            return  # (Ctrl+N too: the button is disabled while a reply streams, as switching is)
         preset = self._current_preset()
         conv = self.store.create(model=self.engine.model_name)
         if preset is not None:
