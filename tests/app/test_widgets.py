@@ -277,3 +277,28 @@ def test_a_reset_clears_the_last_models_layers_from_the_axis(qtbot: QtBot) -> No
     g.add(Event(0, [Layer(i, 6, 2) for i in range(3)]))  # the next model's layers get their ticks
     qtbot.waitUntil(lambda: g.summary.text().startswith("1 tokens"), timeout=60_000)
     assert g.axes_problems() == [] and {v for v, _ in g.hits_plot.getAxis("bottom")._tickLevels[0]} >= {0, 2}
+
+
+def test_what_follows_a_reply_ending_in_a_list_is_no_item_of_it(qtbot: QtBot) -> None:
+    """The new-user walk: after a reply ending in a markdown list, its footer and every later message (the title,
+    the text, Copy/Edit) were drawn as that list's items. Each block outside a reply's own markdown is in no list,
+    whether the reply was streamed or added whole."""
+    listed = "Points:\n\n- the first\n- the second"
+    for streamed in (False, True):
+        t = Transcript()
+        qtbot.addWidget(t)
+        t.add_message("user", "Tell me")
+        if streamed:
+            t.begin_reply()
+            t.append_reply(listed)
+            t.end_reply("5 tok/s")
+        else:
+            t.add_message("assistant", listed, "5 tok/s")
+        t.add_message("user", "Thanks.")
+        t.add_message("assistant", "You are welcome.", "6 tok/s")
+        block, in_lists = t.document().begin(), []
+        while block.isValid():
+            if block.textList() is not None:
+                in_lists.append(block.text())
+            block = block.next()
+        assert in_lists == ["the first", "the second"], (streamed, in_lists)

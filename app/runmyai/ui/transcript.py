@@ -11,6 +11,7 @@ from PySide6.QtCore import QUrl, Signal
 from PySide6.QtGui import (
     QColor,
     QGuiApplication,
+    QTextBlockFormat,
     QTextCharFormat,
     QTextCursor,
     QTextDocument,
@@ -78,6 +79,22 @@ def thought_label(text: str, expanded: bool) -> str:
     """The folded reasoning's one line."""
     n = len(text.split())
     return f"{'▾' if expanded else '▸'} Thought for {n} word{'' if n == 1 else 's'} — {'hide' if expanded else 'show'}"
+
+
+def new_block(cursor: QTextCursor, block: QTextBlockFormat | None = None, chars: QTextCharFormat | None = None) -> None:
+    """A block after the cursor's, never an item of the list the block before ended in: a reply ending in a
+    markdown list had its footer, and every message after it, drawn as that list's items (bullets, indented; the
+    new-user walk, after a reply ending in a list). Qt's insertBlock keeps the previous block's list."""
+    if block is None:
+        cursor.insertBlock()
+    else:
+        cursor.insertBlock(block, chars if chars is not None else QTextCharFormat())
+    in_list = cursor.currentList()
+    if in_list is not None:
+        in_list.remove(cursor.block())
+        plain = cursor.blockFormat()
+        plain.setIndent(0)
+        cursor.setBlockFormat(plain)
 
 
 def markdown_fragment(text: str) -> QTextDocumentFragment:
@@ -160,7 +177,7 @@ class Transcript(QTextBrowser):
             if text[start : mark.at].strip():
                 cursor.insertFragment(markdown_fragment(text[start : mark.at]))
                 self.renders += 1
-            cursor.insertBlock()  # as add_tool_call does while the reply streams
+            new_block(cursor)  # as add_tool_call does while the reply streams
             start = max(start, mark.at)
             entry = _ToolEntry(self._new_frame(cursor), mark.title, mark.status, mark.detail)
             self._tools[mark.key] = entry
@@ -201,7 +218,7 @@ class Transcript(QTextBrowser):
         if self._stream_tail_start < 0:
             return
         cursor = self._render_stream_tail()
-        cursor.insertBlock()
+        new_block(cursor)
         entry = _ToolEntry(self._new_frame(cursor), title, status, detail)
         self._tools[key] = entry
         self._fill_tool(key, entry)
@@ -243,7 +260,7 @@ class Transcript(QTextBrowser):
         link.setAnchorHref(f"tool:{key}")
         cursor.insertText(tool_label(entry), link)
         if entry.expanded:
-            cursor.insertBlock()
+            new_block(cursor)
             cursor.insertText(entry.detail, _muted())
 
     def _edit_frame(self, frame: QTextFrame, edit: Callable[[], None]) -> None:
@@ -292,7 +309,7 @@ class Transcript(QTextBrowser):
             cursor.insertFragment(markdown_fragment(self._stream_text[self._stream_committed : commit]))
             self.renders += 1
             self._stream_committed = commit
-            cursor.insertBlock()
+            new_block(cursor)
             self._stream_tail_start = cursor.position()
             cursor.insertText(self._stream_text[commit:], QTextCharFormat())
         else:
@@ -375,7 +392,7 @@ class Transcript(QTextBrowser):
             italic = _muted()
             italic.setFontItalic(True)
             cursor.insertText("Thinking…", italic)
-            cursor.insertBlock()
+            new_block(cursor)
             cursor.insertText(thought.text, _muted())
             return
         link = _muted()
@@ -383,7 +400,7 @@ class Transcript(QTextBrowser):
         link.setAnchorHref(f"think:{thought.index}")
         cursor.insertText(thought_label(thought.text, thought.expanded), link)
         if thought.expanded:
-            cursor.insertBlock()
+            new_block(cursor)
             cursor.insertText(thought.text, _muted())
 
     def _edit_thought(self, thought: _Thought, edit: Callable[[_Thought], None]) -> None:
@@ -423,11 +440,11 @@ class Transcript(QTextBrowser):
             cursor.insertImage(picture)
             cursor.insertText(" ")
         self.pictures[index] = len(images)
-        cursor.insertBlock()
+        new_block(cursor)
 
     def _insert_header(self, cursor: QTextCursor, role: str) -> None:
         if not self.document().isEmpty():
-            cursor.insertBlock()
+            new_block(cursor)
         title = ROLE_TITLES.get(role, role)
         cursor.insertHtml(f"<p style='margin-top:12px'><b>{html.escape(title)}</b></p>")
         title_block = cursor.blockFormat()  # (the HTML's margin is lost where it merges into the block before)
@@ -440,7 +457,7 @@ class Transcript(QTextBrowser):
         body = cursor.blockFormat()
         body.setTopMargin(MARKDOWN_MARGIN)
         body.setBottomMargin(MARKDOWN_MARGIN)
-        cursor.insertBlock(body, QTextCharFormat())
+        new_block(cursor, body, QTextCharFormat())
 
     def _insert_lines(self, cursor: QTextCursor, failure: str, notice: str, after_text: bool) -> None:
         """A failed reply's marker (red) and the context notice (muted, italic), each its own line."""
@@ -448,7 +465,7 @@ class Transcript(QTextBrowser):
             if not line:
                 continue
             if after_text:
-                cursor.insertBlock(cursor.blockFormat(), QTextCharFormat())
+                new_block(cursor, cursor.blockFormat(), QTextCharFormat())
             fmt = QTextCharFormat()
             fmt.setForeground(QColor(colour))
             fmt.setFontItalic(italic)
@@ -476,7 +493,7 @@ class Transcript(QTextBrowser):
                 self.branches[message_id] = branch
         links += [f"<a href='copycode:{index}:{n}'>Copy code {n + 1}</a>" for n in range(len(code_blocks(text)))]
         info = f"<span style='color:#777'>{html.escape(footer)}</span> &nbsp; " if footer else ""
-        cursor.insertBlock()
+        new_block(cursor)
         cursor.insertHtml(f"<p style='font-size:small'>{info}{' &nbsp; '.join(links)}</p>")
 
     def _follow(self) -> None:
