@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 PREFIX = "request "
 KEEP = 200  # requests listed (the engine's log file keeps every one)
-UNLISTED = frozenset({"/v1/chat/count"})
+# the app's own bookkeeping, not a client's request: the composer's token count, and the Settings line's look at the
+# prompt cache on disk (asked at each engine start: it pushed a chat out of the page's newest rows)
+UNLISTED = frozenset({"/v1/chat/count", "/v1/tokenwing/prompt-cache"})
 
 
 @dataclass(frozen=True)
