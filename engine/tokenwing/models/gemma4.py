@@ -31,7 +31,7 @@ from tokenwing.format.gguf_io import KV, ValueType
 from tokenwing.models import common, specs
 from tokenwing.models.base import MoEModel, TensorCheck
 from tokenwing.models.factory import Factory, common_kv, gate_up
-from tokenwing.models.hparams import HParams
+from tokenwing.models.hparams import HParams, per_layer
 from tokenwing.models.keys import Key, read_keys, write_keys
 from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
@@ -77,9 +77,7 @@ def keys(hp: HParams, where: str = "the model") -> Keys:
     pattern = hp.swa_pattern
     if not isinstance(pattern, tuple) or len(pattern) < hp.n_layer:
         raise BadInputError(f"{where}: gemma4.attention.sliding_window_pattern must have one flag per layer")
-    heads = hp.keys.get("attention.head_count_kv", hp.n_head_kv)
-    heads = heads.tolist() if hasattr(heads, "tolist") else heads
-    head_kv = tuple(heads[: hp.n_layer]) if isinstance(heads, list) else (heads,) * hp.n_layer
+    head_kv = per_layer(hp, "attention.head_count_kv", hp.n_head_kv)
     if len(head_kv) < hp.n_layer or min(head_kv) <= 0 or any(hp.n_head % h for h in head_kv):
         raise BadInputError(f"{where}: gemma4.attention.head_count_kv must divide head_count in every layer")
     head_dim_swa = own.pop("head_dim_swa") or hp.head_dim

@@ -175,6 +175,14 @@ def read_hparams(meta: dict[str, Any], arch: str, where: str, recurrence: str = 
     return hp
 
 
+def per_layer(hp: HParams, key: str, default: int) -> tuple[int, ...]:
+    """A count for every layer, or one per layer (llama.cpp's get_key_or_arr), as one per layer that runs
+    (per-layer head counts)."""
+    v = hp.keys.get(key, default)
+    v = v.tolist() if hasattr(v, "tolist") else v
+    return tuple(int(h) for h in v[: hp.n_layer]) if isinstance(v, list) else (int(v),) * hp.n_layer
+
+
 def _is_list(v: Any) -> bool:
     return isinstance(v, (list, np.ndarray))
 

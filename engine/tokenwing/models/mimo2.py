@@ -31,7 +31,7 @@ from tokenwing.format.gguf_io import KV, ValueType
 from tokenwing.models import common, specs
 from tokenwing.models.base import MoEModel
 from tokenwing.models.factory import Factory, common_kv
-from tokenwing.models.hparams import HParams
+from tokenwing.models.hparams import HParams, per_layer
 from tokenwing.models.keys import Key, read_keys, write_keys
 from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
@@ -70,9 +70,7 @@ def layout(hp: HParams, where: str = "the model") -> Layout:
     pattern = hp.swa_pattern
     if not isinstance(pattern, tuple) or len(pattern) < hp.n_layer:
         raise BadInputError(f"{where}: {hp.arch}.attention.sliding_window_pattern must have one flag per layer")
-    heads = hp.keys.get("attention.head_count_kv", hp.n_head_kv)
-    heads = heads.tolist() if hasattr(heads, "tolist") else heads
-    head_kv = tuple(int(h) for h in heads[: hp.n_layer]) if isinstance(heads, list) else (int(heads),) * hp.n_layer
+    head_kv = per_layer(hp, "attention.head_count_kv", hp.n_head_kv)
     if len(head_kv) < hp.n_layer or min(head_kv) <= 0 or any(hp.n_head % h for h in head_kv):
         raise BadInputError(f"{where}: {hp.arch}.attention.head_count_kv must divide head_count in every layer")
     swa = tuple(pattern[: hp.n_layer])

@@ -33,7 +33,7 @@ from tokenwing.format.gguf_io import KV, ValueType
 from tokenwing.models import common, specs
 from tokenwing.models.base import MoEModel
 from tokenwing.models.factory import Factory, common_kv
-from tokenwing.models.hparams import HParams
+from tokenwing.models.hparams import HParams, per_layer
 from tokenwing.models.keys import Key, read_keys, write_keys
 from tokenwing.models.specs import Parts, TensorSpec
 from tokenwing.models.weights import ModelWeights
@@ -64,13 +64,6 @@ class Layout:
         return max(self.n_rot)
 
 
-def _per_layer(hp: HParams, key: str, default: int) -> tuple[int, ...]:
-    """A count for every layer or one per layer (llama.cpp's get_key_or_arr), as one per layer that runs."""
-    v = hp.keys.get(key, default)
-    v = v.tolist() if hasattr(v, "tolist") else v
-    return tuple(int(h) for h in v[: hp.n_layer]) if isinstance(v, list) else (int(v),) * hp.n_layer
-
-
 def layout(hp: HParams, where: str = "the model") -> Layout:
     """The window pattern (one flag per layer: llama.cpp's step35 loader requires the list), the per-layer heads
     and rotary dims, checked; one line naming the key otherwise."""
@@ -78,8 +71,8 @@ def layout(hp: HParams, where: str = "the model") -> Layout:
     if not isinstance(pattern, tuple) or len(pattern) < hp.n_layer:
         raise BadInputError(f"{where}: {hp.arch}.attention.sliding_window_pattern must have one flag per layer")
     swa = tuple(pattern[: hp.n_layer])
-    heads = _per_layer(hp, "attention.head_count", hp.n_head)
-    head_kv = _per_layer(hp, "attention.head_count_kv", hp.n_head_kv)
+    heads = per_layer(hp, "attention.head_count", hp.n_head)
+    head_kv = per_layer(hp, "attention.head_count_kv", hp.n_head_kv)
     if len(head_kv) < hp.n_layer or min(head_kv) <= 0 or any(q % k for q, k in zip(heads, head_kv, strict=True)):
         raise BadInputError(f"{where}: {hp.arch}.attention.head_count_kv must divide head_count in every layer")
     if any(swa) and hp.sliding_window <= 0:
